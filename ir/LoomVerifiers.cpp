@@ -1,0 +1,240 @@
+// Shape and attribute verifiers of the `loom` ops. Each error names the operand and the
+// dimension that is wrong, with both sizes, so a user can fix the IR from the message alone.
+#include "ir/LoomDialect.h"
+
+namespace loom {
+namespace {
+
+using mlir::LogicalResult;
+using mlir::RankedTensorType;
+using mlir::Value;
+
+RankedTensorType tensorOf(Value v) { return mlir::cast<RankedTensorType>(v.getType()); }
+
+// Loom compiles static shapes only.
+LogicalResult requireStatic(mlir::Operation *op, Value v, llvm::StringRef what) {
+  if (!tensorOf(v).hasStaticShape())
+    return op->emitOpError() << what << " must have a static shape, got " << v.getType();
+  return mlir::success();
+}
+
+LogicalResult requireRank(mlir::Operation *op, Value v, llvm::StringRef what, int64_t rank) {
+  if (failed(requireStatic(op, v, what))) return mlir::failure();
+  if (tensorOf(v).getRank() != rank)
+    return op->emitOpError() << what << " must have rank " << rank << ", got " << v.getType();
+  return mlir::success();
+}
+
+LogicalResult requireDim(mlir::Operation *op, llvm::StringRef what, int64_t dim, int64_t got,
+                         int64_t expected, llvm::StringRef because) {
+  if (got != expected)
+    return op->emitOpError() << what << " dim " << dim << " is " << got << " but must be "
+                             << expected << " (" << because << ")";
+  return mlir::success();
+}
+
+LogicalResult requireSameElementType(mlir::Operation *op, Value a, llvm::StringRef aName, Value b,
+                                     llvm::StringRef bName) {
+  if (tensorOf(a).getElementType() != tensorOf(b).getElementType())
+    return op->emitOpError() << aName << " element type " << tensorOf(a).getElementType()
+                             << " differs from " << bName << " element type "
+                             << tensorOf(b).getElementType();
+  return mlir::success();
+}
+
+LogicalResult requireGroup(mlir::Operation *op, llvm::StringRef group, int64_t groupSize) {
+  if (group.empty()) return op->emitOpError() << "group must name a process group";
+  if (groupSize < 1) return op->emitOpError() << "group_size must be >= 1, got " << groupSize;
+  return mlir::success();
+}
+
+}  // namespace
+
+LogicalResult EmbeddingOp::verify() {
+  if (failed(requireRank(*this, getTokens(), "tokens", 2)) ||
+      failed(requireRank(*this, getWord(), "word", 2)) ||
+      failed(requireRank(*this, getResult(), "result", 3)) ||
+      failed(requireSameElementType(*this, getWord(), "word", getResult(), "result")))
+    return mlir::failure();
+  auto tokens = tensorOf(getTokens()).getShape();
+  auto word = tensorOf(getWord()).getShape();
+  auto out = tensorOf(getResult()).getShape();
+  if (failed(requireDim(*this, "result", 0, out[0], tokens[0], "batch of tokens")) ||
+      failed(requireDim(*this, "result", 1, out[1], tokens[1], "sequence of tokens")) ||
+      failed(requireDim(*this, "result", 2, out[2], word[1], "hidden size of word")))
+    return mlir::failure();
+  if (Value pos = getPosition()) {
+    if (failed(requireRank(*this, pos, "position", 2)) ||
+        failed(requireSameElementType(*this, pos, "position", getResult(), "result")))
+      return mlir::failure();
+    auto p = tensorOf(pos).getShape();
+    if (failed(requireDim(*this, "position", 1, p[1], word[1], "hidden size of word")))
+      return mlir::failure();
+    if (p[0] < tokens[1])
+      return emitOpError() << "position dim 0 (" << p[0]
+                           << " positions) is smaller than the sequence length " << tokens[1];
+  }
+  if (getVocabStart() < 0) return emitOpError() << "vocab_start must be >= 0";
+  return mlir::success();
+}
+
+LogicalResult LayerNormOp::verify() {
+  if (failed(requireStatic(*this, getInput(), "input")) ||
+      failed(requireRank(*this, getGamma(), "gamma", 1)) ||
+      failed(requireRank(*this, getBeta(), "beta", 1)))
+    return mlir::failure();
+  auto in = tensorOf(getInput());
+  if (in.getRank() < 1) return emitOpError() << "input must have rank >= 1";
+  int64_t h = in.getShape().back();
+  if (failed(requireDim(*this, "gamma", 0, tensorOf(getGamma()).getDimSize(0), h,
+                        "last dim of input")) ||
+      failed(requireDim(*this, "beta", 0, tensorOf(getBeta()).getDimSize(0), h,
+                        "last dim of input")))
+    return mlir::failure();
+  if (getResult().getType() != in)
+    return emitOpError() << "result type " << getResult().getType() << " must equal input type "
+                         << in;
+  if (!(getEpsilon().convertToFloat() > 0)) return emitOpError() << "epsilon must be > 0";
+  return mlir::success();
+}
+
+LogicalResult LinearOp::verify() {
+  if (failed(requireStatic(*this, getInput(), "input")) ||
+      failed(requireRank(*this, getWeight(), "weight", 2)) ||
+      failed(requireStatic(*this, getResult(), "result")) ||
+      failed(requireSameElementType(*this, getWeight(), "weight", getInput(), "input")))
+    return mlir::failure();
+  auto in = tensorOf(getInput()).getShape();
+  auto w = tensorOf(getWeight()).getShape();
+  auto out = tensorOf(getResult()).getShape();
+  if (in.empty()) return emitOpError() << "input must have rank >= 1";
+  int64_t kDim = getTransposeWeight() ? 1 : 0;
+  int64_t n = w[1 - kDim];
+  if (failed(requireDim(*this, "weight", kDim, w[kDim], in.back(), "last dim of input")))
+    return mlir::failure();
+  if (out.size() != in.size())
+    return emitOpError() << "result rank " << out.size() << " must equal input rank " << in.size();
+  for (size_t i = 0; i + 1 < in.size(); ++i)
+    if (failed(requireDim(*this, "result", i, out[i], in[i], "same as input")))
+      return mlir::failure();
+  if (failed(requireDim(*this, "result", out.size() - 1, out.back(), n,
+                        getTransposeWeight() ? "weight dim 0, weight is transposed"
+                                             : "weight dim 1")))
+    return mlir::failure();
+  if (Value b = getBias()) {
+    if (failed(requireRank(*this, b, "bias", 1)) ||
+        failed(requireDim(*this, "bias", 0, tensorOf(b).getDimSize(0), n, "output features")))
+      return mlir::failure();
+  }
+  return mlir::success();
+}
+
+LogicalResult AttentionOp::verify() {
+  if (failed(requireRank(*this, getQkv(), "qkv", 3)) ||
+      failed(requireRank(*this, getResult(), "result", 3)) ||
+      failed(requireSameElementType(*this, getQkv(), "qkv", getResult(), "result")))
+    return mlir::failure();
+  int64_t heads = getNumHeads();
+  if (heads < 1) return emitOpError() << "num_heads must be >= 1, got " << heads;
+  auto qkv = tensorOf(getQkv()).getShape();
+  auto out = tensorOf(getResult()).getShape();
+  if (qkv[2] % (3 * heads) != 0)
+    return emitOpError() << "qkv dim 2 (" << qkv[2] << ") must be 3 * num_heads (" << heads
+                         << ") * head_dim";
+  int64_t hidden = qkv[2] / 3;
+  if (failed(requireDim(*this, "result", 0, out[0], qkv[0], "batch of qkv")) ||
+      failed(requireDim(*this, "result", 1, out[1], qkv[1], "sequence of qkv")) ||
+      failed(requireDim(*this, "result", 2, out[2], hidden, "qkv dim 2 / 3")))
+    return mlir::failure();
+  if (Value m = getKeyMask()) {
+    if (failed(requireRank(*this, m, "key_mask", 2)) ||
+        failed(requireDim(*this, "key_mask", 0, tensorOf(m).getDimSize(0), qkv[0], "batch")) ||
+        failed(requireDim(*this, "key_mask", 1, tensorOf(m).getDimSize(1), qkv[1], "sequence")))
+      return mlir::failure();
+  }
+  float p = getDropout().convertToFloat();
+  if (!(p >= 0 && p < 1)) return emitOpError() << "dropout must be in [0, 1), got " << p;
+  return mlir::success();
+}
+
+LogicalResult DropoutOp::verify() {
+  float p = getRate().convertToFloat();
+  if (!(p >= 0 && p < 1)) return emitOpError() << "rate must be in [0, 1), got " << p;
+  return mlir::success();
+}
+
+LogicalResult CrossEntropyOp::verify() {
+  if (failed(requireRank(*this, getLogits(), "logits", 3)) ||
+      failed(requireRank(*this, getLabels(), "labels", 2)))
+    return mlir::failure();
+  auto logits = tensorOf(getLogits()).getShape();
+  auto labels = tensorOf(getLabels()).getShape();
+  if (failed(requireDim(*this, "labels", 0, labels[0], logits[0], "batch of logits")) ||
+      failed(requireDim(*this, "labels", 1, labels[1], logits[1], "sequence of logits")))
+    return mlir::failure();
+  if (Value m = getLossMask()) {
+    if (failed(requireRank(*this, m, "loss_mask", 2)) ||
+        failed(requireDim(*this, "loss_mask", 0, tensorOf(m).getDimSize(0), logits[0], "batch")) ||
+        failed(requireDim(*this, "loss_mask", 1, tensorOf(m).getDimSize(1), logits[1], "sequence")))
+      return mlir::failure();
+  }
+  if (getValidVocab() < 1) return emitOpError() << "valid_vocab must be >= 1";
+  if (getVocabStart() < 0) return emitOpError() << "vocab_start must be >= 0";
+  // An unsharded op (vocab_start 0 and valid_vocab within the columns) is the common case;
+  // a vocab shard may hold fewer columns than valid_vocab, so no upper bound is checked here.
+  return mlir::success();
+}
+
+LogicalResult AllReduceOp::verify() {
+  if (failed(requireGroup(*this, getGroup(), getGroupSize()))) return mlir::failure();
+  if (getReduce() != "sum" && getReduce() != "max")
+    return emitOpError() << "reduce must be \"sum\" or \"max\", got \"" << getReduce() << "\"";
+  return mlir::success();
+}
+
+// all_gather and reduce_scatter differ only in which side holds the group_size-times
+// larger dimension.
+template <typename Op>
+static LogicalResult verifyGatherOrScatter(Op op, Value small, llvm::StringRef smallName,
+                                           Value large, llvm::StringRef largeName) {
+  if (failed(requireGroup(op, op.getGroup(), op.getGroupSize())) ||
+      failed(requireStatic(op, small, smallName)) || failed(requireStatic(op, large, largeName)) ||
+      failed(requireSameElementType(op, small, smallName, large, largeName)))
+    return mlir::failure();
+  auto s = tensorOf(small).getShape();
+  auto l = tensorOf(large).getShape();
+  int64_t dim = op.getDim();
+  if (s.size() != l.size())
+    return op.emitOpError() << "input and result must have the same rank";
+  if (dim < 0 || dim >= (int64_t)s.size())
+    return op.emitOpError() << "dim " << dim << " is out of range for rank " << s.size();
+  for (int64_t i = 0; i < (int64_t)s.size(); ++i) {
+    int64_t expected = i == dim ? s[i] * op.getGroupSize() : s[i];
+    if (failed(requireDim(op, largeName, i, l[i], expected,
+                          i == dim ? "group_size times the other side along dim" : "unchanged")))
+      return mlir::failure();
+  }
+  return mlir::success();
+}
+
+LogicalResult AllGatherOp::verify() {
+  return verifyGatherOrScatter(*this, getInput(), "input", getResult(), "result");
+}
+
+LogicalResult ReduceScatterOp::verify() {
+  return verifyGatherOrScatter(*this, getResult(), "result", getInput(), "input");
+}
+
+template <typename Op>
+static LogicalResult verifyPeer(Op op) {
+  if (failed(requireGroup(op, op.getGroup(), op.getGroupSize()))) return mlir::failure();
+  if (op.getPeer() < 0 || op.getPeer() >= op.getGroupSize())
+    return op.emitOpError() << "peer " << op.getPeer() << " is outside group of size "
+                            << op.getGroupSize();
+  return mlir::success();
+}
+
+LogicalResult SendOp::verify() { return verifyPeer(*this); }
+LogicalResult RecvOp::verify() { return verifyPeer(*this); }
+
+}  // namespace loom

@@ -1,0 +1,29 @@
+// Names of the discardable attributes that carry model structure through the IR.
+#pragma once
+
+#include "llvm/ADT/StringRef.h"
+
+namespace loom::attr {
+
+// On parameter arguments of the train_step function.
+inline constexpr llvm::StringLiteral kParam = "loom.param";        // global name, string
+inline constexpr llvm::StringLiteral kInit = "loom.init";          // "normal" | "zeros" | "ones"
+inline constexpr llvm::StringLiteral kInitStd = "loom.init_std";   // f32, for "normal"
+// On data arguments: "tokens" | "labels" | "loss_mask" | "attention_mask".
+inline constexpr llvm::StringLiteral kInput = "loom.input";
+
+// On ops inside Transformer layer N (0-based).
+inline constexpr llvm::StringLiteral kLayer = "loom.layer";
+
+// On the module: the model it was built from.
+inline constexpr llvm::StringLiteral kArchitecture = "loom.architecture";  // "gpt" | "bert"
+inline constexpr llvm::StringLiteral kNumLayers = "loom.num_layers";
+inline constexpr llvm::StringLiteral kHiddenSize = "loom.hidden_size";
+inline constexpr llvm::StringLiteral kNumHeads = "loom.num_heads";
+inline constexpr llvm::StringLiteral kFfnHiddenSize = "loom.ffn_hidden_size";
+inline constexpr llvm::StringLiteral kSeqLength = "loom.seq_length";
+inline constexpr llvm::StringLiteral kVocabSize = "loom.vocab_size";          // tokenizer's
+inline constexpr llvm::StringLiteral kPaddedVocabSize = "loom.padded_vocab_size";
+inline constexpr llvm::StringLiteral kTensorParallel = "loom.tensor_parallel_size";
+
+}  // namespace loom::attr
