@@ -1,0 +1,182 @@
+#include "compiler/ConfigLoader.h"
+
+#include <fstream>
+#include <sstream>
+
+#include "google/protobuf/io/tokenizer.h"
+#include "google/protobuf/text_format.h"
+#include "llvm/Support/FormatVariadic.h"
+
+namespace loom {
+namespace {
+
+llvm::Error error(const llvm::Twine &msg) {
+  return llvm::make_error<llvm::StringError>(msg, llvm::inconvertibleErrorCode());
+}
+
+// Collects the first parse error as "path:line:col: error: message" (protobuf's lines and
+// columns are 0-based).
+class FirstErrorCollector : public google::protobuf::io::ErrorCollector {
+ public:
+  explicit FirstErrorCollector(std::string path) : path_(std::move(path)) {}
+  void AddError(int line, int column, const std::string &message) override {
+    if (first_.empty())
+      first_ = llvm::formatv("{0}:{1}:{2}: error: {3}", path_, line + 1, column + 1, message).str();
+  }
+  const std::string &first() const { return first_; }
+
+ private:
+  std::string path_;
+  std::string first_;
+};
+
+llvm::Error parseTextProto(const std::string &path, google::protobuf::Message &msg) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return error(path + ": error: cannot open file");
+  std::stringstream text;
+  text << in.rdbuf();
+  FirstErrorCollector errors(path);
+  google::protobuf::TextFormat::Parser parser;
+  parser.RecordErrorsTo(&errors);
+  if (!parser.ParseFromString(text.str(), &msg))
+    return error(errors.first().empty() ? path + ": error: cannot parse " + msg.GetTypeName()
+                                        : errors.first());
+  return llvm::Error::success();
+}
+
+llvm::Error fieldError(const std::string &path, const llvm::Twine &field, const llvm::Twine &what) {
+  return error(path + ": error: field '" + field + "' " + what);
+}
+
+}  // namespace
+
+void applyModelDefaults(config::ModelConfig &m) {
+  if (m.ffn_hidden_size() == 0) m.set_ffn_hidden_size(4 * m.hidden_size());
+  if (m.max_position_embeddings() == 0) m.set_max_position_embeddings(m.seq_length());
+  if (m.make_vocab_size_divisible_by() == 0) m.set_make_vocab_size_divisible_by(128);
+  if (m.params_dtype() == config::DTYPE_UNSPECIFIED) m.set_params_dtype(config::FP32);
+  if (m.layernorm_epsilon() == 0) m.set_layernorm_epsilon(1e-5f);
+  if (m.init_method_std() == 0) m.set_init_method_std(0.02f);
+  if (m.micro_batch_size() == 0) m.set_micro_batch_size(1);
+}
+
+llvm::Error validateModelConfig(const config::ModelConfig &m, const std::string &path) {
+  if (m.architecture() == config::ARCHITECTURE_UNSPECIFIED)
+    return fieldError(path, "architecture", "must be GPT or BERT");
+  struct Positive { const char *name; int64_t value; };
+  for (Positive f : {Positive{"num_layers", m.num_layers()}, {"hidden_size", m.hidden_size()},
+                     {"num_attention_heads", m.num_attention_heads()},
+                     {"ffn_hidden_size", m.ffn_hidden_size()}, {"seq_length", m.seq_length()},
+                     {"vocab_size", m.vocab_size()},
+                     {"make_vocab_size_divisible_by", m.make_vocab_size_divisible_by()},
+                     {"micro_batch_size", m.micro_batch_size()}})
+    if (f.value <= 0) return fieldError(path, f.name, llvm::formatv("must be > 0, got {0}", f.value));
+  if (m.hidden_size() % m.num_attention_heads() != 0)
+    return fieldError(path, "num_attention_heads",
+                      llvm::formatv("({0}) must divide hidden_size ({1})", m.num_attention_heads(),
+                                    m.hidden_size()));
+  if (m.max_position_embeddings() < m.seq_length())
+    return fieldError(path, "max_position_embeddings",
+                      llvm::formatv("({0}) must be >= seq_length ({1})",
+                                    m.max_position_embeddings(), m.seq_length()));
+  for (auto [name, p] : {std::pair{"hidden_dropout", m.hidden_dropout()},
+                         std::pair{"attention_dropout", m.attention_dropout()}})
+    if (!(p >= 0 && p < 1)) return fieldError(path, name, llvm::formatv("must be in [0, 1), got {0}", p));
+  if (!(m.layernorm_epsilon() > 0)) return fieldError(path, "layernorm_epsilon", "must be > 0");
+  if (!(m.init_method_std() > 0)) return fieldError(path, "init_method_std", "must be > 0");
+  return llvm::Error::success();
+}
+
+llvm::Expected<config::ModelConfig> loadModelConfig(const std::string &path) {
+  config::ModelConfig m;
+  if (llvm::Error e = parseTextProto(path, m)) return std::move(e);
+  applyModelDefaults(m);
+  if (llvm::Error e = validateModelConfig(m, path)) return std::move(e);
+  return m;
+}
+
+llvm::Expected<config::ClusterSpec> loadClusterSpec(const std::string &path) {
+  config::ClusterSpec c;
+  if (llvm::Error e = parseTextProto(path, c)) return std::move(e);
+  if (c.nodes() <= 0) return fieldError(path, "nodes", llvm::formatv("must be > 0, got {0}", c.nodes()));
+  if (c.devices_per_node() <= 0)
+    return fieldError(path, "devices_per_node", llvm::formatv("must be > 0, got {0}", c.devices_per_node()));
+  if (c.device().kind() == config::DEVICE_KIND_UNSPECIFIED)
+    return fieldError(path, "device.kind", "must be CPU or CUDA");
+  config::ParallelConfig &p = *c.mutable_parallel();
+  int64_t world = c.nodes() * c.devices_per_node();
+  if (p.tensor_parallel_size() == 0) p.set_tensor_parallel_size(1);
+  if (p.pipeline_parallel_size() == 0) p.set_pipeline_parallel_size(1);
+  if (p.virtual_pipeline_size() == 0) p.set_virtual_pipeline_size(1);
+  if (p.micro_batch_size() == 0) p.set_micro_batch_size(1);
+  if (p.dp_bucket_size_bytes() == 0) p.set_dp_bucket_size_bytes(25 * 1000 * 1000);
+  for (auto [name, v] : {std::pair{"parallel.tensor_parallel_size", p.tensor_parallel_size()},
+                         std::pair{"parallel.pipeline_parallel_size", p.pipeline_parallel_size()},
+                         std::pair{"parallel.virtual_pipeline_size", p.virtual_pipeline_size()},
+                         std::pair{"parallel.micro_batch_size", p.micro_batch_size()},
+                         std::pair{"parallel.data_parallel_size", p.data_parallel_size()},
+                         std::pair{"parallel.global_batch_size", p.global_batch_size()}})
+    if (v < 0) return fieldError(path, name, llvm::formatv("must be >= 0, got {0}", v));
+  int64_t tp = p.tensor_parallel_size() * p.pipeline_parallel_size();
+  if (p.data_parallel_size() == 0) {
+    if (world % tp != 0)
+      return fieldError(path, "parallel",
+                        llvm::formatv("t * p = {0} * {1} = {2} does not divide the world size {3} "
+                                      "(nodes {4} * devices_per_node {5})",
+                                      p.tensor_parallel_size(), p.pipeline_parallel_size(), tp,
+                                      world, c.nodes(), c.devices_per_node()));
+    p.set_data_parallel_size(world / tp);
+  }
+  if (tp * p.data_parallel_size() != world)
+    return fieldError(path, "parallel",
+                      llvm::formatv("t * p * d = {0} * {1} * {2} = {3} but the world size is {4} "
+                                    "(nodes {5} * devices_per_node {6})",
+                                    p.tensor_parallel_size(), p.pipeline_parallel_size(),
+                                    p.data_parallel_size(), tp * p.data_parallel_size(), world,
+                                    c.nodes(), c.devices_per_node()));
+  int64_t perStep = p.micro_batch_size() * p.data_parallel_size();
+  if (p.global_batch_size() == 0) p.set_global_batch_size(perStep);
+  if (p.global_batch_size() % perStep != 0)
+    return fieldError(path, "parallel.global_batch_size",
+                      llvm::formatv("({0}) must be a multiple of micro_batch_size * d = {1} * {2}",
+                                    p.global_batch_size(), p.micro_batch_size(),
+                                    p.data_parallel_size()));
+  if (p.schedule() == config::INTERLEAVED_ONE_F_ONE_B && p.virtual_pipeline_size() < 2)
+    return fieldError(path, "parallel.schedule",
+                      "INTERLEAVED_ONE_F_ONE_B needs virtual_pipeline_size >= 2");
+  if (p.virtual_pipeline_size() > 1 && p.pipeline_parallel_size() < 2)
+    return fieldError(path, "parallel.virtual_pipeline_size",
+                      "virtual chunks need pipeline_parallel_size >= 2");
+  return c;
+}
+
+llvm::Error checkModelFitsCluster(const config::ModelConfig &m, const config::ClusterSpec &c,
+                                  const std::string &clusterPath) {
+  const config::ParallelConfig &p = c.parallel();
+  int64_t t = p.tensor_parallel_size();
+  if (m.num_attention_heads() % t != 0)
+    return fieldError(clusterPath, "parallel.tensor_parallel_size",
+                      llvm::formatv("t = {0} does not divide num_attention_heads = {1} of model '{2}'",
+                                    t, m.num_attention_heads(), m.name()));
+  if (m.ffn_hidden_size() % t != 0)
+    return fieldError(clusterPath, "parallel.tensor_parallel_size",
+                      llvm::formatv("t = {0} does not divide ffn_hidden_size = {1} of model '{2}'", t,
+                                    m.ffn_hidden_size(), m.name()));
+  if (p.sequence_parallel() && m.seq_length() % t != 0)
+    return fieldError(clusterPath, "parallel.sequence_parallel",
+                      llvm::formatv("t = {0} does not divide seq_length = {1}", t, m.seq_length()));
+  int64_t chunks = p.pipeline_parallel_size() * p.virtual_pipeline_size();
+  if (m.num_layers() % chunks != 0)
+    return fieldError(clusterPath, "parallel.pipeline_parallel_size",
+                      llvm::formatv("p * v = {0} * {1} = {2} does not divide num_layers = {3}",
+                                    p.pipeline_parallel_size(), p.virtual_pipeline_size(), chunks,
+                                    m.num_layers()));
+  return llvm::Error::success();
+}
+
+int64_t paddedVocabSize(const config::ModelConfig &m, int64_t tensorParallel) {
+  int64_t multiple = m.make_vocab_size_divisible_by() * tensorParallel;
+  return (m.vocab_size() + multiple - 1) / multiple * multiple;
+}
+
+}  // namespace loom

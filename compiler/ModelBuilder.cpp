@@ -1,0 +1,245 @@
+#include "compiler/ModelBuilder.h"
+
+#include <cmath>
+
+#include "compiler/ConfigLoader.h"
+#include "ir/LoomDialect.h"
+#include "ir/ParamAttrs.h"
+#include "mlir/Dialect/Func/IR/FuncOps.h"
+#include "mlir/IR/Builders.h"
+
+namespace loom {
+namespace {
+
+using mlir::Type;
+using mlir::Value;
+
+// Builds the train_step function: parameters and inputs are appended as block arguments
+// while the body is emitted, and the function type is fixed up at the end.
+class TrainStepBuilder {
+ public:
+  TrainStepBuilder(mlir::MLIRContext &ctx, const config::ModelConfig &cfg, const BuildOptions &opt)
+      : ctx_(ctx), cfg_(cfg), b_(&ctx), loc_(mlir::UnknownLoc::get(&ctx)) {
+    batch_ = opt.microBatch > 0 ? opt.microBatch : cfg.micro_batch_size();
+    seq_ = cfg.seq_length();
+    hidden_ = cfg.hidden_size();
+    vocab_ = cfg.vocab_size();
+    paddedVocab_ = paddedVocabSize(cfg, opt.tensorParallel);
+    tensorParallel_ = opt.tensorParallel;
+    switch (cfg.params_dtype()) {
+      case config::BF16: dtype_ = b_.getBF16Type(); break;
+      case config::FP16: dtype_ = b_.getF16Type(); break;
+      default: dtype_ = b_.getF32Type(); break;
+    }
+  }
+
+  mlir::OwningOpRef<mlir::ModuleOp> build() {
+    module_ = mlir::ModuleOp::create(loc_, llvm::StringRef(cfg_.name()));
+    setModuleAttrs();
+    b_.setInsertionPointToEnd(module_->getBody());
+    func_ = b_.create<mlir::func::FuncOp>(loc_, "train_step", b_.getFunctionType({}, {}));
+    block_ = func_.addEntryBlock();
+    b_.setInsertionPointToStart(block_);
+    Value loss = cfg_.architecture() == config::BERT ? buildBert() : buildGpt();
+    b_.create<mlir::func::ReturnOp>(loc_, loss);
+    func_.setType(b_.getFunctionType(block_->getArgumentTypes(), {loss.getType()}));
+    for (unsigned i = 0; i < argAttrs_.size(); ++i) func_.setArgAttrs(i, argAttrs_[i]);
+    return std::move(module_);
+  }
+
+ private:
+  mlir::RankedTensorType tensor(llvm::ArrayRef<int64_t> shape, Type elem = {}) {
+    return mlir::RankedTensorType::get(shape, elem ? elem : dtype_);
+  }
+
+  // A parameter argument with its global name and initializer.
+  Value param(const std::string &name, llvm::ArrayRef<int64_t> shape, llvm::StringRef init,
+              double std = 0) {
+    llvm::SmallVector<mlir::NamedAttribute> attrs{
+        b_.getNamedAttr(attr::kParam, b_.getStringAttr(name)),
+        b_.getNamedAttr(attr::kInit, b_.getStringAttr(init))};
+    if (init == "normal") attrs.push_back(b_.getNamedAttr(attr::kInitStd, b_.getF32FloatAttr(std)));
+    argAttrs_.push_back(b_.getDictionaryAttr(attrs));
+    return block_->addArgument(tensor(shape), mlir::NameLoc::get(b_.getStringAttr(name)));
+  }
+
+  Value input(llvm::StringRef role, Type elem) {
+    argAttrs_.push_back(
+        b_.getDictionaryAttr({b_.getNamedAttr(attr::kInput, b_.getStringAttr(role))}));
+    return block_->addArgument(tensor({batch_, seq_}, elem), mlir::NameLoc::get(b_.getStringAttr(role)));
+  }
+
+  void setModuleAttrs() {
+    auto i64 = [&](int64_t v) { return b_.getI64IntegerAttr(v); };
+    module_->getOperation()->setAttr(
+        attr::kArchitecture, b_.getStringAttr(cfg_.architecture() == config::BERT ? "bert" : "gpt"));
+    module_->getOperation()->setAttr(attr::kNumLayers, i64(cfg_.num_layers()));
+    module_->getOperation()->setAttr(attr::kHiddenSize, i64(hidden_));
+    module_->getOperation()->setAttr(attr::kNumHeads, i64(cfg_.num_attention_heads()));
+    module_->getOperation()->setAttr(attr::kFfnHiddenSize, i64(cfg_.ffn_hidden_size()));
+    module_->getOperation()->setAttr(attr::kSeqLength, i64(seq_));
+    module_->getOperation()->setAttr(attr::kVocabSize, i64(vocab_));
+    module_->getOperation()->setAttr(attr::kPaddedVocabSize, i64(paddedVocab_));
+    module_->getOperation()->setAttr(attr::kTensorParallel, i64(tensorParallel_));
+  }
+
+  // Tags an op as part of Transformer layer `layer_` (or leaves it untagged outside layers).
+  template <typename Op, typename... Args>
+  Value op(Args &&...args) {
+    auto o = b_.create<Op>(loc_, std::forward<Args>(args)...);
+    if (layer_ >= 0) o->setAttr(attr::kLayer, b_.getI64IntegerAttr(layer_));
+    return o->getResult(0);
+  }
+
+  Value dropout(Value x, float rate) {
+    if (rate == 0) return x;
+    return op<DropoutOp>(x.getType(), x, b_.getF32FloatAttr(rate), b_.getI64IntegerAttr(nextStream_++));
+  }
+
+  Value layerNorm(Value x, const std::string &prefix) {
+    Value g = param(prefix + ".weight", {hidden_}, "ones");
+    Value beta = param(prefix + ".bias", {hidden_}, "zeros");
+    return op<LayerNormOp>(x.getType(), x, g, beta, b_.getF32FloatAttr(cfg_.layernorm_epsilon()));
+  }
+
+  // y = x W + bias with W stored [in, out].
+  Value linear(Value x, const std::string &prefix, int64_t in, int64_t out, double std) {
+    Value w = param(prefix + ".weight", {in, out}, "normal", std);
+    Value bias = param(prefix + ".bias", {out}, "zeros");
+    auto shape = llvm::to_vector(mlir::cast<mlir::RankedTensorType>(x.getType()).getShape());
+    shape.back() = out;
+    return op<LinearOp>(tensor(shape), x, w, bias, /*transpose_weight=*/nullptr);
+  }
+
+  // One pre-LN Transformer layer (Megatron-LM paper, figure 2 with the layer norms moved
+  // to the input of each branch):
+  //   x = x + dropout(proj(attention(qkv(ln_1(x)))))
+  //   x = x + dropout(fc2(gelu(fc1(ln_2(x)))))
+  Value transformerLayer(Value x, const std::string &prefix, bool causal, Value keyMask) {
+    double std = cfg_.init_method_std();
+    // Output projections of residual branches: std / sqrt(2 L) (GPT-2; Megatron's
+    // scaled_init_method_normal).
+    double scaledStd = std / std::sqrt(2.0 * cfg_.num_layers());
+    int64_t ffn = cfg_.ffn_hidden_size();
+    Value h = layerNorm(x, prefix + ".ln_1");
+    Value qkv = linear(h, prefix + ".attn.c_attn", hidden_, 3 * hidden_, std);
+    Value attn = op<AttentionOp>(tensor({batch_, seq_, hidden_}), qkv, keyMask,
+                                 b_.getI64IntegerAttr(cfg_.num_attention_heads()),
+                                 causal ? b_.getUnitAttr() : nullptr,
+                                 b_.getF32FloatAttr(cfg_.attention_dropout()));
+    Value proj = linear(attn, prefix + ".attn.c_proj", hidden_, hidden_, scaledStd);
+    x = op<AddOp>(x, dropout(proj, cfg_.hidden_dropout()));
+    h = layerNorm(x, prefix + ".ln_2");
+    Value fc = linear(h, prefix + ".mlp.c_fc", hidden_, ffn, std);
+    fc = op<GeluOp>(fc);
+    Value down = linear(fc, prefix + ".mlp.c_proj", ffn, hidden_, scaledStd);
+    return op<AddOp>(x, dropout(down, cfg_.hidden_dropout()));
+  }
+
+  // Embedding, layers and final layer norm, shared by GPT and BERT.
+  Value trunk(const std::string &root, Value tokens, bool causal, Value keyMask, Value &wordOut) {
+    double std = cfg_.init_method_std();
+    wordOut = param(root + ".wte.weight", {paddedVocab_, hidden_}, "normal", std);
+    Value wpe = param(root + ".wpe.weight", {cfg_.max_position_embeddings(), hidden_}, "normal", std);
+    Value x = op<EmbeddingOp>(tensor({batch_, seq_, hidden_}), tokens, wordOut, wpe,
+                              b_.getI64IntegerAttr(0));
+    x = dropout(x, cfg_.hidden_dropout());
+    for (int64_t l = 0; l < cfg_.num_layers(); ++l) {
+      layer_ = l;
+      x = transformerLayer(x, root + ".h." + std::to_string(l), causal, keyMask);
+    }
+    layer_ = -1;
+    return layerNorm(x, root + ".ln_f");
+  }
+
+  Value crossEntropy(Value logits, Value labels, Value lossMask) {
+    return op<CrossEntropyOp>(tensor({}, b_.getF32Type()), logits, labels, lossMask,
+                              b_.getI64IntegerAttr(vocab_), b_.getI64IntegerAttr(0));
+  }
+
+  Value buildGpt() {
+    Value word;
+    Value tokens = deferInput("tokens", b_.getI32Type());
+    Value x = trunk("transformer", tokens, /*causal=*/true, /*keyMask=*/nullptr, word);
+    Value logits = op<LinearOp>(tensor({batch_, seq_, paddedVocab_}), x, word, Value(),
+                                b_.getUnitAttr());
+    Value labels = deferInput("labels", b_.getI32Type());
+    Value lossMask = deferInput("loss_mask", b_.getF32Type());
+    Value loss = crossEntropy(logits, labels, lossMask);
+    finishInputs();
+    return loss;
+  }
+
+  Value buildBert() {
+    Value word;
+    Value tokens = deferInput("tokens", b_.getI32Type());
+    Value keyMask = deferInput("attention_mask", b_.getF32Type());
+    Value x = trunk("bert", tokens, /*causal=*/false, keyMask, word);
+    // Masked-LM head (Megatron's BertLMHead): dense + GeLU + layer norm, then the tied
+    // output embedding plus a per-token bias.
+    double std = cfg_.init_method_std();
+    Value h = linear(x, "cls.dense", hidden_, hidden_, std);
+    h = op<GeluOp>(h);
+    h = layerNorm(h, "cls.ln");
+    Value bias = param("cls.bias", {paddedVocab_}, "zeros");
+    Value logits = op<LinearOp>(tensor({batch_, seq_, paddedVocab_}), h, word, bias,
+                                b_.getUnitAttr());
+    Value labels = deferInput("labels", b_.getI32Type());
+    Value lossMask = deferInput("loss_mask", b_.getF32Type());
+    Value loss = crossEntropy(logits, labels, lossMask);
+    finishInputs();
+    return loss;
+  }
+
+  // Data inputs are used before all parameters exist, but belong after them in the
+  // signature: each gets a placeholder argument now and is moved to the end at the end.
+  Value deferInput(llvm::StringRef role, Type elem) {
+    Value v = input(role, elem);
+    deferred_.push_back(mlir::cast<mlir::BlockArgument>(v).getArgNumber());
+    return v;
+  }
+
+  void finishInputs() {
+    // Append a fresh argument for every deferred input, redirect uses, erase the old one.
+    llvm::SmallVector<unsigned> order(deferred_.begin(), deferred_.end());
+    for (unsigned idx : order) {
+      mlir::BlockArgument old = block_->getArgument(idx);
+      Value fresh = block_->addArgument(old.getType(), old.getLoc());
+      old.replaceAllUsesWith(fresh);
+      argAttrs_.push_back(argAttrs_[idx]);
+    }
+    for (auto it = order.rbegin(); it != order.rend(); ++it) {
+      block_->eraseArgument(*it);
+      argAttrs_.erase(argAttrs_.begin() + *it);
+    }
+  }
+
+  mlir::MLIRContext &ctx_;
+  const config::ModelConfig &cfg_;
+  mlir::OpBuilder b_;
+  mlir::Location loc_;
+  mlir::OwningOpRef<mlir::ModuleOp> module_;
+  mlir::func::FuncOp func_;
+  mlir::Block *block_ = nullptr;
+  llvm::SmallVector<mlir::DictionaryAttr> argAttrs_;
+  llvm::SmallVector<unsigned> deferred_;
+  Type dtype_;
+  int64_t batch_, seq_, hidden_, vocab_, paddedVocab_, tensorParallel_;
+  int64_t layer_ = -1;
+  int64_t nextStream_ = 0;
+};
+
+}  // namespace
+
+void registerLoomDialects(mlir::MLIRContext &ctx) {
+  ctx.getOrLoadDialect<LoomDialect>();
+  ctx.getOrLoadDialect<mlir::func::FuncDialect>();
+}
+
+mlir::OwningOpRef<mlir::ModuleOp> buildModel(mlir::MLIRContext &ctx, const config::ModelConfig &cfg,
+                                             const BuildOptions &options) {
+  registerLoomDialects(ctx);
+  return TrainStepBuilder(ctx, cfg, options).build();
+}
+
+}  // namespace loom

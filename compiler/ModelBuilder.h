@@ -1,0 +1,30 @@
+// Builders that turn a ModelConfig into Transformer IR: one `func.func @train_step` over
+// global shapes whose arguments are the parameters, then tokens, labels and masks, and
+// whose single result is the scalar loss.
+#pragma once
+
+#include "mlir/IR/BuiltinOps.h"
+#include "mlir/IR/MLIRContext.h"
+#include "mlir/IR/OwningOpRef.h"
+#include "protos/model.pb.h"
+
+namespace loom {
+
+struct BuildOptions {
+  // The vocabulary is padded to a multiple of make_vocab_size_divisible_by * tensor_parallel.
+  int64_t tensorParallel = 1;
+  // Overrides the config's micro_batch_size when > 0.
+  int64_t microBatch = 0;
+};
+
+// Registers the dialects the builders and tools use (loom, func).
+void registerLoomDialects(mlir::MLIRContext &ctx);
+
+// Builds GPT (pre-LN, learned positions, tied embeddings, GeLU MLP, final layer norm) or a
+// BERT-style encoder (pre-LN as in the Megatron-LM paper, masked-LM head), depending on
+// config.architecture(). The config must already carry defaults (applyModelDefaults).
+mlir::OwningOpRef<mlir::ModuleOp> buildModel(mlir::MLIRContext &ctx,
+                                             const config::ModelConfig &config,
+                                             const BuildOptions &options);
+
+}  // namespace loom

@@ -1,0 +1,88 @@
+// loom-dump: inspect Loom IR.
+//   loom-dump FILE.mlir   module summary: parameters, FLOPs per token, op histogram.
+#include <cmath>
+
+#include "compiler/ModelBuilder.h"
+#include "compiler/ModelStats.h"
+#include "compiler/ToolSupport.h"
+#include "ir/ParamAttrs.h"
+#include "llvm/Support/CommandLine.h"
+#include "llvm/Support/FormatVariadic.h"
+
+namespace cl = llvm::cl;
+
+namespace {
+
+cl::OptionCategory dumpCategory("loom-dump options");
+cl::opt<std::string> input(cl::Positional, cl::Required, cl::desc("<input .mlir or ->"),
+                           cl::cat(dumpCategory));
+
+// 124439808 -> "124,439,808"
+std::string withCommas(int64_t v) {
+  std::string digits = std::to_string(v < 0 ? -v : v), out;
+  for (size_t i = 0; i < digits.size(); ++i) {
+    if (i && (digits.size() - i) % 3 == 0) out += ',';
+    out += digits[i];
+  }
+  return v < 0 ? "-" + out : out;
+}
+
+std::string engineering(double v) {
+  const char *suffix[] = {"", "K", "M", "G", "T", "P", "E"};
+  int i = 0;
+  while (std::fabs(v) >= 1000 && i < 6) v /= 1000, ++i;
+  return llvm::formatv("{0:F2} {1}", v, suffix[i]).str();
+}
+
+int64_t moduleInt(mlir::ModuleOp m, llvm::StringRef name) {
+  auto a = m->getAttrOfType<mlir::IntegerAttr>(name);
+  return a ? a.getInt() : 0;
+}
+
+}  // namespace
+
+int main(int argc, char **argv) {
+  cl::HideUnrelatedOptions(dumpCategory);
+  if (!cl::ParseCommandLineOptions(argc, argv, "Loom IR inspector\n", &llvm::errs())) return 1;
+  mlir::MLIRContext ctx;
+  loom::registerLoomDialects(ctx);
+  loom::OneLineDiagnostics diags(ctx);
+  mlir::OwningOpRef<mlir::ModuleOp> module = loom::readModule(ctx, input);
+  if (!module) return 1;
+
+  loom::ModelStats s = loom::computeModelStats(*module);
+  llvm::raw_ostream &os = llvm::outs();
+  auto arch = (*module)->getAttrOfType<mlir::StringAttr>(loom::attr::kArchitecture);
+  int64_t layers = moduleInt(*module, loom::attr::kNumLayers);
+  int64_t hidden = moduleInt(*module, loom::attr::kHiddenSize);
+  int64_t seq = moduleInt(*module, loom::attr::kSeqLength);
+  int64_t vocab = moduleInt(*module, loom::attr::kVocabSize);
+  int64_t padded = moduleInt(*module, loom::attr::kPaddedVocabSize);
+  os << "module: " << (module->getName() ? *module->getName() : "<unnamed>") << "\n";
+  if (arch)
+    os << llvm::formatv("model: {0}, {1} layers, hidden {2}, {3} heads, ffn {4}, seq {5}, "
+                        "vocab {6} (padded to {7})\n",
+                        arch.getValue(), layers, hidden, moduleInt(*module, loom::attr::kNumHeads),
+                        moduleInt(*module, loom::attr::kFfnHiddenSize), seq, vocab, padded);
+  os << "parameters: " << withCommas(s.parameters) << "\n";
+  os << "parameters without vocab padding: " << withCommas(s.parametersWithoutPadding()) << " ("
+     << withCommas(s.vocabPaddingParameters) << " in padding)\n";
+  if (s.tokensPerStep > 0) {
+    os << "tokens per step: " << s.tokensPerStep << "\n";
+    os << llvm::formatv("FLOPs per token: forward {0} ({1}FLOP), training {2} ({3}FLOP), "
+                        "training with full recompute {4} ({5}FLOP)\n",
+                        (int64_t)std::llround(s.forwardFlopsPerToken()),
+                        engineering(s.forwardFlopsPerToken()),
+                        (int64_t)std::llround(s.trainingFlopsPerToken()),
+                        engineering(s.trainingFlopsPerToken()),
+                        (int64_t)std::llround(s.trainingFlopsPerTokenFullRecompute()),
+                        engineering(s.trainingFlopsPerTokenFullRecompute()));
+    if (arch && arch.getValue() == "gpt")
+      os << llvm::formatv("PTD-P formula (section 5.1, full recompute): {0} ({1}FLOP)\n",
+                          (int64_t)std::llround(loom::ptdpFlopsPerToken(layers, hidden, seq, padded)),
+                          engineering(loom::ptdpFlopsPerToken(layers, hidden, seq, padded)));
+  }
+  os << "ops:\n";
+  for (auto &[name, count] : s.opHistogram) os << llvm::formatv("  {0,-20} {1,8}\n", name, count);
+  return 0;
+}

@@ -1,0 +1,137 @@
+// loomc: Loom's compiler driver.
+//   loomc build CONFIG [--cluster SPEC] [--tp N] [--micro-batch N] [-o OUT.mlir]
+//       Emit Transformer IR for a model config (protos/model.proto, text format).
+//   loomc verify FILE.mlir [-o OUT.mlir] [--split-input-file] [--verify-diagnostics]
+//       Parse and verify IR, print it back in canonical form.
+#include "compiler/ConfigLoader.h"
+#include "compiler/ModelBuilder.h"
+#include "compiler/ToolSupport.h"
+#include "llvm/Support/CommandLine.h"
+#include "llvm/Support/SourceMgr.h"
+#include "mlir/IR/AsmState.h"
+#include "mlir/IR/Diagnostics.h"
+#include "mlir/IR/Verifier.h"
+#include "mlir/Parser/Parser.h"
+#include "mlir/Support/FileUtilities.h"
+#include "mlir/Support/ToolUtilities.h"
+
+namespace cl = llvm::cl;
+
+namespace {
+
+cl::OptionCategory loomCategory("loomc options");
+
+cl::SubCommand buildCmd("build", "Emit Transformer IR for a model config");
+cl::opt<std::string> buildConfig(cl::Positional, cl::Required, cl::desc("<model config .pbtxt>"),
+                                 cl::sub(buildCmd), cl::cat(loomCategory));
+cl::opt<std::string> buildCluster("cluster", cl::desc("cluster spec: takes t (vocab padding) and b, checks the model fits"),
+                                  cl::sub(buildCmd), cl::cat(loomCategory));
+cl::opt<int64_t> buildTp("tp", cl::desc("tensor-parallel size for vocabulary padding (default 1, or the cluster's)"),
+                         cl::init(0), cl::sub(buildCmd), cl::cat(loomCategory));
+cl::opt<int64_t> buildMicroBatch("micro-batch", cl::desc("batch dimension of train_step (default: config, or the cluster's)"),
+                                 cl::init(0), cl::sub(buildCmd), cl::cat(loomCategory));
+cl::opt<std::string> buildOut("o", cl::desc("output file (default stdout)"), cl::init("-"),
+                              cl::sub(buildCmd), cl::cat(loomCategory));
+
+cl::SubCommand verifyCmd("verify", "Parse and verify IR, print it back");
+cl::opt<std::string> verifyInput(cl::Positional, cl::Required, cl::desc("<input .mlir or ->"),
+                                 cl::sub(verifyCmd), cl::cat(loomCategory));
+cl::opt<std::string> verifyOut("o", cl::desc("output file (default stdout)"), cl::init("-"),
+                               cl::sub(verifyCmd), cl::cat(loomCategory));
+cl::opt<bool> splitInput("split-input-file", cl::desc("treat '// -----' as separate inputs"),
+                         cl::sub(verifyCmd), cl::cat(loomCategory));
+cl::opt<bool> verifyDiagnostics("verify-diagnostics",
+                                cl::desc("check diagnostics against expected-* comments"),
+                                cl::sub(verifyCmd), cl::cat(loomCategory));
+cl::opt<bool> printDebugInfo("mlir-print-debuginfo", cl::desc("print locations"),
+                             cl::sub(verifyCmd), cl::sub(buildCmd), cl::cat(loomCategory));
+
+mlir::OpPrintingFlags printingFlags() {
+  mlir::OpPrintingFlags flags;
+  if (printDebugInfo) flags.enableDebugInfo();
+  return flags;
+}
+
+int runBuild() {
+  llvm::Expected<loom::config::ModelConfig> model = loom::loadModelConfig(buildConfig);
+  if (!model) return loom::reportError("loomc", model.takeError());
+  loom::BuildOptions options;
+  if (!buildCluster.empty()) {
+    llvm::Expected<loom::config::ClusterSpec> cluster = loom::loadClusterSpec(buildCluster);
+    if (!cluster) return loom::reportError("loomc", cluster.takeError());
+    if (llvm::Error e = loom::checkModelFitsCluster(*model, *cluster, buildCluster))
+      return loom::reportError("loomc", std::move(e));
+    options.tensorParallel = cluster->parallel().tensor_parallel_size();
+    options.microBatch = cluster->parallel().micro_batch_size();
+  }
+  if (buildTp < 0 || buildMicroBatch < 0)
+    return loom::reportError("loomc", llvm::createStringError(llvm::inconvertibleErrorCode(),
+                                                              "--tp and --micro-batch must be >= 1"));
+  if (buildTp > 0) {
+    options.tensorParallel = buildTp;
+    if (model->num_attention_heads() % buildTp != 0)
+      return loom::reportError(
+          "loomc", llvm::createStringError(llvm::inconvertibleErrorCode(),
+                                           "--tp %lld does not divide num_attention_heads = %lld",
+                                           (long long)buildTp, (long long)model->num_attention_heads()));
+  }
+  if (buildMicroBatch > 0) options.microBatch = buildMicroBatch;
+
+  mlir::MLIRContext ctx;
+  loom::OneLineDiagnostics diags(ctx);
+  mlir::OwningOpRef<mlir::ModuleOp> module = loom::buildModel(ctx, *model, options);
+  if (failed(mlir::verify(*module))) return 1;  // a builder bug: the verifier said which op
+  if (llvm::Error e = loom::writeOutput(buildOut, [&](llvm::raw_ostream &os) {
+        module->print(os, printingFlags());
+      }))
+    return loom::reportError("loomc", std::move(e));
+  return 0;
+}
+
+int runVerify() {
+  mlir::MLIRContext ctx;
+  loom::registerLoomDialects(ctx);
+  loom::OneLineDiagnostics diags(ctx);
+  std::string err;
+  auto input = mlir::openInputFile(verifyInput, &err);
+  if (!input) {
+    llvm::errs() << verifyInput << ": error: cannot open file: " << err << "\n";
+    return 1;
+  }
+  std::string printed;
+  llvm::raw_string_ostream out(printed);
+  auto processChunk = [&](std::unique_ptr<llvm::MemoryBuffer> chunk, llvm::raw_ostream &os) {
+    llvm::SourceMgr sm;
+    sm.AddNewSourceBuffer(std::move(chunk), llvm::SMLoc());
+    if (verifyDiagnostics) {
+      mlir::SourceMgrDiagnosticVerifierHandler handler(sm, &ctx);
+      mlir::OwningOpRef<mlir::ModuleOp> m = mlir::parseSourceFile<mlir::ModuleOp>(sm, &ctx);
+      if (m) m->print(os, printingFlags());
+      return handler.verify();
+    }
+    mlir::OwningOpRef<mlir::ModuleOp> m = mlir::parseSourceFile<mlir::ModuleOp>(sm, &ctx);
+    if (!m) return mlir::failure();
+    m->print(os, printingFlags());
+    os << "\n";
+    return mlir::success();
+  };
+  mlir::LogicalResult result =
+      splitInput ? mlir::splitAndProcessBuffer(std::move(input), processChunk, out,
+                                               mlir::kDefaultSplitMarker, mlir::kDefaultSplitMarker)
+                 : processChunk(std::move(input), out);
+  if (failed(result)) return 1;
+  if (llvm::Error e = loom::writeOutput(verifyOut, [&](llvm::raw_ostream &os) { os << printed; }))
+    return loom::reportError("loomc", std::move(e));
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char **argv) {
+  cl::HideUnrelatedOptions(loomCategory);
+  if (!cl::ParseCommandLineOptions(argc, argv, "Loom compiler\n", &llvm::errs())) return 1;
+  if (buildCmd) return runBuild();
+  if (verifyCmd) return runVerify();
+  llvm::errs() << "loomc: error: expected a subcommand: build, verify (see loomc --help)\n";
+  return 1;
+}
