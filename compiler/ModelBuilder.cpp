@@ -232,6 +232,8 @@ class TrainStepBuilder {
 }  // namespace
 
 void registerLoomDialects(mlir::MLIRContext &ctx) {
+  // Diagnostics are one line each: no "see current operation" dumps.
+  ctx.printOpOnDiagnostic(false);
   ctx.getOrLoadDialect<LoomDialect>();
   ctx.getOrLoadDialect<mlir::func::FuncDialect>();
 }

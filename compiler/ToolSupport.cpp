@@ -40,6 +40,9 @@ OneLineDiagnostics::OneLineDiagnostics(mlir::MLIRContext &ctx) : ctx_(ctx) {
   id_ = ctx.getDiagEngine().registerHandler([](mlir::Diagnostic &d) {
     std::string msg = d.str();
     std::replace(msg.begin(), msg.end(), '\n', ' ');
+    // MLIR's parser suggests a flag our tools do not have.
+    if (llvm::StringRef(msg).starts_with("operation being parsed with an unregistered dialect"))
+      msg = "operation of an unknown dialect (Loom's tools know the 'loom' and 'func' dialects)";
     llvm::errs() << formatLocation(d.getLocation()) << ": " << severityName(d.getSeverity())
                  << ": " << msg << "\n";
     return mlir::success();

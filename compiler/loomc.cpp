@@ -83,6 +83,7 @@ int runBuild() {
   if (failed(mlir::verify(*module))) return 1;  // a builder bug: the verifier said which op
   if (llvm::Error e = loom::writeOutput(buildOut, [&](llvm::raw_ostream &os) {
         module->print(os, printingFlags());
+        os << "\n";
       }))
     return loom::reportError("loomc", std::move(e));
   return 0;

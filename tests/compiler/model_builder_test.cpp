@@ -1,0 +1,119 @@
+// Builder parameter counts and FLOPs for every example config, against closed forms written
+// here independently of the builder (and against published numbers where they exist).
+#include <gtest/gtest.h>
+
+#include "compiler/ConfigLoader.h"
+#include "compiler/ModelBuilder.h"
+#include "compiler/ModelStats.h"
+#include "mlir/IR/Verifier.h"
+
+namespace loom {
+namespace {
+
+config::ModelConfig load(const std::string &name) {
+  auto cfg = loadModelConfig("examples/models/" + name + ".pbtxt");
+  if (!cfg) {
+    ADD_FAILURE() << llvm::toString(cfg.takeError());
+    return {};
+  }
+  return *cfg;
+}
+
+// GPT: word + position embeddings, per layer 4h^2 + 4h (attention) + 2 h f + f + h (MLP)
+// + 4h (two layer norms), final layer norm 2h; the output embedding is tied.
+int64_t gptParameters(const config::ModelConfig &m, int64_t vocab) {
+  int64_t h = m.hidden_size(), f = m.ffn_hidden_size(), l = m.num_layers();
+  int64_t layer = (3 * h * h + 3 * h) + (h * h + h) + (h * f + f) + (f * h + h) + 4 * h;
+  return vocab * h + m.max_position_embeddings() * h + l * layer + 2 * h;
+}
+
+// BERT: the same trunk plus the masked-LM head: dense h*h + h, layer norm 2h, output bias V.
+int64_t bertParameters(const config::ModelConfig &m, int64_t vocab) {
+  int64_t h = m.hidden_size();
+  return gptParameters(m, vocab) + h * h + h + 2 * h + vocab;
+}
+
+struct Case {
+  const char *name;
+  int64_t publishedParameters;  // 0 where no exact published figure exists
+};
+
+class ExampleModels : public ::testing::TestWithParam<Case> {};
+
+TEST_P(ExampleModels, ParameterCountsMatchClosedForm) {
+  config::ModelConfig cfg = load(GetParam().name);
+  mlir::MLIRContext ctx;
+  for (int64_t t : {1, 2, 4, 8}) {
+    if (cfg.num_attention_heads() % t != 0) continue;
+    mlir::OwningOpRef<mlir::ModuleOp> module = buildModel(ctx, cfg, {.tensorParallel = t});
+    ASSERT_TRUE(succeeded(mlir::verify(*module))) << GetParam().name;
+    ModelStats stats = computeModelStats(*module);
+    int64_t padded = paddedVocabSize(cfg, t);
+    EXPECT_EQ(padded % (128 * t), 0);
+    EXPECT_GE(padded, cfg.vocab_size());
+    EXPECT_LT(padded - cfg.vocab_size(), 128 * t);
+    bool bert = cfg.architecture() == config::BERT;
+    int64_t expected = bert ? bertParameters(cfg, padded) : gptParameters(cfg, padded);
+    int64_t unpadded = bert ? bertParameters(cfg, cfg.vocab_size()) : gptParameters(cfg, cfg.vocab_size());
+    EXPECT_EQ(stats.parameters, expected) << GetParam().name << " t=" << t;
+    EXPECT_EQ(stats.parametersWithoutPadding(), unpadded) << GetParam().name << " t=" << t;
+    if (GetParam().publishedParameters)
+      EXPECT_EQ(stats.parametersWithoutPadding(), GetParam().publishedParameters);
+  }
+}
+
+TEST_P(ExampleModels, FlopsMatchPtdpFormula) {
+  config::ModelConfig cfg = load(GetParam().name);
+  if (cfg.architecture() != config::GPT) GTEST_SKIP() << "the PTD-P formula is for GPT models";
+  mlir::MLIRContext ctx;
+  mlir::OwningOpRef<mlir::ModuleOp> module = buildModel(ctx, cfg, {});
+  ModelStats stats = computeModelStats(*module);
+  int64_t padded = paddedVocabSize(cfg, 1);
+  double formula = ptdpFlopsPerToken(cfg.num_layers(), cfg.hidden_size(), cfg.seq_length(), padded);
+  EXPECT_NEAR(stats.trainingFlopsPerTokenFullRecompute() / formula, 1.0, 1e-12);
+  // Forward only: 24 l h^2 (1 + s / 6h) + 2 h V per token.
+  double h = cfg.hidden_size(), l = cfg.num_layers(), s = cfg.seq_length();
+  EXPECT_NEAR(stats.forwardFlopsPerToken() / (24 * l * h * h * (1 + s / (6 * h)) + 2 * h * padded),
+              1.0, 1e-12);
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    All, ExampleModels,
+    ::testing::Values(Case{"gpt-tiny", 0}, Case{"gpt2-small", 124439808},
+                      Case{"gpt2-medium", 354823168}, Case{"megatron-2.5b", 0},
+                      Case{"megatron-8.3b", 0}, Case{"gpt3-175b", 0}, Case{"gpt-1t", 0},
+                      Case{"bert-tiny", 0}, Case{"bert-large", 0}),
+    [](const auto &info) {
+      std::string n = info.param.name;
+      for (char &c : n)
+        if (!isalnum(static_cast<unsigned char>(c))) c = '_';
+      return n;
+    });
+
+TEST(ModelBuilder, LargeModelsHaveTheirNominalSize) {
+  // The papers' headline sizes, to 1%: 2.5B, 8.3B, 175B, 1008B.
+  mlir::MLIRContext ctx;
+  for (auto [name, billions] : {std::pair{"megatron-2.5b", 2.5}, std::pair{"megatron-8.3b", 8.3},
+                                std::pair{"gpt3-175b", 175.0}, std::pair{"gpt-1t", 1008.0}}) {
+    mlir::OwningOpRef<mlir::ModuleOp> module = buildModel(ctx, load(name), {});
+    double got = computeModelStats(*module).parameters / 1e9;
+    EXPECT_NEAR(got / billions, 1.0, 0.01) << name << ": " << got << "B";
+  }
+}
+
+TEST(ModelBuilder, BatchAndDtypeFollowOptions) {
+  config::ModelConfig cfg = load("gpt-tiny");
+  cfg.set_params_dtype(config::BF16);
+  mlir::MLIRContext ctx;
+  mlir::OwningOpRef<mlir::ModuleOp> module = buildModel(ctx, cfg, {.microBatch = 3});
+  ASSERT_TRUE(succeeded(mlir::verify(*module)));
+  EXPECT_EQ(computeModelStats(*module).tokensPerStep, 3 * cfg.seq_length());
+  std::string text;
+  llvm::raw_string_ostream os(text);
+  module->print(os);
+  EXPECT_NE(text.find("tensor<1024x64xbf16>"), std::string::npos);
+  EXPECT_NE(text.find("tensor<3x32xi32>"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace loom
