@@ -93,7 +93,8 @@ class TrainStepBuilder {
 
   Value dropout(Value x, float rate) {
     if (rate == 0) return x;
-    return op<DropoutOp>(x.getType(), x, b_.getF32FloatAttr(rate), b_.getI64IntegerAttr(nextStream_++));
+    return op<DropoutOp>(x.getType(), x, b_.getF32FloatAttr(rate), b_.getI64IntegerAttr(nextStream_++),
+                         /*rank_distinct=*/nullptr);
   }
 
   Value layerNorm(Value x, const std::string &prefix) {
@@ -126,7 +127,9 @@ class TrainStepBuilder {
     Value attn = op<AttentionOp>(tensor({batch_, seq_, hidden_}), qkv, keyMask,
                                  b_.getI64IntegerAttr(cfg_.num_attention_heads()),
                                  causal ? b_.getUnitAttr() : nullptr,
-                                 b_.getF32FloatAttr(cfg_.attention_dropout()));
+                                 b_.getF32FloatAttr(cfg_.attention_dropout()),
+                                 b_.getI64IntegerAttr(cfg_.attention_dropout() > 0 ? nextStream_++ : 0),
+                                 /*rank_distinct_dropout=*/nullptr);
     Value proj = linear(attn, prefix + ".attn.c_proj", hidden_, hidden_, scaledStd);
     x = op<AddOp>(x, dropout(proj, cfg_.hidden_dropout()));
     h = layerNorm(x, prefix + ".ln_2");
@@ -142,7 +145,7 @@ class TrainStepBuilder {
     wordOut = param(root + ".wte.weight", {paddedVocab_, hidden_}, "normal", std);
     Value wpe = param(root + ".wpe.weight", {cfg_.max_position_embeddings(), hidden_}, "normal", std);
     Value x = op<EmbeddingOp>(tensor({batch_, seq_, hidden_}), tokens, wordOut, wpe,
-                              b_.getI64IntegerAttr(0));
+                              /*vocab_parallel_group=*/nullptr);
     x = dropout(x, cfg_.hidden_dropout());
     for (int64_t l = 0; l < cfg_.num_layers(); ++l) {
       layer_ = l;
@@ -154,7 +157,7 @@ class TrainStepBuilder {
 
   Value crossEntropy(Value logits, Value labels, Value lossMask) {
     return op<CrossEntropyOp>(tensor({}, b_.getF32Type()), logits, labels, lossMask,
-                              b_.getI64IntegerAttr(vocab_), b_.getI64IntegerAttr(0));
+                              b_.getI64IntegerAttr(vocab_), /*vocab_parallel_group=*/nullptr);
   }
 
   Value buildGpt() {
@@ -226,7 +229,7 @@ class TrainStepBuilder {
   Type dtype_;
   int64_t batch_, seq_, hidden_, vocab_, paddedVocab_, tensorParallel_;
   int64_t layer_ = -1;
-  int64_t nextStream_ = 0;
+  int64_t nextStream_ = 1;  // 0 means "no dropout"
 };
 
 }  // namespace

@@ -3,6 +3,8 @@
 //       Emit Transformer IR for a model config (protos/model.proto, text format).
 //   loomc verify FILE.mlir [-o OUT.mlir] [--split-input-file] [--verify-diagnostics]
 //       Parse and verify IR, print it back in canonical form.
+//   loomc opt FILE.mlir --loom-tensor-parallel=tp=2 --loom-autodiff ... [--mlir-print-ir-after-all]
+//       Run passes one by one (MLIR's opt driver: pass options, IR after each pass).
 #include "compiler/ConfigLoader.h"
 #include "compiler/ModelBuilder.h"
 #include "compiler/ToolSupport.h"
@@ -14,6 +16,9 @@
 #include "mlir/Parser/Parser.h"
 #include "mlir/Support/FileUtilities.h"
 #include "mlir/Support/ToolUtilities.h"
+#include "mlir/Tools/mlir-opt/MlirOptMain.h"
+#include "passes/Passes.h"
+#include "ir/LoomDialect.h"
 
 namespace cl = llvm::cl;
 
@@ -128,11 +133,19 @@ int runVerify() {
 
 }  // namespace
 
+int runOpt(int argc, char **argv) {
+  mlir::DialectRegistry registry;
+  registry.insert<loom::LoomDialect, mlir::func::FuncDialect>();
+  loom::registerLoomPasses();
+  return mlir::asMainReturnCode(mlir::MlirOptMain(argc, argv, "Loom pass driver (loomc opt)\n", registry));
+}
+
 int main(int argc, char **argv) {
+  if (argc > 1 && llvm::StringRef(argv[1]) == "opt") return runOpt(argc - 1, argv + 1);
   cl::HideUnrelatedOptions(loomCategory);
   if (!cl::ParseCommandLineOptions(argc, argv, "Loom compiler\n", &llvm::errs())) return 1;
   if (buildCmd) return runBuild();
   if (verifyCmd) return runVerify();
-  llvm::errs() << "loomc: error: expected a subcommand: build, verify (see loomc --help)\n";
+  llvm::errs() << "loomc: error: expected a subcommand: build, verify, opt (see loomc --help)\n";
   return 1;
 }

@@ -16,6 +16,7 @@ def Loom_Dialect : Dialect {
     carry `loom.layer = N` so that the pipeline pass can cut between layers.
   }];
   let hasRegionArgAttrVerify = 1;
+  let hasRegionResultAttrVerify = 1;
   let hasOperationAttrVerify = 1;
 }
 

@@ -49,6 +49,15 @@ mlir::LogicalResult LoomDialect::verifyRegionArgAttribute(mlir::Operation *op, u
     if (!f || !(f.getValueAsDouble() > 0)) return fail("must be a positive float");
     return mlir::success();
   }
+  if (name == attr::kShardDim || name == attr::kShardParts) {
+    auto i = mlir::dyn_cast<mlir::IntegerAttr>(attr.getValue());
+    if (!i || i.getInt() < (name == attr::kShardDim ? 0 : 1)) return fail("must be a non-negative integer");
+    return mlir::success();
+  }
+  if (name == attr::kGradOf) {
+    if (!mlir::isa<mlir::StringAttr>(attr.getValue())) return fail("must be a string");
+    return mlir::success();
+  }
   if (name == attr::kInput) {
     auto s = mlir::dyn_cast<mlir::StringAttr>(attr.getValue());
     if (!s || !isOneOf(s.getValue(), {"tokens", "labels", "loss_mask", "attention_mask"}))
@@ -56,6 +65,19 @@ mlir::LogicalResult LoomDialect::verifyRegionArgAttribute(mlir::Operation *op, u
     return mlir::success();
   }
   return fail("is not a known loom argument attribute");
+}
+
+mlir::LogicalResult LoomDialect::verifyRegionResultAttribute(mlir::Operation *op, unsigned,
+                                                             unsigned resultIndex,
+                                                             mlir::NamedAttribute attr) {
+  // Results carry "loom.grad_of" (a gradient's parameter) or "loom.stash" (an activation a
+  // forward program keeps for its backward program).
+  llvm::StringRef name = attr.getName().strref();
+  if ((name == attr::kGradOf || name == "loom.stash" || name == "loom.send_to") &&
+      mlir::isa<mlir::StringAttr>(attr.getValue()))
+    return mlir::success();
+  return op->emitError() << "result #" << resultIndex << ": attribute '" << name
+                         << "' is not a known loom result attribute";
 }
 
 mlir::LogicalResult LoomDialect::verifyOperationAttribute(mlir::Operation *op,
@@ -67,15 +89,23 @@ mlir::LogicalResult LoomDialect::verifyOperationAttribute(mlir::Operation *op,
       return op->emitError() << "attribute '" << name << "' must be \"gpt\" or \"bert\"";
     return mlir::success();
   }
-  bool isCount = isOneOf(name, {attr::kLayer, attr::kNumLayers, attr::kHiddenSize, attr::kNumHeads,
+  if (name == attr::kBackward) {
+    if (!mlir::isa<mlir::UnitAttr>(attr.getValue()))
+      return op->emitError() << "attribute '" << name << "' must be a unit attribute";
+    return mlir::success();
+  }
+  bool isCount = isOneOf(name, {attr::kLayer, attr::kBucket, attr::kNumLayers, attr::kHiddenSize, attr::kNumHeads,
                                 attr::kFfnHiddenSize, attr::kSeqLength, attr::kVocabSize,
-                                attr::kPaddedVocabSize, attr::kTensorParallel});
+                                attr::kPaddedVocabSize, attr::kTensorParallel,
+                                "loom.data_parallel_size", "loom.pipeline_parallel_size",
+                                "loom.virtual_pipeline_size"});
   if (!isCount) return op->emitError() << "attribute '" << name << "' is not a known loom attribute";
   auto i = mlir::dyn_cast<mlir::IntegerAttr>(attr.getValue());
-  bool ok = i && (name == attr::kLayer ? i.getInt() >= 0 : i.getInt() > 0);
+  bool nonNegative = name == attr::kLayer || name == attr::kBucket;
+  bool ok = i && (nonNegative ? i.getInt() >= 0 : i.getInt() > 0);
   if (!ok)
     return op->emitError() << "attribute '" << name << "' must be a "
-                           << (name == attr::kLayer ? "non-negative" : "positive") << " integer";
+                           << (nonNegative ? "non-negative" : "positive") << " integer";
   return mlir::success();
 }
 

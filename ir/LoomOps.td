@@ -14,15 +14,15 @@ def Loom_EmbeddingOp : Loom_Op<"embedding", [Pure]> {
   let summary = "token embedding lookup plus learned position embedding";
   let description = [{
     `out[b, s, :] = word[tokens[b, s], :] + position[s, :]`.
-    `word` is `[vocab, hidden]` (vocab possibly padded, or a vocab shard after tensor
-    parallelism, in which case `vocab_start` is the shard's first row and tokens outside
-    the shard contribute zero: Megatron's masked lookup). `position` is
-    `[max_positions, hidden]` with `max_positions >= seq`. Without `position` only the
-    token embedding is returned.
+    `word` is `[vocab, hidden]` (vocab possibly padded). With `vocab_parallel_group`,
+    `word` is this rank's vocab shard: its first row is `rank_in_group * rows`, and tokens
+    outside the shard contribute zero (Megatron's masked lookup; an all_reduce over the
+    group completes the sum). `position` is `[max_positions, hidden]` with
+    `max_positions >= seq`. Without `position` only the token embedding is returned.
   }];
   let arguments = (ins Loom_IndexTensor:$tokens, Loom_FloatTensor:$word,
                        Optional<Loom_FloatTensor>:$position,
-                       DefaultValuedAttr<I64Attr, "0">:$vocab_start);
+                       OptionalAttr<StrAttr>:$vocab_parallel_group);
   let results = (outs Loom_FloatTensor:$result);
   let assemblyFormat = [{
     $tokens `,` $word (`,` $position^)? attr-dict `:` functional-type(operands, results)
@@ -83,11 +83,16 @@ def Loom_AttentionOp : Loom_Op<"attention", [Pure]> {
     probabilities. `causal` masks future keys; the optional `key_mask`
     `[batch, seq]` (1 keep, 0 pad) masks padded keys. The result is
     `[batch, seq, heads * head_dim]`, heads concatenated. `num_heads` counts the heads
-    this op computes (the local heads after tensor parallelism).
+    this op computes (the local heads after tensor parallelism). `stream` names the
+    dropout's random stream; with `rank_distinct_dropout` the stream also depends on the
+    rank's tensor-parallel position (dropout inside a parallel region, Megatron-LM paper
+    section 3).
   }];
   let arguments = (ins Loom_FloatTensor:$qkv, Optional<Loom_MaskTensor>:$key_mask,
                        I64Attr:$num_heads, UnitAttr:$causal,
-                       DefaultValuedAttr<F32Attr, "0.0">:$dropout);
+                       DefaultValuedAttr<F32Attr, "0.0">:$dropout,
+                       DefaultValuedAttr<I64Attr, "0">:$stream,
+                       UnitAttr:$rank_distinct_dropout);
   let results = (outs Loom_FloatTensor:$result);
   let assemblyFormat = [{
     $qkv (`,` $key_mask^)? attr-dict `:` functional-type(operands, results)
@@ -103,7 +108,8 @@ def Loom_DropoutOp : Loom_Op<"dropout", [SameOperandsAndResultType]> {
     (Megatron-LM paper, section 3: dropout seeds).
   }];
   let arguments = (ins Loom_FloatTensor:$input, F32Attr:$rate,
-                       DefaultValuedAttr<I64Attr, "0">:$stream);
+                       DefaultValuedAttr<I64Attr, "0">:$stream,
+                       UnitAttr:$rank_distinct);
   let results = (outs Loom_FloatTensor:$result);
   let assemblyFormat = "$input attr-dict `:` type($result)";
   let hasVerifier = 1;
@@ -123,12 +129,15 @@ def Loom_CrossEntropyOp : Loom_Op<"cross_entropy", [Pure]> {
     `sum_t mask_t * (logsumexp(logits_t) - logits_t[label_t]) / sum_t mask_t`, with the
     mask all ones when `loss_mask` is absent. Columns at or beyond `valid_vocab`
     (vocabulary padding) are excluded from the softmax, so padding never changes the
-    loss. After vocab-parallel sharding `vocab_start` is the first column this op holds.
+    loss. With `vocab_parallel_group`, `logits` holds this rank's vocab shard (first column
+    `rank_in_group * columns`) and the op is Megatron's vocab-parallel cross-entropy: it
+    all-reduces only the per-token max, sum of exponentials and target logit over the
+    group (three `[batch, seq]` all-reduces), never the logits.
   }];
   let arguments = (ins Loom_FloatTensor:$logits, Loom_IndexTensor:$labels,
                        Optional<Loom_MaskTensor>:$loss_mask,
                        I64Attr:$valid_vocab,
-                       DefaultValuedAttr<I64Attr, "0">:$vocab_start);
+                       OptionalAttr<StrAttr>:$vocab_parallel_group);
   let results = (outs Loom_Scalar:$loss);
   let assemblyFormat = [{
     $logits `,` $labels (`,` $loss_mask^)? attr-dict `:` functional-type(operands, results)
@@ -142,7 +151,11 @@ def Loom_CrossEntropyOp : Loom_Op<"cross_entropy", [Pure]> {
 //===----------------------------------------------------------------------===//
 
 def Loom_AllReduceOp : Loom_Op<"all_reduce", [SameOperandsAndResultType]> {
-  let summary = "all-reduce over a process group (`reduce` is \"sum\" or \"max\")";
+  let summary = "all-reduce over a process group (`reduce` is \"sum\", \"max\" or \"avg\")";
+  let description = [{
+    Gradient all-reduces of data parallelism carry `bucket = k`: the lowering packs the
+    all-reduces of one bucket into one collective over a flat buffer.
+  }];
   let arguments = (ins Loom_FloatTensor:$input, StrAttr:$group, I64Attr:$group_size,
                        DefaultValuedStrAttr<StrAttr, "sum">:$reduce);
   let results = (outs Loom_FloatTensor:$result);
@@ -182,6 +195,129 @@ def Loom_RecvOp : Loom_Op<"recv", []> {
                        DefaultValuedAttr<I64Attr, "0">:$tag);
   let results = (outs Loom_FloatTensor:$result);
   let assemblyFormat = "attr-dict `:` type($result)";
+  let hasVerifier = 1;
+}
+
+def Loom_IdentityOp : Loom_Op<"identity", [Pure, SameOperandsAndResultType]> {
+  let summary = "identity forward, all-reduce of the gradient over `group` (Megatron's f)";
+  let description = [{
+    Marks a replicated value entering a tensor-parallel region (the input of a
+    column-parallel GEMM). Forward it is the identity; its gradient is an all_reduce over
+    `group`, because each rank's consumer contributes a partial gradient (Megatron-LM
+    paper, section 3, figure 3: the f operator; `loom.all_reduce` is g).
+  }];
+  let arguments = (ins Loom_FloatTensor:$input, StrAttr:$group, I64Attr:$group_size);
+  let results = (outs Loom_FloatTensor:$result);
+  let assemblyFormat = "$input attr-dict `:` type($result)";
+}
+
+def Loom_AddPositionOp : Loom_Op<"add_position", [Pure]> {
+  let summary = "add learned position embeddings: `out[b, s, :] = input[b, s, :] + position[s, :]`";
+  let arguments = (ins Loom_FloatTensor:$input, Loom_FloatTensor:$position);
+  let results = (outs Loom_FloatTensor:$result);
+  let assemblyFormat = "$input `,` $position attr-dict `:` functional-type(operands, results)";
+  let hasVerifier = 1;
+}
+
+//===----------------------------------------------------------------------===//
+// Gradient ops (emitted by the autodiff pass). Each names the forward op it differentiates.
+//===----------------------------------------------------------------------===//
+
+def Loom_WeightGradOp : Loom_Op<"weight_grad", [Pure]> {
+  let summary = "gradient of a linear's weight: `dW[k, n] = sum over rows of x[.., k] g[.., n]`";
+  let description = [{
+    With `transpose_weight` the result is `[n, k]` (the weight was stored `[out, in]`).
+  }];
+  let arguments = (ins Loom_FloatTensor:$input, Loom_FloatTensor:$grad, UnitAttr:$transpose_weight);
+  let results = (outs Loom_FloatTensor:$result);
+  let assemblyFormat = "$input `,` $grad attr-dict `:` functional-type(operands, results)";
+  let hasVerifier = 1;
+}
+
+def Loom_BiasGradOp : Loom_Op<"bias_grad", [Pure]> {
+  let summary = "gradient of a bias: the sum of `grad` over all but the last dimension";
+  let arguments = (ins Loom_FloatTensor:$grad);
+  let results = (outs Loom_FloatTensor:$result);
+  let assemblyFormat = "$grad attr-dict `:` functional-type(operands, results)";
+  let hasVerifier = 1;
+}
+
+def Loom_LayerNormGradOp : Loom_Op<"layer_norm_grad", [Pure]> {
+  let summary = "gradients of layer_norm w.r.t. input, gamma and beta (statistics recomputed)";
+  let description = [{
+    With `xhat = (x - mean) * rstd`: `dgamma = sum(g * xhat)`, `dbeta = sum(g)` over rows,
+    `dx = rstd * (g*gamma - mean(g*gamma) - xhat * mean(g*gamma*xhat))` per row.
+  }];
+  let arguments = (ins Loom_FloatTensor:$input, Loom_FloatTensor:$gamma, Loom_FloatTensor:$grad,
+                       DefaultValuedAttr<F32Attr, "1.0e-5">:$epsilon);
+  let results = (outs Loom_FloatTensor:$grad_input, Loom_FloatTensor:$grad_gamma,
+                      Loom_FloatTensor:$grad_beta);
+  let assemblyFormat = "$input `,` $gamma `,` $grad attr-dict `:` functional-type(operands, results)";
+}
+
+def Loom_GeluGradOp : Loom_Op<"gelu_grad", [Pure, SameOperandsAndResultType]> {
+  let summary = "gradient of the tanh GeLU: `g * gelu'(x)`";
+  let arguments = (ins Loom_FloatTensor:$input, Loom_FloatTensor:$grad);
+  let results = (outs Loom_FloatTensor:$result);
+  let assemblyFormat = "$input `,` $grad attr-dict `:` type($result)";
+}
+
+def Loom_AttentionGradOp : Loom_Op<"attention_grad", [Pure]> {
+  let summary = "gradient of the attention core w.r.t. qkv (probabilities recomputed)";
+  let description = [{
+    Same attributes as the forward `loom.attention`, so the softmax and the dropout mask are
+    recomputed exactly (the dropout mask comes from the counter-based generator).
+  }];
+  let arguments = (ins Loom_FloatTensor:$qkv, Loom_FloatTensor:$grad,
+                       Optional<Loom_MaskTensor>:$key_mask,
+                       I64Attr:$num_heads, UnitAttr:$causal,
+                       DefaultValuedAttr<F32Attr, "0.0">:$dropout,
+                       DefaultValuedAttr<I64Attr, "0">:$stream,
+                       UnitAttr:$rank_distinct_dropout);
+  let results = (outs Loom_FloatTensor:$result);
+  let assemblyFormat = [{
+    $qkv `,` $grad (`,` $key_mask^)? attr-dict `:` functional-type(operands, results)
+  }];
+}
+
+def Loom_EmbeddingGradOp : Loom_Op<"embedding_grad", [Pure]> {
+  let summary = "gradient of the word embedding: scatter-add of `grad` rows at the token ids";
+  let arguments = (ins Loom_IndexTensor:$tokens, Loom_FloatTensor:$grad,
+                       OptionalAttr<StrAttr>:$vocab_parallel_group);
+  let results = (outs Loom_FloatTensor:$result);
+  let assemblyFormat = "$tokens `,` $grad attr-dict `:` functional-type(operands, results)";
+}
+
+def Loom_PositionGradOp : Loom_Op<"position_grad", [Pure]> {
+  let summary = "gradient of the position embedding: `d[s, :] = sum_b grad[b, s, :]`, zero beyond seq";
+  let arguments = (ins Loom_FloatTensor:$grad);
+  let results = (outs Loom_FloatTensor:$result);
+  let assemblyFormat = "$grad attr-dict `:` functional-type(operands, results)";
+}
+
+def Loom_CrossEntropyGradOp : Loom_Op<"cross_entropy_grad", [Pure, AttrSizedOperandSegments]> {
+  let summary = "gradient of cross_entropy w.r.t. the logits: `(softmax - onehot) * mask / count * g`";
+  let description = [{
+    Same attributes as the forward op. `grad` is the loss's incoming gradient; without it
+    the loss is the function's result and `grad` is `loss_scale` (1 unless the optimizer
+    scales the loss). With `vocab_parallel_group` the max and the sum of exponentials are
+    recomputed with two `[batch, seq]` all-reduces over the group.
+  }];
+  let arguments = (ins Loom_FloatTensor:$logits, Loom_IndexTensor:$labels,
+                       Optional<Loom_Scalar>:$grad, Optional<Loom_MaskTensor>:$loss_mask,
+                       I64Attr:$valid_vocab, OptionalAttr<StrAttr>:$vocab_parallel_group,
+                       DefaultValuedAttr<F32Attr, "1.0">:$loss_scale);
+  let results = (outs Loom_FloatTensor:$result);
+  let assemblyFormat = [{
+    $logits `,` $labels (`grad` $grad^)? (`mask` $loss_mask^)? attr-dict `:` functional-type(operands, results)
+  }];
+}
+
+def Loom_AddBiasOp : Loom_Op<"add_bias", [Pure]> {
+  let summary = "`out[..., n] = input[..., n] + bias[n]` (the bias of a row-parallel GEMM, added after its all-reduce)";
+  let arguments = (ins Loom_FloatTensor:$input, Loom_FloatTensor:$bias);
+  let results = (outs Loom_FloatTensor:$result);
+  let assemblyFormat = "$input `,` $bias attr-dict `:` functional-type(operands, results)";
   let hasVerifier = 1;
 }
 

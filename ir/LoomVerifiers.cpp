@@ -74,7 +74,6 @@ LogicalResult EmbeddingOp::verify() {
       return emitOpError() << "position dim 0 (" << p[0]
                            << " positions) is smaller than the sequence length " << tokens[1];
   }
-  if (getVocabStart() < 0) return emitOpError() << "vocab_start must be >= 0";
   return mlir::success();
 }
 
@@ -179,16 +178,17 @@ LogicalResult CrossEntropyOp::verify() {
       return mlir::failure();
   }
   if (getValidVocab() < 1) return emitOpError() << "valid_vocab must be >= 1";
-  if (getVocabStart() < 0) return emitOpError() << "vocab_start must be >= 0";
-  // An unsharded op (vocab_start 0 and valid_vocab within the columns) is the common case;
-  // a vocab shard may hold fewer columns than valid_vocab, so no upper bound is checked here.
+  if (!getVocabParallelGroup() && getValidVocab() > logits[2])
+    return emitOpError() << "valid_vocab (" << getValidVocab() << ") exceeds logits dim 2 ("
+                         << logits[2] << ")";
   return mlir::success();
 }
 
 LogicalResult AllReduceOp::verify() {
   if (failed(requireGroup(*this, getGroup(), getGroupSize()))) return mlir::failure();
-  if (getReduce() != "sum" && getReduce() != "max")
-    return emitOpError() << "reduce must be \"sum\" or \"max\", got \"" << getReduce() << "\"";
+  if (getReduce() != "sum" && getReduce() != "max" && getReduce() != "avg")
+    return emitOpError() << "reduce must be \"sum\", \"max\" or \"avg\", got \"" << getReduce()
+                         << "\"";
   return mlir::success();
 }
 
@@ -236,5 +236,55 @@ static LogicalResult verifyPeer(Op op) {
 
 LogicalResult SendOp::verify() { return verifyPeer(*this); }
 LogicalResult RecvOp::verify() { return verifyPeer(*this); }
+
+LogicalResult AddPositionOp::verify() {
+  if (failed(requireRank(*this, getInput(), "input", 3)) ||
+      failed(requireRank(*this, getPosition(), "position", 2)))
+    return mlir::failure();
+  auto in = tensorOf(getInput()).getShape();
+  auto p = tensorOf(getPosition()).getShape();
+  if (failed(requireDim(*this, "position", 1, p[1], in[2], "hidden size of input")))
+    return mlir::failure();
+  if (p[0] < in[1])
+    return emitOpError() << "position dim 0 (" << p[0]
+                         << " positions) is smaller than the sequence length " << in[1];
+  if (getResult().getType() != getInput().getType())
+    return emitOpError() << "result type must equal input type";
+  return mlir::success();
+}
+
+LogicalResult AddBiasOp::verify() {
+  auto in = tensorOf(getInput()).getShape();
+  auto b = tensorOf(getBias()).getShape();
+  if (in.empty() || b.size() != 1 || b[0] != in.back())
+    return emitOpError() << "bias must be rank 1 with the size of input's last dim";
+  if (getResult().getType() != getInput().getType())
+    return emitOpError() << "result type must equal input type";
+  return mlir::success();
+}
+
+LogicalResult WeightGradOp::verify() {
+  auto in = tensorOf(getInput()).getShape();
+  auto g = tensorOf(getGrad()).getShape();
+  auto out = tensorOf(getResult()).getShape();
+  if (in.empty() || g.empty() || out.size() != 2)
+    return emitOpError() << "expects input and grad of rank >= 1 and a rank-2 result";
+  int64_t k = in.back(), n = g.back();
+  int64_t r0 = getTransposeWeight() ? n : k, r1 = getTransposeWeight() ? k : n;
+  if (failed(requireDim(*this, "result", 0, out[0], r0, "weight layout")) ||
+      failed(requireDim(*this, "result", 1, out[1], r1, "weight layout")))
+    return mlir::failure();
+  if (tensorOf(getInput()).getNumElements() / k != tensorOf(getGrad()).getNumElements() / n)
+    return emitOpError() << "input and grad must have the same number of rows";
+  return mlir::success();
+}
+
+LogicalResult BiasGradOp::verify() {
+  auto g = tensorOf(getGrad()).getShape();
+  auto out = tensorOf(getResult()).getShape();
+  if (g.empty() || out.size() != 1 || out[0] != g.back())
+    return emitOpError() << "result must be the last dimension of grad";
+  return mlir::success();
+}
 
 }  // namespace loom

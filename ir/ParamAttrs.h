@@ -9,6 +9,17 @@ namespace loom::attr {
 inline constexpr llvm::StringLiteral kParam = "loom.param";        // global name, string
 inline constexpr llvm::StringLiteral kInit = "loom.init";          // "normal" | "zeros" | "ones"
 inline constexpr llvm::StringLiteral kInitStd = "loom.init_std";   // f32, for "normal"
+// On parameters split by tensor parallelism: the dimension split and into how many parts
+// (the rank's part is its position in group "tp").
+inline constexpr llvm::StringLiteral kShardDim = "loom.shard_dim";
+inline constexpr llvm::StringLiteral kShardParts = "loom.shard_parts";
+// On gradient results: the parameter they belong to.
+inline constexpr llvm::StringLiteral kGradOf = "loom.grad_of";
+// On ops emitted by autodiff.
+inline constexpr llvm::StringLiteral kBackward = "loom.backward";
+// On the gradient all-reduces of data parallelism: the bucket they are packed into.
+inline constexpr llvm::StringLiteral kBucket = "loom.bucket";
+
 // On data arguments: "tokens" | "labels" | "loss_mask" | "attention_mask".
 inline constexpr llvm::StringLiteral kInput = "loom.input";
 

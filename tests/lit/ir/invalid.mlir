@@ -170,7 +170,7 @@ func.func @all_reduce_group(%x: tensor<4xf32>) {
 // -----
 
 func.func @all_reduce_kind(%x: tensor<4xf32>) {
-  // expected-error @+1 {{'loom.all_reduce' op reduce must be "sum" or "max", got "prod"}}
+  // expected-error @+1 {{'loom.all_reduce' op reduce must be "sum", "max" or "avg", got "prod"}}
   %0 = loom.all_reduce %x {group = "tp", group_size = 2, reduce = "prod"} : tensor<4xf32>
   return
 }

@@ -1,0 +1,84 @@
+// loom-autodiff: reverse-mode differentiation of train_step (see Passes.td).
+#include "ir/LoomDialect.h"
+#include "ir/ParamAttrs.h"
+#include "mlir/Dialect/Func/IR/FuncOps.h"
+#include "passes/GradientRules.h"
+#include "passes/Passes.h"
+
+namespace loom {
+
+#define GEN_PASS_DEF_LOOMAUTODIFF
+#include "passes/Passes.h.inc"
+
+namespace {
+
+// Differentiates `f`, whose single result is the scalar loss, appending a gradient result for
+// every parameter argument.
+mlir::LogicalResult differentiate(mlir::func::FuncOp f) {
+  auto ret = mlir::cast<mlir::func::ReturnOp>(f.getBody().front().getTerminator());
+  if (ret.getNumOperands() != 1 || !ret.getOperand(0).getDefiningOp<CrossEntropyOp>())
+    return f.emitError() << "loom-autodiff: @" << f.getName()
+                         << " must return exactly one loss produced by loom.cross_entropy";
+  mlir::Value loss = ret.getOperand(0);
+  mlir::OpBuilder b(ret);
+  llvm::DenseMap<mlir::Value, mlir::Value> grads;
+  auto accumulate = [&](mlir::Value v, mlir::Value g) {
+    auto [it, inserted] = grads.try_emplace(v, g);
+    if (!inserted) it->second = b.create<AddOp>(v.getLoc(), it->second, g);
+  };
+
+  llvm::SmallVector<mlir::Operation *> forward;
+  for (mlir::Operation &op : f.getBody().front().without_terminator()) forward.push_back(&op);
+  for (mlir::Operation *op : llvm::reverse(forward)) {
+    llvm::SmallVector<mlir::Value> resultGrads;
+    bool any = false, isRoot = false;
+    for (mlir::Value r : op->getResults()) {
+      resultGrads.push_back(grads.lookup(r));
+      any |= bool(resultGrads.back());
+      isRoot |= r == loss;
+    }
+    if (!any && !isRoot) continue;
+    mlir::Operation *last = ret->getPrevNode();
+    mlir::FailureOr<llvm::SmallVector<mlir::Value>> d = gradientOf(b, op, resultGrads);
+    if (failed(d)) return mlir::failure();
+    for (auto [operand, g] : llvm::zip(op->getOperands(), *d))
+      if (g) accumulate(operand, g);
+    // Tag what the rule and the accumulation built: backward ops of the forward op's layer.
+    for (mlir::Operation *n = last->getNextNode(); n != ret.getOperation(); n = n->getNextNode()) {
+      n->setAttr(attr::kBackward, b.getUnitAttr());
+      if (auto layer = op->getAttr(attr::kLayer)) n->setAttr(attr::kLayer, layer);
+    }
+  }
+
+  llvm::SmallVector<mlir::Value> results{loss};
+  llvm::SmallVector<mlir::Attribute> resultAttrs{b.getDictionaryAttr({})};
+  for (mlir::BlockArgument arg : f.getArguments()) {
+    auto name = f.getArgAttrOfType<mlir::StringAttr>(arg.getArgNumber(), attr::kParam);
+    if (!name) continue;
+    mlir::Value g = grads.lookup(arg);
+    if (!g) return f.emitError() << "loom-autodiff: parameter '" << name.getValue() << "' does not reach the loss";
+    results.push_back(g);
+    resultAttrs.push_back(b.getDictionaryAttr({b.getNamedAttr(attr::kGradOf, name)}));
+  }
+  b.create<mlir::func::ReturnOp>(ret.getLoc(), results);
+  ret.erase();
+  llvm::SmallVector<mlir::Type> types;
+  for (mlir::Value v : results) types.push_back(v.getType());
+  f.setType(b.getFunctionType(f.getArgumentTypes(), types));
+  f.setAllResultAttrs(resultAttrs);
+  return mlir::success();
+}
+
+struct AutodiffPass : impl::LoomAutodiffBase<AutodiffPass> {
+  void runOnOperation() override {
+    auto f = getOperation().lookupSymbol<mlir::func::FuncOp>("train_step");
+    if (!f) {
+      getOperation().emitError() << "loom-autodiff: no func.func @train_step";
+      return signalPassFailure();
+    }
+    if (failed(differentiate(f))) signalPassFailure();
+  }
+};
+
+}  // namespace
+}  // namespace loom

@@ -1,0 +1,101 @@
+// The gradient rule of every loom op. Forward math is in ir/LoomOps.td; here, for
+// y = op(x...), each rule builds dL/dx from dL/dy.
+//
+// The communication algebra of tensor parallelism (Megatron-Core's mappings.py in our
+// terms):
+//   all_reduce (g)      -> identity           every rank already holds the full dL/dy
+//   identity (f)        -> all_reduce         each rank's shard contributes part of dL/dx
+//   all_gather(dim)     -> reduce_scatter(dim)
+//   reduce_scatter(dim) -> all_gather(dim)
+#include "passes/GradientRules.h"
+
+#include "ir/LoomDialect.h"
+#include "llvm/ADT/TypeSwitch.h"
+
+namespace loom {
+
+using mlir::Value;
+using Grads = llvm::SmallVector<Value>;
+
+mlir::FailureOr<Grads> gradientOf(mlir::OpBuilder &b, mlir::Operation *op, llvm::ArrayRef<Value> resultGrads) {
+  mlir::Location loc = op->getLoc();
+  Value g = resultGrads.empty() ? Value() : resultGrads[0];
+  Grads none(op->getNumOperands(), Value());
+  return llvm::TypeSwitch<mlir::Operation *, mlir::FailureOr<Grads>>(op)
+      .Case([&](EmbeddingOp o) -> mlir::FailureOr<Grads> {
+        Grads d = none;
+        d[1] = b.create<EmbeddingGradOp>(loc, o.getWord().getType(), o.getTokens(), g,
+                                         o.getVocabParallelGroupAttr());
+        if (o.getPosition()) d[2] = b.create<PositionGradOp>(loc, o.getPosition().getType(), g);
+        return d;
+      })
+      .Case([&](AddPositionOp o) -> mlir::FailureOr<Grads> {
+        return Grads{g, b.create<PositionGradOp>(loc, o.getPosition().getType(), g)};
+      })
+      .Case([&](LayerNormOp o) -> mlir::FailureOr<Grads> {
+        auto lg = b.create<LayerNormGradOp>(loc, o.getInput().getType(), o.getGamma().getType(),
+                                            o.getBeta().getType(), o.getInput(), o.getGamma(), g,
+                                            o.getEpsilonAttr());
+        return Grads{lg.getGradInput(), lg.getGradGamma(), lg.getGradBeta()};
+      })
+      .Case([&](LinearOp o) -> mlir::FailureOr<Grads> {
+        // y = x W (+ b): dx = g W^T (a linear with the weight's layout flipped),
+        // dW = x^T g, db = sum of g over rows.
+        Grads d = none;
+        bool t = o.getTransposeWeight();
+        d[0] = b.create<LinearOp>(loc, o.getInput().getType(), g, o.getWeight(), Value(),
+                                  t ? nullptr : b.getUnitAttr());
+        d[1] = b.create<WeightGradOp>(loc, o.getWeight().getType(), o.getInput(), g, t ? b.getUnitAttr() : nullptr);
+        if (o.getBias()) d[2] = b.create<BiasGradOp>(loc, o.getBias().getType(), g);
+        return d;
+      })
+      .Case([&](AddBiasOp o) -> mlir::FailureOr<Grads> {
+        return Grads{g, b.create<BiasGradOp>(loc, o.getBias().getType(), g)};
+      })
+      .Case([&](GeluOp o) -> mlir::FailureOr<Grads> {
+        return Grads{b.create<GeluGradOp>(loc, o.getType(), o.getInput(), g)};
+      })
+      .Case([&](AttentionOp o) -> mlir::FailureOr<Grads> {
+        Grads d = none;
+        d[0] = b.create<AttentionGradOp>(loc, o.getQkv().getType(), o.getQkv(), g, o.getKeyMask(),
+                                         o.getNumHeadsAttr(), o.getCausalAttr(), o.getDropoutAttr(),
+                                         o.getStreamAttr(), o.getRankDistinctDropoutAttr());
+        return d;
+      })
+      .Case([&](DropoutOp o) -> mlir::FailureOr<Grads> {
+        // The same mask, regenerated from the same counter-based stream.
+        return Grads{b.create<DropoutOp>(loc, o.getType(), g, o.getRateAttr(), o.getStreamAttr(),
+                                         o.getRankDistinctAttr())};
+      })
+      .Case([&](AddOp) -> mlir::FailureOr<Grads> { return Grads{g, g}; })
+      .Case([&](CrossEntropyOp o) -> mlir::FailureOr<Grads> {
+        // A null g means this loss is the function's result: its gradient is 1.
+        Grads d = none;
+        d[0] = b.create<CrossEntropyGradOp>(loc, o.getLogits().getType(), o.getLogits(), o.getLabels(), g,
+                                            o.getLossMask(), o.getValidVocabAttr(),
+                                            o.getVocabParallelGroupAttr(), b.getF32FloatAttr(1.0f));
+        return d;
+      })
+      .Case([&](AllReduceOp o) -> mlir::FailureOr<Grads> {
+        if (o.getReduce() != "sum")
+          return o.emitOpError() << "has no gradient rule for reduce \"" << o.getReduce() << "\"";
+        return Grads{g};
+      })
+      .Case([&](IdentityOp o) -> mlir::FailureOr<Grads> {
+        return Grads{b.create<AllReduceOp>(loc, o.getType(), g, o.getGroupAttr(), o.getGroupSizeAttr(),
+                                           b.getStringAttr("sum"))};
+      })
+      .Case([&](AllGatherOp o) -> mlir::FailureOr<Grads> {
+        return Grads{b.create<ReduceScatterOp>(loc, o.getInput().getType(), g, o.getGroupAttr(),
+                                               o.getGroupSizeAttr(), o.getDimAttr())};
+      })
+      .Case([&](ReduceScatterOp o) -> mlir::FailureOr<Grads> {
+        return Grads{b.create<AllGatherOp>(loc, o.getInput().getType(), g, o.getGroupAttr(), o.getGroupSizeAttr(),
+                                           o.getDimAttr())};
+      })
+      .Default([&](mlir::Operation *o) -> mlir::FailureOr<Grads> {
+        return o->emitOpError() << "has no gradient rule";
+      });
+}
+
+}  // namespace loom

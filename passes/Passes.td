@@ -1,0 +1,55 @@
+//===- Passes.td - Loom's compiler passes --------------------*- tablegen -*-===//
+#ifndef LOOM_PASSES_TD
+#define LOOM_PASSES_TD
+
+include "mlir/Pass/PassBase.td"
+
+def LoomTensorParallel : Pass<"loom-tensor-parallel", "mlir::ModuleOp"> {
+  let summary = "Megatron tensor parallelism: shard train_step into its SPMD form for group tp";
+  let description = [{
+    Megatron-LM paper (arXiv:1909.08053), section 3. Each Transformer layer's QKV and first
+    MLP GEMM become column-parallel (each rank owns whole heads and a slice of the FFN),
+    the attention output projection and second MLP GEMM row-parallel, followed by an
+    all_reduce (g); a `loom.identity` (f) marks each replicated value entering a parallel
+    region, so autodiff turns it into the backward all-reduce. The input embedding becomes
+    vocab-parallel (masked lookup + all_reduce) and the tied output layer a vocab-parallel
+    GEMM fused with cross-entropy. Attention dropout inside the parallel region draws
+    rank-distinct random streams; dropout outside it stays identical across the group.
+    Parameters get local shapes and `loom.shard_dim`/`loom.shard_parts`.
+  }];
+  let options = [
+    Option<"tensorParallel", "tp", "int64_t", "1", "tensor-parallel degree t">,
+    Option<"sequenceParallel", "sequence-parallel", "bool", "false",
+           "shard layer norm and dropout along the sequence (all_gather / reduce_scatter)">,
+  ];
+}
+
+def LoomAutodiff : Pass<"loom-autodiff", "mlir::ModuleOp"> {
+  let summary = "Reverse-mode autodiff of train_step: append the gradient of the loss w.r.t. every parameter";
+  let description = [{
+    One gradient rule per op (passes/GradientRules.cpp). The gradient of all_reduce is the
+    identity and the gradient of loom.identity is an all_reduce, so Megatron's f/g
+    operators come out of differentiating the sharded forward graph. The function then
+    returns (loss, grad_0, ..., grad_{n-1}), each gradient result tagged
+    `loom.grad_of = <parameter name>`; backward ops carry `loom.backward` and the
+    `loom.layer` of the forward op they differentiate.
+  }];
+}
+
+def LoomDataParallel : Pass<"loom-data-parallel", "mlir::ModuleOp"> {
+  let summary = "Average gradients over the data-parallel group dp in buckets";
+  let description = [{
+    Inserts an all_reduce (avg) over "dp" for every gradient result, assigning buckets of at
+    most `bucket-bytes` in the order in which gradients become final during the backward
+    pass (last layer first), so a bucket's all-reduce can start while the backward pass
+    continues (PyTorch DDP / Megatron's grad buffer). With `zero1` the gradients are
+    reduce-scattered instead and the optimizer state sharded (ZeRO stage 1).
+  }];
+  let options = [
+    Option<"dataParallel", "dp", "int64_t", "1", "data-parallel degree d">,
+    Option<"bucketBytes", "bucket-bytes", "int64_t", "25000000", "bucket size in bytes">,
+    Option<"zero1", "zero1", "bool", "false", "shard optimizer state (reduce-scatter gradients)">,
+  ];
+}
+
+#endif // LOOM_PASSES_TD

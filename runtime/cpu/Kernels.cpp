@@ -1,0 +1,289 @@
+#include "runtime/cpu/Kernels.h"
+
+#include <cblas.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <vector>
+
+#include "runtime/cpu/Philox.h"
+
+namespace loom::cpu {
+
+void linearForward(const float *x, const float *w, const float *bias, float *y, int64_t m, int64_t k,
+                   int64_t n, bool transposeW) {
+  if (bias) {
+    for (int64_t r = 0; r < m; ++r) std::memcpy(y + r * n, bias, n * sizeof(float));
+  }
+  cblas_sgemm(CblasRowMajor, CblasNoTrans, transposeW ? CblasTrans : CblasNoTrans, m, n, k, 1.0f, x, k,
+              w, transposeW ? k : n, bias ? 1.0f : 0.0f, y, n);
+}
+
+void linearWeightGrad(const float *x, const float *g, float *dw, int64_t m, int64_t k, int64_t n,
+                      bool transposeW, bool accumulate) {
+  float beta = accumulate ? 1.0f : 0.0f;
+  if (transposeW)  // dW[N,K] = g^T x
+    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, n, k, m, 1.0f, g, n, x, k, beta, dw, k);
+  else  // dW[K,N] = x^T g
+    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, k, n, m, 1.0f, x, k, g, n, beta, dw, n);
+}
+
+void biasGrad(const float *g, float *db, int64_t m, int64_t n) {
+  std::fill(db, db + n, 0.0f);
+  for (int64_t r = 0; r < m; ++r)
+    for (int64_t c = 0; c < n; ++c) db[c] += g[r * n + c];
+}
+
+void layerNormForward(const float *x, const float *gamma, const float *beta, float *y, int64_t rows,
+                      int64_t n, float eps) {
+  for (int64_t r = 0; r < rows; ++r) {
+    const float *xr = x + r * n;
+    double mean = 0, var = 0;
+    for (int64_t i = 0; i < n; ++i) mean += xr[i];
+    mean /= n;
+    for (int64_t i = 0; i < n; ++i) var += (xr[i] - mean) * (xr[i] - mean);
+    var /= n;
+    float rstd = 1.0f / std::sqrt(float(var) + eps);
+    for (int64_t i = 0; i < n; ++i) y[r * n + i] = (xr[i] - float(mean)) * rstd * gamma[i] + beta[i];
+  }
+}
+
+void layerNormBackward(const float *x, const float *gamma, const float *g, float *dx, float *dgamma,
+                       float *dbeta, int64_t rows, int64_t n, float eps) {
+  std::fill(dgamma, dgamma + n, 0.0f);
+  std::fill(dbeta, dbeta + n, 0.0f);
+  std::vector<float> xhat(n);
+  for (int64_t r = 0; r < rows; ++r) {
+    const float *xr = x + r * n, *gr = g + r * n;
+    double mean = 0, var = 0;
+    for (int64_t i = 0; i < n; ++i) mean += xr[i];
+    mean /= n;
+    for (int64_t i = 0; i < n; ++i) var += (xr[i] - mean) * (xr[i] - mean);
+    var /= n;
+    float rstd = 1.0f / std::sqrt(float(var) + eps);
+    double meanDy = 0, meanDyXhat = 0;
+    for (int64_t i = 0; i < n; ++i) {
+      xhat[i] = (xr[i] - float(mean)) * rstd;
+      float dy = gr[i] * gamma[i];
+      meanDy += dy;
+      meanDyXhat += dy * xhat[i];
+      dgamma[i] += gr[i] * xhat[i];
+      dbeta[i] += gr[i];
+    }
+    meanDy /= n;
+    meanDyXhat /= n;
+    for (int64_t i = 0; i < n; ++i)
+      dx[r * n + i] = rstd * (gr[i] * gamma[i] - float(meanDy) - xhat[i] * float(meanDyXhat));
+  }
+}
+
+namespace {
+constexpr float kGeluC = 0.7978845608028654f;  // sqrt(2 / pi)
+}
+
+void geluForward(const float *x, float *y, int64_t count) {
+  for (int64_t i = 0; i < count; ++i) {
+    float v = x[i];
+    y[i] = 0.5f * v * (1.0f + std::tanh(kGeluC * (v + 0.044715f * v * v * v)));
+  }
+}
+
+// d/dx: 0.5 (1 + t) + 0.5 x (1 - t^2) c (1 + 3 * 0.044715 x^2), t = tanh(c (x + 0.044715 x^3)).
+void geluBackward(const float *x, const float *g, float *dx, int64_t count) {
+  for (int64_t i = 0; i < count; ++i) {
+    float v = x[i];
+    float t = std::tanh(kGeluC * (v + 0.044715f * v * v * v));
+    float d = 0.5f * (1.0f + t) + 0.5f * v * (1.0f - t * t) * kGeluC * (1.0f + 3 * 0.044715f * v * v);
+    dx[i] = g[i] * d;
+  }
+}
+
+void dropoutForward(const float *x, float *y, int64_t count, float rate, uint64_t seed, uint64_t stream) {
+  float scale = 1.0f / (1.0f - rate);
+  for (int64_t i = 0; i < count; ++i)
+    y[i] = philoxUniform(seed, stream, i) >= rate ? x[i] * scale : 0.0f;
+}
+
+namespace {
+
+// Softmax probabilities P[S,S] of one (batch, head), masked, before dropout.
+void attentionProbs(const float *qkv, const float *keyMask, float *p, const AttentionShape &s,
+                    int64_t b, int64_t h) {
+  int64_t hd = s.headDim, ld = 3 * s.heads * hd, S = s.seq;
+  const float *q = qkv + b * S * ld + h * 3 * hd;
+  const float *k = q + hd;
+  float scale = 1.0f / std::sqrt(float(hd));
+  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, S, S, hd, scale, q, ld, k, ld, 0.0f, p, S);
+  const float ninf = -std::numeric_limits<float>::infinity();
+  for (int64_t i = 0; i < S; ++i) {
+    float *row = p + i * S;
+    for (int64_t j = 0; j < S; ++j)
+      if ((s.causal && j > i) || (keyMask && keyMask[b * S + j] == 0.0f)) row[j] = ninf;
+    float mx = ninf;
+    for (int64_t j = 0; j < S; ++j) mx = std::max(mx, row[j]);
+    if (mx == ninf) {  // every key masked: the row attends to nothing
+      std::fill(row, row + S, 0.0f);
+      continue;
+    }
+    double sum = 0;
+    for (int64_t j = 0; j < S; ++j) sum += (row[j] = std::exp(row[j] - mx));
+    float inv = float(1.0 / sum);
+    for (int64_t j = 0; j < S; ++j) row[j] *= inv;
+  }
+}
+
+// Multiplies P by the dropout keep mask / (1 - rate), in place.
+void applyAttentionDropout(float *p, const AttentionShape &s, int64_t b, int64_t h) {
+  if (s.dropout <= 0) return;
+  int64_t S = s.seq;
+  uint64_t base = uint64_t((b * s.heads + h) * S) * S;
+  float scale = 1.0f / (1.0f - s.dropout);
+  for (int64_t i = 0; i < S * S; ++i)
+    p[i] = philoxUniform(s.seed, s.stream, base + i) >= s.dropout ? p[i] * scale : 0.0f;
+}
+
+}  // namespace
+
+void attentionForward(const float *qkv, const float *keyMask, float *out, const AttentionShape &s) {
+  int64_t hd = s.headDim, ld = 3 * s.heads * hd, H = s.heads * hd, S = s.seq;
+  std::vector<float> p(S * S);
+  for (int64_t b = 0; b < s.batch; ++b)
+    for (int64_t h = 0; h < s.heads; ++h) {
+      attentionProbs(qkv, keyMask, p.data(), s, b, h);
+      applyAttentionDropout(p.data(), s, b, h);
+      const float *v = qkv + b * S * ld + h * 3 * hd + 2 * hd;
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, S, hd, S, 1.0f, p.data(), S, v, ld, 0.0f,
+                  out + b * S * H + h * hd, H);
+    }
+}
+
+// With P the probabilities and D the dropped-out ones (D = P * keep / (1 - rate)):
+//   dV = D^T g, dD = g V^T, dP = dD * keep / (1 - rate), dS = P * (dP - rowsum(P * dP)),
+//   dQ = dS K / sqrt(hd), dK = dS^T Q / sqrt(hd).
+void attentionBackward(const float *qkv, const float *keyMask, const float *g, float *dqkv,
+                       const AttentionShape &s) {
+  int64_t hd = s.headDim, ld = 3 * s.heads * hd, H = s.heads * hd, S = s.seq;
+  float scale = 1.0f / std::sqrt(float(hd));
+  std::vector<float> p(S * S), d(S * S), dp(S * S);
+  for (int64_t b = 0; b < s.batch; ++b)
+    for (int64_t h = 0; h < s.heads; ++h) {
+      attentionProbs(qkv, keyMask, p.data(), s, b, h);
+      d = p;
+      applyAttentionDropout(d.data(), s, b, h);
+      const float *q = qkv + b * S * ld + h * 3 * hd, *k = q + hd, *v = q + 2 * hd;
+      float *dq = dqkv + b * S * ld + h * 3 * hd, *dk = dq + hd, *dv = dq + 2 * hd;
+      const float *gs = g + b * S * H + h * hd;
+      cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, S, hd, S, 1.0f, d.data(), S, gs, H, 0.0f, dv, ld);
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, S, S, hd, 1.0f, gs, H, v, ld, 0.0f, dp.data(), S);
+      if (s.dropout > 0) {  // dD -> dP: the same mask, recomputed from the counter
+        uint64_t base = uint64_t((b * s.heads + h) * S) * S;
+        float inv = 1.0f / (1.0f - s.dropout);
+        for (int64_t i = 0; i < S * S; ++i)
+          dp[i] = philoxUniform(s.seed, s.stream, base + i) >= s.dropout ? dp[i] * inv : 0.0f;
+      }
+      for (int64_t i = 0; i < S; ++i) {
+        double dot = 0;
+        for (int64_t j = 0; j < S; ++j) dot += p[i * S + j] * dp[i * S + j];
+        for (int64_t j = 0; j < S; ++j) dp[i * S + j] = p[i * S + j] * (dp[i * S + j] - float(dot));
+      }
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, S, hd, S, scale, dp.data(), S, k, ld, 0.0f, dq, ld);
+      cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, S, hd, S, scale, dp.data(), S, q, ld, 0.0f, dk, ld);
+    }
+}
+
+void embeddingForward(const int32_t *tokens, const float *word, const float *position, float *out,
+                      int64_t tokenCount, int64_t seq, int64_t hidden, int64_t rowStart, int64_t rows) {
+  for (int64_t t = 0; t < tokenCount; ++t) {
+    int64_t row = int64_t(tokens[t]) - rowStart;
+    float *o = out + t * hidden;
+    if (row >= 0 && row < rows)
+      std::memcpy(o, word + row * hidden, hidden * sizeof(float));
+    else
+      std::fill(o, o + hidden, 0.0f);
+    if (position) {
+      const float *p = position + (t % seq) * hidden;
+      for (int64_t i = 0; i < hidden; ++i) o[i] += p[i];
+    }
+  }
+}
+
+void embeddingBackward(const int32_t *tokens, const float *g, float *dword, int64_t tokenCount,
+                       int64_t hidden, int64_t rowStart, int64_t rows) {
+  std::fill(dword, dword + rows * hidden, 0.0f);
+  for (int64_t t = 0; t < tokenCount; ++t) {
+    int64_t row = int64_t(tokens[t]) - rowStart;
+    if (row < 0 || row >= rows) continue;
+    for (int64_t i = 0; i < hidden; ++i) dword[row * hidden + i] += g[t * hidden + i];
+  }
+}
+
+void positionBackward(const float *g, float *dposition, int64_t batch, int64_t seq, int64_t hidden,
+                      int64_t positions) {
+  std::fill(dposition, dposition + positions * hidden, 0.0f);
+  for (int64_t b = 0; b < batch; ++b)
+    for (int64_t s = 0; s < seq; ++s)
+      for (int64_t i = 0; i < hidden; ++i) dposition[s * hidden + i] += g[(b * seq + s) * hidden + i];
+}
+
+void addPositionForward(const float *x, const float *position, float *out, int64_t batch, int64_t seq,
+                        int64_t hidden) {
+  for (int64_t b = 0; b < batch; ++b)
+    for (int64_t s = 0; s < seq; ++s)
+      for (int64_t i = 0; i < hidden; ++i)
+        out[(b * seq + s) * hidden + i] = x[(b * seq + s) * hidden + i] + position[s * hidden + i];
+}
+
+void crossEntropyLocalMax(const float *logits, float *rowMax, int64_t tokens, int64_t cols,
+                          int64_t colStart, int64_t validVocab) {
+  int64_t valid = std::clamp<int64_t>(validVocab - colStart, 0, cols);
+  for (int64_t t = 0; t < tokens; ++t) {
+    float mx = -std::numeric_limits<float>::infinity();
+    for (int64_t j = 0; j < valid; ++j) mx = std::max(mx, logits[t * cols + j]);
+    rowMax[t] = mx;
+  }
+}
+
+void crossEntropyLocalSums(const float *logits, const int32_t *labels, const float *rowMax,
+                           float *sumExp, float *target, int64_t tokens, int64_t cols,
+                           int64_t colStart, int64_t validVocab) {
+  int64_t valid = std::clamp<int64_t>(validVocab - colStart, 0, cols);
+  for (int64_t t = 0; t < tokens; ++t) {
+    double sum = 0;
+    for (int64_t j = 0; j < valid; ++j) sum += std::exp(logits[t * cols + j] - rowMax[t]);
+    sumExp[t] = float(sum);
+    int64_t col = int64_t(labels[t]) - colStart;
+    target[t] = col >= 0 && col < valid ? logits[t * cols + col] : 0.0f;
+  }
+}
+
+float crossEntropyLoss(const float *rowMax, const float *sumExp, const float *target, const float *mask,
+                       int64_t tokens) {
+  double total = 0, count = 0;
+  for (int64_t t = 0; t < tokens; ++t) {
+    float m = mask ? mask[t] : 1.0f;
+    total += double(m) * (std::log(double(sumExp[t])) + rowMax[t] - target[t]);
+    count += m;
+  }
+  return count > 0 ? float(total / count) : 0.0f;
+}
+
+void crossEntropyBackward(const float *logits, const int32_t *labels, const float *mask,
+                          const float *rowMax, const float *sumExp, float gradLoss, float *dlogits,
+                          int64_t tokens, int64_t cols, int64_t colStart, int64_t validVocab) {
+  int64_t valid = std::clamp<int64_t>(validVocab - colStart, 0, cols);
+  double count = 0;
+  for (int64_t t = 0; t < tokens; ++t) count += mask ? mask[t] : 1.0f;
+  for (int64_t t = 0; t < tokens; ++t) {
+    float w = count > 0 ? float(gradLoss * (mask ? mask[t] : 1.0f) / count) : 0.0f;
+    float inv = 1.0f / sumExp[t];
+    float *d = dlogits + t * cols;
+    for (int64_t j = 0; j < cols; ++j)
+      d[j] = j < valid ? w * std::exp(logits[t * cols + j] - rowMax[t]) * inv : 0.0f;
+    int64_t col = int64_t(labels[t]) - colStart;
+    if (col >= 0 && col < valid) d[col] -= w;
+  }
+}
+
+}  // namespace loom::cpu

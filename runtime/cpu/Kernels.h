@@ -1,0 +1,76 @@
+// fp32 CPU kernels of the loom ops, forward and backward side by side. Shapes are given as
+// rows x columns of the flattened tensors; all buffers are dense, row-major. GEMMs go through
+// OpenBLAS; the rest is plain loops. Each function's math is stated above it.
+#pragma once
+
+#include <cstdint>
+
+namespace loom::cpu {
+
+// y[M,N] = x[M,K] W + bias, W stored [K,N] or, with transposeW, [N,K].
+void linearForward(const float *x, const float *w, const float *bias, float *y, int64_t m,
+                   int64_t k, int64_t n, bool transposeW);
+// dW = x^T g  ([K,N], or [N,K] = g^T x with transposeW); accumulate adds into dW.
+void linearWeightGrad(const float *x, const float *g, float *dw, int64_t m, int64_t k, int64_t n,
+                      bool transposeW, bool accumulate = false);
+// db[N] = sum over rows of g[M,N].
+void biasGrad(const float *g, float *db, int64_t m, int64_t n);
+
+// Layer norm over rows of length n: y = (x - mean) * rstd * gamma + beta.
+void layerNormForward(const float *x, const float *gamma, const float *beta, float *y, int64_t rows,
+                      int64_t n, float eps);
+// dx, dgamma, dbeta with the statistics recomputed from x.
+void layerNormBackward(const float *x, const float *gamma, const float *g, float *dx, float *dgamma,
+                       float *dbeta, int64_t rows, int64_t n, float eps);
+
+// GeLU, tanh approximation: 0.5 x (1 + tanh(c (x + 0.044715 x^3))), c = sqrt(2/pi).
+void geluForward(const float *x, float *y, int64_t count);
+void geluBackward(const float *x, const float *g, float *dx, int64_t count);
+
+// Inverted dropout: y = x * keep / (1 - rate), keep = uniform(seed, stream, i) >= rate.
+void dropoutForward(const float *x, float *y, int64_t count, float rate, uint64_t seed, uint64_t stream);
+
+// Attention core over qkv [B,S,3*heads*hd] laid out per head [heads,3,hd]; out [B,S,heads*hd].
+// keyMask [B,S] (nullable): 0 masks that key. Dropout on probabilities with (seed, stream).
+struct AttentionShape {
+  int64_t batch, seq, heads, headDim;
+  bool causal;
+  float dropout;
+  uint64_t seed, stream;
+};
+void attentionForward(const float *qkv, const float *keyMask, float *out, const AttentionShape &s);
+void attentionBackward(const float *qkv, const float *keyMask, const float *g, float *dqkv,
+                       const AttentionShape &s);
+
+// out[t, :] = word[tokens[t] - rowStart, :] for tokens inside [rowStart, rowStart + rows),
+// else 0; then + position[t % seq, :] when position is given.
+void embeddingForward(const int32_t *tokens, const float *word, const float *position, float *out,
+                      int64_t tokenCount, int64_t seq, int64_t hidden, int64_t rowStart, int64_t rows);
+// dword[rows, hidden] = scatter-add of g rows at tokens inside the shard (zeroed first).
+void embeddingBackward(const int32_t *tokens, const float *g, float *dword, int64_t tokenCount,
+                       int64_t hidden, int64_t rowStart, int64_t rows);
+// dposition[positions, hidden]: sum over the batch, zero beyond seq.
+void positionBackward(const float *g, float *dposition, int64_t batch, int64_t seq, int64_t hidden,
+                      int64_t positions);
+// out[b,s,:] = x[b,s,:] + position[s,:]
+void addPositionForward(const float *x, const float *position, float *out, int64_t batch, int64_t seq,
+                        int64_t hidden);
+
+// Cross-entropy pieces, per token t over the columns [colStart, colStart + cols) this rank
+// holds of a vocabulary whose first validVocab columns are real (the rest is padding).
+// Local statistics, to be combined across a vocab-parallel group (max, then sums):
+void crossEntropyLocalMax(const float *logits, float *rowMax, int64_t tokens, int64_t cols,
+                          int64_t colStart, int64_t validVocab);
+// sumExp[t] = sum_j exp(logit_j - max[t]); target[t] = logit of the label if held here, else 0.
+void crossEntropyLocalSums(const float *logits, const int32_t *labels, const float *rowMax,
+                           float *sumExp, float *target, int64_t tokens, int64_t cols,
+                           int64_t colStart, int64_t validVocab);
+// loss = sum_t mask_t (log sumExp_t + max_t - target_t) / sum_t mask_t (mask nullable: ones).
+float crossEntropyLoss(const float *rowMax, const float *sumExp, const float *target,
+                       const float *mask, int64_t tokens);
+// dlogits = g * mask_t / sum(mask) * (softmax - onehot(label)), padding columns 0.
+void crossEntropyBackward(const float *logits, const int32_t *labels, const float *mask,
+                          const float *rowMax, const float *sumExp, float gradLoss, float *dlogits,
+                          int64_t tokens, int64_t cols, int64_t colStart, int64_t validVocab);
+
+}  // namespace loom::cpu
