@@ -5,6 +5,7 @@
 #include "llvm/ADT/StringSwitch.h"
 #include "mlir/IR/Builders.h"
 #include "mlir/IR/BuiltinAttributes.h"
+#include "mlir/Dialect/Func/IR/FuncOps.h"
 
 #include "ir/LoomDialect.cpp.inc"
 
@@ -54,7 +55,11 @@ mlir::LogicalResult LoomDialect::verifyRegionArgAttribute(mlir::Operation *op, u
     if (!i || i.getInt() < (name == attr::kShardDim ? 0 : 1)) return fail("must be a non-negative integer");
     return mlir::success();
   }
-  if (name == attr::kGradOf) {
+  if (name == attr::kTiedTo) {
+    if (!mlir::isa<mlir::StringAttr>(attr.getValue())) return fail("must be a string (a parameter name)");
+    return mlir::success();
+  }
+  if (name == attr::kGradOf || name == "loom.stash") {
     if (!mlir::isa<mlir::StringAttr>(attr.getValue())) return fail("must be a string");
     return mlir::success();
   }
@@ -73,7 +78,7 @@ mlir::LogicalResult LoomDialect::verifyRegionResultAttribute(mlir::Operation *op
   // Results carry "loom.grad_of" (a gradient's parameter) or "loom.stash" (an activation a
   // forward program keeps for its backward program).
   llvm::StringRef name = attr.getName().strref();
-  if ((name == attr::kGradOf || name == "loom.stash" || name == "loom.send_to") &&
+  if ((name == attr::kGradOf || name == "loom.stash" || name == "loom.output") &&
       mlir::isa<mlir::StringAttr>(attr.getValue()))
     return mlir::success();
   return op->emitError() << "result #" << resultIndex << ": attribute '" << name
@@ -94,14 +99,19 @@ mlir::LogicalResult LoomDialect::verifyOperationAttribute(mlir::Operation *op,
       return op->emitError() << "attribute '" << name << "' must be a unit attribute";
     return mlir::success();
   }
-  bool isCount = isOneOf(name, {attr::kLayer, attr::kBucket, attr::kNumLayers, attr::kHiddenSize, attr::kNumHeads,
+  if (name == attr::kStage && mlir::isa<mlir::func::FuncOp>(op)) {
+    auto i = mlir::dyn_cast<mlir::IntegerAttr>(attr.getValue());
+    if (!i || i.getInt() < 0) return op->emitError() << "attribute 'loom.stage' must be a non-negative integer";
+    return mlir::success();
+  }
+  bool isCount = isOneOf(name, {attr::kLayer, attr::kBucket, attr::kStage, attr::kNumLayers, attr::kHiddenSize, attr::kNumHeads,
                                 attr::kFfnHiddenSize, attr::kSeqLength, attr::kVocabSize,
                                 attr::kPaddedVocabSize, attr::kTensorParallel,
                                 "loom.data_parallel_size", "loom.pipeline_parallel_size",
                                 "loom.virtual_pipeline_size"});
   if (!isCount) return op->emitError() << "attribute '" << name << "' is not a known loom attribute";
   auto i = mlir::dyn_cast<mlir::IntegerAttr>(attr.getValue());
-  bool nonNegative = name == attr::kLayer || name == attr::kBucket;
+  bool nonNegative = name == attr::kLayer || name == attr::kBucket || name == attr::kStage;
   bool ok = i && (nonNegative ? i.getInt() >= 0 : i.getInt() > 0);
   if (!ok)
     return op->emitError() << "attribute '" << name << "' must be a "

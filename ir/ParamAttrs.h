@@ -25,6 +25,13 @@ inline constexpr llvm::StringLiteral kInput = "loom.input";
 
 // On ops inside Transformer layer N (0-based).
 inline constexpr llvm::StringLiteral kLayer = "loom.layer";
+// On ops after pipeline preparation: the virtual pipeline stage (chunk c of stage s is
+// virtual stage c * p + s) that computes them.
+inline constexpr llvm::StringLiteral kStage = "loom.stage";
+// On a parameter argument duplicated for another pipeline stage (the tied output embedding
+// on the last stage): the name of the parameter it copies. Their gradients are summed over
+// the "embedding" group.
+inline constexpr llvm::StringLiteral kTiedTo = "loom.tied_to";
 
 // On the module: the model it was built from.
 inline constexpr llvm::StringLiteral kArchitecture = "loom.architecture";  // "gpt" | "bert"

@@ -46,7 +46,8 @@ mlir::LogicalResult differentiate(mlir::func::FuncOp f) {
     // Tag what the rule and the accumulation built: backward ops of the forward op's layer.
     for (mlir::Operation *n = last->getNextNode(); n != ret.getOperation(); n = n->getNextNode()) {
       n->setAttr(attr::kBackward, b.getUnitAttr());
-      if (auto layer = op->getAttr(attr::kLayer)) n->setAttr(attr::kLayer, layer);
+      for (llvm::StringRef a : {attr::kLayer.data(), attr::kStage.data()})
+        if (auto v = op->getAttr(a)) n->setAttr(a, v);
     }
   }
 

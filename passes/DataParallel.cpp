@@ -1,6 +1,8 @@
 // loom-data-parallel: average gradients over "dp" in buckets (see Passes.td).
 #include <algorithm>
 
+#include "llvm/ADT/StringSet.h"
+
 #include "ir/LoomDialect.h"
 #include "ir/ParamAttrs.h"
 #include "passes/Passes.h"
@@ -11,6 +13,47 @@ namespace loom {
 #include "passes/Passes.h.inc"
 
 namespace {
+
+void copyPlacement(mlir::Operation *from, mlir::Operation *to) {
+  if (!from) return;
+  for (llvm::StringRef a : {attr::kLayer.data(), attr::kStage.data()})
+    if (auto v = from->getAttr(a)) to->setAttr(a, v);
+}
+
+// Inserts `op(g)` right after g's producer and makes it the function's result `i`.
+template <typename Build>
+void wrapResult(mlir::func::ReturnOp ret, unsigned i, Build build) {
+  mlir::Value g = ret.getOperand(i);
+  mlir::OpBuilder b(ret->getContext());
+  if (mlir::Operation *def = g.getDefiningOp())
+    b.setInsertionPointAfter(def);
+  else
+    b.setInsertionPointToStart(ret->getBlock());
+  mlir::Operation *op = build(b, g);
+  op->setAttr(attr::kBackward, b.getUnitAttr());
+  copyPlacement(g.getDefiningOp(), op);
+  ret.setOperand(i, op->getResult(0));
+}
+
+// The tied word embedding lives on the first and the last pipeline stage (the copy carries
+// loom.tied_to): each copy's gradient becomes the sum of both over the "embedding" group
+// (Megatron: _allreduce_word_embedding_grads).
+void syncTiedGradients(mlir::func::FuncOp f, mlir::func::ReturnOp ret) {
+  llvm::StringSet<> tied;
+  for (unsigned a = 0; a < f.getNumArguments(); ++a)
+    if (auto to = f.getArgAttrOfType<mlir::StringAttr>(a, attr::kTiedTo)) {
+      tied.insert(to.getValue());
+      tied.insert(f.getArgAttrOfType<mlir::StringAttr>(a, attr::kParam).getValue());
+    }
+  for (unsigned i = 0; i < f.getNumResults(); ++i) {
+    auto of = f.getResultAttrOfType<mlir::StringAttr>(i, attr::kGradOf);
+    if (!of || !tied.contains(of.getValue())) continue;
+    wrapResult(ret, i, [](mlir::OpBuilder &b, mlir::Value g) {
+      return b.create<AllReduceOp>(g.getLoc(), g.getType(), g, b.getStringAttr("embedding"), b.getI64IntegerAttr(2),
+                                   b.getStringAttr("sum"));
+    });
+  }
+}
 
 int64_t bytesOf(mlir::Value v) {
   auto t = mlir::cast<mlir::RankedTensorType>(v.getType());
@@ -35,8 +78,9 @@ struct DataParallelPass : impl::LoomDataParallelBase<DataParallelPass> {
       return signalPassFailure();
     }
     m->setAttr("loom.data_parallel_size", mlir::IntegerAttr::get(mlir::IntegerType::get(m.getContext(), 64), dataParallel));
-    if (dataParallel == 1) return;
     auto ret = mlir::cast<mlir::func::ReturnOp>(f.getBody().front().getTerminator());
+    syncTiedGradients(f, ret);
+    if (dataParallel == 1) return;
     // Gradients in the order they become final (position of their producer in the block).
     llvm::SmallVector<unsigned> gradResults;
     for (unsigned i = 0; i < f.getNumResults(); ++i)
@@ -54,23 +98,17 @@ struct DataParallelPass : impl::LoomDataParallelBase<DataParallelPass> {
     };
     std::stable_sort(gradResults.begin(), gradResults.end(),
                      [&](unsigned a, unsigned b) { return producerPos(a) < producerPos(b); });
-    mlir::OpBuilder b(f.getContext());
     int64_t bucket = 0, filled = 0;
     for (unsigned i : gradResults) {
       mlir::Value g = ret.getOperand(i);
       if (filled > 0 && filled + bytesOf(g) > bucketBytes) ++bucket, filled = 0;
       filled += bytesOf(g);
-      if (mlir::Operation *def = g.getDefiningOp())
-        b.setInsertionPointAfter(def);
-      else
-        b.setInsertionPointToStart(&f.getBody().front());
-      auto ar = b.create<AllReduceOp>(g.getLoc(), g.getType(), g, b.getStringAttr("dp"),
-                                      b.getI64IntegerAttr(dataParallel), b.getStringAttr("avg"));
-      ar->setAttr(attr::kBucket, b.getI64IntegerAttr(bucket));
-      ar->setAttr(attr::kBackward, b.getUnitAttr());
-      if (auto layer = g.getDefiningOp() ? g.getDefiningOp()->getAttr(attr::kLayer) : nullptr)
-        ar->setAttr(attr::kLayer, layer);
-      ret.setOperand(i, ar);
+      wrapResult(ret, i, [&](mlir::OpBuilder &b, mlir::Value v) {
+        auto ar = b.create<AllReduceOp>(v.getLoc(), v.getType(), v, b.getStringAttr("dp"),
+                                        b.getI64IntegerAttr(dataParallel), b.getStringAttr("avg"));
+        ar->setAttr(attr::kBucket, b.getI64IntegerAttr(bucket));
+        return ar.getOperation();
+      });
     }
   }
 };

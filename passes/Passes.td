@@ -52,4 +52,36 @@ def LoomDataParallel : Pass<"loom-data-parallel", "mlir::ModuleOp"> {
   ];
 }
 
+def LoomPipelineStages : Pass<"loom-pipeline-stages", "mlir::ModuleOp"> {
+  let summary = "Assign every op of train_step a virtual pipeline stage; duplicate parameters shared by two stages";
+  let description = [{
+    PTD-P paper (arXiv:2104.04473), section 2.2. With p stages and v chunks per stage there are
+    p * v virtual stages; chunk c of stage s is virtual stage c * p + s (the interleaved
+    assignment of section 2.2.2). Layers are split evenly, or as `layout` gives (layers per
+    virtual stage). Ops before the first layer (embedding) go to virtual stage 0, ops after
+    the last (final layer norm, output layer, loss) to the last. A parameter used on two
+    stages (the tied word embedding, on the first and the last) gets a copy for the second
+    stage carrying `loom.tied_to`; loom-data-parallel sums their gradients over the
+    "embedding" group. Run before loom-autodiff, which carries `loom.stage` to backward ops.
+  }];
+  let options = [
+    Option<"pipelineParallel", "pp", "int64_t", "1", "pipeline stages p">,
+    Option<"virtualStages", "vp", "int64_t", "1", "chunks per stage v (interleaved schedule)">,
+    ListOption<"layout", "layout", "int64_t", "layers per virtual stage (p * v entries); default: even">,
+  ];
+}
+
+def LoomPipelinePartition : Pass<"loom-pipeline-partition", "mlir::ModuleOp"> {
+  let summary = "Split the differentiated train_step into forward, backward and grad-sync programs per virtual stage";
+  let description = [{
+    For each virtual stage k: @forward_k, @backward_k and, when gradients are synchronised
+    (data parallelism, tied embeddings), @grad_sync_k. Values crossing stages become
+    loom.send / loom.recv on group "pp" (tag = the value's channel); activations a backward
+    program needs from its forward program are results of the forward marked `loom.stash`
+    and arguments of the backward with the same name; gradients are results marked
+    `loom.grad_of`. The runtime runs forward/backward once per micro-batch in the order the
+    schedule gives, accumulates gradients, and runs grad_sync once per step.
+  }];
+}
+
 #endif // LOOM_PASSES_TD
