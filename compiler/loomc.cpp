@@ -3,8 +3,11 @@
 //       Emit Transformer IR for a model config (protos/model.proto, text format).
 //   loomc verify FILE.mlir [-o OUT.mlir] [--split-input-file] [--verify-diagnostics]
 //       Parse and verify IR, print it back in canonical form.
+//   loomc compile CONFIG --cluster SPEC --out DIR [--mlir-print-ir-after-all]
+//       Build, run the pass pipeline, lower to one plan per rank plus a summary.
 //   loomc opt FILE.mlir --loom-tensor-parallel=tp=2 --loom-autodiff ... [--mlir-print-ir-after-all]
 //       Run passes one by one (MLIR's opt driver: pass options, IR after each pass).
+#include "compiler/Compile.h"
 #include "compiler/ConfigLoader.h"
 #include "compiler/ModelBuilder.h"
 #include "compiler/ToolSupport.h"
@@ -37,6 +40,17 @@ cl::opt<int64_t> buildMicroBatch("micro-batch", cl::desc("batch dimension of tra
                                  cl::init(0), cl::sub(buildCmd), cl::cat(loomCategory));
 cl::opt<std::string> buildOut("o", cl::desc("output file (default stdout)"), cl::init("-"),
                               cl::sub(buildCmd), cl::cat(loomCategory));
+
+cl::SubCommand compileCmd("compile", "Compile a model for a cluster into per-rank plans");
+cl::opt<std::string> compileConfig(cl::Positional, cl::Required, cl::desc("<model config .pbtxt>"),
+                                   cl::sub(compileCmd), cl::cat(loomCategory));
+cl::opt<std::string> compileCluster("cluster", cl::Required, cl::desc("cluster spec .pbtxt"), cl::sub(compileCmd),
+                                    cl::cat(loomCategory));
+cl::opt<std::string> compileOut("out", cl::Required, cl::desc("output directory for the plans"), cl::sub(compileCmd),
+                                cl::cat(loomCategory));
+cl::opt<bool> compileIrAfterAll("mlir-print-ir-after-all", cl::desc("print the IR after each pass (stderr)"),
+                                cl::sub(compileCmd), cl::cat(loomCategory));
+cl::opt<bool> compileQuiet("quiet", cl::desc("no summary on stdout"), cl::sub(compileCmd), cl::cat(loomCategory));
 
 cl::SubCommand verifyCmd("verify", "Parse and verify IR, print it back");
 cl::opt<std::string> verifyInput(cl::Positional, cl::Required, cl::desc("<input .mlir or ->"),
@@ -94,6 +108,19 @@ int runBuild() {
   return 0;
 }
 
+int runCompile() {
+  llvm::Expected<loom::config::ModelConfig> model = loom::loadModelConfig(compileConfig);
+  if (!model) return loom::reportError("loomc", model.takeError());
+  llvm::Expected<loom::config::ClusterSpec> cluster = loom::loadClusterSpec(compileCluster);
+  if (!cluster) return loom::reportError("loomc", cluster.takeError());
+  if (llvm::Error e = loom::checkModelFitsCluster(*model, *cluster, compileCluster))
+    return loom::reportError("loomc", std::move(e));
+  loom::CompileOptions options{compileOut, compileIrAfterAll, compileQuiet};
+  if (llvm::Error e = loom::compile(*model, *cluster, options, llvm::outs()))
+    return loom::reportError("loomc", std::move(e));
+  return 0;
+}
+
 int runVerify() {
   mlir::MLIRContext ctx;
   loom::registerLoomDialects(ctx);
@@ -146,6 +173,7 @@ int main(int argc, char **argv) {
   if (!cl::ParseCommandLineOptions(argc, argv, "Loom compiler\n", &llvm::errs())) return 1;
   if (buildCmd) return runBuild();
   if (verifyCmd) return runVerify();
-  llvm::errs() << "loomc: error: expected a subcommand: build, verify, opt (see loomc --help)\n";
+  if (compileCmd) return runCompile();
+  llvm::errs() << "loomc: error: expected a subcommand: build, compile, verify, opt (see loomc --help)\n";
   return 1;
 }

@@ -88,6 +88,17 @@ mlir::LogicalResult LoomDialect::verifyRegionResultAttribute(mlir::Operation *op
 mlir::LogicalResult LoomDialect::verifyOperationAttribute(mlir::Operation *op,
                                                           mlir::NamedAttribute attr) {
   llvm::StringRef name = attr.getName().strref();
+  if (name == "loom.recompute") {
+    auto s = mlir::dyn_cast<mlir::StringAttr>(attr.getValue());
+    if (!s || !isOneOf(s.getValue(), {"none", "full", "selective"}))
+      return op->emitError() << "attribute 'loom.recompute' must be \"none\", \"full\" or \"selective\"";
+    return mlir::success();
+  }
+  if (name == "loom.recomputed") {
+    if (!mlir::isa<mlir::UnitAttr>(attr.getValue()))
+      return op->emitError() << "attribute 'loom.recomputed' must be a unit attribute";
+    return mlir::success();
+  }
   if (name == attr::kArchitecture) {
     auto s = mlir::dyn_cast<mlir::StringAttr>(attr.getValue());
     if (!s || !isOneOf(s.getValue(), {"gpt", "bert"}))
@@ -108,7 +119,7 @@ mlir::LogicalResult LoomDialect::verifyOperationAttribute(mlir::Operation *op,
                                 attr::kFfnHiddenSize, attr::kSeqLength, attr::kVocabSize,
                                 attr::kPaddedVocabSize, attr::kTensorParallel,
                                 "loom.data_parallel_size", "loom.pipeline_parallel_size",
-                                "loom.virtual_pipeline_size"});
+                                "loom.virtual_pipeline_size", "loom.micro_batches"});
   if (!isCount) return op->emitError() << "attribute '" << name << "' is not a known loom attribute";
   auto i = mlir::dyn_cast<mlir::IntegerAttr>(attr.getValue());
   bool nonNegative = name == attr::kLayer || name == attr::kBucket || name == attr::kStage;

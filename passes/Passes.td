@@ -84,4 +84,31 @@ def LoomPipelinePartition : Pass<"loom-pipeline-partition", "mlir::ModuleOp"> {
   }];
 }
 
+def LoomRecompute : Pass<"loom-recompute", "mlir::ModuleOp"> {
+  let summary = "Activation recomputation: none, full (per layer) or selective (attention core)";
+  let description = [{
+    Reducing Activation Recomputation in Large Transformer Models (arXiv:2205.05198). With
+    `full`, a backward program keeps from its forward program only the inputs of each
+    Transformer layer (the checkpoints) and recomputes the layer's forward ops right before
+    the layer's backward, dropout included (same counter-based streams, hence the same
+    masks). `selective` recomputes only the attention core's softmax: Loom's attention
+    backward already recomputes the probabilities from QKV (a flash-attention-style kernel),
+    so `selective` and `none` yield the same programs; neither stores the [b, heads, s, s]
+    probabilities.
+  }];
+  let options = [
+    Option<"mode", "mode", "std::string", "\"none\"", "none | full | selective">,
+  ];
+}
+
+def LoomMicroBatches : Pass<"loom-micro-batches", "mlir::ModuleOp"> {
+  let summary = "Scale the loss gradient by 1/m for gradient accumulation over m micro-batches";
+  let description = [{
+    The step's loss is the mean of the m micro-batch losses (and of the d replicas' losses,
+    which loom-data-parallel's averaging takes care of), so each micro-batch's loss gradient
+    is 1/m (Megatron divides the loss by the number of micro-batches).
+  }];
+  let options = [Option<"count", "count", "int64_t", "1", "micro-batches per step m">];
+}
+
 #endif // LOOM_PASSES_TD

@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "runtime/Status.h"
 
@@ -39,5 +40,9 @@ struct ParallelLayout {
   int ppOf(int rank) const { return rank / (t * d); }
   int rankOf(int tp, int dp, int pp) const { return tp + t * (dp + d * pp); }
 };
+
+// Global ranks, in group order, of `group` ("tp", "dp", "pp", "embedding" = the first and last
+// pipeline stage, "world") containing `rank`; empty for an unknown group.
+std::vector<int> groupMembers(const ParallelLayout &layout, const std::string &group, int rank);
 
 }  // namespace loom

@@ -11,7 +11,10 @@ ThreadWorld::ThreadWorld(ParallelLayout layout, double timeoutSeconds)
     : layout_(layout), timeout_(timeoutSeconds) {}
 
 std::vector<int> ThreadWorld::members(const std::string &group, int rank) const {
-  const ParallelLayout &l = layout_;
+  return groupMembers(layout_, group, rank);
+}
+
+std::vector<int> groupMembers(const ParallelLayout &l, const std::string &group, int rank) {
   int tp = l.tpOf(rank), dp = l.dpOf(rank), pp = l.ppOf(rank);
   std::vector<int> out;
   if (group == "tp")

@@ -1,0 +1,289 @@
+#include "compiler/Compile.h"
+
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <map>
+
+#include "compiler/ConfigLoader.h"
+#include "compiler/Lowering.h"
+#include "compiler/ModelBuilder.h"
+#include "compiler/Schedule.h"
+#include "compiler/ToolSupport.h"
+#include "ir/LoomDialect.h"
+#include "ir/ParamAttrs.h"
+#include "llvm/Support/FormatVariadic.h"
+#include "mlir/Pass/PassManager.h"
+#include "passes/Passes.h"
+#include "protos/plan.pb.h"
+#include "runtime/Collectives.h"
+
+namespace loom {
+namespace {
+
+llvm::Error error(const llvm::Twine &msg) {
+  return llvm::createStringError(llvm::inconvertibleErrorCode(), msg.str());
+}
+
+uint64_t fnv1a(const std::string &bytes) {
+  uint64_t h = 1469598103934665603ull;
+  for (unsigned char c : bytes) h = (h ^ c) * 1099511628211ull;
+  return h;
+}
+
+std::string recomputeName(config::RecomputeMode r) {
+  switch (r) {
+    case config::RECOMPUTE_FULL: return "full";
+    case config::RECOMPUTE_SELECTIVE: return "selective";
+    default: return "none";
+  }
+}
+
+ScheduleKind scheduleKindOf(const config::ParallelConfig &p) {
+  switch (p.schedule()) {
+    case config::GPIPE: return ScheduleKind::kGPipe;
+    case config::ONE_F_ONE_B: return ScheduleKind::kOneFOneB;
+    case config::INTERLEAVED_ONE_F_ONE_B: return ScheduleKind::kInterleaved;
+    default:
+      if (p.pipeline_parallel_size() == 1) return ScheduleKind::kGPipe;  // one stage: no pipeline
+      return p.virtual_pipeline_size() > 1 ? ScheduleKind::kInterleaved : ScheduleKind::kOneFOneB;
+  }
+}
+
+// Writes `bytes` to `path` through a temporary file and a rename.
+llvm::Error writeFile(const std::string &path, const std::string &bytes) {
+  return writeOutput(path, [&](llvm::raw_ostream &os) { os << bytes; });
+}
+
+std::string human(double bytes) {
+  const char *unit[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+  int i = 0;
+  while (bytes >= 1024 && i < 4) bytes /= 1024, ++i;
+  return llvm::formatv("{0:F1} {1}", bytes, unit[i]).str();
+}
+
+}  // namespace
+
+llvm::Error runCompilerPasses(mlir::ModuleOp module, const config::ClusterSpec &cluster, int64_t microBatches,
+                              bool printIrAfterAll) {
+  const config::ParallelConfig &p = cluster.parallel();
+  if (p.sequence_parallel()) return error("parallel.sequence_parallel: sequence parallelism is not implemented yet");
+  if (p.zero1()) return error("parallel.zero1: the distributed optimizer (ZeRO-1) is not implemented yet");
+  static bool registered = (registerLoomPasses(), true);
+  (void)registered;
+  auto pm = mlir::PassManager::on<mlir::ModuleOp>(module.getContext());
+  if (printIrAfterAll) {
+    module.getContext()->disableMultithreading();
+    pm.enableIRPrinting([](mlir::Pass *, mlir::Operation *) { return false; },
+                        [](mlir::Pass *, mlir::Operation *) { return true; }, /*printModuleScope=*/true,
+                        /*printAfterOnlyOnChange=*/false);
+  }
+  std::string pipeline = llvm::formatv(
+      "loom-tensor-parallel{{tp={0}},loom-pipeline-stages{{pp={1} vp={2}},loom-autodiff,"
+      "loom-data-parallel{{dp={3} bucket-bytes={4}},loom-pipeline-partition,loom-recompute{{mode={5}},"
+      "loom-micro-batches{{count={6}}",
+      p.tensor_parallel_size(), p.pipeline_parallel_size(), p.virtual_pipeline_size(), p.data_parallel_size(),
+      p.dp_bucket_size_bytes(), recomputeName(p.recompute()), microBatches);
+  if (failed(mlir::parsePassPipeline(pipeline, pm, llvm::errs()))) return error("invalid pass pipeline " + pipeline);
+  if (failed(pm.run(module))) return error("the compiler passes failed (see the errors above)");
+  return llvm::Error::success();
+}
+
+llvm::Error compile(const config::ModelConfig &model, const config::ClusterSpec &cluster, const CompileOptions &opt,
+                    llvm::raw_ostream &summary) {
+  auto started = std::chrono::steady_clock::now();
+  const config::ParallelConfig &par = cluster.parallel();
+  int t = par.tensor_parallel_size(), p = par.pipeline_parallel_size(), d = par.data_parallel_size(),
+      v = par.virtual_pipeline_size(), b = par.micro_batch_size();
+  int m = par.global_batch_size() / (b * d);
+  ScheduleKind kind = scheduleKindOf(par);
+  auto schedule = buildSchedule(kind, p, v, m);
+  if (!schedule)
+    return error(llvm::formatv("parallel.schedule: {0} (global batch {1} = micro-batch {2} x d {3} x m {4})",
+                               llvm::toString(schedule.takeError()), par.global_batch_size(), b, d, m));
+  Simulation sim = simulate(*schedule, p, v, m);
+  if (sim.deadlock) return error("the pipeline schedule can deadlock: " + sim.diagnosis);
+
+  mlir::MLIRContext ctx;
+  OneLineDiagnostics diags(ctx);
+  mlir::OwningOpRef<mlir::ModuleOp> module = buildModel(ctx, model, {.tensorParallel = t, .microBatch = b});
+  if (llvm::Error e = runCompilerPasses(*module, cluster, m, opt.printIrAfterAll)) return e;
+
+  // Lower every program once; pipeline stage s holds virtual stages s, s + p, ...
+  std::vector<plan::ProgramSet> sets(p);
+  std::map<std::string, const plan::Program *> byName;
+  for (int s = 0; s < p; ++s) sets[s].set_pipeline_stage(s);
+  for (auto f : module->getOps<mlir::func::FuncOp>()) {
+    auto lowered = lowerProgram(f);
+    if (!lowered) return lowered.takeError();
+    sets[lowered->virtual_stage() % p].add_programs()->Swap(&*lowered);
+  }
+  std::error_code ec;
+  std::filesystem::create_directories(opt.outDir + "/programs", ec);
+  if (ec) return error(opt.outDir + ": cannot create the output directory: " + ec.message());
+  std::vector<std::string> programFiles(p);
+  std::vector<uint64_t> checksums(p);
+  for (int s = 0; s < p; ++s) {
+    for (const plan::Program &prog : sets[s].programs()) byName[prog.name()] = &prog;
+    std::string bytes;
+    sets[s].SerializeToString(&bytes);
+    programFiles[s] = "programs/stage_" + std::to_string(s) + ".pb";
+    checksums[s] = fnv1a(bytes);
+    if (llvm::Error e = writeFile(opt.outDir + "/" + programFiles[s], bytes)) return e;
+  }
+
+  ParallelLayout layout{t, p, d};
+  int64_t vocab = model.vocab_size();
+  double totalFlops = 0;
+  std::map<int, plan::RankPlan> firstOfStage;  // for the summary: ranks of a stage are alike
+  for (int rank = 0; rank < layout.world(); ++rank) {
+    plan::RankPlan rp;
+    int stage = layout.ppOf(rank);
+    rp.set_rank(rank);
+    rp.set_world_size(layout.world());
+    rp.set_tp_rank(layout.tpOf(rank));
+    rp.set_dp_rank(layout.dpOf(rank));
+    rp.set_pp_rank(stage);
+    rp.set_t(t), rp.set_p(p), rp.set_d(d), rp.set_v(v);
+    rp.set_model(model.name());
+    rp.set_programs_file(programFiles[stage]);
+    rp.set_programs_checksum(checksums[stage]);
+    for (const char *g : {"tp", "pp", "dp", "embedding"}) {
+      plan::Group *grp = rp.add_groups();
+      grp->set_name(g);
+      std::vector<int> members = groupMembers(layout, g, rank);
+      for (int r : members) grp->add_ranks(r);
+      grp->set_position(int(std::find(members.begin(), members.end(), rank) - members.begin()));
+    }
+    rp.set_schedule_kind(toString(kind));
+    rp.set_micro_batches(m);
+    rp.set_micro_batch_size(b);
+    rp.set_global_batch_size(par.global_batch_size());
+    rp.set_seq_length(model.seq_length());
+    rp.set_vocab_size(vocab);
+    rp.set_recompute(recomputeName(par.recompute()));
+
+    // Parameters this rank holds, from its programs' arguments.
+    std::map<std::string, bool> seen;
+    int64_t paramBytes = 0, paramCount = 0;
+    for (const plan::Program &prog : sets[stage].programs())
+      for (const plan::Binding &a : prog.arguments()) {
+        if (a.role() != plan::Binding::PARAMETER || seen[a.name()]) continue;
+        seen[a.name()] = true;
+        const plan::Buffer &buf = prog.buffers(a.buffer());
+        plan::Parameter *pp = rp.add_parameters();
+        pp->set_name(a.name());
+        for (int64_t x : buf.shape()) pp->add_shape(x), pp->add_global_shape(x);
+        pp->set_shard_dim(-1);
+        paramBytes += buf.bytes();
+        paramCount += buf.bytes() / 4;
+      }
+    // Shard and initializer facts come from the IR's argument attributes.
+    for (auto f : module->getOps<mlir::func::FuncOp>())
+      for (unsigned i = 0; i < f.getNumArguments(); ++i) {
+        auto n = f.getArgAttrOfType<mlir::StringAttr>(i, attr::kParam);
+        if (!n) continue;
+        for (plan::Parameter &pp : *rp.mutable_parameters()) {
+          if (pp.name() != n.getValue()) continue;
+          if (auto init = f.getArgAttrOfType<mlir::StringAttr>(i, attr::kInit)) pp.set_init(init.str());
+          if (auto sd = f.getArgAttrOfType<mlir::FloatAttr>(i, attr::kInitStd)) pp.set_init_std(sd.getValueAsDouble());
+          if (auto tied = f.getArgAttrOfType<mlir::StringAttr>(i, attr::kTiedTo)) pp.set_tied_to(tied.str());
+          if (auto dim = f.getArgAttrOfType<mlir::IntegerAttr>(i, attr::kShardDim)) {
+            pp.set_shard_dim(dim.getInt());
+            pp.set_shard_parts(t);
+            pp.set_shard_index(layout.tpOf(rank));
+            pp.set_global_shape(dim.getInt(), pp.shape(dim.getInt()) * t);
+          }
+        }
+      }
+    rp.set_parameter_count(paramCount);
+
+    // Schedule: the stage's forward/backward list, then each chunk's gradient sync.
+    std::map<std::string, std::pair<int64_t, int64_t>> collectives;  // kind -> count, bytes
+    double flops = 0;
+    auto account = [&](const plan::Program &prog) {
+      for (const plan::Instruction &in : prog.instructions()) {
+        flops += in.flops();
+        if (in.bytes_moved() == 0 && in.stream() == plan::COMPUTE) continue;
+        std::string group;
+        for (const plan::Attribute &a : in.attributes())
+          if (a.name() == "group" || a.name() == "vocab_parallel_group") group = a.s();
+        if (group.empty()) continue;
+        auto &c = collectives[in.op() + "@" + group];
+        c.first += 1, c.second += in.bytes_moved();
+      }
+    };
+    int64_t stash = 0, peakStash = 0, maxWorkspace = 0;
+    for (const plan::Program &prog : sets[stage].programs()) maxWorkspace = std::max(maxWorkspace, prog.workspace_bytes());
+    int64_t persistent = paramBytes * 4;  // parameters, gradients, AdamW's two moments (fp32)
+    plan::MemoryPlan *mem = rp.mutable_memory();
+    for (const Task &task : (*schedule)[stage]) {
+      int vs = task.chunk * p + stage;
+      std::string name = (task.type == Task::kForward ? "forward_" : "backward_") + std::to_string(vs);
+      plan::ScheduleEntry *e = rp.add_schedule();
+      e->set_program(name);
+      e->set_micro_batch(task.microBatch);
+      const plan::Program *prog = byName.at(name);
+      account(*prog);
+      const plan::Program *fwd = byName.at("forward_" + std::to_string(vs));
+      stash += task.type == Task::kForward ? fwd->stash_bytes() : -fwd->stash_bytes();
+      peakStash = std::max(peakStash, stash);
+      mem->add_timeline_bytes(persistent + stash + maxWorkspace);
+    }
+    for (int c = 0; c < v; ++c) {
+      std::string name = "grad_sync_" + std::to_string(c * p + stage);
+      if (!byName.count(name)) continue;
+      plan::ScheduleEntry *e = rp.add_schedule();
+      e->set_program(name);
+      e->set_micro_batch(-1);
+      account(*byName.at(name));
+      mem->add_timeline_bytes(persistent + maxWorkspace);
+    }
+    mem->set_parameter_bytes(paramBytes);
+    mem->set_gradient_bytes(paramBytes);
+    mem->set_optimizer_bytes(2 * paramBytes);
+    mem->set_peak_stash_bytes(peakStash);
+    mem->set_max_workspace_bytes(maxWorkspace);
+    mem->set_peak_bytes(persistent + peakStash + maxWorkspace);
+    rp.set_flops_per_step(flops);
+    totalFlops += flops;
+    for (auto &[k, c] : collectives) {
+      plan::CollectiveTotal *ct = rp.add_collectives();
+      ct->set_kind(k);
+      ct->set_count(c.first);
+      ct->set_bytes(c.second);
+    }
+    std::string bytes;
+    rp.SerializeToString(&bytes);
+    if (llvm::Error e = writeFile(opt.outDir + "/rank_" + std::to_string(rank) + ".plan.pb", bytes)) return e;
+    if (!firstOfStage.count(stage)) firstOfStage[stage] = rp;
+  }
+
+  double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
+  std::string text;
+  llvm::raw_string_ostream os(text);
+  os << llvm::formatv("model {0}: {1} layers, hidden {2}, seq {3}, vocab {4}\n", model.name(), model.num_layers(),
+                      model.hidden_size(), model.seq_length(), vocab);
+  os << llvm::formatv("parallelism: t={0} p={1} d={2} v={3} ({4} ranks), micro-batch {5}, global batch {6}, "
+                      "{7} micro-batches, schedule {8}, recompute {9}\n",
+                      t, p, d, v, layout.world(), b, par.global_batch_size(), m, toString(kind),
+                      recomputeName(par.recompute()));
+  os << llvm::formatv("pipeline bubble (unit-time simulation, tb = 2 tf): {0:F4}\n", sim.bubbleFraction);
+  os << llvm::formatv("total FLOPs per step: {0:e}\n", totalFlops);
+  for (auto &[stage, rp] : firstOfStage) {
+    os << llvm::formatv("stage {0} (ranks like {1}): parameters {2}, peak memory {3} (weights+grads+AdamW {4}, "
+                        "stashed activations {5}, workspace {6}), FLOPs/step {7:e}\n",
+                        stage, rp.rank(), rp.parameter_count(), human(rp.memory().peak_bytes()),
+                        human(4 * rp.memory().parameter_bytes()), human(rp.memory().peak_stash_bytes()),
+                        human(rp.memory().max_workspace_bytes()), rp.flops_per_step());
+    for (const plan::CollectiveTotal &c : rp.collectives())
+      os << llvm::formatv("    {0,-28} {1,6} per step  {2,12} per rank\n", c.kind(), c.count(), human(c.bytes()));
+  }
+  os << llvm::formatv("wrote {0} rank plans and {1} program files to {2} in {3:F2} s\n", layout.world(), p,
+                      opt.outDir, seconds);
+  if (llvm::Error e = writeFile(opt.outDir + "/summary.txt", text)) return e;
+  if (!opt.quiet) summary << text;
+  return llvm::Error::success();
+}
+
+}  // namespace loom

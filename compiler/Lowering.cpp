@@ -1,0 +1,239 @@
+#include "compiler/Lowering.h"
+
+#include <algorithm>
+#include <map>
+#include <set>
+
+#include "ir/LoomDialect.h"
+#include "ir/ParamAttrs.h"
+#include "llvm/ADT/TypeSwitch.h"
+#include "mlir/IR/BuiltinOps.h"
+
+namespace loom {
+namespace {
+
+constexpr int64_t kAlign = 64;
+
+int64_t numel(mlir::Value v) { return mlir::cast<mlir::RankedTensorType>(v.getType()).getNumElements(); }
+int64_t lastDim(mlir::Value v) { return mlir::cast<mlir::RankedTensorType>(v.getType()).getShape().back(); }
+
+plan::DType dtypeOf(mlir::Type t) {
+  mlir::Type e = mlir::cast<mlir::RankedTensorType>(t).getElementType();
+  if (e.isBF16()) return plan::BF16;
+  if (e.isF16()) return plan::F16;
+  if (e.isInteger(32) || e.isInteger(64)) return plan::I32;
+  return plan::F32;
+}
+
+int64_t bytesOf(mlir::Value v) {
+  int64_t width = dtypeOf(v.getType()) == plan::BF16 || dtypeOf(v.getType()) == plan::F16 ? 2 : 4;
+  return numel(v) * width;
+}
+
+plan::Stream streamOf(mlir::Operation *op) {
+  auto groupStream = [](llvm::StringRef g) {
+    if (g == "tp") return plan::TP;
+    if (g == "pp") return plan::PP;
+    return plan::DP;
+  };
+  if (auto a = mlir::dyn_cast<AllReduceOp>(op)) return groupStream(a.getGroup());
+  if (auto a = mlir::dyn_cast<AllGatherOp>(op)) return groupStream(a.getGroup());
+  if (auto a = mlir::dyn_cast<ReduceScatterOp>(op)) return groupStream(a.getGroup());
+  if (mlir::isa<SendOp, RecvOp>(op)) return plan::PP;
+  // Vocab-parallel cross-entropy all-reduces its statistics inside: it runs where the tp
+  // communicator is used, so collectives on one communicator never run concurrently.
+  if (auto c = mlir::dyn_cast<CrossEntropyOp>(op); c && c.getVocabParallelGroup()) return plan::TP;
+  if (auto c = mlir::dyn_cast<CrossEntropyGradOp>(op); c && c.getVocabParallelGroup()) return plan::TP;
+  return plan::COMPUTE;
+}
+
+int64_t tensorParallelOf(mlir::Operation *op) {
+  auto m = op->getParentOfType<mlir::ModuleOp>();
+  auto t = m ? m->getAttrOfType<mlir::IntegerAttr>(attr::kTensorParallel) : nullptr;
+  return t ? t.getInt() : 1;
+}
+
+}  // namespace
+
+double flopsOf(mlir::Operation *op) {
+  return llvm::TypeSwitch<mlir::Operation *, double>(op)
+      .Case([](LinearOp o) { return 2.0 * numel(o.getResult()) * lastDim(o.getInput()); })
+      .Case([](WeightGradOp o) { return 2.0 * numel(o.getResult()) * (numel(o.getInput()) / lastDim(o.getInput())); })
+      .Case([](AttentionOp o) {
+        auto s = mlir::cast<mlir::RankedTensorType>(o.getResult().getType()).getShape();
+        return 4.0 * numel(o.getResult()) * s[1];
+      })
+      .Case([](AttentionGradOp o) {  // QK^T recomputed, then dV, dP, dQ, dK: 5 GEMMs of 2 b s^2 h
+        auto s = mlir::cast<mlir::RankedTensorType>(o.getGrad().getType()).getShape();
+        return 10.0 * numel(o.getGrad()) * s[1];
+      })
+      .Default([](mlir::Operation *) { return 0.0; });
+}
+
+int64_t bytesMovedOf(mlir::Operation *op) {
+  auto ring = [](int64_t bytes, int64_t g, int64_t factor) { return g <= 1 ? 0 : factor * bytes * (g - 1) / g; };
+  return llvm::TypeSwitch<mlir::Operation *, int64_t>(op)
+      .Case([&](AllReduceOp o) { return ring(bytesOf(o.getInput()), o.getGroupSize(), 2); })
+      .Case([&](AllGatherOp o) { return ring(bytesOf(o.getResult()), o.getGroupSize(), 1); })
+      .Case([&](ReduceScatterOp o) { return ring(bytesOf(o.getInput()), o.getGroupSize(), 1); })
+      .Case([&](SendOp o) { return bytesOf(o.getInput()); })
+      .Case([&](RecvOp o) { return bytesOf(o.getResult()); })
+      .Case([&](CrossEntropyOp o) -> int64_t {  // all-reduces of the max, sum of exponentials, target logit
+        return o.getVocabParallelGroup() ? ring(3 * numel(o.getLabels()) * 4, tensorParallelOf(op), 2) : 0;
+      })
+      .Case([&](CrossEntropyGradOp o) -> int64_t {  // the max and the sum again
+        return o.getVocabParallelGroup() ? ring(2 * numel(o.getLabels()) * 4, tensorParallelOf(op), 2) : 0;
+      })
+      .Default([](mlir::Operation *) { return int64_t(0); });
+}
+
+llvm::Expected<plan::Program> lowerProgram(mlir::func::FuncOp f) {
+  plan::Program prog;
+  prog.set_name(f.getName().str());
+  if (auto s = f->getAttrOfType<mlir::IntegerAttr>(attr::kStage)) prog.set_virtual_stage(s.getInt());
+  llvm::StringRef name = f.getName();
+  prog.set_kind(name.starts_with("backward") ? plan::Program::BACKWARD
+                : name.starts_with("grad_sync") ? plan::Program::GRAD_SYNC
+                                                : plan::Program::FORWARD);
+
+  llvm::DenseMap<mlir::Value, int> bufferOf;
+  auto addBuffer = [&](mlir::Value v, plan::Buffer::Kind kind, int firstUse) {
+    plan::Buffer *b = prog.add_buffers();
+    b->set_id(prog.buffers_size() - 1);
+    for (int64_t d : mlir::cast<mlir::RankedTensorType>(v.getType()).getShape()) b->add_shape(d);
+    b->set_dtype(dtypeOf(v.getType()));
+    b->set_bytes(bytesOf(v));
+    b->set_kind(kind);
+    b->set_first_use(firstUse);
+    b->set_last_use(firstUse);
+    bufferOf[v] = b->id();
+    return b->id();
+  };
+
+  for (mlir::BlockArgument arg : f.getArguments()) {
+    int id = addBuffer(arg, plan::Buffer::ARGUMENT, -1);
+    plan::Binding *bind = prog.add_arguments();
+    bind->set_buffer(id);
+    unsigned i = arg.getArgNumber();
+    if (auto n = f.getArgAttrOfType<mlir::StringAttr>(i, attr::kParam)) {
+      bind->set_role(plan::Binding::PARAMETER);
+      bind->set_name(n.str());
+    } else if (auto n = f.getArgAttrOfType<mlir::StringAttr>(i, attr::kInput)) {
+      bind->set_role(plan::Binding::INPUT);
+      bind->set_name(n.str());
+    } else if (auto n = f.getArgAttrOfType<mlir::StringAttr>(i, "loom.stash")) {
+      bind->set_role(plan::Binding::STASH);
+      bind->set_name(n.str());
+    } else {
+      return llvm::createStringError(llvm::inconvertibleErrorCode(), "%s: argument %u has no role",
+                                     name.str().c_str(), i);
+    }
+  }
+
+  std::vector<plan::Stream> streamOfInstr;
+  llvm::DenseMap<int, int> producer;  // buffer -> instruction
+  for (mlir::Operation &op : f.getBody().front()) {
+    if (auto ret = mlir::dyn_cast<mlir::func::ReturnOp>(op)) {
+      int end = prog.instructions_size();
+      for (auto [i, v] : llvm::enumerate(ret.getOperands())) {
+        plan::Binding *bind = prog.add_results();
+        bind->set_buffer(bufferOf.lookup(v));
+        prog.mutable_buffers(bufferOf.lookup(v))->set_last_use(end);
+        if (auto n = f.getResultAttrOfType<mlir::StringAttr>(i, attr::kGradOf)) {
+          bind->set_role(plan::Binding::GRADIENT);
+          bind->set_name(n.str());
+        } else if (auto n = f.getResultAttrOfType<mlir::StringAttr>(i, "loom.stash")) {
+          bind->set_role(plan::Binding::STASH);
+          bind->set_name(n.str());
+          prog.set_stash_bytes(prog.stash_bytes() + bytesOf(v));
+        } else {
+          bind->set_role(plan::Binding::LOSS);
+          bind->set_name("loss");
+        }
+      }
+      break;
+    }
+    int index = prog.instructions_size();
+    plan::Instruction *in = prog.add_instructions();
+    in->set_op(op.getName().stripDialect().str());
+    in->set_stream(streamOf(&op));
+    in->set_flops(flopsOf(&op));
+    in->set_bytes_moved(bytesMovedOf(&op));
+    auto layer = op.getAttrOfType<mlir::IntegerAttr>(attr::kLayer);
+    in->set_layer(layer ? layer.getInt() : -1);
+    std::set<int> waits;
+    for (mlir::Value v : op.getOperands()) {
+      int b = bufferOf.lookup(v);
+      in->add_inputs(b);
+      prog.mutable_buffers(b)->set_last_use(index);
+      auto it = producer.find(b);
+      if (it != producer.end() && streamOfInstr[it->second] != in->stream()) waits.insert(it->second);
+    }
+    for (int w : waits) in->add_wait_for(w);
+    for (mlir::Value r : op.getResults()) {
+      int b = addBuffer(r, plan::Buffer::ACTIVATION, index);
+      in->add_outputs(b);
+      producer[b] = index;
+    }
+    streamOfInstr.push_back(in->stream());
+    for (mlir::NamedAttribute a : op.getAttrs()) {
+      llvm::StringRef n = a.getName().strref();
+      if (n == attr::kLayer || n == attr::kStage || n == attr::kBackward || n == "operandSegmentSizes") continue;
+      plan::Attribute *pa = in->add_attributes();
+      pa->set_name(n.str());
+      if (auto i = mlir::dyn_cast<mlir::IntegerAttr>(a.getValue()))
+        pa->set_i(i.getInt());
+      else if (auto fl = mlir::dyn_cast<mlir::FloatAttr>(a.getValue()))
+        pa->set_f(fl.getValueAsDouble());
+      else if (auto s = mlir::dyn_cast<mlir::StringAttr>(a.getValue()))
+        pa->set_s(s.str());
+      else if (mlir::isa<mlir::UnitAttr>(a.getValue()))
+        pa->set_flag(true);
+      else
+        return llvm::createStringError(llvm::inconvertibleErrorCode(), "%s: unsupported attribute %s on %s",
+                                       name.str().c_str(), n.str().c_str(), in->op().c_str());
+    }
+  }
+
+  // Memory plan: activations whose producer and readers all run on the compute stream and
+  // that are not results share the arena by lifetime (first fit); the others get their own
+  // space, because another stream may still use them out of instruction order.
+  std::set<int> results;
+  for (const plan::Binding &r : prog.results()) results.insert(r.buffer());
+  std::vector<bool> reusable(prog.buffers_size(), true);
+  for (const plan::Instruction &in : prog.instructions())
+    if (in.stream() != plan::COMPUTE) {
+      for (int b : in.inputs()) reusable[b] = false;
+      for (int b : in.outputs()) reusable[b] = false;
+    }
+  struct Placed {
+    int64_t offset, bytes;
+    int first, last;
+  };
+  std::vector<Placed> placed;
+  int64_t arena = 0;
+  int end = prog.instructions_size();
+  for (plan::Buffer &b : *prog.mutable_buffers()) {
+    if (b.kind() != plan::Buffer::ACTIVATION) continue;
+    int64_t size = (b.bytes() + kAlign - 1) / kAlign * kAlign;
+    int first = b.first_use(), last = results.count(b.id()) ? end : b.last_use();
+    if (!reusable[b.id()]) first = 0, last = end;  // held for the whole program
+    // Candidate offsets: 0 and the end of every placed buffer that overlaps in time.
+    std::vector<std::pair<int64_t, int64_t>> busy;
+    for (const Placed &p : placed)
+      if (!(p.last < first || last < p.first)) busy.push_back({p.offset, p.offset + p.bytes});
+    std::sort(busy.begin(), busy.end());
+    int64_t offset = 0;
+    for (auto [lo, hi] : busy) {
+      if (offset + size <= lo) break;
+      offset = std::max(offset, hi);
+    }
+    b.set_offset(offset);
+    placed.push_back({offset, size, first, last});
+    arena = std::max(arena, offset + size);
+  }
+  prog.set_workspace_bytes(arena);
+  return prog;
+}
+
+}  // namespace loom

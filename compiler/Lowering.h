@@ -1,0 +1,20 @@
+// Lowering of partitioned loom programs to the plan protobufs the runtime executes.
+#pragma once
+
+#include "llvm/Support/Error.h"
+#include "mlir/Dialect/Func/IR/FuncOps.h"
+#include "protos/plan.pb.h"
+
+namespace loom {
+
+// One program: a buffer per SSA value, an instruction per op on its stream with the events
+// it waits for, bindings of arguments and results, and a workspace arena in which
+// activations share memory when their lifetimes do not overlap.
+llvm::Expected<plan::Program> lowerProgram(mlir::func::FuncOp f);
+
+// FLOPs of one op (GEMMs and attention; elementwise ops counted as zero, as the PTD-P paper
+// does) and the bytes a collective moves per rank (ring algorithms).
+double flopsOf(mlir::Operation *op);
+int64_t bytesMovedOf(mlir::Operation *op);
+
+}  // namespace loom
