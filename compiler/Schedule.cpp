@@ -97,6 +97,16 @@ llvm::Expected<std::vector<StageSchedule>> buildSchedule(ScheduleKind kind, int 
 }
 
 Simulation simulate(const std::vector<StageSchedule> &schedule, int p, int v, int m, double tf, double tb) {
+  Simulation sim = simulate(schedule, p, v, m, [&](int, Task::Type t) { return (t == Task::kForward ? tf : tb) / v; });
+  if (!sim.deadlock) {
+    double ideal = m * (tf + tb);
+    sim.bubbleFraction = (sim.makespan - ideal) / ideal;
+  }
+  return sim;
+}
+
+Simulation simulate(const std::vector<StageSchedule> &schedule, int p, int v, int m,
+                    const std::function<double(int, Task::Type)> &durationOf) {
   Simulation sim;
   sim.timeline.assign(p, {});
   int stages = p * v;
@@ -136,7 +146,7 @@ Simulation simulate(const std::vector<StageSchedule> &schedule, int p, int v, in
           ready = std::max(ready, f);
         }
         if (t.type == Task::kBackward && finish[Task::kForward][t.chunk * p + s][t.microBatch] < 0) break;
-        double duration = (t.type == Task::kForward ? tf : tb) / v;
+        double duration = durationOf(t.chunk * p + s, t.type);
         finish[t.type][t.chunk * p + s][t.microBatch] = ready + duration;
         sim.timeline[s].push_back({t, ready, ready + duration});
         freeAt[s] = ready + duration;
@@ -163,9 +173,14 @@ Simulation simulate(const std::vector<StageSchedule> &schedule, int p, int v, in
       return sim;
     }
   }
-  for (int s = 0; s < p; ++s) sim.makespan = std::max(sim.makespan, freeAt[s]);
-  double ideal = m * (tf + tb);
-  sim.bubbleFraction = (sim.makespan - ideal) / ideal;
+  double busiest = 0;
+  for (int s = 0; s < p; ++s) {
+    sim.makespan = std::max(sim.makespan, freeAt[s]);
+    double work = 0;
+    for (const TimedTask &t : sim.timeline[s]) work += t.end - t.start;
+    busiest = std::max(busiest, work);
+  }
+  sim.bubbleFraction = busiest > 0 ? (sim.makespan - busiest) / busiest : 0;
   return sim;
 }
 

@@ -4,6 +4,7 @@
 // rejecting any list that can deadlock, and measuring the bubble.
 #pragma once
 
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -44,6 +45,11 @@ struct Simulation {
 // its own forward). A chunk's forward takes tf / v and its backward tb / v.
 Simulation simulate(const std::vector<StageSchedule> &schedule, int p, int v, int m, double tf = 1.0,
                     double tb = 2.0);
+
+// The same with a duration per (virtual stage, forward/backward): for timelines drawn from
+// the programs' FLOPs. bubbleFraction is then relative to the busiest stage's work.
+Simulation simulate(const std::vector<StageSchedule> &schedule, int p, int v, int m,
+                    const std::function<double(int virtualStage, Task::Type)> &duration);
 
 std::string toString(ScheduleKind kind);
 

@@ -1,9 +1,16 @@
-// loom-dump: inspect Loom IR.
+// loom-dump: inspect Loom IR and compiled plans.
 //   loom-dump FILE.mlir   module summary: parameters, FLOPs per token, op histogram.
+//   loom-dump DIR [--rank R] [--view summary|graph|dot|collectives|timeline|memory] [--program NAME] [-o FILE]
+//       a plan directory from `loomc compile`: rank R's programs as text or Graphviz DOT, the
+//       collectives, the schedule timeline as SVG, the memory timeline.
 #include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
 
 #include "compiler/ModelBuilder.h"
 #include "compiler/ModelStats.h"
+#include "compiler/PlanViews.h"
 #include "compiler/ToolSupport.h"
 #include "ir/ParamAttrs.h"
 #include "llvm/Support/CommandLine.h"
@@ -14,8 +21,57 @@ namespace cl = llvm::cl;
 namespace {
 
 cl::OptionCategory dumpCategory("loom-dump options");
-cl::opt<std::string> input(cl::Positional, cl::Required, cl::desc("<input .mlir or ->"),
+cl::opt<std::string> input(cl::Positional, cl::Required, cl::desc("<input .mlir, - or plan directory>"),
                            cl::cat(dumpCategory));
+cl::opt<int> rankOpt("rank", cl::desc("rank to show (plan directories)"), cl::init(0), cl::cat(dumpCategory));
+cl::opt<std::string> view("view", cl::desc("summary | graph | dot | collectives | timeline | memory"),
+                          cl::init("summary"), cl::cat(dumpCategory));
+cl::opt<std::string> programOpt("program", cl::desc("program for --view=dot (default: the rank's first)"),
+                                cl::cat(dumpCategory));
+cl::opt<std::string> outFile("o", cl::desc("output file (default stdout)"), cl::init("-"), cl::cat(dumpCategory));
+
+int dumpPlans() {
+  auto plans = loom::readPlanDirectory(input);
+  if (!plans) return loom::reportError("loom-dump", plans.takeError());
+  if (rankOpt < 0 || rankOpt >= int(plans->ranks.size()))
+    return loom::reportError("loom-dump", llvm::createStringError(llvm::inconvertibleErrorCode(),
+                                                                  "--rank %d is outside the %zu ranks of %s",
+                                                                  (int)rankOpt, plans->ranks.size(), input.c_str()));
+  std::string text;
+  if (view == "summary") {
+    auto s = std::ifstream(input + "/summary.txt");
+    std::stringstream ss;
+    ss << s.rdbuf();
+    text = ss.str() + loom::collectivesSummary(*plans, rankOpt);
+  } else if (view == "graph") {
+    text = loom::programsAsText(*plans, rankOpt);
+  } else if (view == "dot") {
+    const auto &progs = plans->programsOf(rankOpt).programs();
+    std::string name = programOpt.empty() ? progs.begin()->name() : std::string(programOpt);
+    const loom::plan::Program *prog = plans->program(rankOpt, name);
+    if (!prog)
+      return loom::reportError("loom-dump", llvm::createStringError(llvm::inconvertibleErrorCode(),
+                                                                    "rank %d has no program '%s'", (int)rankOpt,
+                                                                    name.c_str()));
+    text = loom::programAsDot(*prog);
+  } else if (view == "collectives") {
+    text = loom::collectivesSummary(*plans, rankOpt);
+  } else if (view == "timeline") {
+    auto svg = loom::timelineSvg(*plans);
+    if (!svg) return loom::reportError("loom-dump", svg.takeError());
+    text = *svg;
+  } else if (view == "memory") {
+    text = loom::memoryTimeline(*plans, rankOpt);
+  } else {
+    return loom::reportError("loom-dump", llvm::createStringError(llvm::inconvertibleErrorCode(),
+                                                                  "--view must be summary, graph, dot, collectives, "
+                                                                  "timeline or memory, got '%s'",
+                                                                  view.c_str()));
+  }
+  if (llvm::Error e = loom::writeOutput(outFile, [&](llvm::raw_ostream &os) { os << text; }))
+    return loom::reportError("loom-dump", std::move(e));
+  return 0;
+}
 
 // 124439808 -> "124,439,808"
 std::string withCommas(int64_t v) {
@@ -43,7 +99,8 @@ int64_t moduleInt(mlir::ModuleOp m, llvm::StringRef name) {
 
 int main(int argc, char **argv) {
   cl::HideUnrelatedOptions(dumpCategory);
-  if (!cl::ParseCommandLineOptions(argc, argv, "Loom IR inspector\n", &llvm::errs())) return 1;
+  if (!cl::ParseCommandLineOptions(argc, argv, "Loom IR and plan inspector\n", &llvm::errs())) return 1;
+  if (std::filesystem::is_directory(std::string(input))) return dumpPlans();
   mlir::MLIRContext ctx;
   loom::registerLoomDialects(ctx);
   loom::OneLineDiagnostics diags(ctx);

@@ -87,6 +87,11 @@ class Sharder {
   }
 
   mlir::LogicalResult checkDivisible() {
+    // Heads first: the most telling message when t does not fit the model.
+    for (auto [col, row] : pairs_)
+      if (auto a = mlir::dyn_cast<AttentionOp>(*col->getUsers().begin()); a && a.getNumHeads() % t_ != 0)
+        return a.emitOpError() << "loom-tensor-parallel: t = " << t_ << " does not divide num_heads = "
+                               << a.getNumHeads();
     for (auto [argNo, dim] : shardDims_) {
       int64_t size = dimOf(f_.getArgument(argNo), dim);
       if (size % t_ != 0)
@@ -94,10 +99,6 @@ class Sharder {
                               << size << ") of parameter '"
                               << f_.getArgAttrOfType<mlir::StringAttr>(argNo, attr::kParam).getValue() << "'";
     }
-    for (auto [col, row] : pairs_)
-      if (auto a = mlir::dyn_cast<AttentionOp>(*col->getUsers().begin()); a && a.getNumHeads() % t_ != 0)
-        return a.emitOpError() << "loom-tensor-parallel: t = " << t_ << " does not divide num_heads = "
-                               << a.getNumHeads();
     return mlir::success();
   }
 

@@ -1,0 +1,284 @@
+#include "compiler/PlanViews.h"
+
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include "compiler/Schedule.h"
+#include "llvm/Support/FormatVariadic.h"
+
+namespace loom {
+namespace {
+
+llvm::Error error(const llvm::Twine &msg) { return llvm::createStringError(llvm::inconvertibleErrorCode(), msg.str()); }
+
+uint64_t fnv1a(const std::string &bytes) {
+  uint64_t h = 1469598103934665603ull;
+  for (unsigned char c : bytes) h = (h ^ c) * 1099511628211ull;
+  return h;
+}
+
+llvm::Expected<std::string> readAll(const std::string &path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return error(path + ": cannot open file");
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+const char *streamName(plan::Stream s) {
+  switch (s) {
+    case plan::COMPUTE: return "compute";
+    case plan::TP: return "tp";
+    case plan::PP: return "pp";
+    case plan::DP: return "dp";
+    default: return "?";
+  }
+}
+
+std::string human(double bytes) {
+  const char *unit[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+  int i = 0;
+  while (bytes >= 1024 && i < 4) bytes /= 1024, ++i;
+  return llvm::formatv("{0:F1} {1}", bytes, unit[i]).str();
+}
+
+std::string shapeOf(const plan::Buffer &b) {
+  std::string s;
+  for (int64_t d : b.shape()) s += (s.empty() ? "" : "x") + std::to_string(d);
+  return s.empty() ? "scalar" : s;
+}
+
+}  // namespace
+
+const plan::Program *PlanDirectory::program(int rank, const std::string &name) const {
+  for (const plan::Program &p : programsOf(rank).programs())
+    if (p.name() == name) return &p;
+  return nullptr;
+}
+
+llvm::Expected<PlanDirectory> readPlanDirectory(const std::string &dir) {
+  PlanDirectory out;
+  out.dir = dir;
+  for (int rank = 0;; ++rank) {
+    std::string path = dir + "/rank_" + std::to_string(rank) + ".plan.pb";
+    if (!std::filesystem::exists(path)) break;
+    auto bytes = readAll(path);
+    if (!bytes) return bytes.takeError();
+    plan::RankPlan rp;
+    if (!rp.ParseFromString(*bytes)) return error(path + ": not a valid rank plan (corrupt file)");
+    if (rp.rank() != rank) return error(path + llvm::formatv(": holds the plan of rank {0}", rp.rank()));
+    if (!out.programFiles.count(rp.programs_file())) {
+      std::string ppath = dir + "/" + rp.programs_file();
+      auto pbytes = readAll(ppath);
+      if (!pbytes) return pbytes.takeError();
+      if (fnv1a(*pbytes) != rp.programs_checksum())
+        return error(ppath + ": checksum mismatch (corrupt or from another compile)");
+      plan::ProgramSet set;
+      if (!set.ParseFromString(*pbytes)) return error(ppath + ": not a valid program file");
+      out.programFiles[rp.programs_file()] = std::move(set);
+    }
+    out.ranks.push_back(std::move(rp));
+  }
+  if (out.ranks.empty()) return error(dir + ": no rank_0.plan.pb (not a plan directory from loomc compile)");
+  if (int(out.ranks.size()) != out.ranks[0].world_size())
+    return error(dir + llvm::formatv(": {0} rank plans but the world size is {1}", out.ranks.size(),
+                                     out.ranks[0].world_size()));
+  return out;
+}
+
+std::string programsAsText(const PlanDirectory &plans, int rank) {
+  const plan::RankPlan &rp = plans.ranks[rank];
+  std::string s;
+  llvm::raw_string_ostream os(s);
+  os << llvm::formatv("rank {0} (tp {1}, dp {2}, pp {3}) of {4}; programs from {5}\n", rp.rank(), rp.tp_rank(),
+                      rp.dp_rank(), rp.pp_rank(), rp.world_size(), rp.programs_file());
+  for (const plan::Group &g : rp.groups()) {
+    os << "  group " << g.name() << ": ranks";
+    for (int r : g.ranks()) os << " " << r;
+    os << " (position " << g.position() << ")\n";
+  }
+  for (const plan::Program &prog : plans.programsOf(rank).programs()) {
+    os << llvm::formatv("\nprogram {0}: {1} instructions, workspace {2}, stash {3}\n", prog.name(),
+                        prog.instructions_size(), human(prog.workspace_bytes()), human(prog.stash_bytes()));
+    for (const plan::Binding &a : prog.arguments())
+      os << llvm::formatv("  arg  %{0} {1} {2} : {3}\n", a.buffer(), plan::Binding::Role_Name(a.role()), a.name(),
+                          shapeOf(prog.buffers(a.buffer())));
+    for (int i = 0; i < prog.instructions_size(); ++i) {
+      const plan::Instruction &in = prog.instructions(i);
+      os << llvm::formatv("  {0,4}: [{1,-7}] ", i, streamName(in.stream()));
+      for (int k = 0; k < in.outputs_size(); ++k) os << (k ? ", " : "") << "%" << in.outputs(k);
+      os << (in.outputs_size() ? " = " : "") << in.op() << "(";
+      for (int k = 0; k < in.inputs_size(); ++k) os << (k ? ", " : "") << "%" << in.inputs(k);
+      os << ")";
+      for (const plan::Attribute &a : in.attributes()) {
+        os << " " << a.name() << "=";
+        if (a.has_i()) os << a.i();
+        else if (a.has_f()) os << a.f();
+        else if (a.has_s()) os << a.s();
+        else os << "true";
+      }
+      if (in.wait_for_size()) {
+        os << " waits";
+        for (int w : in.wait_for()) os << " " << w;
+      }
+      if (in.flops() > 0) os << llvm::formatv(" flops={0:e}", in.flops());
+      if (in.bytes_moved() > 0) os << " moves=" << human(in.bytes_moved());
+      os << "\n";
+    }
+    for (const plan::Binding &r : prog.results())
+      os << llvm::formatv("  result %{0} {1} {2}\n", r.buffer(), plan::Binding::Role_Name(r.role()), r.name());
+  }
+  return s;
+}
+
+std::string programAsDot(const plan::Program &prog) {
+  std::string s;
+  llvm::raw_string_ostream os(s);
+  const char *color[] = {"lightblue", "orange", "palegreen", "plum"};
+  os << "digraph \"" << prog.name() << "\" {\n  rankdir=TB;\n  node [shape=box, style=filled, fontname=Helvetica];\n";
+  std::map<int, int> producer;
+  for (int i = 0; i < prog.instructions_size(); ++i)
+    for (int b : prog.instructions(i).outputs()) producer[b] = i;
+  for (const plan::Binding &a : prog.arguments())
+    os << llvm::formatv("  a{0} [label=\"{1}\\n{2}\", shape=ellipse, fillcolor=white];\n", a.buffer(), a.name(),
+                        shapeOf(prog.buffers(a.buffer())));
+  for (int i = 0; i < prog.instructions_size(); ++i) {
+    const plan::Instruction &in = prog.instructions(i);
+    std::string label = in.op();
+    for (const plan::Attribute &a : in.attributes())
+      if (a.name() == "group") label += " @" + a.s();
+    os << llvm::formatv("  i{0} [label=\"{0}: {1}\", fillcolor={2}];\n", i, label, color[in.stream() & 3]);
+    for (int b : in.inputs()) {
+      auto it = producer.find(b);
+      if (it != producer.end())
+        os << llvm::formatv("  i{0} -> i{1} [label=\"{2}\"];\n", it->second, i, shapeOf(prog.buffers(b)));
+      else if (prog.buffers(b).kind() == plan::Buffer::ARGUMENT)
+        os << llvm::formatv("  a{0} -> i{1};\n", b, i);
+    }
+  }
+  os << "  legend [shape=plaintext, label=\"compute: blue, tp: orange, pp: green, dp: purple\"];\n}\n";
+  return s;
+}
+
+std::string collectivesSummary(const PlanDirectory &plans, int rank) {
+  const plan::RankPlan &rp = plans.ranks[rank];
+  std::string s;
+  llvm::raw_string_ostream os(s);
+  os << llvm::formatv("collectives of rank {0} per step ({1} micro-batches, schedule {2}):\n", rank,
+                      rp.micro_batches(), rp.schedule_kind());
+  for (const plan::CollectiveTotal &c : rp.collectives())
+    os << llvm::formatv("  {0,-26} {1,6} calls  {2,12}\n", c.kind(), c.count(), human(c.bytes()));
+  os << "per program (group, peers as global ranks, bytes per call):\n";
+  std::map<std::string, std::vector<int>> members;
+  for (const plan::Group &g : rp.groups()) members[g.name()] = {g.ranks().begin(), g.ranks().end()};
+  for (const plan::Program &prog : plans.programsOf(rank).programs()) {
+    std::map<std::string, int> perLayerTp;
+    for (const plan::Instruction &in : prog.instructions()) {
+      std::string group, peer;
+      for (const plan::Attribute &a : in.attributes()) {
+        if (a.name() == "group" || a.name() == "vocab_parallel_group") group = a.s();
+        if (a.name() == "peer" && members.count(group)) peer = " peer rank " + std::to_string(members[group][a.i()]);
+      }
+      if (group.empty() || in.stream() == plan::COMPUTE) continue;  // identity, masked lookups: no traffic
+      if (in.op() == "all_reduce" && group == "tp" && in.layer() >= 0) ++perLayerTp[std::to_string(in.layer())];
+      std::string ranks;
+      for (int r : members[group]) ranks += (ranks.empty() ? "" : ",") + std::to_string(r);
+      os << llvm::formatv("  {0,-12} {1,-20} {2,-10} [{3}]{4} {5}\n", prog.name(), in.op(), group, ranks, peer,
+                          human(in.bytes_moved()));
+    }
+    for (auto &[layer, n] : perLayerTp)
+      os << llvm::formatv("  {0,-12} layer {1}: {2} tensor-parallel all-reduces\n", prog.name(), layer, n);
+  }
+  return s;
+}
+
+llvm::Expected<std::string> timelineSvg(const PlanDirectory &plans) {
+  const plan::RankPlan &r0 = plans.ranks[0];
+  int p = r0.p(), v = r0.v(), m = r0.micro_batches();
+  // One row per pipeline stage (its ranks run the same schedule); durations from FLOPs.
+  std::vector<StageSchedule> schedule(p);
+  std::vector<int> rowRank(p);
+  std::map<std::pair<int, int>, double> flops;  // (virtual stage, type)
+  double syncBytes = 0, maxFlops = 0;
+  for (const plan::RankPlan &rp : plans.ranks) {
+    if (rp.tp_rank() != 0 || rp.dp_rank() != 0) continue;
+    rowRank[rp.pp_rank()] = rp.rank();
+    for (const plan::ScheduleEntry &e : rp.schedule()) {
+      if (e.micro_batch() < 0) continue;
+      bool fwd = llvm::StringRef(e.program()).starts_with("forward_");
+      int vs = std::stoi(e.program().substr(e.program().rfind('_') + 1));
+      schedule[rp.pp_rank()].push_back({fwd ? Task::kForward : Task::kBackward, vs / p, e.micro_batch()});
+      const plan::Program *prog = plans.program(rp.rank(), e.program());
+      if (!prog) return error("rank " + std::to_string(rp.rank()) + ": no program " + e.program());
+      double f = 0;
+      for (const plan::Instruction &in : prog->instructions()) f += in.flops();
+      flops[{vs, fwd ? 0 : 1}] = std::max(f, 1.0);
+      maxFlops = std::max(maxFlops, f);
+    }
+  }
+  Simulation sim = simulate(schedule, p, v, m, [&](int vs, Task::Type t) {
+    return flops[{vs, t == Task::kForward ? 0 : 1}] / std::max(maxFlops, 1.0);
+  });
+  if (sim.deadlock) return error("the schedule deadlocks: " + sim.diagnosis);
+  for (const plan::Program &prog : plans.programsOf(0).programs())
+    for (const plan::Instruction &in : prog.instructions())
+      if (prog.kind() == plan::Program::GRAD_SYNC) syncBytes += in.bytes_moved();
+  double syncTime = syncBytes > 0 ? 0.5 : 0;  // drawn as a fixed-width box: bytes are in its title
+  double width = 1100, rowH = 28, left = 130, top = 40;
+  double scale = (width - left - 20) / std::max(sim.makespan + syncTime, 1e-9);
+  std::string s;
+  llvm::raw_string_ostream os(s);
+  os << llvm::formatv("<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{0}\" height=\"{1}\" font-family=\"Helvetica\" "
+                      "font-size=\"11\">\n",
+                      width, top + rowH * p + 50);
+  os << llvm::formatv("<text x=\"10\" y=\"20\" font-size=\"14\">{0}: t={1} p={2} d={3} v={4}, {5} micro-batches, {6}; "
+                      "bubble {7:F1}%</text>\n",
+                      r0.model(), r0.t(), p, r0.d(), v, m, r0.schedule_kind(), 100 * sim.bubbleFraction);
+  for (int st = 0; st < p; ++st) {
+    double y = top + st * rowH;
+    os << llvm::formatv("<text x=\"10\" y=\"{0}\">stage {1} (rank {2})</text>\n", y + rowH * 0.65, st, rowRank[st]);
+    os << llvm::formatv("<rect x=\"{0}\" y=\"{1}\" width=\"{2}\" height=\"{3}\" fill=\"#eeeeee\"/>\n", left, y + 2,
+                        sim.makespan * scale, rowH - 4);  // idle time (the bubble) shows grey
+    for (const TimedTask &tt : sim.timeline[st]) {
+      bool fwd = tt.task.type == Task::kForward;
+      const char *fill = fwd ? (tt.task.chunk % 2 ? "#6fa8dc" : "#3d85c6") : (tt.task.chunk % 2 ? "#93c47d" : "#6aa84f");
+      os << llvm::formatv("<rect x=\"{0:F2}\" y=\"{1}\" width=\"{2:F2}\" height=\"{3}\" fill=\"{4}\" stroke=\"white\">"
+                          "<title>{5} chunk {6} micro-batch {7}</title></rect>\n",
+                          left + tt.start * scale, y + 2, (tt.end - tt.start) * scale, rowH - 4, fill,
+                          fwd ? "forward" : "backward", tt.task.chunk, tt.task.microBatch);
+      os << llvm::formatv("<text x=\"{0:F2}\" y=\"{1}\" fill=\"white\" font-size=\"9\">{2}{3}</text>\n",
+                          left + tt.start * scale + 2, y + rowH * 0.65, fwd ? "F" : "B", tt.task.microBatch);
+    }
+    if (syncTime > 0)
+      os << llvm::formatv("<rect x=\"{0:F2}\" y=\"{1}\" width=\"{2:F2}\" height=\"{3}\" fill=\"#b4a7d6\"><title>gradient "
+                          "sync ({4} per rank)</title></rect>\n",
+                          left + sim.makespan * scale, y + 2, syncTime * scale, rowH - 4, human(syncBytes));
+  }
+  double ly = top + p * rowH + 25;
+  os << llvm::formatv("<text x=\"{0}\" y=\"{1}\">blue: forward, green: backward, purple: gradient sync "
+                      "(communication), grey: idle (pipeline bubble)</text>\n</svg>\n",
+                      left, ly);
+  return s;
+}
+
+std::string memoryTimeline(const PlanDirectory &plans, int rank) {
+  const plan::RankPlan &rp = plans.ranks[rank];
+  const plan::MemoryPlan &mem = rp.memory();
+  std::string s;
+  llvm::raw_string_ostream os(s);
+  os << llvm::formatv("memory of rank {0}: parameters {1}, gradients {2}, optimizer {3}, peak stash {4}, largest "
+                      "workspace {5}, peak {6}\n",
+                      rank, human(mem.parameter_bytes()), human(mem.gradient_bytes()), human(mem.optimizer_bytes()),
+                      human(mem.peak_stash_bytes()), human(mem.max_workspace_bytes()), human(mem.peak_bytes()));
+  int64_t peak = std::max<int64_t>(mem.peak_bytes(), 1);
+  for (int i = 0; i < rp.schedule_size() && i < mem.timeline_bytes_size(); ++i) {
+    const plan::ScheduleEntry &e = rp.schedule(i);
+    int bar = int(50.0 * mem.timeline_bytes(i) / peak);
+    os << llvm::formatv("  {0,3} {1,-14} mb {2,3}  {3,12}  {4}\n", i, e.program(), e.micro_batch(),
+                        human(mem.timeline_bytes(i)), std::string(bar, '#'));
+  }
+  return s;
+}
+
+}  // namespace loom
