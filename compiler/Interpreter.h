@@ -1,43 +1,24 @@
-// A reference interpreter for loom functions on the CPU kernels. It runs a function of any
-// pass stage (global, tensor-parallel SPMD, differentiated, a pipeline chunk) on host
-// tensors, with collectives from a Collectives implementation, so tests can check that every
-// transformation computes what the unpartitioned program computes.
+// The reference interpreter: runs a loom function of any pass stage (global, tensor-parallel
+// SPMD, differentiated, a pipeline program) on host tensors by lowering it to a plan program
+// and executing that with the runtime's CPU executor, so every test of the passes exercises
+// the lowering, the memory plan and the runtime's kernels as well.
 #pragma once
 
-#include <cstdint>
 #include <vector>
 
 #include "llvm/Support/Error.h"
 #include "mlir/Dialect/Func/IR/FuncOps.h"
 #include "runtime/Collectives.h"
+#include "runtime/Tensor.h"
 
 namespace loom {
 
-struct HostTensor {
-  std::vector<int64_t> shape;
-  std::vector<float> data;      // float tensors
-  std::vector<int32_t> ints;    // integer tensors (tokens, labels)
-  bool isInt = false;
-
-  int64_t numel() const {
-    int64_t n = 1;
-    for (int64_t d : shape) n *= d;
-    return n;
-  }
-  static HostTensor zeros(std::vector<int64_t> shape) {
-    HostTensor t{std::move(shape)};
-    t.data.assign(t.numel(), 0.0f);
-    return t;
-  }
-};
-
 struct InterpreterOptions {
-  uint64_t seed = 1234;             // dropout seed
+  uint64_t seed = 1234;                // dropout seed
   Collectives *collectives = nullptr;  // required when the function has collectives
 };
 
-llvm::Expected<std::vector<HostTensor>> interpret(mlir::func::FuncOp func,
-                                                  const std::vector<HostTensor> &args,
+llvm::Expected<std::vector<HostTensor>> interpret(mlir::func::FuncOp func, const std::vector<HostTensor> &args,
                                                   const InterpreterOptions &options);
 
 }  // namespace loom

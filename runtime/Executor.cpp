@@ -1,0 +1,314 @@
+#include "runtime/Executor.h"
+
+#include <atomic>
+#include <condition_variable>
+#include <cstring>
+#include <functional>
+#include <mutex>
+#include <thread>
+#include <unordered_map>
+
+#include "runtime/cpu/Kernels.h"
+
+namespace loom {
+namespace {
+
+// The state of one program invocation.
+class Run {
+ public:
+  Run(const plan::Program &p, const ExecutionContext &c) : prog_(p), ctx_(c), done_(p.instructions_size(), false) {}
+
+  Status start(const std::vector<const HostTensor *> &args) {
+    if (int(args.size()) != prog_.arguments_size())
+      return Status::error(prog_.name() + ": expected " + std::to_string(prog_.arguments_size()) + " arguments, got " +
+                           std::to_string(args.size()));
+    arena_.assign(prog_.workspace_bytes() / 4 + 16, 0.0f);
+    ptr_.assign(prog_.buffers_size(), nullptr);
+    iptr_.assign(prog_.buffers_size(), nullptr);
+    for (const plan::Buffer &b : prog_.buffers())
+      if (b.kind() == plan::Buffer::ACTIVATION) {
+        if (b.dtype() == plan::I32) return Status::error(prog_.name() + ": integer activations are not supported");
+        if (b.offset() + b.bytes() > int64_t(arena_.size()) * 4)
+          return Status::error(prog_.name() + ": buffer outside the workspace (corrupt plan)");
+        ptr_[b.id()] = arena_.data() + b.offset() / 4;
+      }
+    for (int i = 0; i < prog_.arguments_size(); ++i) {
+      const plan::Buffer &b = prog_.buffers(prog_.arguments(i).buffer());
+      const HostTensor *t = args[i];
+      int64_t n = 1;
+      for (int64_t d : b.shape()) n *= d;
+      if (t->numel() != n || int64_t(t->isInt ? t->ints.size() : t->data.size()) != n)
+        return Status::error(prog_.name() + ": argument '" + prog_.arguments(i).name() + "' has " +
+                             std::to_string(t->numel()) + " elements, expected " + std::to_string(n));
+      if (t->isInt)
+        iptr_[b.id()] = const_cast<int32_t *>(t->ints.data());
+      else
+        ptr_[b.id()] = const_cast<float *>(t->data.data());
+    }
+    return Status::ok();
+  }
+
+  Status execute() {
+    std::vector<std::thread> streams;
+    for (int s = 0; s < 4; ++s) streams.emplace_back([this, s] { runStream(s); });
+    for (auto &t : streams) t.join();
+    std::lock_guard<std::mutex> lock(mu_);
+    return failure_.empty() ? Status::ok() : Status::error(failure_);
+  }
+
+  void results(std::vector<HostTensor> &out) {
+    out.clear();
+    for (const plan::Binding &r : prog_.results()) {
+      const plan::Buffer &b = prog_.buffers(r.buffer());
+      HostTensor t{{b.shape().begin(), b.shape().end()}};
+      t.data.assign(ptr_[b.id()], ptr_[b.id()] + t.numel());
+      out.push_back(std::move(t));
+    }
+  }
+
+ private:
+  void runStream(int stream) {
+    for (int i = 0; i < prog_.instructions_size(); ++i) {
+      const plan::Instruction &in = prog_.instructions(i);
+      if (in.stream() != stream) continue;
+      {
+        std::unique_lock<std::mutex> lock(mu_);
+        cv_.wait(lock, [&] {
+          if (!failure_.empty()) return true;
+          for (int w : in.wait_for())
+            if (!done_[w]) return false;
+          return true;
+        });
+        if (!failure_.empty()) return;
+      }
+      Status st = instruction(in);
+      std::lock_guard<std::mutex> lock(mu_);
+      if (!st.isOk() && failure_.empty()) failure_ = prog_.name() + " instruction " + std::to_string(i) + " (" + in.op() + "): " + st.message();
+      done_[i] = true;
+      cv_.notify_all();
+      if (!failure_.empty()) return;
+    }
+  }
+
+  // Attribute lookups.
+  const plan::Attribute *attr(const plan::Instruction &in, const char *name) {
+    for (const plan::Attribute &a : in.attributes())
+      if (a.name() == name) return &a;
+    return nullptr;
+  }
+  int64_t i64(const plan::Instruction &in, const char *name, int64_t dflt = 0) {
+    auto a = attr(in, name);
+    return a ? a->i() : dflt;
+  }
+  double f64(const plan::Instruction &in, const char *name, double dflt = 0) {
+    auto a = attr(in, name);
+    return a ? a->f() : dflt;
+  }
+  std::string str(const plan::Instruction &in, const char *name) {
+    auto a = attr(in, name);
+    return a ? a->s() : "";
+  }
+  bool flag(const plan::Instruction &in, const char *name) { return attr(in, name) != nullptr; }
+
+  const plan::Buffer &buf(int id) { return prog_.buffers(id); }
+  float *f(int id) { return ptr_[id]; }
+  int32_t *ints(int id) { return iptr_[id]; }
+  int64_t numel(int id) {
+    int64_t n = 1;
+    for (int64_t d : buf(id).shape()) n *= d;
+    return n;
+  }
+  int64_t dim(int id, int k) { return k < 0 ? buf(id).shape(buf(id).shape_size() + k) : buf(id).shape(k); }
+
+  Collectives *comm(Status &st) {
+    if (!ctx_.collectives) st = Status::error("needs collectives but none were given");
+    return ctx_.collectives;
+  }
+  int64_t shardStart(const std::string &group, int64_t rows) {
+    if (group.empty() || !ctx_.collectives) return 0;
+    return int64_t(ctx_.collectives->rankIn(group)) * rows;
+  }
+  uint64_t dropoutStream(int64_t stream, bool rankDistinct) {
+    if (!rankDistinct || !ctx_.collectives) return stream;
+    return uint64_t(stream) | (uint64_t(ctx_.collectives->rankIn("tp") + 1) << 32);
+  }
+  static ReduceOp reduceOf(const std::string &r) {
+    return r == "max" ? ReduceOp::kMax : r == "avg" ? ReduceOp::kAvg : ReduceOp::kSum;
+  }
+
+  // Per-token max, sum of exponentials and target logit of (a shard of) the logits; over a
+  // vocab-parallel group: an all-reduce (max) then two (sum).
+  Status crossEntropyStats(const plan::Instruction &in, std::vector<float> &mx, std::vector<float> &sum,
+                           std::vector<float> &target, int64_t &colStart) {
+    int logits = in.inputs(0), labels = in.inputs(1);
+    int64_t cols = dim(logits, -1), tokens = numel(logits) / cols, valid = i64(in, "valid_vocab");
+    std::string group = str(in, "vocab_parallel_group");
+    colStart = shardStart(group, cols);
+    mx.assign(tokens, 0), sum.assign(tokens, 0), target.assign(tokens, 0);
+    cpu::crossEntropyLocalMax(f(logits), mx.data(), tokens, cols, colStart, valid);
+    Status st;
+    if (!group.empty()) {
+      Collectives *c = comm(st);
+      if (!c) return st;
+      LOOM_RETURN_IF_ERROR(c->allReduce(group, mx.data(), tokens, ReduceOp::kMax));
+    }
+    cpu::crossEntropyLocalSums(f(logits), ints(labels), mx.data(), sum.data(), target.data(), tokens, cols, colStart,
+                               valid);
+    if (!group.empty()) {
+      LOOM_RETURN_IF_ERROR(ctx_.collectives->allReduce(group, sum.data(), tokens, ReduceOp::kSum));
+      LOOM_RETURN_IF_ERROR(ctx_.collectives->allReduce(group, target.data(), tokens, ReduceOp::kSum));
+    }
+    return Status::ok();
+  }
+
+  // The position in the operand list of an optional operand, from the op's fixed arity.
+  int optionalInput(const plan::Instruction &in, int fixed) { return in.inputs_size() > fixed ? in.inputs(fixed) : -1; }
+
+  Status instruction(const plan::Instruction &in) {
+    const std::string &op = in.op();
+    auto out = [&](int k = 0) { return in.outputs(k); };
+    auto inp = [&](int k) { return in.inputs(k); };
+    if (op == "embedding") {
+      int tok = inp(0), w = inp(1), pos = optionalInput(in, 2);
+      int64_t rows = dim(w, 0), hidden = dim(w, 1);
+      cpu::embeddingForward(ints(tok), f(w), pos >= 0 ? f(pos) : nullptr, f(out()), numel(tok), dim(tok, 1), hidden,
+                            shardStart(str(in, "vocab_parallel_group"), rows), rows);
+    } else if (op == "add_position") {
+      cpu::addPositionForward(f(inp(0)), f(inp(1)), f(out()), dim(inp(0), 0), dim(inp(0), 1), dim(inp(0), 2));
+    } else if (op == "layer_norm") {
+      int64_t n = dim(inp(0), -1);
+      cpu::layerNormForward(f(inp(0)), f(inp(1)), f(inp(2)), f(out()), numel(inp(0)) / n, n,
+                            float(f64(in, "epsilon", 1e-5)));
+    } else if (op == "linear") {
+      int64_t k = dim(inp(0), -1), n = dim(out(), -1);
+      int bias = optionalInput(in, 2);
+      cpu::linearForward(f(inp(0)), f(inp(1)), bias >= 0 ? f(bias) : nullptr, f(out()), numel(inp(0)) / k, k, n,
+                         flag(in, "transpose_weight"));
+    } else if (op == "add_bias") {
+      int64_t n = numel(inp(1)), total = numel(inp(0));
+      float *x = f(inp(0)), *b = f(inp(1)), *y = f(out());
+      for (int64_t i = 0; i < total; ++i) y[i] = x[i] + b[i % n];
+    } else if (op == "gelu") {
+      cpu::geluForward(f(inp(0)), f(out()), numel(inp(0)));
+    } else if (op == "attention" || op == "attention_grad") {
+      bool fwd = op == "attention";
+      int qkv = inp(0), mask = optionalInput(in, fwd ? 1 : 2);
+      int64_t heads = i64(in, "num_heads");
+      cpu::AttentionShape s{dim(qkv, 0),
+                            dim(qkv, 1),
+                            heads,
+                            dim(qkv, 2) / (3 * heads),
+                            flag(in, "causal"),
+                            float(f64(in, "dropout")),
+                            ctx_.seed,
+                            dropoutStream(i64(in, "stream"), flag(in, "rank_distinct_dropout"))};
+      if (fwd)
+        cpu::attentionForward(f(qkv), mask >= 0 ? f(mask) : nullptr, f(out()), s);
+      else
+        cpu::attentionBackward(f(qkv), mask >= 0 ? f(mask) : nullptr, f(inp(1)), f(out()), s);
+    } else if (op == "dropout") {
+      cpu::dropoutForward(f(inp(0)), f(out()), numel(inp(0)), float(f64(in, "rate")), ctx_.seed,
+                          dropoutStream(i64(in, "stream"), flag(in, "rank_distinct")));
+    } else if (op == "add") {
+      float *a = f(inp(0)), *b = f(inp(1)), *y = f(out());
+      for (int64_t i = 0, n = numel(inp(0)); i < n; ++i) y[i] = a[i] + b[i];
+    } else if (op == "identity") {
+      std::memcpy(f(out()), f(inp(0)), numel(inp(0)) * sizeof(float));
+    } else if (op == "cross_entropy") {
+      std::vector<float> mx, sum, target;
+      int64_t colStart;
+      LOOM_RETURN_IF_ERROR(crossEntropyStats(in, mx, sum, target, colStart));
+      int mask = optionalInput(in, 2);
+      f(out())[0] = cpu::crossEntropyLoss(mx.data(), sum.data(), target.data(), mask >= 0 ? f(mask) : nullptr,
+                                          int64_t(mx.size()));
+    } else if (op == "cross_entropy_grad") {
+      std::vector<float> mx, sum, target;
+      int64_t colStart;
+      LOOM_RETURN_IF_ERROR(crossEntropyStats(in, mx, sum, target, colStart));
+      // Operands: logits, labels, then the optional grad and mask, told apart by shape.
+      int grad = -1, mask = -1;
+      for (int k = 2; k < in.inputs_size(); ++k) (buf(inp(k)).shape_size() == 0 ? grad : mask) = inp(k);
+      float g = grad >= 0 ? f(grad)[0] : float(f64(in, "loss_scale", 1.0));
+      cpu::crossEntropyBackward(f(inp(0)), ints(inp(1)), mask >= 0 ? f(mask) : nullptr, mx.data(), sum.data(), g,
+                                f(out()), int64_t(mx.size()), dim(inp(0), -1), colStart, i64(in, "valid_vocab"));
+    } else if (op == "weight_grad") {
+      int64_t k = dim(inp(0), -1), n = dim(inp(1), -1);
+      cpu::linearWeightGrad(f(inp(0)), f(inp(1)), f(out()), numel(inp(0)) / k, k, n, flag(in, "transpose_weight"));
+    } else if (op == "bias_grad") {
+      int64_t n = dim(inp(0), -1);
+      cpu::biasGrad(f(inp(0)), f(out()), numel(inp(0)) / n, n);
+    } else if (op == "layer_norm_grad") {
+      int64_t n = dim(inp(0), -1);
+      cpu::layerNormBackward(f(inp(0)), f(inp(1)), f(inp(2)), f(out(0)), f(out(1)), f(out(2)), numel(inp(0)) / n, n,
+                             float(f64(in, "epsilon", 1e-5)));
+    } else if (op == "gelu_grad") {
+      cpu::geluBackward(f(inp(0)), f(inp(1)), f(out()), numel(inp(0)));
+    } else if (op == "embedding_grad") {
+      int64_t rows = dim(out(), 0), hidden = dim(out(), 1);
+      cpu::embeddingBackward(ints(inp(0)), f(inp(1)), f(out()), numel(inp(0)), hidden,
+                             shardStart(str(in, "vocab_parallel_group"), rows), rows);
+    } else if (op == "position_grad") {
+      cpu::positionBackward(f(inp(0)), f(out()), dim(inp(0), 0), dim(inp(0), 1), dim(inp(0), 2), dim(out(), 0));
+    } else if (op == "all_reduce") {
+      Status st;
+      Collectives *c = comm(st);
+      if (!c) return st;
+      if (f(out()) != f(inp(0))) std::memcpy(f(out()), f(inp(0)), numel(inp(0)) * sizeof(float));
+      return c->allReduce(str(in, "group"), f(out()), numel(out()), reduceOf(str(in, "reduce")));
+    } else if (op == "all_gather" || op == "reduce_scatter") {
+      Status st;
+      Collectives *c = comm(st);
+      if (!c) return st;
+      bool gather = op == "all_gather";
+      int small = gather ? inp(0) : out(), large = gather ? out() : inp(0);
+      int64_t g = i64(in, "group_size"), d = i64(in, "dim"), n = numel(small);
+      int64_t outer = 1, inner = 1;
+      for (int k = 0; k < buf(small).shape_size(); ++k) (k < d ? outer : inner) *= buf(small).shape(k);
+      std::vector<float> blocks(g * n);  // member r's block = slice r along dim
+      if (gather) {
+        LOOM_RETURN_IF_ERROR(c->allGather(str(in, "group"), f(small), blocks.data(), n));
+        for (int64_t r = 0; r < g; ++r)
+          for (int64_t a = 0; a < outer; ++a)
+            std::memcpy(f(large) + (a * g + r) * inner, &blocks[r * n + a * inner], inner * sizeof(float));
+      } else {
+        for (int64_t r = 0; r < g; ++r)
+          for (int64_t a = 0; a < outer; ++a)
+            std::memcpy(&blocks[r * n + a * inner], f(large) + (a * g + r) * inner, inner * sizeof(float));
+        return c->reduceScatter(str(in, "group"), blocks.data(), f(small), n);
+      }
+    } else if (op == "send" || op == "recv") {
+      Status st;
+      Collectives *c = comm(st);
+      if (!c) return st;
+      int tag = int(i64(in, "tag") + ctx_.messageTag);
+      if (op == "send") return c->send(str(in, "group"), int(i64(in, "peer")), f(inp(0)), numel(inp(0)), tag);
+      return c->recv(str(in, "group"), int(i64(in, "peer")), f(out()), numel(out()), tag);
+    } else {
+      return Status::error("the CPU backend has no kernel for op '" + op + "'");
+    }
+    return Status::ok();
+  }
+
+  const plan::Program &prog_;
+  const ExecutionContext &ctx_;
+  std::vector<float> arena_;
+  std::vector<float *> ptr_;
+  std::vector<int32_t *> iptr_;
+  std::vector<bool> done_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::string failure_;
+};
+
+}  // namespace
+
+Status executeProgram(const plan::Program &program, const std::vector<const HostTensor *> &args,
+                      std::vector<HostTensor> &results, const ExecutionContext &ctx) {
+  Run run(program, ctx);
+  LOOM_RETURN_IF_ERROR(run.start(args));
+  LOOM_RETURN_IF_ERROR(run.execute());
+  run.results(results);
+  return Status::ok();
+}
+
+}  // namespace loom

@@ -1,0 +1,28 @@
+// Executes one plan::Program on the CPU: one thread per stream (compute, tp, pp, dp) running
+// its instructions in order, waiting on the events (wait_for) of other streams, so that
+// communication overlaps independent compute as it does on CUDA streams. Activations live in
+// one workspace arena at the offsets of the compiler's memory plan.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "protos/plan.pb.h"
+#include "runtime/Collectives.h"
+#include "runtime/Status.h"
+#include "runtime/Tensor.h"
+
+namespace loom {
+
+struct ExecutionContext {
+  Collectives *collectives = nullptr;  // required by programs with communication
+  uint64_t seed = 1234;                // dropout seed of this step and micro-batch
+  int64_t messageTag = 0;              // added to send/recv tags (the micro-batch's channel)
+  int threads = 0;                     // OpenBLAS threads (0: leave as is)
+};
+
+// `args` follow program.arguments(); on success `results` follow program.results().
+Status executeProgram(const plan::Program &program, const std::vector<const HostTensor *> &args,
+                      std::vector<HostTensor> &results, const ExecutionContext &ctx);
+
+}  // namespace loom
