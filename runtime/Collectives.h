@@ -28,6 +28,8 @@ class Collectives {
   // Point to point with the member at position `peer` of `group`.
   virtual Status send(const std::string &group, int peer, const float *data, int64_t n, int tag) = 0;
   virtual Status recv(const std::string &group, int peer, float *data, int64_t n, int tag) = 0;
+  // Waits until this rank's sends were delivered (at the end of a step).
+  virtual Status flush() { return Status::ok(); }
 };
 
 // Rank order as in Megatron-Core: tensor-parallel fastest, then data, then pipeline:

@@ -1,0 +1,157 @@
+#include "runtime/GlooCollectives.h"
+
+#include <cstring>
+
+#include "gloo/allgather.h"
+#include "gloo/allreduce.h"
+#include "gloo/common/error.h"
+#include "gloo/math.h"
+#include "gloo/rendezvous/context.h"
+#include "gloo/rendezvous/prefix_store.h"
+#include "gloo/transport/tcp/device.h"
+#include "gloo/transport/unbound_buffer.h"
+
+namespace loom {
+
+namespace {
+using ReduceFn = void (*)(void *, const void *, const void *, size_t);
+}
+
+Status GlooCollectives::create(const plan::RankPlan &plan, gloo::rendezvous::Store &store,
+                               const std::string &hostAddress, double timeoutSeconds,
+                               std::unique_ptr<GlooCollectives> *out) {
+  auto self = std::unique_ptr<GlooCollectives>(new GlooCollectives());
+  self->timeoutSeconds_ = timeoutSeconds;
+  try {
+    gloo::transport::tcp::attr attr;
+    attr.hostname = hostAddress;
+    self->device_ = gloo::transport::tcp::CreateDevice(attr);
+    for (const plan::Group &pg : plan.groups()) {
+      Group g;
+      g.ranks.assign(pg.ranks().begin(), pg.ranks().end());
+      g.position = pg.position();
+      if (g.ranks.size() > 1) {
+        // One store namespace per group instance: its name and first member.
+        gloo::rendezvous::PrefixStore prefixed(pg.name() + "/" + std::to_string(g.ranks[0]), store);
+        auto ctx = std::make_shared<gloo::rendezvous::Context>(g.position, int(g.ranks.size()));
+        ctx->setTimeout(std::chrono::milliseconds(int64_t(timeoutSeconds * 1000)));
+        ctx->connectFullMesh(prefixed, self->device_);
+        g.context = ctx;
+      }
+      self->groups_[pg.name()] = std::move(g);
+    }
+  } catch (const std::exception &e) {
+    return Status::error(std::string("cannot connect the communicators: ") + e.what());
+  }
+  *out = std::move(self);
+  return Status::ok();
+}
+
+GlooCollectives::~GlooCollectives() = default;
+
+Status GlooCollectives::groupOf(const std::string &name, Group **g) {
+  auto it = groups_.find(name);
+  if (it == groups_.end()) return Status::error("no communicator for group '" + name + "'");
+  *g = &it->second;
+  return Status::ok();
+}
+
+int GlooCollectives::rankIn(const std::string &group) const {
+  auto it = groups_.find(group);
+  return it == groups_.end() ? 0 : it->second.position;
+}
+
+int GlooCollectives::sizeOf(const std::string &group) const {
+  auto it = groups_.find(group);
+  return it == groups_.end() ? 1 : int(it->second.ranks.size());
+}
+
+Status GlooCollectives::allReduce(const std::string &group, float *data, int64_t n, ReduceOp op) {
+  Group *g;
+  LOOM_RETURN_IF_ERROR(groupOf(group, &g));
+  if (!g->context) return Status::ok();
+  try {
+    gloo::AllreduceOptions opts(g->context);
+    opts.setOutput(data, size_t(n));
+    opts.setReduceFunction(op == ReduceOp::kMax ? ReduceFn(&gloo::max<float>) : ReduceFn(&gloo::sum<float>));
+    opts.setTag(g->nextTag++);
+    gloo::allreduce(opts);
+  } catch (const std::exception &e) {
+    return Status::error("all_reduce on group " + group + ": " + e.what());
+  }
+  if (op == ReduceOp::kAvg)
+    for (int64_t i = 0; i < n; ++i) data[i] /= float(g->ranks.size());
+  return Status::ok();
+}
+
+Status GlooCollectives::allGather(const std::string &group, const float *in, float *out, int64_t n) {
+  Group *g;
+  LOOM_RETURN_IF_ERROR(groupOf(group, &g));
+  if (!g->context) {
+    std::memcpy(out, in, n * sizeof(float));
+    return Status::ok();
+  }
+  try {
+    gloo::AllgatherOptions opts(g->context);
+    opts.setInput(const_cast<float *>(in), size_t(n));
+    opts.setOutput(out, size_t(n) * g->ranks.size());
+    opts.setTag(g->nextTag++);
+    gloo::allgather(opts);
+  } catch (const std::exception &e) {
+    return Status::error("all_gather on group " + group + ": " + e.what());
+  }
+  return Status::ok();
+}
+
+// An all-reduce of the whole buffer, keeping this rank's block: simple and exact on CPUs.
+Status GlooCollectives::reduceScatter(const std::string &group, const float *in, float *out, int64_t n) {
+  Group *g;
+  LOOM_RETURN_IF_ERROR(groupOf(group, &g));
+  std::vector<float> all(in, in + n * g->ranks.size());
+  LOOM_RETURN_IF_ERROR(allReduce(group, all.data(), int64_t(all.size()), ReduceOp::kSum));
+  std::memcpy(out, all.data() + g->position * n, n * sizeof(float));
+  return Status::ok();
+}
+
+Status GlooCollectives::send(const std::string &group, int peer, const float *data, int64_t n, int tag) {
+  Group *g;
+  LOOM_RETURN_IF_ERROR(groupOf(group, &g));
+  if (!g->context) return Status::error("send within a group of one (" + group + ")");
+  try {
+    auto p = std::make_unique<PendingSend>();
+    p->data.assign(data, data + n);
+    p->group = group;
+    p->buffer = g->context->createUnboundBuffer(p->data.data(), p->data.size() * sizeof(float));
+    p->buffer->send(peer, uint64_t(tag));
+    pending_.push_back(std::move(p));
+  } catch (const std::exception &e) {
+    return Status::error("send on group " + group + ": " + e.what());
+  }
+  return Status::ok();
+}
+
+Status GlooCollectives::recv(const std::string &group, int peer, float *data, int64_t n, int tag) {
+  Group *g;
+  LOOM_RETURN_IF_ERROR(groupOf(group, &g));
+  if (!g->context) return Status::error("recv within a group of one (" + group + ")");
+  try {
+    auto buffer = g->context->createUnboundBuffer(data, size_t(n) * sizeof(float));
+    buffer->recv(peer, uint64_t(tag));
+    buffer->waitRecv(std::chrono::milliseconds(int64_t(timeoutSeconds_ * 1000)));
+  } catch (const std::exception &e) {
+    return Status::error("recv from rank " + std::to_string(g->ranks[peer]) + " on group " + group + ": " + e.what());
+  }
+  return Status::ok();
+}
+
+Status GlooCollectives::flush() {
+  try {
+    for (auto &p : pending_) p->buffer->waitSend(std::chrono::milliseconds(int64_t(timeoutSeconds_ * 1000)));
+  } catch (const std::exception &e) {
+    return Status::error(std::string("pipeline send: ") + e.what());
+  }
+  pending_.clear();
+  return Status::ok();
+}
+
+}  // namespace loom

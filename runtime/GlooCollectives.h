@@ -1,0 +1,62 @@
+// Collectives over Gloo (TCP) between rank processes: one Gloo context per group of the
+// rank's plan (tp, pp, dp, embedding), connected through the coordinator's store.
+// Sends never block (they complete in the background and are flushed at the end of a step),
+// so a pipeline schedule never deadlocks on a rendezvous between two sends.
+#pragma once
+
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "gloo/rendezvous/store.h"
+#include "gloo/transport/device.h"
+#include "protos/plan.pb.h"
+#include "runtime/Collectives.h"
+
+namespace gloo {
+class Context;
+namespace transport {
+class UnboundBuffer;
+}
+}  // namespace gloo
+
+namespace loom {
+
+class GlooCollectives : public Collectives {
+ public:
+  // Connects every group of size > 1; blocks until the group's peers have connected too.
+  static Status create(const plan::RankPlan &plan, gloo::rendezvous::Store &store, const std::string &hostAddress,
+                       double timeoutSeconds, std::unique_ptr<GlooCollectives> *out);
+  ~GlooCollectives() override;
+
+  int rankIn(const std::string &group) const override;
+  int sizeOf(const std::string &group) const override;
+  Status allReduce(const std::string &group, float *data, int64_t n, ReduceOp op) override;
+  Status allGather(const std::string &group, const float *in, float *out, int64_t n) override;
+  Status reduceScatter(const std::string &group, const float *in, float *out, int64_t n) override;
+  Status send(const std::string &group, int peer, const float *data, int64_t n, int tag) override;
+  Status recv(const std::string &group, int peer, float *data, int64_t n, int tag) override;
+  Status flush() override;
+
+ private:
+  struct Group {
+    std::vector<int> ranks;
+    int position = 0;
+    std::shared_ptr<gloo::Context> context;  // null for a group of one
+    uint32_t nextTag = 1;
+  };
+  struct PendingSend {
+    std::vector<float> data;
+    std::unique_ptr<gloo::transport::UnboundBuffer> buffer;
+    std::string group;
+  };
+  Status groupOf(const std::string &name, Group **g);
+
+  std::map<std::string, Group> groups_;
+  std::shared_ptr<gloo::transport::Device> device_;
+  std::vector<std::unique_ptr<PendingSend>> pending_;
+  double timeoutSeconds_ = 60;
+};
+
+}  // namespace loom

@@ -1,0 +1,185 @@
+#include "runtime/Safetensors.h"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <sstream>
+
+namespace loom {
+namespace {
+
+std::string jsonEscape(const std::string &s) {
+  std::string out;
+  for (char c : s) {
+    if (c == '"' || c == '\\') out += '\\';
+    out += c;
+  }
+  return out;
+}
+
+// A minimal reader of the safetensors header: objects, strings, integers, arrays.
+class Json {
+ public:
+  explicit Json(const std::string &s) : s_(s) {}
+  bool ok() const { return ok_; }
+
+  void ws() {
+    while (i_ < s_.size() && isspace((unsigned char)s_[i_])) ++i_;
+  }
+  bool eat(char c) {
+    ws();
+    if (i_ < s_.size() && s_[i_] == c) return ++i_, true;
+    return false;
+  }
+  std::string str() {
+    ws();
+    std::string out;
+    if (!eat('"')) return ok_ = false, out;
+    while (i_ < s_.size() && s_[i_] != '"') {
+      if (s_[i_] == '\\' && i_ + 1 < s_.size()) ++i_;
+      out += s_[i_++];
+    }
+    if (!eat('"')) ok_ = false;
+    return out;
+  }
+  int64_t num() {
+    ws();
+    size_t start = i_;
+    while (i_ < s_.size() && (isdigit((unsigned char)s_[i_]) || s_[i_] == '-')) ++i_;
+    if (start == i_) return ok_ = false, 0;
+    return std::stoll(s_.substr(start, i_ - start));
+  }
+  std::vector<int64_t> nums() {
+    std::vector<int64_t> out;
+    if (!eat('[')) return ok_ = false, out;
+    if (eat(']')) return out;
+    do out.push_back(num());
+    while (ok_ && eat(','));
+    if (!eat(']')) ok_ = false;
+    return out;
+  }
+
+ private:
+  const std::string &s_;
+  size_t i_ = 0;
+  bool ok_ = true;
+};
+
+}  // namespace
+
+Status writeFileAtomically(const std::string &path, const std::string &bytes) {
+  std::string tmp = path + ".tmp";
+  int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  if (fd < 0) return Status::error(tmp + ": cannot create: " + std::strerror(errno));
+  size_t done = 0;
+  while (done < bytes.size()) {
+    ssize_t w = ::write(fd, bytes.data() + done, bytes.size() - done);
+    if (w < 0) {
+      ::close(fd);
+      return Status::error(tmp + ": write failed: " + std::strerror(errno));
+    }
+    done += size_t(w);
+  }
+  if (::fsync(fd) != 0 || ::close(fd) != 0) return Status::error(tmp + ": fsync failed: " + std::strerror(errno));
+  if (std::rename(tmp.c_str(), path.c_str()) != 0)
+    return Status::error(path + ": rename failed: " + std::strerror(errno));
+  return Status::ok();
+}
+
+Status writeSafetensors(const std::string &path, const SafetensorsFile &file) {
+  std::string header = "{", data;
+  bool first = true;
+  if (!file.metadata.empty()) {
+    header += "\"__metadata__\":{";
+    for (auto &[k, v] : file.metadata) {
+      header += (first ? "" : ",") + std::string("\"") + jsonEscape(k) + "\":\"" + jsonEscape(v) + "\"";
+      first = false;
+    }
+    header += "}";
+  }
+  for (auto &[name, t] : file.tensors) {
+    size_t begin = data.size();
+    if (t.isInt)
+      data.append(reinterpret_cast<const char *>(t.ints.data()), t.ints.size() * 4);
+    else
+      data.append(reinterpret_cast<const char *>(t.data.data()), t.data.size() * 4);
+    std::string shape;
+    for (int64_t d : t.shape) shape += (shape.empty() ? "" : ",") + std::to_string(d);
+    header += std::string(header.size() > 1 ? "," : "") + "\"" + jsonEscape(name) + "\":{\"dtype\":\"" +
+              (t.isInt ? "I32" : "F32") + "\",\"shape\":[" + shape + "],\"data_offsets\":[" + std::to_string(begin) +
+              "," + std::to_string(data.size()) + "]}";
+  }
+  header += "}";
+  while (header.size() % 8) header += ' ';
+  uint64_t len = header.size();
+  std::string bytes(reinterpret_cast<const char *>(&len), 8);
+  bytes += header + data;
+  return writeFileAtomically(path, bytes);
+}
+
+Status readSafetensors(const std::string &path, SafetensorsFile *file) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return Status::error(path + ": cannot open");
+  std::stringstream ss;
+  ss << in.rdbuf();
+  std::string bytes = ss.str();
+  if (bytes.size() < 8) return Status::error(path + ": truncated (no header)");
+  uint64_t len;
+  std::memcpy(&len, bytes.data(), 8);
+  if (len > bytes.size() - 8) return Status::error(path + ": truncated or corrupt header length");
+  std::string header = bytes.substr(8, len);
+  const char *data = bytes.data() + 8 + len;
+  size_t dataSize = bytes.size() - 8 - len;
+  Json j(header);
+  if (!j.eat('{')) return Status::error(path + ": corrupt header");
+  if (j.eat('}')) return Status::ok();
+  do {
+    std::string name = j.str();
+    if (!j.eat(':')) break;
+    if (name == "__metadata__") {
+      if (!j.eat('{')) break;
+      if (!j.eat('}')) {
+        do {
+          std::string k = j.str();
+          j.eat(':');
+          file->metadata[k] = j.str();
+        } while (j.ok() && j.eat(','));
+        if (!j.eat('}')) break;
+      }
+      continue;
+    }
+    if (!j.eat('{')) break;
+    std::string dtype;
+    std::vector<int64_t> shape, offsets;
+    do {
+      std::string key = j.str();
+      j.eat(':');
+      if (key == "dtype") dtype = j.str();
+      else if (key == "shape") shape = j.nums();
+      else if (key == "data_offsets") offsets = j.nums();
+      else j.str();
+    } while (j.ok() && j.eat(','));
+    if (!j.eat('}') || offsets.size() != 2) break;
+    if (dtype != "F32" && dtype != "I32") return Status::error(path + ": tensor '" + name + "' has dtype " + dtype + ", expected F32");
+    HostTensor t{shape};
+    int64_t bytesNeeded = t.numel() * 4;
+    if (offsets[0] < 0 || offsets[1] > int64_t(dataSize) || offsets[1] - offsets[0] != bytesNeeded)
+      return Status::error(path + ": tensor '" + name + "' lies outside the file (truncated or corrupt)");
+    t.isInt = dtype == "I32";
+    if (t.isInt) {
+      t.ints.resize(t.numel());
+      std::memcpy(t.ints.data(), data + offsets[0], bytesNeeded);
+    } else {
+      t.data.resize(t.numel());
+      std::memcpy(t.data.data(), data + offsets[0], bytesNeeded);
+    }
+    file->tensors[name] = std::move(t);
+  } while (j.ok() && j.eat(','));
+  if (!j.ok()) return Status::error(path + ": corrupt header");
+  return Status::ok();
+}
+
+}  // namespace loom

@@ -1,0 +1,26 @@
+// The safetensors format (Hugging Face): an 8-byte little-endian header length, a JSON header
+// {"name": {"dtype", "shape", "data_offsets"}, "__metadata__": {...}}, then raw data. Writing
+// is atomic (temporary file, fsync, rename).
+#pragma once
+
+#include <map>
+#include <string>
+#include <vector>
+
+#include "runtime/Status.h"
+#include "runtime/Tensor.h"
+
+namespace loom {
+
+struct SafetensorsFile {
+  std::map<std::string, HostTensor> tensors;  // F32 or I32
+  std::map<std::string, std::string> metadata;
+};
+
+Status writeSafetensors(const std::string &path, const SafetensorsFile &file);
+Status readSafetensors(const std::string &path, SafetensorsFile *file);
+
+// Writes bytes to path through path.tmp, fsync and rename: a reader never sees half a file.
+Status writeFileAtomically(const std::string &path, const std::string &bytes);
+
+}  // namespace loom

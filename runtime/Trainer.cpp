@@ -1,0 +1,143 @@
+#include "runtime/Trainer.h"
+
+#include <chrono>
+
+#include "runtime/Executor.h"
+#include "runtime/ParamInit.h"
+
+namespace loom {
+namespace {
+
+void accumulate(std::map<std::string, HostTensor> &into, const std::string &key, HostTensor t) {
+  auto [it, fresh] = into.try_emplace(key, std::move(t));
+  if (!fresh)
+    for (size_t i = 0; i < t.data.size(); ++i) it->second.data[i] += t.data[i];
+}
+
+// Dropout seeds: equal across a tensor-parallel group, distinct per step, replica and
+// micro-batch (SplitMix64 finaliser over the mix).
+uint64_t dropoutSeed(uint64_t seed, int64_t step, int dp, int mb) {
+  uint64_t z = seed ^ (uint64_t(step) * 0x9E3779B97F4A7C15ull) ^ (uint64_t(dp) << 40) ^ (uint64_t(mb) << 20);
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  return z ^ (z >> 31);
+}
+
+// Pipeline messages of micro-batch mb use their own tag range.
+constexpr int64_t kTagsPerMicroBatch = 1 << 12;
+
+}  // namespace
+
+Trainer::Trainer(plan::RankPlan plan, plan::ProgramSet programs, Collectives *collectives, DataSource *data,
+                 TrainerOptions options)
+    : plan_(std::move(plan)), programs_(std::move(programs)), collectives_(collectives), data_(data),
+      opt_(options) {
+  for (const plan::Program &p : programs_.programs()) byName_[p.name()] = &p;
+  for (const plan::Parameter &p : plan_.parameters()) params_[p.name()] = initParameter(p, opt_.seed);
+}
+
+Status Trainer::runProgram(const plan::Program &prog, int mb, int64_t step, double *loss) {
+  std::vector<const HostTensor *> args;
+  for (const plan::Binding &a : prog.arguments()) {
+    const HostTensor *t = nullptr;
+    switch (a.role()) {
+      case plan::Binding::PARAMETER: {
+        auto it = params_.find(a.name());
+        if (it != params_.end()) t = &it->second;
+        break;
+      }
+      case plan::Binding::INPUT: {
+        if (!batches_.count(mb)) {
+          int64_t b = plan_.micro_batch_size();
+          int64_t first = ((step * plan_.d() + plan_.dp_rank()) * plan_.micro_batches() + mb) * b;
+          batches_[mb] = makeBatch(*data_, first, b, plan_.seq_length());
+        }
+        auto it = batches_[mb].find(a.name());
+        if (it != batches_[mb].end()) t = &it->second;
+        break;
+      }
+      case plan::Binding::STASH: {
+        if (prog.kind() == plan::Program::GRAD_SYNC) {
+          auto it = backwardOut_.find(a.name());
+          if (it != backwardOut_.end()) t = &it->second;
+        } else {
+          auto it = stash_.find({a.name(), mb});
+          if (it != stash_.end()) t = &it->second;
+        }
+        break;
+      }
+      default:
+        break;
+    }
+    if (!t)
+      return Status::error(prog.name() + ": nothing to bind to argument '" + a.name() + "' (micro-batch " +
+                           std::to_string(mb) + "): the plan and the schedule disagree");
+    args.push_back(t);
+  }
+  ExecutionContext ctx;
+  ctx.collectives = collectives_;
+  ctx.seed = dropoutSeed(opt_.seed, step, plan_.dp_rank(), mb);
+  ctx.messageTag = mb < 0 ? 0 : mb * kTagsPerMicroBatch;
+  std::vector<HostTensor> results;
+  LOOM_RETURN_IF_ERROR(executeProgram(prog, args, results, ctx));
+  for (int i = 0; i < prog.results_size(); ++i) {
+    const plan::Binding &r = prog.results(i);
+    HostTensor &t = results[i];
+    switch (r.role()) {
+      case plan::Binding::STASH:
+        if (prog.kind() == plan::Program::FORWARD)
+          stash_[{r.name(), mb}] = std::move(t);
+        else
+          accumulate(backwardOut_, r.name(), std::move(t));
+        break;
+      case plan::Binding::GRADIENT:
+        if (prog.kind() == plan::Program::GRAD_SYNC)
+          grads_[r.name()] = std::move(t);
+        else
+          accumulate(grads_, r.name(), std::move(t));
+        break;
+      case plan::Binding::LOSS:
+        *loss += t.data[0];
+        break;
+      default:
+        break;
+    }
+  }
+  // A backward program consumes its micro-batch's stash.
+  if (prog.kind() == plan::Program::BACKWARD)
+    for (const plan::Binding &a : prog.arguments())
+      if (a.role() == plan::Binding::STASH) stash_.erase({a.name(), mb});
+  return Status::ok();
+}
+
+Status Trainer::computeGradients(int64_t step, StepResult *result) {
+  auto started = std::chrono::steady_clock::now();
+  grads_.clear();
+  backwardOut_.clear();
+  stash_.clear();
+  batches_.clear();
+  double lossSum = 0;
+  for (const plan::ScheduleEntry &e : plan_.schedule()) {
+    auto it = byName_.find(e.program());
+    if (it == byName_.end()) return Status::error("the schedule names program '" + e.program() + "', which the plan lacks");
+    LOOM_RETURN_IF_ERROR(runProgram(*it->second, e.micro_batch(), step, &lossSum));
+  }
+  LOOM_RETURN_IF_ERROR(collectives_->flush());
+  result->hasLoss = isLossRank();
+  if (result->hasLoss) {
+    float loss = float(lossSum / plan_.micro_batches());
+    LOOM_RETURN_IF_ERROR(collectives_->allReduce("dp", &loss, 1, ReduceOp::kAvg));
+    result->loss = loss;
+  }
+  for (const plan::Parameter &p : plan_.parameters())
+    if (!grads_.count(p.name())) return Status::error("no gradient was computed for parameter '" + p.name() + "'");
+  result->seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
+  return Status::ok();
+}
+
+void Trainer::applyOptimizer(int64_t step, double lr) {
+  for (auto &[name, param] : params_)
+    adamwUpdate(param, grads_.at(name), adam_[name], opt_.adam, lr, step, decays(name, param.shape));
+}
+
+}  // namespace loom

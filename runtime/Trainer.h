@@ -1,0 +1,62 @@
+// A rank's training loop over its plan: each step runs the schedule's forward and backward
+// programs per micro-batch (stashing activations between them, accumulating gradients),
+// then the gradient-sync programs, then AdamW on the parameters it holds.
+#pragma once
+
+#include <map>
+#include <memory>
+#include <string>
+
+#include "protos/plan.pb.h"
+#include "runtime/AdamW.h"
+#include "runtime/Collectives.h"
+#include "runtime/DataSource.h"
+#include "runtime/Status.h"
+#include "runtime/Tensor.h"
+
+namespace loom {
+
+struct TrainerOptions {
+  uint64_t seed = 1234;  // parameters and dropout
+  AdamWConfig adam;
+};
+
+struct StepResult {
+  bool hasLoss = false;  // ranks of the last pipeline stage
+  double loss = 0;       // mean over micro-batches and data-parallel replicas
+  double seconds = 0;
+};
+
+class Trainer {
+ public:
+  Trainer(plan::RankPlan plan, plan::ProgramSet programs, Collectives *collectives, DataSource *data,
+          TrainerOptions options);
+
+  // Forward and backward over the step's micro-batches and the gradient sync; gradients()
+  // then hold this step's final gradients.
+  Status computeGradients(int64_t step, StepResult *result);
+  // AdamW with learning rate lr (step is 1-based).
+  void applyOptimizer(int64_t step, double lr);
+
+  const plan::RankPlan &plan() const { return plan_; }
+  std::map<std::string, HostTensor> &parameters() { return params_; }
+  const std::map<std::string, HostTensor> &gradients() const { return grads_; }
+  bool isLossRank() const { return plan_.pp_rank() == plan_.p() - 1; }
+
+ private:
+  Status runProgram(const plan::Program &prog, int microBatch, int64_t step, double *loss);
+
+  plan::RankPlan plan_;
+  plan::ProgramSet programs_;
+  std::map<std::string, const plan::Program *> byName_;
+  Collectives *collectives_;
+  DataSource *data_;
+  TrainerOptions opt_;
+  std::map<std::string, HostTensor> params_, grads_;
+  std::map<std::string, AdamWState> adam_;
+  std::map<std::pair<std::string, int>, HostTensor> stash_;   // forward -> backward, per micro-batch
+  std::map<std::string, HostTensor> backwardOut_;            // backward -> grad sync, summed
+  std::map<int, std::map<std::string, HostTensor>> batches_;  // inputs per micro-batch
+};
+
+}  // namespace loom

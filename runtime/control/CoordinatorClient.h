@@ -1,0 +1,53 @@
+// A rank's side of the control plane: every call carries the job token and a deadline, and
+// failures come back as one-line Status messages naming the coordinator's address.
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "gloo/rendezvous/store.h"
+#include "protos/control.grpc.pb.h"
+#include "runtime/Status.h"
+
+namespace loom::control {
+
+class CoordinatorClient {
+ public:
+  CoordinatorClient(std::string address, std::string token);
+
+  // Registers `rank`, retrying with exponential backoff for up to `retrySeconds` while the
+  // coordinator is unreachable.
+  Status connect(int rank, double retrySeconds, RegisterReply *reply);
+  Status getFile(const std::string &name, std::string *content);
+  Status kvSet(const std::string &key, const std::string &value);
+  Status kvGet(const std::string &key, int64_t timeoutMs, std::string *value);
+  Status barrier(const std::string &name, int rank, int64_t timeoutMs);
+  Status heartbeat(int rank, int64_t step, bool *aborted, std::string *reason);
+  Status metrics(int rank, int64_t step, const std::map<std::string, double> &values);
+  Status abort(int rank, const std::string &reason);
+  Status finish(int rank, int exitCode);
+  const std::string &address() const { return address_; }
+
+ private:
+  std::unique_ptr<grpc::ClientContext> context(double seconds);
+  Status translate(const grpc::Status &st, const std::string &what);
+
+  std::string address_, token_;
+  std::shared_ptr<grpc::Channel> channel_;
+  std::unique_ptr<Coordinator::Stub> stub_;
+};
+
+// The Gloo rendezvous store on the coordinator's key-value store.
+class CoordinatorStore : public gloo::rendezvous::Store {
+ public:
+  explicit CoordinatorStore(CoordinatorClient &client) : client_(client) {}
+  void set(const std::string &key, const std::vector<char> &data) override;
+  std::vector<char> get(const std::string &key) override;
+  void wait(const std::vector<std::string> &keys) override;
+  void wait(const std::vector<std::string> &keys, const std::chrono::milliseconds &timeout) override;
+
+ private:
+  CoordinatorClient &client_;
+};
+
+}  // namespace loom::control

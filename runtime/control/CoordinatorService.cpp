@@ -1,0 +1,186 @@
+#include "runtime/control/CoordinatorService.h"
+
+#include <cstdio>
+#include <fstream>
+#include <sstream>
+
+namespace loom::control {
+
+namespace {
+using Clock = std::chrono::steady_clock;
+double secondsSince(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
+}  // namespace
+
+CoordinatorService::CoordinatorService(CoordinatorOptions options)
+    : opt_(std::move(options)), ranks_(opt_.worldSize), started_(Clock::now()) {}
+
+grpc::Status CoordinatorService::checkToken(grpc::ServerContext *ctx) {
+  auto it = ctx->client_metadata().find("loom-token");
+  if (it == ctx->client_metadata().end() || std::string(it->second.data(), it->second.size()) != opt_.token)
+    return grpc::Status(grpc::StatusCode::PERMISSION_DENIED, "wrong or missing job token");
+  return grpc::Status::OK;
+}
+
+grpc::Status CoordinatorService::checkRank(int rank) {
+  if (rank < 0 || rank >= opt_.worldSize)
+    return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                        "rank " + std::to_string(rank) + " is outside the job's world of " +
+                            std::to_string(opt_.worldSize));
+  return grpc::Status::OK;
+}
+
+void CoordinatorService::abortLocked(const std::string &reason) {
+  if (aborted_) return;
+  aborted_ = true;
+  abortReason_ = reason;
+  abortedAt_ = Clock::now();
+  std::fprintf(stderr, "loom-coord: aborting the job: %s\n", reason.c_str());
+  cv_.notify_all();
+}
+
+#define LOOM_CHECK_TOKEN()                          \
+  if (auto st = checkToken(ctx); !st.ok()) return st
+
+grpc::Status CoordinatorService::Register(grpc::ServerContext *ctx, const RegisterRequest *req, RegisterReply *rep) {
+  LOOM_CHECK_TOKEN();
+  if (auto st = checkRank(req->rank()); !st.ok()) return st;
+  std::lock_guard<std::mutex> lock(mu_);
+  if (aborted_) return grpc::Status(grpc::StatusCode::ABORTED, abortReason_);
+  RankState &r = ranks_[req->rank()];
+  if (r.registered && !r.finished)
+    return grpc::Status(grpc::StatusCode::ALREADY_EXISTS,
+                        "rank " + std::to_string(req->rank()) + " is already registered (host " + r.host + ", pid " +
+                            std::to_string(r.pid) + ")");
+  r.registered = true;
+  r.host = req->host();
+  r.pid = req->pid();
+  r.lastSeen = Clock::now();
+  rep->set_world_size(opt_.worldSize);
+  rep->set_job(opt_.planDir);
+  return grpc::Status::OK;
+}
+
+grpc::Status CoordinatorService::GetFile(grpc::ServerContext *ctx, const GetFileRequest *req, GetFileReply *rep) {
+  LOOM_CHECK_TOKEN();
+  const std::string &name = req->name();
+  if (name.empty() || name[0] == '/' || name.find("..") != std::string::npos)
+    return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "bad file name '" + name + "'");
+  std::ifstream in(opt_.planDir + "/" + name, std::ios::binary);
+  if (!in) return grpc::Status(grpc::StatusCode::NOT_FOUND, opt_.planDir + "/" + name + ": no such plan file");
+  std::stringstream ss;
+  ss << in.rdbuf();
+  rep->set_content(ss.str());
+  return grpc::Status::OK;
+}
+
+grpc::Status CoordinatorService::KvSet(grpc::ServerContext *ctx, const KvSetRequest *req, Empty *) {
+  LOOM_CHECK_TOKEN();
+  std::lock_guard<std::mutex> lock(mu_);
+  kv_[req->key()] = req->value();
+  cv_.notify_all();
+  return grpc::Status::OK;
+}
+
+grpc::Status CoordinatorService::KvGet(grpc::ServerContext *ctx, const KvGetRequest *req, KvGetReply *rep) {
+  LOOM_CHECK_TOKEN();
+  std::unique_lock<std::mutex> lock(mu_);
+  auto timeout = std::chrono::milliseconds(req->timeout_ms() > 0 ? req->timeout_ms() : 30000);
+  bool found = cv_.wait_for(lock, timeout, [&] { return aborted_ || kv_.count(req->key()) > 0; });
+  if (aborted_) return grpc::Status(grpc::StatusCode::ABORTED, abortReason_);
+  if (!found) return grpc::Status(grpc::StatusCode::DEADLINE_EXCEEDED, "key '" + req->key() + "' was never set");
+  rep->set_value(kv_[req->key()]);
+  return grpc::Status::OK;
+}
+
+grpc::Status CoordinatorService::Barrier(grpc::ServerContext *ctx, const BarrierRequest *req, Empty *) {
+  LOOM_CHECK_TOKEN();
+  if (auto st = checkRank(req->rank()); !st.ok()) return st;
+  std::unique_lock<std::mutex> lock(mu_);
+  auto &arrived = barriers_[req->name()];
+  arrived.insert(req->rank());
+  cv_.notify_all();
+  auto timeout = std::chrono::milliseconds(req->timeout_ms() > 0 ? req->timeout_ms() : 60000);
+  bool all = cv_.wait_for(lock, timeout, [&] { return aborted_ || int(arrived.size()) == opt_.worldSize; });
+  if (aborted_) return grpc::Status(grpc::StatusCode::ABORTED, abortReason_);
+  if (!all) {
+    std::string missing;
+    for (int r = 0; r < opt_.worldSize; ++r)
+      if (!arrived.count(r)) missing += (missing.empty() ? "" : ",") + std::to_string(r);
+    return grpc::Status(grpc::StatusCode::DEADLINE_EXCEEDED,
+                        "barrier '" + req->name() + "' timed out waiting for ranks " + missing);
+  }
+  return grpc::Status::OK;
+}
+
+grpc::Status CoordinatorService::Heartbeat(grpc::ServerContext *ctx, const HeartbeatRequest *req,
+                                           HeartbeatReply *rep) {
+  LOOM_CHECK_TOKEN();
+  if (auto st = checkRank(req->rank()); !st.ok()) return st;
+  std::lock_guard<std::mutex> lock(mu_);
+  ranks_[req->rank()].lastSeen = Clock::now();
+  rep->set_aborted(aborted_);
+  rep->set_reason(abortReason_);
+  return grpc::Status::OK;
+}
+
+grpc::Status CoordinatorService::ReportMetrics(grpc::ServerContext *ctx, const MetricsRequest *, Empty *) {
+  LOOM_CHECK_TOKEN();
+  return grpc::Status::OK;
+}
+
+grpc::Status CoordinatorService::Abort(grpc::ServerContext *ctx, const AbortRequest *req, Empty *) {
+  LOOM_CHECK_TOKEN();
+  std::lock_guard<std::mutex> lock(mu_);
+  abortLocked(req->rank() >= 0 ? "rank " + std::to_string(req->rank()) + " failed: " + req->reason() : req->reason());
+  return grpc::Status::OK;
+}
+
+grpc::Status CoordinatorService::Finish(grpc::ServerContext *ctx, const FinishRequest *req, Empty *) {
+  LOOM_CHECK_TOKEN();
+  if (auto st = checkRank(req->rank()); !st.ok()) return st;
+  std::lock_guard<std::mutex> lock(mu_);
+  RankState &r = ranks_[req->rank()];
+  r.finished = true;
+  r.exitCode = req->exit_code();
+  if (req->exit_code() != 0)
+    abortLocked("rank " + std::to_string(req->rank()) + " exited with code " + std::to_string(req->exit_code()));
+  cv_.notify_all();
+  return grpc::Status::OK;
+}
+
+bool CoordinatorService::poll() {
+  std::lock_guard<std::mutex> lock(mu_);
+  bool allFinished = true;
+  std::string unregistered;
+  for (int i = 0; i < opt_.worldSize; ++i) {
+    RankState &r = ranks_[i];
+    if (!r.finished) allFinished = false;
+    if (!r.registered) unregistered += (unregistered.empty() ? "" : ",") + std::to_string(i);
+    if (r.registered && !r.finished && !aborted_ && secondsSince(r.lastSeen) > opt_.heartbeatTimeoutSeconds) {
+      char buf[160];
+      std::snprintf(buf, sizeof buf, "rank %d (host %s, pid %lld) stopped heart-beating %.1f s ago", i, r.host.c_str(),
+                    (long long)r.pid, secondsSince(r.lastSeen));
+      abortLocked(buf);
+    }
+  }
+  if (!aborted_ && !unregistered.empty() && secondsSince(started_) > opt_.registrationTimeoutSeconds)
+    abortLocked("ranks " + unregistered + " never registered");
+  if (allFinished) return true;
+  // After an abort, wait until the live ranks heard it (they heartbeat every second).
+  return aborted_ && secondsSince(abortedAt_) > 3;
+}
+
+bool CoordinatorService::succeeded() {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (aborted_) return false;
+  for (const RankState &r : ranks_)
+    if (!r.finished || r.exitCode != 0) return false;
+  return true;
+}
+
+std::string CoordinatorService::abortReason() {
+  std::lock_guard<std::mutex> lock(mu_);
+  return abortReason_;
+}
+
+}  // namespace loom::control

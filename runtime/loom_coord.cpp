@@ -1,0 +1,64 @@
+// loom-coord: the job's control plane (see protos/control.proto).
+//   loom-coord --plans DIR [--bind 127.0.0.1] [--port 0] [--port-file F] [--token T]
+//              [--heartbeat-timeout 10]
+// The token comes from --token or $LOOM_TOKEN; without either, one is generated and printed.
+// Exits 0 once every rank finished successfully, 1 if the job was aborted.
+#include <grpcpp/grpcpp.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <random>
+#include <thread>
+
+#include "protos/plan.pb.h"
+#include "runtime/control/CoordinatorService.h"
+#include "runtime/control/Flags.h"
+
+int main(int argc, char **argv) {
+  loom::Flags flags(argc, argv, "loom-coord",
+                    {"plans", "bind", "port", "port-file", "token", "heartbeat-timeout", "registration-timeout"});
+  if (!flags.ok()) return 2;
+  std::string planDir = flags.get("plans");
+  if (planDir.empty()) return flags.fail("--plans DIR is required (a directory from `loomc compile`)");
+  std::ifstream rank0(planDir + "/rank_0.plan.pb", std::ios::binary);
+  loom::plan::RankPlan plan0;
+  if (!rank0 || !plan0.ParseFromIstream(&rank0))
+    return flags.fail(planDir + "/rank_0.plan.pb: missing or corrupt (not a plan directory from `loomc compile`)");
+
+  std::string token = flags.get("token", std::getenv("LOOM_TOKEN") ? std::getenv("LOOM_TOKEN") : "");
+  if (token.empty()) {
+    std::random_device rd;
+    char buf[33];
+    std::snprintf(buf, sizeof buf, "%08x%08x%08x%08x", rd(), rd(), rd(), rd());
+    token = buf;
+    std::printf("loom-coord: job token %s (pass it to the ranks as LOOM_TOKEN)\n", token.c_str());
+  }
+  loom::control::CoordinatorOptions opt{planDir, token, plan0.world_size(),
+                                        std::stod(flags.get("heartbeat-timeout", "10")),
+                                        std::stod(flags.get("registration-timeout", "120"))};
+  loom::control::CoordinatorService service(opt);
+  std::string address = flags.get("bind", "127.0.0.1") + ":" + flags.get("port", "0");
+  int port = 0;
+  grpc::ServerBuilder builder;
+  builder.AddListeningPort(address, grpc::InsecureServerCredentials(), &port);
+  builder.RegisterService(&service);
+  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
+  if (!server || port == 0) return flags.fail("cannot listen on " + address);
+  if (!flags.get("port-file").empty()) {
+    std::string tmp = flags.get("port-file") + ".tmp";
+    std::ofstream(tmp) << port << "\n";
+    std::filesystem::rename(tmp, flags.get("port-file"));
+  }
+  std::fprintf(stderr, "loom-coord: serving %s for %d ranks on %s:%d\n", planDir.c_str(), opt.worldSize,
+               flags.get("bind", "127.0.0.1").c_str(), port);
+  while (!service.poll()) std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
+  if (service.succeeded()) {
+    std::fprintf(stderr, "loom-coord: all %d ranks finished\n", opt.worldSize);
+    return 0;
+  }
+  std::fprintf(stderr, "loom-coord: error: job failed: %s\n", service.abortReason().c_str());
+  return 1;
+}

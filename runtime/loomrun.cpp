@@ -1,0 +1,175 @@
+// loomrun: start a local Loom job, like torchrun: the coordinator and N rank processes.
+//   loomrun --nproc N --plans DIR [--bind 127.0.0.1] [--port 0] [RANK FLAGS...]
+// Rank flags (--steps, --lr, --seed, --threads, --dump-grads, ...) go to every loom-rank.
+// Exits 0 when every rank succeeded; otherwise non-zero after naming the rank that failed.
+// When a rank dies, the others learn it from the coordinator and exit; any still running
+// 10 s later are killed.
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "protos/plan.pb.h"
+#include "runtime/control/CoordinatorClient.h"
+
+namespace {
+
+pid_t spawn(const std::vector<std::string> &args) {
+  pid_t pid = fork();
+  if (pid == 0) {
+    std::vector<char *> argv;
+    for (const std::string &a : args) argv.push_back(const_cast<char *>(a.c_str()));
+    argv.push_back(nullptr);
+    execv(argv[0], argv.data());
+    std::fprintf(stderr, "loomrun: error: cannot run %s: %s\n", argv[0], std::strerror(errno));
+    _exit(127);
+  }
+  return pid;
+}
+
+std::string describe(int status) {
+  if (WIFEXITED(status)) return "exited with code " + std::to_string(WEXITSTATUS(status));
+  if (WIFSIGNALED(status))
+    return "was killed by signal " + std::to_string(WTERMSIG(status)) + " (" + strsignal(WTERMSIG(status)) + ")";
+  return "stopped";
+}
+
+std::vector<pid_t> children;
+void forwardSignal(int sig) {
+  for (pid_t p : children) kill(p, sig);
+}
+
+}  // namespace
+
+int main(int argc, char **argv) {
+  int nproc = 0;
+  std::string plans, bind = "127.0.0.1", port = "0";
+  std::vector<std::string> rankArgs;
+  for (int i = 1; i < argc; ++i) {
+    std::string a = argv[i];
+    auto value = [&](const char *flag) -> std::string {
+      std::string prefix = std::string(flag) + "=";
+      if (a.rfind(prefix, 0) == 0) return a.substr(prefix.size());
+      if (i + 1 >= argc) {
+        std::fprintf(stderr, "loomrun: error: %s needs a value\n", flag);
+        std::exit(2);
+      }
+      return argv[++i];
+    };
+    if (a == "--nproc" || a.rfind("--nproc=", 0) == 0) nproc = std::atoi(value("--nproc").c_str());
+    else if (a == "--plans" || a.rfind("--plans=", 0) == 0) plans = value("--plans");
+    else if (a == "--bind" || a.rfind("--bind=", 0) == 0) bind = value("--bind");
+    else if (a == "--port" || a.rfind("--port=", 0) == 0) port = value("--port");
+    else rankArgs.push_back(a);
+  }
+  if (nproc < 1 || plans.empty()) {
+    std::fprintf(stderr, "loomrun: error: usage: loomrun --nproc N --plans DIR [rank flags]\n");
+    return 2;
+  }
+  {
+    std::ifstream in(plans + "/rank_0.plan.pb", std::ios::binary);
+    loom::plan::RankPlan plan0;
+    if (!in || !plan0.ParseFromIstream(&in)) {
+      std::fprintf(stderr, "loomrun: error: %s/rank_0.plan.pb: missing or corrupt (compile with `loomc compile`)\n",
+                   plans.c_str());
+      return 1;
+    }
+    if (plan0.world_size() != nproc) {
+      std::fprintf(stderr, "loomrun: error: the plans in %s are for %d ranks but --nproc is %d\n", plans.c_str(),
+                   plan0.world_size(), nproc);
+      return 1;
+    }
+  }
+  std::string self = std::filesystem::read_symlink("/proc/self/exe").parent_path().string();
+  std::random_device rd;
+  char token[33];
+  std::snprintf(token, sizeof token, "%08x%08x%08x%08x", rd(), rd(), rd(), rd());
+  setenv("LOOM_TOKEN", token, 1);
+  // One BLAS thread per rank unless told otherwise (--threads): ranks share the machine's cores.
+  setenv("OPENBLAS_NUM_THREADS", "1", 0);
+  char tmpl[] = "/tmp/loomrun.XXXXXX";
+  std::string tmp = mkdtemp(tmpl) ? tmpl : "/tmp";
+  std::string portFile = tmp + "/port";
+
+  signal(SIGINT, forwardSignal);
+  signal(SIGTERM, forwardSignal);
+  pid_t coord = spawn({self + "/loom-coord", "--plans", plans, "--bind", bind, "--port", port, "--port-file", portFile});
+  children.push_back(coord);
+  std::string coordPort;
+  for (int waited = 0; waited < 200 && coordPort.empty(); ++waited) {
+    int status;
+    if (waitpid(coord, &status, WNOHANG) == coord) {
+      std::fprintf(stderr, "loomrun: error: the coordinator %s before it started listening\n", describe(status).c_str());
+      return 1;
+    }
+    std::ifstream(portFile) >> coordPort;
+    if (coordPort.empty()) std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  if (coordPort.empty()) {
+    kill(coord, SIGKILL);
+    std::fprintf(stderr, "loomrun: error: the coordinator did not start within 10 s\n");
+    return 1;
+  }
+  std::string address = (bind == "0.0.0.0" ? "127.0.0.1" : bind) + ":" + coordPort;
+  std::map<pid_t, int> rankOf;
+  for (int r = 0; r < nproc; ++r) {
+    std::vector<std::string> args = {self + "/loom-rank", "--coordinator", address, "--rank", std::to_string(r)};
+    args.insert(args.end(), rankArgs.begin(), rankArgs.end());
+    pid_t pid = spawn(args);
+    rankOf[pid] = r;
+    children.push_back(pid);
+  }
+
+  loom::control::CoordinatorClient client(address, token);
+  int failures = 0, running = nproc, coordStatus = 0;
+  bool coordDone = false;
+  auto firstFailure = std::chrono::steady_clock::time_point::max();
+  while (running > 0) {
+    int status;
+    pid_t pid = waitpid(-1, &status, WNOHANG);
+    if (pid == coord) {
+      coordDone = true;
+      coordStatus = status;
+      continue;
+    }
+    if (pid > 0 && rankOf.count(pid)) {
+      --running;
+      int r = rankOf[pid];
+      if (!(WIFEXITED(status) && WEXITSTATUS(status) == 0)) {
+        ++failures;
+        std::fprintf(stderr, "loomrun: rank %d %s\n", r, describe(status).c_str());
+        if (WIFSIGNALED(status)) (void)client.abort(-1, "rank " + std::to_string(r) + " " + describe(status));
+        firstFailure = std::min(firstFailure, std::chrono::steady_clock::now());
+      }
+      continue;
+    }
+    if (std::chrono::steady_clock::now() - firstFailure > std::chrono::seconds(10))
+      for (auto &[p, r] : rankOf) kill(p, SIGKILL);
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  for (int waited = 0; waited < 200 && !coordDone; ++waited) {
+    if (waitpid(coord, &coordStatus, WNOHANG) == coord) break;
+    if (waited == 199) {
+      kill(coord, SIGKILL);
+      waitpid(coord, &coordStatus, 0);
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  std::filesystem::remove_all(tmp);
+  if (failures > 0) {
+    std::fprintf(stderr, "loomrun: error: %d of %d ranks failed\n", failures, nproc);
+    return 1;
+  }
+  return WIFEXITED(coordStatus) && WEXITSTATUS(coordStatus) == 0 ? 0 : 1;
+}

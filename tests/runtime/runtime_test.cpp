@@ -1,0 +1,192 @@
+// The rank runtime as real processes (loomrun, loom-coord, loom-rank over Gloo/TCP):
+// - every parallel configuration reproduces the single-rank loss and gradients of gpt-tiny;
+// - a killed rank, a wrong token, an unreachable coordinator and bad plans end the job with
+//   a clear error and a non-zero exit within 30 s.
+#include <dirent.h>
+#include <gtest/gtest.h>
+#include <signal.h>
+
+#include <cmath>
+#include <fstream>
+#include <thread>
+
+#include "tests/runtime/MultiProcess.h"
+
+namespace loom::test {
+namespace {
+
+std::string tmpdir() { return std::getenv("TEST_TMPDIR") ? std::getenv("TEST_TMPDIR") : "/tmp"; }
+std::string loomc() { return runfile("compiler/loomc"); }
+std::string loomrun() { return runfile("runtime/loomrun"); }
+std::string input(const std::string &name) { return runfile("tests/runtime/Inputs/" + name); }
+
+// Compiles gpt-tiny (no dropout) for `cluster` into `dir`.
+void compile(const std::string &cluster, const std::string &dir) {
+  Result r = run(loomc() + " compile " + input("gpt-tiny-nodropout.pbtxt") + " --cluster " + input(cluster) +
+                 " --out " + dir + " --quiet");
+  ASSERT_EQ(r.exitCode, 0) << r.output;
+}
+
+double relativeError(const HostTensor &a, const HostTensor &b) {
+  double d = 0, n = 0;
+  for (size_t i = 0; i < a.data.size(); ++i) d += std::pow(a.data[i] - b.data[i], 2), n += std::pow(b.data[i], 2);
+  return std::sqrt(d) / std::max(std::sqrt(n), 1e-30);
+}
+
+JobGradients train(const std::string &name, int world) {
+  std::string plans = tmpdir() + "/plans_" + name, dump = tmpdir() + "/grads_" + name;
+  compile(name + ".pbtxt", plans);
+  Result r = run(loomrun() + " --nproc " + std::to_string(world) + " --plans " + plans + " --steps 1 --threads 1" +
+                 " --dump-grads " + dump);
+  EXPECT_EQ(r.exitCode, 0) << r.output;
+  return readJobGradients(dump, world);
+}
+
+TEST(Runtime, ParallelRunsMatchTheSingleRankRun) {
+  JobGradients ref = train("t1p1d1", 1);
+  ASSERT_EQ(ref.error, "");
+  ASSERT_GT(ref.grads.size(), 50u);
+  for (auto [name, world] : {std::pair{"t2p1d1", 2}, {"t1p2d1", 2}, {"t1p1d2", 2}, {"t2p2d1", 4}}) {
+    JobGradients got = train(name, world);
+    ASSERT_EQ(got.error, "") << name;
+    EXPECT_LT(std::abs(got.loss - ref.loss) / ref.loss, 1e-5) << name << ": loss " << got.loss << " vs " << ref.loss;
+    EXPECT_EQ(got.grads.size(), ref.grads.size()) << name;
+    for (auto &[param, g] : ref.grads) {
+      ASSERT_TRUE(got.grads.count(param)) << name << ": no gradient for " << param;
+      EXPECT_LT(relativeError(got.grads[param], g), 1e-5) << name << ": " << param;
+    }
+  }
+}
+
+// Pids of this job's loom-rank processes (found by the unique seed on their command line).
+std::vector<pid_t> rankPids(const std::string &marker) {
+  std::vector<pid_t> pids;
+  DIR *d = opendir("/proc");
+  while (dirent *e = readdir(d)) {
+    pid_t pid = atoi(e->d_name);
+    if (pid <= 0) continue;
+    std::ifstream in("/proc/" + std::string(e->d_name) + "/cmdline");
+    std::string cmd((std::istreambuf_iterator<char>(in)), {});
+    if (cmd.find("loom-rank") != std::string::npos && cmd.find(marker) != std::string::npos) pids.push_back(pid);
+  }
+  closedir(d);
+  return pids;
+}
+
+TEST(Runtime, AKilledRankEndsTheJobNamingIt) {
+  std::string plans = tmpdir() + "/plans_kill";
+  compile("t2p2d1.pbtxt", plans);
+  Result r;
+  std::thread job([&] {
+    r = run(loomrun() + " --nproc 4 --plans " + plans + " --steps 1000000 --threads 1 --seed 97531");
+  });
+  std::vector<pid_t> pids;
+  for (int i = 0; i < 200 && pids.size() < 4; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    pids = rankPids("97531");
+  }
+  ASSERT_EQ(pids.size(), 4u);
+  std::this_thread::sleep_for(std::chrono::seconds(2));  // mid-training
+  auto killed = std::chrono::steady_clock::now();
+  kill(pids[2], SIGKILL);
+  job.join();
+  double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - killed).count();
+  EXPECT_NE(r.exitCode, 0);
+  EXPECT_LT(seconds, 30.0) << r.output;
+  EXPECT_NE(r.output.find("was killed by signal 9"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("error: job aborted: rank"), std::string::npos) << r.output;
+}
+
+TEST(Runtime, ARankThatStopsHeartBeatingIsDeclaredDead) {
+  std::string plans = tmpdir() + "/plans_stop";
+  compile("t1p2d1.pbtxt", plans);
+  Result r;
+  std::thread job([&] {
+    r = run(loomrun() + " --nproc 2 --plans " + plans + " --steps 1000000 --threads 1 --seed 86420");
+  });
+  std::vector<pid_t> pids;
+  for (int i = 0; i < 200 && pids.size() < 2; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    pids = rankPids("86420");
+  }
+  ASSERT_EQ(pids.size(), 2u);
+  std::this_thread::sleep_for(std::chrono::seconds(2));
+  auto stopped = std::chrono::steady_clock::now();
+  kill(pids[0], SIGSTOP);  // alive but silent: no heartbeats, no traffic
+  job.join();
+  double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - stopped).count();
+  kill(pids[0], SIGKILL);
+  EXPECT_NE(r.exitCode, 0);
+  EXPECT_LT(seconds, 30.0) << r.output;
+  EXPECT_NE(r.output.find("stopped heart-beating"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("error: job aborted: rank"), std::string::npos) << r.output;
+}
+
+TEST(Runtime, AWrongTokenIsRefused) {
+  std::string plans = tmpdir() + "/plans_token";
+  compile("t1p1d1.pbtxt", plans);
+  std::string portFile = tmpdir() + "/token.port";
+  std::remove(portFile.c_str());
+  Result coord;
+  std::thread c([&] {
+    coord = run(runfile("runtime/loom-coord") + " --plans " + plans + " --token right --port-file " + portFile +
+                " --registration-timeout 8");
+  });
+  std::string port;
+  for (int i = 0; i < 100 && port.empty(); ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    std::ifstream(portFile) >> port;
+  }
+  Result r = run("LOOM_TOKEN=wrong " + runfile("runtime/loom-rank") + " --coordinator 127.0.0.1:" + port + " --rank 0");
+  EXPECT_EQ(r.exitCode, 1);
+  EXPECT_NE(r.output.find("loom-rank 0: error: the coordinator at 127.0.0.1:" + port + " refused the job token"),
+            std::string::npos)
+      << r.output;
+  c.join();
+  EXPECT_NE(coord.exitCode, 0);
+  EXPECT_NE(coord.output.find("ranks 0 never registered"), std::string::npos) << coord.output;
+}
+
+TEST(Runtime, AnUnreachableCoordinatorIsRetriedThenReported) {
+  Result r = run("LOOM_TOKEN=x " + runfile("runtime/loom-rank") +
+                 " --coordinator 127.0.0.1:9 --rank 0 --connect-timeout 2");
+  EXPECT_EQ(r.exitCode, 1);
+  EXPECT_NE(r.output.find("loom-rank 0: error: cannot reach the coordinator at 127.0.0.1:9 after"), std::string::npos)
+      << r.output;
+  EXPECT_LT(r.seconds, 10);
+}
+
+TEST(Runtime, BadPlansAreRefused) {
+  std::string good = tmpdir() + "/plans_good", four = tmpdir() + "/plans_four";
+  compile("t2p1d1.pbtxt", good);
+  compile("t2p2d1.pbtxt", four);
+  auto variant = [&](const std::string &name, const std::function<void(const std::string &)> &damage) {
+    std::string dir = tmpdir() + "/plans_" + name;
+    run("rm -rf " + dir + " && cp -r " + good + " " + dir);
+    damage(dir);
+    return run(loomrun() + " --nproc 2 --plans " + dir + " --steps 1");
+  };
+  Result missing = variant("missing", [](const std::string &d) { std::remove((d + "/rank_1.plan.pb").c_str()); });
+  EXPECT_NE(missing.exitCode, 0);
+  EXPECT_NE(missing.output.find("rank_1.plan.pb: no such plan file"), std::string::npos) << missing.output;
+  Result corrupt = variant("corrupt", [](const std::string &d) { std::ofstream(d + "/rank_1.plan.pb") << "garbage"; });
+  EXPECT_NE(corrupt.exitCode, 0);
+  EXPECT_NE(corrupt.output.find("rank_1.plan.pb: corrupt plan"), std::string::npos) << corrupt.output;
+  Result other = variant("other", [](const std::string &d) { run("cp " + d + "/rank_0.plan.pb " + d + "/rank_1.plan.pb"); });
+  EXPECT_NE(other.exitCode, 0);
+  EXPECT_NE(other.output.find("the plan is for rank 0, not rank 1"), std::string::npos) << other.output;
+  Result world = variant("world", [&](const std::string &d) { run("cp " + four + "/rank_1.plan.pb " + d + "/"); });
+  EXPECT_NE(world.exitCode, 0);
+  EXPECT_NE(world.output.find("the plan is for a world of 4 ranks but the job has 2"), std::string::npos)
+      << world.output;
+  Result programs = variant("programs", [](const std::string &d) { std::ofstream(d + "/programs/stage_0.pb", std::ios::app) << "x"; });
+  EXPECT_NE(programs.exitCode, 0);
+  EXPECT_NE(programs.output.find("stage_0.pb: checksum mismatch"), std::string::npos) << programs.output;
+  Result nproc = run(loomrun() + " --nproc 3 --plans " + good + " --steps 1");
+  EXPECT_NE(nproc.exitCode, 0);
+  EXPECT_NE(nproc.output.find("are for 2 ranks but --nproc is 3"), std::string::npos) << nproc.output;
+  for (const Result *r : {&missing, &corrupt, &other, &world, &programs}) EXPECT_LT(r->seconds, 30) << r->output;
+}
+
+}  // namespace
+}  // namespace loom::test
