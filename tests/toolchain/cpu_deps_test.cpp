@@ -27,10 +27,12 @@ TEST(CpuDeps, GlooRingAllReduceOverTcp) {
   constexpr int kWorld = 2;
   std::vector<std::vector<float>> data(kWorld);
   std::vector<std::thread> ranks;
+  // Contexts outlive both threads: a context closed early cuts its peer's last read.
+  std::vector<std::shared_ptr<gloo::rendezvous::Context>> contexts(kWorld);
   for (int r = 0; r < kWorld; ++r) {
     data[r] = {float(r + 1), float(10 * (r + 1))};
     ranks.emplace_back([&, r] {
-      auto ctx = std::make_shared<gloo::rendezvous::Context>(r, kWorld);
+      auto ctx = contexts[r] = std::make_shared<gloo::rendezvous::Context>(r, kWorld);
       ctx->connectFullMesh(store, device);
       std::vector<float *> ptrs{data[r].data()};
       gloo::AllreduceRing<float>(ctx, ptrs, data[r].size()).run();
