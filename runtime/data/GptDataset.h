@@ -1,0 +1,42 @@
+// GPT training samples from an indexed dataset (Megatron's GPTDataset): documents are split
+// into a training and a held-out validation set; each epoch concatenates its documents in a
+// shuffled order and cuts the stream into samples of seq + 1 tokens (inputs and next-token
+// labels), crossing document boundaries; sample order is shuffled too. Everything derives
+// from the seed, so sample k is the same in every run and after every resume.
+#pragma once
+
+#include <memory>
+#include <vector>
+
+#include "runtime/DataSource.h"
+#include "runtime/data/IndexedDataset.h"
+
+namespace loom {
+
+class GptDataset : public DataSource {
+ public:
+  enum class Split { kTrain, kValidation };
+  // The last `validationFraction` of the documents (at least one) form the validation split.
+  GptDataset(const IndexedDataset &data, Split split, double validationFraction, int64_t seq, uint64_t seed);
+
+  std::vector<int32_t> sample(int64_t index) override;
+  int64_t samplesPerEpoch() const { return samplesPerEpoch_; }
+  int64_t tokens() const { return tokensPerEpoch_; }
+
+ private:
+  struct Epoch {
+    int64_t number = -1;
+    std::vector<int64_t> docs;        // document order
+    std::vector<int64_t> docStart;    // offset of each document in the epoch's stream
+    std::vector<int64_t> sampleOrder; // shuffled sample positions
+  };
+  const Epoch &epoch(int64_t e);
+
+  const IndexedDataset &data_;
+  std::vector<int64_t> docs_;
+  int64_t seq_, tokensPerEpoch_ = 0, samplesPerEpoch_ = 0;
+  uint64_t seed_;
+  Epoch cached_;
+};
+
+}  // namespace loom
