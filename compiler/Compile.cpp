@@ -162,6 +162,12 @@ llvm::Error compile(const config::ModelConfig &model, const config::ClusterSpec 
     rp.set_seq_length(model.seq_length());
     rp.set_vocab_size(vocab);
     rp.set_recompute(recomputeName(par.recompute()));
+    rp.set_device_peak_flops(cluster.device().peak_flops());
+    rp.set_padded_vocab_size(paddedVocabSize(model, t));
+    rp.set_num_layers(model.num_layers());
+    rp.set_hidden_size(model.hidden_size());
+    rp.set_num_attention_heads(model.num_attention_heads());
+    rp.set_architecture(model.architecture() == config::BERT ? "bert" : "gpt");
 
     // Parameters this rank holds, from its programs' arguments.
     std::map<std::string, bool> seen;

@@ -19,7 +19,7 @@ using mlir::Value;
 class TrainStepBuilder {
  public:
   TrainStepBuilder(mlir::MLIRContext &ctx, const config::ModelConfig &cfg, const BuildOptions &opt)
-      : ctx_(ctx), cfg_(cfg), b_(&ctx), loc_(mlir::UnknownLoc::get(&ctx)) {
+      : ctx_(ctx), cfg_(cfg), b_(&ctx), loc_(mlir::UnknownLoc::get(&ctx)), outputLogits_(opt.outputLogits) {
     batch_ = opt.microBatch > 0 ? opt.microBatch : cfg.micro_batch_size();
     seq_ = cfg.seq_length();
     hidden_ = cfg.hidden_size();
@@ -41,6 +41,7 @@ class TrainStepBuilder {
     block_ = func_.addEntryBlock();
     b_.setInsertionPointToStart(block_);
     Value loss = cfg_.architecture() == config::BERT ? buildBert() : buildGpt();
+    if (outputLogits_) func_.setName("forward_logits");
     b_.create<mlir::func::ReturnOp>(loc_, loss);
     func_.setType(b_.getFunctionType(block_->getArgumentTypes(), {loss.getType()}));
     for (unsigned i = 0; i < argAttrs_.size(); ++i) func_.setArgAttrs(i, argAttrs_[i]);
@@ -166,6 +167,10 @@ class TrainStepBuilder {
     Value x = trunk("transformer", tokens, /*causal=*/true, /*keyMask=*/nullptr, word);
     Value logits = op<LinearOp>(tensor({batch_, seq_, paddedVocab_}), x, word, Value(),
                                 b_.getUnitAttr());
+    if (outputLogits_) {
+      finishInputs();
+      return logits;
+    }
     Value labels = deferInput("labels", b_.getI32Type());
     Value lossMask = deferInput("loss_mask", b_.getF32Type());
     Value loss = crossEntropy(logits, labels, lossMask);
@@ -230,6 +235,7 @@ class TrainStepBuilder {
   int64_t batch_, seq_, hidden_, vocab_, paddedVocab_, tensorParallel_;
   int64_t layer_ = -1;
   int64_t nextStream_ = 1;  // 0 means "no dropout"
+  bool outputLogits_ = false;
 };
 
 }  // namespace

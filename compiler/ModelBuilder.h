@@ -15,6 +15,8 @@ struct BuildOptions {
   int64_t tensorParallel = 1;
   // Overrides the config's micro_batch_size when > 0.
   int64_t microBatch = 0;
+  // GPT only: return the logits [batch, seq, padded vocab] instead of the loss (inference).
+  bool outputLogits = false;
 };
 
 // Registers the dialects the builders and tools use (loom, func).

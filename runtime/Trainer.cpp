@@ -1,9 +1,12 @@
 #include "runtime/Trainer.h"
 
+#include <algorithm>
 #include <chrono>
+#include <cmath>
 
 #include "runtime/Executor.h"
 #include "runtime/ParamInit.h"
+#include "runtime/Safetensors.h"
 
 namespace loom {
 namespace {
@@ -110,19 +113,40 @@ Status Trainer::runProgram(const plan::Program &prog, int mb, int64_t step, doub
   return Status::ok();
 }
 
-Status Trainer::computeGradients(int64_t step, StepResult *result) {
-  auto started = std::chrono::steady_clock::now();
+Status Trainer::runSchedule(int64_t step, bool forwardOnly, double *lossSum) {
   grads_.clear();
   backwardOut_.clear();
   stash_.clear();
   batches_.clear();
-  double lossSum = 0;
   for (const plan::ScheduleEntry &e : plan_.schedule()) {
     auto it = byName_.find(e.program());
     if (it == byName_.end()) return Status::error("the schedule names program '" + e.program() + "', which the plan lacks");
-    LOOM_RETURN_IF_ERROR(runProgram(*it->second, e.micro_batch(), step, &lossSum));
+    if (forwardOnly && it->second->kind() != plan::Program::FORWARD) continue;
+    LOOM_RETURN_IF_ERROR(runProgram(*it->second, e.micro_batch(), step, lossSum));
   }
-  LOOM_RETURN_IF_ERROR(collectives_->flush());
+  stash_.clear();
+  return collectives_->flush();
+}
+
+Status Trainer::evaluate(DataSource *data, int64_t batch, double *loss) {
+  DataSource *train = data_;
+  data_ = data;
+  double lossSum = 0;
+  Status s = runSchedule(batch, /*forwardOnly=*/true, &lossSum);
+  data_ = train;
+  LOOM_RETURN_IF_ERROR(s);
+  if (isLossRank()) {
+    float l = float(lossSum / plan_.micro_batches());
+    LOOM_RETURN_IF_ERROR(collectives_->allReduce("dp", &l, 1, ReduceOp::kAvg));
+    *loss = l;
+  }
+  return Status::ok();
+}
+
+Status Trainer::computeGradients(int64_t step, StepResult *result) {
+  auto started = std::chrono::steady_clock::now();
+  double lossSum = 0;
+  LOOM_RETURN_IF_ERROR(runSchedule(step, /*forwardOnly=*/false, &lossSum));
   result->hasLoss = isLossRank();
   if (result->hasLoss) {
     float loss = float(lossSum / plan_.micro_batches());
@@ -132,6 +156,86 @@ Status Trainer::computeGradients(int64_t step, StepResult *result) {
   for (const plan::Parameter &p : plan_.parameters())
     if (!grads_.count(p.name())) return Status::error("no gradient was computed for parameter '" + p.name() + "'");
   result->seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
+  return Status::ok();
+}
+
+Status Trainer::gradientNorm(double *norm) {
+  double local = 0;
+  for (const plan::Parameter &p : plan_.parameters()) {
+    if (!p.tied_to().empty()) continue;                    // the copy's twin is counted
+    if (p.shard_dim() < 0 && plan_.tp_rank() != 0) continue;  // replicated across tp
+    for (float g : grads_.at(p.name()).data) local += double(g) * g;
+  }
+  float sum = float(local);
+  LOOM_RETURN_IF_ERROR(collectives_->allReduce("tp", &sum, 1, ReduceOp::kSum));
+  LOOM_RETURN_IF_ERROR(collectives_->allReduce("pp", &sum, 1, ReduceOp::kSum));
+  *norm = std::sqrt(double(sum));
+  return Status::ok();
+}
+
+void Trainer::scaleGradients(double factor) {
+  for (auto &[name, g] : grads_)
+    for (float &v : g.data) v = float(v * factor);
+}
+
+Status Trainer::saveShard(const std::string &path, const std::map<std::string, std::string> &metadata) {
+  SafetensorsFile f;
+  f.metadata = metadata;
+  for (auto &[name, p] : params_) {
+    f.tensors["param/" + name] = p;
+    auto it = adam_.find(name);
+    HostTensor m{p.shape}, v{p.shape};
+    m.data = it != adam_.end() && !it->second.m.empty() ? it->second.m : std::vector<float>(p.data.size(), 0.0f);
+    v.data = it != adam_.end() && !it->second.v.empty() ? it->second.v : std::vector<float>(p.data.size(), 0.0f);
+    f.tensors["adam_m/" + name] = std::move(m);
+    f.tensors["adam_v/" + name] = std::move(v);
+  }
+  return writeSafetensors(path, f);
+}
+
+Status Trainer::loadShard(const std::string &path, std::map<std::string, std::string> *metadata) {
+  SafetensorsFile f;
+  LOOM_RETURN_IF_ERROR(readSafetensors(path, &f));
+  for (auto &[name, p] : params_) {
+    for (const char *kind : {"param/", "adam_m/", "adam_v/"})
+      if (!f.tensors.count(kind + name) || f.tensors[kind + name].data.size() != p.data.size())
+        return Status::error(path + ": no " + kind + name + " of " + std::to_string(p.data.size()) +
+                             " elements (a checkpoint of another model or layout)");
+    p.data = f.tensors["param/" + name].data;
+    adam_[name].m = f.tensors["adam_m/" + name].data;
+    adam_[name].v = f.tensors["adam_v/" + name].data;
+  }
+  *metadata = f.metadata;
+  return Status::ok();
+}
+
+Status Trainer::loadGlobalParameters(const std::map<std::string, HostTensor> &global) {
+  for (const plan::Parameter &p : plan_.parameters()) {
+    const std::string &source = p.tied_to().empty() ? p.name() : p.tied_to();
+    auto it = global.find(source);
+    if (it == global.end()) return Status::error("the weights file has no tensor for parameter '" + source + "'");
+    const HostTensor &full = it->second;
+    if (int(full.shape.size()) != p.global_shape_size())
+      return Status::error("'" + source + "' has rank " + std::to_string(full.shape.size()) + " in the weights file");
+    for (int k = 0; k < p.global_shape_size(); ++k)
+      if (full.shape[k] != p.global_shape(k))
+        return Status::error("'" + source + "' dim " + std::to_string(k) + " is " + std::to_string(full.shape[k]) +
+                             " in the weights file, expected " + std::to_string(p.global_shape(k)));
+    HostTensor &local = params_.at(p.name());
+    int dim = p.shard_dim();
+    if (dim < 0) {
+      local.data = full.data;
+      continue;
+    }
+    int64_t outer = 1, inner = 1;
+    for (int k = 0; k < p.shape_size(); ++k)
+      if (k < dim) outer *= p.shape(k);
+      else if (k > dim) inner *= p.shape(k);
+    int64_t block = p.shape(dim) * inner;
+    for (int64_t a = 0; a < outer; ++a)
+      std::copy_n(&full.data[(a * p.shard_parts() + p.shard_index()) * block], block, &local.data[a * block]);
+  }
+  adam_.clear();
   return Status::ok();
 }
 

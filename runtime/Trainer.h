@@ -35,8 +35,22 @@ class Trainer {
   // Forward and backward over the step's micro-batches and the gradient sync; gradients()
   // then hold this step's final gradients.
   Status computeGradients(int64_t step, StepResult *result);
+  // The global L2 norm of the gradients, each parameter counted once across tensor-parallel
+  // replicas, pipeline-tied copies and data-parallel replicas (all-reduced over tp and pp).
+  Status gradientNorm(double *norm);
+  // Scales every gradient by `factor` (global norm clipping).
+  void scaleGradients(double factor);
   // AdamW with learning rate lr (step is 1-based).
   void applyOptimizer(int64_t step, double lr);
+  // Forward passes only over one global batch of `data` (index `batch`): the validation loss.
+  Status evaluate(DataSource *data, int64_t batch, double *loss);
+
+  // Checkpoint shard of this rank: parameters and AdamW moments.
+  Status saveShard(const std::string &path, const std::map<std::string, std::string> &metadata);
+  Status loadShard(const std::string &path, std::map<std::string, std::string> *metadata);
+  // Replaces parameters by the tensors of a whole-model file (global shapes), each rank
+  // taking its shard; `mapName` maps a Loom parameter name to the file's tensor.
+  Status loadGlobalParameters(const std::map<std::string, HostTensor> &global);
 
   const plan::RankPlan &plan() const { return plan_; }
   std::map<std::string, HostTensor> &parameters() { return params_; }
@@ -45,6 +59,7 @@ class Trainer {
 
  private:
   Status runProgram(const plan::Program &prog, int microBatch, int64_t step, double *loss);
+  Status runSchedule(int64_t step, bool forwardOnly, double *lossSum);
 
   plan::RankPlan plan_;
   plan::ProgramSet programs_;

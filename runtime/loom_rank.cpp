@@ -1,7 +1,13 @@
 // loom-rank: one rank of a Loom job (like a torchrun worker).
-//   loom-rank --coordinator HOST:PORT --rank R [--steps N] [--lr 3e-4] [--seed S]
-//             [--address IP] [--threads T] [--dump-grads DIR] [--connect-timeout 20]
-//             [--comm-timeout 30]
+//   loom-rank --coordinator HOST:PORT --rank R [--address IP] [--threads T] [--seed S]
+//     data:        [--data-prefix PREFIX (loom-preprocess output; default: synthetic tokens)]
+//                  [--valid-fraction 0.05] [--eval-interval N] [--eval-iters K]
+//     recipe:      [--steps N] [--lr 3e-4] [--min-lr 3e-5] [--warmup N] [--decay-iters N]
+//                  [--clip-grad 1.0] [--weight-decay 0.1] [--adam-beta1 0.9] [--adam-beta2 0.95]
+//                  [--adam-eps 1e-8] [--log-interval 1]
+//     checkpoints: [--save DIR] [--save-interval N] [--resume] [--init-from HF.safetensors]
+//                  [--export MODEL.safetensors]
+//     tests:       [--dump-grads DIR] [--connect-timeout 20] [--comm-timeout 30]
 // The job token comes from $LOOM_TOKEN (or --token). The rank fetches its plan from the
 // coordinator, connects its communicators, trains, and exits non-zero with a one-line error
 // naming the cause (an unreachable coordinator, a bad plan, a dead peer, an aborted job).
@@ -18,7 +24,10 @@
 #include "protos/plan.pb.h"
 #include "runtime/GlooCollectives.h"
 #include "runtime/Safetensors.h"
+#include "runtime/HfGpt2.h"
 #include "runtime/Trainer.h"
+#include "runtime/TrainingLoop.h"
+#include "runtime/data/GptDataset.h"
 #include "runtime/control/CoordinatorClient.h"
 #include "runtime/control/Flags.h"
 
@@ -33,7 +42,7 @@ uint64_t fnv1a(const std::string &bytes) {
 struct RankJob {
   loom::control::CoordinatorClient *client = nullptr;
   int rank = 0;
-  std::atomic<int64_t> step{0};
+  std::atomic<int64_t> step{0};  // the iteration in progress, reported with heartbeats
   std::atomic<bool> done{false};
 };
 
@@ -83,27 +92,16 @@ loom::Status fetchPlan(loom::control::CoordinatorClient &client, int rank, int w
   return loom::Status::ok();
 }
 
-loom::Status dumpGradients(const loom::Trainer &trainer, const std::string &dir, double loss, bool hasLoss) {
-  std::filesystem::create_directories(dir);
-  loom::SafetensorsFile file;
-  for (const loom::plan::Parameter &p : trainer.plan().parameters()) {
-    file.tensors[p.name()] = trainer.gradients().at(p.name());
-    file.metadata[p.name()] = std::to_string(p.shard_dim()) + "," + std::to_string(p.shard_parts()) + "," +
-                              std::to_string(p.shard_index());
-  }
-  if (hasLoss) file.metadata["__loss__"] = std::to_string(loss);
-  char buf[32];
-  std::snprintf(buf, sizeof buf, "%.9g", loss);
-  if (hasLoss) file.metadata["__loss__"] = buf;
-  return loom::writeSafetensors(dir + "/grads_rank" + std::to_string(trainer.plan().rank()) + ".safetensors", file);
-}
-
 }  // namespace
 
 int main(int argc, char **argv) {
   loom::Flags flags(argc, argv, "loom-rank",
-                    {"coordinator", "rank", "steps", "lr", "seed", "address", "threads", "dump-grads", "token",
-                     "connect-timeout", "comm-timeout"});
+                    {"coordinator", "rank", "steps", "lr", "min-lr", "warmup", "decay-iters", "clip-grad",
+                     "weight-decay", "adam-beta1", "adam-beta2", "adam-eps", "log-interval", "seed", "address",
+                     "threads", "dump-grads", "token", "connect-timeout", "comm-timeout", "data-prefix",
+                     "valid-fraction", "eval-interval", "eval-iters", "save", "save-interval", "init-from",
+                     "export"},
+                    {"resume"});
   if (!flags.ok()) return 2;
   if (!flags.has("coordinator") || !flags.has("rank")) return flags.fail("--coordinator HOST:PORT and --rank R are required");
   int rank = std::atoi(flags.get("rank").c_str());
@@ -161,23 +159,55 @@ int main(int argc, char **argv) {
   if (s = client.barrier("ready", rank, 60000); !s.isOk()) return fail(s.message());
 
   uint64_t seed = std::stoull(flags.get("seed", "1234"));
-  loom::SyntheticData data(plan.seq_length(), plan.vocab_size(), seed + 1);
-  loom::Trainer trainer(plan, programs, collectives.get(), &data, {seed, {}});
-  int64_t steps = std::atoll(flags.get("steps", "1").c_str());
-  double lr = std::stod(flags.get("lr", "3e-4"));
-  bool logs = trainer.isLossRank() && plan.tp_rank() == 0 && plan.dp_rank() == 0;
-  for (int64_t step = 0; step < steps; ++step) {
-    job.step = step;
-    loom::StepResult r;
-    if (s = trainer.computeGradients(step, &r); !s.isOk()) return failAfterVerdict(s.message());
-    if (step == 0 && flags.has("dump-grads"))
-      if (s = dumpGradients(trainer, flags.get("dump-grads"), r.loss, r.hasLoss); !s.isOk()) return fail(s.message());
-    trainer.applyOptimizer(step + 1, lr);
-    if (logs)
-      std::printf(" iteration %6lld/%6lld | lm loss: %.6E | elapsed time per iteration (ms): %.1f\n",
-                  (long long)step + 1, (long long)steps, r.loss, r.seconds * 1000);
-    std::fflush(stdout);
-    if (r.hasLoss) (void)client.metrics(rank, step, {{"loss", r.loss}});
+  // Training and validation samples: the indexed dataset's two splits, or synthetic tokens.
+  std::unique_ptr<loom::DataSource> train, valid;
+  loom::IndexedDataset corpus;
+  if (flags.has("data-prefix")) {
+    if (s = loom::IndexedDataset::open(flags.get("data-prefix"), &corpus); !s.isOk()) return fail(s.message());
+    double fraction = std::stod(flags.get("valid-fraction", "0.05"));
+    auto t = std::make_unique<loom::GptDataset>(corpus, loom::GptDataset::Split::kTrain, fraction, plan.seq_length(), seed);
+    if (t->samplesPerEpoch() == 0) return fail(flags.get("data-prefix") + ": too few tokens for one sample");
+    train = std::move(t);
+    valid = std::make_unique<loom::GptDataset>(corpus, loom::GptDataset::Split::kValidation, fraction,
+                                               plan.seq_length(), seed);
+  } else {
+    train = std::make_unique<loom::SyntheticData>(plan.seq_length(), plan.vocab_size(), seed + 1);
+    valid = std::make_unique<loom::SyntheticData>(plan.seq_length(), plan.vocab_size(), seed + 2);
+  }
+  loom::TrainerOptions topt{seed, {}};
+  topt.adam.beta1 = std::stod(flags.get("adam-beta1", "0.9"));
+  topt.adam.beta2 = std::stod(flags.get("adam-beta2", "0.95"));
+  topt.adam.eps = std::stod(flags.get("adam-eps", "1e-8"));
+  topt.adam.weightDecay = std::stod(flags.get("weight-decay", "0.1"));
+  loom::Trainer trainer(plan, programs, collectives.get(), train.get(), topt);
+  if (flags.has("init-from")) {
+    loom::SafetensorsFile hf;
+    std::map<std::string, loom::HostTensor> global;
+    if (s = loom::readSafetensors(flags.get("init-from"), &hf); !s.isOk()) return fail(s.message());
+    if (s = loom::fromHuggingFaceGpt2(hf.tensors, plan.padded_vocab_size(), plan.num_attention_heads(), &global);
+        !s.isOk() || !(s = trainer.loadGlobalParameters(global)).isOk())
+      return fail(flags.get("init-from") + ": " + s.message());
+  }
+  loom::TrainingOptions lopt;
+  lopt.trainIters = std::atoll(flags.get("steps", "1").c_str());
+  lopt.lr.maxLr = std::stod(flags.get("lr", "3e-4"));
+  lopt.lr.minLr = std::stod(flags.get("min-lr", std::to_string(lopt.lr.maxLr / 10)));
+  lopt.lr.warmupIters = std::atoll(flags.get("warmup", "0").c_str());
+  lopt.lr.decayIters = std::atoll(flags.get("decay-iters", "0").c_str());
+  lopt.clipGrad = std::stod(flags.get("clip-grad", "1.0"));
+  lopt.logInterval = std::max(1LL, std::atoll(flags.get("log-interval", "1").c_str()));
+  lopt.evalInterval = std::atoll(flags.get("eval-interval", "0").c_str());
+  lopt.evalIters = std::max(1LL, std::atoll(flags.get("eval-iters", "1").c_str()));
+  lopt.save = flags.get("save");
+  lopt.saveInterval = std::atoll(flags.get("save-interval", "0").c_str());
+  lopt.resume = flags.has("resume");
+  lopt.dumpGrads = flags.get("dump-grads");
+  lopt.exportPath = flags.get("export");
+  if (lopt.resume && lopt.save.empty()) return fail("--resume needs --save DIR (where the checkpoints are)");
+  loom::TrainingLoop loop(trainer, client, valid.get(), lopt, &job.step);
+  if (s = loop.run(); !s.isOk()) {
+    bool communication = s.message().find("group") != std::string::npos || s.message().find("recv") != std::string::npos;
+    return communication ? failAfterVerdict(s.message()) : fail(s.message());
   }
   job.done = true;
   if (s = client.barrier("done", rank, 120000); !s.isOk()) return fail(s.message());

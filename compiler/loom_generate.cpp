@@ -1,0 +1,87 @@
+// loom-generate: sample text from a trained GPT (a safetensors file with Hugging Face GPT-2
+// names, as `loom-rank --export` writes it). The model's forward pass is built from its config,
+// lowered to a plan program and run by the CPU runtime, one full forward per new token.
+//   loom-generate --model CONFIG.pbtxt --weights MODEL.safetensors --vocab encoder.json
+//                 --merges vocab.bpe [--prompt TEXT] [--tokens 40] [--temperature 0.8]
+//                 [--top-k 40] [--seed 1]
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <random>
+
+#include "compiler/ConfigLoader.h"
+#include "compiler/Lowering.h"
+#include "compiler/ModelBuilder.h"
+#include "compiler/ToolSupport.h"
+#include "runtime/Executor.h"
+#include "runtime/HfGpt2.h"
+#include "runtime/Safetensors.h"
+#include "runtime/control/Flags.h"
+#include "runtime/data/Bpe.h"
+
+int main(int argc, char **argv) {
+  loom::Flags flags(argc, argv, "loom-generate",
+                    {"model", "weights", "vocab", "merges", "prompt", "tokens", "temperature", "top-k", "seed"});
+  if (!flags.ok()) return 2;
+  for (const char *f : {"model", "weights", "vocab", "merges"})
+    if (!flags.has(f)) return flags.fail(std::string("--") + f + " is required");
+  auto cfg = loom::loadModelConfig(flags.get("model"));
+  if (!cfg) return loom::reportError("loom-generate", cfg.takeError());
+  if (cfg->architecture() != loom::config::GPT) return flags.fail("only GPT models generate text");
+  std::unique_ptr<loom::BpeTokenizer> bpe;
+  if (loom::Status s = loom::BpeTokenizer::load(flags.get("vocab"), flags.get("merges"), &bpe); !s.isOk())
+    return flags.fail(s.message());
+
+  mlir::MLIRContext ctx;
+  loom::OneLineDiagnostics diags(ctx);
+  auto module = loom::buildModel(ctx, *cfg, {.microBatch = 1, .outputLogits = true});
+  auto program = loom::lowerProgram(*module->getOps<mlir::func::FuncOp>().begin());
+  if (!program) return loom::reportError("loom-generate", program.takeError());
+
+  loom::SafetensorsFile file;
+  if (loom::Status s = loom::readSafetensors(flags.get("weights"), &file); !s.isOk()) return flags.fail(s.message());
+  int64_t padded = loom::paddedVocabSize(*cfg, 1), seq = cfg->seq_length();
+  std::map<std::string, loom::HostTensor> params;
+  if (loom::Status s = loom::fromHuggingFaceGpt2(file.tensors, padded, cfg->num_attention_heads(), &params); !s.isOk())
+    return flags.fail(flags.get("weights") + ": " + s.message());
+
+  std::vector<int32_t> tokens = bpe->encode(flags.get("prompt", "The"));
+  if (tokens.empty()) tokens.push_back(bpe->endOfText());
+  int64_t count = std::atoll(flags.get("tokens", "40").c_str());
+  double temperature = std::stod(flags.get("temperature", "0.8"));
+  int topK = std::atoi(flags.get("top-k", "40").c_str());
+  std::mt19937_64 rng(std::stoull(flags.get("seed", "1")));
+  loom::HostTensor input{{1, seq}};
+  input.isInt = true;
+  std::vector<const loom::HostTensor *> args;
+  for (const loom::plan::Binding &a : program->arguments()) {
+    if (a.role() == loom::plan::Binding::INPUT) {
+      args.push_back(&input);
+      continue;
+    }
+    auto it = params.find(a.name());
+    if (it == params.end()) return flags.fail(flags.get("weights") + ": no tensor for '" + a.name() + "'");
+    args.push_back(&it->second);
+  }
+  size_t promptLength = tokens.size();
+  for (int64_t n = 0; n < count; ++n) {
+    // The last `seq` tokens; positions after the context are padding the causal mask ignores.
+    size_t first = tokens.size() > size_t(seq) ? tokens.size() - seq : 0, len = tokens.size() - first;
+    input.ints.assign(seq, 0);
+    std::copy(tokens.begin() + first, tokens.end(), input.ints.begin());
+    std::vector<loom::HostTensor> out;
+    if (loom::Status s = loom::executeProgram(*program, args, out, {}); !s.isOk()) return flags.fail(s.message());
+    const float *logits = out[0].data.data() + (len - 1) * padded;
+    std::vector<std::pair<float, int32_t>> top;
+    for (int32_t v = 0; v < int32_t(cfg->vocab_size()); ++v) top.push_back({logits[v], v});
+    std::partial_sort(top.begin(), top.begin() + topK, top.end(), std::greater<>());
+    top.resize(topK);
+    std::vector<double> weights;
+    for (auto &[l, v] : top) weights.push_back(std::exp((l - top[0].first) / std::max(temperature, 1e-6)));
+    tokens.push_back(top[std::discrete_distribution<int>(weights.begin(), weights.end())(rng)].second);
+  }
+  std::printf("%s", bpe->decode(tokens).c_str());
+  std::printf("\n");
+  (void)promptLength;
+  return 0;
+}

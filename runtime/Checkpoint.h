@@ -1,0 +1,32 @@
+// Sharded checkpoints (Megatron's layout): SAVE/iter_NNNNNNN/rank_R.safetensors per rank,
+// a manifest.json with every file's size and checksum, and
+// SAVE/latest_checkpointed_iteration.txt. Files are written atomically into
+// iter_NNNNNNN.partial, which becomes iter_NNNNNNN only when every rank's file and the
+// manifest are complete, and `latest` moves only after that: a crash never leaves a
+// half-written checkpoint that looks complete, and an older checkpoint is never overwritten.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <string>
+
+#include "runtime/Status.h"
+
+namespace loom {
+
+std::string checkpointDir(const std::string &root, int64_t iteration, bool partial = false);
+std::string checkpointFile(const std::string &dir, int rank);
+
+// Rank 0, after every rank wrote its file into the partial directory: writes the manifest,
+// publishes the directory and moves `latest`.
+Status publishCheckpoint(const std::string &root, int64_t iteration, int worldSize);
+
+// The iteration named by `latest` (or -1 if there is no checkpoint).
+Status latestIteration(const std::string &root, int64_t *iteration);
+
+// Checks this rank's file against the manifest (exists, size, checksum).
+Status verifyCheckpointFile(const std::string &root, int64_t iteration, int rank);
+
+uint64_t fnv1aOfFile(const std::string &path, int64_t *size);
+
+}  // namespace loom

@@ -1,0 +1,228 @@
+#include "runtime/TrainingLoop.h"
+
+#include <sys/resource.h>
+
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+
+#include "runtime/Checkpoint.h"
+#include "runtime/HfGpt2.h"
+#include "runtime/Safetensors.h"
+
+namespace loom {
+
+double LrSchedule::at(int64_t it) const {
+  if (warmupIters > 0 && it <= warmupIters) return maxLr * double(it) / double(warmupIters);
+  if (decayIters <= warmupIters || it >= decayIters) return it >= decayIters && decayIters > 0 ? minLr : maxLr;
+  double progress = double(it - warmupIters) / double(decayIters - warmupIters);
+  return minLr + (maxLr - minLr) * 0.5 * (1.0 + std::cos(M_PI * progress));
+}
+
+TrainingLoop::TrainingLoop(Trainer &trainer, control::CoordinatorClient &client, DataSource *validation,
+                           TrainingOptions options, std::atomic<int64_t> *stepCounter)
+    : trainer_(trainer), client_(client), validation_(validation), opt_(std::move(options)), step_(stepCounter) {
+  if (opt_.lr.decayIters == 0) opt_.lr.decayIters = opt_.trainIters;
+}
+
+bool TrainingLoop::logs() const {
+  const plan::RankPlan &p = trainer_.plan();
+  return trainer_.isLossRank() && p.tp_rank() == 0 && p.dp_rank() == 0;
+}
+
+namespace {
+
+double peakMemoryMiB() {
+  rusage u;
+  getrusage(RUSAGE_SELF, &u);
+  return u.ru_maxrss / 1024.0;
+}
+
+// Model FLOPs of one training step without recomputation (PTD-P paper, section 5.1, with
+// 72 = 3 x 24 in place of 96): 72 B s l h^2 (1 + s / 6h + V / 12 l h).
+double modelFlopsPerStep(const plan::RankPlan &p) {
+  double B = p.global_batch_size(), s = p.seq_length(), l = p.num_layers(), h = p.hidden_size(),
+         V = p.padded_vocab_size();
+  return 72 * B * s * l * h * h * (1 + s / (6 * h) + V / (12 * l * h));
+}
+
+std::string shardInfo(const plan::Parameter &p) {
+  std::string s = std::to_string(p.shard_dim()) + "," + std::to_string(p.shard_parts()) + "," +
+                  std::to_string(p.shard_index());
+  for (int64_t d : p.global_shape()) s += "," + std::to_string(d);
+  return s;
+}
+
+}  // namespace
+
+Status TrainingLoop::saveCheckpoint(int64_t iteration) {
+  const plan::RankPlan &p = trainer_.plan();
+  std::string partial = checkpointDir(opt_.save, iteration, true);
+  std::error_code ec;
+  std::filesystem::create_directories(partial, ec);
+  if (ec) return Status::error(partial + ": cannot create: " + ec.message());
+  std::map<std::string, std::string> meta = {
+      {"iteration", std::to_string(iteration)}, {"rank", std::to_string(p.rank())},
+      {"world_size", std::to_string(p.world_size())}, {"model", p.model()},
+      {"layout", std::to_string(p.t()) + "," + std::to_string(p.p()) + "," + std::to_string(p.d()) + "," +
+                     std::to_string(p.v())},
+      {"vocab_size", std::to_string(p.vocab_size())}, {"heads", std::to_string(p.num_attention_heads())},
+      {"architecture", p.architecture()}};
+  for (const plan::Parameter &param : p.parameters()) meta["shard:" + param.name()] = shardInfo(param);
+  LOOM_RETURN_IF_ERROR(trainer_.saveShard(checkpointFile(partial, p.rank()), meta));
+  LOOM_RETURN_IF_ERROR(client_.barrier("save-" + std::to_string(iteration), p.rank(), 600000));
+  if (p.rank() == 0) LOOM_RETURN_IF_ERROR(publishCheckpoint(opt_.save, iteration, p.world_size()));
+  LOOM_RETURN_IF_ERROR(client_.barrier("saved-" + std::to_string(iteration), p.rank(), 600000));
+  if (logs()) std::printf(" saved checkpoint at iteration %lld to %s\n", (long long)iteration, opt_.save.c_str());
+  return Status::ok();
+}
+
+Status TrainingLoop::loadCheckpoint(int64_t *iteration) {
+  const plan::RankPlan &p = trainer_.plan();
+  LOOM_RETURN_IF_ERROR(latestIteration(opt_.save, iteration));
+  if (*iteration < 0) return Status::ok();  // nothing to resume: start from scratch
+  LOOM_RETURN_IF_ERROR(verifyCheckpointFile(opt_.save, *iteration, p.rank()));
+  std::map<std::string, std::string> meta;
+  std::string file = checkpointFile(checkpointDir(opt_.save, *iteration), p.rank());
+  LOOM_RETURN_IF_ERROR(trainer_.loadShard(file, &meta));
+  std::string layout = std::to_string(p.t()) + "," + std::to_string(p.p()) + "," + std::to_string(p.d()) + "," +
+                       std::to_string(p.v());
+  if (meta["layout"] != layout || meta["model"] != p.model())
+    return Status::error(file + ": written by model '" + meta["model"] + "' with (t,p,d,v) = (" + meta["layout"] +
+                         "), this job runs '" + p.model() + "' with (" + layout + ")");
+  if (logs()) std::printf(" resumed from checkpoint at iteration %lld in %s\n", (long long)*iteration, opt_.save.c_str());
+  return Status::ok();
+}
+
+Status TrainingLoop::validate(int64_t iteration) {
+  double sum = 0;
+  for (int64_t k = 0; k < opt_.evalIters; ++k) {
+    double loss = 0;
+    LOOM_RETURN_IF_ERROR(trainer_.evaluate(validation_, k, &loss));
+    sum += loss;
+  }
+  if (logs()) {
+    double loss = sum / opt_.evalIters;
+    std::printf("-----------------------------------------------------------------------------------------------\n"
+                " validation loss at iteration %lld | lm loss value: %.6E | lm loss PPL: %.6E\n"
+                "-----------------------------------------------------------------------------------------------\n",
+                (long long)iteration, loss, std::exp(loss));
+    std::fflush(stdout);
+  }
+  return Status::ok();
+}
+
+// Rank 0 gathers nothing over the network: every rank writes its shards (with their slice
+// facts) into a checkpoint, then rank 0 assembles the whole model from the files.
+Status TrainingLoop::exportModel() {
+  const plan::RankPlan &p = trainer_.plan();
+  std::string root = opt_.save.empty() ? opt_.exportPath + ".shards" : opt_.save;
+  if (opt_.save.empty()) {
+    TrainingOptions o = opt_;
+    std::swap(opt_.save, root);
+    Status s = saveCheckpoint(0);
+    std::swap(opt_.save, root);
+    LOOM_RETURN_IF_ERROR(s);
+  }
+  if (p.rank() != 0) return Status::ok();
+  int64_t it;
+  LOOM_RETURN_IF_ERROR(latestIteration(root, &it));
+  std::string dir = checkpointDir(root, it);
+  std::map<std::string, std::map<int, HostTensor>> shards;
+  std::map<std::string, std::vector<int64_t>> info;
+  for (int r = 0; r < p.world_size(); ++r) {
+    SafetensorsFile f;
+    LOOM_RETURN_IF_ERROR(readSafetensors(checkpointFile(dir, r), &f));
+    for (auto &[key, value] : f.metadata) {
+      if (key.rfind("shard:", 0) != 0) continue;
+      std::string name = key.substr(6);
+      std::vector<int64_t> v;
+      for (size_t i = 0; i < value.size();) {
+        size_t j = value.find(',', i);
+        v.push_back(std::stoll(value.substr(i, j - i)));
+        i = j == std::string::npos ? value.size() : j + 1;
+      }
+      info[name] = v;
+      shards[name][v[0] < 0 ? 0 : int(v[2])] = std::move(f.tensors["param/" + name]);
+    }
+  }
+  std::map<std::string, HostTensor> global;
+  for (auto &[name, parts] : shards) {
+    const std::vector<int64_t> &v = info[name];
+    int dim = int(v[0]);
+    HostTensor full{{v.begin() + 3, v.end()}};
+    full.data.assign(full.numel(), 0.0f);
+    if (dim < 0) {
+      full.data = parts[0].data;
+    } else {
+      const HostTensor &s0 = parts.begin()->second;
+      int64_t outer = 1, inner = 1;
+      for (int k = 0; k < int(s0.shape.size()); ++k)
+        if (k < dim) outer *= s0.shape[k];
+        else if (k > dim) inner *= s0.shape[k];
+      int64_t block = s0.shape[dim] * inner, n = int64_t(parts.size());
+      for (auto &[idx, t] : parts)
+        for (int64_t a = 0; a < outer; ++a)
+          std::copy_n(&t.data[a * block], block, &full.data[(a * n + idx) * block]);
+    }
+    global[name] = std::move(full);
+  }
+  SafetensorsFile out;
+  out.metadata["format"] = "pt";
+  out.tensors = p.architecture() == "gpt" ? toHuggingFaceGpt2(global, p.vocab_size(), p.num_attention_heads()) : global;
+  LOOM_RETURN_IF_ERROR(writeSafetensors(opt_.exportPath, out));
+  if (opt_.save.empty()) std::filesystem::remove_all(root);
+  std::printf(" exported %zu tensors (Hugging Face GPT-2 names) to %s\n", out.tensors.size(), opt_.exportPath.c_str());
+  return Status::ok();
+}
+
+Status TrainingLoop::run() {
+  const plan::RankPlan &p = trainer_.plan();
+  int64_t start = 0;
+  if (opt_.resume) LOOM_RETURN_IF_ERROR(loadCheckpoint(&start));
+  double tokensPerStep = double(p.global_batch_size()) * p.seq_length();
+  for (int64_t it = start + 1; it <= opt_.trainIters; ++it) {
+    *step_ = it;
+    StepResult r;
+    LOOM_RETURN_IF_ERROR(trainer_.computeGradients(it - 1, &r));
+    if (it == 1 && !opt_.dumpGrads.empty()) {
+      SafetensorsFile f;
+      for (const plan::Parameter &param : p.parameters()) {
+        f.tensors[param.name()] = trainer_.gradients().at(param.name());
+        f.metadata[param.name()] = std::to_string(param.shard_dim()) + "," + std::to_string(param.shard_parts()) +
+                                   "," + std::to_string(param.shard_index());
+      }
+      char loss[32];
+      std::snprintf(loss, sizeof loss, "%.9g", r.loss);
+      if (r.hasLoss) f.metadata["__loss__"] = loss;
+      std::filesystem::create_directories(opt_.dumpGrads);
+      LOOM_RETURN_IF_ERROR(
+          writeSafetensors(opt_.dumpGrads + "/grads_rank" + std::to_string(p.rank()) + ".safetensors", f));
+    }
+    double norm = 0;
+    LOOM_RETURN_IF_ERROR(trainer_.gradientNorm(&norm));
+    if (opt_.clipGrad > 0 && norm > opt_.clipGrad) trainer_.scaleGradients(opt_.clipGrad / (norm + 1e-6));
+    double lr = opt_.lr.at(it);
+    trainer_.applyOptimizer(it, lr);
+    if (logs() && (it % opt_.logInterval == 0 || it == opt_.trainIters)) {
+      double mfu = p.device_peak_flops() > 0
+                       ? modelFlopsPerStep(p) / (r.seconds * p.world_size() * p.device_peak_flops())
+                       : 0;
+      std::printf(" iteration %8lld/%8lld | consumed samples: %10lld | elapsed time per iteration (ms): %.1f | "
+                  "learning rate: %.3E | global batch size: %5d | lm loss: %.6E | grad norm: %.3f | "
+                  "tokens per second: %.0f | MFU: %.1f%% | peak memory (MiB): %.1f\n",
+                  (long long)it, (long long)opt_.trainIters, (long long)(it * p.global_batch_size()), r.seconds * 1000,
+                  lr, p.global_batch_size(), r.loss, norm, tokensPerStep / r.seconds, 100 * mfu, peakMemoryMiB());
+      std::fflush(stdout);
+    }
+    if (r.hasLoss) (void)client_.metrics(p.rank(), it, {{"loss", r.loss}, {"grad_norm", norm}});
+    if (validation_ && opt_.evalInterval > 0 && (it % opt_.evalInterval == 0 || it == opt_.trainIters))
+      LOOM_RETURN_IF_ERROR(validate(it));
+    if (!opt_.save.empty() && ((opt_.saveInterval > 0 && it % opt_.saveInterval == 0) || it == opt_.trainIters))
+      LOOM_RETURN_IF_ERROR(saveCheckpoint(it));
+  }
+  if (!opt_.exportPath.empty()) LOOM_RETURN_IF_ERROR(exportModel());
+  return Status::ok();
+}
+
+}  // namespace loom

@@ -1,0 +1,55 @@
+// Megatron's training recipe around a Trainer: learning-rate warm-up then cosine decay,
+// global gradient-norm clipping, AdamW, a log line per iteration, periodic validation loss
+// and perplexity, sharded checkpoints and bit-exact resumption.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "runtime/DataSource.h"
+#include "runtime/Trainer.h"
+#include "runtime/control/CoordinatorClient.h"
+
+namespace loom {
+
+struct LrSchedule {
+  double maxLr = 3e-4, minLr = 3e-5;
+  int64_t warmupIters = 0, decayIters = 0;  // decayIters 0: the whole run
+  // Learning rate of 1-based iteration `it`: linear warm-up, then cosine down to minLr.
+  double at(int64_t it) const;
+};
+
+struct TrainingOptions {
+  int64_t trainIters = 1;
+  LrSchedule lr;
+  double clipGrad = 1.0;  // 0: no clipping
+  int64_t logInterval = 1;
+  int64_t evalInterval = 0, evalIters = 1;  // 0: no validation
+  std::string save;                         // checkpoint root ("" = no checkpoints)
+  int64_t saveInterval = 0;
+  bool resume = false;                      // continue from the latest checkpoint in `save`
+  std::string dumpGrads;                    // write the first step's gradients (tests)
+  std::string exportPath;                   // whole-model safetensors after training (HF GPT-2 names)
+};
+
+class TrainingLoop {
+ public:
+  TrainingLoop(Trainer &trainer, control::CoordinatorClient &client, DataSource *validation,
+               TrainingOptions options, std::atomic<int64_t> *stepCounter);
+  Status run();
+
+ private:
+  Status saveCheckpoint(int64_t iteration);
+  Status loadCheckpoint(int64_t *iteration);
+  Status validate(int64_t iteration);
+  Status exportModel();
+  bool logs() const;
+
+  Trainer &trainer_;
+  control::CoordinatorClient &client_;
+  DataSource *validation_;
+  TrainingOptions opt_;
+  std::atomic<int64_t> *step_;
+};
+
+}  // namespace loom
