@@ -3,6 +3,7 @@
 #include <fcntl.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cstdio>
 #include <cstring>
 #include <fstream>
@@ -71,7 +72,9 @@ class Json {
 }  // namespace
 
 Status writeFileAtomically(const std::string &path, const std::string &bytes) {
-  std::string tmp = path + ".tmp";
+  // Unique per process and call: writers of the same path never share a temporary file.
+  static std::atomic<uint64_t> counter{0};
+  std::string tmp = path + ".tmp." + std::to_string(::getpid()) + "." + std::to_string(counter++);
   int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
   if (fd < 0) return Status::error(tmp + ": cannot create: " + std::strerror(errno));
   size_t done = 0;

@@ -23,7 +23,8 @@ std::vector<int> groupMembers(const ParallelLayout &l, const std::string &group,
     for (int i = 0; i < l.d; ++i) out.push_back(l.rankOf(tp, i, pp));
   else if (group == "pp")
     for (int i = 0; i < l.p; ++i) out.push_back(l.rankOf(tp, dp, i));
-  else if (group == "embedding") {  // first and last pipeline stage (one member when p = 1)
+  else if (group == "embedding") {  // first and last pipeline stage; a middle stage is alone
+    if (pp != 0 && pp != l.p - 1) return {rank};
     out.push_back(l.rankOf(tp, dp, 0));
     if (l.p > 1) out.push_back(l.rankOf(tp, dp, l.p - 1));
   } else if (group == "world")

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdio>
 #include <cmath>
 
 #include "runtime/Executor.h"
@@ -34,7 +35,7 @@ constexpr int64_t kTagsPerMicroBatch = 1 << 12;
 Trainer::Trainer(plan::RankPlan plan, plan::ProgramSet programs, Collectives *collectives, DataSource *data,
                  TrainerOptions options)
     : plan_(std::move(plan)), programs_(std::move(programs)), collectives_(collectives), data_(data),
-      opt_(options) {
+      opt_(options), trainData_(data) {
   for (const plan::Program &p : programs_.programs()) byName_[p.name()] = &p;
   for (const plan::Parameter &p : plan_.parameters()) params_[p.name()] = initParameter(p, opt_.seed);
 }
@@ -54,6 +55,14 @@ Status Trainer::runProgram(const plan::Program &prog, int mb, int64_t step, doub
           int64_t b = plan_.micro_batch_size();
           int64_t first = ((step * plan_.d() + plan_.dp_rank()) * plan_.micro_batches() + mb) * b;
           batches_[mb] = makeBatch(*data_, first, b, plan_.seq_length());
+          if (!opt_.dumpBatches.empty() && data_ == trainData_ && plan_.tp_rank() == 0 && plan_.pp_rank() == 0) {
+            SafetensorsFile f;
+            f.tensors = batches_[mb];
+            char name[96];
+            std::snprintf(name, sizeof name, "/batch_step%05lld_dp%03d_mb%04d.safetensors", (long long)step,
+                          plan_.dp_rank(), mb);
+            LOOM_RETURN_IF_ERROR(writeSafetensors(opt_.dumpBatches + name, f));
+          }
         }
         auto it = batches_[mb].find(a.name());
         if (it != batches_[mb].end()) t = &it->second;

@@ -19,6 +19,7 @@ namespace loom {
 struct TrainerOptions {
   uint64_t seed = 1234;  // parameters and dropout
   AdamWConfig adam;
+  std::string dumpBatches;  // write every training micro-batch's inputs here (the oracle reads them)
 };
 
 struct StepResult {
@@ -67,6 +68,7 @@ class Trainer {
   Collectives *collectives_;
   DataSource *data_;
   TrainerOptions opt_;
+  DataSource *trainData_;
   std::map<std::string, HostTensor> params_, grads_;
   std::map<std::string, AdamWState> adam_;
   std::map<std::pair<std::string, int>, HostTensor> stash_;   // forward -> backward, per micro-batch

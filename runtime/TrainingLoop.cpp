@@ -216,6 +216,12 @@ Status TrainingLoop::run() {
       std::fflush(stdout);
     }
     if (r.hasLoss) (void)client_.metrics(p.rank(), it, {{"loss", r.loss}, {"grad_norm", norm}});
+    if (logs() && !opt_.lossLog.empty()) {
+      FILE *f = std::fopen(opt_.lossLog.c_str(), "a");
+      if (!f) return Status::error(opt_.lossLog + ": cannot append");
+      std::fprintf(f, "%lld %.9g %.9g\n", (long long)it, r.loss, norm);
+      std::fclose(f);
+    }
     if (validation_ && opt_.evalInterval > 0 && (it % opt_.evalInterval == 0 || it == opt_.trainIters))
       LOOM_RETURN_IF_ERROR(validate(it));
     if (!opt_.save.empty() && ((opt_.saveInterval > 0 && it % opt_.saveInterval == 0) || it == opt_.trainIters))

@@ -30,6 +30,7 @@ struct TrainingOptions {
   bool resume = false;                      // continue from the latest checkpoint in `save`
   std::string dumpGrads;                    // write the first step's gradients (tests)
   std::string exportPath;                   // whole-model safetensors after training (HF GPT-2 names)
+  std::string lossLog;                      // "iteration loss" lines, full precision (tests)
 };
 
 class TrainingLoop {

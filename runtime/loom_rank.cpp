@@ -7,7 +7,8 @@
 //                  [--adam-eps 1e-8] [--log-interval 1]
 //     checkpoints: [--save DIR] [--save-interval N] [--resume] [--init-from HF.safetensors]
 //                  [--export MODEL.safetensors]
-//     tests:       [--dump-grads DIR] [--connect-timeout 20] [--comm-timeout 30]
+//     tests:       [--dump-grads DIR] [--dump-batches DIR] [--loss-log FILE] [--connect-timeout 20]
+//                  [--comm-timeout 30]
 // The job token comes from $LOOM_TOKEN (or --token). The rank fetches its plan from the
 // coordinator, connects its communicators, trains, and exits non-zero with a one-line error
 // naming the cause (an unreachable coordinator, a bad plan, a dead peer, an aborted job).
@@ -100,7 +101,7 @@ int main(int argc, char **argv) {
                      "weight-decay", "adam-beta1", "adam-beta2", "adam-eps", "log-interval", "seed", "address",
                      "threads", "dump-grads", "token", "connect-timeout", "comm-timeout", "data-prefix",
                      "valid-fraction", "eval-interval", "eval-iters", "save", "save-interval", "init-from",
-                     "export"},
+                     "export", "loss-log", "dump-batches"},
                     {"resume"});
   if (!flags.ok()) return 2;
   if (!flags.has("coordinator") || !flags.has("rank")) return flags.fail("--coordinator HOST:PORT and --rank R are required");
@@ -174,7 +175,8 @@ int main(int argc, char **argv) {
     train = std::make_unique<loom::SyntheticData>(plan.seq_length(), plan.vocab_size(), seed + 1);
     valid = std::make_unique<loom::SyntheticData>(plan.seq_length(), plan.vocab_size(), seed + 2);
   }
-  loom::TrainerOptions topt{seed, {}};
+  loom::TrainerOptions topt{seed, {}, flags.get("dump-batches")};
+  if (!topt.dumpBatches.empty()) std::filesystem::create_directories(topt.dumpBatches);
   topt.adam.beta1 = std::stod(flags.get("adam-beta1", "0.9"));
   topt.adam.beta2 = std::stod(flags.get("adam-beta2", "0.95"));
   topt.adam.eps = std::stod(flags.get("adam-eps", "1e-8"));
@@ -203,6 +205,7 @@ int main(int argc, char **argv) {
   lopt.resume = flags.has("resume");
   lopt.dumpGrads = flags.get("dump-grads");
   lopt.exportPath = flags.get("export");
+  lopt.lossLog = flags.get("loss-log");
   if (lopt.resume && lopt.save.empty()) return fail("--resume needs --save DIR (where the checkpoints are)");
   loom::TrainingLoop loop(trainer, client, valid.get(), lopt, &job.step);
   if (s = loop.run(); !s.isOk()) {

@@ -1,0 +1,227 @@
+"""The equivalence oracle: Loom, in every parallel configuration, against an independent
+PyTorch GPT (gpt_oracle.py), step after step.
+
+For each configuration: `loomc compile` the model, `loomrun` it for k steps from the initial
+weights (exported at step 0) with dropout 0, dumping the batches it used, its step-1
+gradients and its per-step losses, and exporting the final weights. The oracle loads the
+same initial weights and batches, runs the same AdamW steps (warm-up/cosine learning rate,
+gradient clipping at 1, no weight decay on 1-D parameters) and compares: the loss at every
+step (relative difference < 1e-5 at step 1, < 1e-4 after), every gradient at step 1 and every
+parameter after k steps (relative L2 error < 1e-4).
+
+usage: run_oracle.py --bin DIR --model MODEL.pbtxt --work DIR [--steps 10] [--configs NAME,...]
+       [--mutant-check]   (checks only that a deliberately broken Loom is caught; see README)
+"""
+import argparse
+import glob
+import math
+import os
+import shutil
+import subprocess
+import sys
+import time
+
+import torch
+
+from gpt_oracle import Gpt2, read_safetensors
+
+# (t, p, d, v, micro-batches m, schedule, recompute, vocab)
+CONFIGS = {
+    "t1p1d1": (1, 1, 1, 1, 1, "", "RECOMPUTE_NONE", 1000),
+    "t2p1d1": (2, 1, 1, 1, 1, "", "RECOMPUTE_NONE", 1000),
+    "t4p1d1": (4, 1, 1, 1, 1, "", "RECOMPUTE_NONE", 1000),
+    "t1p2d1-1f1b": (1, 2, 1, 1, 2, "ONE_F_ONE_B", "RECOMPUTE_NONE", 1000),
+    "t1p2d1-gpipe": (1, 2, 1, 1, 2, "GPIPE", "RECOMPUTE_NONE", 1000),
+    "t1p4d1-1f1b": (1, 4, 1, 1, 4, "ONE_F_ONE_B", "RECOMPUTE_NONE", 1000),
+    "t1p4d1-gpipe": (1, 4, 1, 1, 4, "GPIPE", "RECOMPUTE_NONE", 1000),
+    "t1p1d2": (1, 1, 2, 1, 1, "", "RECOMPUTE_NONE", 1000),
+    "t1p1d4": (1, 1, 4, 1, 1, "", "RECOMPUTE_NONE", 1000),
+    "t2p2d1-1f1b": (2, 2, 1, 1, 2, "ONE_F_ONE_B", "RECOMPUTE_NONE", 1000),
+    "t2p2d1-gpipe": (2, 2, 1, 1, 2, "GPIPE", "RECOMPUTE_NONE", 1000),
+    "t2p1d2": (2, 1, 2, 1, 1, "", "RECOMPUTE_NONE", 1000),
+    "t1p2d2-1f1b": (1, 2, 2, 1, 2, "ONE_F_ONE_B", "RECOMPUTE_NONE", 1000),
+    "t2p2d2-1f1b": (2, 2, 2, 1, 2, "ONE_F_ONE_B", "RECOMPUTE_NONE", 1000),
+    "t1p2d1v2-interleaved": (1, 2, 1, 2, 2, "INTERLEAVED_ONE_F_ONE_B", "RECOMPUTE_NONE", 1000),
+    "t2p2d1-recompute-full": (2, 2, 1, 1, 2, "ONE_F_ONE_B", "RECOMPUTE_FULL", 1000),
+    "t2p1d1-recompute-selective": (2, 1, 1, 1, 1, "", "RECOMPUTE_SELECTIVE", 1000),
+    "t1p1d1-accumulate-m4": (1, 1, 1, 1, 4, "", "RECOMPUTE_NONE", 1000),
+    "t4p1d1-odd-vocab": (4, 1, 1, 1, 1, "", "RECOMPUTE_NONE", 997),
+    "t2p2d1-odd-vocab": (2, 2, 1, 1, 2, "ONE_F_ONE_B", "RECOMPUTE_NONE", 997),
+}
+# The representative subset CI runs (the full matrix: --configs all).
+CI_CONFIGS = ["t1p1d1", "t2p1d1", "t4p1d1-odd-vocab", "t1p2d1-1f1b", "t1p2d1-gpipe", "t1p1d2", "t2p2d1-1f1b",
+              "t2p1d2", "t1p2d2-1f1b", "t2p2d2-1f1b", "t1p2d1v2-interleaved", "t2p2d1-recompute-full",
+              "t1p1d1-accumulate-m4"]
+MICRO_BATCH, LR, MIN_LR, WARMUP = 2, 3e-3, 3e-4, 3
+# Adam's epsilon: with Megatron's 1e-8, the rounding noise of gradients that are zero in exact
+# arithmetic (the attention key bias: softmax ignores a constant shift) becomes full-size
+# steps of random sign, different in any two fp32 implementations (even Loom on one rank
+# against itself with another summation order). 1e-6 keeps such noise below the tolerance, so
+# only real differences count.
+ADAM_EPS = 1e-6
+
+
+def model_config(path, vocab, work):
+    out = os.path.join(work, f"model-{vocab}.pbtxt")
+    with open(path) as f, open(out, "w") as g:
+        for line in f:
+            if line.startswith(("vocab_size", "hidden_dropout", "attention_dropout", "micro_batch_size")):
+                continue
+            g.write(line)
+        g.write(f"vocab_size: {vocab}\nhidden_dropout: 0\nattention_dropout: 0\n")
+    return out
+
+
+def cluster_config(name, t, p, d, v, m, schedule, recompute, work):
+    out = os.path.join(work, name + ".pbtxt")
+    sched = f"schedule: {schedule}" if schedule else ""
+    with open(out, "w") as f:
+        f.write(f'name: "{name}"\nnodes: 1\ndevices_per_node: {t * p * d}\ndevice {{ kind: CPU }}\n'
+                f"parallel {{ tensor_parallel_size: {t} pipeline_parallel_size: {p} data_parallel_size: {d} "
+                f"virtual_pipeline_size: {v} micro_batch_size: {MICRO_BATCH} global_batch_size: {MICRO_BATCH * m * d} "
+                f"recompute: {recompute} {sched} }}\n")
+    return out
+
+
+def run(cmd):
+    r = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    if r.returncode != 0:
+        raise RuntimeError(f"{' '.join(cmd)} failed:\n{r.stdout}")
+    return r.stdout
+
+
+def lr_at(it, steps):  # Megatron: linear warm-up, then cosine down to the minimum
+    if it <= WARMUP:
+        return LR * it / WARMUP
+    progress = (it - WARMUP) / (steps - WARMUP)
+    return MIN_LR + (LR - MIN_LR) * 0.5 * (1 + math.cos(math.pi * progress))
+
+
+def loom_to_hf_grad(name, g, vocab, heads):
+    """A Loom gradient (Loom layout: padded vocabulary, QKV grouped per head) in HF layout."""
+    if name == "transformer.wte.weight":
+        return g[:vocab]
+    if ".attn.c_attn." in name:
+        cols = g.shape[-1]
+        hd = cols // (3 * heads)
+        return g.reshape(*g.shape[:-1], heads, 3, hd).transpose(-3, -2).reshape(*g.shape[:-1], cols)
+    return g
+
+
+def job_gradients(dump, world):
+    """Assemble the ranks' step-1 gradients (tensor-parallel shards concatenated)."""
+    shards = {}
+    for r in range(world):
+        tensors, meta = read_safetensors(os.path.join(dump, f"grads_rank{r}.safetensors"))
+        for name, g in tensors.items():
+            if ".stage" in name:  # the pipeline-tied copy: its twin holds the same gradient
+                continue
+            dim, parts, index = (int(x) for x in meta[name].split(","))
+            shards.setdefault(name, {})[0 if dim < 0 else index] = (dim, g)
+    out = {}
+    for name, parts in shards.items():
+        dim = next(iter(parts.values()))[0]
+        out[name] = parts[0][1] if dim < 0 else torch.cat([parts[i][1] for i in sorted(parts)], dim)
+    return out
+
+
+def rel(a, b):
+    return ((a - b).norm() / b.norm().clamp_min(1e-30)).item()
+
+
+def check_config(args, name, cfg, failures):
+    t, p, d, v, m, schedule, recompute, vocab = cfg
+    world = t * p * d
+    work = os.path.join(args.work, name)
+    shutil.rmtree(work, ignore_errors=True)
+    os.makedirs(work)
+    model = model_config(args.model, vocab, work)
+    plans = os.path.join(work, "plans")
+    run([os.path.join(args.bin, "loomc"), "compile", model, "--cluster",
+         cluster_config(name, t, p, d, v, m, schedule, recompute, work), "--out", plans, "--quiet"])
+    loomrun = [os.path.join(args.bin, "loomrun"), "--nproc", str(world), "--plans", plans, "--seed", "5"]
+    init = os.path.join(work, "init.safetensors")
+    run(loomrun + ["--steps", "0", "--export", init])
+    started = time.time()
+    run(loomrun + ["--steps", str(args.steps), "--lr", str(LR), "--min-lr", str(MIN_LR), "--warmup", str(WARMUP),
+                   "--decay-iters", str(args.steps), "--clip-grad", "1.0", "--weight-decay", "0.1",
+                   "--adam-eps", str(ADAM_EPS),
+                   "--dump-batches", os.path.join(work, "batches"), "--dump-grads", os.path.join(work, "grads"),
+                   "--loss-log", os.path.join(work, "loss.log"), "--export", os.path.join(work, "final.safetensors")])
+    seconds = time.time() - started
+
+    weights, _ = read_safetensors(init)
+    layers = 1 + max(int(k.split(".")[2]) for k in weights if k.startswith("transformer.h."))
+    heads = args.heads
+    oracle = Gpt2(weights, layers, heads)
+    params = oracle.parameters()
+    decay = [q for k, q in params.items() if q.dim() >= 2]
+    no_decay = [q for k, q in params.items() if q.dim() < 2]
+    opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.1}, {"params": no_decay, "weight_decay": 0.0}],
+                            lr=LR, betas=(0.9, 0.95), eps=ADAM_EPS)
+    loom_losses = [float(line.split()[1]) for line in open(os.path.join(work, "loss.log"))]
+    problems = []
+    for step in range(args.steps):
+        batches = sorted(glob.glob(os.path.join(work, "batches", f"batch_step{step:05d}_*.safetensors")))
+        if len(batches) != d * m:
+            problems.append(f"step {step + 1}: {len(batches)} batch files, expected {d * m}")
+            break
+        opt.zero_grad()
+        total = 0.0
+        for path in batches:
+            b, _ = read_safetensors(path)
+            loss = oracle.loss(b["tokens"], b["labels"], b["loss_mask"]) / len(batches)
+            loss.backward()
+            total += loss.item()
+        if step == 0:
+            loom_grads = job_gradients(os.path.join(work, "grads"), world)
+            for k, q in params.items():
+                got = loom_to_hf_grad(k, loom_grads[k], vocab, heads)
+                if rel(got, q.grad) >= 1e-4:
+                    problems.append(f"step-1 gradient of {k}: relative error {rel(got, q.grad):.2e}")
+        torch.nn.utils.clip_grad_norm_(list(params.values()), 1.0)
+        for group in opt.param_groups:
+            group["lr"] = lr_at(step + 1, args.steps)
+        opt.step()
+        tol = 1e-5 if step == 0 else 1e-4
+        diff = abs(loom_losses[step] - total) / abs(total)
+        if diff >= tol:
+            problems.append(f"loss at step {step + 1}: Loom {loom_losses[step]:.9g}, oracle {total:.9g} "
+                            f"(relative {diff:.2e})")
+    final, _ = read_safetensors(os.path.join(work, "final.safetensors"))
+    worst = max(rel(final[k], q.detach()) for k, q in params.items())
+    if worst >= 1e-4:
+        bad = max(params, key=lambda k: rel(final[k], params[k].detach()))
+        problems.append(f"parameters after {args.steps} steps: {bad} relative error {worst:.2e}")
+    status = "ok  " if not problems else "FAIL"
+    print(f"{status} {name:28} ranks {world}  loss {loom_losses[0]:.6f} -> {loom_losses[-1]:.6f}  "
+          f"worst parameter error {worst:.1e}  ({seconds:.1f} s)", flush=True)
+    for pr in problems[:5]:
+        print("       " + pr, flush=True)
+    if problems:
+        failures.append(name)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--bin", required=True, help="directory with loomc and loomrun")
+    ap.add_argument("--model", required=True)
+    ap.add_argument("--work", required=True)
+    ap.add_argument("--heads", type=int, default=4)
+    ap.add_argument("--steps", type=int, default=10)
+    ap.add_argument("--configs", default="ci", help="ci | all | comma-separated names")
+    args = ap.parse_args()
+    names = CI_CONFIGS if args.configs == "ci" else list(CONFIGS) if args.configs == "all" else args.configs.split(",")
+    failures = []
+    for name in names:
+        try:
+            check_config(args, name, CONFIGS[name], failures)
+        except RuntimeError as e:
+            print(f"FAIL {name}: {e}", flush=True)
+            failures.append(name)
+    print(f"{len(names) - len(failures)} of {len(names)} configurations match the oracle")
+    sys.exit(1 if failures else 0)
+
+
+if __name__ == "__main__":
+    main()
