@@ -139,7 +139,7 @@ class Run {
   // Per-token max, sum of exponentials and target logit of (a shard of) the logits; over a
   // vocab-parallel group: an all-reduce (max) then two (sum).
   Status crossEntropyStats(const plan::Instruction &in, std::vector<float> &mx, std::vector<float> &sum,
-                           std::vector<float> &target, int64_t &colStart) {
+                           std::vector<float> &target, int64_t &colStart, float *exps = nullptr) {
     int logits = in.inputs(0), labels = in.inputs(1);
     int64_t cols = dim(logits, -1), tokens = numel(logits) / cols, valid = i64(in, "valid_vocab");
     std::string group = str(in, "vocab_parallel_group");
@@ -153,7 +153,7 @@ class Run {
       LOOM_RETURN_IF_ERROR(c->allReduce(group, mx.data(), tokens, ReduceOp::kMax));
     }
     cpu::crossEntropyLocalSums(f(logits), ints(labels), mx.data(), sum.data(), target.data(), tokens, cols, colStart,
-                               valid);
+                               valid, exps);
     if (!group.empty()) {
       LOOM_RETURN_IF_ERROR(ctx_.collectives->allReduce(group, sum.data(), tokens, ReduceOp::kSum));
       LOOM_RETURN_IF_ERROR(ctx_.collectives->allReduce(group, target.data(), tokens, ReduceOp::kSum));
@@ -224,13 +224,14 @@ class Run {
     } else if (op == "cross_entropy_grad") {
       std::vector<float> mx, sum, target;
       int64_t colStart;
-      LOOM_RETURN_IF_ERROR(crossEntropyStats(in, mx, sum, target, colStart));
+      // The statistics pass leaves exp(logit - max) in the output; the backward scales it.
+      LOOM_RETURN_IF_ERROR(crossEntropyStats(in, mx, sum, target, colStart, f(out())));
       // Operands: logits, labels, then the optional grad and mask, told apart by shape.
       int grad = -1, mask = -1;
       for (int k = 2; k < in.inputs_size(); ++k) (buf(inp(k)).shape_size() == 0 ? grad : mask) = inp(k);
       float g = grad >= 0 ? f(grad)[0] : float(f64(in, "loss_scale", 1.0));
-      cpu::crossEntropyBackward(f(inp(0)), ints(inp(1)), mask >= 0 ? f(mask) : nullptr, mx.data(), sum.data(), g,
-                                f(out()), int64_t(mx.size()), dim(inp(0), -1), colStart, i64(in, "valid_vocab"));
+      cpu::crossEntropyBackwardFromExps(ints(inp(1)), mask >= 0 ? f(mask) : nullptr, sum.data(), g, f(out()),
+                                        int64_t(mx.size()), dim(inp(0), -1), colStart, i64(in, "valid_vocab"));
     } else if (op == "weight_grad") {
       int64_t k = dim(inp(0), -1), n = dim(inp(1), -1);
       cpu::linearWeightGrad(f(inp(0)), f(inp(1)), f(out()), numel(inp(0)) / k, k, n, flag(in, "transpose_weight"));

@@ -8,6 +8,7 @@
 #include <limits>
 #include <vector>
 
+#include "runtime/cpu/FastExp.h"
 #include "runtime/cpu/Philox.h"
 
 namespace loom::cpu {
@@ -239,22 +240,41 @@ void crossEntropyLocalMax(const float *logits, float *rowMax, int64_t tokens, in
                           int64_t colStart, int64_t validVocab) {
   int64_t valid = std::clamp<int64_t>(validVocab - colStart, 0, cols);
   for (int64_t t = 0; t < tokens; ++t) {
+    const float *row = logits + t * cols;
+    float lanes[8];
+    std::fill(lanes, lanes + 8, -std::numeric_limits<float>::infinity());
+    int64_t j = 0;
+    for (; j + 8 <= valid; j += 8)
+      for (int k = 0; k < 8; ++k) lanes[k] = row[j + k] > lanes[k] ? row[j + k] : lanes[k];
     float mx = -std::numeric_limits<float>::infinity();
-    for (int64_t j = 0; j < valid; ++j) mx = std::max(mx, logits[t * cols + j]);
+    for (int k = 0; k < 8; ++k) mx = lanes[k] > mx ? lanes[k] : mx;
+    for (; j < valid; ++j) mx = row[j] > mx ? row[j] : mx;
     rowMax[t] = mx;
   }
 }
 
+// Sums in 8 independent float lanes (vectorisable), combined in double.
 void crossEntropyLocalSums(const float *logits, const int32_t *labels, const float *rowMax,
                            float *sumExp, float *target, int64_t tokens, int64_t cols,
-                           int64_t colStart, int64_t validVocab) {
+                           int64_t colStart, int64_t validVocab, float *exps) {
   int64_t valid = std::clamp<int64_t>(validVocab - colStart, 0, cols);
+  std::vector<float> scratch(exps ? 0 : cols);
   for (int64_t t = 0; t < tokens; ++t) {
+    const float *row = logits + t * cols;
+    float *e = exps ? exps + t * cols : scratch.data();
+    float m = rowMax[t];
+    for (int64_t j = 0; j < valid; ++j) e[j] = fastExp(row[j] - m);
+    for (int64_t j = valid; j < cols; ++j) e[j] = 0.0f;
+    float lanes[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    int64_t j = 0;
+    for (; j + 8 <= valid; j += 8)
+      for (int k = 0; k < 8; ++k) lanes[k] += e[j + k];
     double sum = 0;
-    for (int64_t j = 0; j < valid; ++j) sum += std::exp(logits[t * cols + j] - rowMax[t]);
+    for (int k = 0; k < 8; ++k) sum += lanes[k];
+    for (; j < valid; ++j) sum += e[j];
     sumExp[t] = float(sum);
     int64_t col = int64_t(labels[t]) - colStart;
-    target[t] = col >= 0 && col < valid ? logits[t * cols + col] : 0.0f;
+    target[t] = col >= 0 && col < valid ? row[col] : 0.0f;
   }
 }
 
@@ -269,21 +289,31 @@ float crossEntropyLoss(const float *rowMax, const float *sumExp, const float *ta
   return count > 0 ? float(total / count) : 0.0f;
 }
 
-void crossEntropyBackward(const float *logits, const int32_t *labels, const float *mask,
-                          const float *rowMax, const float *sumExp, float gradLoss, float *dlogits,
-                          int64_t tokens, int64_t cols, int64_t colStart, int64_t validVocab) {
+void crossEntropyBackwardFromExps(const int32_t *labels, const float *mask, const float *sumExp,
+                                  float gradLoss, float *dlogits, int64_t tokens, int64_t cols,
+                                  int64_t colStart, int64_t validVocab) {
   int64_t valid = std::clamp<int64_t>(validVocab - colStart, 0, cols);
   double count = 0;
   for (int64_t t = 0; t < tokens; ++t) count += mask ? mask[t] : 1.0f;
   for (int64_t t = 0; t < tokens; ++t) {
     float w = count > 0 ? float(gradLoss * (mask ? mask[t] : 1.0f) / count) : 0.0f;
-    float inv = 1.0f / sumExp[t];
+    float scale = w / sumExp[t];
     float *d = dlogits + t * cols;
-    for (int64_t j = 0; j < cols; ++j)
-      d[j] = j < valid ? w * std::exp(logits[t * cols + j] - rowMax[t]) * inv : 0.0f;
+    for (int64_t j = 0; j < cols; ++j) d[j] *= scale;  // padding columns hold 0
     int64_t col = int64_t(labels[t]) - colStart;
     if (col >= 0 && col < valid) d[col] -= w;
   }
+}
+
+void crossEntropyBackward(const float *logits, const int32_t *labels, const float *mask,
+                          const float *rowMax, const float *sumExp, float gradLoss, float *dlogits,
+                          int64_t tokens, int64_t cols, int64_t colStart, int64_t validVocab) {
+  int64_t valid = std::clamp<int64_t>(validVocab - colStart, 0, cols);
+  for (int64_t t = 0; t < tokens; ++t) {
+    for (int64_t j = 0; j < valid; ++j) dlogits[t * cols + j] = fastExp(logits[t * cols + j] - rowMax[t]);
+    for (int64_t j = valid; j < cols; ++j) dlogits[t * cols + j] = 0.0f;
+  }
+  crossEntropyBackwardFromExps(labels, mask, sumExp, gradLoss, dlogits, tokens, cols, colStart, validVocab);
 }
 
 }  // namespace loom::cpu

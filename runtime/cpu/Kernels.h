@@ -62,9 +62,11 @@ void addPositionForward(const float *x, const float *position, float *out, int64
 void crossEntropyLocalMax(const float *logits, float *rowMax, int64_t tokens, int64_t cols,
                           int64_t colStart, int64_t validVocab);
 // sumExp[t] = sum_j exp(logit_j - max[t]); target[t] = logit of the label if held here, else 0.
+// With `exps`, exp(logit_j - max[t]) is also stored there (0 for padding columns), for the
+// backward pass to reuse.
 void crossEntropyLocalSums(const float *logits, const int32_t *labels, const float *rowMax,
                            float *sumExp, float *target, int64_t tokens, int64_t cols,
-                           int64_t colStart, int64_t validVocab);
+                           int64_t colStart, int64_t validVocab, float *exps = nullptr);
 // loss = sum_t mask_t (log sumExp_t + max_t - target_t) / sum_t mask_t (mask nullable: ones).
 float crossEntropyLoss(const float *rowMax, const float *sumExp, const float *target,
                        const float *mask, int64_t tokens);
@@ -72,5 +74,9 @@ float crossEntropyLoss(const float *rowMax, const float *sumExp, const float *ta
 void crossEntropyBackward(const float *logits, const int32_t *labels, const float *mask,
                           const float *rowMax, const float *sumExp, float gradLoss, float *dlogits,
                           int64_t tokens, int64_t cols, int64_t colStart, int64_t validVocab);
+// The same from the exps crossEntropyLocalSums stored in dlogits (in place): one pass less.
+void crossEntropyBackwardFromExps(const int32_t *labels, const float *mask, const float *sumExp,
+                                  float gradLoss, float *dlogits, int64_t tokens, int64_t cols,
+                                  int64_t colStart, int64_t validVocab);
 
 }  // namespace loom::cpu
