@@ -22,15 +22,18 @@ class Run {
     if (int(args.size()) != prog_.arguments_size())
       return Status::error(prog_.name() + ": expected " + std::to_string(prog_.arguments_size()) + " arguments, got " +
                            std::to_string(args.size()));
-    arena_.assign(prog_.workspace_bytes() / 4 + 16, 0.0f);
+    size_t floats = prog_.workspace_bytes() / 4 + 16;
+    std::vector<float> &arena = ctx_.workspace ? *ctx_.workspace : arena_;
+    if (arena.size() < floats) arena.resize(floats);
+    float *base = arena.data();
     ptr_.assign(prog_.buffers_size(), nullptr);
     iptr_.assign(prog_.buffers_size(), nullptr);
     for (const plan::Buffer &b : prog_.buffers())
       if (b.kind() == plan::Buffer::ACTIVATION) {
         if (b.dtype() == plan::I32) return Status::error(prog_.name() + ": integer activations are not supported");
-        if (b.offset() + b.bytes() > int64_t(arena_.size()) * 4)
+        if (b.offset() + b.bytes() > int64_t(floats) * 4)
           return Status::error(prog_.name() + ": buffer outside the workspace (corrupt plan)");
-        ptr_[b.id()] = arena_.data() + b.offset() / 4;
+        ptr_[b.id()] = base + b.offset() / 4;
       }
     for (int i = 0; i < prog_.arguments_size(); ++i) {
       const plan::Buffer &b = prog_.buffers(prog_.arguments(i).buffer());

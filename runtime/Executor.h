@@ -19,6 +19,9 @@ struct ExecutionContext {
   uint64_t seed = 1234;                // dropout seed of this step and micro-batch
   int64_t messageTag = 0;              // added to send/recv tags (the micro-batch's channel)
   int threads = 0;                     // OpenBLAS threads (0: leave as is)
+  // A workspace reused across runs of the same program (no fresh, zeroed pages each time);
+  // null: a temporary one.
+  std::vector<float> *workspace = nullptr;
 };
 
 // `args` follow program.arguments(); on success `results` follow program.results().

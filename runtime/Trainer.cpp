@@ -90,6 +90,7 @@ Status Trainer::runProgram(const plan::Program &prog, int mb, int64_t step, doub
   ctx.collectives = collectives_;
   ctx.seed = dropoutSeed(opt_.seed, step, plan_.dp_rank(), mb);
   ctx.messageTag = mb < 0 ? 0 : mb * kTagsPerMicroBatch;
+  ctx.workspace = &workspaces_[&prog];
   std::vector<HostTensor> results;
   LOOM_RETURN_IF_ERROR(executeProgram(prog, args, results, ctx));
   for (int i = 0; i < prog.results_size(); ++i) {

@@ -74,6 +74,7 @@ class Trainer {
   std::map<std::pair<std::string, int>, HostTensor> stash_;   // forward -> backward, per micro-batch
   std::map<std::string, HostTensor> backwardOut_;            // backward -> grad sync, summed
   std::map<int, std::map<std::string, HostTensor>> batches_;  // inputs per micro-batch
+  std::map<const plan::Program *, std::vector<float>> workspaces_;
 };
 
 }  // namespace loom

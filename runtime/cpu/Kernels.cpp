@@ -236,6 +236,12 @@ void addPositionForward(const float *x, const float *position, float *out, int64
         out[(b * seq + s) * hidden + i] = x[(b * seq + s) * hidden + i] + position[s * hidden + i];
 }
 
+// The loops over the vocabulary are the hottest non-GEMM code of training: compiled for
+// AVX-512, AVX2 and baseline x86-64 and picked at run time (no FMA contraction under ISO C++,
+// and fixed lane orders, so every variant gives the same bits).
+#define LOOM_VECTOR_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
+
+LOOM_VECTOR_CLONES
 void crossEntropyLocalMax(const float *logits, float *rowMax, int64_t tokens, int64_t cols,
                           int64_t colStart, int64_t validVocab) {
   int64_t valid = std::clamp<int64_t>(validVocab - colStart, 0, cols);
@@ -254,6 +260,7 @@ void crossEntropyLocalMax(const float *logits, float *rowMax, int64_t tokens, in
 }
 
 // Sums in 8 independent float lanes (vectorisable), combined in double.
+LOOM_VECTOR_CLONES
 void crossEntropyLocalSums(const float *logits, const int32_t *labels, const float *rowMax,
                            float *sumExp, float *target, int64_t tokens, int64_t cols,
                            int64_t colStart, int64_t validVocab, float *exps) {
@@ -289,6 +296,7 @@ float crossEntropyLoss(const float *rowMax, const float *sumExp, const float *ta
   return count > 0 ? float(total / count) : 0.0f;
 }
 
+LOOM_VECTOR_CLONES
 void crossEntropyBackwardFromExps(const int32_t *labels, const float *mask, const float *sumExp,
                                   float gradLoss, float *dlogits, int64_t tokens, int64_t cols,
                                   int64_t colStart, int64_t validVocab) {
