@@ -67,8 +67,6 @@ std::string human(double bytes) {
 llvm::Error runCompilerPasses(mlir::ModuleOp module, const config::ClusterSpec &cluster, int64_t microBatches,
                               bool printIrAfterAll) {
   const config::ParallelConfig &p = cluster.parallel();
-  if (p.sequence_parallel()) return error("parallel.sequence_parallel: sequence parallelism is not implemented yet");
-  if (p.zero1()) return error("parallel.zero1: the distributed optimizer (ZeRO-1) is not implemented yet");
   static bool registered = (registerLoomPasses(), true);
   (void)registered;
   auto pm = mlir::PassManager::on<mlir::ModuleOp>(module.getContext());
@@ -79,11 +77,12 @@ llvm::Error runCompilerPasses(mlir::ModuleOp module, const config::ClusterSpec &
                         /*printAfterOnlyOnChange=*/false);
   }
   std::string pipeline = llvm::formatv(
-      "loom-tensor-parallel{{tp={0}},loom-pipeline-stages{{pp={1} vp={2}},loom-autodiff,"
-      "loom-data-parallel{{dp={3} bucket-bytes={4}},loom-pipeline-partition,loom-recompute{{mode={5}},"
+      "loom-tensor-parallel{{tp={0} sequence-parallel={8}},loom-pipeline-stages{{pp={1} vp={2}},loom-autodiff,"
+      "loom-data-parallel{{dp={3} bucket-bytes={4} zero1={7}},loom-pipeline-partition,loom-recompute{{mode={5}},"
       "loom-micro-batches{{count={6}}",
       p.tensor_parallel_size(), p.pipeline_parallel_size(), p.virtual_pipeline_size(), p.data_parallel_size(),
-      p.dp_bucket_size_bytes(), recomputeName(p.recompute()), microBatches);
+      p.dp_bucket_size_bytes(), recomputeName(p.recompute()), microBatches, p.zero1() ? "true" : "false",
+      p.sequence_parallel() ? "true" : "false");
   if (failed(mlir::parsePassPipeline(pipeline, pm, llvm::errs()))) return error("invalid pass pipeline " + pipeline);
   if (failed(pm.run(module))) return error("the compiler passes failed (see the errors above)");
   return llvm::Error::success();
@@ -163,6 +162,7 @@ llvm::Error compile(const config::ModelConfig &model, const config::ClusterSpec 
     rp.set_vocab_size(vocab);
     rp.set_recompute(recomputeName(par.recompute()));
     rp.set_device_peak_flops(cluster.device().peak_flops());
+    rp.set_zero1(par.zero1());
     rp.set_padded_vocab_size(paddedVocabSize(model, t));
     rp.set_num_layers(model.num_layers());
     rp.set_hidden_size(model.hidden_size());
@@ -221,7 +221,8 @@ llvm::Error compile(const config::ModelConfig &model, const config::ClusterSpec 
     };
     int64_t stash = 0, peakStash = 0, maxWorkspace = 0;
     for (const plan::Program &prog : sets[stage].programs()) maxWorkspace = std::max(maxWorkspace, prog.workspace_bytes());
-    int64_t persistent = paramBytes * 4;  // parameters, gradients, AdamW's two moments (fp32)
+    // Parameters, gradients, AdamW's two moments (fp32; the moments split over d with ZeRO-1).
+    int64_t persistent = paramBytes * 2 + 2 * paramBytes / (par.zero1() ? d : 1);
     plan::MemoryPlan *mem = rp.mutable_memory();
     for (const Task &task : (*schedule)[stage]) {
       int vs = task.chunk * p + stage;
@@ -247,7 +248,7 @@ llvm::Error compile(const config::ModelConfig &model, const config::ClusterSpec 
     }
     mem->set_parameter_bytes(paramBytes);
     mem->set_gradient_bytes(paramBytes);
-    mem->set_optimizer_bytes(2 * paramBytes);
+    mem->set_optimizer_bytes(2 * paramBytes / (par.zero1() ? d : 1));
     mem->set_peak_stash_bytes(peakStash);
     mem->set_max_workspace_bytes(maxWorkspace);
     mem->set_peak_bytes(persistent + peakStash + maxWorkspace);

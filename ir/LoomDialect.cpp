@@ -55,6 +55,10 @@ mlir::LogicalResult LoomDialect::verifyRegionArgAttribute(mlir::Operation *op, u
     if (!i || i.getInt() < (name == attr::kShardDim ? 0 : 1)) return fail("must be a non-negative integer");
     return mlir::success();
   }
+  if (name == attr::kTpPartialGrad) {
+    if (!mlir::isa<mlir::UnitAttr>(attr.getValue())) return fail("must be a unit attribute");
+    return mlir::success();
+  }
   if (name == attr::kTiedTo) {
     if (!mlir::isa<mlir::StringAttr>(attr.getValue())) return fail("must be a string (a parameter name)");
     return mlir::success();
@@ -94,9 +98,10 @@ mlir::LogicalResult LoomDialect::verifyOperationAttribute(mlir::Operation *op,
       return op->emitError() << "attribute 'loom.recompute' must be \"none\", \"full\" or \"selective\"";
     return mlir::success();
   }
-  if (name == "loom.recomputed") {
+  if (name == "loom.recomputed" || name == "loom.zero1" || name == attr::kGradSync ||
+      name == "loom.sequence_parallel") {
     if (!mlir::isa<mlir::UnitAttr>(attr.getValue()))
-      return op->emitError() << "attribute 'loom.recomputed' must be a unit attribute";
+      return op->emitError() << "attribute '" << name << "' must be a unit attribute";
     return mlir::success();
   }
   if (name == attr::kArchitecture) {

@@ -212,8 +212,13 @@ def Loom_IdentityOp : Loom_Op<"identity", [Pure, SameOperandsAndResultType]> {
 }
 
 def Loom_AddPositionOp : Loom_Op<"add_position", [Pure]> {
-  let summary = "add learned position embeddings: `out[b, s, :] = input[b, s, :] + position[s, :]`";
-  let arguments = (ins Loom_FloatTensor:$input, Loom_FloatTensor:$position);
+  let summary = "add learned position embeddings: `out[b, s, :] = input[b, s, :] + position[s0 + s, :]`";
+  let description = [{
+    `s0` is 0, or with `sequence_parallel_group` (the input is this rank's slice of the
+    sequence) the rank's position in the group times the slice's length.
+  }];
+  let arguments = (ins Loom_FloatTensor:$input, Loom_FloatTensor:$position,
+                       OptionalAttr<StrAttr>:$sequence_parallel_group);
   let results = (outs Loom_FloatTensor:$result);
   let assemblyFormat = "$input `,` $position attr-dict `:` functional-type(operands, results)";
   let hasVerifier = 1;
@@ -289,8 +294,8 @@ def Loom_EmbeddingGradOp : Loom_Op<"embedding_grad", [Pure]> {
 }
 
 def Loom_PositionGradOp : Loom_Op<"position_grad", [Pure]> {
-  let summary = "gradient of the position embedding: `d[s, :] = sum_b grad[b, s, :]`, zero beyond seq";
-  let arguments = (ins Loom_FloatTensor:$grad);
+  let summary = "gradient of the position embedding: `d[s0 + s, :] = sum_b grad[b, s, :]`, zero elsewhere";
+  let arguments = (ins Loom_FloatTensor:$grad, OptionalAttr<StrAttr>:$sequence_parallel_group);
   let results = (outs Loom_FloatTensor:$result);
   let assemblyFormat = "$grad attr-dict `:` functional-type(operands, results)";
 }

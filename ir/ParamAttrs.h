@@ -13,6 +13,11 @@ inline constexpr llvm::StringLiteral kInitStd = "loom.init_std";   // f32, for "
 // (the rank's part is its position in group "tp").
 inline constexpr llvm::StringLiteral kShardDim = "loom.shard_dim";
 inline constexpr llvm::StringLiteral kShardParts = "loom.shard_parts";
+// On parameters whose gradient each tensor-parallel rank computes only in part (replicated
+// parameters under sequence parallelism): their gradients are summed over "tp".
+inline constexpr llvm::StringLiteral kTpPartialGrad = "loom.tp_partial_grad";
+// On the ops of loom-data-parallel that synchronise gradients (run once per step).
+inline constexpr llvm::StringLiteral kGradSync = "loom.grad_sync";
 // On gradient results: the parameter they belong to.
 inline constexpr llvm::StringLiteral kGradOf = "loom.grad_of";
 // On ops emitted by autodiff.

@@ -31,6 +31,7 @@ void wrapResult(mlir::func::ReturnOp ret, unsigned i, Build build) {
     b.setInsertionPointToStart(ret->getBlock());
   mlir::Operation *op = build(b, g);
   op->setAttr(attr::kBackward, b.getUnitAttr());
+  op->setAttr(attr::kGradSync, b.getUnitAttr());
   copyPlacement(g.getDefiningOp(), op);
   ret.setOperand(i, op->getResult(0));
 }
@@ -55,6 +56,24 @@ void syncTiedGradients(mlir::func::FuncOp f, mlir::func::ReturnOp ret) {
   }
 }
 
+// Sequence parallelism leaves replicated parameters with partial gradients (each rank saw
+// only its positions): they are summed over "tp" (Megatron: allreduce_layernorm_grads).
+void syncPartialGradients(mlir::func::FuncOp f, mlir::func::ReturnOp ret) {
+  llvm::StringSet<> partial;
+  for (unsigned a = 0; a < f.getNumArguments(); ++a)
+    if (f.getArgAttr(a, attr::kTpPartialGrad))
+      partial.insert(f.getArgAttrOfType<mlir::StringAttr>(a, attr::kParam).getValue());
+  auto t = f->getParentOfType<mlir::ModuleOp>()->getAttrOfType<mlir::IntegerAttr>(attr::kTensorParallel);
+  for (unsigned i = 0; i < f.getNumResults(); ++i) {
+    auto of = f.getResultAttrOfType<mlir::StringAttr>(i, attr::kGradOf);
+    if (!of || !partial.contains(of.getValue())) continue;
+    wrapResult(ret, i, [&](mlir::OpBuilder &b, mlir::Value g) {
+      return b.create<AllReduceOp>(g.getLoc(), g.getType(), g, b.getStringAttr("tp"),
+                                   b.getI64IntegerAttr(t ? t.getInt() : 1), b.getStringAttr("sum"));
+    });
+  }
+}
+
 int64_t bytesOf(mlir::Value v) {
   auto t = mlir::cast<mlir::RankedTensorType>(v.getType());
   return t.getNumElements() * ((t.getElementTypeBitWidth() + 7) / 8);
@@ -68,10 +87,6 @@ struct DataParallelPass : impl::LoomDataParallelBase<DataParallelPass> {
       m.emitError() << "loom-data-parallel: dp and bucket-bytes must be >= 1";
       return signalPassFailure();
     }
-    if (zero1) {
-      m.emitError() << "loom-data-parallel: zero1 (distributed optimizer) is not implemented yet";
-      return signalPassFailure();
-    }
     auto f = m.lookupSymbol<mlir::func::FuncOp>("train_step");
     if (!f) {
       m.emitError() << "loom-data-parallel: no func.func @train_step";
@@ -80,7 +95,12 @@ struct DataParallelPass : impl::LoomDataParallelBase<DataParallelPass> {
     m->setAttr("loom.data_parallel_size", mlir::IntegerAttr::get(mlir::IntegerType::get(m.getContext(), 64), dataParallel));
     auto ret = mlir::cast<mlir::func::ReturnOp>(f.getBody().front().getTerminator());
     syncTiedGradients(f, ret);
-    if (dataParallel == 1) return;
+    syncPartialGradients(f, ret);
+    // ZeRO-1: the runtime reduce-scatters the flattened gradients over dp, updates its shard of
+    // the parameters and optimizer state, and all-gathers the parameters (Megatron's
+    // distributed optimizer); the programs leave the gradients unsynchronised over dp.
+    if (zero1) m->setAttr("loom.zero1", mlir::UnitAttr::get(m.getContext()));
+    if (dataParallel == 1 || zero1) return;
     // Gradients in the order they become final (position of their producer in the block).
     llvm::SmallVector<unsigned> gradResults;
     for (unsigned i = 0; i < f.getNumResults(); ++i)

@@ -26,11 +26,11 @@ mlir::FailureOr<Grads> gradientOf(mlir::OpBuilder &b, mlir::Operation *op, llvm:
         Grads d = none;
         d[1] = b.create<EmbeddingGradOp>(loc, o.getWord().getType(), o.getTokens(), g,
                                          o.getVocabParallelGroupAttr());
-        if (o.getPosition()) d[2] = b.create<PositionGradOp>(loc, o.getPosition().getType(), g);
+        if (o.getPosition()) d[2] = b.create<PositionGradOp>(loc, o.getPosition().getType(), g, nullptr);
         return d;
       })
       .Case([&](AddPositionOp o) -> mlir::FailureOr<Grads> {
-        return Grads{g, b.create<PositionGradOp>(loc, o.getPosition().getType(), g)};
+        return Grads{g, b.create<PositionGradOp>(loc, o.getPosition().getType(), g, o.getSequenceParallelGroupAttr())};
       })
       .Case([&](LayerNormOp o) -> mlir::FailureOr<Grads> {
         auto lg = b.create<LayerNormGradOp>(loc, o.getInput().getType(), o.getGamma().getType(),

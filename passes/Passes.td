@@ -42,8 +42,10 @@ def LoomDataParallel : Pass<"loom-data-parallel", "mlir::ModuleOp"> {
     Inserts an all_reduce (avg) over "dp" for every gradient result, assigning buckets of at
     most `bucket-bytes` in the order in which gradients become final during the backward
     pass (last layer first), so a bucket's all-reduce can start while the backward pass
-    continues (PyTorch DDP / Megatron's grad buffer). With `zero1` the gradients are
-    reduce-scattered instead and the optimizer state sharded (ZeRO stage 1).
+    continues (PyTorch DDP / Megatron's grad buffer). With `zero1` (ZeRO stage 1, Megatron's
+    distributed optimizer) no dp all-reduce is emitted and the module is marked `loom.zero1`:
+    the runtime reduce-scatters the flattened gradients over dp, each rank updates its 1/d of
+    the parameters with its 1/d of the AdamW state, and all-gathers the parameters.
   }];
   let options = [
     Option<"dataParallel", "dp", "int64_t", "1", "data-parallel degree d">,

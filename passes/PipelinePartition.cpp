@@ -49,13 +49,12 @@ class Partitioner {
 
   mlir::LogicalResult run() {
     auto ret = mlir::cast<mlir::func::ReturnOp>(f_.getBody().front().getTerminator());
-    // Units of every op; grad-sync collectives are the dp/embedding all-reduces feeding the return.
+    // Units of every op; grad-sync collectives (loom-data-parallel's) run once per step.
     for (mlir::Operation &op : f_.getBody().front().without_terminator()) {
       auto stage = op.getAttrOfType<mlir::IntegerAttr>(attr::kStage);
       if (!stage) return op.emitOpError() << "loom-pipeline-partition: op has no loom.stage (run loom-pipeline-stages first)";
       Kind kind = op.hasAttr(attr::kBackward) ? Kind::kBackward : Kind::kForward;
-      if (auto ar = mlir::dyn_cast<AllReduceOp>(op); ar && (ar.getGroup() == "dp" || ar.getGroup() == "embedding"))
-        kind = Kind::kSync;
+      if (op.hasAttr(attr::kGradSync)) kind = Kind::kSync;
       unitOf_[&op] = {stage.getInt(), kind};
     }
     b_.setInsertionPoint(f_);

@@ -32,7 +32,8 @@ int64_t dimOf(mlir::Value v, int64_t dim) {
 
 class Sharder {
  public:
-  Sharder(mlir::func::FuncOp f, int64_t t) : f_(f), t_(t), b_(f.getContext()) {}
+  Sharder(mlir::func::FuncOp f, int64_t t, bool sequenceParallel)
+      : f_(f), t_(t), sp_(sequenceParallel), b_(f.getContext()) {}
 
   mlir::LogicalResult run() {
     collectPairs();
@@ -53,6 +54,7 @@ class Sharder {
     for (EmbeddingOp e : embeddings_) rewriteEmbedding(e);
     for (LinearOp l : vocabLinears_) rewriteVocabLinear(l);
     applyParamShards();
+    if (sp_) shardSequence();
     return mlir::success();
   }
 
@@ -102,14 +104,75 @@ class Sharder {
     return mlir::success();
   }
 
-  // f: the replicated input enters the parallel region.
+  // f: the replicated input enters the parallel region. With sequence parallelism the input
+  // is a slice of the sequence and is all-gathered instead (its gradient: a reduce-scatter).
   void enterRegion(mlir::Operation *consumer) {
     b_.setInsertionPoint(consumer);
     mlir::Value x = consumer->getOperand(0);
-    auto id = b_.create<IdentityOp>(consumer->getLoc(), x.getType(), x, b_.getStringAttr(kGroup),
+    mlir::Operation *enter;
+    if (sp_) {
+      enter = b_.create<AllGatherOp>(consumer->getLoc(), x.getType(), sequenceShardPlaceholder(x),
+                                     b_.getStringAttr(kGroup), b_.getI64IntegerAttr(t_), b_.getI64IntegerAttr(1));
+    } else {
+      enter = b_.create<IdentityOp>(consumer->getLoc(), x.getType(), x, b_.getStringAttr(kGroup),
                                     b_.getI64IntegerAttr(t_));
-    copyLayer(consumer, id);
-    consumer->setOperand(0, id);
+    }
+    copyLayer(consumer, enter);
+    consumer->setOperand(0, enter->getResult(0));
+  }
+
+  // Under sequence parallelism the all-gather's operand keeps its full type until
+  // shardSequence() retypes the sequence-sharded values; recorded here.
+  mlir::Value sequenceShardPlaceholder(mlir::Value x) {
+    gathered_.push_back(x);
+    return x;
+  }
+
+  // g: the row-parallel GEMM's partial sums are all-reduced, or with sequence parallelism
+  // reduce-scattered along the sequence.
+  mlir::Operation *leaveRegion(mlir::Location loc, mlir::Value partial) {
+    if (sp_)
+      return b_.create<ReduceScatterOp>(loc, partial.getType(), partial, b_.getStringAttr(kGroup),
+                                        b_.getI64IntegerAttr(t_), b_.getI64IntegerAttr(1));
+    return b_.create<AllReduceOp>(loc, partial.getType(), partial, b_.getStringAttr(kGroup), b_.getI64IntegerAttr(t_),
+                                  b_.getStringAttr("sum"));
+  }
+
+  // Sequence parallelism (Korthikanti et al. 2022, section 4.2.2): between the all-gathers
+  // and reduce-scatters every activation holds s / t positions. Retypes the results of the
+  // ops in that region (layer norms, dropouts, residual adds, biases, positions), makes their
+  // dropouts rank-distinct, and marks the replicated parameters, whose gradients are then
+  // partial sums over the ranks' positions.
+  void shardSequence() {
+    f_.walk([&](mlir::Operation *op) {
+      bool sharded = mlir::isa<ReduceScatterOp>(op);
+      if (!sharded && mlir::isa<LayerNormOp, DropoutOp, AddOp, AddBiasOp, AddPositionOp, GeluOp, LinearOp>(op)) {
+        // Elementwise and row-wise ops on a sharded operand produce a sharded result (linear:
+        // the BERT head's replicated dense layer).
+        mlir::Value in = op->getOperand(0);
+        if (auto t = mlir::dyn_cast<mlir::RankedTensorType>(in.getType());
+            t && t.getRank() == 3 && mlir::isa<mlir::RankedTensorType>(op->getResult(0).getType())) {
+          auto out = mlir::cast<mlir::RankedTensorType>(op->getResult(0).getType());
+          if (out.getRank() == 3 && out.getShape()[1] != t.getShape()[1]) {
+            op->getResult(0).setType(withDim(out, 1, t.getShape()[1]));
+            sharded = true;
+          }
+        }
+      }
+      if (!sharded) return;
+      if (auto d = mlir::dyn_cast<DropoutOp>(op)) d.setRankDistinct(true);
+      if (auto p = mlir::dyn_cast<AddPositionOp>(op)) p.setSequenceParallelGroup(kGroup);
+    });
+    // The all-gathers' results keep the full sequence; their operands are now sharded.
+    f_.walk([&](AllGatherOp g) {
+      auto in = mlir::cast<mlir::RankedTensorType>(g.getInput().getType());
+      auto out = mlir::cast<mlir::RankedTensorType>(g.getResult().getType());
+      if (in.getShape()[1] == out.getShape()[1]) g.getResult().setType(withDim(out, 1, in.getShape()[1] * t_));
+    });
+    for (unsigned i = 0; i < f_.getNumArguments(); ++i)
+      if (f_.getArgAttr(i, attr::kParam) && !f_.getArgAttr(i, attr::kShardDim))
+        f_.setArgAttr(i, attr::kTpPartialGrad, b_.getUnitAttr());
+    f_->getParentOfType<mlir::ModuleOp>()->setAttr("loom.sequence_parallel", b_.getUnitAttr());
   }
 
   void copyLayer(mlir::Operation *from, mlir::Operation *to) {
@@ -131,16 +194,16 @@ class Sharder {
     b_.setInsertionPointAfter(row);
     mlir::Value bias = row.getBias();
     if (bias) row->eraseOperand(2);
-    auto reduced = b_.create<AllReduceOp>(row.getLoc(), row.getType(), row.getResult(), b_.getStringAttr(kGroup),
-                                          b_.getI64IntegerAttr(t_), b_.getStringAttr("sum"));
+    mlir::Operation *reduced = leaveRegion(row.getLoc(), row.getResult());
     copyLayer(row, reduced);
-    mlir::Value out = reduced;
+    mlir::Value out = reduced->getResult(0);
     if (bias) {
-      auto added = b_.create<AddBiasOp>(row.getLoc(), row.getType(), reduced, bias);
+      auto added = b_.create<AddBiasOp>(row.getLoc(), out.getType(), out, bias);
       copyLayer(row, added);
       out = added;
     }
     row.getResult().replaceAllUsesExcept(out, reduced);
+    if (sp_) retypeSequence(reduced->getResult(0));
   }
 
   // Vocab-parallel embedding: masked lookup in the local shard, all_reduce, then positions.
@@ -149,11 +212,11 @@ class Sharder {
     mlir::Value position = e.getPosition();
     if (position) e->eraseOperand(2);
     e.setVocabParallelGroup(kGroup);
-    auto reduced = b_.create<AllReduceOp>(e.getLoc(), e.getType(), e.getResult(), b_.getStringAttr(kGroup),
-                                          b_.getI64IntegerAttr(t_), b_.getStringAttr("sum"));
-    mlir::Value out = reduced;
-    if (position) out = b_.create<AddPositionOp>(e.getLoc(), e.getType(), reduced, position);
+    mlir::Operation *reduced = leaveRegion(e.getLoc(), e.getResult());
+    mlir::Value out = reduced->getResult(0);
+    if (position) out = b_.create<AddPositionOp>(e.getLoc(), out.getType(), out, position, nullptr);
     e.getResult().replaceAllUsesExcept(out, reduced);
+    if (sp_) retypeSequence(reduced->getResult(0));
   }
 
   // The tied output layer on the local vocab shard, fused with vocab-parallel cross-entropy.
@@ -161,6 +224,12 @@ class Sharder {
     enterRegion(l);
     l.getResult().setType(withDim(l.getType(), -1, dimOf(l.getResult(), -1) / t_));
     mlir::cast<CrossEntropyOp>(*l->getUsers().begin()).setVocabParallelGroup(kGroup);
+  }
+
+  // A reduce-scatter along the sequence: its result holds s / t positions.
+  void retypeSequence(mlir::Value scattered) {
+    auto t = mlir::cast<mlir::RankedTensorType>(scattered.getType());
+    scattered.setType(withDim(t, 1, t.getShape()[1] / t_));
   }
 
   void applyParamShards() {
@@ -176,7 +245,9 @@ class Sharder {
 
   mlir::func::FuncOp f_;
   int64_t t_;
+  bool sp_;
   mlir::OpBuilder b_;
+  llvm::SmallVector<mlir::Value> gathered_;
   llvm::SmallVector<std::pair<LinearOp, LinearOp>> pairs_;
   llvm::SmallVector<EmbeddingOp> embeddings_;
   llvm::SmallVector<LinearOp> vocabLinears_;
@@ -188,11 +259,7 @@ struct TensorParallelPass : impl::LoomTensorParallelBase<TensorParallelPass> {
   void runOnOperation() override {
     mlir::ModuleOp m = getOperation();
     if (tensorParallel < 1) {
-      m.emitError() << "loom-tensor-parallel: tp must be >= 1, got " << tensorParallel;
-      return signalPassFailure();
-    }
-    if (sequenceParallel) {
-      m.emitError() << "loom-tensor-parallel: sequence parallelism is not implemented yet";
+      m.emitError() << "loom-tensor-parallel: tp must be >= 1, got " << int64_t(tensorParallel);
       return signalPassFailure();
     }
     auto f = m.lookupSymbol<mlir::func::FuncOp>("train_step");
@@ -202,7 +269,15 @@ struct TensorParallelPass : impl::LoomTensorParallelBase<TensorParallelPass> {
     }
     m->setAttr(attr::kTensorParallel, mlir::IntegerAttr::get(mlir::IntegerType::get(m.getContext(), 64), tensorParallel));
     if (tensorParallel == 1) return;
-    if (failed(Sharder(f, tensorParallel).run())) signalPassFailure();
+    if (sequenceParallel) {
+      auto seq = m->getAttrOfType<mlir::IntegerAttr>(attr::kSeqLength);
+      if (seq && seq.getInt() % tensorParallel != 0) {
+        m.emitError() << "loom-tensor-parallel: t = " << int64_t(tensorParallel) << " does not divide seq_length = "
+                      << seq.getInt() << " (sequence parallelism)";
+        return signalPassFailure();
+      }
+    }
+    if (failed(Sharder(f, tensorParallel, sequenceParallel).run())) signalPassFailure();
   }
 };
 

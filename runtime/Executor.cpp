@@ -176,8 +176,10 @@ class Run {
       int64_t rows = dim(w, 0), hidden = dim(w, 1);
       cpu::embeddingForward(ints(tok), f(w), pos >= 0 ? f(pos) : nullptr, f(out()), numel(tok), dim(tok, 1), hidden,
                             shardStart(str(in, "vocab_parallel_group"), rows), rows);
-    } else if (op == "add_position") {
-      cpu::addPositionForward(f(inp(0)), f(inp(1)), f(out()), dim(inp(0), 0), dim(inp(0), 1), dim(inp(0), 2));
+    } else if (op == "add_position") {  // a sequence slice starts at its rank's offset
+      int64_t first = shardStart(str(in, "sequence_parallel_group"), dim(inp(0), 1));
+      cpu::addPositionForward(f(inp(0)), f(inp(1)) + first * dim(inp(0), 2), f(out()), dim(inp(0), 0), dim(inp(0), 1),
+                              dim(inp(0), 2));
     } else if (op == "layer_norm") {
       int64_t n = dim(inp(0), -1);
       cpu::layerNormForward(f(inp(0)), f(inp(1)), f(inp(2)), f(out()), numel(inp(0)) / n, n,
@@ -252,7 +254,10 @@ class Run {
       cpu::embeddingBackward(ints(inp(0)), f(inp(1)), f(out()), numel(inp(0)), hidden,
                              shardStart(str(in, "vocab_parallel_group"), rows), rows);
     } else if (op == "position_grad") {
-      cpu::positionBackward(f(inp(0)), f(out()), dim(inp(0), 0), dim(inp(0), 1), dim(inp(0), 2), dim(out(), 0));
+      int64_t first = shardStart(str(in, "sequence_parallel_group"), dim(inp(0), 1)), hidden = dim(inp(0), 2);
+      std::fill_n(f(out()), numel(out()), 0.0f);
+      cpu::positionBackward(f(inp(0)), f(out()) + first * hidden, dim(inp(0), 0), dim(inp(0), 1), hidden,
+                            dim(out(), 0) - first);
     } else if (op == "all_reduce") {
       Status st;
       Collectives *c = comm(st);

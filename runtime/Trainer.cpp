@@ -191,6 +191,12 @@ void Trainer::scaleGradients(double factor) {
 Status Trainer::saveShard(const std::string &path, const std::map<std::string, std::string> &metadata) {
   SafetensorsFile f;
   f.metadata = metadata;
+  if (plan_.zero1()) {  // this rank's shard of the flat AdamW state
+    HostTensor m{{int64_t(zeroState_.m.size())}}, v{{int64_t(zeroState_.v.size())}};
+    m.data = zeroState_.m, v.data = zeroState_.v;
+    f.tensors["zero1/adam_m"] = std::move(m);
+    f.tensors["zero1/adam_v"] = std::move(v);
+  }
   for (auto &[name, p] : params_) {
     f.tensors["param/" + name] = p;
     auto it = adam_.find(name);
@@ -206,6 +212,12 @@ Status Trainer::saveShard(const std::string &path, const std::map<std::string, s
 Status Trainer::loadShard(const std::string &path, std::map<std::string, std::string> *metadata) {
   SafetensorsFile f;
   LOOM_RETURN_IF_ERROR(readSafetensors(path, &f));
+  if (plan_.zero1()) {
+    if (!f.tensors.count("zero1/adam_m") || !f.tensors.count("zero1/adam_v"))
+      return Status::error(path + ": no ZeRO-1 optimizer state (a checkpoint of another layout)");
+    zeroState_.m = f.tensors["zero1/adam_m"].data;
+    zeroState_.v = f.tensors["zero1/adam_v"].data;
+  }
   for (auto &[name, p] : params_) {
     for (const char *kind : {"param/", "adam_m/", "adam_v/"})
       if (!f.tensors.count(kind + name) || f.tensors[kind + name].data.size() != p.data.size())
@@ -246,6 +258,73 @@ Status Trainer::loadGlobalParameters(const std::map<std::string, HostTensor> &gl
       std::copy_n(&full.data[(a * p.shard_parts() + p.shard_index()) * block], block, &local.data[a * block]);
   }
   adam_.clear();
+  return Status::ok();
+}
+
+Status Trainer::synchronizeGradientsOverDataParallel() {
+  for (const plan::Parameter &p : plan_.parameters()) {
+    HostTensor &g = grads_.at(p.name());
+    LOOM_RETURN_IF_ERROR(collectives_->allReduce("dp", g.data.data(), int64_t(g.data.size()), ReduceOp::kAvg));
+  }
+  return Status::ok();
+}
+
+Status Trainer::distributedOptimizerStep(int64_t step, double lr, double clip, double *norm) {
+  int d = plan_.d(), dp = plan_.dp_rank();
+  int64_t total = 0;
+  for (const plan::Parameter &p : plan_.parameters()) total += int64_t(params_.at(p.name()).data.size());
+  int64_t shard = (total + d - 1) / d, begin = int64_t(dp) * shard;
+  // Flat gradients, and per element: counted in the norm? decayed?
+  std::vector<float> flat(shard * d, 0.0f), counted(shard * d, 0.0f), decayed(shard * d, 0.0f);
+  int64_t at = 0;
+  for (const plan::Parameter &p : plan_.parameters()) {
+    const HostTensor &g = grads_.at(p.name());
+    bool count = p.tied_to().empty() && !(p.shard_dim() < 0 && plan_.tp_rank() != 0);
+    bool decay = decays(p.name(), {p.shape().begin(), p.shape().end()});
+    std::copy(g.data.begin(), g.data.end(), flat.begin() + at);
+    std::fill_n(counted.begin() + at, g.data.size(), count ? 1.0f : 0.0f);
+    std::fill_n(decayed.begin() + at, g.data.size(), decay ? 1.0f : 0.0f);
+    at += int64_t(g.data.size());
+  }
+  HostTensor gradShard{{shard}};
+  gradShard.data.assign(shard, 0.0f);
+  LOOM_RETURN_IF_ERROR(collectives_->reduceScatter("dp", flat.data(), gradShard.data.data(), shard));
+  for (float &v : gradShard.data) v /= float(d);
+  double local = 0;
+  for (int64_t i = 0; i < shard; ++i) local += counted[begin + i] * double(gradShard.data[i]) * gradShard.data[i];
+  float sum = float(local);
+  for (const char *group : {"dp", "tp", "pp"}) LOOM_RETURN_IF_ERROR(collectives_->allReduce(group, &sum, 1, ReduceOp::kSum));
+  *norm = std::sqrt(double(sum));
+  if (clip > 0 && *norm > clip)
+    for (float &v : gradShard.data) v = float(v * (clip / (*norm + 1e-6)));
+  // This rank's slice of the flat parameters, updated elementwise (decay per element).
+  std::vector<float> flatParams(shard * d, 0.0f);
+  at = 0;
+  for (const plan::Parameter &p : plan_.parameters()) {
+    const HostTensor &w = params_.at(p.name());
+    std::copy(w.data.begin(), w.data.end(), flatParams.begin() + at);
+    at += int64_t(w.data.size());
+  }
+  HostTensor paramShard{{shard}};
+  paramShard.data.assign(flatParams.begin() + begin, flatParams.begin() + begin + shard);
+  // AdamW (as adamwUpdate), with weight decay per element: only where the parameter decays.
+  if (zeroState_.m.size() != size_t(shard)) zeroState_.m.assign(shard, 0.0f), zeroState_.v.assign(shard, 0.0f);
+  double c1 = 1 - std::pow(opt_.adam.beta1, double(step)), c2 = 1 - std::pow(opt_.adam.beta2, double(step));
+  for (int64_t i = 0; i < shard; ++i) {
+    float g = gradShard.data[i];
+    zeroState_.m[i] = float(opt_.adam.beta1 * zeroState_.m[i] + (1 - opt_.adam.beta1) * g);
+    zeroState_.v[i] = float(opt_.adam.beta2 * zeroState_.v[i] + (1 - opt_.adam.beta2) * double(g) * g);
+    double update = (zeroState_.m[i] / c1) / (std::sqrt(zeroState_.v[i] / c2) + opt_.adam.eps);
+    if (decayed[begin + i] != 0) update += opt_.adam.weightDecay * paramShard.data[i];
+    paramShard.data[i] = float(paramShard.data[i] - lr * update);
+  }
+  LOOM_RETURN_IF_ERROR(collectives_->allGather("dp", paramShard.data.data(), flatParams.data(), shard));
+  at = 0;
+  for (const plan::Parameter &p : plan_.parameters()) {
+    HostTensor &w = params_.at(p.name());
+    std::copy_n(flatParams.begin() + at, w.data.size(), w.data.begin());
+    at += int64_t(w.data.size());
+  }
   return Status::ok();
 }
 

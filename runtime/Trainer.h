@@ -43,6 +43,14 @@ class Trainer {
   void scaleGradients(double factor);
   // AdamW with learning rate lr (step is 1-based).
   void applyOptimizer(int64_t step, double lr);
+
+  // ZeRO-1 (the plan's zero1): the gradients, flattened in parameter order and padded to a
+  // multiple of d, are reduce-scattered (averaged) over dp; this rank clips and updates its
+  // 1/d of the flat parameters with its 1/d of the AdamW state; the parameters are then
+  // all-gathered over dp. `norm` is the global gradient norm before clipping.
+  Status distributedOptimizerStep(int64_t step, double lr, double clip, double *norm);
+  // The dp-averaged gradients (ZeRO-1 leaves them unsynchronised), for --dump-grads.
+  Status synchronizeGradientsOverDataParallel();
   // Forward passes only over one global batch of `data` (index `batch`): the validation loss.
   Status evaluate(DataSource *data, int64_t batch, double *loss);
 
@@ -75,6 +83,7 @@ class Trainer {
   std::map<std::string, HostTensor> backwardOut_;            // backward -> grad sync, summed
   std::map<int, std::map<std::string, HostTensor>> batches_;  // inputs per micro-batch
   std::map<const plan::Program *, std::vector<float>> workspaces_;
+  AdamWState zeroState_;  // this rank's shard of the flat AdamW state (ZeRO-1)
 };
 
 }  // namespace loom

