@@ -10,6 +10,7 @@
 #include "compiler/ModelBuilder.h"
 #include "compiler/Schedule.h"
 #include "compiler/ToolSupport.h"
+#include "compiler/Units.h"
 #include "ir/LoomDialect.h"
 #include "ir/ParamAttrs.h"
 #include "llvm/Support/FormatVariadic.h"
@@ -17,18 +18,13 @@
 #include "passes/Passes.h"
 #include "protos/plan.pb.h"
 #include "runtime/Collectives.h"
+#include "runtime/Fnv1a.h"
 
 namespace loom {
 namespace {
 
 llvm::Error error(const llvm::Twine &msg) {
   return llvm::createStringError(llvm::inconvertibleErrorCode(), msg.str());
-}
-
-uint64_t fnv1a(const std::string &bytes) {
-  uint64_t h = 1469598103934665603ull;
-  for (unsigned char c : bytes) h = (h ^ c) * 1099511628211ull;
-  return h;
 }
 
 std::string recomputeName(config::RecomputeMode r) {
@@ -53,13 +49,6 @@ ScheduleKind scheduleKindOf(const config::ParallelConfig &p) {
 // Writes `bytes` to `path` through a temporary file and a rename.
 llvm::Error writeFile(const std::string &path, const std::string &bytes) {
   return writeOutput(path, [&](llvm::raw_ostream &os) { os << bytes; });
-}
-
-std::string human(double bytes) {
-  const char *unit[] = {"B", "KiB", "MiB", "GiB", "TiB"};
-  int i = 0;
-  while (bytes >= 1024 && i < 4) bytes /= 1024, ++i;
-  return llvm::formatv("{0:F1} {1}", bytes, unit[i]).str();
 }
 
 }  // namespace
@@ -280,11 +269,11 @@ llvm::Error compile(const config::ModelConfig &model, const config::ClusterSpec 
   for (auto &[stage, rp] : firstOfStage) {
     os << llvm::formatv("stage {0} (ranks like {1}): parameters {2}, peak memory {3} (weights+grads+AdamW {4}, "
                         "stashed activations {5}, workspace {6}), FLOPs/step {7:e}\n",
-                        stage, rp.rank(), rp.parameter_count(), human(rp.memory().peak_bytes()),
-                        human(4 * rp.memory().parameter_bytes()), human(rp.memory().peak_stash_bytes()),
-                        human(rp.memory().max_workspace_bytes()), rp.flops_per_step());
+                        stage, rp.rank(), rp.parameter_count(), humanBytes(rp.memory().peak_bytes()),
+                        humanBytes(4 * rp.memory().parameter_bytes()), humanBytes(rp.memory().peak_stash_bytes()),
+                        humanBytes(rp.memory().max_workspace_bytes()), rp.flops_per_step());
     for (const plan::CollectiveTotal &c : rp.collectives())
-      os << llvm::formatv("    {0,-28} {1,6} per step  {2,12} per rank\n", c.kind(), c.count(), human(c.bytes()));
+      os << llvm::formatv("    {0,-28} {1,6} per step  {2,12} per rank\n", c.kind(), c.count(), humanBytes(c.bytes()));
   }
   os << llvm::formatv("wrote {0} rank plans and {1} program files to {2} in {3:F2} s\n", layout.world(), p,
                       opt.outDir, seconds);

@@ -5,18 +5,14 @@
 #include <sstream>
 
 #include "compiler/Schedule.h"
+#include "compiler/Units.h"
+#include "runtime/Fnv1a.h"
 #include "llvm/Support/FormatVariadic.h"
 
 namespace loom {
 namespace {
 
 llvm::Error error(const llvm::Twine &msg) { return llvm::createStringError(llvm::inconvertibleErrorCode(), msg.str()); }
-
-uint64_t fnv1a(const std::string &bytes) {
-  uint64_t h = 1469598103934665603ull;
-  for (unsigned char c : bytes) h = (h ^ c) * 1099511628211ull;
-  return h;
-}
 
 llvm::Expected<std::string> readAll(const std::string &path) {
   std::ifstream in(path, std::ios::binary);
@@ -34,13 +30,6 @@ const char *streamName(plan::Stream s) {
     case plan::DP: return "dp";
     default: return "?";
   }
-}
-
-std::string human(double bytes) {
-  const char *unit[] = {"B", "KiB", "MiB", "GiB", "TiB"};
-  int i = 0;
-  while (bytes >= 1024 && i < 4) bytes /= 1024, ++i;
-  return llvm::formatv("{0:F1} {1}", bytes, unit[i]).str();
 }
 
 std::string shapeOf(const plan::Buffer &b) {
@@ -100,7 +89,7 @@ std::string programsAsText(const PlanDirectory &plans, int rank) {
   }
   for (const plan::Program &prog : plans.programsOf(rank).programs()) {
     os << llvm::formatv("\nprogram {0}: {1} instructions, workspace {2}, stash {3}\n", prog.name(),
-                        prog.instructions_size(), human(prog.workspace_bytes()), human(prog.stash_bytes()));
+                        prog.instructions_size(), humanBytes(prog.workspace_bytes()), humanBytes(prog.stash_bytes()));
     for (const plan::Binding &a : prog.arguments())
       os << llvm::formatv("  arg  %{0} {1} {2} : {3}\n", a.buffer(), plan::Binding::Role_Name(a.role()), a.name(),
                           shapeOf(prog.buffers(a.buffer())));
@@ -123,7 +112,7 @@ std::string programsAsText(const PlanDirectory &plans, int rank) {
         for (int w : in.wait_for()) os << " " << w;
       }
       if (in.flops() > 0) os << llvm::formatv(" flops={0:e}", in.flops());
-      if (in.bytes_moved() > 0) os << " moves=" << human(in.bytes_moved());
+      if (in.bytes_moved() > 0) os << " moves=" << humanBytes(in.bytes_moved());
       os << "\n";
     }
     for (const plan::Binding &r : prog.results())
@@ -168,7 +157,7 @@ std::string collectivesSummary(const PlanDirectory &plans, int rank) {
   os << llvm::formatv("collectives of rank {0} per step ({1} micro-batches, schedule {2}):\n", rank,
                       rp.micro_batches(), rp.schedule_kind());
   for (const plan::CollectiveTotal &c : rp.collectives())
-    os << llvm::formatv("  {0,-26} {1,6} calls  {2,12}\n", c.kind(), c.count(), human(c.bytes()));
+    os << llvm::formatv("  {0,-26} {1,6} calls  {2,12}\n", c.kind(), c.count(), humanBytes(c.bytes()));
   os << "per program (group, peers as global ranks, bytes per call):\n";
   std::map<std::string, std::vector<int>> members;
   for (const plan::Group &g : rp.groups()) members[g.name()] = {g.ranks().begin(), g.ranks().end()};
@@ -185,7 +174,7 @@ std::string collectivesSummary(const PlanDirectory &plans, int rank) {
       std::string ranks;
       for (int r : members[group]) ranks += (ranks.empty() ? "" : ",") + std::to_string(r);
       os << llvm::formatv("  {0,-12} {1,-20} {2,-10} [{3}]{4} {5}\n", prog.name(), in.op(), group, ranks, peer,
-                          human(in.bytes_moved()));
+                          humanBytes(in.bytes_moved()));
     }
     for (auto &[layer, n] : perLayerTp)
       os << llvm::formatv("  {0,-12} layer {1}: {2} tensor-parallel all-reduces\n", prog.name(), layer, n);
@@ -253,7 +242,7 @@ llvm::Expected<std::string> timelineSvg(const PlanDirectory &plans) {
     if (syncTime > 0)
       os << llvm::formatv("<rect x=\"{0:F2}\" y=\"{1}\" width=\"{2:F2}\" height=\"{3}\" fill=\"#b4a7d6\"><title>gradient "
                           "sync ({4} per rank)</title></rect>\n",
-                          left + sim.makespan * scale, y + 2, syncTime * scale, rowH - 4, human(syncBytes));
+                          left + sim.makespan * scale, y + 2, syncTime * scale, rowH - 4, humanBytes(syncBytes));
   }
   double ly = top + p * rowH + 25;
   os << llvm::formatv("<text x=\"{0}\" y=\"{1}\">blue: forward, green: backward, purple: gradient sync "
@@ -269,14 +258,14 @@ std::string memoryTimeline(const PlanDirectory &plans, int rank) {
   llvm::raw_string_ostream os(s);
   os << llvm::formatv("memory of rank {0}: parameters {1}, gradients {2}, optimizer {3}, peak stash {4}, largest "
                       "workspace {5}, peak {6}\n",
-                      rank, human(mem.parameter_bytes()), human(mem.gradient_bytes()), human(mem.optimizer_bytes()),
-                      human(mem.peak_stash_bytes()), human(mem.max_workspace_bytes()), human(mem.peak_bytes()));
+                      rank, humanBytes(mem.parameter_bytes()), humanBytes(mem.gradient_bytes()), humanBytes(mem.optimizer_bytes()),
+                      humanBytes(mem.peak_stash_bytes()), humanBytes(mem.max_workspace_bytes()), humanBytes(mem.peak_bytes()));
   int64_t peak = std::max<int64_t>(mem.peak_bytes(), 1);
   for (int i = 0; i < rp.schedule_size() && i < mem.timeline_bytes_size(); ++i) {
     const plan::ScheduleEntry &e = rp.schedule(i);
     int bar = int(50.0 * mem.timeline_bytes(i) / peak);
     os << llvm::formatv("  {0,3} {1,-14} mb {2,3}  {3,12}  {4}\n", i, e.program(), e.micro_batch(),
-                        human(mem.timeline_bytes(i)), std::string(bar, '#'));
+                        humanBytes(mem.timeline_bytes(i)), std::string(bar, '#'));
   }
   return s;
 }

@@ -5,6 +5,7 @@
 #include <fstream>
 #include <sstream>
 
+#include "runtime/Fnv1a.h"
 #include "runtime/Safetensors.h"
 
 namespace loom {
@@ -25,11 +26,11 @@ std::string checkpointFile(const std::string &dir, int rank) {
 
 uint64_t fnv1aOfFile(const std::string &path, int64_t *size) {
   std::ifstream in(path, std::ios::binary);
-  uint64_t h = 1469598103934665603ull;
+  uint64_t h = kFnv1aOffset;
   *size = 0;
   char buf[1 << 16];
   while (in.read(buf, sizeof buf) || in.gcount() > 0) {
-    for (std::streamsize i = 0; i < in.gcount(); ++i) h = (h ^ (unsigned char)buf[i]) * 1099511628211ull;
+    h = fnv1a(buf, size_t(in.gcount()), h);
     *size += in.gcount();
   }
   return h;

@@ -2,15 +2,12 @@
 
 #include <cmath>
 
+#include "runtime/Fnv1a.h"
 #include "runtime/cpu/Philox.h"
 
 namespace loom {
 
-uint64_t streamOfName(const std::string &name) {
-  uint64_t h = 1469598103934665603ull;
-  for (unsigned char c : name) h = (h ^ c) * 1099511628211ull;
-  return h;
-}
+uint64_t streamOfName(const std::string &name) { return fnv1a(name); }
 
 HostTensor initParameter(const plan::Parameter &p, uint64_t seed) {
   HostTensor t{{p.shape().begin(), p.shape().end()}};

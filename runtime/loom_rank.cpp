@@ -23,6 +23,7 @@
 #include <thread>
 
 #include "protos/plan.pb.h"
+#include "runtime/Fnv1a.h"
 #include "runtime/GlooCollectives.h"
 #include "runtime/Safetensors.h"
 #include "runtime/HfGpt2.h"
@@ -33,12 +34,6 @@
 #include "runtime/control/Flags.h"
 
 namespace {
-
-uint64_t fnv1a(const std::string &bytes) {
-  uint64_t h = 1469598103934665603ull;
-  for (unsigned char c : bytes) h = (h ^ c) * 1099511628211ull;
-  return h;
-}
 
 struct RankJob {
   loom::control::CoordinatorClient *client = nullptr;
@@ -87,7 +82,7 @@ loom::Status fetchPlan(loom::control::CoordinatorClient &client, int rank, int w
                                " ranks but the job has " + std::to_string(worldSize));
   std::string pbytes;
   LOOM_RETURN_IF_ERROR(client.getFile(plan->programs_file(), &pbytes));
-  if (fnv1a(pbytes) != plan->programs_checksum())
+  if (loom::fnv1a(pbytes) != plan->programs_checksum())
     return loom::Status::error(plan->programs_file() + ": checksum mismatch (corrupt, or from another compile)");
   if (!programs->ParseFromString(pbytes)) return loom::Status::error(plan->programs_file() + ": corrupt program file");
   return loom::Status::ok();

@@ -37,17 +37,26 @@ void biasGrad(const float *g, float *db, int64_t m, int64_t n) {
     for (int64_t c = 0; c < n; ++c) db[c] += g[r * n + c];
 }
 
+namespace {
+// Mean and 1 / sqrt(variance + eps) of one row (accumulated in double).
+void rowStatistics(const float *xr, int64_t n, float eps, float *mean, float *rstd) {
+  double m = 0, var = 0;
+  for (int64_t i = 0; i < n; ++i) m += xr[i];
+  m /= n;
+  for (int64_t i = 0; i < n; ++i) var += (xr[i] - m) * (xr[i] - m);
+  var /= n;
+  *mean = float(m);
+  *rstd = 1.0f / std::sqrt(float(var) + eps);
+}
+}  // namespace
+
 void layerNormForward(const float *x, const float *gamma, const float *beta, float *y, int64_t rows,
                       int64_t n, float eps) {
   for (int64_t r = 0; r < rows; ++r) {
     const float *xr = x + r * n;
-    double mean = 0, var = 0;
-    for (int64_t i = 0; i < n; ++i) mean += xr[i];
-    mean /= n;
-    for (int64_t i = 0; i < n; ++i) var += (xr[i] - mean) * (xr[i] - mean);
-    var /= n;
-    float rstd = 1.0f / std::sqrt(float(var) + eps);
-    for (int64_t i = 0; i < n; ++i) y[r * n + i] = (xr[i] - float(mean)) * rstd * gamma[i] + beta[i];
+    float mean, rstd;
+    rowStatistics(xr, n, eps, &mean, &rstd);
+    for (int64_t i = 0; i < n; ++i) y[r * n + i] = (xr[i] - mean) * rstd * gamma[i] + beta[i];
   }
 }
 
@@ -58,15 +67,11 @@ void layerNormBackward(const float *x, const float *gamma, const float *g, float
   std::vector<float> xhat(n);
   for (int64_t r = 0; r < rows; ++r) {
     const float *xr = x + r * n, *gr = g + r * n;
-    double mean = 0, var = 0;
-    for (int64_t i = 0; i < n; ++i) mean += xr[i];
-    mean /= n;
-    for (int64_t i = 0; i < n; ++i) var += (xr[i] - mean) * (xr[i] - mean);
-    var /= n;
-    float rstd = 1.0f / std::sqrt(float(var) + eps);
+    float mean, rstd;
+    rowStatistics(xr, n, eps, &mean, &rstd);
     double meanDy = 0, meanDyXhat = 0;
     for (int64_t i = 0; i < n; ++i) {
-      xhat[i] = (xr[i] - float(mean)) * rstd;
+      xhat[i] = (xr[i] - mean) * rstd;
       float dy = gr[i] * gamma[i];
       meanDy += dy;
       meanDyXhat += dy * xhat[i];
