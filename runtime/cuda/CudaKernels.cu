@@ -1,0 +1,264 @@
+// The math of each kernel is that of runtime/cpu/Kernels.cpp (see there); here: one thread
+// per element for elementwise ops, one block per row for row reductions.
+#include "runtime/cuda/CudaKernels.h"
+
+#include <cmath>
+
+namespace loom::cuda {
+namespace {
+
+constexpr int kThreads = 256;
+int blocks(int64_t n) { return int((n + kThreads - 1) / kThreads); }
+
+// Philox4x32-10, as runtime/cpu/Philox.h: the same (key, counter) -> the same bits.
+__device__ float philoxUniform(uint64_t seed, uint64_t stream, uint64_t index) {
+  uint32_t c0 = uint32_t(index), c1 = uint32_t(index >> 32), c2 = uint32_t(stream), c3 = uint32_t(stream >> 32);
+  uint32_t k0 = uint32_t(seed), k1 = uint32_t(seed >> 32);
+  for (int round = 0; round < 10; ++round) {
+    uint64_t p0 = uint64_t(0xD2511F53u) * c0, p1 = uint64_t(0xCD9E8D57u) * c2;
+    uint32_t n0 = uint32_t(p1 >> 32) ^ c1 ^ k0, n1 = uint32_t(p1), n2 = uint32_t(p0 >> 32) ^ c3 ^ k1,
+             n3 = uint32_t(p0);
+    c0 = n0, c1 = n1, c2 = n2, c3 = n3;
+    k0 += 0x9E3779B9u, k1 += 0xBB67AE85u;
+  }
+  return float(c0 >> 8) * (1.0f / 16777216.0f);
+}
+
+// Block-wide sum of one float per thread (blockDim.x == kThreads).
+__device__ float blockSum(float v, float *shared) {
+  shared[threadIdx.x] = v;
+  __syncthreads();
+  for (int stride = kThreads / 2; stride > 0; stride /= 2) {
+    if (threadIdx.x < stride) shared[threadIdx.x] += shared[threadIdx.x + stride];
+    __syncthreads();
+  }
+  float total = shared[0];
+  __syncthreads();
+  return total;
+}
+
+__device__ float blockMax(float v, float *shared) {
+  shared[threadIdx.x] = v;
+  __syncthreads();
+  for (int stride = kThreads / 2; stride > 0; stride /= 2) {
+    if (threadIdx.x < stride) shared[threadIdx.x] = fmaxf(shared[threadIdx.x], shared[threadIdx.x + stride]);
+    __syncthreads();
+  }
+  float total = shared[0];
+  __syncthreads();
+  return total;
+}
+
+__global__ void layerNormForwardKernel(const float *x, const float *gamma, const float *beta, float *y, int64_t n,
+                                       float eps) {
+  __shared__ float shared[kThreads];
+  const float *xr = x + blockIdx.x * n;
+  float s = 0;
+  for (int64_t i = threadIdx.x; i < n; i += kThreads) s += xr[i];
+  float mean = blockSum(s, shared) / n;
+  float v = 0;
+  for (int64_t i = threadIdx.x; i < n; i += kThreads) v += (xr[i] - mean) * (xr[i] - mean);
+  float rstd = rsqrtf(blockSum(v, shared) / n + eps);
+  for (int64_t i = threadIdx.x; i < n; i += kThreads) y[blockIdx.x * n + i] = (xr[i] - mean) * rstd * gamma[i] + beta[i];
+}
+
+__global__ void layerNormBackwardKernel(const float *x, const float *gamma, const float *g, float *dx, float *dgamma,
+                                        float *dbeta, int64_t n, float eps) {
+  __shared__ float shared[kThreads];
+  const float *xr = x + blockIdx.x * n, *gr = g + blockIdx.x * n;
+  float s = 0;
+  for (int64_t i = threadIdx.x; i < n; i += kThreads) s += xr[i];
+  float mean = blockSum(s, shared) / n;
+  float v = 0;
+  for (int64_t i = threadIdx.x; i < n; i += kThreads) v += (xr[i] - mean) * (xr[i] - mean);
+  float rstd = rsqrtf(blockSum(v, shared) / n + eps);
+  float a = 0, b = 0;
+  for (int64_t i = threadIdx.x; i < n; i += kThreads) {
+    float xhat = (xr[i] - mean) * rstd, dy = gr[i] * gamma[i];
+    a += dy, b += dy * xhat;
+    atomicAdd(&dgamma[i], gr[i] * xhat);
+    atomicAdd(&dbeta[i], gr[i]);
+  }
+  float meanDy = blockSum(a, shared) / n, meanDyXhat = blockSum(b, shared) / n;
+  for (int64_t i = threadIdx.x; i < n; i += kThreads) {
+    float xhat = (xr[i] - mean) * rstd;
+    dx[blockIdx.x * n + i] = rstd * (gr[i] * gamma[i] - meanDy - xhat * meanDyXhat);
+  }
+}
+
+constexpr float kGeluC = 0.7978845608028654f;
+
+__global__ void geluForwardKernel(const float *x, float *y, int64_t count) {
+  int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
+  if (i >= count) return;
+  float v = x[i];
+  y[i] = 0.5f * v * (1.0f + tanhf(kGeluC * (v + 0.044715f * v * v * v)));
+}
+
+__global__ void geluBackwardKernel(const float *x, const float *g, float *dx, int64_t count) {
+  int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
+  if (i >= count) return;
+  float v = x[i], t = tanhf(kGeluC * (v + 0.044715f * v * v * v));
+  dx[i] = g[i] * (0.5f * (1.0f + t) + 0.5f * v * (1.0f - t * t) * kGeluC * (1.0f + 3 * 0.044715f * v * v));
+}
+
+__global__ void dropoutKernel(const float *x, float *y, int64_t count, float rate, uint64_t seed, uint64_t stream) {
+  int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
+  if (i >= count) return;
+  y[i] = philoxUniform(seed, stream, uint64_t(i)) >= rate ? x[i] / (1.0f - rate) : 0.0f;
+}
+
+__global__ void embeddingForwardKernel(const int32_t *tokens, const float *word, const float *position, float *out,
+                                       int64_t seq, int64_t hidden, int64_t rowStart, int64_t rows) {
+  int64_t t = blockIdx.x;
+  int64_t row = int64_t(tokens[t]) - rowStart;
+  for (int64_t i = threadIdx.x; i < hidden; i += blockDim.x) {
+    float v = row >= 0 && row < rows ? word[row * hidden + i] : 0.0f;
+    if (position) v += position[(t % seq) * hidden + i];
+    out[t * hidden + i] = v;
+  }
+}
+
+__global__ void embeddingBackwardKernel(const int32_t *tokens, const float *g, float *dword, int64_t hidden,
+                                        int64_t rowStart, int64_t rows) {
+  int64_t t = blockIdx.x;
+  int64_t row = int64_t(tokens[t]) - rowStart;
+  if (row < 0 || row >= rows) return;
+  for (int64_t i = threadIdx.x; i < hidden; i += blockDim.x) atomicAdd(&dword[row * hidden + i], g[t * hidden + i]);
+}
+
+__device__ int64_t validColumns(int64_t validVocab, int64_t colStart, int64_t cols) {
+  int64_t v = validVocab - colStart;
+  return v < 0 ? 0 : (v > cols ? cols : v);
+}
+
+__global__ void crossEntropyMaxKernel(const float *logits, float *rowMax, int64_t cols, int64_t colStart,
+                                      int64_t validVocab) {
+  __shared__ float shared[kThreads];
+  int64_t valid = validColumns(validVocab, colStart, cols);
+  const float *row = logits + blockIdx.x * cols;
+  float m = -INFINITY;
+  for (int64_t j = threadIdx.x; j < valid; j += kThreads) m = fmaxf(m, row[j]);
+  m = blockMax(m, shared);
+  if (threadIdx.x == 0) rowMax[blockIdx.x] = m;
+}
+
+__global__ void crossEntropySumsKernel(const float *logits, const int32_t *labels, const float *rowMax, float *sumExp,
+                                       float *target, int64_t cols, int64_t colStart, int64_t validVocab) {
+  __shared__ float shared[kThreads];
+  int64_t valid = validColumns(validVocab, colStart, cols);
+  const float *row = logits + blockIdx.x * cols;
+  float s = 0;
+  for (int64_t j = threadIdx.x; j < valid; j += kThreads) s += expf(row[j] - rowMax[blockIdx.x]);
+  s = blockSum(s, shared);
+  if (threadIdx.x == 0) {
+    sumExp[blockIdx.x] = s;
+    int64_t col = int64_t(labels[blockIdx.x]) - colStart;
+    target[blockIdx.x] = col >= 0 && col < valid ? row[col] : 0.0f;
+  }
+}
+
+__global__ void crossEntropyBackwardKernel(const float *logits, const int32_t *labels, const float *mask,
+                                           const float *rowMax, const float *sumExp, float gradOverCount,
+                                           float *dlogits, int64_t cols, int64_t colStart, int64_t validVocab) {
+  int64_t valid = validColumns(validVocab, colStart, cols), t = blockIdx.x;
+  float w = gradOverCount * (mask ? mask[t] : 1.0f), inv = 1.0f / sumExp[t];
+  int64_t label = int64_t(labels[t]) - colStart;
+  for (int64_t j = threadIdx.x; j < cols; j += blockDim.x) {
+    float d = j < valid ? w * expf(logits[t * cols + j] - rowMax[t]) * inv : 0.0f;
+    if (j == label && j < valid) d -= w;
+    dlogits[t * cols + j] = d;
+  }
+}
+
+__global__ void adamwKernel(float *p, const float *g, float *m, float *v, int64_t n, float lr, float beta1,
+                            float beta2, float eps, float weightDecay, float c1, float c2, bool decay) {
+  int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
+  if (i >= n) return;
+  m[i] = beta1 * m[i] + (1 - beta1) * g[i];
+  v[i] = beta2 * v[i] + (1 - beta2) * g[i] * g[i];
+  float update = (m[i] / c1) / (sqrtf(v[i] / c2) + eps);
+  if (decay) update += weightDecay * p[i];
+  p[i] -= lr * update;
+}
+
+}  // namespace
+
+void layerNormForward(const float *x, const float *gamma, const float *beta, float *y, int64_t rows, int64_t n,
+                      float eps, cudaStream_t s) {
+  layerNormForwardKernel<<<int(rows), kThreads, 0, s>>>(x, gamma, beta, y, n, eps);
+}
+
+void layerNormBackward(const float *x, const float *gamma, const float *g, float *dx, float *dgamma, float *dbeta,
+                       int64_t rows, int64_t n, float eps, cudaStream_t s) {
+  cudaMemsetAsync(dgamma, 0, n * sizeof(float), s);
+  cudaMemsetAsync(dbeta, 0, n * sizeof(float), s);
+  layerNormBackwardKernel<<<int(rows), kThreads, 0, s>>>(x, gamma, g, dx, dgamma, dbeta, n, eps);
+}
+
+void geluForward(const float *x, float *y, int64_t count, cudaStream_t s) {
+  geluForwardKernel<<<blocks(count), kThreads, 0, s>>>(x, y, count);
+}
+
+void geluBackward(const float *x, const float *g, float *dx, int64_t count, cudaStream_t s) {
+  geluBackwardKernel<<<blocks(count), kThreads, 0, s>>>(x, g, dx, count);
+}
+
+void dropoutForward(const float *x, float *y, int64_t count, float rate, uint64_t seed, uint64_t stream,
+                    cudaStream_t s) {
+  dropoutKernel<<<blocks(count), kThreads, 0, s>>>(x, y, count, rate, seed, stream);
+}
+
+void embeddingForward(const int32_t *tokens, const float *word, const float *position, float *out,
+                      int64_t tokenCount, int64_t seq, int64_t hidden, int64_t rowStart, int64_t rows,
+                      cudaStream_t s) {
+  embeddingForwardKernel<<<int(tokenCount), kThreads, 0, s>>>(tokens, word, position, out, seq, hidden, rowStart,
+                                                              rows);
+}
+
+void embeddingBackward(const int32_t *tokens, const float *g, float *dword, int64_t tokenCount, int64_t hidden,
+                       int64_t rowStart, int64_t rows, cudaStream_t s) {
+  cudaMemsetAsync(dword, 0, rows * hidden * sizeof(float), s);
+  embeddingBackwardKernel<<<int(tokenCount), kThreads, 0, s>>>(tokens, g, dword, hidden, rowStart, rows);
+}
+
+void crossEntropyLocalMax(const float *logits, float *rowMax, int64_t tokens, int64_t cols, int64_t colStart,
+                          int64_t validVocab, cudaStream_t s) {
+  crossEntropyMaxKernel<<<int(tokens), kThreads, 0, s>>>(logits, rowMax, cols, colStart, validVocab);
+}
+
+void crossEntropyLocalSums(const float *logits, const int32_t *labels, const float *rowMax, float *sumExp,
+                           float *target, int64_t tokens, int64_t cols, int64_t colStart, int64_t validVocab,
+                           cudaStream_t s) {
+  crossEntropySumsKernel<<<int(tokens), kThreads, 0, s>>>(logits, labels, rowMax, sumExp, target, cols, colStart,
+                                                          validVocab);
+}
+
+void crossEntropyBackward(const float *logits, const int32_t *labels, const float *mask, const float *rowMax,
+                          const float *sumExp, float gradOverCount, float *dlogits, int64_t tokens, int64_t cols,
+                          int64_t colStart, int64_t validVocab, cudaStream_t s) {
+  crossEntropyBackwardKernel<<<int(tokens), kThreads, 0, s>>>(logits, labels, mask, rowMax, sumExp, gradOverCount,
+                                                              dlogits, cols, colStart, validVocab);
+}
+
+void adamwUpdate(float *param, const float *grad, float *m, float *v, int64_t n, float lr, float beta1, float beta2,
+                 float eps, float weightDecay, int64_t step, bool decay, cudaStream_t s) {
+  float c1 = 1 - powf(beta1, float(step)), c2 = 1 - powf(beta2, float(step));
+  adamwKernel<<<blocks(n), kThreads, 0, s>>>(param, grad, m, v, n, lr, beta1, beta2, eps, weightDecay, c1, c2, decay);
+}
+
+bool deviceAvailable(const char **why) {
+  int count = 0;
+  cudaError_t err = cudaGetDeviceCount(&count);
+  if (err != cudaSuccess) {
+    *why = cudaGetErrorString(err);
+    return false;
+  }
+  if (count == 0) {
+    *why = "no CUDA device";
+    return false;
+  }
+  return true;
+}
+
+}  // namespace loom::cuda

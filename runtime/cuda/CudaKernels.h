@@ -1,0 +1,39 @@
+// fp32 CUDA kernels of the loom ops, the same math as runtime/cpu/Kernels.h (and the same
+// counter-based dropout), launched on a given stream. Pointers are device pointers.
+// Checked against the CPU kernels by tests/cuda/cuda_kernels_test (skipped without a GPU).
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+namespace loom::cuda {
+
+void layerNormForward(const float *x, const float *gamma, const float *beta, float *y, int64_t rows, int64_t n,
+                      float eps, cudaStream_t s);
+// dgamma and dbeta are accumulated with atomics: zeroed here first.
+void layerNormBackward(const float *x, const float *gamma, const float *g, float *dx, float *dgamma, float *dbeta,
+                       int64_t rows, int64_t n, float eps, cudaStream_t s);
+void geluForward(const float *x, float *y, int64_t count, cudaStream_t s);
+void geluBackward(const float *x, const float *g, float *dx, int64_t count, cudaStream_t s);
+void dropoutForward(const float *x, float *y, int64_t count, float rate, uint64_t seed, uint64_t stream,
+                    cudaStream_t s);
+void embeddingForward(const int32_t *tokens, const float *word, const float *position, float *out,
+                      int64_t tokenCount, int64_t seq, int64_t hidden, int64_t rowStart, int64_t rows, cudaStream_t s);
+void embeddingBackward(const int32_t *tokens, const float *g, float *dword, int64_t tokenCount, int64_t hidden,
+                       int64_t rowStart, int64_t rows, cudaStream_t s);
+void crossEntropyLocalMax(const float *logits, float *rowMax, int64_t tokens, int64_t cols, int64_t colStart,
+                          int64_t validVocab, cudaStream_t s);
+void crossEntropyLocalSums(const float *logits, const int32_t *labels, const float *rowMax, float *sumExp,
+                           float *target, int64_t tokens, int64_t cols, int64_t colStart, int64_t validVocab,
+                           cudaStream_t s);
+void crossEntropyBackward(const float *logits, const int32_t *labels, const float *mask, const float *rowMax,
+                          const float *sumExp, float gradOverCount, float *dlogits, int64_t tokens, int64_t cols,
+                          int64_t colStart, int64_t validVocab, cudaStream_t s);
+void adamwUpdate(float *param, const float *grad, float *m, float *v, int64_t n, float lr, float beta1, float beta2,
+                 float eps, float weightDecay, int64_t step, bool decay, cudaStream_t s);
+
+// Whether a CUDA device can run kernels here; `why` says why not.
+bool deviceAvailable(const char **why);
+
+}  // namespace loom::cuda

@@ -1,0 +1,28 @@
+"""nvcc through a genrule: CUDA sources compiled to objects for sm_80 and sm_90 plus PTX for
+later GPUs, wrapped in a cc_library (Bazel 4 has no CUDA rules; see BUILD-NOTES.md)."""
+
+GENCODE = " ".join([
+    "-gencode arch=compute_80,code=sm_80",
+    "-gencode arch=compute_90,code=sm_90",
+    "-gencode arch=compute_90,code=compute_90",
+])
+
+def cuda_library(name, srcs, hdrs = [], deps = [], textual_hdrs = [], **kwargs):
+    objs = []
+    for src in srcs:
+        obj = name + "_" + src.replace("/", "_").replace(".cu", ".o")
+        native.genrule(
+            name = obj + "_nvcc",
+            srcs = [src] + hdrs + textual_hdrs,
+            outs = [obj],
+            cmd = "/usr/local/cuda/bin/nvcc -c -O3 -std=c++17 -Xcompiler -fPIC " + GENCODE +
+                  " -I. -I/usr/local/cuda/include $(location " + src + ") -o $@",
+        )
+        objs.append(obj)
+    native.cc_library(
+        name = name,
+        srcs = objs,
+        hdrs = hdrs,
+        deps = deps + ["@cuda//:cudart"],
+        **kwargs
+    )

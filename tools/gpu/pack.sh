@@ -1,0 +1,21 @@
+#!/bin/bash
+# Packs the GPU test binaries and the shared libraries they need that the GPU machine lacks
+# into gpu-pack/, for the device tool's `carry` (a machine without Bazel). The CUDA libraries
+# (cudart, cuBLAS, NCCL: hundreds of MB) are the GPU machine's own (CUDA 13 there too), so
+# they stay behind. usage: tools/gpu/pack.sh
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+bazel-4 build //tests/cuda:cuda_kernels_test //tests/toolchain:cuda_deps_test
+rm -rf gpu-pack && mkdir -p gpu-pack/bin gpu-pack/lib
+for t in tests/cuda/cuda_kernels_test tests/toolchain/cuda_deps_test; do
+  cp -L "bazel-bin/$t" gpu-pack/bin/
+  ldd "bazel-bin/$t" | awk '/=> \// {print $3}' | while read -r lib; do
+    case "$(basename "$lib")" in
+      libc.so*|libm.so*|libpthread.so*|libdl.so*|librt.so*|ld-linux*|libcuda.so*) ;;
+      libcudart.so*|libcublas*|libnccl.so*) ;;
+      *) cp -Ln "$lib" gpu-pack/lib/ 2>/dev/null || true ;;
+    esac
+  done
+done
+cp tools/gpu/check.sh gpu-pack/
+du -sh gpu-pack
