@@ -81,6 +81,9 @@ llvm::Error compile(const config::ModelConfig &model, const config::ClusterSpec 
                     llvm::raw_ostream &summary) {
   auto started = std::chrono::steady_clock::now();
   const config::ParallelConfig &par = cluster.parallel();
+  if (cluster.device().kind() == config::CPU && model.params_dtype() != config::FP32)
+    return error("params_dtype " + config::DType_Name(model.params_dtype()) +
+                 ": the CPU backend computes in fp32 (set params_dtype: FP32 or compile for a CUDA cluster)");
   int t = par.tensor_parallel_size(), p = par.pipeline_parallel_size(), d = par.data_parallel_size(),
       v = par.virtual_pipeline_size(), b = par.micro_batch_size();
   int m = par.global_batch_size() / (b * d);

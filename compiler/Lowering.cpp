@@ -159,6 +159,10 @@ llvm::Expected<plan::Program> lowerProgram(mlir::func::FuncOp f) {
     in->set_stream(streamOf(&op));
     in->set_flops(flopsOf(&op));
     in->set_bytes_moved(bytesMovedOf(&op));
+    // Pipeline tags live in one micro-batch's range of the runtime (4096 channels).
+    if (auto t = op.getAttrOfType<mlir::IntegerAttr>("tag"); t && (t.getInt() < 0 || t.getInt() >= 4096))
+      return llvm::createStringError(llvm::inconvertibleErrorCode(), "%s: pipeline tag %lld outside 0..4095",
+                                     name.str().c_str(), (long long)t.getInt());
     auto layer = op.getAttrOfType<mlir::IntegerAttr>(attr::kLayer);
     in->set_layer(layer ? layer.getInt() : -1);
     std::set<int> waits;

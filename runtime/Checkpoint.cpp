@@ -51,11 +51,19 @@ Status publishCheckpoint(const std::string &root, int64_t iteration, int worldSi
   manifest << "]}\n";
   LOOM_RETURN_IF_ERROR(writeFileAtomically(partial + "/manifest.json", manifest.str()));
   std::error_code ec;
-  if (fs::exists(final)) fs::rename(final, final + ".replaced", ec);  // the same iteration saved again
+  // The same iteration saved again: the old copy moves aside (never deleted before the new one
+  // is in place; resume falls back to it if a crash lands between the two renames).
+  std::string aside = final + ".replaced";
+  fs::remove_all(aside, ec);
+  if (fs::exists(final)) {
+    fs::rename(final, aside, ec);
+    if (ec) return Status::error(final + ": cannot move the previous copy aside: " + ec.message());
+  }
   fs::rename(partial, final, ec);
   if (ec) return Status::error(final + ": cannot publish the checkpoint: " + ec.message());
-  fs::remove_all(final + ".replaced", ec);
-  return writeFileAtomically(root + "/latest_checkpointed_iteration.txt", std::to_string(iteration) + "\n");
+  LOOM_RETURN_IF_ERROR(writeFileAtomically(root + "/latest_checkpointed_iteration.txt", std::to_string(iteration) + "\n"));
+  fs::remove_all(aside, ec);
+  return Status::ok();
 }
 
 Status latestIteration(const std::string &root, int64_t *iteration) {
@@ -67,8 +75,14 @@ Status latestIteration(const std::string &root, int64_t *iteration) {
   return Status::ok();
 }
 
-Status verifyCheckpointFile(const std::string &root, int64_t iteration, int rank) {
+std::string resolvedCheckpointDir(const std::string &root, int64_t iteration) {
   std::string dir = checkpointDir(root, iteration);
+  if (!fs::exists(dir) && fs::exists(dir + ".replaced")) return dir + ".replaced";
+  return dir;
+}
+
+Status verifyCheckpointFile(const std::string &root, int64_t iteration, int rank) {
+  std::string dir = resolvedCheckpointDir(root, iteration);
   std::ifstream in(dir + "/manifest.json");
   if (!in) return Status::error(dir + "/manifest.json: missing (an incomplete checkpoint)");
   std::stringstream ss;

@@ -24,6 +24,9 @@ Status publishCheckpoint(const std::string &root, int64_t iteration, int worldSi
 // The iteration named by `latest` (or -1 if there is no checkpoint).
 Status latestIteration(const std::string &root, int64_t *iteration);
 
+// The directory of a published iteration (its previous copy if a re-save was interrupted).
+std::string resolvedCheckpointDir(const std::string &root, int64_t iteration);
+
 // Checks this rank's file against the manifest (exists, size, checksum).
 Status verifyCheckpointFile(const std::string &root, int64_t iteration, int rank);
 

@@ -22,6 +22,18 @@ class Run {
     if (int(args.size()) != prog_.arguments_size())
       return Status::error(prog_.name() + ": expected " + std::to_string(prog_.arguments_size()) + " arguments, got " +
                            std::to_string(args.size()));
+    // The plan comes from a file: check what the executor relies on before running it.
+    for (int i = 0; i < prog_.instructions_size(); ++i) {
+      const plan::Instruction &in = prog_.instructions(i);
+      if (in.stream() < plan::COMPUTE || in.stream() > plan::DP)
+        return Status::error(prog_.name() + ": instruction " + std::to_string(i) + " names an unknown stream");
+      for (int w : in.wait_for())
+        if (w < 0 || w >= i) return Status::error(prog_.name() + ": instruction " + std::to_string(i) + " waits on " + std::to_string(w) + " (corrupt plan)");
+      for (int b : in.inputs())
+        if (b < 0 || b >= prog_.buffers_size()) return Status::error(prog_.name() + ": buffer id out of range (corrupt plan)");
+      for (int b : in.outputs())
+        if (b < 0 || b >= prog_.buffers_size()) return Status::error(prog_.name() + ": buffer id out of range (corrupt plan)");
+    }
     size_t floats = prog_.workspace_bytes() / 4 + 16;
     std::vector<float> &arena = ctx_.workspace ? *ctx_.workspace : arena_;
     if (arena.size() < floats) arena.resize(floats);
@@ -30,7 +42,9 @@ class Run {
     iptr_.assign(prog_.buffers_size(), nullptr);
     for (const plan::Buffer &b : prog_.buffers())
       if (b.kind() == plan::Buffer::ACTIVATION) {
-        if (b.dtype() == plan::I32) return Status::error(prog_.name() + ": integer activations are not supported");
+        if (b.dtype() != plan::F32)
+          return Status::error(prog_.name() + ": the CPU backend computes in fp32; buffer " + std::to_string(b.id()) +
+                               " is " + plan::DType_Name(b.dtype()) + " (compile an fp32 model for CPU clusters)");
         if (b.offset() + b.bytes() > int64_t(floats) * 4)
           return Status::error(prog_.name() + ": buffer outside the workspace (corrupt plan)");
         ptr_[b.id()] = base + b.offset() / 4;
@@ -40,6 +54,8 @@ class Run {
       const HostTensor *t = args[i];
       int64_t n = 1;
       for (int64_t d : b.shape()) n *= d;
+      if (t->isInt != (b.dtype() == plan::I32) || (!t->isInt && b.dtype() != plan::F32))
+        return Status::error(prog_.name() + ": argument '" + prog_.arguments(i).name() + "' has the wrong element type");
       if (t->numel() != n || int64_t(t->isInt ? t->ints.size() : t->data.size()) != n)
         return Status::error(prog_.name() + ": argument '" + prog_.arguments(i).name() + "' has " +
                              std::to_string(t->numel()) + " elements, expected " + std::to_string(n));
@@ -199,12 +215,13 @@ class Run {
       bool fwd = op == "attention";
       int qkv = inp(0), mask = optionalInput(in, fwd ? 1 : 2);
       int64_t heads = i64(in, "num_heads");
+      if (heads < 1 || dim(qkv, 2) % (3 * heads) != 0) return Status::error("attention: bad num_heads (corrupt plan)");
       cpu::AttentionShape s{dim(qkv, 0),
                             dim(qkv, 1),
                             heads,
                             dim(qkv, 2) / (3 * heads),
                             flag(in, "causal"),
-                            float(f64(in, "dropout")),
+                            ctx_.training ? float(f64(in, "dropout")) : 0.0f,
                             ctx_.seed,
                             dropoutStream(i64(in, "stream"), flag(in, "rank_distinct_dropout"))};
       if (fwd)
@@ -212,7 +229,7 @@ class Run {
       else
         cpu::attentionBackward(f(qkv), mask >= 0 ? f(mask) : nullptr, f(inp(1)), f(out()), s);
     } else if (op == "dropout") {
-      cpu::dropoutForward(f(inp(0)), f(out()), numel(inp(0)), float(f64(in, "rate")), ctx_.seed,
+      cpu::dropoutForward(f(inp(0)), f(out()), numel(inp(0)), ctx_.training ? float(f64(in, "rate")) : 0.0f, ctx_.seed,
                           dropoutStream(i64(in, "stream"), flag(in, "rank_distinct")));
     } else if (op == "add") {
       float *a = f(inp(0)), *b = f(inp(1)), *y = f(out());
@@ -271,6 +288,9 @@ class Run {
       bool gather = op == "all_gather";
       int small = gather ? inp(0) : out(), large = gather ? out() : inp(0);
       int64_t g = i64(in, "group_size"), d = i64(in, "dim"), n = numel(small);
+      if (g != c->sizeOf(str(in, "group")))
+        return Status::error("group_size " + std::to_string(g) + " of group " + str(in, "group") + " but the communicator has " +
+                             std::to_string(c->sizeOf(str(in, "group"))) + " members (a plan for another layout)");
       int64_t outer = 1, inner = 1;
       for (int k = 0; k < buf(small).shape_size(); ++k) (k < d ? outer : inner) *= buf(small).shape(k);
       std::vector<float> blocks(g * n);  // member r's block = slice r along dim

@@ -18,7 +18,7 @@ struct ExecutionContext {
   Collectives *collectives = nullptr;  // required by programs with communication
   uint64_t seed = 1234;                // dropout seed of this step and micro-batch
   int64_t messageTag = 0;              // added to send/recv tags (the micro-batch's channel)
-  int threads = 0;                     // OpenBLAS threads (0: leave as is)
+  bool training = true;                // false: dropout off (validation, inference)
   // A workspace reused across runs of the same program (no fresh, zeroed pages each time);
   // null: a temporary one.
   std::vector<float> *workspace = nullptr;

@@ -117,6 +117,7 @@ Status GlooCollectives::send(const std::string &group, int peer, const float *da
   Group *g;
   LOOM_RETURN_IF_ERROR(groupOf(group, &g));
   if (!g->context) return Status::error("send within a group of one (" + group + ")");
+  if (peer < 0 || peer >= int(g->ranks.size())) return Status::error("send: peer " + std::to_string(peer) + " outside group " + group);
   try {
     auto p = std::make_unique<PendingSend>();
     p->data.assign(data, data + n);
@@ -134,6 +135,7 @@ Status GlooCollectives::recv(const std::string &group, int peer, float *data, in
   Group *g;
   LOOM_RETURN_IF_ERROR(groupOf(group, &g));
   if (!g->context) return Status::error("recv within a group of one (" + group + ")");
+  if (peer < 0 || peer >= int(g->ranks.size())) return Status::error("recv: peer " + std::to_string(peer) + " outside group " + group);
   try {
     auto buffer = g->context->createUnboundBuffer(data, size_t(n) * sizeof(float));
     buffer->recv(peer, uint64_t(tag));

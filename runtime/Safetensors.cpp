@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <cerrno>
 #include <cstdio>
 #include <cstring>
 #include <fstream>
@@ -49,10 +50,11 @@ class Json {
   int64_t num() {
     ws();
     size_t start = i_;
-    while (i_ < s_.size() && (isdigit((unsigned char)s_[i_]) || s_[i_] == '-')) ++i_;
-    if (start == i_) return ok_ = false, 0;
-    return std::stoll(s_.substr(start, i_ - start));
+    while (i_ < s_.size() && isdigit((unsigned char)s_[i_])) ++i_;  // sizes and offsets: no sign
+    if (start == i_ || i_ - start > 18) return ok_ = false, 0;
+    return std::strtoll(s_.substr(start, i_ - start).c_str(), nullptr, 10);
   }
+  void fail() { ok_ = false; }
   std::vector<int64_t> nums() {
     std::vector<int64_t> out;
     if (!eat('[')) return ok_ = false, out;
@@ -80,15 +82,30 @@ Status writeFileAtomically(const std::string &path, const std::string &bytes) {
   size_t done = 0;
   while (done < bytes.size()) {
     ssize_t w = ::write(fd, bytes.data() + done, bytes.size() - done);
+    if (w < 0 && errno == EINTR) continue;
     if (w < 0) {
       ::close(fd);
+      ::unlink(tmp.c_str());
       return Status::error(tmp + ": write failed: " + std::strerror(errno));
     }
     done += size_t(w);
   }
-  if (::fsync(fd) != 0 || ::close(fd) != 0) return Status::error(tmp + ": fsync failed: " + std::strerror(errno));
-  if (std::rename(tmp.c_str(), path.c_str()) != 0)
+  bool synced = ::fsync(fd) == 0;
+  bool closed = ::close(fd) == 0;
+  if (!synced || !closed) {
+    ::unlink(tmp.c_str());
+    return Status::error(tmp + ": fsync failed: " + std::strerror(errno));
+  }
+  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
+    ::unlink(tmp.c_str());
     return Status::error(path + ": rename failed: " + std::strerror(errno));
+  }
+  // The rename itself is durable once the directory is synced.
+  std::string dir = path.find('/') == std::string::npos ? "." : path.substr(0, path.rfind('/'));
+  if (int dfd = ::open(dir.empty() ? "/" : dir.c_str(), O_RDONLY | O_DIRECTORY); dfd >= 0) {
+    ::fsync(dfd);
+    ::close(dfd);
+  }
   return Status::ok();
 }
 
@@ -137,39 +154,48 @@ Status readSafetensors(const std::string &path, SafetensorsFile *file) {
   const char *data = bytes.data() + 8 + len;
   size_t dataSize = bytes.size() - 8 - len;
   Json j(header);
-  if (!j.eat('{')) return Status::error(path + ": corrupt header");
+  Status corrupt = Status::error(path + ": corrupt safetensors header");
+  if (!j.eat('{')) return corrupt;
   if (j.eat('}')) return Status::ok();
   do {
     std::string name = j.str();
-    if (!j.eat(':')) break;
+    if (!j.ok() || !j.eat(':')) return corrupt;
     if (name == "__metadata__") {
-      if (!j.eat('{')) break;
+      if (!j.eat('{')) return corrupt;
       if (!j.eat('}')) {
         do {
           std::string k = j.str();
-          j.eat(':');
+          if (!j.eat(':')) return corrupt;
           file->metadata[k] = j.str();
         } while (j.ok() && j.eat(','));
-        if (!j.eat('}')) break;
+        if (!j.ok() || !j.eat('}')) return corrupt;
       }
       continue;
     }
-    if (!j.eat('{')) break;
+    if (!j.eat('{')) return corrupt;
     std::string dtype;
     std::vector<int64_t> shape, offsets;
     do {
       std::string key = j.str();
-      j.eat(':');
+      if (!j.eat(':')) return corrupt;
       if (key == "dtype") dtype = j.str();
       else if (key == "shape") shape = j.nums();
       else if (key == "data_offsets") offsets = j.nums();
       else j.str();
     } while (j.ok() && j.eat(','));
-    if (!j.eat('}') || offsets.size() != 2) break;
-    if (dtype != "F32" && dtype != "I32") return Status::error(path + ": tensor '" + name + "' has dtype " + dtype + ", expected F32");
+    if (!j.ok() || !j.eat('}') || offsets.size() != 2) return corrupt;
+    if (dtype != "F32" && dtype != "I32")
+      return Status::error(path + ": tensor '" + name + "' has dtype " + dtype + " (Loom reads F32 and I32)");
+    // Element count without overflow: every dimension bounded by the data it must fit in.
+    int64_t numel = 1;
+    for (int64_t d : shape) {
+      if (d < 0 || (d > 0 && numel > int64_t(dataSize) / 4 / d))
+        return Status::error(path + ": tensor '" + name + "' has a shape larger than the file (corrupt)");
+      numel *= d;
+    }
     HostTensor t{shape};
-    int64_t bytesNeeded = t.numel() * 4;
-    if (offsets[0] < 0 || offsets[1] > int64_t(dataSize) || offsets[1] - offsets[0] != bytesNeeded)
+    int64_t bytesNeeded = numel * 4;
+    if (offsets[0] > offsets[1] || offsets[1] > int64_t(dataSize) || offsets[1] - offsets[0] != bytesNeeded)
       return Status::error(path + ": tensor '" + name + "' lies outside the file (truncated or corrupt)");
     t.isInt = dtype == "I32";
     if (t.isInt) {
@@ -181,7 +207,7 @@ Status readSafetensors(const std::string &path, SafetensorsFile *file) {
     }
     file->tensors[name] = std::move(t);
   } while (j.ok() && j.eat(','));
-  if (!j.ok()) return Status::error(path + ": corrupt header");
+  if (!j.ok() || !j.eat('}')) return corrupt;
   return Status::ok();
 }
 

@@ -1,6 +1,7 @@
 // The safetensors format (Hugging Face): an 8-byte little-endian header length, a JSON header
 // {"name": {"dtype", "shape", "data_offsets"}, "__metadata__": {...}}, then raw data. Writing
-// is atomic (temporary file, fsync, rename).
+// is atomic (temporary file, fsync, rename, fsync of the directory). Reading checks every
+// offset and shape against the file: a corrupt file is an error, never a crash.
 #pragma once
 
 #include <map>

@@ -91,6 +91,7 @@ Status Trainer::runProgram(const plan::Program &prog, int mb, int64_t step, doub
   ctx.seed = dropoutSeed(opt_.seed, step, plan_.dp_rank(), mb);
   ctx.messageTag = mb < 0 ? 0 : mb * kTagsPerMicroBatch;
   ctx.workspace = &workspaces_[&prog];
+  ctx.training = !evaluating_;
   std::vector<HostTensor> results;
   LOOM_RETURN_IF_ERROR(executeProgram(prog, args, results, ctx));
   for (int i = 0; i < prog.results_size(); ++i) {
@@ -142,7 +143,9 @@ Status Trainer::evaluate(DataSource *data, int64_t batch, double *loss) {
   DataSource *train = data_;
   data_ = data;
   double lossSum = 0;
+  evaluating_ = true;
   Status s = runSchedule(batch, /*forwardOnly=*/true, &lossSum);
+  evaluating_ = false;
   data_ = train;
   LOOM_RETURN_IF_ERROR(s);
   if (isLossRank()) {
@@ -199,6 +202,7 @@ Status Trainer::saveShard(const std::string &path, const std::map<std::string, s
   }
   for (auto &[name, p] : params_) {
     f.tensors["param/" + name] = p;
+    if (plan_.zero1()) continue;  // the moments live in the flat ZeRO-1 shard above
     auto it = adam_.find(name);
     HostTensor m{p.shape}, v{p.shape};
     m.data = it != adam_.end() && !it->second.m.empty() ? it->second.m : std::vector<float>(p.data.size(), 0.0f);
@@ -217,13 +221,22 @@ Status Trainer::loadShard(const std::string &path, std::map<std::string, std::st
       return Status::error(path + ": no ZeRO-1 optimizer state (a checkpoint of another layout)");
     zeroState_.m = f.tensors["zero1/adam_m"].data;
     zeroState_.v = f.tensors["zero1/adam_v"].data;
+    int64_t total = 0;
+    for (auto &[name, p] : params_) total += int64_t(p.data.size());
+    size_t shard = size_t((total + plan_.d() - 1) / plan_.d());
+    if (zeroState_.m.size() != shard || zeroState_.v.size() != shard)
+      return Status::error(path + ": the ZeRO-1 optimizer state has " + std::to_string(zeroState_.m.size()) +
+                           " elements, expected " + std::to_string(shard));
   }
   for (auto &[name, p] : params_) {
-    for (const char *kind : {"param/", "adam_m/", "adam_v/"})
+    for (const char *kind : {"param/", "adam_m/", "adam_v/"}) {
+      if (plan_.zero1() && std::string(kind) != "param/") continue;
       if (!f.tensors.count(kind + name) || f.tensors[kind + name].data.size() != p.data.size())
         return Status::error(path + ": no " + kind + name + " of " + std::to_string(p.data.size()) +
                              " elements (a checkpoint of another model or layout)");
+    }
     p.data = f.tensors["param/" + name].data;
+    if (plan_.zero1()) continue;
     adam_[name].m = f.tensors["adam_m/" + name].data;
     adam_[name].v = f.tensors["adam_v/" + name].data;
   }
@@ -237,6 +250,8 @@ Status Trainer::loadGlobalParameters(const std::map<std::string, HostTensor> &gl
     auto it = global.find(source);
     if (it == global.end()) return Status::error("the weights file has no tensor for parameter '" + source + "'");
     const HostTensor &full = it->second;
+    if (full.isInt || int64_t(full.data.size()) != full.numel())
+      return Status::error("'" + source + "' in the weights file is not an fp32 tensor");
     if (int(full.shape.size()) != p.global_shape_size())
       return Status::error("'" + source + "' has rank " + std::to_string(full.shape.size()) + " in the weights file");
     for (int k = 0; k < p.global_shape_size(); ++k)

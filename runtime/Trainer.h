@@ -57,8 +57,8 @@ class Trainer {
   // Checkpoint shard of this rank: parameters and AdamW moments.
   Status saveShard(const std::string &path, const std::map<std::string, std::string> &metadata);
   Status loadShard(const std::string &path, std::map<std::string, std::string> *metadata);
-  // Replaces parameters by the tensors of a whole-model file (global shapes), each rank
-  // taking its shard; `mapName` maps a Loom parameter name to the file's tensor.
+  // Replaces parameters by the tensors of a whole-model file (global shapes, keyed by Loom
+  // parameter name), each rank taking its shard.
   Status loadGlobalParameters(const std::map<std::string, HostTensor> &global);
 
   const plan::RankPlan &plan() const { return plan_; }
@@ -84,6 +84,7 @@ class Trainer {
   std::map<int, std::map<std::string, HostTensor>> batches_;  // inputs per micro-batch
   std::map<const plan::Program *, std::vector<float>> workspaces_;
   AdamWState zeroState_;  // this rank's shard of the flat AdamW state (ZeRO-1)
+  bool evaluating_ = false;  // validation: forward programs with dropout off
 };
 
 }  // namespace loom

@@ -46,6 +46,13 @@ double modelFlopsPerStep(const plan::RankPlan &p) {
   return 72 * B * s * l * h * h * (1 + s / (6 * h) + V / (12 * l * h));
 }
 
+// (t,p,d,v) and whether the optimizer state is sharded: a checkpoint resumes only into the
+// same layout (resharding is future work).
+std::string layoutOf(const plan::RankPlan &p) {
+  return std::to_string(p.t()) + "," + std::to_string(p.p()) + "," + std::to_string(p.d()) + "," +
+         std::to_string(p.v()) + (p.zero1() ? ",zero1" : "");
+}
+
 std::string shardInfo(const plan::Parameter &p) {
   std::string s = std::to_string(p.shard_dim()) + "," + std::to_string(p.shard_parts()) + "," +
                   std::to_string(p.shard_index());
@@ -64,8 +71,7 @@ Status TrainingLoop::saveCheckpoint(int64_t iteration) {
   std::map<std::string, std::string> meta = {
       {"iteration", std::to_string(iteration)}, {"rank", std::to_string(p.rank())},
       {"world_size", std::to_string(p.world_size())}, {"model", p.model()},
-      {"layout", std::to_string(p.t()) + "," + std::to_string(p.p()) + "," + std::to_string(p.d()) + "," +
-                     std::to_string(p.v())},
+      {"layout", layoutOf(p)},
       {"vocab_size", std::to_string(p.vocab_size())}, {"heads", std::to_string(p.num_attention_heads())},
       {"architecture", p.architecture()}};
   for (const plan::Parameter &param : p.parameters()) meta["shard:" + param.name()] = shardInfo(param);
@@ -83,10 +89,9 @@ Status TrainingLoop::loadCheckpoint(int64_t *iteration) {
   if (*iteration < 0) return Status::ok();  // nothing to resume: start from scratch
   LOOM_RETURN_IF_ERROR(verifyCheckpointFile(opt_.save, *iteration, p.rank()));
   std::map<std::string, std::string> meta;
-  std::string file = checkpointFile(checkpointDir(opt_.save, *iteration), p.rank());
+  std::string file = checkpointFile(resolvedCheckpointDir(opt_.save, *iteration), p.rank());
   LOOM_RETURN_IF_ERROR(trainer_.loadShard(file, &meta));
-  std::string layout = std::to_string(p.t()) + "," + std::to_string(p.p()) + "," + std::to_string(p.d()) + "," +
-                       std::to_string(p.v());
+  std::string layout = layoutOf(p);
   if (meta["layout"] != layout || meta["model"] != p.model())
     return Status::error(file + ": written by model '" + meta["model"] + "' with (t,p,d,v) = (" + meta["layout"] +
                          "), this job runs '" + p.model() + "' with (" + layout + ")");
@@ -116,9 +121,13 @@ Status TrainingLoop::validate(int64_t iteration) {
 // facts) into a checkpoint, then rank 0 assembles the whole model from the files.
 Status TrainingLoop::exportModel() {
   const plan::RankPlan &p = trainer_.plan();
+  // Without --save the shards go to a directory beside the export, removed after; one that
+  // exists already (checked by every rank before any writes) is not ours to use or remove.
   std::string root = opt_.save.empty() ? opt_.exportPath + ".shards" : opt_.save;
   if (opt_.save.empty()) {
-    TrainingOptions o = opt_;
+    bool existed = std::filesystem::exists(root);
+    LOOM_RETURN_IF_ERROR(client_.barrier("export-check", p.rank(), 600000));
+    if (existed) return Status::error(root + ": exists already (the export writes its shards there); remove it");
     std::swap(opt_.save, root);
     Status s = saveCheckpoint(0);
     std::swap(opt_.save, root);
@@ -127,23 +136,28 @@ Status TrainingLoop::exportModel() {
   if (p.rank() != 0) return Status::ok();
   int64_t it;
   LOOM_RETURN_IF_ERROR(latestIteration(root, &it));
-  std::string dir = checkpointDir(root, it);
+  std::string dir = resolvedCheckpointDir(root, it);
   std::map<std::string, std::map<int, HostTensor>> shards;
   std::map<std::string, std::vector<int64_t>> info;
   for (int r = 0; r < p.world_size(); ++r) {
+    LOOM_RETURN_IF_ERROR(verifyCheckpointFile(root, it, r));
     SafetensorsFile f;
-    LOOM_RETURN_IF_ERROR(readSafetensors(checkpointFile(dir, r), &f));
+    std::string file = checkpointFile(dir, r);
+    LOOM_RETURN_IF_ERROR(readSafetensors(file, &f));
     for (auto &[key, value] : f.metadata) {
       if (key.rfind("shard:", 0) != 0) continue;
       std::string name = key.substr(6);
       std::vector<int64_t> v;
       for (size_t i = 0; i < value.size();) {
         size_t j = value.find(',', i);
-        v.push_back(std::stoll(value.substr(i, j - i)));
+        v.push_back(std::strtoll(value.substr(i, j - i).c_str(), nullptr, 10));
         i = j == std::string::npos ? value.size() : j + 1;
       }
+      auto tensor = f.tensors.find("param/" + name);
+      if (v.size() < 4 || tensor == f.tensors.end())
+        return Status::error(file + ": corrupt shard facts of '" + name + "'");
       info[name] = v;
-      shards[name][v[0] < 0 ? 0 : int(v[2])] = std::move(f.tensors["param/" + name]);
+      shards[name][v[0] < 0 ? 0 : int(v[2])] = std::move(tensor->second);
     }
   }
   std::map<std::string, HostTensor> global;
@@ -155,15 +169,21 @@ Status TrainingLoop::exportModel() {
     if (dim < 0) {
       full.data = parts[0].data;
     } else {
+      if (int64_t(parts.size()) != v[1])
+        return Status::error("export: " + std::to_string(parts.size()) + " of " + std::to_string(v[1]) +
+                             " shards of '" + name + "' found");
       const HostTensor &s0 = parts.begin()->second;
       int64_t outer = 1, inner = 1;
       for (int k = 0; k < int(s0.shape.size()); ++k)
         if (k < dim) outer *= s0.shape[k];
         else if (k > dim) inner *= s0.shape[k];
       int64_t block = s0.shape[dim] * inner, n = int64_t(parts.size());
-      for (auto &[idx, t] : parts)
+      for (auto &[idx, t] : parts) {
+        if (int64_t(t.data.size()) != outer * block || idx < 0 || idx >= n)
+          return Status::error("export: shard " + std::to_string(idx) + " of '" + name + "' has the wrong size");
         for (int64_t a = 0; a < outer; ++a)
           std::copy_n(&t.data[a * block], block, &full.data[(a * n + idx) * block]);
+      }
     }
     global[name] = std::move(full);
   }
@@ -200,13 +220,21 @@ Status TrainingLoop::run() {
       LOOM_RETURN_IF_ERROR(
           writeSafetensors(opt_.dumpGrads + "/grads_rank" + std::to_string(p.rank()) + ".safetensors", f));
     }
+    if (r.hasLoss && !std::isfinite(r.loss))
+      return Status::error("the loss is " + std::to_string(r.loss) + " at iteration " + std::to_string(it) +
+                           ": stopping before the update (no checkpoint of this state is written)");
     double norm = 0, lr = opt_.lr.at(it);
     if (p.zero1()) {
       // (After a --dump-grads averaging, the gradients are equal on every replica, and averaging
       // them again in the reduce-scatter changes nothing.)
       LOOM_RETURN_IF_ERROR(trainer_.distributedOptimizerStep(it, lr, opt_.clipGrad, &norm));
+      if (!std::isfinite(norm))
+        return Status::error("the gradient norm is not finite at iteration " + std::to_string(it) + ": stopping");
     } else {
       LOOM_RETURN_IF_ERROR(trainer_.gradientNorm(&norm));
+      if (!std::isfinite(norm))
+        return Status::error("the gradient norm is not finite at iteration " + std::to_string(it) +
+                             ": stopping before the update (no checkpoint of this state is written)");
       if (opt_.clipGrad > 0 && norm > opt_.clipGrad) trainer_.scaleGradients(opt_.clipGrad / (norm + 1e-6));
       trainer_.applyOptimizer(it, lr);
     }

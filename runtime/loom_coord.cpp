@@ -35,9 +35,9 @@ int main(int argc, char **argv) {
     token = buf;
     std::printf("loom-coord: job token %s (pass it to the ranks as LOOM_TOKEN)\n", token.c_str());
   }
-  loom::control::CoordinatorOptions opt{planDir, token, plan0.world_size(),
-                                        std::stod(flags.get("heartbeat-timeout", "10")),
-                                        std::stod(flags.get("registration-timeout", "120"))};
+  loom::control::CoordinatorOptions opt{planDir, token, plan0.world_size(), flags.number("heartbeat-timeout", 10),
+                                        flags.number("registration-timeout", 120)};
+  if (!flags.ok()) return 2;
   loom::control::CoordinatorService service(opt);
   std::string address = flags.get("bind", "127.0.0.1") + ":" + flags.get("port", "0");
   int port = 0;

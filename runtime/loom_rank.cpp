@@ -100,15 +100,43 @@ int main(int argc, char **argv) {
                     {"resume"});
   if (!flags.ok()) return 2;
   if (!flags.has("coordinator") || !flags.has("rank")) return flags.fail("--coordinator HOST:PORT and --rank R are required");
-  int rank = std::atoi(flags.get("rank").c_str());
+  int rank = int(flags.integer("rank", -1));
+  if (!flags.ok()) return 2;
   std::string token = flags.get("token", std::getenv("LOOM_TOKEN") ? std::getenv("LOOM_TOKEN") : "");
   if (token.empty()) return flags.fail("no job token: set LOOM_TOKEN (loom-coord prints it) or pass --token");
   std::string tool = "loom-rank " + std::to_string(rank);
-  if (flags.has("threads")) openblas_set_num_threads(std::atoi(flags.get("threads").c_str()));
+  if (flags.has("threads")) openblas_set_num_threads(int(flags.integer("threads", 1)));
 
   loom::control::CoordinatorClient client(flags.get("coordinator"), token);
   loom::control::RegisterReply reg;
-  loom::Status s = client.connect(rank, std::stod(flags.get("connect-timeout", "20")), &reg);
+  double connectTimeout = flags.number("connect-timeout", 20), commTimeout = flags.number("comm-timeout", 30);
+  uint64_t seed = uint64_t(flags.integer("seed", 1234));
+  double validFraction = flags.number("valid-fraction", 0.05);
+  loom::TrainerOptions topt{seed, {}, flags.get("dump-batches")};
+  topt.adam.beta1 = flags.number("adam-beta1", 0.9);
+  topt.adam.beta2 = flags.number("adam-beta2", 0.95);
+  topt.adam.eps = flags.number("adam-eps", 1e-8);
+  topt.adam.weightDecay = flags.number("weight-decay", 0.1);
+  loom::TrainingOptions lopt;
+  lopt.trainIters = flags.integer("steps", 1);
+  lopt.lr.maxLr = flags.number("lr", 3e-4);
+  lopt.lr.minLr = flags.number("min-lr", lopt.lr.maxLr / 10);
+  lopt.lr.warmupIters = flags.integer("warmup", 0);
+  lopt.lr.decayIters = flags.integer("decay-iters", 0);
+  lopt.clipGrad = flags.number("clip-grad", 1.0);
+  lopt.logInterval = std::max<int64_t>(1, flags.integer("log-interval", 1));
+  lopt.evalInterval = flags.integer("eval-interval", 0);
+  lopt.evalIters = std::max<int64_t>(1, flags.integer("eval-iters", 1));
+  lopt.save = flags.get("save");
+  lopt.saveInterval = flags.integer("save-interval", 0);
+  lopt.resume = flags.has("resume");
+  lopt.dumpGrads = flags.get("dump-grads");
+  lopt.exportPath = flags.get("export");
+  lopt.lossLog = flags.get("loss-log");
+  if (!flags.ok()) return 2;
+  if (lopt.trainIters < 0) return flags.fail("--steps must be >= 0");
+  if (lopt.resume && lopt.save.empty()) return flags.fail("--resume needs --save DIR (where the checkpoints are)");
+  loom::Status s = client.connect(rank, connectTimeout, &reg);
   if (!s.isOk()) {
     std::fprintf(stderr, "%s: error: %s\n", tool.c_str(), s.message().c_str());
     return 1;
@@ -116,12 +144,22 @@ int main(int argc, char **argv) {
   RankJob job;
   job.client = &client;
   job.rank = rank;
+  std::thread heartbeat;
+  // Every exit after the heartbeat thread started: stop and join it, then end the process
+  // without running static destructors under the feet of gRPC's own threads.
+  auto exitWith = [&](int code) {
+    job.done = true;
+    if (heartbeat.joinable()) heartbeat.join();
+    std::fflush(stdout);
+    std::fflush(stderr);
+    std::_Exit(code);
+    return code;
+  };
   auto fail = [&](const std::string &msg) {
     std::fprintf(stderr, "%s: error: %s\n", tool.c_str(), msg.c_str());
     (void)client.abort(rank, msg);
     (void)client.finish(rank, 1);
-    job.done = true;
-    return 1;
+    return exitWith(1);
   };
   // A failed collective usually means a peer died: give the coordinator time to name it
   // (loomrun reports a dead child at once; a silent rank is declared dead after the heartbeat
@@ -132,15 +170,13 @@ int main(int argc, char **argv) {
       std::string reason;
       if (client.heartbeat(rank, job.step, &aborted, &reason).isOk() && aborted) {
         std::fprintf(stderr, "%s: error: job aborted: %s (here: %s)\n", tool.c_str(), reason.c_str(), msg.c_str());
-        job.done = true;
-        return 1;
+        return exitWith(1);
       }
       std::this_thread::sleep_for(std::chrono::milliseconds(200));
     }
     return fail(msg);
   };
-  std::thread heartbeat(heartbeatLoop, &job, 10.0);
-  heartbeat.detach();
+  heartbeat = std::thread(heartbeatLoop, &job, 10.0);
 
   loom::plan::RankPlan plan;
   loom::plan::ProgramSet programs;
@@ -148,19 +184,17 @@ int main(int argc, char **argv) {
 
   loom::control::CoordinatorStore store(client);
   std::unique_ptr<loom::GlooCollectives> collectives;
-  double commTimeout = std::stod(flags.get("comm-timeout", "30"));
   if (s = loom::GlooCollectives::create(plan, store, flags.get("address", "127.0.0.1"), commTimeout, &collectives);
       !s.isOk())
     return fail(s.message());
   if (s = client.barrier("ready", rank, 60000); !s.isOk()) return fail(s.message());
 
-  uint64_t seed = std::stoull(flags.get("seed", "1234"));
   // Training and validation samples: the indexed dataset's two splits, or synthetic tokens.
   std::unique_ptr<loom::DataSource> train, valid;
   loom::IndexedDataset corpus;
   if (flags.has("data-prefix")) {
     if (s = loom::IndexedDataset::open(flags.get("data-prefix"), &corpus); !s.isOk()) return fail(s.message());
-    double fraction = std::stod(flags.get("valid-fraction", "0.05"));
+    double fraction = validFraction;
     auto t = std::make_unique<loom::GptDataset>(corpus, loom::GptDataset::Split::kTrain, fraction, plan.seq_length(), seed);
     if (t->samplesPerEpoch() == 0) return fail(flags.get("data-prefix") + ": too few tokens for one sample");
     train = std::move(t);
@@ -170,12 +204,7 @@ int main(int argc, char **argv) {
     train = std::make_unique<loom::SyntheticData>(plan.seq_length(), plan.vocab_size(), seed + 1);
     valid = std::make_unique<loom::SyntheticData>(plan.seq_length(), plan.vocab_size(), seed + 2);
   }
-  loom::TrainerOptions topt{seed, {}, flags.get("dump-batches")};
   if (!topt.dumpBatches.empty()) std::filesystem::create_directories(topt.dumpBatches);
-  topt.adam.beta1 = std::stod(flags.get("adam-beta1", "0.9"));
-  topt.adam.beta2 = std::stod(flags.get("adam-beta2", "0.95"));
-  topt.adam.eps = std::stod(flags.get("adam-eps", "1e-8"));
-  topt.adam.weightDecay = std::stod(flags.get("weight-decay", "0.1"));
   loom::Trainer trainer(plan, programs, collectives.get(), train.get(), topt);
   if (flags.has("init-from")) {
     loom::SafetensorsFile hf;
@@ -185,30 +214,13 @@ int main(int argc, char **argv) {
         !s.isOk() || !(s = trainer.loadGlobalParameters(global)).isOk())
       return fail(flags.get("init-from") + ": " + s.message());
   }
-  loom::TrainingOptions lopt;
-  lopt.trainIters = std::atoll(flags.get("steps", "1").c_str());
-  lopt.lr.maxLr = std::stod(flags.get("lr", "3e-4"));
-  lopt.lr.minLr = std::stod(flags.get("min-lr", std::to_string(lopt.lr.maxLr / 10)));
-  lopt.lr.warmupIters = std::atoll(flags.get("warmup", "0").c_str());
-  lopt.lr.decayIters = std::atoll(flags.get("decay-iters", "0").c_str());
-  lopt.clipGrad = std::stod(flags.get("clip-grad", "1.0"));
-  lopt.logInterval = std::max(1LL, std::atoll(flags.get("log-interval", "1").c_str()));
-  lopt.evalInterval = std::atoll(flags.get("eval-interval", "0").c_str());
-  lopt.evalIters = std::max(1LL, std::atoll(flags.get("eval-iters", "1").c_str()));
-  lopt.save = flags.get("save");
-  lopt.saveInterval = std::atoll(flags.get("save-interval", "0").c_str());
-  lopt.resume = flags.has("resume");
-  lopt.dumpGrads = flags.get("dump-grads");
-  lopt.exportPath = flags.get("export");
-  lopt.lossLog = flags.get("loss-log");
-  if (lopt.resume && lopt.save.empty()) return fail("--resume needs --save DIR (where the checkpoints are)");
   loom::TrainingLoop loop(trainer, client, valid.get(), lopt, &job.step);
   if (s = loop.run(); !s.isOk()) {
     bool communication = s.message().find("group") != std::string::npos || s.message().find("recv") != std::string::npos;
     return communication ? failAfterVerdict(s.message()) : fail(s.message());
   }
-  job.done = true;
-  if (s = client.barrier("done", rank, 120000); !s.isOk()) return fail(s.message());
+  // Heart-beating goes on while rank 0 finishes an export and everyone waits here.
+  if (s = client.barrier("done", rank, 3600 * 1000); !s.isOk()) return fail(s.message());
   (void)client.finish(rank, 0);
-  return 0;
+  return exitWith(0);
 }

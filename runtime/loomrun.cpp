@@ -11,6 +11,7 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <cerrno>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -99,9 +100,14 @@ int main(int argc, char **argv) {
   // One BLAS thread per rank unless told otherwise (--threads): ranks share the machine's cores.
   setenv("OPENBLAS_NUM_THREADS", "1", 0);
   char tmpl[] = "/tmp/loomrun.XXXXXX";
-  std::string tmp = mkdtemp(tmpl) ? tmpl : "/tmp";
+  if (!mkdtemp(tmpl)) {
+    std::fprintf(stderr, "loomrun: error: cannot create a temporary directory: %s\n", std::strerror(errno));
+    return 1;
+  }
+  std::string tmp = tmpl;
   std::string portFile = tmp + "/port";
 
+  children.reserve(size_t(nproc) + 1);  // the handler reads it; no reallocation while it may run
   signal(SIGINT, forwardSignal);
   signal(SIGTERM, forwardSignal);
   pid_t coord = spawn({self + "/loom-coord", "--plans", plans, "--bind", bind, "--port", port, "--port-file", portFile});
@@ -133,7 +139,7 @@ int main(int argc, char **argv) {
 
   loom::control::CoordinatorClient client(address, token);
   int failures = 0, running = nproc, coordStatus = 0;
-  bool coordDone = false;
+  bool coordDone = false, killed = false;
   auto firstFailure = std::chrono::steady_clock::time_point::max();
   while (running > 0) {
     int status;
@@ -146,16 +152,21 @@ int main(int argc, char **argv) {
     if (pid > 0 && rankOf.count(pid)) {
       --running;
       int r = rankOf[pid];
+      rankOf.erase(pid);  // reaped: never signalled again
       if (!(WIFEXITED(status) && WEXITSTATUS(status) == 0)) {
         ++failures;
         std::fprintf(stderr, "loomrun: rank %d %s\n", r, describe(status).c_str());
-        if (WIFSIGNALED(status)) (void)client.abort(-1, "rank " + std::to_string(r) + " " + describe(status));
+        // A rank that reported its own error already told the coordinator; telling it again
+        // is harmless, and covers ranks that died before registering.
+        (void)client.abort(-1, "rank " + std::to_string(r) + " " + describe(status));
         firstFailure = std::min(firstFailure, std::chrono::steady_clock::now());
       }
       continue;
     }
-    if (std::chrono::steady_clock::now() - firstFailure > std::chrono::seconds(10))
+    if (!killed && std::chrono::steady_clock::now() - firstFailure > std::chrono::seconds(10)) {
       for (auto &[p, r] : rankOf) kill(p, SIGKILL);
+      killed = true;
+    }
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
   }
   for (int waited = 0; waited < 200 && !coordDone; ++waited) {

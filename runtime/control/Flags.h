@@ -2,7 +2,10 @@
 // link neither LLVM nor absl). Unknown flags are a one-line error.
 #pragma once
 
+#include <cerrno>
+#include <cstdint>
 #include <cstdio>
+#include <cstdlib>
 #include <map>
 #include <set>
 #include <string>
@@ -49,12 +52,38 @@ class Flags {
     return it == values_.end() ? dflt : it->second;
   }
   const std::vector<std::string> &rest() const { return rest_; }
+  // A numeric flag; a value that is not a number becomes an error (ok() turns false).
+  double number(const std::string &name, double dflt) {
+    if (!has(name)) return dflt;
+    const std::string &v = values_[name];
+    char *end = nullptr;
+    errno = 0;
+    double d = std::strtod(v.c_str(), &end);
+    if (v.empty() || *end != '\0' || errno == ERANGE) return invalid(name, v, "a number"), dflt;
+    return d;
+  }
+  int64_t integer(const std::string &name, int64_t dflt) {
+    if (!has(name)) return dflt;
+    const std::string &v = values_[name];
+    char *end = nullptr;
+    errno = 0;
+    long long i = std::strtoll(v.c_str(), &end, 10);
+    if (v.empty() || *end != '\0' || errno == ERANGE) return invalid(name, v, "an integer"), dflt;
+    return i;
+  }
   int fail(const std::string &msg) const {
     std::fprintf(stderr, "%s: error: %s\n", tool_.c_str(), msg.c_str());
     return 1;
   }
 
  private:
+  void invalid(const std::string &name, const std::string &value, const char *what) {
+    if (error_.empty()) {
+      error_ = "--" + name + " must be " + what + ", got '" + value + "'";
+      std::fprintf(stderr, "%s: error: %s\n", tool_.c_str(), error_.c_str());
+    }
+  }
+
   std::string tool_, error_;
   std::map<std::string, std::string> values_;
   std::vector<std::string> rest_;

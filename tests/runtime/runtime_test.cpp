@@ -173,6 +173,15 @@ TEST(Runtime, AWrongTokenIsRefused) {
   EXPECT_NE(coord.output.find("ranks 0 never registered"), std::string::npos) << coord.output;
 }
 
+TEST(Runtime, MalformedFlagsAreOneLineErrors) {
+  Result r = run("LOOM_TOKEN=x " + runfile("runtime/loom-rank") + " --coordinator 127.0.0.1:9 --rank x");
+  EXPECT_EQ(r.exitCode, 2);
+  EXPECT_EQ(r.output, "loom-rank: error: --rank must be an integer, got 'x'\n");
+  r = run("LOOM_TOKEN=x " + runfile("runtime/loom-rank") + " --coordinator 127.0.0.1:9 --rank 0 --lr fast");
+  EXPECT_EQ(r.exitCode, 2);
+  EXPECT_EQ(r.output, "loom-rank: error: --lr must be a number, got 'fast'\n");
+}
+
 TEST(Runtime, AnUnreachableCoordinatorIsRetriedThenReported) {
   Result r = run("LOOM_TOKEN=x " + runfile("runtime/loom-rank") +
                  " --coordinator 127.0.0.1:9 --rank 0 --connect-timeout 2");
