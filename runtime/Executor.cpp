@@ -75,13 +75,12 @@ class Run {
     return failure_.empty() ? Status::ok() : Status::error(failure_);
   }
 
-  void results(std::vector<HostTensor> &out) {
-    out.clear();
-    for (const plan::Binding &r : prog_.results()) {
-      const plan::Buffer &b = prog_.buffers(r.buffer());
-      HostTensor t{{b.shape().begin(), b.shape().end()}};
-      t.data.assign(ptr_[b.id()], ptr_[b.id()] + t.numel());
-      out.push_back(std::move(t));
+  void results(const ResultConsumer &consume) {
+    for (int i = 0; i < prog_.results_size(); ++i) {
+      const plan::Buffer &b = prog_.buffers(prog_.results(i).buffer());
+      int64_t n = 1;
+      for (int64_t d : b.shape()) n *= d;
+      consume(i, ptr_[b.id()], n);
     }
   }
 
@@ -332,12 +331,25 @@ class Run {
 }  // namespace
 
 Status executeProgram(const plan::Program &program, const std::vector<const HostTensor *> &args,
-                      std::vector<HostTensor> &results, const ExecutionContext &ctx) {
+                      const ResultConsumer &consume, const ExecutionContext &ctx) {
   Run run(program, ctx);
   LOOM_RETURN_IF_ERROR(run.start(args));
   LOOM_RETURN_IF_ERROR(run.execute());
-  run.results(results);
+  run.results(consume);
   return Status::ok();
+}
+
+Status executeProgram(const plan::Program &program, const std::vector<const HostTensor *> &args,
+                      std::vector<HostTensor> &results, const ExecutionContext &ctx) {
+  results.assign(program.results_size(), HostTensor{});
+  return executeProgram(
+      program, args,
+      [&](int i, const float *data, int64_t n) {
+        const plan::Buffer &b = program.buffers(program.results(i).buffer());
+        results[i].shape.assign(b.shape().begin(), b.shape().end());
+        results[i].data.assign(data, data + n);
+      },
+      ctx);
 }
 
 }  // namespace loom

@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <vector>
 
 #include "protos/plan.pb.h"
@@ -27,5 +28,11 @@ struct ExecutionContext {
 // `args` follow program.arguments(); on success `results` follow program.results().
 Status executeProgram(const plan::Program &program, const std::vector<const HostTensor *> &args,
                       std::vector<HostTensor> &results, const ExecutionContext &ctx);
+
+// The same, handing each result to `consume` in place (valid only during the call): callers
+// that accumulate or copy into their own tensors avoid allocating a result per run.
+using ResultConsumer = std::function<void(int index, const float *data, int64_t count)>;
+Status executeProgram(const plan::Program &program, const std::vector<const HostTensor *> &args,
+                      const ResultConsumer &consume, const ExecutionContext &ctx);
 
 }  // namespace loom

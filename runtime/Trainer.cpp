@@ -12,10 +12,25 @@
 namespace loom {
 namespace {
 
-void accumulate(std::map<std::string, HostTensor> &into, const std::string &key, HostTensor t) {
-  auto [it, fresh] = into.try_emplace(key, std::move(t));
-  if (!fresh)
-    for (size_t i = 0; i < t.data.size(); ++i) it->second.data[i] += t.data[i];
+// Adds n floats into into[key] (created with `shape` on first use; kept across steps, so
+// accumulation touches no fresh pages).
+void accumulate(std::map<std::string, HostTensor> &into, const std::string &key, const float *data, int64_t n,
+                const google::protobuf::RepeatedField<int64_t> &shape, bool overwrite) {
+  auto [it, fresh] = into.try_emplace(key);
+  if (fresh || int64_t(it->second.data.size()) != n) {
+    it->second.shape.assign(shape.begin(), shape.end());
+    it->second.data.assign(data, data + n);
+    return;
+  }
+  float *dst = it->second.data.data();
+  if (overwrite)
+    std::copy_n(data, n, dst);
+  else
+    for (int64_t i = 0; i < n; ++i) dst[i] += data[i];
+}
+
+void zero(std::map<std::string, HostTensor> &tensors) {
+  for (auto &[k, t] : tensors) std::fill(t.data.begin(), t.data.end(), 0.0f);
 }
 
 // Dropout seeds: equal across a tensor-parallel group, distinct per step, replica and
@@ -92,31 +107,30 @@ Status Trainer::runProgram(const plan::Program &prog, int mb, int64_t step, doub
   ctx.messageTag = mb < 0 ? 0 : mb * kTagsPerMicroBatch;
   ctx.workspace = &workspaces_[&prog];
   ctx.training = !evaluating_;
-  std::vector<HostTensor> results;
-  LOOM_RETURN_IF_ERROR(executeProgram(prog, args, results, ctx));
-  for (int i = 0; i < prog.results_size(); ++i) {
+  auto consume = [&](int i, const float *data, int64_t n) {
     const plan::Binding &r = prog.results(i);
-    HostTensor &t = results[i];
+    const auto &shape = prog.buffers(r.buffer()).shape();
     switch (r.role()) {
       case plan::Binding::STASH:
-        if (prog.kind() == plan::Program::FORWARD)
-          stash_[{r.name(), mb}] = std::move(t);
-        else
-          accumulate(backwardOut_, r.name(), std::move(t));
+        if (prog.kind() == plan::Program::FORWARD) {
+          HostTensor &t = stash_[{r.name(), mb}];
+          t.shape.assign(shape.begin(), shape.end());
+          t.data.assign(data, data + n);
+        } else {
+          accumulate(backwardOut_, r.name(), data, n, shape, /*overwrite=*/false);
+        }
         break;
       case plan::Binding::GRADIENT:
-        if (prog.kind() == plan::Program::GRAD_SYNC)
-          grads_[r.name()] = std::move(t);
-        else
-          accumulate(grads_, r.name(), std::move(t));
+        accumulate(grads_, r.name(), data, n, shape, /*overwrite=*/prog.kind() == plan::Program::GRAD_SYNC);
         break;
       case plan::Binding::LOSS:
-        *loss += t.data[0];
+        *loss += data[0];
         break;
       default:
         break;
     }
-  }
+  };
+  LOOM_RETURN_IF_ERROR(executeProgram(prog, args, consume, ctx));
   // A backward program consumes its micro-batch's stash.
   if (prog.kind() == plan::Program::BACKWARD)
     for (const plan::Binding &a : prog.arguments())
@@ -125,8 +139,8 @@ Status Trainer::runProgram(const plan::Program &prog, int mb, int64_t step, doub
 }
 
 Status Trainer::runSchedule(int64_t step, bool forwardOnly, double *lossSum) {
-  grads_.clear();
-  backwardOut_.clear();
+  zero(grads_);
+  zero(backwardOut_);
   stash_.clear();
   batches_.clear();
   for (const plan::ScheduleEntry &e : plan_.schedule()) {
