@@ -8,6 +8,7 @@
 #include "runtime/Executor.h"
 #include "runtime/ParamInit.h"
 #include "runtime/Safetensors.h"
+#include "runtime/Shards.h"
 
 namespace loom {
 namespace {
@@ -278,13 +279,7 @@ Status Trainer::loadGlobalParameters(const std::map<std::string, HostTensor> &gl
       local.data = full.data;
       continue;
     }
-    int64_t outer = 1, inner = 1;
-    for (int k = 0; k < p.shape_size(); ++k)
-      if (k < dim) outer *= p.shape(k);
-      else if (k > dim) inner *= p.shape(k);
-    int64_t block = p.shape(dim) * inner;
-    for (int64_t a = 0; a < outer; ++a)
-      std::copy_n(&full.data[(a * p.shard_parts() + p.shard_index()) * block], block, &local.data[a * block]);
+    copyShardOut(full.data, local.data, shardGeometry(local.shape, dim), p.shard_parts(), p.shard_index());
   }
   adam_.clear();
   return Status::ok();

@@ -9,6 +9,7 @@
 #include "runtime/Checkpoint.h"
 #include "runtime/HfGpt2.h"
 #include "runtime/Safetensors.h"
+#include "runtime/Shards.h"
 
 namespace loom {
 
@@ -53,6 +54,7 @@ std::string layoutOf(const plan::RankPlan &p) {
          std::to_string(p.v()) + (p.zero1() ? ",zero1" : "");
 }
 
+// "dim,parts,index,global dims...": where a shard sits in its parameter (dim -1: replicated).
 std::string shardInfo(const plan::Parameter &p) {
   std::string s = std::to_string(p.shard_dim()) + "," + std::to_string(p.shard_parts()) + "," +
                   std::to_string(p.shard_index());
@@ -172,17 +174,13 @@ Status TrainingLoop::exportModel() {
       if (int64_t(parts.size()) != v[1])
         return Status::error("export: " + std::to_string(parts.size()) + " of " + std::to_string(v[1]) +
                              " shards of '" + name + "' found");
-      const HostTensor &s0 = parts.begin()->second;
-      int64_t outer = 1, inner = 1;
-      for (int k = 0; k < int(s0.shape.size()); ++k)
-        if (k < dim) outer *= s0.shape[k];
-        else if (k > dim) inner *= s0.shape[k];
-      int64_t block = s0.shape[dim] * inner, n = int64_t(parts.size());
+      ShardGeometry g = shardGeometry(parts.begin()->second.shape, dim);
+      int64_t n = int64_t(parts.size());
       for (auto &[idx, t] : parts) {
-        if (int64_t(t.data.size()) != outer * block || idx < 0 || idx >= n)
+        if (int64_t(t.data.size()) != g.outer * g.block || int64_t(full.data.size()) != n * g.outer * g.block ||
+            idx < 0 || idx >= n)
           return Status::error("export: shard " + std::to_string(idx) + " of '" + name + "' has the wrong size");
-        for (int64_t a = 0; a < outer; ++a)
-          std::copy_n(&t.data[a * block], block, &full.data[(a * n + idx) * block]);
+        copyShardIn(t.data, full.data, g, n, idx);
       }
     }
     global[name] = std::move(full);
@@ -210,8 +208,7 @@ Status TrainingLoop::run() {
       SafetensorsFile f;
       for (const plan::Parameter &param : p.parameters()) {
         f.tensors[param.name()] = trainer_.gradients().at(param.name());
-        f.metadata[param.name()] = std::to_string(param.shard_dim()) + "," + std::to_string(param.shard_parts()) +
-                                   "," + std::to_string(param.shard_index());
+        f.metadata[param.name()] = shardInfo(param);
       }
       char loss[32];
       std::snprintf(loss, sizeof loss, "%.9g", r.loss);

@@ -123,7 +123,7 @@ def job_gradients(dump, world):
         for name, g in tensors.items():
             if ".stage" in name:  # the pipeline-tied copy: its twin holds the same gradient
                 continue
-            dim, parts, index = (int(x) for x in meta[name].split(","))
+            dim, parts, index = (int(x) for x in meta[name].split(",")[:3])
             shards.setdefault(name, {})[0 if dim < 0 else index] = (dim, g)
     out = {}
     for name, parts in shards.items():
