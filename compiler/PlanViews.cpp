@@ -185,14 +185,12 @@ std::string collectivesSummary(const PlanDirectory &plans, int rank) {
 llvm::Expected<std::string> timelineSvg(const PlanDirectory &plans) {
   const plan::RankPlan &r0 = plans.ranks[0];
   int p = r0.p(), v = r0.v(), m = r0.micro_batches();
-  // One row per pipeline stage (its ranks run the same schedule); durations from FLOPs.
+  // The stages' schedules, simulated with durations from the programs' FLOPs.
   std::vector<StageSchedule> schedule(p);
-  std::vector<int> rowRank(p);
   std::map<std::pair<int, int>, double> flops;  // (virtual stage, type)
   double syncBytes = 0, maxFlops = 0;
   for (const plan::RankPlan &rp : plans.ranks) {
     if (rp.tp_rank() != 0 || rp.dp_rank() != 0) continue;
-    rowRank[rp.pp_rank()] = rp.rank();
     for (const plan::ScheduleEntry &e : rp.schedule()) {
       if (e.micro_batch() < 0) continue;
       bool fwd = llvm::StringRef(e.program()).starts_with("forward_");
@@ -214,19 +212,25 @@ llvm::Expected<std::string> timelineSvg(const PlanDirectory &plans) {
     for (const plan::Instruction &in : prog.instructions())
       if (prog.kind() == plan::Program::GRAD_SYNC) syncBytes += in.bytes_moved();
   double syncTime = syncBytes > 0 ? 0.5 : 0;  // drawn as a fixed-width box: bytes are in its title
-  double width = 1100, rowH = 28, left = 130, top = 40;
+  // Ranks as rows (the ranks of a stage run the same schedule); past 64 ranks, one row a stage.
+  std::vector<std::pair<int, int>> rows;  // (rank, stage)
+  for (const plan::RankPlan &rp : plans.ranks)
+    if (plans.ranks.size() <= 64 || (rp.tp_rank() == 0 && rp.dp_rank() == 0)) rows.push_back({rp.rank(), rp.pp_rank()});
+  std::stable_sort(rows.begin(), rows.end(), [](auto a, auto b) { return a.second < b.second; });
+  double width = 1100, rowH = 28, left = 150, top = 40;
   double scale = (width - left - 20) / std::max(sim.makespan + syncTime, 1e-9);
   std::string s;
   llvm::raw_string_ostream os(s);
   os << llvm::formatv("<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{0}\" height=\"{1}\" font-family=\"Helvetica\" "
                       "font-size=\"11\">\n",
-                      width, top + rowH * p + 50);
+                      width, top + rowH * rows.size() + 50);
   os << llvm::formatv("<text x=\"10\" y=\"20\" font-size=\"14\">{0}: t={1} p={2} d={3} v={4}, {5} micro-batches, {6}; "
                       "bubble {7:F1}%</text>\n",
                       r0.model(), r0.t(), p, r0.d(), v, m, r0.schedule_kind(), 100 * sim.bubbleFraction);
-  for (int st = 0; st < p; ++st) {
-    double y = top + st * rowH;
-    os << llvm::formatv("<text x=\"10\" y=\"{0}\">stage {1} (rank {2})</text>\n", y + rowH * 0.65, st, rowRank[st]);
+  for (size_t row = 0; row < rows.size(); ++row) {
+    auto [rank, st] = rows[row];
+    double y = top + row * rowH;
+    os << llvm::formatv("<text x=\"10\" y=\"{0}\">rank {1} (stage {2})</text>\n", y + rowH * 0.65, rank, st);
     os << llvm::formatv("<rect x=\"{0}\" y=\"{1}\" width=\"{2}\" height=\"{3}\" fill=\"#eeeeee\"/>\n", left, y + 2,
                         sim.makespan * scale, rowH - 4);  // idle time (the bubble) shows grey
     for (const TimedTask &tt : sim.timeline[st]) {
@@ -244,7 +248,7 @@ llvm::Expected<std::string> timelineSvg(const PlanDirectory &plans) {
                           "sync ({4} per rank)</title></rect>\n",
                           left + sim.makespan * scale, y + 2, syncTime * scale, rowH - 4, humanBytes(syncBytes));
   }
-  double ly = top + p * rowH + 25;
+  double ly = top + rows.size() * rowH + 25;
   os << llvm::formatv("<text x=\"{0}\" y=\"{1}\">blue: forward, green: backward, purple: gradient sync "
                       "(communication), grey: idle (pipeline bubble)</text>\n</svg>\n",
                       left, ly);

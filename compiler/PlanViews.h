@@ -26,7 +26,7 @@ llvm::Expected<PlanDirectory> readPlanDirectory(const std::string &dir);
 std::string programsAsText(const PlanDirectory &plans, int rank);
 std::string programAsDot(const plan::Program &program);
 std::string collectivesSummary(const PlanDirectory &plans, int rank);
-// Ranks as rows (one per pipeline stage's first rank, or every rank), forward, backward and
+// Ranks as rows (one per pipeline stage past 64 ranks), forward, backward and
 // gradient-sync boxes over time, durations proportional to each program's FLOPs and bytes.
 llvm::Expected<std::string> timelineSvg(const PlanDirectory &plans);
 std::string memoryTimeline(const PlanDirectory &plans, int rank);
