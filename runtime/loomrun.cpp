@@ -3,7 +3,7 @@
 // Rank flags (--steps, --lr, --seed, --threads, --dump-grads, ...) go to every loom-rank.
 // Exits 0 when every rank succeeded; otherwise non-zero after naming the rank that failed.
 // When a rank dies, the others learn it from the coordinator and exit; any still running
-// 10 s later are killed.
+// 5 s later are killed.
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -163,7 +163,7 @@ int main(int argc, char **argv) {
       }
       continue;
     }
-    if (!killed && std::chrono::steady_clock::now() - firstFailure > std::chrono::seconds(10)) {
+    if (!killed && std::chrono::steady_clock::now() - firstFailure > std::chrono::seconds(5)) {
       for (auto &[p, r] : rankOf) kill(p, SIGKILL);
       killed = true;
     }
