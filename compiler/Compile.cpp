@@ -173,8 +173,10 @@ llvm::Error compile(const config::ModelConfig &model, const config::ClusterSpec 
         pp->set_name(a.name());
         for (int64_t x : buf.shape()) pp->add_shape(x), pp->add_global_shape(x);
         pp->set_shard_dim(-1);
+        int64_t elements = 1;
+        for (int64_t x : buf.shape()) elements *= x;
         paramBytes += buf.bytes();
-        paramCount += buf.bytes() / 4;
+        paramCount += elements;
       }
     // Shard and initializer facts come from the IR's argument attributes.
     for (auto f : module->getOps<mlir::func::FuncOp>())
@@ -213,8 +215,9 @@ llvm::Error compile(const config::ModelConfig &model, const config::ClusterSpec 
     };
     int64_t stash = 0, peakStash = 0, maxWorkspace = 0;
     for (const plan::Program &prog : sets[stage].programs()) maxWorkspace = std::max(maxWorkspace, prog.workspace_bytes());
-    // Parameters, gradients, AdamW's two moments (fp32; the moments split over d with ZeRO-1).
-    int64_t persistent = paramBytes * 2 + 2 * paramBytes / (par.zero1() ? d : 1);
+    // Parameters and gradients (their dtype), AdamW's two fp32 moments (split over d with ZeRO-1).
+    int64_t optimizerBytes = 2 * 4 * paramCount / (par.zero1() ? d : 1);
+    int64_t persistent = paramBytes * 2 + optimizerBytes;
     plan::MemoryPlan *mem = rp.mutable_memory();
     for (const Task &task : (*schedule)[stage]) {
       int vs = task.chunk * p + stage;
@@ -240,7 +243,7 @@ llvm::Error compile(const config::ModelConfig &model, const config::ClusterSpec 
     }
     mem->set_parameter_bytes(paramBytes);
     mem->set_gradient_bytes(paramBytes);
-    mem->set_optimizer_bytes(2 * paramBytes / (par.zero1() ? d : 1));
+    mem->set_optimizer_bytes(optimizerBytes);
     mem->set_peak_stash_bytes(peakStash);
     mem->set_max_workspace_bytes(maxWorkspace);
     mem->set_peak_bytes(persistent + peakStash + maxWorkspace);

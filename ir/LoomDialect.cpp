@@ -52,7 +52,8 @@ mlir::LogicalResult LoomDialect::verifyRegionArgAttribute(mlir::Operation *op, u
   }
   if (name == attr::kShardDim || name == attr::kShardParts) {
     auto i = mlir::dyn_cast<mlir::IntegerAttr>(attr.getValue());
-    if (!i || i.getInt() < (name == attr::kShardDim ? 0 : 1)) return fail("must be a non-negative integer");
+    if (!i || i.getInt() < (name == attr::kShardDim ? 0 : 1))
+      return fail(name == attr::kShardDim ? "must be a non-negative integer" : "must be a positive integer");
     return mlir::success();
   }
   if (name == attr::kTpPartialGrad) {

@@ -264,12 +264,16 @@ LogicalResult AddBiasOp::verify() {
 }
 
 LogicalResult WeightGradOp::verify() {
+  if (failed(requireStatic(*this, getInput(), "input")) || failed(requireStatic(*this, getGrad(), "grad")) ||
+      failed(requireStatic(*this, getResult(), "result")))
+    return mlir::failure();
   auto in = tensorOf(getInput()).getShape();
   auto g = tensorOf(getGrad()).getShape();
   auto out = tensorOf(getResult()).getShape();
   if (in.empty() || g.empty() || out.size() != 2)
     return emitOpError() << "expects input and grad of rank >= 1 and a rank-2 result";
   int64_t k = in.back(), n = g.back();
+  if (k == 0 || n == 0) return emitOpError() << "input and grad need a non-empty last dimension";
   int64_t r0 = getTransposeWeight() ? n : k, r1 = getTransposeWeight() ? k : n;
   if (failed(requireDim(*this, "result", 0, out[0], r0, "weight layout")) ||
       failed(requireDim(*this, "result", 1, out[1], r1, "weight layout")))

@@ -84,7 +84,7 @@ struct DataParallelPass : impl::LoomDataParallelBase<DataParallelPass> {
   void runOnOperation() override {
     mlir::ModuleOp m = getOperation();
     if (dataParallel < 1 || bucketBytes < 1) {
-      m.emitError() << "loom-data-parallel: dp and bucket-bytes must be >= 1";
+      m.emitError() << "loom-data-parallel: dp (" << int64_t(dataParallel) << ") and bucket-bytes (" << int64_t(bucketBytes) << ") must be >= 1";
       return signalPassFailure();
     }
     auto f = m.lookupSymbol<mlir::func::FuncOp>("train_step");

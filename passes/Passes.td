@@ -39,10 +39,11 @@ def LoomAutodiff : Pass<"loom-autodiff", "mlir::ModuleOp"> {
 def LoomDataParallel : Pass<"loom-data-parallel", "mlir::ModuleOp"> {
   let summary = "Average gradients over the data-parallel group dp in buckets";
   let description = [{
-    Inserts an all_reduce (avg) over "dp" for every gradient result, assigning buckets of at
-    most `bucket-bytes` in the order in which gradients become final during the backward
-    pass (last layer first), so a bucket's all-reduce can start while the backward pass
-    continues (PyTorch DDP / Megatron's grad buffer). With `zero1` (ZeRO stage 1, Megatron's
+    Inserts an all_reduce (avg) over "dp" for every gradient result, each right after the op
+    that makes the gradient final and tagged with a bucket of at most `bucket-bytes` in that
+    order (last layer first), so that a runtime can start a bucket while the backward pass
+    continues (PyTorch DDP / Megatron's grad buffer). The CPU runtime does not yet: it runs
+    the grad-sync programs, one all-reduce per gradient, after the last micro-batch. With `zero1` (ZeRO stage 1, Megatron's
     distributed optimizer) no dp all-reduce is emitted and the module is marked `loom.zero1`:
     the runtime reduce-scatters the flattened gradients over dp, each rank updates its 1/d of
     the parameters with its 1/d of the AdamW state, and all-gathers the parameters.

@@ -123,14 +123,11 @@ class Partitioner {
     }
     if (from.kind == Kind::kForward) {
       Unit fwd{u.stage, Kind::kForward};
-      if (!program(fwd).map.contains(v)) sendRecv(v, from, fwd);
+      if (!program(fwd).map.contains(v) && failed(sendRecv(v, from, fwd))) return mlir::failure();
       if (u.kind != Kind::kForward) stash(v, fwd, u);
       return mlir::success();
     }
-    if (from.kind == Kind::kBackward && u.kind == Kind::kBackward) {
-      sendRecv(v, from, u);
-      return mlir::success();
-    }
+    if (from.kind == Kind::kBackward && u.kind == Kind::kBackward) return sendRecv(v, from, u);
     return v.getDefiningOp()->emitOpError() << "loom-pipeline-partition: cannot move a value from "
                                             << kindName[int(from.kind)] << "_" << from.stage << " to "
                                             << kindName[int(u.kind)] << "_" << u.stage;
@@ -139,7 +136,7 @@ class Partitioner {
   // A result of `from` received as an argument of `to` on the same rank.
   void stash(mlir::Value v, Unit from, Unit to) {
     Program &src = program(from), &dst = program(to);
-    auto [it, inserted] = stashNames_.try_emplace(std::make_pair(v, from.kind), "");
+    auto [it, inserted] = stashNames_.try_emplace(StashKey{v.getAsOpaquePointer(), int(from.kind), from.stage}, "");
     if (inserted) {
       it->second = llvm::formatv("s{0}.{1}", from.stage, stashNames_.size() - 1).str();
       src.results.push_back(src.map.lookup(v));
@@ -149,7 +146,11 @@ class Partitioner {
   }
 
   // send right after the value's definition in `from`, recv at the top of `to`.
-  void sendRecv(mlir::Value v, Unit from, Unit to) {
+  mlir::LogicalResult sendRecv(mlir::Value v, Unit from, Unit to) {
+    if (from.stage % p_ == to.stage % p_)
+      return v.getDefiningOp()->emitOpError()
+             << "loom-pipeline-partition: a value of virtual stage " << from.stage << " is needed by virtual stage "
+             << to.stage << " on the same pipeline stage (a rank cannot send to itself)";
     int64_t tag = nextTag_++;
     Program &src = program(from), &dst = program(to);
     mlir::Value local = src.map.lookup(v);
@@ -170,6 +171,7 @@ class Partitioner {
     copyStage(v, recv);
     recv->setAttr(attr::kStage, rb.getI64IntegerAttr(to.stage));
     dst.map.map(v, recv.getResult());
+    return mlir::success();
   }
 
   void copyStage(mlir::Value v, mlir::Operation *to) {
@@ -196,12 +198,9 @@ class Partitioner {
   mlir::OpBuilder b_;
   std::map<Unit, Program> programs_;
   llvm::DenseMap<mlir::Operation *, Unit> unitOf_;
-  std::map<std::pair<mlir::Value, Kind>, std::string, std::function<bool(const std::pair<mlir::Value, Kind> &,
-                                                                         const std::pair<mlir::Value, Kind> &)>>
-      stashNames_{[](const auto &a, const auto &b) {
-        return std::make_pair(a.first.getAsOpaquePointer(), int(a.second)) <
-               std::make_pair(b.first.getAsOpaquePointer(), int(b.second));
-      }};
+  // A value stashed by one program (its unit's kind and virtual stage) has one name.
+  using StashKey = std::tuple<const void *, int, int64_t>;
+  std::map<StashKey, std::string> stashNames_;
   int64_t nextTag_ = 0;
 };
 

@@ -22,7 +22,11 @@ struct PipelineStagesPass : impl::LoomPipelineStagesBase<PipelineStagesPass> {
     mlir::ModuleOp m = getOperation();
     auto f = m.lookupSymbol<mlir::func::FuncOp>("train_step");
     if (!f) return fail(m, "no func.func @train_step");
-    if (pipelineParallel < 1 || virtualStages < 1) return fail(m, "pp and vp must be >= 1");
+    if (pipelineParallel < 1 || virtualStages < 1)
+      return fail(m, llvm::formatv("pp ({0}) and vp ({1}) must be >= 1", int64_t(pipelineParallel),
+                                   int64_t(virtualStages)).str());
+    if (pipelineParallel == 1 && virtualStages > 1)
+      return fail(m, llvm::formatv("vp = {0} chunks need pp >= 2 stages", int64_t(virtualStages)).str());
     auto layersAttr = m->getAttrOfType<mlir::IntegerAttr>(attr::kNumLayers);
     if (!layersAttr) return fail(m, "the module has no loom.num_layers");
     int64_t layers = layersAttr.getInt(), p = pipelineParallel, v = virtualStages, stages = p * v;
@@ -91,6 +95,21 @@ struct PipelineStagesPass : impl::LoomPipelineStagesBase<PipelineStagesPass> {
       for (mlir::OpOperand &use : arg.getUses())
         usesByStage[use.getOwner()->getAttrOfType<mlir::IntegerAttr>(attr::kStage).getInt() % p].push_back(&use);
       if (usesByStage.size() < 2) continue;
+      // Only the tied word embedding (the input lookup and the output layer) is shared by two
+      // stages; its copies' gradients are summed over the "embedding" group of the first and
+      // last stage. Anything else shared across stages has no group to sum over.
+      bool wordEmbedding = llvm::all_of(arg.getUses(), [](mlir::OpOperand &use) {
+        auto lin = mlir::dyn_cast<LinearOp>(use.getOwner());
+        return mlir::isa<EmbeddingOp>(use.getOwner()) || (lin && lin.getTransposeWeight());
+      });
+      if (!wordEmbedding || usesByStage.size() != 2 || usesByStage.begin()->first != 0 ||
+          std::prev(usesByStage.end())->first != p - 1) {
+        f.emitError() << "loom-pipeline-stages: parameter '" << name.getValue()
+                      << "' is used on several pipeline stages; only the tied word embedding (first and last "
+                         "stage) may be shared";
+        signalPassFailure();
+        return;
+      }
       for (auto it = std::next(usesByStage.begin()); it != usesByStage.end(); ++it) {
         llvm::SmallVector<mlir::NamedAttribute> attrs(f.getArgAttrDict(a).getValue());
         for (auto &na : attrs)

@@ -269,12 +269,16 @@ struct TensorParallelPass : impl::LoomTensorParallelBase<TensorParallelPass> {
     }
     m->setAttr(attr::kTensorParallel, mlir::IntegerAttr::get(mlir::IntegerType::get(m.getContext(), 64), tensorParallel));
     if (tensorParallel == 1) return;
-    if (sequenceParallel) {
-      auto seq = m->getAttrOfType<mlir::IntegerAttr>(attr::kSeqLength);
-      if (seq && seq.getInt() % tensorParallel != 0) {
-        m.emitError() << "loom-tensor-parallel: t = " << int64_t(tensorParallel) << " does not divide seq_length = "
-                      << seq.getInt() << " (sequence parallelism)";
-        return signalPassFailure();
+    if (sequenceParallel) {  // the sequence dimension of the token ids is what gets split
+      for (unsigned i = 0; i < f.getNumArguments(); ++i) {
+        auto role = f.getArgAttrOfType<mlir::StringAttr>(i, attr::kInput);
+        if (!role || role.getValue() != "tokens") continue;
+        int64_t seq = mlir::cast<mlir::RankedTensorType>(f.getArgument(i).getType()).getShape()[1];
+        if (seq % tensorParallel != 0) {
+          m.emitError() << "loom-tensor-parallel: t = " << int64_t(tensorParallel) << " does not divide seq_length = "
+                        << seq << " (sequence parallelism)";
+          return signalPassFailure();
+        }
       }
     }
     if (failed(Sharder(f, tensorParallel, sequenceParallel).run())) signalPassFailure();

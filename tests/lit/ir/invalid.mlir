@@ -249,3 +249,11 @@ func.func @bad_layer(%x: tensor<4xf32>) {
   %0 = loom.gelu %x {loom.layer = -1 : i64} : tensor<4xf32>
   return
 }
+
+// -----
+
+func.func @weight_grad_empty(%x: tensor<4x0xf32>, %g: tensor<4x8xf32>) {
+  // expected-error @+1 {{'loom.weight_grad' op input and grad need a non-empty last dimension}}
+  %0 = loom.weight_grad %x, %g : (tensor<4x0xf32>, tensor<4x8xf32>) -> tensor<0x8xf32>
+  return
+}
