@@ -2,7 +2,9 @@
 
 #include <algorithm>
 #include <map>
+#include <optional>
 #include <set>
+#include <tuple>
 
 #include "ir/LoomDialect.h"
 #include "ir/ParamAttrs.h"
@@ -132,7 +134,27 @@ llvm::Expected<plan::Program> lowerProgram(mlir::func::FuncOp f) {
 
   std::vector<plan::Stream> streamOfInstr;
   llvm::DenseMap<int, int> producer;  // buffer -> instruction
+  // Data-parallel buckets: the all-reduces of one bucket (same group and reduction) become a
+  // single collective over their concatenated buffers, issued where the bucket's last member
+  // stood (every member's input exists by then; the members' results feed only the return).
+  using BucketKey = std::tuple<std::string, std::string, int64_t>;
+  auto bucketOf = [](mlir::Operation *op) -> std::optional<BucketKey> {
+    auto ar = mlir::dyn_cast<AllReduceOp>(op);
+    auto bucket = op->getAttrOfType<mlir::IntegerAttr>(attr::kBucket);
+    if (!ar || !bucket) return std::nullopt;
+    return BucketKey{ar.getGroup().str(), ar.getReduce().str(), bucket.getInt()};
+  };
+  std::map<BucketKey, mlir::Operation *> lastOfBucket;
+  std::map<BucketKey, std::vector<mlir::Operation *>> pendingOfBucket;
+  for (mlir::Operation &op : f.getBody().front())
+    if (auto key = bucketOf(&op)) lastOfBucket[*key] = &op;
   for (mlir::Operation &op : f.getBody().front()) {
+    std::vector<mlir::Operation *> members{&op};
+    if (auto key = bucketOf(&op)) {
+      pendingOfBucket[*key].push_back(&op);
+      if (lastOfBucket[*key] != &op) continue;
+      members = pendingOfBucket[*key];
+    }
     if (auto ret = mlir::dyn_cast<mlir::func::ReturnOp>(op)) {
       int end = prog.instructions_size();
       for (auto [i, v] : llvm::enumerate(ret.getOperands())) {
@@ -158,7 +180,9 @@ llvm::Expected<plan::Program> lowerProgram(mlir::func::FuncOp f) {
     in->set_op(op.getName().stripDialect().str());
     in->set_stream(streamOf(&op));
     in->set_flops(flopsOf(&op));
-    in->set_bytes_moved(bytesMovedOf(&op));
+    int64_t moved = 0;
+    for (mlir::Operation *m : members) moved += bytesMovedOf(m);
+    in->set_bytes_moved(moved);
     // Pipeline tags live in one micro-batch's range of the runtime (4096 channels).
     if (auto t = op.getAttrOfType<mlir::IntegerAttr>("tag"); t && (t.getInt() < 0 || t.getInt() >= 4096))
       return llvm::createStringError(llvm::inconvertibleErrorCode(), "%s: pipeline tag %lld outside 0..4095",
@@ -166,19 +190,21 @@ llvm::Expected<plan::Program> lowerProgram(mlir::func::FuncOp f) {
     auto layer = op.getAttrOfType<mlir::IntegerAttr>(attr::kLayer);
     in->set_layer(layer ? layer.getInt() : -1);
     std::set<int> waits;
-    for (mlir::Value v : op.getOperands()) {
-      int b = bufferOf.lookup(v);
-      in->add_inputs(b);
-      prog.mutable_buffers(b)->set_last_use(index);
-      auto it = producer.find(b);
-      if (it != producer.end() && streamOfInstr[it->second] != in->stream()) waits.insert(it->second);
-    }
+    for (mlir::Operation *m : members)
+      for (mlir::Value v : m->getOperands()) {
+        int b = bufferOf.lookup(v);
+        in->add_inputs(b);
+        prog.mutable_buffers(b)->set_last_use(index);
+        auto it = producer.find(b);
+        if (it != producer.end() && streamOfInstr[it->second] != in->stream()) waits.insert(it->second);
+      }
     for (int w : waits) in->add_wait_for(w);
-    for (mlir::Value r : op.getResults()) {
-      int b = addBuffer(r, plan::Buffer::ACTIVATION, index);
-      in->add_outputs(b);
-      producer[b] = index;
-    }
+    for (mlir::Operation *m : members)
+      for (mlir::Value r : m->getResults()) {
+        int b = addBuffer(r, plan::Buffer::ACTIVATION, index);
+        in->add_outputs(b);
+        producer[b] = index;
+      }
     streamOfInstr.push_back(in->stream());
     for (mlir::NamedAttribute a : op.getAttrs()) {
       llvm::StringRef n = a.getName().strref();

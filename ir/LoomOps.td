@@ -153,8 +153,8 @@ def Loom_CrossEntropyOp : Loom_Op<"cross_entropy", [Pure]> {
 def Loom_AllReduceOp : Loom_Op<"all_reduce", [SameOperandsAndResultType]> {
   let summary = "all-reduce over a process group (`reduce` is \"sum\", \"max\" or \"avg\")";
   let description = [{
-    Gradient all-reduces of data parallelism carry `loom.bucket = k`, the order in which a
-    runtime may start them during the backward pass.
+    Gradient all-reduces of data parallelism carry `loom.bucket = k`: the lowering packs the
+    all-reduces of one bucket into one collective over their concatenated buffers.
   }];
   let arguments = (ins Loom_FloatTensor:$input, StrAttr:$group, I64Attr:$group_size,
                        DefaultValuedStrAttr<StrAttr, "sum">:$reduce);

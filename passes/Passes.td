@@ -42,8 +42,9 @@ def LoomDataParallel : Pass<"loom-data-parallel", "mlir::ModuleOp"> {
     Inserts an all_reduce (avg) over "dp" for every gradient result, each right after the op
     that makes the gradient final and tagged with a bucket of at most `bucket-bytes` in that
     order (last layer first), so that a runtime can start a bucket while the backward pass
-    continues (PyTorch DDP / Megatron's grad buffer). The CPU runtime does not yet: it runs
-    the grad-sync programs, one all-reduce per gradient, after the last micro-batch. With `zero1` (ZeRO stage 1, Megatron's
+    continues (PyTorch DDP / Megatron's grad buffer). The lowering packs each bucket into one
+    collective; the CPU runtime runs the grad-sync programs after the last micro-batch (not yet
+    overlapped with the backward pass). With `zero1` (ZeRO stage 1, Megatron's
     distributed optimizer) no dp all-reduce is emitted and the module is marked `loom.zero1`:
     the runtime reduce-scatters the flattened gradients over dp, each rank updates its 1/d of
     the parameters with its 1/d of the AdamW state, and all-gathers the parameters.

@@ -278,8 +278,22 @@ class Run {
       Status st;
       Collectives *c = comm(st);
       if (!c) return st;
-      if (f(out()) != f(inp(0))) std::memcpy(f(out()), f(inp(0)), numel(inp(0)) * sizeof(float));
-      return c->allReduce(str(in, "group"), f(out()), numel(out()), reduceOf(str(in, "reduce")));
+      if (in.inputs_size() != in.outputs_size()) return Status::error("all_reduce: inputs and outputs differ (corrupt plan)");
+      if (in.inputs_size() == 1) {
+        std::memcpy(f(out()), f(inp(0)), numel(inp(0)) * sizeof(float));
+        return c->allReduce(str(in, "group"), f(out()), numel(out()), reduceOf(str(in, "reduce")));
+      }
+      // A data-parallel bucket: one collective over the members packed back to back.
+      int64_t total = 0;
+      for (int k = 0; k < in.inputs_size(); ++k) total += numel(inp(k));
+      std::vector<float> packed(total);
+      int64_t at = 0;
+      for (int k = 0; k < in.inputs_size(); at += numel(inp(k)), ++k)
+        std::memcpy(&packed[at], f(inp(k)), numel(inp(k)) * sizeof(float));
+      LOOM_RETURN_IF_ERROR(c->allReduce(str(in, "group"), packed.data(), total, reduceOf(str(in, "reduce"))));
+      at = 0;
+      for (int k = 0; k < in.outputs_size(); at += numel(out(k)), ++k)
+        std::memcpy(f(out(k)), &packed[at], numel(out(k)) * sizeof(float));
     } else if (op == "all_gather" || op == "reduce_scatter") {
       Status st;
       Collectives *c = comm(st);
