@@ -13,7 +13,7 @@ namespace loom::control {
 CoordinatorClient::CoordinatorClient(std::string address, std::string token)
     : address_(std::move(address)), token_(std::move(token)) {
   channel_ = grpc::CreateChannel(address_, grpc::InsecureChannelCredentials());
-  stub_ = Coordinator::NewStub(channel_);
+  rpc_ = Coordinator::NewStub(channel_);
 }
 
 std::unique_ptr<grpc::ClientContext> CoordinatorClient::context(double seconds) {
@@ -51,7 +51,7 @@ Status CoordinatorClient::connect(int rank, double retrySeconds, RegisterReply *
     req.set_host(host);
     req.set_pid(getpid());
     auto ctx = context(5);
-    grpc::Status st = stub_->Register(ctx.get(), req, reply);
+    grpc::Status st = rpc_->Register(ctx.get(), req, reply);
     if (st.ok()) return Status::ok();
     double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     bool retryable = st.error_code() == grpc::StatusCode::UNAVAILABLE ||
@@ -73,7 +73,7 @@ Status CoordinatorClient::getFile(const std::string &name, std::string *content)
   req.set_name(name);
   GetFileReply rep;
   auto ctx = context(60);
-  Status s = translate(stub_->GetFile(ctx.get(), req, &rep), "fetching " + name);
+  Status s = translate(rpc_->GetFile(ctx.get(), req, &rep), "fetching " + name);
   if (s.isOk()) *content = rep.content();
   return s;
 }
@@ -84,7 +84,7 @@ Status CoordinatorClient::kvSet(const std::string &key, const std::string &value
   req.set_value(value);
   Empty rep;
   auto ctx = context(30);
-  return translate(stub_->KvSet(ctx.get(), req, &rep), "store set " + key);
+  return translate(rpc_->KvSet(ctx.get(), req, &rep), "store set " + key);
 }
 
 Status CoordinatorClient::kvGet(const std::string &key, int64_t timeoutMs, std::string *value) {
@@ -93,7 +93,7 @@ Status CoordinatorClient::kvGet(const std::string &key, int64_t timeoutMs, std::
   req.set_timeout_ms(timeoutMs);
   KvGetReply rep;
   auto ctx = context(timeoutMs / 1000.0 + 5);
-  Status s = translate(stub_->KvGet(ctx.get(), req, &rep), "store get " + key);
+  Status s = translate(rpc_->KvGet(ctx.get(), req, &rep), "store get " + key);
   if (s.isOk()) *value = rep.value();
   return s;
 }
@@ -105,7 +105,7 @@ Status CoordinatorClient::barrier(const std::string &name, int rank, int64_t tim
   req.set_timeout_ms(timeoutMs);
   Empty rep;
   auto ctx = context(timeoutMs / 1000.0 + 5);
-  return translate(stub_->Barrier(ctx.get(), req, &rep), "barrier " + name);
+  return translate(rpc_->Barrier(ctx.get(), req, &rep), "barrier " + name);
 }
 
 Status CoordinatorClient::heartbeat(int rank, int64_t step, bool *aborted, std::string *reason) {
@@ -114,7 +114,7 @@ Status CoordinatorClient::heartbeat(int rank, int64_t step, bool *aborted, std::
   req.set_step(step);
   HeartbeatReply rep;
   auto ctx = context(5);
-  Status s = translate(stub_->Heartbeat(ctx.get(), req, &rep), "heartbeat");
+  Status s = translate(rpc_->Heartbeat(ctx.get(), req, &rep), "heartbeat");
   if (s.isOk()) *aborted = rep.aborted(), *reason = rep.reason();
   return s;
 }
@@ -126,7 +126,7 @@ Status CoordinatorClient::metrics(int rank, int64_t step, const std::map<std::st
   for (auto &[k, v] : values) (*req.mutable_values())[k] = v;
   Empty rep;
   auto ctx = context(10);
-  return translate(stub_->ReportMetrics(ctx.get(), req, &rep), "metrics");
+  return translate(rpc_->ReportMetrics(ctx.get(), req, &rep), "metrics");
 }
 
 Status CoordinatorClient::abort(int rank, const std::string &reason) {
@@ -135,7 +135,7 @@ Status CoordinatorClient::abort(int rank, const std::string &reason) {
   req.set_reason(reason);
   Empty rep;
   auto ctx = context(5);
-  return translate(stub_->Abort(ctx.get(), req, &rep), "abort");
+  return translate(rpc_->Abort(ctx.get(), req, &rep), "abort");
 }
 
 Status CoordinatorClient::finish(int rank, int exitCode) {
@@ -144,7 +144,7 @@ Status CoordinatorClient::finish(int rank, int exitCode) {
   req.set_exit_code(exitCode);
   Empty rep;
   auto ctx = context(10);
-  return translate(stub_->Finish(ctx.get(), req, &rep), "finish");
+  return translate(rpc_->Finish(ctx.get(), req, &rep), "finish");
 }
 
 void CoordinatorStore::set(const std::string &key, const std::vector<char> &data) {

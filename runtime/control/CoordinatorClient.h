@@ -34,7 +34,7 @@ class CoordinatorClient {
 
   std::string address_, token_;
   std::shared_ptr<grpc::Channel> channel_;
-  std::unique_ptr<Coordinator::Stub> stub_;
+  std::unique_ptr<Coordinator::Stub> rpc_;
 };
 
 // The Gloo rendezvous store on the coordinator's key-value store.
