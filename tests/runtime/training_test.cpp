@@ -102,6 +102,22 @@ TEST(Training, ResumeIsBitExactAndCorruptCheckpointsAreRefused) {
   EXPECT_FALSE(std::filesystem::exists(split + "/iter_0000009"));
 }
 
+// Saving the same iteration again (a rerun into the same --save directory) replaces it only
+// once the new copy is complete; the checkpoint stays loadable and no copy is left aside.
+TEST(Training, ReSavingAnIterationKeepsACompleteCheckpoint) {
+  std::string plans = compile("brown_t2p2d1"), dir = tmp() + "/ckpt_resave";
+  for (int run = 0; run < 2; ++run) {
+    Result r = train(plans, 4, "--steps 2 --save " + dir);
+    ASSERT_EQ(r.exitCode, 0) << r.output;
+  }
+  EXPECT_TRUE(std::filesystem::exists(dir + "/iter_0000002/manifest.json"));
+  EXPECT_FALSE(std::filesystem::exists(dir + "/iter_0000002.replaced"));
+  EXPECT_FALSE(std::filesystem::exists(dir + "/iter_0000002.partial"));
+  Result resumed = train(plans, 4, "--steps 3 --save " + dir + " --resume");
+  ASSERT_EQ(resumed.exitCode, 0) << resumed.output;
+  EXPECT_NE(resumed.output.find("resumed from checkpoint at iteration 2"), std::string::npos) << resumed.output;
+}
+
 TEST(Training, SafetensorsExportImportRoundTrips) {
   std::string parallel = compile("brown_t2p2d1"), single = compile("brown_t1p1d1");
   std::string first = tmp() + "/first.safetensors", second = tmp() + "/second.safetensors";
