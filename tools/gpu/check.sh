@@ -1,6 +1,7 @@
 #!/bin/bash
 # The GPU check (run on the device machine from a gpu-pack/ made by tools/gpu/pack.sh):
-# the CUDA kernels against the CPU kernels, cuBLAS and NCCL on the device.
+# the CUDA kernels and the cuBLASLt bf16/fp16 linear against the CPU kernels, cuBLAS and NCCL
+# on the device.
 # Not yet here (issue 7): the CUDA executor and the 1.3B-parameter training step with its
 # tokens/s, MFU and PyTorch ratio; this script says so instead of pretending.
 set -uo pipefail
@@ -8,7 +9,7 @@ cd "$(dirname "$0")"
 export LD_LIBRARY_PATH="$PWD/lib:/usr/local/cuda/lib64:/usr/local/cuda/targets/x86_64-linux/lib:${LD_LIBRARY_PATH:-}"
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader || true
 status=0
-for t in bin/cuda_deps_test bin/cuda_kernels_test; do
+for t in bin/cuda_deps_test bin/cuda_kernels_test bin/lt_linear_test; do
   echo "== $t"
   "$t" --gtest_brief=0 || status=1
 done
