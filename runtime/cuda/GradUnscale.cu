@@ -1,0 +1,22 @@
+#include "runtime/cuda/GradUnscale.h"
+
+namespace loom::cuda {
+namespace {
+
+constexpr int kThreads = 256;
+
+__global__ void unscaleKernel(float *g, int64_t count, float unscale, int32_t *foundNonFinite) {
+  int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= count) return;
+  float v = g[i];
+  if (!isfinite(v)) *foundNonFinite = 1;  // a racy store of the same value: any writer wins
+  g[i] = v * unscale;
+}
+
+}  // namespace
+
+void unscaleGradients(float *g, int64_t count, float unscale, int32_t *foundNonFinite, cudaStream_t s) {
+  unscaleKernel<<<int((count + kThreads - 1) / kThreads), kThreads, 0, s>>>(g, count, unscale, foundNonFinite);
+}
+
+}  // namespace loom::cuda
