@@ -1,7 +1,8 @@
-// Row-major to cuBLASLt's column-major: row-major y[M,N] is column-major y^T[N,M], and
-// y^T = W^T x^T, so cuBLASLt's A is W (as stored: column-major [N,K] with no transpose, or
-// [K,N] transposed when transposeW) and its B is x (column-major [K,M]). The bias epilogue adds
-// a vector along D's rows, which are y's columns: one bias per output feature, as wanted.
+// Row-major to cuBLASLt's column-major: row-major c[M,N] is column-major c^T[N,M], and
+// c^T = op(b)^T op(a)^T, so cuBLASLt's A is our b and its B is our a, each read as stored (a
+// row-major [R,C] buffer is a column-major [C,R] one) and transposed by cuBLASLt exactly when
+// we would transpose it. The bias epilogue adds a vector along D's rows, which are c's
+// columns: one bias per output feature, as wanted.
 #include "runtime/cuda/LtLinear.h"
 
 #include <string>
@@ -65,30 +66,51 @@ LtLinear::~LtLinear() {
   if (handle_) cublasLtDestroy(handle_);
 }
 
-Status LtLinear::forward(const LinearShape &shape, const void *x, const void *w, const float *bias, float *y,
+Status LtLinear::forward(const LinearShape &s, const void *x, const void *w, const float *bias, float *y,
                          cudaStream_t stream) {
-  if (shape.m <= 0 || shape.k <= 0 || shape.n <= 0)
-    return Status::error("linear: empty shape m=" + std::to_string(shape.m) + " k=" + std::to_string(shape.k) +
-                         " n=" + std::to_string(shape.n));
-  if (shape.epilogue != LinearEpilogue::kNone && bias == nullptr)
+  return gemm({s.m, s.k, s.n, false, s.transposeW, s.type, s.epilogue, false}, x, w, bias, y, stream);
+}
+
+// dx[M,K] = g[M,N] W^T: W stored [K,N] is W^T stored transposed; W stored [N,K] is W^T as is.
+Status LtLinear::inputGrad(const LinearShape &s, const void *g, const void *w, float *dx, cudaStream_t stream) {
+  return gemm({s.m, s.n, s.k, false, !s.transposeW, s.type, LinearEpilogue::kNone, false}, g, w, nullptr, dx,
+              stream);
+}
+
+// dW[K,N] = x^T g, or with transposeW dW[N,K] = g^T x: the left operand is stored [M, rows].
+Status LtLinear::weightGrad(const LinearShape &s, const void *x, const void *g, float *dw, bool accumulate,
+                            cudaStream_t stream) {
+  if (s.transposeW)
+    return gemm({s.n, s.m, s.k, true, false, s.type, LinearEpilogue::kNone, accumulate}, g, x, nullptr, dw, stream);
+  return gemm({s.k, s.m, s.n, true, false, s.type, LinearEpilogue::kNone, accumulate}, x, g, nullptr, dw, stream);
+}
+
+Status LtLinear::gemm(const Gemm &p, const void *a, const void *b, const float *bias, float *c, cudaStream_t stream) {
+  if (p.m <= 0 || p.k <= 0 || p.n <= 0)
+    return Status::error("linear: empty GEMM m=" + std::to_string(p.m) + " k=" + std::to_string(p.k) +
+                         " n=" + std::to_string(p.n));
+  if (p.epilogue != LinearEpilogue::kNone && bias == nullptr)
     return Status::error("linear: a bias epilogue needs a bias vector");
   Descriptors desc;
   LOOM_LT_CHECK("matmul descriptor", cublasLtMatmulDescCreate(&desc.op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
-  cublasOperation_t opA = shape.transposeW ? CUBLAS_OP_T : CUBLAS_OP_N, opB = CUBLAS_OP_N;
+  cublasOperation_t opA = p.transposeB ? CUBLAS_OP_T : CUBLAS_OP_N, opB = p.transposeA ? CUBLAS_OP_T : CUBLAS_OP_N;
   LOOM_LT_CHECK("transa", cublasLtMatmulDescSetAttribute(desc.op, CUBLASLT_MATMUL_DESC_TRANSA, &opA, sizeof(opA)));
   LOOM_LT_CHECK("transb", cublasLtMatmulDescSetAttribute(desc.op, CUBLASLT_MATMUL_DESC_TRANSB, &opB, sizeof(opB)));
-  cublasLtEpilogue_t epilogue = epilogueOf(shape.epilogue);
+  cublasLtEpilogue_t epilogue = epilogueOf(p.epilogue);
   LOOM_LT_CHECK("epilogue", cublasLtMatmulDescSetAttribute(desc.op, CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue,
                                                            sizeof(epilogue)));
-  if (shape.epilogue != LinearEpilogue::kNone)
+  if (p.epilogue != LinearEpilogue::kNone)
     LOOM_LT_CHECK("bias pointer", cublasLtMatmulDescSetAttribute(desc.op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias,
                                                                  sizeof(bias)));
 
-  cudaDataType_t half = dataType(shape.type);
-  uint64_t aRows = shape.transposeW ? shape.k : shape.n, aCols = shape.transposeW ? shape.n : shape.k;
-  LOOM_LT_CHECK("layout W", cublasLtMatrixLayoutCreate(&desc.a, half, aRows, aCols, int64_t(aRows)));
-  LOOM_LT_CHECK("layout x", cublasLtMatrixLayoutCreate(&desc.b, half, shape.k, shape.m, shape.k));
-  LOOM_LT_CHECK("layout y", cublasLtMatrixLayoutCreate(&desc.d, CUDA_R_32F, shape.n, shape.m, shape.n));
+  // Column-major views of the stored buffers: b is [N,K] (or [K,N] when transposeB), a is
+  // [K,M] (or [M,K] when transposeA), c is [N,M].
+  cudaDataType_t half = dataType(p.type);
+  uint64_t bRows = p.transposeB ? p.k : p.n, bCols = p.transposeB ? p.n : p.k;
+  uint64_t aRows = p.transposeA ? p.m : p.k, aCols = p.transposeA ? p.k : p.m;
+  LOOM_LT_CHECK("layout of b", cublasLtMatrixLayoutCreate(&desc.a, half, bRows, bCols, int64_t(bRows)));
+  LOOM_LT_CHECK("layout of a", cublasLtMatrixLayoutCreate(&desc.b, half, aRows, aCols, int64_t(aRows)));
+  LOOM_LT_CHECK("layout of c", cublasLtMatrixLayoutCreate(&desc.d, CUDA_R_32F, p.n, p.m, p.n));
 
   LOOM_LT_CHECK("preference", cublasLtMatmulPreferenceCreate(&desc.preference));
   uint64_t workspace = workspaceBytes_;
@@ -100,11 +122,11 @@ Status LtLinear::forward(const LinearShape &shape, const void *x, const void *w,
   LOOM_LT_CHECK("algorithm search", cublasLtMatmulAlgoGetHeuristic(handle_, desc.op, desc.a, desc.b, desc.d, desc.d,
                                                                    desc.preference, 1, &heuristic, &found));
   if (found == 0)
-    return Status::error(std::string("cuBLASLt has no algorithm for a ") + halfTypeName(shape.type) +
-                         " linear of m=" + std::to_string(shape.m) + " k=" + std::to_string(shape.k) +
-                         " n=" + std::to_string(shape.n));
-  float alpha = 1.0f, beta = 0.0f;
-  LOOM_LT_CHECK("matmul", cublasLtMatmul(handle_, desc.op, &alpha, w, desc.a, x, desc.b, &beta, y, desc.d, y, desc.d,
+    return Status::error(std::string("cuBLASLt has no algorithm for a ") + halfTypeName(p.type) +
+                         " GEMM of m=" + std::to_string(p.m) + " k=" + std::to_string(p.k) +
+                         " n=" + std::to_string(p.n));
+  float alpha = 1.0f, beta = p.accumulate ? 1.0f : 0.0f;
+  LOOM_LT_CHECK("matmul", cublasLtMatmul(handle_, desc.op, &alpha, b, desc.a, a, desc.b, &beta, c, desc.d, c, desc.d,
                                          &heuristic.algo, workspace_, workspaceBytes_, stream));
   return Status::ok();
 }

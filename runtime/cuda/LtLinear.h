@@ -1,7 +1,9 @@
-// The linear op's GEMM on the GPU through cuBLASLt: bf16 or fp16 operands, fp32 accumulation
-// and fp32 output, with the bias (and GeLU) folded into the GEMM's epilogue where asked.
-// Same contract as cpu::linearForward: row-major y[M,N] = x[M,K] W + bias, W stored [K,N] or,
-// with transposeW, [N,K]. Pointers are device pointers.
+// The linear op's three GEMMs on the GPU through cuBLASLt: bf16 or fp16 operands, fp32
+// accumulation and fp32 output, with the bias (and GeLU) folded into the forward GEMM's
+// epilogue where asked. Same contracts as runtime/cpu/Kernels.h: row-major y[M,N] = x[M,K] W
+// + bias, W stored [K,N] or, with transposeW, [N,K]; dX = g W^T; dW = x^T g accumulated into
+// an fp32 gradient (as Megatron-LM's gradient-accumulation fusion keeps main grads in fp32).
+// Pointers are device pointers; 16-bit operands are of shape.type.
 #pragma once
 
 #include <cublasLt.h>
@@ -35,8 +37,23 @@ class LtLinear {
   // bias: fp32 [N], read only with a bias epilogue.
   Status forward(const LinearShape &shape, const void *x, const void *w, const float *bias, float *y,
                  cudaStream_t stream);
+  // dx[M,K] = g[M,N] W^T (shape.epilogue is ignored).
+  Status inputGrad(const LinearShape &shape, const void *g, const void *w, float *dx, cudaStream_t stream);
+  // dw (W's layout) = x^T g, added to dw when accumulate.
+  Status weightGrad(const LinearShape &shape, const void *x, const void *g, float *dw, bool accumulate,
+                    cudaStream_t stream);
 
  private:
+  // Row-major c[M,N] = op(a)[M,K] op(b)[K,N] (+ c when accumulate); a stored [K,M] when
+  // transposeA, b stored [N,K] when transposeB.
+  struct Gemm {
+    int64_t m, k, n;
+    bool transposeA, transposeB;
+    HalfType type;
+    LinearEpilogue epilogue;
+    bool accumulate;
+  };
+  Status gemm(const Gemm &p, const void *a, const void *b, const float *bias, float *c, cudaStream_t stream);
   LtLinear() = default;
   cublasLtHandle_t handle_ = nullptr;
   void *workspace_ = nullptr;

@@ -1,5 +1,6 @@
 // The cuBLASLt linear (bf16 and fp16 operands, fp32 accumulation, bias and bias+GeLU
-// epilogues, W stored either way) against cpu::linearForward on the same rounded inputs: the
+// epilogues, W stored either way; forward, dX and accumulated dW) against the CPU linear
+// kernels on the same rounded inputs: the
 // operands are rounded to 16 bits on the device and read back, so the two sides multiply the
 // same numbers and differ only in summation order (relative L2 error < 1e-5; 1e-4 with
 // the GeLU epilogue). Skipped, with a
@@ -62,6 +63,11 @@ class LtLinearTest : public ::testing::TestWithParam<std::tuple<HalfType, Linear
     *rounded = down(back, host.size());
     return half;
   }
+  static double relErr(const std::vector<float> &got, const std::vector<float> &want) {
+    double diff = 0, norm = 0;
+    for (size_t i = 0; i < got.size(); ++i) diff += std::pow(got[i] - want[i], 2), norm += std::pow(want[i], 2);
+    return std::sqrt(diff / norm);
+  }
   std::vector<float> random(size_t n) {
     std::normal_distribution<float> dist(0.0f, 1.0f);
     std::vector<float> v(n);
@@ -88,11 +94,33 @@ TEST_P(LtLinearTest, MatchesCpuLinear) {
   cpu::linearForward(x.data(), w.data(), withBias ? bias.data() : nullptr, want.data(), shape.m, shape.k, shape.n,
                      transposeW);
   if (epilogue == LinearEpilogue::kBiasGelu) cpu::geluForward(want.data(), want.data(), int64_t(want.size()));
-  double diff = 0, norm = 0;
-  for (size_t i = 0; i < got.size(); ++i) diff += std::pow(got[i] - want[i], 2), norm += std::pow(want[i], 2);
   // cuBLASLt's GeLU epilogue evaluates tanh its own way: allow it 1e-4.
   double tolerance = epilogue == LinearEpilogue::kBiasGelu ? 1e-4 : 1e-5;
-  EXPECT_LT(std::sqrt(diff / norm), tolerance) << cuda::halfTypeName(type);
+  EXPECT_LT(relErr(got, want), tolerance) << cuda::halfTypeName(type);
+}
+
+TEST_P(LtLinearTest, InputAndWeightGradientsMatchCpu) {
+  auto [type, epilogue, transposeW] = GetParam();
+  cuda::LinearShape shape{/*m=*/96, /*k=*/256, /*n=*/200, transposeW, type, epilogue};
+  std::vector<float> x, w, g;
+  void *dx16 = toHalf(random(shape.m * shape.k), type, &x);
+  void *dw16 = toHalf(random(shape.k * shape.n), type, &w);
+  void *dg16 = toHalf(random(shape.m * shape.n), type, &g);
+
+  float *dx = static_cast<float *>(alloc(x.size() * sizeof(float)));
+  Status s = lt_->inputGrad(shape, dg16, dw16, dx, nullptr);
+  ASSERT_TRUE(s.isOk()) << s.message();
+  std::vector<float> wantDx(x.size());  // dX = g W^T: a linear of g by W read the other way
+  cpu::linearForward(g.data(), w.data(), nullptr, wantDx.data(), shape.m, shape.n, shape.k, !transposeW);
+  EXPECT_LT(relErr(down(dx, x.size()), wantDx), 1e-5) << "dX, " << cuda::halfTypeName(type);
+
+  // The weight gradient accumulates into an fp32 buffer that already holds a gradient.
+  std::vector<float> earlier = random(w.size()), wantDw = earlier;
+  float *dw = up(earlier);
+  s = lt_->weightGrad(shape, dx16, dg16, dw, /*accumulate=*/true, nullptr);
+  ASSERT_TRUE(s.isOk()) << s.message();
+  cpu::linearWeightGrad(x.data(), g.data(), wantDw.data(), shape.m, shape.k, shape.n, transposeW, true);
+  EXPECT_LT(relErr(down(dw, w.size()), wantDw), 1e-5) << "dW, " << cuda::halfTypeName(type);
 }
 
 TEST_P(LtLinearTest, RejectsAnEmptyShapeNamingIt) {
