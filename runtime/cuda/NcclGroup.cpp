@@ -1,0 +1,67 @@
+#include "runtime/cuda/NcclGroup.h"
+
+#include <cstring>
+
+namespace loom::cuda {
+
+Status shareNcclUniqueId(control::CoordinatorClient &client, const std::string &name, int groupRank,
+                         int64_t timeoutMs, ncclUniqueId *id) {
+  std::string key = "nccl/" + name;
+  if (groupRank == 0) {
+    ncclResult_t r = ncclGetUniqueId(id);
+    if (r != ncclSuccess) return Status::error("NCCL unique id for group " + name + ": " + ncclGetErrorString(r));
+    return client.kvSet(key, std::string(reinterpret_cast<const char *>(id), sizeof(*id)));
+  }
+  std::string value;
+  LOOM_RETURN_IF_ERROR(client.kvGet(key, timeoutMs, &value));
+  if (value.size() != sizeof(*id))
+    return Status::error("coordinator key " + key + " holds " + std::to_string(value.size()) +
+                         " bytes, not an ncclUniqueId (" + std::to_string(sizeof(*id)) + ")");
+  std::memcpy(id, value.data(), sizeof(*id));
+  return Status::ok();
+}
+
+Status NcclGroup::create(control::CoordinatorClient &client, const std::string &name, int groupRank, int groupSize,
+                         int64_t timeoutMs, std::unique_ptr<NcclGroup> *out) {
+  if (groupSize < 1 || groupRank < 0 || groupRank >= groupSize)
+    return Status::error("NCCL group " + name + ": rank " + std::to_string(groupRank) + " is not in a group of " +
+                         std::to_string(groupSize));
+  ncclUniqueId id;
+  LOOM_RETURN_IF_ERROR(shareNcclUniqueId(client, name, groupRank, timeoutMs, &id));
+  std::unique_ptr<NcclGroup> group(new NcclGroup(name, groupRank, groupSize));
+  LOOM_RETURN_IF_ERROR(group->check(ncclCommInitRank(&group->comm_, groupSize, id, groupRank), "init"));
+  *out = std::move(group);
+  return Status::ok();
+}
+
+NcclGroup::~NcclGroup() {
+  if (comm_) ncclCommDestroy(comm_);
+}
+
+Status NcclGroup::check(ncclResult_t result, const char *what) const {
+  if (result == ncclSuccess) return Status::ok();
+  return Status::error("NCCL " + std::string(what) + " in group " + name_ + " (rank " + std::to_string(rank_) +
+                       " of " + std::to_string(size_) + "): " + ncclGetErrorString(result));
+}
+
+Status NcclGroup::allReduceSum(float *buffer, int64_t count, cudaStream_t stream) {
+  return check(ncclAllReduce(buffer, buffer, size_t(count), ncclFloat32, ncclSum, comm_, stream), "all-reduce");
+}
+
+Status NcclGroup::exchange(const std::vector<Transfer> &transfers, cudaStream_t stream) {
+  for (const Transfer &t : transfers)
+    if (t.peer < 0 || t.peer >= size_ || t.peer == rank_)
+      return Status::error("NCCL group " + name_ + ": rank " + std::to_string(rank_) + " cannot exchange with peer " +
+                           std::to_string(t.peer));
+  LOOM_RETURN_IF_ERROR(check(ncclGroupStart(), "group start"));
+  Status first = Status::ok();
+  for (const Transfer &t : transfers) {
+    ncclResult_t r = t.send ? ncclSend(t.buffer, size_t(t.count), ncclFloat32, t.peer, comm_, stream)
+                            : ncclRecv(t.buffer, size_t(t.count), ncclFloat32, t.peer, comm_, stream);
+    if (r != ncclSuccess && first.isOk()) first = check(r, t.send ? "send" : "receive");
+  }
+  Status end = check(ncclGroupEnd(), "group end");  // always closed, even after a failed call
+  return first.isOk() ? end : first;
+}
+
+}  // namespace loom::cuda

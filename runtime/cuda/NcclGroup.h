@@ -1,0 +1,57 @@
+// One NCCL communicator per parallel group (tp, pp or dp), bootstrapped through the control
+// plane: the group's rank 0 creates the ncclUniqueId and publishes it in the coordinator's
+// key-value store; the others wait for it there; then every member calls ncclCommInitRank.
+#pragma once
+
+#include <cuda_runtime.h>
+#include <nccl.h>
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "runtime/Status.h"
+#include "runtime/control/CoordinatorClient.h"
+
+namespace loom::cuda {
+
+// The unique id of communicator `name` (key "nccl/<name>"): created and published by group
+// rank 0, fetched (waiting up to timeoutMs) by the others. Needs no GPU.
+Status shareNcclUniqueId(control::CoordinatorClient &client, const std::string &name, int groupRank,
+                         int64_t timeoutMs, ncclUniqueId *id);
+
+class NcclGroup {
+ public:
+  // Uses the current CUDA device (cudaSetDevice first).
+  static Status create(control::CoordinatorClient &client, const std::string &name, int groupRank, int groupSize,
+                       int64_t timeoutMs, std::unique_ptr<NcclGroup> *out);
+  ~NcclGroup();
+  NcclGroup(const NcclGroup &) = delete;
+  NcclGroup &operator=(const NcclGroup &) = delete;
+
+  int rank() const { return rank_; }
+  int size() const { return size_; }
+
+  // In-place fp32 sum over the group (tensor-parallel f/g and data-parallel gradient buckets).
+  Status allReduceSum(float *buffer, int64_t count, cudaStream_t stream);
+
+  // The pipeline sends and receives of one schedule step, issued as one grouped NCCL call so
+  // that a send to the next stage and a receive from it cannot deadlock each other.
+  struct Transfer {
+    bool send;
+    int peer;  // group rank
+    float *buffer;
+    int64_t count;
+  };
+  Status exchange(const std::vector<Transfer> &transfers, cudaStream_t stream);
+
+ private:
+  NcclGroup(std::string name, int rank, int size) : name_(std::move(name)), rank_(rank), size_(size) {}
+  Status check(ncclResult_t result, const char *what) const;
+  std::string name_;
+  int rank_, size_;
+  ncclComm_t comm_ = nullptr;
+};
+
+}  // namespace loom::cuda
