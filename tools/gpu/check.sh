@@ -6,6 +6,7 @@
 # tokens/s, MFU and PyTorch ratio; this script says so instead of pretending.
 set -uo pipefail
 cd "$(dirname "$0")"
+[ -d lib ] || tar -xzf lib.tar.gz
 export LD_LIBRARY_PATH="$PWD/lib:/usr/local/cuda/lib64:/usr/local/cuda/targets/x86_64-linux/lib:${LD_LIBRARY_PATH:-}"
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader || true
 status=0
