@@ -10,48 +10,12 @@
 
 #include "runtime/cpu/Kernels.h"
 #include "runtime/cuda/CudaKernels.h"
+#include "tests/cuda/DeviceTest.h"
 
 namespace loom {
 namespace {
 
-class CudaKernels : public ::testing::Test {
- protected:
-  void SetUp() override {
-    const char *why = "";
-    if (!cuda::deviceAvailable(&why)) GTEST_SKIP() << "no CUDA device (" << why << "): skipping the GPU kernel checks";
-  }
-  void TearDown() override {
-    for (void *p : device_) cudaFree(p);
-  }
-  template <typename T>
-  T *up(const std::vector<T> &host) {
-    T *d = nullptr;
-    cudaMalloc(&d, host.size() * sizeof(T) + 4);
-    cudaMemcpy(d, host.data(), host.size() * sizeof(T), cudaMemcpyHostToDevice);
-    device_.push_back(d);
-    return d;
-  }
-  float *zeros(size_t n) { return up(std::vector<float>(n, 0.0f)); }
-  std::vector<float> down(const float *d, size_t n) {
-    std::vector<float> h(n);
-    cudaDeviceSynchronize();
-    cudaMemcpy(h.data(), d, n * sizeof(float), cudaMemcpyDeviceToHost);
-    return h;
-  }
-  std::vector<float> random(size_t n, float scale = 1.0f) {
-    std::normal_distribution<float> dist(0.0f, scale);
-    std::vector<float> v(n);
-    for (float &x : v) x = dist(rng_);
-    return v;
-  }
-  static double relErr(const std::vector<float> &a, const std::vector<float> &b) {
-    double d = 0, n = 0;
-    for (size_t i = 0; i < a.size(); ++i) d += std::pow(a[i] - b[i], 2), n += std::pow(b[i], 2);
-    return std::sqrt(d) / std::max(std::sqrt(n), 1e-30);
-  }
-  std::mt19937 rng_{1};
-  std::vector<void *> device_;
-};
+using CudaKernels = DeviceTest<>;
 
 TEST_F(CudaKernels, LayerNormForwardAndBackward) {
   int64_t rows = 37, n = 300;

@@ -12,36 +12,23 @@
 #include "runtime/LossScaler.h"
 #include "runtime/cuda/CudaKernels.h"
 #include "runtime/cuda/GradUnscale.h"
+#include "tests/cuda/DeviceTest.h"
 
 namespace loom {
 namespace {
 
-class LossScalingOnDevice : public ::testing::Test {
+class LossScalingOnDevice : public DeviceTest<> {
  protected:
-  void SetUp() override {
-    const char *why = "";
-    if (!cuda::deviceAvailable(&why)) GTEST_SKIP() << "no CUDA device (" << why << "): skipping the loss-scaling checks";
-    ASSERT_EQ(cudaMalloc(&flag_, sizeof(int32_t)), cudaSuccess);
-  }
-  void TearDown() override {
-    cudaFree(flag_);
-    cudaFree(grads_);
-  }
   // Unscales `host` on the device with the scaler's factor; returns whether the step is skipped.
   bool step(LossScaler &scaler, std::vector<float> &host) {
-    cudaFree(grads_);
-    EXPECT_EQ(cudaMalloc(&grads_, host.size() * sizeof(float)), cudaSuccess);
-    cudaMemcpy(grads_, host.data(), host.size() * sizeof(float), cudaMemcpyHostToDevice);
-    cudaMemset(flag_, 0, sizeof(int32_t));
-    cuda::unscaleGradients(grads_, int64_t(host.size()), float(scaler.unscaleFactor()), flag_, nullptr);
+    float *grads = up(host);
+    int32_t *flag = up(std::vector<int32_t>{0});
+    cuda::unscaleGradients(grads, int64_t(host.size()), float(scaler.unscaleFactor()), flag, nullptr);
     int32_t found = 0;
-    EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-    cudaMemcpy(&found, flag_, sizeof(found), cudaMemcpyDeviceToHost);
-    cudaMemcpy(host.data(), grads_, host.size() * sizeof(float), cudaMemcpyDeviceToHost);
+    host = down(grads, host.size());
+    cudaMemcpy(&found, flag, sizeof(found), cudaMemcpyDeviceToHost);
     return scaler.update(found != 0);
   }
-  int32_t *flag_ = nullptr;
-  float *grads_ = nullptr;
 };
 
 TEST_F(LossScalingOnDevice, CleanGradientsAreUnscaledExactly) {

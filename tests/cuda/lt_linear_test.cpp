@@ -18,6 +18,7 @@
 #include "runtime/cuda/CudaKernels.h"
 #include "runtime/cuda/HalfPrecision.h"
 #include "runtime/cuda/LtLinear.h"
+#include "tests/cuda/DeviceTest.h"
 
 namespace loom {
 namespace {
@@ -25,33 +26,13 @@ namespace {
 using cuda::HalfType;
 using cuda::LinearEpilogue;
 
-class LtLinearTest : public ::testing::TestWithParam<std::tuple<HalfType, LinearEpilogue, bool>> {
+class LtLinearTest : public DeviceTest<::testing::TestWithParam<std::tuple<HalfType, LinearEpilogue, bool>>> {
  protected:
   void SetUp() override {
-    const char *why = "";
-    if (!cuda::deviceAvailable(&why)) GTEST_SKIP() << "no CUDA device (" << why << "): skipping the cuBLASLt checks";
+    DeviceTest::SetUp();
+    if (IsSkipped()) return;
     Status s = cuda::LtLinear::create(32 << 20, &lt_);
     ASSERT_TRUE(s.isOk()) << s.message();
-  }
-  void TearDown() override {
-    for (void *p : device_) cudaFree(p);
-  }
-  void *alloc(size_t bytes) {
-    void *d = nullptr;
-    EXPECT_EQ(cudaMalloc(&d, bytes), cudaSuccess);
-    device_.push_back(d);
-    return d;
-  }
-  float *up(const std::vector<float> &host) {
-    auto *d = static_cast<float *>(alloc(host.size() * sizeof(float)));
-    cudaMemcpy(d, host.data(), host.size() * sizeof(float), cudaMemcpyHostToDevice);
-    return d;
-  }
-  std::vector<float> down(const float *d, size_t n) {
-    std::vector<float> h(n);
-    EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-    cudaMemcpy(h.data(), d, n * sizeof(float), cudaMemcpyDeviceToHost);
-    return h;
   }
   // Rounds host values to 16 bits on the device: returns the 16-bit buffer and, in `rounded`,
   // the fp32 values it holds.
@@ -63,20 +44,7 @@ class LtLinearTest : public ::testing::TestWithParam<std::tuple<HalfType, Linear
     *rounded = down(back, host.size());
     return half;
   }
-  static double relErr(const std::vector<float> &got, const std::vector<float> &want) {
-    double diff = 0, norm = 0;
-    for (size_t i = 0; i < got.size(); ++i) diff += std::pow(got[i] - want[i], 2), norm += std::pow(want[i], 2);
-    return std::sqrt(diff / norm);
-  }
-  std::vector<float> random(size_t n) {
-    std::normal_distribution<float> dist(0.0f, 1.0f);
-    std::vector<float> v(n);
-    for (float &x : v) x = dist(rng_);
-    return v;
-  }
   std::unique_ptr<cuda::LtLinear> lt_;
-  std::mt19937 rng_{7};
-  std::vector<void *> device_;
 };
 
 TEST_P(LtLinearTest, MatchesCpuLinear) {
