@@ -1,9 +1,9 @@
 #include "runtime/cuda/GradUnscale.h"
+#include "runtime/cuda/DeviceMath.cuh"
 
 namespace loom::cuda {
 namespace {
 
-constexpr int kThreads = 256;
 
 __global__ void unscaleKernel(float *g, int64_t count, float unscale, int32_t *foundNonFinite) {
   int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
@@ -16,7 +16,7 @@ __global__ void unscaleKernel(float *g, int64_t count, float unscale, int32_t *f
 }  // namespace
 
 void unscaleGradients(float *g, int64_t count, float unscale, int32_t *foundNonFinite, cudaStream_t s) {
-  unscaleKernel<<<int((count + kThreads - 1) / kThreads), kThreads, 0, s>>>(g, count, unscale, foundNonFinite);
+  unscaleKernel<<<blocks(count), kThreads, 0, s>>>(g, count, unscale, foundNonFinite);
 }
 
 }  // namespace loom::cuda

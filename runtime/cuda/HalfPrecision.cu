@@ -1,4 +1,5 @@
 #include "runtime/cuda/HalfPrecision.h"
+#include "runtime/cuda/DeviceMath.cuh"
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -6,8 +7,6 @@
 namespace loom::cuda {
 namespace {
 
-constexpr int kThreads = 256;
-int blocks(int64_t n) { return int((n + kThreads - 1) / kThreads); }
 
 template <typename Half>
 __device__ Half fromFloat(float v);

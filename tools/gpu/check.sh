@@ -11,7 +11,7 @@ cd "$(dirname "$0")"
 export LD_LIBRARY_PATH="$PWD/lib:/usr/local/cuda/lib64:/usr/local/cuda/targets/x86_64-linux/lib:${LD_LIBRARY_PATH:-}"
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader || true
 status=0
-for t in bin/cuda_deps_test bin/cuda_kernels_test bin/lt_linear_test bin/loss_scaling_test bin/nccl_group_test; do
+for t in bin/cuda_deps_test bin/cuda_kernels_test bin/lt_linear_test bin/loss_scaling_test bin/nccl_group_test bin/attention_test; do
   echo "== $t"
   "$t" --gtest_brief=0 || status=1
 done

@@ -1,0 +1,53 @@
+// Device helpers shared by the CUDA kernels: the counter-based generator of runtime/cpu/Philox.h
+// and block-wide reductions. Included by .cu files only.
+#pragma once
+
+#include <cstdint>
+
+namespace loom::cuda {
+
+constexpr int kThreads = 256;  // threads per block of every kernel here (the reductions need it)
+
+// Blocks of kThreads covering n elements, one thread each.
+inline int blocks(int64_t n) { return int((n + kThreads - 1) / kThreads); }
+
+// Philox4x32-10, as runtime/cpu/Philox.h: the same (key, counter) -> the same bits.
+__device__ inline float philoxUniform(uint64_t seed, uint64_t stream, uint64_t index) {
+  uint32_t c0 = uint32_t(index), c1 = uint32_t(index >> 32), c2 = uint32_t(stream), c3 = uint32_t(stream >> 32);
+  uint32_t k0 = uint32_t(seed), k1 = uint32_t(seed >> 32);
+  for (int round = 0; round < 10; ++round) {
+    uint64_t p0 = uint64_t(0xD2511F53u) * c0, p1 = uint64_t(0xCD9E8D57u) * c2;
+    uint32_t n0 = uint32_t(p1 >> 32) ^ c1 ^ k0, n1 = uint32_t(p1), n2 = uint32_t(p0 >> 32) ^ c3 ^ k1,
+             n3 = uint32_t(p0);
+    c0 = n0, c1 = n1, c2 = n2, c3 = n3;
+    k0 += 0x9E3779B9u, k1 += 0xBB67AE85u;
+  }
+  return float(c0 >> 8) * (1.0f / 16777216.0f);
+}
+
+// Block-wide sum of one float per thread (blockDim.x == kThreads).
+__device__ inline float blockSum(float v, float *shared) {
+  shared[threadIdx.x] = v;
+  __syncthreads();
+  for (int stride = kThreads / 2; stride > 0; stride /= 2) {
+    if (threadIdx.x < stride) shared[threadIdx.x] += shared[threadIdx.x + stride];
+    __syncthreads();
+  }
+  float total = shared[0];
+  __syncthreads();
+  return total;
+}
+
+__device__ inline float blockMax(float v, float *shared) {
+  shared[threadIdx.x] = v;
+  __syncthreads();
+  for (int stride = kThreads / 2; stride > 0; stride /= 2) {
+    if (threadIdx.x < stride) shared[threadIdx.x] = fmaxf(shared[threadIdx.x], shared[threadIdx.x + stride]);
+    __syncthreads();
+  }
+  float total = shared[0];
+  __syncthreads();
+  return total;
+}
+
+}  // namespace loom::cuda
