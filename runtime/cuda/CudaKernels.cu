@@ -48,6 +48,20 @@ __global__ void layerNormBackwardKernel(const float *x, const float *gamma, cons
 
 constexpr float kGeluC = 0.7978845608028654f;
 
+__global__ void addBroadcastKernel(const float *x, const float *v, float *y, int64_t count, int64_t period) {
+  int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
+  if (i < count) y[i] = x[i] + v[i % period];
+}
+
+// One thread per column: neighbouring threads read neighbouring addresses of each row.
+__global__ void sumRowsKernel(const float *g, float *out, int64_t m, int64_t n) {
+  int64_t c = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
+  if (c >= n) return;
+  float acc = 0;
+  for (int64_t r = 0; r < m; ++r) acc += g[r * n + c];
+  out[c] = acc;
+}
+
 __global__ void geluForwardKernel(const float *x, float *y, int64_t count) {
   int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
   if (i >= count) return;
@@ -154,6 +168,14 @@ void layerNormBackward(const float *x, const float *gamma, const float *g, float
   cudaMemsetAsync(dgamma, 0, n * sizeof(float), s);
   cudaMemsetAsync(dbeta, 0, n * sizeof(float), s);
   layerNormBackwardKernel<<<int(rows), kThreads, 0, s>>>(x, gamma, g, dx, dgamma, dbeta, n, eps);
+}
+
+void addBroadcast(const float *x, const float *v, float *y, int64_t count, int64_t period, cudaStream_t s) {
+  addBroadcastKernel<<<blocks(count), kThreads, 0, s>>>(x, v, y, count, period);
+}
+
+void sumRows(const float *g, float *out, int64_t m, int64_t n, cudaStream_t s) {
+  sumRowsKernel<<<blocks(n), kThreads, 0, s>>>(g, out, m, n);
 }
 
 void geluForward(const float *x, float *y, int64_t count, cudaStream_t s) {

@@ -14,6 +14,12 @@ void layerNormForward(const float *x, const float *gamma, const float *beta, flo
 // dgamma and dbeta are accumulated with atomics: zeroed here first.
 void layerNormBackward(const float *x, const float *gamma, const float *g, float *dx, float *dgamma, float *dbeta,
                        int64_t rows, int64_t n, float eps, cudaStream_t s);
+// y[i] = x[i] + v[i % period]: add (period = count), add_bias (period = N), add_position
+// (period = seq * hidden, v the sequence's rows of the position table).
+void addBroadcast(const float *x, const float *v, float *y, int64_t count, int64_t period, cudaStream_t s);
+// out[c] = sum over the m rows of g[m, n] of column c: bias_grad, and position_grad (n = seq *
+// hidden, rows = batch; zero the table rows beyond seq separately).
+void sumRows(const float *g, float *out, int64_t m, int64_t n, cudaStream_t s);
 void geluForward(const float *x, float *y, int64_t count, cudaStream_t s);
 void geluBackward(const float *x, const float *g, float *dx, int64_t count, cudaStream_t s);
 void dropoutForward(const float *x, float *y, int64_t count, float rate, uint64_t seed, uint64_t stream,

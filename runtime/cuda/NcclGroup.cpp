@@ -48,6 +48,14 @@ Status NcclGroup::allReduceSum(float *buffer, int64_t count, cudaStream_t stream
   return check(ncclAllReduce(buffer, buffer, size_t(count), ncclFloat32, ncclSum, comm_, stream), "all-reduce");
 }
 
+Status NcclGroup::allGather(const float *in, float *out, int64_t count, cudaStream_t stream) {
+  return check(ncclAllGather(in, out, size_t(count), ncclFloat32, comm_, stream), "all-gather");
+}
+
+Status NcclGroup::reduceScatterSum(const float *in, float *out, int64_t count, cudaStream_t stream) {
+  return check(ncclReduceScatter(in, out, size_t(count), ncclFloat32, ncclSum, comm_, stream), "reduce-scatter");
+}
+
 Status NcclGroup::exchange(const std::vector<Transfer> &transfers, cudaStream_t stream) {
   for (const Transfer &t : transfers)
     if (t.peer < 0 || t.peer >= size_ || t.peer == rank_)

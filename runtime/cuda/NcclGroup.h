@@ -35,6 +35,10 @@ class NcclGroup {
 
   // In-place fp32 sum over the group (tensor-parallel f/g and data-parallel gradient buckets).
   Status allReduceSum(float *buffer, int64_t count, cudaStream_t stream);
+  // Sequence parallelism: out [size * count] gathers every member's in [count] in rank order;
+  // reduceScatterSum is its transpose, out [count] = this member's slice of the sum of in.
+  Status allGather(const float *in, float *out, int64_t count, cudaStream_t stream);
+  Status reduceScatterSum(const float *in, float *out, int64_t count, cudaStream_t stream);
 
   // The pipeline sends and receives of one schedule step, issued as one grouped NCCL call so
   // that a send to the next stage and a receive from it cannot deadlock each other.

@@ -32,6 +32,26 @@ TEST_F(CudaKernels, LayerNormForwardAndBackward) {
   EXPECT_LT(relErr(down(ddb, n), db), 1e-5);
 }
 
+TEST_F(CudaKernels, BroadcastAddsAndTheirGradients) {
+  int64_t batch = 3, seq = 29, hidden = 40, rows = batch * seq, positions = 50;
+  auto x = random(rows * hidden), bias = random(hidden), table = random(positions * hidden);
+  std::vector<float> withBias(x.size()), withPosition(x.size()), db(hidden), dpos(positions * hidden);
+  for (size_t i = 0; i < x.size(); ++i) withBias[i] = x[i] + bias[i % hidden];
+  cpu::addPositionForward(x.data(), table.data(), withPosition.data(), batch, seq, hidden);
+  cpu::biasGrad(x.data(), db.data(), rows, hidden);
+  cpu::positionBackward(x.data(), dpos.data(), batch, seq, hidden, positions);
+
+  float *dy = zeros(x.size()), *dp = zeros(x.size()), *ddb = zeros(hidden), *ddpos = zeros(dpos.size());
+  cuda::addBroadcast(up(x), up(bias), dy, int64_t(x.size()), hidden, 0);
+  cuda::addBroadcast(up(x), up(table), dp, int64_t(x.size()), seq * hidden, 0);
+  cuda::sumRows(up(x), ddb, rows, hidden, 0);
+  cuda::sumRows(up(x), ddpos, batch, seq * hidden, 0);  // table rows beyond seq stay zero
+  EXPECT_EQ(down(dy, x.size()), withBias);
+  EXPECT_EQ(down(dp, x.size()), withPosition);
+  EXPECT_LT(relErr(down(ddb, hidden), db), 1e-6);
+  EXPECT_LT(relErr(down(ddpos, dpos.size()), dpos), 1e-6);
+}
+
 TEST_F(CudaKernels, GeluForwardAndBackward) {
   int64_t n = 10000;
   auto x = random(n, 3), g = random(n);

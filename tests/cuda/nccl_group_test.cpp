@@ -94,8 +94,20 @@ TEST_F(NcclBootstrap, AOneMemberGroupReducesOnTheDevice) {
   std::vector<float> back(host.size());
   ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
   cudaMemcpy(back.data(), d, back.size() * sizeof(float), cudaMemcpyDeviceToHost);
-  cudaFree(d);
   EXPECT_EQ(back, host) << "a sum over one member is the member's own buffer";
+  float *other = nullptr;
+  ASSERT_EQ(cudaMalloc(&other, host.size() * sizeof(float)), cudaSuccess);
+  for (bool gather : {true, false}) {  // over one member both are copies
+    cudaMemset(other, 0, host.size() * sizeof(float));
+    s = gather ? group->allGather(d, other, int64_t(host.size()), nullptr)
+               : group->reduceScatterSum(d, other, int64_t(host.size()), nullptr);
+    ASSERT_TRUE(s.isOk()) << s.message();
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    cudaMemcpy(back.data(), other, back.size() * sizeof(float), cudaMemcpyDeviceToHost);
+    EXPECT_EQ(back, host) << (gather ? "all-gather" : "reduce-scatter");
+  }
+  cudaFree(other);
+  cudaFree(d);
   s = group->exchange({{true, 0, nullptr, 1}}, nullptr);
   ASSERT_FALSE(s.isOk());
   EXPECT_NE(s.message().find("peer 0"), std::string::npos) << s.message();
