@@ -8,6 +8,7 @@
 #include <thread>
 #include <unordered_map>
 
+#include "runtime/PlanAttributes.h"
 #include "runtime/cpu/Kernels.h"
 
 namespace loom {
@@ -22,18 +23,7 @@ class Run {
     if (int(args.size()) != prog_.arguments_size())
       return Status::error(prog_.name() + ": expected " + std::to_string(prog_.arguments_size()) + " arguments, got " +
                            std::to_string(args.size()));
-    // The plan comes from a file: check what the executor relies on before running it.
-    for (int i = 0; i < prog_.instructions_size(); ++i) {
-      const plan::Instruction &in = prog_.instructions(i);
-      if (in.stream() < plan::COMPUTE || in.stream() > plan::DP)
-        return Status::error(prog_.name() + ": instruction " + std::to_string(i) + " names an unknown stream");
-      for (int w : in.wait_for())
-        if (w < 0 || w >= i) return Status::error(prog_.name() + ": instruction " + std::to_string(i) + " waits on " + std::to_string(w) + " (corrupt plan)");
-      for (int b : in.inputs())
-        if (b < 0 || b >= prog_.buffers_size()) return Status::error(prog_.name() + ": buffer id out of range (corrupt plan)");
-      for (int b : in.outputs())
-        if (b < 0 || b >= prog_.buffers_size()) return Status::error(prog_.name() + ": buffer id out of range (corrupt plan)");
-    }
+    LOOM_RETURN_IF_ERROR(checkProgram(prog_));
     size_t floats = prog_.workspace_bytes() / 4 + 16;
     std::vector<float> &arena = ctx_.workspace ? *ctx_.workspace : arena_;
     if (arena.size() < floats) arena.resize(floats);
@@ -52,13 +42,7 @@ class Run {
     for (int i = 0; i < prog_.arguments_size(); ++i) {
       const plan::Buffer &b = prog_.buffers(prog_.arguments(i).buffer());
       const HostTensor *t = args[i];
-      int64_t n = 1;
-      for (int64_t d : b.shape()) n *= d;
-      if (t->isInt != (b.dtype() == plan::I32) || (!t->isInt && b.dtype() != plan::F32))
-        return Status::error(prog_.name() + ": argument '" + prog_.arguments(i).name() + "' has the wrong element type");
-      if (t->numel() != n || int64_t(t->isInt ? t->ints.size() : t->data.size()) != n)
-        return Status::error(prog_.name() + ": argument '" + prog_.arguments(i).name() + "' has " +
-                             std::to_string(t->numel()) + " elements, expected " + std::to_string(n));
+      LOOM_RETURN_IF_ERROR(checkArgument(prog_, i, *t));
       if (t->isInt)
         iptr_[b.id()] = const_cast<int32_t *>(t->ints.data());
       else
@@ -78,9 +62,7 @@ class Run {
   void results(const ResultConsumer &consume) {
     for (int i = 0; i < prog_.results_size(); ++i) {
       const plan::Buffer &b = prog_.buffers(prog_.results(i).buffer());
-      int64_t n = 1;
-      for (int64_t d : b.shape()) n *= d;
-      consume(i, ptr_[b.id()], n);
+      consume(i, ptr_[b.id()], planattr::numel(b));
     }
   }
 
@@ -108,35 +90,17 @@ class Run {
     }
   }
 
-  // Attribute lookups.
-  const plan::Attribute *attr(const plan::Instruction &in, const char *name) {
-    for (const plan::Attribute &a : in.attributes())
-      if (a.name() == name) return &a;
-    return nullptr;
-  }
-  int64_t i64(const plan::Instruction &in, const char *name, int64_t dflt = 0) {
-    auto a = attr(in, name);
-    return a ? a->i() : dflt;
-  }
-  double f64(const plan::Instruction &in, const char *name, double dflt = 0) {
-    auto a = attr(in, name);
-    return a ? a->f() : dflt;
-  }
-  std::string str(const plan::Instruction &in, const char *name) {
-    auto a = attr(in, name);
-    return a ? a->s() : "";
-  }
-  bool flag(const plan::Instruction &in, const char *name) { return attr(in, name) != nullptr; }
+  // Attribute lookups (runtime/PlanAttributes.h) and buffer access.
+  int64_t i64(const plan::Instruction &in, const char *name, int64_t dflt = 0) { return planattr::i64(in, name, dflt); }
+  double f64(const plan::Instruction &in, const char *name, double dflt = 0) { return planattr::f64(in, name, dflt); }
+  std::string str(const plan::Instruction &in, const char *name) { return planattr::str(in, name); }
+  bool flag(const plan::Instruction &in, const char *name) { return planattr::flag(in, name); }
 
   const plan::Buffer &buf(int id) { return prog_.buffers(id); }
   float *f(int id) { return ptr_[id]; }
   int32_t *ints(int id) { return iptr_[id]; }
-  int64_t numel(int id) {
-    int64_t n = 1;
-    for (int64_t d : buf(id).shape()) n *= d;
-    return n;
-  }
-  int64_t dim(int id, int k) { return k < 0 ? buf(id).shape(buf(id).shape_size() + k) : buf(id).shape(k); }
+  int64_t numel(int id) { return planattr::numel(buf(id)); }
+  int64_t dim(int id, int k) { return planattr::dim(buf(id), k); }
 
   Collectives *comm(Status &st) {
     if (!ctx_.collectives) st = Status::error("needs collectives but none were given");
@@ -343,6 +307,41 @@ class Run {
 };
 
 }  // namespace
+
+Status checkProgram(const plan::Program &prog) {
+  for (int i = 0; i < prog.instructions_size(); ++i) {
+    const plan::Instruction &in = prog.instructions(i);
+    if (in.stream() < plan::COMPUTE || in.stream() > plan::DP)
+      return Status::error(prog.name() + ": instruction " + std::to_string(i) + " names an unknown stream");
+    for (int w : in.wait_for())
+      if (w < 0 || w >= i)
+        return Status::error(prog.name() + ": instruction " + std::to_string(i) + " waits on " + std::to_string(w) +
+                             " (corrupt plan)");
+    for (int b : in.inputs())
+      if (b < 0 || b >= prog.buffers_size()) return Status::error(prog.name() + ": buffer id out of range (corrupt plan)");
+    for (int b : in.outputs())
+      if (b < 0 || b >= prog.buffers_size()) return Status::error(prog.name() + ": buffer id out of range (corrupt plan)");
+  }
+  for (const plan::Binding &b : prog.arguments())
+    if (b.buffer() < 0 || b.buffer() >= prog.buffers_size())
+      return Status::error(prog.name() + ": argument buffer id out of range (corrupt plan)");
+  for (const plan::Binding &b : prog.results())
+    if (b.buffer() < 0 || b.buffer() >= prog.buffers_size())
+      return Status::error(prog.name() + ": result buffer id out of range (corrupt plan)");
+  return Status::ok();
+}
+
+Status checkArgument(const plan::Program &prog, int index, const HostTensor &t) {
+  const plan::Buffer &b = prog.buffers(prog.arguments(index).buffer());
+  int64_t n = planattr::numel(b);
+  const std::string &name = prog.arguments(index).name();
+  if (t.isInt != (b.dtype() == plan::I32) || (!t.isInt && b.dtype() != plan::F32))
+    return Status::error(prog.name() + ": argument '" + name + "' has the wrong element type");
+  if (t.numel() != n || int64_t(t.isInt ? t.ints.size() : t.data.size()) != n)
+    return Status::error(prog.name() + ": argument '" + name + "' has " + std::to_string(t.numel()) +
+                         " elements, expected " + std::to_string(n));
+  return Status::ok();
+}
 
 Status executeProgram(const plan::Program &program, const std::vector<const HostTensor *> &args,
                       const ResultConsumer &consume, const ExecutionContext &ctx) {

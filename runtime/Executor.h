@@ -25,6 +25,12 @@ struct ExecutionContext {
   std::vector<float> *workspace = nullptr;
 };
 
+// What every executor checks of a plan read from a file before running it: streams, event
+// order and buffer ids (a one-line error naming the program otherwise).
+Status checkProgram(const plan::Program &program);
+// Argument `index` against its buffer: element type and count.
+Status checkArgument(const plan::Program &program, int index, const HostTensor &tensor);
+
 // `args` follow program.arguments(); on success `results` follow program.results().
 Status executeProgram(const plan::Program &program, const std::vector<const HostTensor *> &args,
                       std::vector<HostTensor> &results, const ExecutionContext &ctx);

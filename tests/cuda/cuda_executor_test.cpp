@@ -1,0 +1,103 @@
+// The CUDA executor against the CPU executor on every program of gpt-tiny compiled by loomc
+// for one rank (forward and backward with the same arguments: results within 1e-4 relative
+// L2). Needs a GPU; without one, what runs is the check that creating the executor fails
+// with a one-line CUDA error instead of crashing.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <fstream>
+#include <random>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "protos/plan.pb.h"
+#include "runtime/Executor.h"
+#include "runtime/cuda/CudaExecutor.h"
+#include "runtime/cuda/CudaKernels.h"
+#include "tests/runtime/MultiProcess.h"
+
+namespace loom {
+namespace {
+
+std::string readFile(const std::string &path) {
+  std::ifstream in(path, std::ios::binary);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+// Deterministic arguments: token ids below 50 (every test vocabulary is larger), masks of
+// ones, everything else normal(0, 0.5).
+std::vector<HostTensor> argumentsFor(const plan::Program &program, std::mt19937 &rng) {
+  std::normal_distribution<float> normal(0.0f, 0.5f);
+  std::vector<HostTensor> args;
+  for (const plan::Binding &binding : program.arguments()) {
+    const plan::Buffer &b = program.buffers(binding.buffer());
+    HostTensor t;
+    t.shape.assign(b.shape().begin(), b.shape().end());
+    if (b.dtype() == plan::I32) {
+      t.isInt = true;
+      t.ints.resize(size_t(t.numel()));
+      for (int32_t &v : t.ints) v = int32_t(rng() % 50);
+    } else {
+      t.data.resize(size_t(t.numel()));
+      bool mask = binding.name().find("mask") != std::string::npos;
+      for (float &v : t.data) v = mask ? 1.0f : normal(rng);
+    }
+    args.push_back(std::move(t));
+  }
+  return args;
+}
+
+double relErr(const std::vector<float> &got, const std::vector<float> &want) {
+  double d = 0, n = 0;
+  for (size_t i = 0; i < got.size(); ++i) d += std::pow(got[i] - want[i], 2), n += std::pow(want[i], 2);
+  return std::sqrt(d) / std::max(std::sqrt(n), 1e-30);
+}
+
+TEST(CudaExecutor, WithoutADeviceCreationFailsWithAMessage) {
+  const char *why = "";
+  if (cuda::deviceAvailable(&why)) GTEST_SKIP() << "a CUDA device is present: this case is for machines without one";
+  std::unique_ptr<cuda::CudaExecutor> executor;
+  Status s = cuda::CudaExecutor::create(&executor);
+  ASSERT_FALSE(s.isOk());
+  EXPECT_EQ(s.message().rfind("CUDA", 0), 0u) << s.message();
+  EXPECT_EQ(s.message().find('\n'), std::string::npos) << s.message();
+}
+
+TEST(CudaExecutor, MatchesTheCpuExecutorOnEveryProgramOfGptTiny) {
+  const char *why = "";
+  if (!cuda::deviceAvailable(&why)) GTEST_SKIP() << "no CUDA device (" << why << "): skipping the executor check";
+  std::string dir = std::string(std::getenv("TEST_TMPDIR") ? std::getenv("TEST_TMPDIR") : "/tmp") + "/cuda_plans";
+  test::Result r = test::run(test::runfile("compiler/loomc") + " compile " +
+                             test::runfile("tests/runtime/Inputs/gpt-tiny-nodropout.pbtxt") + " --cluster " +
+                             test::runfile("tests/runtime/Inputs/t1p1d1.pbtxt") + " --out " + dir + " --quiet");
+  ASSERT_EQ(r.exitCode, 0) << r.output;
+  plan::RankPlan rank;
+  ASSERT_TRUE(rank.ParseFromString(readFile(dir + "/rank_0.plan.pb")));
+  plan::ProgramSet programs;
+  ASSERT_TRUE(programs.ParseFromString(readFile(dir + "/" + rank.programs_file())));
+  ASSERT_GT(programs.programs_size(), 0);
+
+  std::unique_ptr<cuda::CudaExecutor> executor;
+  Status s = cuda::CudaExecutor::create(&executor);
+  ASSERT_TRUE(s.isOk()) << s.message();
+  std::mt19937 rng(3);
+  for (const plan::Program &program : programs.programs()) {
+    std::vector<HostTensor> args = argumentsFor(program, rng);
+    std::vector<const HostTensor *> argPtrs;
+    for (const HostTensor &t : args) argPtrs.push_back(&t);
+    ExecutionContext ctx;
+    std::vector<HostTensor> want, got;
+    ASSERT_TRUE(executeProgram(program, argPtrs, want, ctx).isOk()) << program.name();
+    s = executor->run(program, argPtrs, got, ctx);
+    ASSERT_TRUE(s.isOk()) << s.message();
+    ASSERT_EQ(got.size(), want.size());
+    for (size_t i = 0; i < got.size(); ++i)
+      EXPECT_LT(relErr(got[i].data, want[i].data), 1e-4) << program.name() << " result " << program.results(i).name();
+  }
+}
+
+}  // namespace
+}  // namespace loom
