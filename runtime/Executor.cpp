@@ -106,13 +106,9 @@ class Run {
     if (!ctx_.collectives) st = Status::error("needs collectives but none were given");
     return ctx_.collectives;
   }
-  int64_t shardStart(const std::string &group, int64_t rows) {
-    if (group.empty() || !ctx_.collectives) return 0;
-    return int64_t(ctx_.collectives->rankIn(group)) * rows;
-  }
+  int64_t shardStart(const std::string &group, int64_t rows) { return loom::shardStart(ctx_.collectives, group, rows); }
   uint64_t dropoutStream(int64_t stream, bool rankDistinct) {
-    if (!rankDistinct || !ctx_.collectives) return stream;
-    return uint64_t(stream) | (uint64_t(ctx_.collectives->rankIn("tp") + 1) << 32);
+    return loom::dropoutStream(ctx_.collectives, stream, rankDistinct);
   }
   static ReduceOp reduceOf(const std::string &r) {
     return r == "max" ? ReduceOp::kMax : r == "avg" ? ReduceOp::kAvg : ReduceOp::kSum;
@@ -142,9 +138,6 @@ class Run {
     }
     return Status::ok();
   }
-
-  // The position in the operand list of an optional operand, from the op's fixed arity.
-  int optionalInput(const plan::Instruction &in, int fixed) { return in.inputs_size() > fixed ? in.inputs(fixed) : -1; }
 
   Status instruction(const plan::Instruction &in) {
     const std::string &op = in.op();
@@ -307,6 +300,18 @@ class Run {
 };
 
 }  // namespace
+
+int64_t shardStart(const Collectives *collectives, const std::string &group, int64_t rows) {
+  if (group.empty() || !collectives) return 0;
+  return int64_t(collectives->rankIn(group)) * rows;
+}
+
+uint64_t dropoutStream(const Collectives *collectives, int64_t stream, bool rankDistinct) {
+  if (!rankDistinct || !collectives) return uint64_t(stream);
+  return uint64_t(stream) | (uint64_t(collectives->rankIn("tp") + 1) << 32);
+}
+
+int optionalInput(const plan::Instruction &in, int fixed) { return in.inputs_size() > fixed ? in.inputs(fixed) : -1; }
 
 Status checkProgram(const plan::Program &prog) {
   for (int i = 0; i < prog.instructions_size(); ++i) {

@@ -31,6 +31,15 @@ Status checkProgram(const plan::Program &program);
 // Argument `index` against its buffer: element type and count.
 Status checkArgument(const plan::Program &program, int index, const HostTensor &tensor);
 
+// Where this rank's shard of `rows` starts along a parallel group (0 outside a group or
+// without collectives): vocab-parallel embedding rows, sequence-parallel position rows.
+int64_t shardStart(const Collectives *collectives, const std::string &group, int64_t rows);
+// The dropout generator's stream for an op: where masks must differ across tensor-parallel
+// ranks, the rank (plus one) goes in the upper 32 bits. Every backend must draw the same way.
+uint64_t dropoutStream(const Collectives *collectives, int64_t stream, bool rankDistinct);
+// The position in the operand list of an optional operand, from the op's fixed arity (-1: absent).
+int optionalInput(const plan::Instruction &in, int fixed);
+
 // `args` follow program.arguments(); on success `results` follow program.results().
 Status executeProgram(const plan::Program &program, const std::vector<const HostTensor *> &args,
                       std::vector<HostTensor> &results, const ExecutionContext &ctx);

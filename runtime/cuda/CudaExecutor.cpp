@@ -63,14 +63,9 @@ class DeviceRun {
   int32_t *ints(int id) { return static_cast<int32_t *>(ptr_[id]); }
   int64_t numel(int id) { return planattr::numel(prog_.buffers(id)); }
   int64_t dim(int id, int k) { return planattr::dim(prog_.buffers(id), k); }
-  int optionalInput(const plan::Instruction &in, int fixed) { return in.inputs_size() > fixed ? in.inputs(fixed) : -1; }
-  int64_t shardStart(const std::string &group, int64_t rows) {
-    if (group.empty() || !ctx_.collectives) return 0;
-    return int64_t(ctx_.collectives->rankIn(group)) * rows;
-  }
+  int64_t shardStart(const std::string &group, int64_t rows) { return loom::shardStart(ctx_.collectives, group, rows); }
   uint64_t dropoutStream(int64_t stream, bool rankDistinct) {
-    if (!rankDistinct || !ctx_.collectives) return uint64_t(stream);
-    return uint64_t(stream) | (uint64_t(ctx_.collectives->rankIn("tp") + 1) << 32);
+    return loom::dropoutStream(ctx_.collectives, stream, rankDistinct);
   }
 
   // Row-major c[M,N] = op(a)[M,K] op(b)[K,N] (+ c when accumulate) through column-major
