@@ -90,7 +90,7 @@ class DeviceRun {
   // Per-token max, sum of exponentials and target logit in scratch_ (3 x tokens). Over a
   // vocab-parallel group they need all-reduces, which this executor does not do yet.
   Status crossEntropyStats(const plan::Instruction &in, int64_t *colStart) {
-    if (!str(in, "vocab_parallel_group").empty() && ctx_.collectives)
+    if (!str(in, "vocab_parallel_group").empty())  // the CPU executor's all-reduces of the statistics
       return Status::error("vocab-parallel cross-entropy needs NCCL all-reduces (not wired into the CUDA executor yet)");
     int logits = in.inputs(0), labels = in.inputs(1);
     int64_t cols = dim(logits, -1), tokens = numel(logits) / cols;
@@ -156,7 +156,9 @@ class DeviceRun {
       if (maskId >= 0) LOOM_RETURN_IF_ERROR(toHost(mask, f(maskId), tokens));
       float loss = cpu::crossEntropyLoss(stats.data(), stats.data() + tokens, stats.data() + 2 * tokens,
                                          maskId >= 0 ? mask.data() : nullptr, tokens);
-      return cudaStatus(cudaMemcpyAsync(f(out()), &loss, sizeof(float), cudaMemcpyHostToDevice, s_), "copy loss");
+      LOOM_RETURN_IF_ERROR(
+          cudaStatus(cudaMemcpyAsync(f(out()), &loss, sizeof(float), cudaMemcpyHostToDevice, s_), "copy loss"));
+      return cudaStatus(cudaStreamSynchronize(s_), "copy loss");  // `loss` lives on this stack frame
     } else if (op == "cross_entropy_grad") {
       int64_t colStart, cols = dim(inp(0), -1), tokens = numel(inp(0)) / cols;
       LOOM_RETURN_IF_ERROR(crossEntropyStats(in, &colStart));

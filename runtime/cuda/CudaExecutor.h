@@ -28,7 +28,8 @@ class CudaExecutor {
   CudaExecutor &operator=(const CudaExecutor &) = delete;
 
   // As loom::executeProgram: `args` follow program.arguments(), `results` program.results().
-  // ctx.collectives is not used (communication ops are refused); seed and training are.
+  // ctx.collectives only places this rank (shard offsets, tensor-parallel dropout streams):
+  // communication ops are refused. seed and training are used as the CPU executor uses them.
   Status run(const plan::Program &program, const std::vector<const HostTensor *> &args,
              std::vector<HostTensor> &results, const ExecutionContext &ctx);
 

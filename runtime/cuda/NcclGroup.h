@@ -16,6 +16,8 @@
 
 namespace loom::cuda {
 
+// `name` must be unique in the job and not reused within it (e.g. "tp/3" for the fourth tensor-
+// parallel group): its id stays in the coordinator's store for the job's life.
 // The unique id of communicator `name` (key "nccl/<name>"): created and published by group
 // rank 0, fetched (waiting up to timeoutMs) by the others. Needs no GPU.
 Status shareNcclUniqueId(control::CoordinatorClient &client, const std::string &name, int groupRank,
