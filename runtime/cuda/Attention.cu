@@ -116,6 +116,7 @@ Status launchShape(const cpu::AttentionShape &s, int rowsOfS, size_t *sharedByte
     return Status::error("CUDA attention: seq " + std::to_string(s.seq) +
                          " needs more shared memory than this kernel uses (48 KB); the tiled kernel is not written yet");
   *grid = int(s.batch * s.heads * s.seq);
+  if (*grid <= 0) return Status::error("CUDA attention: empty shape (batch, heads or seq is 0)");
   return Status::ok();
 }
 

@@ -160,6 +160,7 @@ __global__ void adamwKernel(float *p, const float *g, float *m, float *v, int64_
 
 void layerNormForward(const float *x, const float *gamma, const float *beta, float *y, int64_t rows, int64_t n,
                       float eps, cudaStream_t s) {
+  if (rows <= 0) return;  // an empty grid is a launch error
   layerNormForwardKernel<<<int(rows), kThreads, 0, s>>>(x, gamma, beta, y, n, eps);
 }
 
@@ -167,6 +168,7 @@ void layerNormBackward(const float *x, const float *gamma, const float *g, float
                        int64_t rows, int64_t n, float eps, cudaStream_t s) {
   cudaMemsetAsync(dgamma, 0, n * sizeof(float), s);
   cudaMemsetAsync(dbeta, 0, n * sizeof(float), s);
+  if (rows <= 0) return;  // an empty grid is a launch error
   layerNormBackwardKernel<<<int(rows), kThreads, 0, s>>>(x, gamma, g, dx, dgamma, dbeta, n, eps);
 }
 
@@ -194,6 +196,7 @@ void dropoutForward(const float *x, float *y, int64_t count, float rate, uint64_
 void embeddingForward(const int32_t *tokens, const float *word, const float *position, float *out,
                       int64_t tokenCount, int64_t seq, int64_t hidden, int64_t rowStart, int64_t rows,
                       cudaStream_t s) {
+  if (tokenCount <= 0) return;  // an empty grid is a launch error
   embeddingForwardKernel<<<int(tokenCount), kThreads, 0, s>>>(tokens, word, position, out, seq, hidden, rowStart,
                                                               rows);
 }
@@ -201,17 +204,20 @@ void embeddingForward(const int32_t *tokens, const float *word, const float *pos
 void embeddingBackward(const int32_t *tokens, const float *g, float *dword, int64_t tokenCount, int64_t hidden,
                        int64_t rowStart, int64_t rows, cudaStream_t s) {
   cudaMemsetAsync(dword, 0, rows * hidden * sizeof(float), s);
+  if (tokenCount <= 0) return;  // an empty grid is a launch error
   embeddingBackwardKernel<<<int(tokenCount), kThreads, 0, s>>>(tokens, g, dword, hidden, rowStart, rows);
 }
 
 void crossEntropyLocalMax(const float *logits, float *rowMax, int64_t tokens, int64_t cols, int64_t colStart,
                           int64_t validVocab, cudaStream_t s) {
+  if (tokens <= 0) return;  // an empty grid is a launch error
   crossEntropyMaxKernel<<<int(tokens), kThreads, 0, s>>>(logits, rowMax, cols, colStart, validVocab);
 }
 
 void crossEntropyLocalSums(const float *logits, const int32_t *labels, const float *rowMax, float *sumExp,
                            float *target, int64_t tokens, int64_t cols, int64_t colStart, int64_t validVocab,
                            cudaStream_t s) {
+  if (tokens <= 0) return;  // an empty grid is a launch error
   crossEntropySumsKernel<<<int(tokens), kThreads, 0, s>>>(logits, labels, rowMax, sumExp, target, cols, colStart,
                                                           validVocab);
 }
@@ -219,6 +225,7 @@ void crossEntropyLocalSums(const float *logits, const int32_t *labels, const flo
 void crossEntropyBackward(const float *logits, const int32_t *labels, const float *mask, const float *rowMax,
                           const float *sumExp, float gradOverCount, float *dlogits, int64_t tokens, int64_t cols,
                           int64_t colStart, int64_t validVocab, cudaStream_t s) {
+  if (tokens <= 0) return;  // an empty grid is a launch error
   crossEntropyBackwardKernel<<<int(tokens), kThreads, 0, s>>>(logits, labels, mask, rowMax, sumExp, gradOverCount,
                                                               dlogits, cols, colStart, validVocab);
 }

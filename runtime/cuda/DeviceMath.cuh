@@ -8,8 +8,9 @@ namespace loom::cuda {
 
 constexpr int kThreads = 256;  // threads per block of every kernel here (the reductions need it)
 
-// Blocks of kThreads covering n elements, one thread each.
-inline int blocks(int64_t n) { return int((n + kThreads - 1) / kThreads); }
+// Blocks of kThreads covering n elements, one thread each; at least one (an empty grid is a
+// launch error, and the kernels skip indices >= n).
+inline int blocks(int64_t n) { return n > 0 ? int((n + kThreads - 1) / kThreads) : 1; }
 
 // Philox4x32-10, as runtime/cpu/Philox.h: the same (key, counter) -> the same bits.
 __device__ inline float philoxUniform(uint64_t seed, uint64_t stream, uint64_t index) {
