@@ -110,10 +110,6 @@ class Run {
   uint64_t dropoutStream(int64_t stream, bool rankDistinct) {
     return loom::dropoutStream(ctx_.collectives, stream, rankDistinct);
   }
-  static ReduceOp reduceOf(const std::string &r) {
-    return r == "max" ? ReduceOp::kMax : r == "avg" ? ReduceOp::kAvg : ReduceOp::kSum;
-  }
-
   // Per-token max, sum of exponentials and target logit of (a shard of) the logits; over a
   // vocab-parallel group: an all-reduce (max) then two (sum).
   Status crossEntropyStats(const plan::Instruction &in, std::vector<float> &mx, std::vector<float> &sum,
@@ -238,7 +234,7 @@ class Run {
       if (in.inputs_size() != in.outputs_size()) return Status::error("all_reduce: inputs and outputs differ (corrupt plan)");
       if (in.inputs_size() == 1) {
         std::memcpy(f(out()), f(inp(0)), numel(inp(0)) * sizeof(float));
-        return c->allReduce(str(in, "group"), f(out()), numel(out()), reduceOf(str(in, "reduce")));
+        return c->allReduce(str(in, "group"), f(out()), numel(out()), reduceOpOf(str(in, "reduce")));
       }
       // A data-parallel bucket: one collective over the members packed back to back.
       int64_t total = 0;
@@ -247,7 +243,7 @@ class Run {
       int64_t at = 0;
       for (int k = 0; k < in.inputs_size(); at += numel(inp(k)), ++k)
         std::memcpy(&packed[at], f(inp(k)), numel(inp(k)) * sizeof(float));
-      LOOM_RETURN_IF_ERROR(c->allReduce(str(in, "group"), packed.data(), total, reduceOf(str(in, "reduce"))));
+      LOOM_RETURN_IF_ERROR(c->allReduce(str(in, "group"), packed.data(), total, reduceOpOf(str(in, "reduce"))));
       at = 0;
       for (int k = 0; k < in.outputs_size(); at += numel(out(k)), ++k)
         std::memcpy(f(out(k)), &packed[at], numel(out(k)) * sizeof(float));
@@ -300,6 +296,10 @@ class Run {
 };
 
 }  // namespace
+
+ReduceOp reduceOpOf(const std::string &name) {
+  return name == "max" ? ReduceOp::kMax : name == "avg" ? ReduceOp::kAvg : ReduceOp::kSum;
+}
 
 int64_t shardStart(const Collectives *collectives, const std::string &group, int64_t rows) {
   if (group.empty() || !collectives) return 0;

@@ -37,6 +37,8 @@ int64_t shardStart(const Collectives *collectives, const std::string &group, int
 // The dropout generator's stream for an op: where masks must differ across tensor-parallel
 // ranks, the rank (plus one) goes in the upper 32 bits. Every backend must draw the same way.
 uint64_t dropoutStream(const Collectives *collectives, int64_t stream, bool rankDistinct);
+// A collective's "reduce" attribute ("sum" when absent).
+ReduceOp reduceOpOf(const std::string &name);
 // The position in the operand list of an optional operand, from the op's fixed arity (-1: absent).
 int optionalInput(const plan::Instruction &in, int fixed);
 

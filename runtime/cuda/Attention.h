@@ -1,25 +1,35 @@
-// The attention core on the GPU, fp32, with cpu::attentionForward/Backward's layout and math
-// (runtime/cpu/Kernels.h): qkv [B,S,3*heads*hd] per head [heads,3,hd], out [B,S,heads*hd],
-// optional key mask [B,S], causal masking, dropout on the probabilities from the same counter
-// (index ((b*heads + h)*S + i)*S + j) so both backends drop the same entries.
+// The attention core on the GPU as Megatron-LM's unfused path (Shoeybi et al. 2019, and
+// Korthikanti et al. 2022 section 4 for what it stores): per batch item, S = Q K^T / sqrt(hd)
+// and O = D V as batched GEMMs over the heads through cuBLAS (tensor cores in bf16/fp16,
+// fp32 accumulation), our scale-mask-softmax and dropout between them
+// (runtime/cuda/AttentionSoftmax.h). Layout and math are cpu::attentionForward/Backward's
+// (runtime/cpu/Kernels.h): qkv [B,S,3*heads*hd] with each head's [3,hd] together, out
+// [B,S,heads*hd], optional key mask [B,S], causal masking, the same dropout counter.
+// The backward recomputes the probabilities, as the CPU backend does.
 //
-// One block per (batch, head, query row) with that row's probabilities in shared memory (S
-// floats forward, 2S backward, within 48 KB: S up to about 12000 forward and 6000 backward;
-// longer sequences are refused with a message). This is the correctness reference for
-// the GPU; a tiled flash-style kernel (Dao et al. 2022) is the performance path still to come.
+// The S x S scores of one batch item live in a caller-provided scratch (attentionScratchBytes),
+// so memory grows with heads * S^2, not batch * heads * S^2; a tiled flash-style kernel (Dao et
+// al. 2022) that never stores them is the next step for long sequences.
 #pragma once
 
+#include <cublas_v2.h>
 #include <cuda_runtime.h>
+
+#include <cstddef>
 
 #include "runtime/Status.h"
 #include "runtime/cpu/Kernels.h"
+#include "runtime/cuda/HalfPrecision.h"
 
 namespace loom::cuda {
 
-Status attentionForward(const float *qkv, const float *keyMask, float *out, const cpu::AttentionShape &shape,
-                        cudaStream_t s);
-// dqkv is written whole (zeroed here first: dK and dV are accumulated across query rows).
-Status attentionBackward(const float *qkv, const float *keyMask, const float *g, float *dqkv,
-                         const cpu::AttentionShape &shape, cudaStream_t s);
+// Scratch bytes (device) the forward or backward pass needs for `shape` at precision p.
+size_t attentionScratchBytes(const cpu::AttentionShape &shape, Precision p, bool backward);
+
+// `blas` is bound to stream s here. qkv, keyMask, g are fp32; out and dqkv are written whole.
+Status attentionForward(cublasHandle_t blas, Precision p, const float *qkv, const float *keyMask, float *out,
+                        const cpu::AttentionShape &shape, void *scratch, cudaStream_t s);
+Status attentionBackward(cublasHandle_t blas, Precision p, const float *qkv, const float *keyMask, const float *g,
+                         float *dqkv, const cpu::AttentionShape &shape, void *scratch, cudaStream_t s);
 
 }  // namespace loom::cuda

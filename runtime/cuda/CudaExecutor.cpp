@@ -1,12 +1,14 @@
 #include "runtime/cuda/CudaExecutor.h"
 
-#include <cstring>
+#include <algorithm>
 #include <string>
 
 #include "runtime/PlanAttributes.h"
 #include "runtime/cpu/Kernels.h"
 #include "runtime/cuda/Attention.h"
 #include "runtime/cuda/CudaKernels.h"
+#include "runtime/cuda/LtLinear.h"
+#include "runtime/cuda/NcclGroup.h"
 
 namespace loom::cuda {
 namespace {
@@ -28,37 +30,105 @@ Status blasStatus(cublasStatus_t st, const std::string &what) {
 
 size_t aligned(size_t bytes) { return (bytes + 255) / 256 * 256; }
 
-// One program invocation on the device (the buffers' addresses and the op dispatch).
+constexpr size_t kLtWorkspaceBytes = 32 << 20;  // cuBLASLt's split-K / stream-K workspace
+
+bool isCollective(const std::string &op) { return op == "all_reduce" || op == "all_gather" || op == "reduce_scatter"; }
+
+cpu::AttentionShape attentionShape(const plan::Program &p, const plan::Instruction &in) {
+  const plan::Buffer &qkv = p.buffers(in.inputs(0));
+  int64_t heads = i64(in, "num_heads");
+  int64_t headDim = heads > 0 ? planattr::dim(qkv, 2) / (3 * heads) : 0;
+  return {planattr::dim(qkv, 0), planattr::dim(qkv, 1), heads, headDim, flag(in, "causal"), 0.0f, 0, 0};
+}
+
+// Scratch beyond the memory plan, per stream: the compute stream's is shared by its ops in
+// turn (cross-entropy statistics, 16-bit GEMM operands, attention scores); a communication
+// stream's holds gathered blocks being re-laid out.
+struct ScratchPlan {
+  size_t bytes[4] = {};
+  size_t offset(int stream) const {
+    size_t at = 0;
+    for (int k = 0; k < stream; ++k) at += aligned(bytes[k]);
+    return at;
+  }
+  size_t total() const { return offset(4); }
+};
+
+ScratchPlan scratchFor(const plan::Program &p, Precision precision) {
+  ScratchPlan plan;
+  int half = operandBytes(precision);
+  for (const plan::Instruction &in : p.instructions()) {
+    auto n = [&](int k) { return size_t(planattr::numel(p.buffers(in.inputs(k)))); };
+    size_t need = 0;
+    const std::string &op = in.op();
+    if (op == "cross_entropy" || op == "cross_entropy_grad") {
+      const plan::Buffer &logits = p.buffers(in.inputs(0));
+      need = 3 * size_t(planattr::numel(logits) / planattr::dim(logits, -1)) * sizeof(float);
+    } else if ((op == "linear" || op == "weight_grad") && precision != Precision::kFp32) {
+      need = aligned(n(0) * half) + aligned(n(1) * half);
+    } else if (op == "attention" || op == "attention_grad") {
+      need = attentionScratchBytes(attentionShape(p, in), precision, op == "attention_grad");
+    } else if (op == "all_gather" || op == "reduce_scatter") {
+      size_t large = size_t(planattr::numel(p.buffers(op == "all_gather" ? in.outputs(0) : in.inputs(0))));
+      need = large * sizeof(float);
+    }
+    int s = int(in.stream());
+    if (s >= 0 && s < 4) plan.bytes[s] = std::max(plan.bytes[s], need);
+  }
+  return plan;
+}
+
+}  // namespace
+
+// One program invocation on the device: the buffers' addresses, the streams' ordering and
+// the op dispatch.
 class DeviceRun {
  public:
-  DeviceRun(const plan::Program &p, const ExecutionContext &c, cudaStream_t s, cublasHandle_t blas, void *scratch)
-      : prog_(p), ctx_(c), s_(s), blas_(blas), scratch_(static_cast<float *>(scratch)), ptr_(p.buffers_size()) {}
+  DeviceRun(CudaExecutor &e, const plan::Program &p, const ExecutionContext &c, char *scratch, const ScratchPlan &sp)
+      : e_(e), prog_(p), ctx_(c), ptr_(p.buffers_size()), parameter_(p.buffers_size(), false) {
+    for (int k = 0; k < 4; ++k) scratch_[k] = scratch + sp.offset(k);
+    for (const plan::Binding &a : p.arguments())
+      if (a.role() == plan::Binding::PARAMETER) parameter_[a.buffer()] = true;
+  }
 
-  void bind(int buffer, void *address) { ptr_[buffer] = address; }
-  const void *address(int buffer) const { return ptr_[buffer]; }
+  void bind(int buffer, const void *address) { ptr_[buffer] = const_cast<void *>(address); }
+  const float *address(int buffer) const { return static_cast<const float *>(ptr_[buffer]); }
 
   Status execute() {
+    // Every stream starts after what the compute stream holds (the arguments' uploads, the
+    // previous run's result consumers), and the compute stream ends after every stream.
+    std::vector<bool> awaited(prog_.instructions_size(), false);
+    for (const plan::Instruction &in : prog_.instructions())
+      for (int w : in.wait_for()) awaited[w] = true;
+    LOOM_RETURN_IF_ERROR(cudaStatus(cudaEventRecord(e_.streamEnd_[0], e_.streams_[0]), "event"));
+    for (int k = 1; k < 4; ++k)
+      LOOM_RETURN_IF_ERROR(cudaStatus(cudaStreamWaitEvent(e_.streams_[k], e_.streamEnd_[0], 0), "stream wait"));
     for (int i = 0; i < prog_.instructions_size(); ++i) {
       const plan::Instruction &in = prog_.instructions(i);
-      Status st = instruction(in);
-      if (st.isOk()) st = cudaStatus(cudaGetLastError(), "kernel launch");
-      if (!st.isOk())
-        return Status::error(prog_.name() + " instruction " + std::to_string(i) + " (" + in.op() + "): " + st.message());
+      int k = int(in.stream());
+      st_ = e_.streams_[k];
+      Status s = Status::ok();
+      for (int w : in.wait_for())
+        if (s.isOk()) s = cudaStatus(cudaStreamWaitEvent(st_, e_.events_[w], 0), "stream wait");
+      if (s.isOk() && k != plan::COMPUTE && !isCollective(in.op()) && in.op() != "send" && in.op() != "recv" &&
+          in.op() != "identity")
+        s = Status::error("a compute op on communication stream " + plan::Stream_Name(in.stream()) +
+                          " (corrupt plan: the compute stream's scratch is not shared)");
+      if (s.isOk()) s = instruction(in, k);
+      if (s.isOk()) s = cudaStatus(cudaGetLastError(), "kernel launch");
+      if (s.isOk() && awaited[i]) s = cudaStatus(cudaEventRecord(e_.events_[i], st_), "event");
+      if (!s.isOk())
+        return Status::error(prog_.name() + " instruction " + std::to_string(i) + " (" + in.op() + "): " + s.message());
+    }
+    for (int k = 1; k < 4; ++k) {
+      LOOM_RETURN_IF_ERROR(cudaStatus(cudaEventRecord(e_.streamEnd_[k], e_.streams_[k]), "event"));
+      LOOM_RETURN_IF_ERROR(cudaStatus(cudaStreamWaitEvent(e_.streams_[0], e_.streamEnd_[k], 0), "stream wait"));
     }
     return Status::ok();
   }
 
-  static int64_t scratchFloats(const plan::Program &p) {  // cross-entropy statistics: 3 per token
-    int64_t most = 0;
-    for (const plan::Instruction &in : p.instructions())
-      if (in.op() == "cross_entropy" || in.op() == "cross_entropy_grad") {
-        const plan::Buffer &logits = p.buffers(in.inputs(0));
-        most = std::max(most, 3 * planattr::numel(logits) / planattr::dim(logits, -1));
-      }
-    return most;
-  }
-
  private:
+  Precision precision() const { return e_.options_.precision; }
   float *f(int id) { return static_cast<float *>(ptr_[id]); }
   int32_t *ints(int id) { return static_cast<int32_t *>(ptr_[id]); }
   int64_t numel(int id) { return planattr::numel(prog_.buffers(id)); }
@@ -67,41 +137,128 @@ class DeviceRun {
   uint64_t dropoutStream(int64_t stream, bool rankDistinct) {
     return loom::dropoutStream(ctx_.collectives, stream, rankDistinct);
   }
+  Status group(const std::string &name, NcclGroup **out) {
+    if (!e_.options_.groups)
+      return Status::error("the program communicates over '" + name + "' but the CUDA executor has no NCCL groups");
+    return e_.options_.groups->find(name, out);
+  }
 
-  // Row-major c[M,N] = op(a)[M,K] op(b)[K,N] (+ c when accumulate) through column-major
-  // SGEMM: c^T = op(b)^T op(a)^T (a stored [K,M] when transposeA, b stored [N,K] when transposeB).
-  Status gemm(int64_t m, int64_t k, int64_t n, const float *a, bool transposeA, const float *b, bool transposeB,
-              float *c, bool accumulate) {
-    float alpha = 1.0f, beta = accumulate ? 1.0f : 0.0f;
-    return blasStatus(cublasSgemm(blas_, transposeB ? CUBLAS_OP_T : CUBLAS_OP_N, transposeA ? CUBLAS_OP_T : CUBLAS_OP_N,
-                                  int(n), int(m), int(k), &alpha, b, int(transposeB ? k : n), a,
-                                  int(transposeA ? m : k), &beta, c, int(n)),
+  // Row-major c[M,N] = op(a)[M,K] op(b)[K,N] through column-major SGEMM: c^T = op(b)^T op(a)^T
+  // (a stored [K,M] when transposeA, b stored [N,K] when transposeB).
+  Status sgemm(int64_t m, int64_t k, int64_t n, const float *a, bool transposeA, const float *b, bool transposeB,
+               float *c) {
+    float alpha = 1.0f, beta = 0.0f;
+    LOOM_RETURN_IF_ERROR(blasStatus(cublasSetStream(e_.blas_, st_), "set stream"));
+    return blasStatus(cublasSgemm(e_.blas_, transposeB ? CUBLAS_OP_T : CUBLAS_OP_N,
+                                  transposeA ? CUBLAS_OP_T : CUBLAS_OP_N, int(n), int(m), int(k), &alpha, b,
+                                  int(transposeB ? k : n), a, int(transposeA ? m : k), &beta, c, int(n)),
                       "sgemm");
+  }
+
+  // Buffer `id` as a 16-bit GEMM operand: a parameter's copy made once per optimizer step,
+  // anything else rounded into `scratch` now.
+  Status half(int id, void *scratch, const void **out) {
+    HalfType type = halfTypeOf(precision());
+    if (!parameter_[id]) {
+      floatToHalf(f(id), scratch, numel(id), type, st_);
+      return *out = scratch, Status::ok();
+    }
+    CudaExecutor::HalfCopy &copy = e_.halfParameters_[ptr_[id]];
+    if (!copy.data)
+      LOOM_RETURN_IF_ERROR(cudaStatus(cudaMalloc(&copy.data, size_t(numel(id)) * 2), "allocating a 16-bit parameter"));
+    if (!copy.current) floatToHalf(f(id), copy.data, numel(id), type, st_);
+    copy.current = true;
+    return *out = copy.data, Status::ok();
+  }
+
+  Status linear(const plan::Instruction &in) {
+    int x = in.inputs(0), w = in.inputs(1), bias = optionalInput(in, 2), y = in.outputs(0);
+    int64_t k = dim(x, -1), n = dim(y, -1), m = numel(x) / k;
+    bool transposeW = flag(in, "transpose_weight");
+    if (precision() == Precision::kFp32) {
+      LOOM_RETURN_IF_ERROR(sgemm(m, k, n, f(x), false, f(w), transposeW, f(y)));
+      if (bias >= 0) addBroadcast(f(y), f(bias), f(y), m * n, n, st_);
+      return Status::ok();
+    }
+    const void *x16, *w16;
+    LOOM_RETURN_IF_ERROR(half(x, scratch_[0], &x16));
+    LOOM_RETURN_IF_ERROR(half(w, scratch_[0] + aligned(size_t(numel(x)) * 2), &w16));
+    LinearShape shape{m, k, n, transposeW, halfTypeOf(precision()),
+                      bias >= 0 ? LinearEpilogue::kBias : LinearEpilogue::kNone};
+    return e_.lt_->forward(shape, x16, w16, bias >= 0 ? f(bias) : nullptr, f(y), st_);
+  }
+
+  // dW = x^T g ([K,N]), or g^T x ([N,K]) for a transposed weight.
+  Status weightGrad(const plan::Instruction &in) {
+    int x = in.inputs(0), g = in.inputs(1), dw = in.outputs(0);
+    int64_t k = dim(x, -1), n = dim(g, -1), m = numel(x) / k;
+    bool transposeW = flag(in, "transpose_weight");
+    if (precision() == Precision::kFp32)
+      return transposeW ? sgemm(n, m, k, f(g), true, f(x), false, f(dw)) : sgemm(k, m, n, f(x), true, f(g), false, f(dw));
+    const void *x16, *g16;
+    LOOM_RETURN_IF_ERROR(half(x, scratch_[0], &x16));
+    LOOM_RETURN_IF_ERROR(half(g, scratch_[0] + aligned(size_t(numel(x)) * 2), &g16));
+    LinearShape shape{m, k, n, transposeW, halfTypeOf(precision()), LinearEpilogue::kNone};
+    return e_.lt_->weightGrad(shape, x16, g16, f(dw), /*accumulate=*/false, st_);
   }
 
   template <typename T>
   Status toHost(std::vector<T> &host, const T *device, int64_t count) {
     host.resize(size_t(count));
-    LOOM_RETURN_IF_ERROR(cudaStatus(cudaMemcpyAsync(host.data(), device, count * sizeof(T), cudaMemcpyDeviceToHost, s_),
+    LOOM_RETURN_IF_ERROR(cudaStatus(cudaMemcpyAsync(host.data(), device, count * sizeof(T), cudaMemcpyDeviceToHost, st_),
                                     "copy to host"));
-    return cudaStatus(cudaStreamSynchronize(s_), "synchronize");
+    return cudaStatus(cudaStreamSynchronize(st_), "synchronize");
   }
 
-  // Per-token max, sum of exponentials and target logit in scratch_ (3 x tokens). Over a
-  // vocab-parallel group they need all-reduces, which this executor does not do yet.
+  // Per-token max, sum of exponentials and target logit in the scratch (3 x tokens); over a
+  // vocab-parallel group, NCCL all-reduces them (max, then both sums in one call).
   Status crossEntropyStats(const plan::Instruction &in, int64_t *colStart) {
-    if (!str(in, "vocab_parallel_group").empty())  // the CPU executor's all-reduces of the statistics
-      return Status::error("vocab-parallel cross-entropy needs NCCL all-reduces (not wired into the CUDA executor yet)");
     int logits = in.inputs(0), labels = in.inputs(1);
     int64_t cols = dim(logits, -1), tokens = numel(logits) / cols;
-    *colStart = 0;
-    crossEntropyLocalMax(f(logits), scratch_, tokens, cols, 0, i64(in, "valid_vocab"), s_);
-    crossEntropyLocalSums(f(logits), ints(labels), scratch_, scratch_ + tokens, scratch_ + 2 * tokens, tokens, cols, 0,
-                          i64(in, "valid_vocab"), s_);
+    std::string vocabGroup = str(in, "vocab_parallel_group");
+    NcclGroup *comm = nullptr;
+    if (!vocabGroup.empty()) LOOM_RETURN_IF_ERROR(group(vocabGroup, &comm));
+    *colStart = shardStart(vocabGroup, cols);
+    float *stats = reinterpret_cast<float *>(scratch_[0]);
+    crossEntropyLocalMax(f(logits), stats, tokens, cols, *colStart, i64(in, "valid_vocab"), st_);
+    if (comm) LOOM_RETURN_IF_ERROR(comm->allReduce({{stats, stats, tokens}}, ReduceOp::kMax, st_));
+    crossEntropyLocalSums(f(logits), ints(labels), stats, stats + tokens, stats + 2 * tokens, tokens, cols, *colStart,
+                          i64(in, "valid_vocab"), st_);
+    if (comm) LOOM_RETURN_IF_ERROR(comm->allReduce({{stats + tokens, stats + tokens, 2 * tokens}}, ReduceOp::kSum, st_));
     return Status::ok();
   }
 
-  Status instruction(const plan::Instruction &in) {
+  // Sequence parallelism's all-gather / reduce-scatter along `dim` (runtime/Executor.cpp has
+  // the same layout on the CPU): member r's block is slice r of the large tensor along dim.
+  Status gatherOrScatter(const plan::Instruction &in, int stream) {
+    bool gather = in.op() == "all_gather";
+    int small = gather ? in.inputs(0) : in.outputs(0), large = gather ? in.outputs(0) : in.inputs(0);
+    NcclGroup *comm;
+    LOOM_RETURN_IF_ERROR(group(str(in, "group"), &comm));
+    int64_t g = i64(in, "group_size"), d = i64(in, "dim"), n = numel(small);
+    if (g != comm->size())
+      return Status::error("group_size " + std::to_string(g) + " of group " + str(in, "group") +
+                           " but the communicator has " + std::to_string(comm->size()) +
+                           " members (a plan for another layout)");
+    int64_t outer = 1, inner = 1;
+    const plan::Buffer &sb = prog_.buffers(small);
+    for (int k = 0; k < sb.shape_size(); ++k) (k < d ? outer : inner) *= sb.shape(k);
+    if (outer == 1)  // the blocks are already contiguous in rank order
+      return gather ? comm->allGather(f(small), f(large), n, st_) : comm->reduceScatterSum(f(large), f(small), n, st_);
+    float *blocks = reinterpret_cast<float *>(scratch_[stream]);
+    size_t row = size_t(inner) * sizeof(float), wide = size_t(g) * row;
+    if (gather) LOOM_RETURN_IF_ERROR(comm->allGather(f(small), blocks, n, st_));
+    for (int64_t r = 0; r < g; ++r) {
+      cudaError_t err = gather ? cudaMemcpy2DAsync(f(large) + r * inner, wide, blocks + r * n, row, row, size_t(outer),
+                                                   cudaMemcpyDeviceToDevice, st_)
+                               : cudaMemcpy2DAsync(blocks + r * n, row, f(large) + r * inner, wide, row, size_t(outer),
+                                                   cudaMemcpyDeviceToDevice, st_);
+      LOOM_RETURN_IF_ERROR(cudaStatus(err, "re-laying out the blocks"));
+    }
+    return gather ? Status::ok() : comm->reduceScatterSum(blocks, f(small), n, st_);
+  }
+
+  Status instruction(const plan::Instruction &in, int stream) {
     const std::string &op = in.op();
     auto out = [&](int k = 0) { return in.outputs(k); };
     auto inp = [&](int k) { return in.inputs(k); };
@@ -109,59 +266,59 @@ class DeviceRun {
       int tok = inp(0), w = inp(1), pos = optionalInput(in, 2);
       int64_t rows = dim(w, 0), hidden = dim(w, 1);
       embeddingForward(ints(tok), f(w), pos >= 0 ? f(pos) : nullptr, f(out()), numel(tok), dim(tok, 1), hidden,
-                       shardStart(str(in, "vocab_parallel_group"), rows), rows, s_);
+                       shardStart(str(in, "vocab_parallel_group"), rows), rows, st_);
     } else if (op == "add_position") {
       int64_t first = shardStart(str(in, "sequence_parallel_group"), dim(inp(0), 1)), hidden = dim(inp(0), 2);
-      addBroadcast(f(inp(0)), f(inp(1)) + first * hidden, f(out()), numel(inp(0)), dim(inp(0), 1) * hidden, s_);
+      addBroadcast(f(inp(0)), f(inp(1)) + first * hidden, f(out()), numel(inp(0)), dim(inp(0), 1) * hidden, st_);
     } else if (op == "layer_norm") {
       int64_t n = dim(inp(0), -1);
       layerNormForward(f(inp(0)), f(inp(1)), f(inp(2)), f(out()), numel(inp(0)) / n, n, float(f64(in, "epsilon", 1e-5)),
-                       s_);
+                       st_);
     } else if (op == "linear") {
-      int64_t k = dim(inp(0), -1), n = dim(out(), -1), m = numel(inp(0)) / k;
-      LOOM_RETURN_IF_ERROR(gemm(m, k, n, f(inp(0)), false, f(inp(1)), flag(in, "transpose_weight"), f(out()), false));
-      int bias = optionalInput(in, 2);
-      if (bias >= 0) addBroadcast(f(out()), f(bias), f(out()), m * n, n, s_);
+      return linear(in);
     } else if (op == "add_bias") {
-      addBroadcast(f(inp(0)), f(inp(1)), f(out()), numel(inp(0)), numel(inp(1)), s_);
+      addBroadcast(f(inp(0)), f(inp(1)), f(out()), numel(inp(0)), numel(inp(1)), st_);
     } else if (op == "add") {
-      addBroadcast(f(inp(0)), f(inp(1)), f(out()), numel(inp(0)), numel(inp(0)), s_);
+      addBroadcast(f(inp(0)), f(inp(1)), f(out()), numel(inp(0)), numel(inp(0)), st_);
     } else if (op == "gelu") {
-      geluForward(f(inp(0)), f(out()), numel(inp(0)), s_);
+      geluForward(f(inp(0)), f(out()), numel(inp(0)), st_);
     } else if (op == "gelu_grad") {
-      geluBackward(f(inp(0)), f(inp(1)), f(out()), numel(inp(0)), s_);
+      geluBackward(f(inp(0)), f(inp(1)), f(out()), numel(inp(0)), st_);
     } else if (op == "attention" || op == "attention_grad") {
       bool fwd = op == "attention";
       int qkv = inp(0), mask = optionalInput(in, fwd ? 1 : 2);
-      int64_t heads = i64(in, "num_heads");
-      if (heads < 1 || dim(qkv, 2) % (3 * heads) != 0) return Status::error("attention: bad num_heads (corrupt plan)");
-      cpu::AttentionShape shape{dim(qkv, 0), dim(qkv, 1), heads, dim(qkv, 2) / (3 * heads), flag(in, "causal"),
-                                ctx_.training ? float(f64(in, "dropout")) : 0.0f, ctx_.seed,
-                                dropoutStream(i64(in, "stream"), flag(in, "rank_distinct_dropout"))};
+      cpu::AttentionShape shape = attentionShape(prog_, in);
+      if (shape.heads < 1 || dim(qkv, 2) % (3 * shape.heads) != 0)
+        return Status::error("attention: bad num_heads (corrupt plan)");
+      shape.dropout = ctx_.training ? float(f64(in, "dropout")) : 0.0f;
+      shape.seed = ctx_.seed;
+      shape.stream = dropoutStream(i64(in, "stream"), flag(in, "rank_distinct_dropout"));
       const float *m = mask >= 0 ? f(mask) : nullptr;
-      return fwd ? attentionForward(f(qkv), m, f(out()), shape, s_)
-                 : attentionBackward(f(qkv), m, f(inp(1)), f(out()), shape, s_);
+      return fwd ? attentionForward(e_.blas_, precision(), f(qkv), m, f(out()), shape, scratch_[0], st_)
+                 : attentionBackward(e_.blas_, precision(), f(qkv), m, f(inp(1)), f(out()), shape, scratch_[0], st_);
     } else if (op == "dropout") {
       dropoutForward(f(inp(0)), f(out()), numel(inp(0)), ctx_.training ? float(f64(in, "rate")) : 0.0f, ctx_.seed,
-                     dropoutStream(i64(in, "stream"), flag(in, "rank_distinct")), s_);
+                     dropoutStream(i64(in, "stream"), flag(in, "rank_distinct")), st_);
     } else if (op == "identity") {
-      return cudaStatus(cudaMemcpyAsync(f(out()), f(inp(0)), numel(inp(0)) * sizeof(float), cudaMemcpyDeviceToDevice, s_),
-                        "copy");
+      return cudaStatus(
+          cudaMemcpyAsync(f(out()), f(inp(0)), numel(inp(0)) * sizeof(float), cudaMemcpyDeviceToDevice, st_), "copy");
     } else if (op == "cross_entropy") {
       int64_t colStart, tokens = numel(inp(0)) / dim(inp(0), -1);
       LOOM_RETURN_IF_ERROR(crossEntropyStats(in, &colStart));
-      std::vector<float> stats, mask;
-      LOOM_RETURN_IF_ERROR(toHost(stats, scratch_, 3 * tokens));
+      const float *stats = reinterpret_cast<const float *>(scratch_[0]);
+      std::vector<float> host, mask;
+      LOOM_RETURN_IF_ERROR(toHost(host, stats, 3 * tokens));
       int maskId = optionalInput(in, 2);
       if (maskId >= 0) LOOM_RETURN_IF_ERROR(toHost(mask, f(maskId), tokens));
-      float loss = cpu::crossEntropyLoss(stats.data(), stats.data() + tokens, stats.data() + 2 * tokens,
+      float loss = cpu::crossEntropyLoss(host.data(), host.data() + tokens, host.data() + 2 * tokens,
                                          maskId >= 0 ? mask.data() : nullptr, tokens);
       LOOM_RETURN_IF_ERROR(
-          cudaStatus(cudaMemcpyAsync(f(out()), &loss, sizeof(float), cudaMemcpyHostToDevice, s_), "copy loss"));
-      return cudaStatus(cudaStreamSynchronize(s_), "copy loss");  // `loss` lives on this stack frame
+          cudaStatus(cudaMemcpyAsync(f(out()), &loss, sizeof(float), cudaMemcpyHostToDevice, st_), "copy loss"));
+      return cudaStatus(cudaStreamSynchronize(st_), "copy loss");  // `loss` lives on this stack frame
     } else if (op == "cross_entropy_grad") {
       int64_t colStart, cols = dim(inp(0), -1), tokens = numel(inp(0)) / cols;
       LOOM_RETURN_IF_ERROR(crossEntropyStats(in, &colStart));
+      const float *stats = reinterpret_cast<const float *>(scratch_[0]);
       int grad = -1, mask = -1;  // the optional grad and mask, told apart by shape
       for (int k = 2; k < in.inputs_size(); ++k) (prog_.buffers(inp(k)).shape_size() == 0 ? grad : mask) = inp(k);
       float g = float(f64(in, "loss_scale", 1.0));
@@ -177,71 +334,133 @@ class DeviceRun {
         for (float m : host) count += m;
       }
       float gradOverCount = count > 0 ? float(g / count) : 0.0f;
-      crossEntropyBackward(f(inp(0)), ints(inp(1)), mask >= 0 ? f(mask) : nullptr, scratch_, scratch_ + tokens,
-                           gradOverCount, f(out()), tokens, cols, colStart, i64(in, "valid_vocab"), s_);
+      crossEntropyBackward(f(inp(0)), ints(inp(1)), mask >= 0 ? f(mask) : nullptr, stats, stats + tokens,
+                           gradOverCount, f(out()), tokens, cols, colStart, i64(in, "valid_vocab"), st_);
     } else if (op == "weight_grad") {
-      int64_t k = dim(inp(0), -1), n = dim(inp(1), -1), m = numel(inp(0)) / k;
-      if (flag(in, "transpose_weight"))  // dW[N,K] = g^T x
-        return gemm(n, m, k, f(inp(1)), true, f(inp(0)), false, f(out()), false);
-      return gemm(k, m, n, f(inp(0)), true, f(inp(1)), false, f(out()), false);  // dW[K,N] = x^T g
+      return weightGrad(in);
     } else if (op == "bias_grad") {
       int64_t n = dim(inp(0), -1);
-      sumRows(f(inp(0)), f(out()), numel(inp(0)) / n, n, s_);
+      sumRows(f(inp(0)), f(out()), numel(inp(0)) / n, n, st_);
     } else if (op == "layer_norm_grad") {
       int64_t n = dim(inp(0), -1);
       layerNormBackward(f(inp(0)), f(inp(1)), f(inp(2)), f(out(0)), f(out(1)), f(out(2)), numel(inp(0)) / n, n,
-                        float(f64(in, "epsilon", 1e-5)), s_);
+                        float(f64(in, "epsilon", 1e-5)), st_);
     } else if (op == "embedding_grad") {
       int64_t rows = dim(out(), 0), hidden = dim(out(), 1);
       embeddingBackward(ints(inp(0)), f(inp(1)), f(out()), numel(inp(0)), hidden,
-                        shardStart(str(in, "vocab_parallel_group"), rows), rows, s_);
+                        shardStart(str(in, "vocab_parallel_group"), rows), rows, st_);
     } else if (op == "position_grad") {
       int64_t first = shardStart(str(in, "sequence_parallel_group"), dim(inp(0), 1)), hidden = dim(inp(0), 2);
       LOOM_RETURN_IF_ERROR(
-          cudaStatus(cudaMemsetAsync(f(out()), 0, numel(out()) * sizeof(float), s_), "zero the position gradient"));
-      sumRows(f(inp(0)), f(out()) + first * hidden, dim(inp(0), 0), dim(inp(0), 1) * hidden, s_);
-    } else if (op == "all_reduce" || op == "all_gather" || op == "reduce_scatter" || op == "send" || op == "recv") {
-      return Status::error("the CUDA executor does not run communication yet (NcclGroup is not wired in): op '" + op + "'");
+          cudaStatus(cudaMemsetAsync(f(out()), 0, numel(out()) * sizeof(float), st_), "zero the position gradient"));
+      sumRows(f(inp(0)), f(out()) + first * hidden, dim(inp(0), 0), dim(inp(0), 1) * hidden, st_);
+    } else if (op == "all_reduce") {
+      if (in.inputs_size() != in.outputs_size()) return Status::error("all_reduce: inputs and outputs differ (corrupt plan)");
+      NcclGroup *comm;
+      LOOM_RETURN_IF_ERROR(group(str(in, "group"), &comm));
+      std::vector<NcclGroup::Part> parts;  // a data-parallel bucket: one grouped call, no packing
+      for (int k = 0; k < in.inputs_size(); ++k) parts.push_back({f(inp(k)), f(out(k)), numel(inp(k))});
+      return comm->allReduce(parts, reduceOpOf(str(in, "reduce")), st_);
+    } else if (op == "all_gather" || op == "reduce_scatter") {
+      return gatherOrScatter(in, stream);
+    } else if (op == "send" || op == "recv") {
+      return Status::error("pipeline parallelism is not wired into the CUDA backend yet (NCCL has no message tags: a "
+                           "schedule step's sends and receives must go out as one grouped call)");
     } else {
       return Status::error("the CUDA backend has no kernel for op '" + op + "'");
     }
     return Status::ok();
   }
 
+  CudaExecutor &e_;
   const plan::Program &prog_;
   const ExecutionContext &ctx_;
-  cudaStream_t s_;
-  cublasHandle_t blas_;
-  float *scratch_;
+  cudaStream_t st_ = nullptr;  // the current instruction's stream
+  char *scratch_[4] = {};
   std::vector<void *> ptr_;
+  std::vector<bool> parameter_;
 };
 
-}  // namespace
+CudaExecutor::CudaExecutor(const CudaExecutorOptions &options) : options_(options) {}
 
-Status CudaExecutor::create(std::unique_ptr<CudaExecutor> *out) {
-  std::unique_ptr<CudaExecutor> e(new CudaExecutor());
-  LOOM_RETURN_IF_ERROR(cudaStatus(cudaStreamCreate(&e->stream_), "stream"));
+Status CudaExecutor::create(const CudaExecutorOptions &options, std::unique_ptr<CudaExecutor> *out) {
+  std::unique_ptr<CudaExecutor> e(new CudaExecutor(options));
+  for (int k = 0; k < 4; ++k) {
+    LOOM_RETURN_IF_ERROR(cudaStatus(cudaStreamCreateWithFlags(&e->streams_[k], cudaStreamNonBlocking), "stream"));
+    LOOM_RETURN_IF_ERROR(cudaStatus(cudaEventCreateWithFlags(&e->streamEnd_[k], cudaEventDisableTiming), "event"));
+  }
   LOOM_RETURN_IF_ERROR(blasStatus(cublasCreate(&e->blas_), "create"));
-  LOOM_RETURN_IF_ERROR(blasStatus(cublasSetStream(e->blas_, e->stream_), "set stream"));
+  if (options.precision != Precision::kFp32) LOOM_RETURN_IF_ERROR(LtLinear::create(kLtWorkspaceBytes, &e->lt_));
   *out = std::move(e);
   return Status::ok();
 }
 
 CudaExecutor::~CudaExecutor() {
-  if (arena_) cudaFree(arena_);
-  if (arguments_) cudaFree(arguments_);
+  cudaDeviceSynchronize();
+  for (auto &[address, copy] : halfParameters_) cudaFree(copy.data);
+  for (void *p : {arena_, arguments_, scratch_})
+    if (p) cudaFree(p);
+  for (cudaEvent_t ev : events_) cudaEventDestroy(ev);
+  lt_.reset();
   if (blas_) cublasDestroy(blas_);
-  if (stream_) cudaStreamDestroy(stream_);
+  for (int k = 0; k < 4; ++k) {
+    if (streamEnd_[k]) cudaEventDestroy(streamEnd_[k]);
+    if (streams_[k]) cudaStreamDestroy(streams_[k]);
+  }
+}
+
+void CudaExecutor::parametersChanged() {
+  for (auto &[address, copy] : halfParameters_) copy.current = false;
 }
 
 // Grows a device buffer to `bytes` (never shrinks: steady-state runs allocate nothing).
 Status CudaExecutor::reserve(void **buffer, size_t *capacity, size_t bytes) {
   if (bytes <= *capacity) return Status::ok();
+  LOOM_RETURN_IF_ERROR(cudaStatus(cudaDeviceSynchronize(), "synchronize before growing a buffer"));
   if (*buffer) cudaFree(*buffer);
   *buffer = nullptr, *capacity = 0;
   LOOM_RETURN_IF_ERROR(cudaStatus(cudaMalloc(buffer, bytes), "allocating " + std::to_string(bytes) + " bytes"));
   *capacity = bytes;
   return Status::ok();
+}
+
+Status CudaExecutor::runOnDevice(const plan::Program &program, const std::vector<const void *> &args,
+                                 const DeviceResultConsumer &consume, const ExecutionContext &ctx) {
+  LOOM_RETURN_IF_ERROR(checkProgram(program));
+  if (int(args.size()) != program.arguments_size())
+    return Status::error(program.name() + ": expected " + std::to_string(program.arguments_size()) + " arguments, got " +
+                         std::to_string(args.size()));
+  size_t workspace = aligned(size_t(program.workspace_bytes()));
+  ScratchPlan scratch = scratchFor(program, options_.precision);
+  LOOM_RETURN_IF_ERROR(reserve(&arena_, &arenaBytes_, workspace + 256));
+  LOOM_RETURN_IF_ERROR(reserve(&scratch_, &scratchBytes_, scratch.total() + 256));
+  while (events_.size() < size_t(program.instructions_size())) {
+    cudaEvent_t ev;
+    LOOM_RETURN_IF_ERROR(cudaStatus(cudaEventCreateWithFlags(&ev, cudaEventDisableTiming), "event"));
+    events_.push_back(ev);
+  }
+  char *base = static_cast<char *>(arena_);
+  DeviceRun run(*this, program, ctx, static_cast<char *>(scratch_), scratch);
+  for (const plan::Buffer &b : program.buffers())
+    if (b.kind() == plan::Buffer::ACTIVATION) {
+      if (b.dtype() != plan::F32 && b.dtype() != plan::I32)
+        return Status::error(program.name() + ": the CUDA executor runs fp32 plans (bf16/fp16 come from its precision "
+                             "setting, as autocast); buffer " + std::to_string(b.id()) + " is " +
+                             plan::DType_Name(b.dtype()));
+      if (b.offset() < 0 || size_t(b.offset() + b.bytes()) > workspace)
+        return Status::error(program.name() + ": buffer outside the workspace (corrupt plan)");
+      run.bind(b.id(), base + b.offset());
+    }
+  for (int i = 0; i < program.arguments_size(); ++i) {
+    if (!args[i]) return Status::error(program.name() + ": argument " + std::to_string(i) + " has no device address");
+    run.bind(program.arguments(i).buffer(), args[i]);
+  }
+  LOOM_RETURN_IF_ERROR(run.execute());
+  for (int i = 0; i < program.results_size(); ++i) {
+    int id = program.results(i).buffer();
+    LOOM_RETURN_IF_ERROR(consume(i, run.address(id), planattr::numel(program.buffers(id)), streams_[0]));
+  }
+  return cudaStatus(cudaGetLastError(), program.name());
 }
 
 Status CudaExecutor::run(const plan::Program &program, const std::vector<const HostTensor *> &args,
@@ -250,49 +469,36 @@ Status CudaExecutor::run(const plan::Program &program, const std::vector<const H
   if (int(args.size()) != program.arguments_size())
     return Status::error(program.name() + ": expected " + std::to_string(program.arguments_size()) + " arguments, got " +
                          std::to_string(args.size()));
-  // The arena: activations at their planned offsets, then the cross-entropy scratch.
-  size_t workspace = aligned(size_t(program.workspace_bytes()));
-  size_t scratch = size_t(DeviceRun::scratchFloats(program)) * sizeof(float);
-  LOOM_RETURN_IF_ERROR(reserve(&arena_, &arenaBytes_, workspace + scratch + 256));
-  char *base = static_cast<char *>(arena_);
-  DeviceRun run(program, ctx, stream_, blas_, base + workspace);
-  for (const plan::Buffer &b : program.buffers())
-    if (b.kind() == plan::Buffer::ACTIVATION) {
-      if (b.dtype() != plan::F32)
-        return Status::error(program.name() + ": the CUDA executor computes in fp32 so far; buffer " +
-                             std::to_string(b.id()) + " is " + plan::DType_Name(b.dtype()));
-      if (b.offset() < 0 || size_t(b.offset() + b.bytes()) > workspace)
-        return Status::error(program.name() + ": buffer outside the workspace (corrupt plan)");
-      run.bind(b.id(), base + b.offset());
-    }
+  parametersChanged();  // the uploads below reuse the same addresses with new values
   // Arguments: checked as the CPU executor checks them, then copied up back to back.
   size_t argumentBytes = 0;
-  for (int i = 0; i < program.arguments_size(); ++i)
+  for (int i = 0; i < program.arguments_size(); ++i) {
+    LOOM_RETURN_IF_ERROR(checkArgument(program, i, *args[i]));
     argumentBytes += aligned(size_t(planattr::numel(program.buffers(program.arguments(i).buffer()))) * 4);
+  }
   LOOM_RETURN_IF_ERROR(reserve(&arguments_, &argumentBytes_, argumentBytes + 256));
+  std::vector<const void *> device;
   char *at = static_cast<char *>(arguments_);
   for (int i = 0; i < program.arguments_size(); ++i) {
-    const plan::Buffer &b = program.buffers(program.arguments(i).buffer());
-    LOOM_RETURN_IF_ERROR(checkArgument(program, i, *args[i]));
     const void *host = args[i]->isInt ? static_cast<const void *>(args[i]->ints.data())
                                       : static_cast<const void *>(args[i]->data.data());
-    size_t bytes = size_t(planattr::numel(b)) * 4;
-    LOOM_RETURN_IF_ERROR(cudaStatus(cudaMemcpyAsync(at, host, bytes, cudaMemcpyHostToDevice, stream_), "argument copy"));
-    run.bind(b.id(), at);
+    size_t bytes = size_t(planattr::numel(program.buffers(program.arguments(i).buffer()))) * 4;
+    LOOM_RETURN_IF_ERROR(
+        cudaStatus(cudaMemcpyAsync(at, host, bytes, cudaMemcpyHostToDevice, streams_[0]), "argument copy"));
+    device.push_back(at);
     at += aligned(bytes);
   }
-  LOOM_RETURN_IF_ERROR(run.execute());
   results.assign(program.results_size(), HostTensor{});
-  for (int i = 0; i < program.results_size(); ++i) {
+  auto copyDown = [&](int i, const float *data, int64_t count, cudaStream_t s) {
     const plan::Buffer &b = program.buffers(program.results(i).buffer());
     results[i].shape.assign(b.shape().begin(), b.shape().end());
-    results[i].data.resize(size_t(planattr::numel(b)));
-    LOOM_RETURN_IF_ERROR(cudaStatus(cudaMemcpyAsync(results[i].data.data(), run.address(b.id()),
-                                                    results[i].data.size() * sizeof(float), cudaMemcpyDeviceToHost,
-                                                    stream_),
-                                    "result copy"));
-  }
-  return cudaStatus(cudaStreamSynchronize(stream_), program.name());
+    results[i].data.resize(size_t(count));
+    return cudaStatus(cudaMemcpyAsync(results[i].data.data(), data, size_t(count) * sizeof(float),
+                                      cudaMemcpyDeviceToHost, s),
+                      "result copy");
+  };
+  LOOM_RETURN_IF_ERROR(runOnDevice(program, device, copyDown, ctx));
+  return cudaStatus(cudaStreamSynchronize(streams_[0]), program.name());
 }
 
 }  // namespace loom::cuda

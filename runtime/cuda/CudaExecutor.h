@@ -1,15 +1,26 @@
-// Executes one plan::Program on the GPU in fp32: activations in one device arena at the
-// compiler's memory-plan offsets (kept and reused across runs), arguments copied to the device
-// and results copied back. First version (issue 7): every instruction in plan order on one
-// CUDA stream (a valid order: wait_for only names earlier instructions), GEMMs by cuBLAS
-// SGEMM, the other ops by runtime/cuda kernels. Not yet: the plan's four streams with events,
-// 16-bit activations, and communication ops (they need NcclGroup wiring), which are refused
-// with a message naming the op.
+// Executes one plan::Program on the GPU: each plan stream (compute, tp, pp, dp) on its own
+// CUDA stream, the plan's wait_for dependencies as CUDA events between them; activations in
+// one device arena at the compiler's memory-plan offsets (grown on the first run of the
+// largest program, then reused: the step loop allocates nothing).
+//
+// Numerics: fp32 plans. Precision::kFp32 computes in fp32 throughout (cuBLAS SGEMM); kBf16 and
+// kFp16 round the GEMM operands to 16 bits with fp32 accumulation and fp32 outputs (linear and
+// weight_grad through cuBLASLt, with the bias in the epilogue; attention's batched GEMMs), as
+// torch.autocast does. Parameters' 16-bit copies are made once per optimizer step
+// (parametersChanged()). Every other op runs our fp32 kernels.
+//
+// Communication: tensor- and data-parallel collectives (all_reduce, all_gather, reduce_scatter,
+// vocab-parallel cross-entropy) through NCCL on the instruction's stream, with communicators
+// from `CudaExecutorOptions::groups`. Pipeline send/recv is refused with a message: NCCL has
+// no tags, so a schedule step's sends and receives must be issued as one grouped call by a
+// pipeline-aware trainer, which is not written yet.
 #pragma once
 
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
 
+#include <functional>
+#include <map>
 #include <memory>
 #include <vector>
 
@@ -17,29 +28,62 @@
 #include "runtime/Executor.h"
 #include "runtime/Status.h"
 #include "runtime/Tensor.h"
+#include "runtime/cuda/HalfPrecision.h"
 
 namespace loom::cuda {
 
+class LtLinear;
+class NcclGroups;
+
+struct CudaExecutorOptions {
+  Precision precision = Precision::kFp32;
+  const NcclGroups *groups = nullptr;  // required by programs with communication
+};
+
 class CudaExecutor {
  public:
-  static Status create(std::unique_ptr<CudaExecutor> *out);
+  static Status create(const CudaExecutorOptions &options, std::unique_ptr<CudaExecutor> *out);
   ~CudaExecutor();
   CudaExecutor(const CudaExecutor &) = delete;
   CudaExecutor &operator=(const CudaExecutor &) = delete;
 
-  // As loom::executeProgram: `args` follow program.arguments(), `results` program.results().
-  // ctx.collectives only places this rank (shard offsets, tensor-parallel dropout streams):
-  // communication ops are refused. seed and training are used as the CPU executor uses them.
+  // Host tensors in and out (tests; callers without device-resident state). As
+  // loom::executeProgram: `args` follow program.arguments(), `results` program.results().
+  // ctx.collectives places this rank (shard offsets, tensor-parallel dropout streams).
   Status run(const plan::Program &program, const std::vector<const HostTensor *> &args,
              std::vector<HostTensor> &results, const ExecutionContext &ctx);
 
+  // Device-resident: args[i] is the device address of argument i (fp32, or int32 where the
+  // plan says I32). After the program, consume(i, data, count, stream) is called for each
+  // result on the compute stream, to copy or accumulate it before the next run reuses the
+  // arena; the call returns without waiting for the device.
+  using DeviceResultConsumer = std::function<Status(int index, const float *data, int64_t count, cudaStream_t s)>;
+  Status runOnDevice(const plan::Program &program, const std::vector<const void *> &args,
+                     const DeviceResultConsumer &consume, const ExecutionContext &ctx);
+
+  // The parameters changed (an optimizer step): their 16-bit copies are remade on next use.
+  void parametersChanged();
+  // Work the caller queues after runOnDevice goes here (the stream results are consumed on).
+  cudaStream_t computeStream() const { return streams_[0]; }
+
  private:
-  CudaExecutor() = default;
+  explicit CudaExecutor(const CudaExecutorOptions &options);
   Status reserve(void **buffer, size_t *capacity, size_t bytes);
-  cudaStream_t stream_ = nullptr;
+  friend class DeviceRun;
+
+  CudaExecutorOptions options_;
+  cudaStream_t streams_[4] = {};  // indexed by plan::Stream
   cublasHandle_t blas_ = nullptr;
-  void *arena_ = nullptr, *arguments_ = nullptr;
-  size_t arenaBytes_ = 0, argumentBytes_ = 0;
+  std::unique_ptr<LtLinear> lt_;
+  std::vector<cudaEvent_t> events_;  // one per instruction index (a program's wait_for targets)
+  cudaEvent_t streamEnd_[4] = {};
+  void *arena_ = nullptr, *arguments_ = nullptr, *scratch_ = nullptr;
+  size_t arenaBytes_ = 0, argumentBytes_ = 0, scratchBytes_ = 0;
+  struct HalfCopy {
+    void *data = nullptr;
+    bool current = false;
+  };
+  std::map<const void *, HalfCopy> halfParameters_;  // 16-bit copies by the parameter's address
 };
 
 }  // namespace loom::cuda

@@ -28,6 +28,18 @@ Status NcclGroup::create(control::CoordinatorClient &client, const std::string &
                          std::to_string(groupSize));
   ncclUniqueId id;
   LOOM_RETURN_IF_ERROR(shareNcclUniqueId(client, name, groupRank, timeoutMs, &id));
+  return init(name, groupRank, groupSize, id, out);
+}
+
+Status NcclGroup::createAlone(const std::string &name, std::unique_ptr<NcclGroup> *out) {
+  ncclUniqueId id;
+  ncclResult_t r = ncclGetUniqueId(&id);
+  if (r != ncclSuccess) return Status::error("NCCL unique id for group " + name + ": " + ncclGetErrorString(r));
+  return init(name, 0, 1, id, out);
+}
+
+Status NcclGroup::init(const std::string &name, int groupRank, int groupSize, const ncclUniqueId &id,
+                       std::unique_ptr<NcclGroup> *out) {
   std::unique_ptr<NcclGroup> group(new NcclGroup(name, groupRank, groupSize));
   LOOM_RETURN_IF_ERROR(group->check(ncclCommInitRank(&group->comm_, groupSize, id, groupRank), "init"));
   *out = std::move(group);
@@ -46,6 +58,18 @@ Status NcclGroup::check(ncclResult_t result, const char *what) const {
 
 Status NcclGroup::allReduceSum(float *buffer, int64_t count, cudaStream_t stream) {
   return check(ncclAllReduce(buffer, buffer, size_t(count), ncclFloat32, ncclSum, comm_, stream), "all-reduce");
+}
+
+Status NcclGroup::allReduce(const std::vector<Part> &parts, ReduceOp op, cudaStream_t stream) {
+  ncclRedOp_t nccl = op == ReduceOp::kSum ? ncclSum : op == ReduceOp::kMax ? ncclMax : ncclAvg;
+  LOOM_RETURN_IF_ERROR(check(ncclGroupStart(), "group start"));
+  Status first = Status::ok();
+  for (const Part &p : parts) {
+    ncclResult_t r = ncclAllReduce(p.in, p.out, size_t(p.count), ncclFloat32, nccl, comm_, stream);
+    if (r != ncclSuccess && first.isOk()) first = check(r, "all-reduce");
+  }
+  Status end = check(ncclGroupEnd(), "group end");  // always closed, even after a failed call
+  return first.isOk() ? end : first;
 }
 
 Status NcclGroup::allGather(const float *in, float *out, int64_t count, cudaStream_t stream) {
@@ -70,6 +94,38 @@ Status NcclGroup::exchange(const std::vector<Transfer> &transfers, cudaStream_t 
   }
   Status end = check(ncclGroupEnd(), "group end");  // always closed, even after a failed call
   return first.isOk() ? end : first;
+}
+
+Status NcclGroups::create(control::CoordinatorClient *client, const ParallelLayout &layout, int rank,
+                          int64_t timeoutMs, std::unique_ptr<NcclGroups> *out) {
+  std::unique_ptr<NcclGroups> groups(new NcclGroups());
+  for (const char *group : {"tp", "dp", "pp", "embedding"}) {
+    std::vector<int> members = groupMembers(layout, group, rank);
+    int position = -1;
+    for (size_t i = 0; i < members.size(); ++i)
+      if (members[i] == rank) position = int(i);
+    if (position < 0) continue;  // not a member (the embedding group of a middle stage)
+    // The name lists the members: unique in the job, the same on every member.
+    std::string name = group;
+    for (int m : members) name += "/" + std::to_string(m);
+    std::unique_ptr<NcclGroup> comm;
+    if (members.size() == 1)
+      LOOM_RETURN_IF_ERROR(NcclGroup::createAlone(name, &comm));
+    else if (!client)
+      return Status::error("NCCL group " + name + " has " + std::to_string(members.size()) +
+                           " members but no coordinator was given to exchange its id");
+    else
+      LOOM_RETURN_IF_ERROR(NcclGroup::create(*client, name, position, int(members.size()), timeoutMs, &comm));
+    groups->groups_.emplace_back(group, std::move(comm));
+  }
+  *out = std::move(groups);
+  return Status::ok();
+}
+
+Status NcclGroups::find(const std::string &group, NcclGroup **out) const {
+  for (const auto &[name, comm] : groups_)
+    if (name == group) return *out = comm.get(), Status::ok();
+  return Status::error("no NCCL communicator for group '" + group + "' on this rank");
 }
 
 }  // namespace loom::cuda

@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "runtime/Collectives.h"
 #include "runtime/Status.h"
 #include "runtime/control/CoordinatorClient.h"
 
@@ -28,6 +29,8 @@ class NcclGroup {
   // Uses the current CUDA device (cudaSetDevice first).
   static Status create(control::CoordinatorClient &client, const std::string &name, int groupRank, int groupSize,
                        int64_t timeoutMs, std::unique_ptr<NcclGroup> *out);
+  // A group of one member: its id needs no exchange.
+  static Status createAlone(const std::string &name, std::unique_ptr<NcclGroup> *out);
   ~NcclGroup();
   NcclGroup(const NcclGroup &) = delete;
   NcclGroup &operator=(const NcclGroup &) = delete;
@@ -37,6 +40,14 @@ class NcclGroup {
 
   // In-place fp32 sum over the group (tensor-parallel f/g and data-parallel gradient buckets).
   Status allReduceSum(float *buffer, int64_t count, cudaStream_t stream);
+  // out = reduce(in) over the group for every part (in may equal out), as one grouped NCCL
+  // call: a data-parallel bucket's gradients need no packing copy.
+  struct Part {
+    const float *in;
+    float *out;
+    int64_t count;
+  };
+  Status allReduce(const std::vector<Part> &parts, ReduceOp op, cudaStream_t stream);
   // Sequence parallelism: out [size * count] gathers every member's in [count] in rank order;
   // reduceScatterSum is its transpose, out [count] = this member's slice of the sum of in.
   Status allGather(const float *in, float *out, int64_t count, cudaStream_t stream);
@@ -54,10 +65,29 @@ class NcclGroup {
 
  private:
   NcclGroup(std::string name, int rank, int size) : name_(std::move(name)), rank_(rank), size_(size) {}
+  static Status init(const std::string &name, int groupRank, int groupSize, const ncclUniqueId &id,
+                     std::unique_ptr<NcclGroup> *out);
   Status check(ncclResult_t result, const char *what) const;
   std::string name_;
   int rank_, size_;
   ncclComm_t comm_ = nullptr;
+};
+
+// The communicators of one rank: one per parallel group of its layout ("tp", "dp", "pp",
+// "embedding"), created together in that fixed order (every rank creates its groups in the
+// same order, so no two ranks wait on each other's second group). A group of one member gets a
+// communicator too (NCCL's all-reduce over one rank is a copy), so programs need no special case.
+class NcclGroups {
+ public:
+  // `client` exchanges the ids of groups with more than one member (null: a world of one).
+  static Status create(control::CoordinatorClient *client, const ParallelLayout &layout, int rank, int64_t timeoutMs,
+                       std::unique_ptr<NcclGroups> *out);
+  // The communicator of `group`, or an error naming it.
+  Status find(const std::string &group, NcclGroup **out) const;
+
+ private:
+  NcclGroups() = default;
+  std::vector<std::pair<std::string, std::unique_ptr<NcclGroup>>> groups_;
 };
 
 }  // namespace loom::cuda

@@ -1,11 +1,15 @@
 // The CUDA attention core against cpu::attentionForward/Backward on the same inputs: causal or
 // not, with a key mask, with dropout (the same counter, so the same entries dropped), and a
-// row whose keys are all masked; relative L2 error < 1e-5 on out and dqkv. A sequence too long
-// for the kernel is refused with a message (that case runs everywhere). The rest skips, with
-// a message saying so, where no GPU is present (CI); the GPU check script runs it.
+// row whose keys are all masked; in fp32 (relative L2 error < 1e-5 on out and dqkv), bf16 and
+// fp16 operands (within their rounding: 3e-2 and 5e-3). An empty shape is refused with a
+// message (that case runs everywhere). The rest skips, with a message saying so, where no GPU
+// is present (CI); the GPU check script runs it.
 #include <gtest/gtest.h>
 
+#include <cublas_v2.h>
+
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "runtime/cpu/Kernels.h"
@@ -21,10 +25,21 @@ struct Case {
   float dropout;
 };
 
-class CudaAttention : public DeviceTest<::testing::TestWithParam<Case>> {};
+class CudaAttention : public DeviceTest<::testing::TestWithParam<std::tuple<Case, cuda::Precision>>> {
+ protected:
+  void TearDown() override {
+    if (blas_) cublasDestroy(blas_);
+    DeviceTest::TearDown();
+  }
+  cublasHandle_t blas_ = nullptr;
+};
+
+double tolerance(cuda::Precision p) {
+  return p == cuda::Precision::kFp32 ? 1e-5 : p == cuda::Precision::kBf16 ? 3e-2 : 5e-3;
+}
 
 TEST_P(CudaAttention, MatchesCpuForwardAndBackward) {
-  const Case &c = GetParam();
+  const auto &[c, precision] = GetParam();
   cpu::AttentionShape shape{/*batch=*/2, /*seq=*/67, /*heads=*/3, /*headDim=*/16, c.causal, c.dropout, 99, 5};
   int64_t tokens = shape.batch * shape.seq, width = shape.heads * shape.headDim;
   auto qkv = random(tokens * 3 * width), g = random(tokens * width);
@@ -41,27 +56,34 @@ TEST_P(CudaAttention, MatchesCpuForwardAndBackward) {
 
   float *dOut = zeros(out.size()), *dDqkv = zeros(dqkv.size());
   const float *devMask = c.keyMask ? up(mask) : nullptr;
-  Status s = cuda::attentionForward(up(qkv), devMask, dOut, shape, nullptr);
+  ASSERT_EQ(cublasCreate(&blas_), CUBLAS_STATUS_SUCCESS);
+  void *scratch = alloc(cuda::attentionScratchBytes(shape, precision, /*backward=*/true));
+  ASSERT_LE(cuda::attentionScratchBytes(shape, precision, false), cuda::attentionScratchBytes(shape, precision, true));
+  Status s = cuda::attentionForward(blas_, precision, up(qkv), devMask, dOut, shape, scratch, nullptr);
   ASSERT_TRUE(s.isOk()) << s.message();
-  s = cuda::attentionBackward(up(qkv), devMask, up(g), dDqkv, shape, nullptr);
+  s = cuda::attentionBackward(blas_, precision, up(qkv), devMask, up(g), dDqkv, shape, scratch, nullptr);
   ASSERT_TRUE(s.isOk()) << s.message();
-  EXPECT_LT(relErr(down(dOut, out.size()), out), 1e-5) << c.name;
-  EXPECT_LT(relErr(down(dDqkv, dqkv.size()), dqkv), 1e-5) << c.name;
+  EXPECT_LT(relErr(down(dOut, out.size()), out), tolerance(precision)) << c.name;
+  EXPECT_LT(relErr(down(dDqkv, dqkv.size()), dqkv), tolerance(precision)) << c.name;
 }
 
-INSTANTIATE_TEST_SUITE_P(Masks, CudaAttention,
-                         ::testing::Values(Case{"plain", false, false, 0.0f}, Case{"causal", true, false, 0.0f},
-                                           Case{"key_mask", false, true, 0.0f},
-                                           Case{"causal_key_mask_dropout", true, true, 0.1f},
-                                           Case{"dropout", false, false, 0.2f}),
-                         [](const auto &info) { return std::string(info.param.name); });
+INSTANTIATE_TEST_SUITE_P(
+    Masks, CudaAttention,
+    ::testing::Combine(::testing::Values(Case{"plain", false, false, 0.0f}, Case{"causal", true, false, 0.0f},
+                                         Case{"key_mask", false, true, 0.0f},
+                                         Case{"causal_key_mask_dropout", true, true, 0.1f},
+                                         Case{"dropout", false, false, 0.2f}),
+                       ::testing::Values(cuda::Precision::kFp32, cuda::Precision::kBf16, cuda::Precision::kFp16)),
+    [](const auto &info) {
+      return std::string(std::get<0>(info.param).name) + "_" + cuda::precisionName(std::get<1>(info.param));
+    });
 
 // Refused before anything reaches the device: runs without a GPU too.
-TEST(CudaAttentionLimits, ASequenceTooLongIsRefusedWithAMessage) {
-  cpu::AttentionShape shape{1, 100000, 1, 8, true, 0.0f, 1, 1};
-  Status s = cuda::attentionForward(nullptr, nullptr, nullptr, shape, nullptr);
+TEST(CudaAttentionLimits, AnEmptyShapeIsRefusedWithAMessage) {
+  cpu::AttentionShape shape{1, 0, 1, 8, true, 0.0f, 1, 1};
+  Status s = cuda::attentionForward(nullptr, cuda::Precision::kBf16, nullptr, nullptr, nullptr, shape, nullptr, nullptr);
   ASSERT_FALSE(s.isOk());
-  EXPECT_NE(s.message().find("seq 100000"), std::string::npos) << s.message();
+  EXPECT_NE(s.message().find("empty shape"), std::string::npos) << s.message();
 }
 
 }  // namespace

@@ -14,7 +14,9 @@
 #include "protos/plan.pb.h"
 #include "runtime/Executor.h"
 #include "runtime/cuda/CudaExecutor.h"
+#include "runtime/ThreadCollectives.h"
 #include "runtime/cuda/CudaKernels.h"
+#include "runtime/cuda/NcclGroup.h"
 #include "tests/runtime/MultiProcess.h"
 
 namespace loom {
@@ -60,13 +62,18 @@ TEST(CudaExecutor, WithoutADeviceCreationFailsWithAMessage) {
   const char *why = "";
   if (cuda::deviceAvailable(&why)) GTEST_SKIP() << "a CUDA device is present: this case is for machines without one";
   std::unique_ptr<cuda::CudaExecutor> executor;
-  Status s = cuda::CudaExecutor::create(&executor);
+  Status s = cuda::CudaExecutor::create({}, &executor);
   ASSERT_FALSE(s.isOk());
   EXPECT_EQ(s.message().rfind("CUDA", 0), 0u) << s.message();
   EXPECT_EQ(s.message().find('\n'), std::string::npos) << s.message();
 }
 
-TEST(CudaExecutor, MatchesTheCpuExecutorOnEveryProgramOfGptTiny) {
+// fp32 within 1e-4; bf16 and fp16 GEMM operands (autocast) within their rounding.
+class CudaExecutorPrecision : public ::testing::TestWithParam<cuda::Precision> {};
+
+TEST_P(CudaExecutorPrecision, MatchesTheCpuExecutorOnEveryProgramOfGptTiny) {
+  const cuda::Precision precision = GetParam();
+  const double tolerance = precision == cuda::Precision::kFp32 ? 1e-4 : precision == cuda::Precision::kBf16 ? 3e-2 : 5e-3;
   const char *why = "";
   if (!cuda::deviceAvailable(&why)) GTEST_SKIP() << "no CUDA device (" << why << "): skipping the executor check";
   // LOOM_TEST_PLANS: plans compiled beforehand (the GPU pack carries them, not loomc and LLVM).
@@ -85,24 +92,36 @@ TEST(CudaExecutor, MatchesTheCpuExecutorOnEveryProgramOfGptTiny) {
   ASSERT_TRUE(programs.ParseFromString(readFile(dir + "/" + rank.programs_file())));
   ASSERT_GT(programs.programs_size(), 0);
 
-  std::unique_ptr<cuda::CudaExecutor> executor;
-  Status s = cuda::CudaExecutor::create(&executor);
+  // Communicators for a world of one (the grad-sync program's all-reduces run through NCCL).
+  std::unique_ptr<cuda::NcclGroups> groups;
+  Status s = cuda::NcclGroups::create(nullptr, ParallelLayout{}, 0, 1000, &groups);
   ASSERT_TRUE(s.isOk()) << s.message();
+  std::unique_ptr<cuda::CudaExecutor> executor;
+  s = cuda::CudaExecutor::create({precision, groups.get()}, &executor);
+  ASSERT_TRUE(s.isOk()) << s.message();
+  ThreadWorld world(ParallelLayout{});
+  std::unique_ptr<Collectives> collectives = world.forRank(0);
   std::mt19937 rng(3);
   for (const plan::Program &program : programs.programs()) {
     std::vector<HostTensor> args = argumentsFor(program, rng);
     std::vector<const HostTensor *> argPtrs;
     for (const HostTensor &t : args) argPtrs.push_back(&t);
     ExecutionContext ctx;
+    ctx.collectives = collectives.get();
     std::vector<HostTensor> want, got;
     ASSERT_TRUE(executeProgram(program, argPtrs, want, ctx).isOk()) << program.name();
     s = executor->run(program, argPtrs, got, ctx);
     ASSERT_TRUE(s.isOk()) << s.message();
     ASSERT_EQ(got.size(), want.size());
     for (size_t i = 0; i < got.size(); ++i)
-      EXPECT_LT(relErr(got[i].data, want[i].data), 1e-4) << program.name() << " result " << program.results(i).name();
+      EXPECT_LT(relErr(got[i].data, want[i].data), tolerance)
+          << program.name() << " result " << program.results(i).name() << " (" << cuda::precisionName(precision) << ")";
   }
 }
+
+INSTANTIATE_TEST_SUITE_P(Precisions, CudaExecutorPrecision,
+                         ::testing::Values(cuda::Precision::kFp32, cuda::Precision::kBf16, cuda::Precision::kFp16),
+                         [](const auto &info) { return std::string(cuda::precisionName(info.param)); });
 
 }  // namespace
 }  // namespace loom
