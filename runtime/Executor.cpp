@@ -203,7 +203,7 @@ class Run {
       // Operands: logits, labels, then the optional grad and mask, told apart by shape.
       int grad = -1, mask = -1;
       for (int k = 2; k < in.inputs_size(); ++k) (buf(inp(k)).shape_size() == 0 ? grad : mask) = inp(k);
-      float g = grad >= 0 ? f(grad)[0] : float(f64(in, "loss_scale", 1.0));
+      float g = (grad >= 0 ? f(grad)[0] : float(f64(in, "loss_scale", 1.0))) * ctx_.lossScale;
       cpu::crossEntropyBackwardFromExps(ints(inp(1)), mask >= 0 ? f(mask) : nullptr, sum.data(), g, f(out()),
                                         int64_t(mx.size()), dim(inp(0), -1), colStart, i64(in, "valid_vocab"));
     } else if (op == "weight_grad") {

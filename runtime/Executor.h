@@ -20,6 +20,7 @@ struct ExecutionContext {
   uint64_t seed = 1234;                // dropout seed of this step and micro-batch
   int64_t messageTag = 0;              // added to send/recv tags (the micro-batch's channel)
   bool training = true;                // false: dropout off (validation, inference)
+  float lossScale = 1.0f;              // multiplies the loss gradient (fp16 dynamic loss scaling)
   // A workspace reused across runs of the same program (no fresh, zeroed pages each time);
   // null: a temporary one.
   std::vector<float> *workspace = nullptr;

@@ -34,8 +34,11 @@ void zero(std::map<std::string, HostTensor> &tensors) {
   for (auto &[k, t] : tensors) std::fill(t.data.begin(), t.data.end(), 0.0f);
 }
 
-// Dropout seeds: equal across a tensor-parallel group, distinct per step, replica and
-// micro-batch (SplitMix64 finaliser over the mix).
+// Pipeline messages of micro-batch mb use their own tag range.
+constexpr int64_t kTagsPerMicroBatch = 1 << 12;
+
+}  // namespace
+
 uint64_t dropoutSeed(uint64_t seed, int64_t step, int dp, int mb) {
   uint64_t z = seed ^ (uint64_t(step) * 0x9E3779B97F4A7C15ull) ^ (uint64_t(dp) << 40) ^ (uint64_t(mb) << 20);
   z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
@@ -43,10 +46,9 @@ uint64_t dropoutSeed(uint64_t seed, int64_t step, int dp, int mb) {
   return z ^ (z >> 31);
 }
 
-// Pipeline messages of micro-batch mb use their own tag range.
-constexpr int64_t kTagsPerMicroBatch = 1 << 12;
-
-}  // namespace
+int64_t firstSampleOf(const plan::RankPlan &plan, int64_t step, int mb) {
+  return ((step * plan.d() + plan.dp_rank()) * plan.micro_batches() + mb) * plan.micro_batch_size();
+}
 
 Trainer::Trainer(plan::RankPlan plan, plan::ProgramSet programs, Collectives *collectives, DataSource *data,
                  TrainerOptions options)
@@ -68,9 +70,7 @@ Status Trainer::runProgram(const plan::Program &prog, int mb, int64_t step, doub
       }
       case plan::Binding::INPUT: {
         if (!batches_.count(mb)) {
-          int64_t b = plan_.micro_batch_size();
-          int64_t first = ((step * plan_.d() + plan_.dp_rank()) * plan_.micro_batches() + mb) * b;
-          batches_[mb] = makeBatch(*data_, first, b, plan_.seq_length());
+          batches_[mb] = makeBatch(*data_, firstSampleOf(plan_, step, mb), plan_.micro_batch_size(), plan_.seq_length());
           if (!opt_.dumpBatches.empty() && data_ == trainData_ && plan_.tp_rank() == 0 && plan_.pp_rank() == 0) {
             SafetensorsFile f;
             f.tensors = batches_[mb];

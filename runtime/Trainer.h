@@ -22,6 +22,12 @@ struct TrainerOptions {
   std::string dumpBatches;  // write every training micro-batch's inputs here (the oracle reads them)
 };
 
+// Dropout seeds: equal across a tensor-parallel group, distinct per step, replica and
+// micro-batch (SplitMix64 finaliser over the mix). Every backend's trainer draws the same.
+uint64_t dropoutSeed(uint64_t seed, int64_t step, int dp, int mb);
+// The global index of the first sample of micro-batch mb of `step` on this data-parallel rank.
+int64_t firstSampleOf(const plan::RankPlan &plan, int64_t step, int mb);
+
 struct StepResult {
   bool hasLoss = false;  // ranks of the last pipeline stage
   double loss = 0;       // mean over micro-batches and data-parallel replicas

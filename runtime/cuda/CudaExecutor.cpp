@@ -333,7 +333,7 @@ class DeviceRun {
         count = 0;
         for (float m : host) count += m;
       }
-      float gradOverCount = count > 0 ? float(g / count) : 0.0f;
+      float gradOverCount = count > 0 ? float(g * ctx_.lossScale / count) : 0.0f;
       crossEntropyBackward(f(inp(0)), ints(inp(1)), mask >= 0 ? f(mask) : nullptr, stats, stats + tokens,
                            gradOverCount, f(out()), tokens, cols, colStart, i64(in, "valid_vocab"), st_);
     } else if (op == "weight_grad") {

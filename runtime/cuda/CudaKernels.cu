@@ -1,6 +1,8 @@
 // The math of each kernel is that of runtime/cpu/Kernels.cpp (see there); here: one thread
 // per element for elementwise ops, one block per row for row reductions.
 #include "runtime/cuda/CudaKernels.h"
+
+#include <algorithm>
 #include "runtime/cuda/DeviceMath.cuh"
 
 #include <cmath>
@@ -156,6 +158,20 @@ __global__ void adamwKernel(float *p, const float *g, float *m, float *v, int64_
   p[i] -= lr * update;
 }
 
+__global__ void squaresKernel(const float *x, int64_t n, double *out) {
+  __shared__ float shared[kThreads];
+  float acc = 0;
+  for (int64_t i = blockIdx.x * int64_t(kThreads) + threadIdx.x; i < n; i += int64_t(gridDim.x) * kThreads)
+    acc += x[i] * x[i];
+  acc = blockSum(acc, shared);
+  if (threadIdx.x == 0) atomicAdd(out, double(acc));
+}
+
+__global__ void scaleKernel(float *x, int64_t n, float factor) {
+  int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
+  if (i < n) x[i] *= factor;
+}
+
 }  // namespace
 
 void layerNormForward(const float *x, const float *gamma, const float *beta, float *y, int64_t rows, int64_t n,
@@ -234,6 +250,16 @@ void adamwUpdate(float *param, const float *grad, float *m, float *v, int64_t n,
                  float eps, float weightDecay, int64_t step, bool decay, cudaStream_t s) {
   float c1 = 1 - powf(beta1, float(step)), c2 = 1 - powf(beta2, float(step));
   adamwKernel<<<blocks(n), kThreads, 0, s>>>(param, grad, m, v, n, lr, beta1, beta2, eps, weightDecay, c1, c2, decay);
+}
+
+void accumulateSquares(const float *x, int64_t n, double *sumOfSquares, cudaStream_t s) {
+  if (n <= 0) return;
+  squaresKernel<<<std::min(blocks(n), 1024), kThreads, 0, s>>>(x, n, sumOfSquares);
+}
+
+void scaleInPlace(float *x, int64_t n, float factor, cudaStream_t s) {
+  if (n <= 0) return;
+  scaleKernel<<<blocks(n), kThreads, 0, s>>>(x, n, factor);
 }
 
 bool deviceAvailable(const char **why) {

@@ -38,6 +38,10 @@ void crossEntropyBackward(const float *logits, const int32_t *labels, const floa
                           int64_t colStart, int64_t validVocab, cudaStream_t s);
 void adamwUpdate(float *param, const float *grad, float *m, float *v, int64_t n, float lr, float beta1, float beta2,
                  float eps, float weightDecay, int64_t step, bool decay, cudaStream_t s);
+// *sumOfSquares += sum of x[i]^2 (accumulated in double: the global gradient norm).
+void accumulateSquares(const float *x, int64_t n, double *sumOfSquares, cudaStream_t s);
+// x[i] *= factor (gradient clipping).
+void scaleInPlace(float *x, int64_t n, float factor, cudaStream_t s);
 
 // Whether a CUDA device can run kernels here; `why` says why not.
 bool deviceAvailable(const char **why);

@@ -5,9 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
-#include <fstream>
 #include <random>
-#include <sstream>
 #include <string>
 #include <vector>
 
@@ -17,17 +15,10 @@
 #include "runtime/ThreadCollectives.h"
 #include "runtime/cuda/CudaKernels.h"
 #include "runtime/cuda/NcclGroup.h"
-#include "tests/runtime/MultiProcess.h"
+#include "tests/cuda/TestPlans.h"
 
 namespace loom {
 namespace {
-
-std::string readFile(const std::string &path) {
-  std::ifstream in(path, std::ios::binary);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
 
 // Deterministic arguments: token ids below 50 (every test vocabulary is larger), masks of
 // ones, everything else normal(0, 0.5).
@@ -76,21 +67,10 @@ TEST_P(CudaExecutorPrecision, MatchesTheCpuExecutorOnEveryProgramOfGptTiny) {
   const double tolerance = precision == cuda::Precision::kFp32 ? 1e-4 : precision == cuda::Precision::kBf16 ? 3e-2 : 5e-3;
   const char *why = "";
   if (!cuda::deviceAvailable(&why)) GTEST_SKIP() << "no CUDA device (" << why << "): skipping the executor check";
-  // LOOM_TEST_PLANS: plans compiled beforehand (the GPU pack carries them, not loomc and LLVM).
-  const char *prebuilt = std::getenv("LOOM_TEST_PLANS");
-  std::string dir = prebuilt ? prebuilt
-                             : std::string(std::getenv("TEST_TMPDIR") ? std::getenv("TEST_TMPDIR") : "/tmp") + "/cuda_plans";
-  if (!prebuilt) {
-    test::Result r = test::run(test::runfile("compiler/loomc") + " compile " +
-                               test::runfile("tests/runtime/Inputs/gpt-tiny-nodropout.pbtxt") + " --cluster " +
-                               test::runfile("tests/runtime/Inputs/t1p1d1.pbtxt") + " --out " + dir + " --quiet");
-    ASSERT_EQ(r.exitCode, 0) << r.output;
-  }
   plan::RankPlan rank;
-  ASSERT_TRUE(rank.ParseFromString(readFile(dir + "/rank_0.plan.pb")));
   plan::ProgramSet programs;
-  ASSERT_TRUE(programs.ParseFromString(readFile(dir + "/" + rank.programs_file())));
-  ASSERT_GT(programs.programs_size(), 0);
+  test::loadGptTinyPlan(&rank, &programs);
+  if (HasFatalFailure()) return;
 
   // Communicators for a world of one (the grad-sync program's all-reduces run through NCCL).
   std::unique_ptr<cuda::NcclGroups> groups;

@@ -1,0 +1,273 @@
+#include "runtime/cuda/CudaTrainer.h"
+
+#include <chrono>
+#include <cmath>
+
+#include "runtime/ParamInit.h"
+#include "runtime/PlanAttributes.h"
+#include "runtime/Trainer.h"
+#include "runtime/cuda/CudaKernels.h"
+#include "runtime/cuda/GradUnscale.h"
+
+namespace loom::cuda {
+namespace {
+
+Status cudaStatus(cudaError_t err, const std::string &what) {
+  if (err == cudaSuccess) return Status::ok();
+  return Status::error("CUDA " + what + ": " + cudaGetErrorString(err));
+}
+
+}  // namespace
+
+struct CudaTrainer::Array {
+  void *data = nullptr;
+  size_t bytes = 0;
+  Array() = default;
+  Array(const Array &) = delete;
+  Array &operator=(const Array &) = delete;
+  Array(Array &&o) noexcept : data(o.data), bytes(o.bytes) { o.data = nullptr, o.bytes = 0; }
+  ~Array() {
+    if (data) cudaFree(data);
+  }
+  Status allocate(size_t n, const std::string &what) {
+    bytes = n;
+    return cudaStatus(cudaMalloc(&data, n ? n : 4), "allocating " + std::to_string(n) + " bytes for " + what);
+  }
+  float *f() const { return static_cast<float *>(data); }
+};
+
+struct CudaTrainer::Param {
+  std::string name;
+  std::vector<int64_t> shape;
+  int64_t count;
+  bool decay, counted;  // AdamW weight decay; counted once in the global gradient norm
+  Array value, grad, m, v;
+};
+
+CudaTrainer::CudaTrainer(plan::RankPlan plan, plan::ProgramSet programs, Collectives *collectives, DataSource *data,
+                         const CudaTrainerOptions &options)
+    : plan_(std::move(plan)), programs_(std::move(programs)), collectives_(collectives), data_(data), opt_(options),
+      scaler_(options.lossScaling) {}
+
+CudaTrainer::~CudaTrainer() {
+  cudaDeviceSynchronize();
+  executor_.reset();
+  if (lossHost_) cudaFreeHost(lossHost_);
+  if (squares_) cudaFree(squares_);
+  if (nonFinite_) cudaFree(nonFinite_);
+}
+
+Status CudaTrainer::create(plan::RankPlan plan, plan::ProgramSet programs, Collectives *collectives,
+                           const NcclGroups *groups, DataSource *data, const CudaTrainerOptions &options,
+                           std::unique_ptr<CudaTrainer> *out) {
+  if (plan.p() > 1)
+    return Status::error("pipeline_parallel_size " + std::to_string(plan.p()) +
+                         ": the CUDA trainer runs plans without pipeline parallelism so far (p = 1)");
+  if (plan.zero1()) return Status::error("ZeRO-1 (use_distributed_optimizer) is not wired into the CUDA trainer yet");
+  if (!collectives || !data) return Status::error("the CUDA trainer needs collectives and a data source");
+  if (options.precision == Precision::kFp16) LOOM_RETURN_IF_ERROR(LossScaler::validate(options.lossScaling));
+  std::unique_ptr<CudaTrainer> t(new CudaTrainer(std::move(plan), std::move(programs), collectives, data, options));
+  for (const plan::Program &p : t->programs_.programs()) t->byName_[p.name()] = &p;
+  LOOM_RETURN_IF_ERROR(CudaExecutor::create({options.precision, groups}, &t->executor_));
+  cudaStream_t s = t->executor_->computeStream();
+  for (const plan::Parameter &p : t->plan_.parameters()) {
+    HostTensor init = initParameter(p, options.seed);  // the CPU trainer's weights, element for element
+    Param param{p.name(), init.shape, init.numel(), decays(p.name(), init.shape),
+                p.tied_to().empty() && (p.shard_dim() >= 0 || t->plan_.tp_rank() == 0)};
+    size_t bytes = size_t(param.count) * sizeof(float);
+    for (Array *a : {&param.value, &param.grad, &param.m, &param.v}) LOOM_RETURN_IF_ERROR(a->allocate(bytes, p.name()));
+    LOOM_RETURN_IF_ERROR(cudaStatus(cudaMemcpy(param.value.data, init.data.data(), bytes, cudaMemcpyHostToDevice),
+                                    "uploading " + p.name()));
+    for (Array *a : {&param.m, &param.v})
+      LOOM_RETURN_IF_ERROR(cudaStatus(cudaMemsetAsync(a->data, 0, bytes, s), "zeroing AdamW state"));
+    t->paramIndex_[p.name()] = t->params_.size();
+    t->params_.push_back(std::move(param));
+  }
+  LOOM_RETURN_IF_ERROR(cudaStatus(cudaMallocHost(&t->lossHost_, sizeof(float) * size_t(std::max(1, t->plan_.micro_batches()))),
+                                  "pinned loss buffer"));
+  LOOM_RETURN_IF_ERROR(cudaStatus(cudaMalloc(&t->squares_, sizeof(double)), "norm accumulator"));
+  LOOM_RETURN_IF_ERROR(cudaStatus(cudaMalloc(&t->nonFinite_, sizeof(int32_t)), "overflow flag"));
+  LOOM_RETURN_IF_ERROR(cudaStatus(cudaStreamSynchronize(s), "initialising the trainer"));
+  *out = std::move(t);
+  return Status::ok();
+}
+
+// The device array of (name, mb), allocated on first use (the first step): later steps reuse it.
+CudaTrainer::Array &CudaTrainer::slot(std::map<std::pair<std::string, int>, Array> &in, const std::string &name,
+                                      int mb, size_t bytes, bool zeroed) {
+  Array &a = in[{name, mb}];
+  if (a.data && a.bytes == bytes) return a;
+  if (a.data) cudaFree(a.data), a.data = nullptr;
+  Status s = a.allocate(bytes, name);
+  if (s.isOk() && zeroed) cudaMemsetAsync(a.data, 0, bytes, executor_->computeStream());
+  return a;
+}
+
+Status CudaTrainer::uploadBatch(int mb, int64_t dataStep) {
+  std::map<std::string, HostTensor> batch =
+      makeBatch(*data_, firstSampleOf(plan_, dataStep, mb), plan_.micro_batch_size(), plan_.seq_length());
+  for (auto &[name, t] : batch) {
+    const void *host = t.isInt ? static_cast<const void *>(t.ints.data()) : static_cast<const void *>(t.data.data());
+    size_t bytes = size_t(t.numel()) * 4;
+    Array &a = slot(inputs_, name, mb, bytes, false);
+    if (!a.data) return Status::error("CUDA: cannot allocate the input " + name);
+    // From pageable memory: returns once staged, so `batch` may go.
+    LOOM_RETURN_IF_ERROR(cudaStatus(cudaMemcpyAsync(a.data, host, bytes, cudaMemcpyHostToDevice,
+                                                    executor_->computeStream()),
+                                    "uploading " + name));
+  }
+  return Status::ok();
+}
+
+Status CudaTrainer::runProgram(const plan::Program &prog, int mb, int64_t dataStep) {
+  bool forward = prog.kind() == plan::Program::FORWARD, sync = prog.kind() == plan::Program::GRAD_SYNC;
+  if (forward) LOOM_RETURN_IF_ERROR(uploadBatch(mb, dataStep));
+  std::vector<const void *> args;
+  for (const plan::Binding &a : prog.arguments()) {
+    const void *address = nullptr;
+    if (a.role() == plan::Binding::PARAMETER) {
+      auto it = paramIndex_.find(a.name());
+      if (it != paramIndex_.end()) address = params_[it->second].value.data;
+    } else if (a.role() == plan::Binding::INPUT) {
+      auto it = inputs_.find({a.name(), mb});
+      if (it != inputs_.end()) address = it->second.data;
+    } else if (a.role() == plan::Binding::STASH) {
+      auto &from = sync ? backwardOut_ : stash_;
+      auto it = from.find({a.name(), sync ? -1 : mb});
+      if (it != from.end()) address = it->second.data;
+    }
+    if (!address)
+      return Status::error(prog.name() + ": nothing to bind to argument '" + a.name() + "' (micro-batch " +
+                           std::to_string(mb) + "): the plan and the schedule disagree");
+    args.push_back(address);
+  }
+  ExecutionContext ctx;
+  ctx.collectives = collectives_;
+  ctx.seed = dropoutSeed(opt_.seed, dataStep, plan_.dp_rank(), mb);
+  ctx.lossScale = opt_.precision == Precision::kFp16 ? float(scaler_.scale()) : 1.0f;
+  auto consume = [&](int i, const float *data, int64_t n, cudaStream_t s) -> Status {
+    const plan::Binding &r = prog.results(i);
+    size_t bytes = size_t(n) * sizeof(float);
+    auto add = [&](float *into) { addBroadcast(into, data, into, n, n, s); };
+    switch (r.role()) {
+      case plan::Binding::STASH:
+        if (forward) {
+          Array &a = slot(stash_, r.name(), mb, bytes, false);
+          if (!a.data) return Status::error("CUDA: cannot allocate the stash " + r.name());
+          return cudaStatus(cudaMemcpyAsync(a.data, data, bytes, cudaMemcpyDeviceToDevice, s), "stashing");
+        } else {
+          Array &a = slot(backwardOut_, r.name(), -1, bytes, true);
+          if (!a.data) return Status::error("CUDA: cannot allocate " + r.name());
+          add(a.f());
+        }
+        return Status::ok();
+      case plan::Binding::GRADIENT: {
+        auto it = paramIndex_.find(r.name());
+        if (it == paramIndex_.end()) return Status::error(prog.name() + ": a gradient of unknown parameter " + r.name());
+        Param &p = params_[it->second];
+        if (p.count != n) return Status::error(prog.name() + ": gradient " + r.name() + " has the wrong size");
+        gradientSeen_[r.name()] = true;
+        if (sync) return cudaStatus(cudaMemcpyAsync(p.grad.data, data, bytes, cudaMemcpyDeviceToDevice, s), "gradient");
+        add(p.grad.f());
+        return Status::ok();
+      }
+      case plan::Binding::LOSS:
+        if (mb < 0 || mb >= plan_.micro_batches()) return Status::error(prog.name() + ": a loss outside the micro-batches");
+        return cudaStatus(cudaMemcpyAsync(lossHost_ + mb, data, sizeof(float), cudaMemcpyDeviceToHost, s), "loss");
+      default:
+        return Status::ok();
+    }
+  };
+  return executor_->runOnDevice(prog, args, consume, ctx);
+}
+
+Status CudaTrainer::unscaleAndCheck(bool *foundNonFinite) {
+  cudaStream_t s = executor_->computeStream();
+  LOOM_RETURN_IF_ERROR(cudaStatus(cudaMemsetAsync(nonFinite_, 0, sizeof(int32_t), s), "flag"));
+  for (Param &p : params_) unscaleGradients(p.grad.f(), p.count, float(scaler_.unscaleFactor()), nonFinite_, s);
+  int32_t flag = 0;
+  LOOM_RETURN_IF_ERROR(cudaStatus(cudaMemcpyAsync(&flag, nonFinite_, sizeof(flag), cudaMemcpyDeviceToHost, s), "flag"));
+  LOOM_RETURN_IF_ERROR(cudaStatus(cudaStreamSynchronize(s), "overflow check"));
+  float any = float(flag);  // a skip must be unanimous: over tp, then dp
+  LOOM_RETURN_IF_ERROR(collectives_->allReduce("tp", &any, 1, ReduceOp::kMax));
+  LOOM_RETURN_IF_ERROR(collectives_->allReduce("dp", &any, 1, ReduceOp::kMax));
+  *foundNonFinite = any > 0;
+  return Status::ok();
+}
+
+// Each parameter counted once across tp replicas and tied copies, as Trainer::gradientNorm.
+Status CudaTrainer::gradientNorm(double *norm) {
+  cudaStream_t s = executor_->computeStream();
+  LOOM_RETURN_IF_ERROR(cudaStatus(cudaMemsetAsync(squares_, 0, sizeof(double), s), "norm"));
+  for (Param &p : params_)
+    if (p.counted) accumulateSquares(p.grad.f(), p.count, squares_, s);
+  double local = 0;
+  LOOM_RETURN_IF_ERROR(cudaStatus(cudaMemcpyAsync(&local, squares_, sizeof(local), cudaMemcpyDeviceToHost, s), "norm"));
+  LOOM_RETURN_IF_ERROR(cudaStatus(cudaStreamSynchronize(s), "norm"));
+  float sum = float(local);
+  LOOM_RETURN_IF_ERROR(collectives_->allReduce("tp", &sum, 1, ReduceOp::kSum));
+  *norm = std::sqrt(double(sum));
+  return Status::ok();
+}
+
+Status CudaTrainer::step(int64_t step, double lr, double clip, CudaStepResult *result) {
+  auto started = std::chrono::steady_clock::now();
+  cudaStream_t s = executor_->computeStream();
+  int64_t dataStep = step - 1;
+  *result = CudaStepResult{};
+  result->lossScale = opt_.precision == Precision::kFp16 ? scaler_.scale() : 1.0;
+  for (Param &p : params_)
+    LOOM_RETURN_IF_ERROR(cudaStatus(cudaMemsetAsync(p.grad.data, 0, p.grad.bytes, s), "zeroing gradients"));
+  for (auto &[key, a] : backwardOut_)
+    LOOM_RETURN_IF_ERROR(cudaStatus(cudaMemsetAsync(a.data, 0, a.bytes, s), "zeroing gradients"));
+  gradientSeen_.clear();
+  for (const plan::ScheduleEntry &e : plan_.schedule()) {
+    auto it = byName_.find(e.program());
+    if (it == byName_.end()) return Status::error("the schedule names program '" + e.program() + "', which the plan lacks");
+    LOOM_RETURN_IF_ERROR(runProgram(*it->second, e.micro_batch(), dataStep));
+  }
+  LOOM_RETURN_IF_ERROR(cudaStatus(cudaStreamSynchronize(s), "the step's forward and backward"));
+  for (const Param &p : params_)
+    if (!gradientSeen_.count(p.name)) return Status::error("no gradient was computed for parameter '" + p.name + "'");
+  double lossSum = 0;
+  for (int mb = 0; mb < plan_.micro_batches(); ++mb) lossSum += lossHost_[mb];
+  float loss = float(lossSum / plan_.micro_batches());
+  LOOM_RETURN_IF_ERROR(collectives_->allReduce("dp", &loss, 1, ReduceOp::kAvg));
+  result->loss = loss;
+
+  if (opt_.precision == Precision::kFp16) {
+    bool overflow = false;
+    LOOM_RETURN_IF_ERROR(unscaleAndCheck(&overflow));
+    if (scaler_.update(overflow)) {
+      result->skipped = true;
+      result->seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
+      return Status::ok();
+    }
+  }
+  LOOM_RETURN_IF_ERROR(gradientNorm(&result->gradNorm));
+  if (!std::isfinite(result->gradNorm))
+    return Status::error("the gradient norm is not finite at iteration " + std::to_string(step) + ": stopping");
+  if (clip > 0 && result->gradNorm > clip)
+    for (Param &p : params_) scaleInPlace(p.grad.f(), p.count, float(clip / (result->gradNorm + 1e-6)), s);
+  for (Param &p : params_)
+    adamwUpdate(p.value.f(), p.grad.f(), p.m.f(), p.v.f(), p.count, float(lr), float(opt_.adam.beta1),
+                float(opt_.adam.beta2), float(opt_.adam.eps), float(opt_.adam.weightDecay), step, p.decay, s);
+  executor_->parametersChanged();
+  LOOM_RETURN_IF_ERROR(cudaStatus(cudaStreamSynchronize(s), "the optimizer step"));
+  result->seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
+  return Status::ok();
+}
+
+Status CudaTrainer::parameters(std::map<std::string, HostTensor> *out) {
+  LOOM_RETURN_IF_ERROR(cudaStatus(cudaStreamSynchronize(executor_->computeStream()), "synchronize"));
+  for (const Param &p : params_) {
+    HostTensor t{p.shape};
+    t.data.resize(size_t(p.count));
+    LOOM_RETURN_IF_ERROR(cudaStatus(cudaMemcpy(t.data.data(), p.value.data, p.value.bytes, cudaMemcpyDeviceToHost),
+                                    "downloading " + p.name));
+    (*out)[p.name] = std::move(t);
+  }
+  return Status::ok();
+}
+
+}  // namespace loom::cuda

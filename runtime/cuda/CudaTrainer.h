@@ -1,0 +1,103 @@
+// A rank's training step on the GPU with everything resident on the device: fp32 master
+// parameters and AdamW moments, gradients accumulated over micro-batches in fp32, the stash
+// handed from each forward to its backward, the micro-batch inputs. Programs run on a
+// CudaExecutor (four streams; fp32, bf16 or fp16 GEMMs; NCCL collectives for tensor and data
+// parallelism, the grad-sync program's bucket all-reduces included). The step's arithmetic is
+// the CPU Trainer + TrainingLoop's (runtime/Trainer.h): the same parameter initialisation,
+// data order, dropout seeds, mean loss over micro-batches and dp replicas, global-norm
+// clipping (clip / (norm + 1e-6)) and AdamW with Megatron's decay rule.
+//
+// fp16: dynamic loss scaling (runtime/LossScaler.h): the loss gradient is multiplied by the
+// scale, gradients are unscaled on the device and checked for infs/NaNs; a step with any is
+// skipped (over tp and dp) and the scale halves. bf16 and fp32 train without it.
+//
+// Not yet: pipeline parallelism (send/recv, see CudaExecutor.h) and ZeRO-1; both are refused
+// at creation with a message. Checkpoints go through the CPU trainer's format after
+// parameters() (not wired into loom-rank yet).
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "protos/plan.pb.h"
+#include "runtime/AdamW.h"
+#include "runtime/Collectives.h"
+#include "runtime/DataSource.h"
+#include "runtime/LossScaler.h"
+#include "runtime/Status.h"
+#include "runtime/Tensor.h"
+#include "runtime/cuda/CudaExecutor.h"
+#include "runtime/cuda/HalfPrecision.h"
+
+namespace loom::cuda {
+
+class NcclGroups;
+
+struct CudaTrainerOptions {
+  uint64_t seed = 1234;  // parameters and dropout, as TrainerOptions::seed
+  AdamWConfig adam;
+  Precision precision = Precision::kBf16;
+  LossScalerConfig lossScaling;  // used with fp16 only
+};
+
+struct CudaStepResult {
+  double loss = 0;         // mean over micro-batches and dp replicas (the last stage's ranks)
+  double gradNorm = 0;     // before clipping (0 when skipped)
+  bool skipped = false;    // fp16: an inf/NaN gradient, no update
+  double lossScale = 1;    // the scale this step's backward used
+  double seconds = 0;      // wall time of the step, the device drained
+};
+
+class CudaTrainer {
+ public:
+  // `collectives` (host scalars: loss, norm, overflow flag; and the rank's place in its
+  // groups) and `groups` (NCCL) must outlive the trainer.
+  static Status create(plan::RankPlan plan, plan::ProgramSet programs, Collectives *collectives,
+                       const NcclGroups *groups, DataSource *data, const CudaTrainerOptions &options,
+                       std::unique_ptr<CudaTrainer> *out);
+  ~CudaTrainer();
+  CudaTrainer(const CudaTrainer &) = delete;
+  CudaTrainer &operator=(const CudaTrainer &) = delete;
+
+  // One optimizer step (1-based `step` for AdamW's bias correction; data and dropout use
+  // step - 1, as the CPU training loop's iteration numbering does).
+  Status step(int64_t step, double lr, double clip, CudaStepResult *result);
+  // The parameters, copied to the host.
+  Status parameters(std::map<std::string, HostTensor> *out);
+  const plan::RankPlan &plan() const { return plan_; }
+
+ private:
+  struct Array;  // a device allocation
+  struct Param;
+  CudaTrainer(plan::RankPlan plan, plan::ProgramSet programs, Collectives *collectives, DataSource *data,
+              const CudaTrainerOptions &options);
+  Status runProgram(const plan::Program &prog, int mb, int64_t dataStep);
+  Status uploadBatch(int mb, int64_t dataStep);
+  Status unscaleAndCheck(bool *foundNonFinite);
+  Status gradientNorm(double *norm);
+  Array &slot(std::map<std::pair<std::string, int>, Array> &in, const std::string &name, int mb, size_t bytes,
+              bool zeroed);
+
+  plan::RankPlan plan_;
+  plan::ProgramSet programs_;
+  std::map<std::string, const plan::Program *> byName_;
+  Collectives *collectives_;
+  DataSource *data_;
+  CudaTrainerOptions opt_;
+  std::unique_ptr<CudaExecutor> executor_;
+  LossScaler scaler_;
+  std::vector<Param> params_;
+  std::map<std::string, size_t> paramIndex_;
+  // Keyed by (name, micro-batch); backward outputs handed to grad sync use micro-batch -1.
+  std::map<std::pair<std::string, int>, Array> stash_, inputs_, backwardOut_;
+  std::map<std::string, bool> gradientSeen_;
+  float *lossHost_ = nullptr;     // pinned: one loss per micro-batch
+  double *squares_ = nullptr;     // device accumulator of the gradient norm
+  int32_t *nonFinite_ = nullptr;  // device flag of fp16 overflow
+};
+
+}  // namespace loom::cuda
