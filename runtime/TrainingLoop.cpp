@@ -39,13 +39,6 @@ double peakMemoryMiB() {
   return u.ru_maxrss / 1024.0;
 }
 
-// Model FLOPs of one training step without recomputation (PTD-P paper, section 5.1, with
-// 72 = 3 x 24 in place of 96): 72 B s l h^2 (1 + s / 6h + V / 12 l h).
-double modelFlopsPerStep(const plan::RankPlan &p) {
-  double B = p.global_batch_size(), s = p.seq_length(), l = p.num_layers(), h = p.hidden_size(),
-         V = p.padded_vocab_size();
-  return 72 * B * s * l * h * h * (1 + s / (6 * h) + V / (12 * l * h));
-}
 
 // (t,p,d,v) and whether the optimizer state is sharded: a checkpoint resumes only into the
 // same layout (resharding is future work).
@@ -63,6 +56,13 @@ std::string shardInfo(const plan::Parameter &p) {
 }
 
 }  // namespace
+
+// PTD-P paper, section 5.1, with 72 = 3 x 24 in place of 96 (no recomputation).
+double modelFlopsPerStep(const plan::RankPlan &p) {
+  double B = p.global_batch_size(), s = p.seq_length(), l = p.num_layers(), h = p.hidden_size(),
+         V = p.padded_vocab_size();
+  return 72 * B * s * l * h * h * (1 + s / (6 * h) + V / (12 * l * h));
+}
 
 Status TrainingLoop::saveCheckpoint(int64_t iteration) {
   const plan::RankPlan &p = trainer_.plan();

@@ -12,6 +12,10 @@
 
 namespace loom {
 
+// Model FLOPs of one training step of the whole job without recomputation:
+// 72 B s l h^2 (1 + s / 6h + V / 12 l h), the count MFU is quoted against.
+double modelFlopsPerStep(const plan::RankPlan &p);
+
 struct LrSchedule {
   double maxLr = 3e-4, minLr = 3e-5;
   int64_t warmupIters = 0, decayIters = 0;  // decayIters 0: the whole run

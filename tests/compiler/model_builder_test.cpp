@@ -81,6 +81,8 @@ INSTANTIATE_TEST_SUITE_P(
     All, ExampleModels,
     ::testing::Values(Case{"gpt-tiny", 0}, Case{"gpt2-small", 124439808},
                       Case{"gpt2-medium", 354823168}, Case{"megatron-2.5b", 0},
+                      // 12 l h^2 + 13 l h + (V + s) h + 2 h with l 24, h 2048, V 50304, s 2048
+                      Case{"gpt-1.3b", 1315819520},
                       Case{"megatron-8.3b", 0}, Case{"gpt3-175b", 0}, Case{"gpt-1t", 0},
                       Case{"bert-tiny", 0}, Case{"bert-large", 0}),
     [](const auto &info) {

@@ -5,9 +5,9 @@
 # they stay behind. usage: tools/gpu/pack.sh
 set -euo pipefail
 cd "$(dirname "$0")/../.."
-bazel-4 build //tests/cuda:cuda_kernels_test //tests/cuda:lt_linear_test //tests/cuda:loss_scaling_test //tests/cuda:nccl_group_test //tests/cuda:attention_test //tests/cuda:cuda_executor_test //compiler:loomc //tests/toolchain:cuda_deps_test
+bazel-4 build //tests/cuda:cuda_kernels_test //tests/cuda:lt_linear_test //tests/cuda:loss_scaling_test //tests/cuda:nccl_group_test //tests/cuda:attention_test //tests/cuda:cuda_executor_test //tests/cuda:cuda_trainer_test //tools/gpu:loom-gpt-bench //compiler:loomc //tests/toolchain:cuda_deps_test
 rm -rf gpu-pack && mkdir -p gpu-pack/bin gpu-pack/lib
-for t in tests/cuda/cuda_kernels_test tests/cuda/lt_linear_test tests/cuda/loss_scaling_test tests/cuda/nccl_group_test tests/cuda/attention_test tests/cuda/cuda_executor_test tests/toolchain/cuda_deps_test; do
+for t in tests/cuda/cuda_kernels_test tests/cuda/lt_linear_test tests/cuda/loss_scaling_test tests/cuda/nccl_group_test tests/cuda/attention_test tests/cuda/cuda_executor_test tests/cuda/cuda_trainer_test tools/gpu/loom-gpt-bench tests/toolchain/cuda_deps_test; do
   cp -L "bazel-bin/$t" gpu-pack/bin/
   ldd "bazel-bin/$t" | awk '/=> \// {print $3}' | while read -r lib; do
     case "$(basename "$lib")" in
@@ -17,9 +17,12 @@ for t in tests/cuda/cuda_kernels_test tests/cuda/lt_linear_test tests/cuda/loss_
     esac
   done
 done
-# cuda_executor_test's plans, compiled here (loomc and LLVM stay behind).
+# The plans, compiled here (loomc and LLVM stay behind): gpt-tiny for the executor and trainer
+# tests, the 1.3B GPT on one H200 for the benchmark.
 bazel-bin/compiler/loomc compile tests/runtime/Inputs/gpt-tiny-nodropout.pbtxt \
   --cluster tests/runtime/Inputs/t1p1d1.pbtxt --out gpu-pack/plans --quiet
+bazel-bin/compiler/loomc compile examples/models/gpt-1.3b.pbtxt \
+  --cluster examples/clusters/h200-1.pbtxt --out gpu-pack/plans-1.3b --quiet
 # The libraries go compressed (OpenBLAS alone is 35 MB) to stay under the 64 MiB carry limit;
 # check.sh unpacks them on the GPU machine.
 tar -C gpu-pack -czf gpu-pack/lib.tar.gz lib && rm -rf gpu-pack/lib

@@ -7,7 +7,7 @@ FLOPs per step are PTD-P's count (bench/bench.py's flops_per_step), the same cou
 numbers use, so the two MFUs and their ratio compare like with like.
 
 usage: python3 tools/gpu/torch_gpt_bench.py [--layers 24 --hidden 2048 --heads 16 --seq 2048
-       --vocab 50304 --batch 4 --steps 6]   (--device cpu with a small shape checks the script)
+       --vocab 50304 --batch 4 --steps 6 --result FILE]   (--device cpu with a small shape checks the script)
 """
 import argparse
 import math
@@ -93,6 +93,7 @@ def main():
                           ("batch", 4), ("steps", 6), ("gemm-size", 8192)):
         ap.add_argument("--" + name, type=int, default=default)
     ap.add_argument("--device", default="cuda")
+    ap.add_argument("--result", help='write "tokens_per_s <n>" here (check.sh computes the Loom/PyTorch ratio)')
     args = ap.parse_args()
     device = torch.device(args.device)
     if device.type == "cuda" and not torch.cuda.is_available():
@@ -129,6 +130,9 @@ def main():
     print(f"PyTorch GPT {params / 1e9:.2f}B params, seq {args.seq}, micro-batch {args.batch}: "
           f"{tokens_per_s:.0f} tokens/s, {flops / 1e12:.1f} TFLOP/s, MFU {100 * flops / peak:.1f}% of measured bf16 GEMM; "
           f"loss {losses[0]:.3f} -> {losses[-1]:.3f}")
+    if args.result:
+        with open(args.result, "w") as f:
+            f.write(f"tokens_per_s {tokens_per_s}\n")
 
 
 if __name__ == "__main__":
