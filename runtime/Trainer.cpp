@@ -201,9 +201,10 @@ Status Trainer::gradientNorm(double *norm) {
   return Status::ok();
 }
 
-void Trainer::scaleGradients(double factor) {
+Status Trainer::scaleGradients(double factor) {
   for (auto &[name, g] : grads_)
     for (float &v : g.data) v = float(v * factor);
+  return Status::ok();
 }
 
 Status Trainer::saveShard(const std::string &path, const std::map<std::string, std::string> &metadata) {
@@ -352,9 +353,10 @@ Status Trainer::distributedOptimizerStep(int64_t step, double lr, double clip, d
   return Status::ok();
 }
 
-void Trainer::applyOptimizer(int64_t step, double lr) {
+Status Trainer::applyOptimizer(int64_t step, double lr) {
   for (auto &[name, param] : params_)
     adamwUpdate(param, grads_.at(name), adam_[name], opt_.adam, lr, step, decays(name, param.shape));
+  return Status::ok();
 }
 
 }  // namespace loom

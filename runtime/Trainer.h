@@ -11,6 +11,7 @@
 #include "runtime/AdamW.h"
 #include "runtime/Collectives.h"
 #include "runtime/DataSource.h"
+#include "runtime/RankTrainer.h"
 #include "runtime/Status.h"
 #include "runtime/Tensor.h"
 
@@ -28,49 +29,49 @@ uint64_t dropoutSeed(uint64_t seed, int64_t step, int dp, int mb);
 // The global index of the first sample of micro-batch mb of `step` on this data-parallel rank.
 int64_t firstSampleOf(const plan::RankPlan &plan, int64_t step, int mb);
 
-struct StepResult {
-  bool hasLoss = false;  // ranks of the last pipeline stage
-  double loss = 0;       // mean over micro-batches and data-parallel replicas
-  double seconds = 0;
-};
-
-class Trainer {
+class Trainer : public RankTrainer {
  public:
   Trainer(plan::RankPlan plan, plan::ProgramSet programs, Collectives *collectives, DataSource *data,
           TrainerOptions options);
 
   // Forward and backward over the step's micro-batches and the gradient sync; gradients()
   // then hold this step's final gradients.
-  Status computeGradients(int64_t step, StepResult *result);
+  Status computeGradients(int64_t step, StepResult *result) override;
   // The global L2 norm of the gradients, each parameter counted once across tensor-parallel
   // replicas, pipeline-tied copies and data-parallel replicas (all-reduced over tp and pp).
-  Status gradientNorm(double *norm);
+  Status gradientNorm(double *norm) override;
   // Scales every gradient by `factor` (global norm clipping).
-  void scaleGradients(double factor);
+  Status scaleGradients(double factor) override;
   // AdamW with learning rate lr (step is 1-based).
-  void applyOptimizer(int64_t step, double lr);
+  Status applyOptimizer(int64_t step, double lr) override;
 
   // ZeRO-1 (the plan's zero1): the gradients, flattened in parameter order and padded to a
   // multiple of d, are reduce-scattered (averaged) over dp; this rank clips and updates its
   // 1/d of the flat parameters with its 1/d of the AdamW state; the parameters are then
   // all-gathered over dp. `norm` is the global gradient norm before clipping.
-  Status distributedOptimizerStep(int64_t step, double lr, double clip, double *norm);
+  Status distributedOptimizerStep(int64_t step, double lr, double clip, double *norm) override;
   // The dp-averaged gradients (ZeRO-1 leaves them unsynchronised), for --dump-grads.
-  Status synchronizeGradientsOverDataParallel();
+  Status synchronizeGradientsOverDataParallel() override;
   // Forward passes only over one global batch of `data` (index `batch`): the validation loss.
-  Status evaluate(DataSource *data, int64_t batch, double *loss);
+  Status evaluate(DataSource *data, int64_t batch, double *loss) override;
 
   // Checkpoint shard of this rank: parameters and AdamW moments.
-  Status saveShard(const std::string &path, const std::map<std::string, std::string> &metadata);
-  Status loadShard(const std::string &path, std::map<std::string, std::string> *metadata);
+  Status saveShard(const std::string &path, const std::map<std::string, std::string> &metadata) override;
+  Status loadShard(const std::string &path, std::map<std::string, std::string> *metadata) override;
   // Replaces parameters by the tensors of a whole-model file (global shapes, keyed by Loom
   // parameter name), each rank taking its shard.
-  Status loadGlobalParameters(const std::map<std::string, HostTensor> &global);
+  Status loadGlobalParameters(const std::map<std::string, HostTensor> &global) override;
 
-  const plan::RankPlan &plan() const { return plan_; }
+  Status hostGradients(std::map<std::string, HostTensor> *out) override {
+    *out = grads_;
+    return Status::ok();
+  }
+
+  const plan::RankPlan &plan() const override { return plan_; }
   std::map<std::string, HostTensor> &parameters() { return params_; }
   const std::map<std::string, HostTensor> &gradients() const { return grads_; }
-  bool isLossRank() const { return plan_.pp_rank() == plan_.p() - 1; }
+  // AdamW moments by parameter name (empty before the first update or after new weights).
+  std::map<std::string, AdamWState> &adamState() { return adam_; }
 
  private:
   Status runProgram(const plan::Program &prog, int microBatch, int64_t step, double *loss);

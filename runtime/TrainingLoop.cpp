@@ -20,7 +20,7 @@ double LrSchedule::at(int64_t it) const {
   return minLr + (maxLr - minLr) * 0.5 * (1.0 + std::cos(M_PI * progress));
 }
 
-TrainingLoop::TrainingLoop(Trainer &trainer, control::CoordinatorClient &client, DataSource *validation,
+TrainingLoop::TrainingLoop(RankTrainer &trainer, control::CoordinatorClient &client, DataSource *validation,
                            TrainingOptions options, std::atomic<int64_t> *stepCounter)
     : trainer_(trainer), client_(client), validation_(validation), opt_(std::move(options)), step_(stepCounter) {
   if (opt_.lr.decayIters == 0) opt_.lr.decayIters = opt_.trainIters;
@@ -206,8 +206,10 @@ Status TrainingLoop::run() {
     if (it == 1 && !opt_.dumpGrads.empty()) {
       if (p.zero1()) LOOM_RETURN_IF_ERROR(trainer_.synchronizeGradientsOverDataParallel());
       SafetensorsFile f;
+      std::map<std::string, HostTensor> grads;
+      LOOM_RETURN_IF_ERROR(trainer_.hostGradients(&grads));
       for (const plan::Parameter &param : p.parameters()) {
-        f.tensors[param.name()] = trainer_.gradients().at(param.name());
+        f.tensors[param.name()] = grads.at(param.name());
         f.metadata[param.name()] = shardInfo(param);
       }
       char loss[32];
@@ -221,7 +223,12 @@ Status TrainingLoop::run() {
       return Status::error("the loss is " + std::to_string(r.loss) + " at iteration " + std::to_string(it) +
                            ": stopping before the update (no checkpoint of this state is written)");
     double norm = 0, lr = opt_.lr.at(it);
-    if (p.zero1()) {
+    if (r.skipped) {
+      // fp16 dynamic loss scaling: an inf/NaN gradient on some rank; every rank skips the update.
+      if (logs())
+        std::printf(" iteration %8lld/%8lld | skipped: inf/NaN gradients at loss scale %.0f (halved)\n",
+                    (long long)it, (long long)opt_.trainIters, r.lossScale);
+    } else if (p.zero1()) {
       // (After a --dump-grads averaging, the gradients are equal on every replica, and averaging
       // them again in the reduce-scatter changes nothing.)
       LOOM_RETURN_IF_ERROR(trainer_.distributedOptimizerStep(it, lr, opt_.clipGrad, &norm));
@@ -232,10 +239,11 @@ Status TrainingLoop::run() {
       if (!std::isfinite(norm))
         return Status::error("the gradient norm is not finite at iteration " + std::to_string(it) +
                              ": stopping before the update (no checkpoint of this state is written)");
-      if (opt_.clipGrad > 0 && norm > opt_.clipGrad) trainer_.scaleGradients(opt_.clipGrad / (norm + 1e-6));
-      trainer_.applyOptimizer(it, lr);
+      if (opt_.clipGrad > 0 && norm > opt_.clipGrad)
+        LOOM_RETURN_IF_ERROR(trainer_.scaleGradients(opt_.clipGrad / (norm + 1e-6)));
+      LOOM_RETURN_IF_ERROR(trainer_.applyOptimizer(it, lr));
     }
-    if (logs() && (it % opt_.logInterval == 0 || it == opt_.trainIters)) {
+    if (!r.skipped && logs() && (it % opt_.logInterval == 0 || it == opt_.trainIters)) {
       double mfu = p.device_peak_flops() > 0
                        ? modelFlopsPerStep(p) / (r.seconds * p.world_size() * p.device_peak_flops())
                        : 0;

@@ -28,6 +28,9 @@
 #include "runtime/Safetensors.h"
 #include "runtime/HfGpt2.h"
 #include "runtime/Trainer.h"
+#include "runtime/cuda/CudaKernels.h"
+#include "runtime/cuda/CudaRankTrainer.h"
+#include "runtime/cuda/NcclGroup.h"
 #include "runtime/TrainingLoop.h"
 #include "runtime/data/GptDataset.h"
 #include "runtime/control/CoordinatorClient.h"
@@ -68,6 +71,20 @@ void heartbeatLoop(RankJob *job, double deadSeconds) {
   }
 }
 
+// --gpu N, or the rank's turn among this machine's GPUs (rank % count, as one process per GPU).
+loom::Status selectGpu(loom::Flags &flags, int rank) {
+  const char *why = "";
+  if (!loom::cuda::deviceAvailable(&why)) return loom::Status::error(std::string("--device cuda: ") + why);
+  int count = 0;
+  cudaGetDeviceCount(&count);
+  int64_t gpu = flags.integer("gpu", rank % count);
+  if (!flags.ok() || gpu < 0 || gpu >= count)
+    return loom::Status::error("--gpu " + std::to_string(gpu) + ": this machine has " + std::to_string(count) + " GPUs");
+  cudaError_t err = cudaSetDevice(int(gpu));
+  if (err != cudaSuccess) return loom::Status::error("cudaSetDevice(" + std::to_string(gpu) + "): " + cudaGetErrorString(err));
+  return loom::Status::ok();
+}
+
 loom::Status fetchPlan(loom::control::CoordinatorClient &client, int rank, int worldSize, loom::plan::RankPlan *plan,
                        loom::plan::ProgramSet *programs) {
   std::string name = "rank_" + std::to_string(rank) + ".plan.pb", bytes;
@@ -96,7 +113,7 @@ int main(int argc, char **argv) {
                      "weight-decay", "adam-beta1", "adam-beta2", "adam-eps", "log-interval", "seed", "address",
                      "threads", "dump-grads", "token", "connect-timeout", "comm-timeout", "data-prefix",
                      "valid-fraction", "eval-interval", "eval-iters", "save", "save-interval", "init-from",
-                     "export", "loss-log", "dump-batches"},
+                     "export", "loss-log", "dump-batches", "device", "precision", "gpu"},
                     {"resume"});
   if (!flags.ok()) return 2;
   if (!flags.has("coordinator") || !flags.has("rank")) return flags.fail("--coordinator HOST:PORT and --rank R are required");
@@ -136,6 +153,16 @@ int main(int argc, char **argv) {
   if (!flags.ok()) return 2;
   if (lopt.trainIters < 0) return flags.fail("--steps must be >= 0");
   if (lopt.resume && lopt.save.empty()) return flags.fail("--resume needs --save DIR (where the checkpoints are)");
+  // --device cuda: the step on this rank's GPU (runtime/cuda/CudaRankTrainer.h).
+  std::string device = flags.get("device", "cpu");
+  if (device != "cpu" && device != "cuda") return flags.fail("--device " + device + ": expected cpu or cuda");
+  loom::cuda::CudaTrainerOptions copt;
+  copt.seed = seed, copt.adam = topt.adam;
+  std::string precision = flags.get("precision", device == "cuda" ? "bf16" : "fp32");
+  if (!loom::cuda::parsePrecision(precision, &copt.precision))
+    return flags.fail("--precision " + precision + ": expected fp32, bf16 or fp16");
+  if (device == "cpu" && copt.precision != loom::cuda::Precision::kFp32)
+    return flags.fail("--precision " + precision + ": the CPU backend computes in fp32 (use --device cuda)");
   loom::Status s = client.connect(rank, connectTimeout, &reg);
   if (!s.isOk()) {
     std::fprintf(stderr, "%s: error: %s\n", tool.c_str(), s.message().c_str());
@@ -205,16 +232,31 @@ int main(int argc, char **argv) {
     valid = std::make_unique<loom::SyntheticData>(plan.seq_length(), plan.vocab_size(), seed + 2);
   }
   if (!topt.dumpBatches.empty()) std::filesystem::create_directories(topt.dumpBatches);
-  loom::Trainer trainer(plan, programs, collectives.get(), train.get(), topt);
+  std::unique_ptr<loom::RankTrainer> trainer;
+  std::unique_ptr<loom::cuda::NcclGroups> nccl;
+  if (device == "cuda") {
+    if (s = selectGpu(flags, rank); !s.isOk()) return fail(s.message());
+    loom::ParallelLayout layout{plan.t(), plan.p(), plan.d()};
+    if (s = loom::cuda::NcclGroups::create(&client, layout, rank, int64_t(commTimeout * 1000), &nccl); !s.isOk())
+      return fail(s.message());
+    std::unique_ptr<loom::cuda::CudaRankTrainer> gpu;
+    if (s = loom::cuda::CudaRankTrainer::create(plan, programs, collectives.get(), nccl.get(), train.get(), topt, copt,
+                                                &gpu);
+        !s.isOk())
+      return fail(s.message());
+    trainer = std::move(gpu);
+  } else {
+    trainer = std::make_unique<loom::Trainer>(plan, programs, collectives.get(), train.get(), topt);
+  }
   if (flags.has("init-from")) {
     loom::SafetensorsFile hf;
     std::map<std::string, loom::HostTensor> global;
     if (s = loom::readSafetensors(flags.get("init-from"), &hf); !s.isOk()) return fail(s.message());
     if (s = loom::fromHuggingFaceGpt2(hf.tensors, plan.padded_vocab_size(), plan.num_attention_heads(), &global);
-        !s.isOk() || !(s = trainer.loadGlobalParameters(global)).isOk())
+        !s.isOk() || !(s = trainer->loadGlobalParameters(global)).isOk())
       return fail(flags.get("init-from") + ": " + s.message());
   }
-  loom::TrainingLoop loop(trainer, client, valid.get(), lopt, &job.step);
+  loom::TrainingLoop loop(*trainer, client, valid.get(), lopt, &job.step);
   if (s = loop.run(); !s.isOk()) {
     bool communication = s.message().find("group") != std::string::npos || s.message().find("recv") != std::string::npos;
     return communication ? failAfterVerdict(s.message()) : fail(s.message());

@@ -59,7 +59,7 @@ CudaTrainer::~CudaTrainer() {
 
 Status CudaTrainer::create(plan::RankPlan plan, plan::ProgramSet programs, Collectives *collectives,
                            const NcclGroups *groups, DataSource *data, const CudaTrainerOptions &options,
-                           std::unique_ptr<CudaTrainer> *out) {
+                           std::unique_ptr<CudaTrainer> *out, const std::map<std::string, HostTensor> *initial) {
   if (plan.p() > 1)
     return Status::error("pipeline_parallel_size " + std::to_string(plan.p()) +
                          ": the CUDA trainer runs plans without pipeline parallelism so far (p = 1)");
@@ -71,7 +71,10 @@ Status CudaTrainer::create(plan::RankPlan plan, plan::ProgramSet programs, Colle
   LOOM_RETURN_IF_ERROR(CudaExecutor::create({options.precision, groups}, &t->executor_));
   cudaStream_t s = t->executor_->computeStream();
   for (const plan::Parameter &p : t->plan_.parameters()) {
-    HostTensor init = initParameter(p, options.seed);  // the CPU trainer's weights, element for element
+    // The CPU trainer's weights, element for element.
+    HostTensor init = initial && initial->count(p.name()) ? initial->at(p.name()) : initParameter(p, options.seed);
+    if (init.numel() != int64_t(init.data.size()))
+      return Status::error("the initial value of parameter " + p.name() + " has the wrong size");
     Param param{p.name(), init.shape, init.numel(), decays(p.name(), init.shape),
                 p.tied_to().empty() && (p.shard_dim() >= 0 || t->plan_.tp_rank() == 0)};
     size_t bytes = size_t(param.count) * sizeof(float);
@@ -145,6 +148,7 @@ Status CudaTrainer::runProgram(const plan::Program &prog, int mb, int64_t dataSt
   ctx.collectives = collectives_;
   ctx.seed = dropoutSeed(opt_.seed, dataStep, plan_.dp_rank(), mb);
   ctx.lossScale = opt_.precision == Precision::kFp16 ? float(scaler_.scale()) : 1.0f;
+  ctx.training = !evaluating_;
   auto consume = [&](int i, const float *data, int64_t n, cudaStream_t s) -> Status {
     const plan::Binding &r = prog.results(i);
     size_t bytes = size_t(n) * sizeof(float);
@@ -210,63 +214,139 @@ Status CudaTrainer::gradientNorm(double *norm) {
   return Status::ok();
 }
 
-Status CudaTrainer::step(int64_t step, double lr, double clip, CudaStepResult *result) {
+Status CudaTrainer::runSchedule(int64_t dataStep, bool forwardOnly, double *meanLoss) {
+  cudaStream_t s = executor_->computeStream();
+  for (const plan::ScheduleEntry &e : plan_.schedule()) {
+    auto it = byName_.find(e.program());
+    if (it == byName_.end()) return Status::error("the schedule names program '" + e.program() + "', which the plan lacks");
+    if (forwardOnly && it->second->kind() != plan::Program::FORWARD) continue;
+    LOOM_RETURN_IF_ERROR(runProgram(*it->second, e.micro_batch(), dataStep));
+  }
+  LOOM_RETURN_IF_ERROR(cudaStatus(cudaStreamSynchronize(s), "the step's programs"));
+  double lossSum = 0;
+  for (int mb = 0; mb < plan_.micro_batches(); ++mb) lossSum += lossHost_[mb];
+  float loss = float(lossSum / plan_.micro_batches());
+  LOOM_RETURN_IF_ERROR(collectives_->allReduce("dp", &loss, 1, ReduceOp::kAvg));
+  *meanLoss = loss;
+  return Status::ok();
+}
+
+Status CudaTrainer::computeGradients(int64_t dataStep, StepResult *result) {
   auto started = std::chrono::steady_clock::now();
   cudaStream_t s = executor_->computeStream();
-  int64_t dataStep = step - 1;
-  *result = CudaStepResult{};
-  result->lossScale = opt_.precision == Precision::kFp16 ? scaler_.scale() : 1.0;
+  *result = StepResult{};
+  result->hasLoss = true;  // p = 1: every rank holds the last stage
+  result->lossScale = opt_.precision == Precision::kFp16 ? scaler_.scale() : 0.0;
   for (Param &p : params_)
     LOOM_RETURN_IF_ERROR(cudaStatus(cudaMemsetAsync(p.grad.data, 0, p.grad.bytes, s), "zeroing gradients"));
   for (auto &[key, a] : backwardOut_)
     LOOM_RETURN_IF_ERROR(cudaStatus(cudaMemsetAsync(a.data, 0, a.bytes, s), "zeroing gradients"));
   gradientSeen_.clear();
-  for (const plan::ScheduleEntry &e : plan_.schedule()) {
-    auto it = byName_.find(e.program());
-    if (it == byName_.end()) return Status::error("the schedule names program '" + e.program() + "', which the plan lacks");
-    LOOM_RETURN_IF_ERROR(runProgram(*it->second, e.micro_batch(), dataStep));
-  }
-  LOOM_RETURN_IF_ERROR(cudaStatus(cudaStreamSynchronize(s), "the step's forward and backward"));
+  LOOM_RETURN_IF_ERROR(runSchedule(dataStep, /*forwardOnly=*/false, &result->loss));
   for (const Param &p : params_)
     if (!gradientSeen_.count(p.name)) return Status::error("no gradient was computed for parameter '" + p.name + "'");
-  double lossSum = 0;
-  for (int mb = 0; mb < plan_.micro_batches(); ++mb) lossSum += lossHost_[mb];
-  float loss = float(lossSum / plan_.micro_batches());
-  LOOM_RETURN_IF_ERROR(collectives_->allReduce("dp", &loss, 1, ReduceOp::kAvg));
-  result->loss = loss;
-
   if (opt_.precision == Precision::kFp16) {
     bool overflow = false;
     LOOM_RETURN_IF_ERROR(unscaleAndCheck(&overflow));
-    if (scaler_.update(overflow)) {
-      result->skipped = true;
-      result->seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
-      return Status::ok();
-    }
+    result->skipped = scaler_.update(overflow);
   }
-  LOOM_RETURN_IF_ERROR(gradientNorm(&result->gradNorm));
-  if (!std::isfinite(result->gradNorm))
-    return Status::error("the gradient norm is not finite at iteration " + std::to_string(step) + ": stopping");
-  if (clip > 0 && result->gradNorm > clip)
-    for (Param &p : params_) scaleInPlace(p.grad.f(), p.count, float(clip / (result->gradNorm + 1e-6)), s);
-  for (Param &p : params_)
-    adamwUpdate(p.value.f(), p.grad.f(), p.m.f(), p.v.f(), p.count, float(lr), float(opt_.adam.beta1),
-                float(opt_.adam.beta2), float(opt_.adam.eps), float(opt_.adam.weightDecay), step, p.decay, s);
-  executor_->parametersChanged();
-  LOOM_RETURN_IF_ERROR(cudaStatus(cudaStreamSynchronize(s), "the optimizer step"));
   result->seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
   return Status::ok();
 }
 
-Status CudaTrainer::parameters(std::map<std::string, HostTensor> *out) {
+Status CudaTrainer::evaluate(DataSource *data, int64_t batch, double *loss) {
+  DataSource *train = data_;
+  data_ = data, evaluating_ = true;
+  Status s = runSchedule(batch, /*forwardOnly=*/true, loss);
+  data_ = train, evaluating_ = false;
+  return s;
+}
+
+Status CudaTrainer::scaleGradients(double factor) {
+  for (Param &p : params_) scaleInPlace(p.grad.f(), p.count, float(factor), executor_->computeStream());
+  return cudaStatus(cudaGetLastError(), "scaling gradients");
+}
+
+Status CudaTrainer::applyOptimizer(int64_t step, double lr) {
+  cudaStream_t s = executor_->computeStream();
+  for (Param &p : params_)
+    adamwUpdate(p.value.f(), p.grad.f(), p.m.f(), p.v.f(), p.count, float(lr), float(opt_.adam.beta1),
+                float(opt_.adam.beta2), float(opt_.adam.eps), float(opt_.adam.weightDecay), step, p.decay, s);
+  executor_->parametersChanged();
+  return cudaStatus(cudaStreamSynchronize(s), "the optimizer step");
+}
+
+Status CudaTrainer::step(int64_t step, double lr, double clip, StepResult *result, double *gradNorm) {
+  auto started = std::chrono::steady_clock::now();
+  *gradNorm = 0;
+  LOOM_RETURN_IF_ERROR(computeGradients(step - 1, result));
+  if (!result->skipped) {
+    LOOM_RETURN_IF_ERROR(gradientNorm(gradNorm));
+    if (!std::isfinite(*gradNorm))
+      return Status::error("the gradient norm is not finite at iteration " + std::to_string(step) + ": stopping");
+    if (clip > 0 && *gradNorm > clip) LOOM_RETURN_IF_ERROR(scaleGradients(clip / (*gradNorm + 1e-6)));
+    LOOM_RETURN_IF_ERROR(applyOptimizer(step, lr));
+  }
+  result->seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
+  return Status::ok();
+}
+
+Status CudaTrainer::download(const float *device, size_t count, std::vector<float> *host) {
+  host->resize(count);
+  return cudaStatus(cudaMemcpy(host->data(), device, count * sizeof(float), cudaMemcpyDeviceToHost), "download");
+}
+
+Status CudaTrainer::downloadParameters(std::map<std::string, HostTensor> *out) {
   LOOM_RETURN_IF_ERROR(cudaStatus(cudaStreamSynchronize(executor_->computeStream()), "synchronize"));
   for (const Param &p : params_) {
-    HostTensor t{p.shape};
-    t.data.resize(size_t(p.count));
-    LOOM_RETURN_IF_ERROR(cudaStatus(cudaMemcpy(t.data.data(), p.value.data, p.value.bytes, cudaMemcpyDeviceToHost),
-                                    "downloading " + p.name));
-    (*out)[p.name] = std::move(t);
+    HostTensor &t = (*out)[p.name];
+    t.shape = p.shape, t.isInt = false;
+    LOOM_RETURN_IF_ERROR(download(p.value.f(), size_t(p.count), &t.data));
   }
+  return Status::ok();
+}
+
+Status CudaTrainer::downloadGradients(std::map<std::string, HostTensor> *out) {
+  LOOM_RETURN_IF_ERROR(cudaStatus(cudaStreamSynchronize(executor_->computeStream()), "synchronize"));
+  for (const Param &p : params_) {
+    HostTensor &t = (*out)[p.name];
+    t.shape = p.shape, t.isInt = false;
+    LOOM_RETURN_IF_ERROR(download(p.grad.f(), size_t(p.count), &t.data));
+  }
+  return Status::ok();
+}
+
+Status CudaTrainer::downloadAdam(std::map<std::string, AdamWState> *out) {
+  LOOM_RETURN_IF_ERROR(cudaStatus(cudaStreamSynchronize(executor_->computeStream()), "synchronize"));
+  for (const Param &p : params_) {
+    AdamWState &st = (*out)[p.name];
+    LOOM_RETURN_IF_ERROR(download(p.m.f(), size_t(p.count), &st.m));
+    LOOM_RETURN_IF_ERROR(download(p.v.f(), size_t(p.count), &st.v));
+  }
+  return Status::ok();
+}
+
+Status CudaTrainer::uploadState(const std::map<std::string, HostTensor> &params,
+                                const std::map<std::string, AdamWState> &adam) {
+  cudaStream_t s = executor_->computeStream();
+  LOOM_RETURN_IF_ERROR(cudaStatus(cudaStreamSynchronize(s), "synchronize"));
+  for (Param &p : params_) {
+    auto it = params.find(p.name);
+    if (it == params.end() || it->second.data.size() != size_t(p.count))
+      return Status::error("no value of " + std::to_string(p.count) + " elements for parameter " + p.name);
+    size_t bytes = size_t(p.count) * sizeof(float);
+    LOOM_RETURN_IF_ERROR(
+        cudaStatus(cudaMemcpy(p.value.data, it->second.data.data(), bytes, cudaMemcpyHostToDevice), "upload"));
+    auto st = adam.find(p.name);
+    bool moments = st != adam.end() && st->second.m.size() == size_t(p.count) && st->second.v.size() == size_t(p.count);
+    for (auto [array, host] : {std::pair{&p.m, moments ? &st->second.m : nullptr},
+                               std::pair{&p.v, moments ? &st->second.v : nullptr}}) {
+      cudaError_t err = host ? cudaMemcpy(array->data, host->data(), bytes, cudaMemcpyHostToDevice)
+                             : cudaMemset(array->data, 0, bytes);
+      LOOM_RETURN_IF_ERROR(cudaStatus(err, "upload of the AdamW state"));
+    }
+  }
+  executor_->parametersChanged();
   return Status::ok();
 }
 

@@ -12,8 +12,8 @@
 // skipped (over tp and dp) and the scale halves. bf16 and fp32 train without it.
 //
 // Not yet: pipeline parallelism (send/recv, see CudaExecutor.h) and ZeRO-1; both are refused
-// at creation with a message. Checkpoints go through the CPU trainer's format after
-// parameters() (not wired into loom-rank yet).
+// at creation with a message. Checkpoints and exports: runtime/cuda/CudaRankTrainer.h moves
+// the state to the host and writes the CPU trainer's format.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -28,6 +28,7 @@
 #include "runtime/Collectives.h"
 #include "runtime/DataSource.h"
 #include "runtime/LossScaler.h"
+#include "runtime/RankTrainer.h"
 #include "runtime/Status.h"
 #include "runtime/Tensor.h"
 #include "runtime/cuda/CudaExecutor.h"
@@ -44,30 +45,38 @@ struct CudaTrainerOptions {
   LossScalerConfig lossScaling;  // used with fp16 only
 };
 
-struct CudaStepResult {
-  double loss = 0;         // mean over micro-batches and dp replicas (the last stage's ranks)
-  double gradNorm = 0;     // before clipping (0 when skipped)
-  bool skipped = false;    // fp16: an inf/NaN gradient, no update
-  double lossScale = 1;    // the scale this step's backward used
-  double seconds = 0;      // wall time of the step, the device drained
-};
-
 class CudaTrainer {
  public:
   // `collectives` (host scalars: loss, norm, overflow flag; and the rank's place in its
-  // groups) and `groups` (NCCL) must outlive the trainer.
+  // groups) and `groups` (NCCL) must outlive the trainer. `initial`: the parameters to start
+  // from (null: initParameter with options.seed, as the CPU trainer does).
   static Status create(plan::RankPlan plan, plan::ProgramSet programs, Collectives *collectives,
                        const NcclGroups *groups, DataSource *data, const CudaTrainerOptions &options,
-                       std::unique_ptr<CudaTrainer> *out);
+                       std::unique_ptr<CudaTrainer> *out,
+                       const std::map<std::string, HostTensor> *initial = nullptr);
   ~CudaTrainer();
   CudaTrainer(const CudaTrainer &) = delete;
   CudaTrainer &operator=(const CudaTrainer &) = delete;
 
-  // One optimizer step (1-based `step` for AdamW's bias correction; data and dropout use
-  // step - 1, as the CPU training loop's iteration numbering does).
-  Status step(int64_t step, double lr, double clip, CudaStepResult *result);
-  // The parameters, copied to the host.
-  Status parameters(std::map<std::string, HostTensor> *out);
+  // The phases of a step, as RankTrainer's (runtime/RankTrainer.h). computeGradients takes
+  // the 0-based data step; with fp16 it also unscales and checks the gradients, and a step
+  // with an inf/NaN comes back skipped (the scale halves; no norm or update may follow).
+  Status computeGradients(int64_t dataStep, StepResult *result);
+  Status gradientNorm(double *norm);
+  Status scaleGradients(double factor);
+  Status applyOptimizer(int64_t step, double lr);
+  Status evaluate(DataSource *data, int64_t batch, double *loss);
+  // A whole step as the training loop runs it: computeGradients(step - 1), the norm, clipping
+  // by clip / (norm + 1e-6) when above `clip` (0: never), AdamW at 1-based `step`.
+  Status step(int64_t step, double lr, double clip, StepResult *result, double *gradNorm);
+
+  // Host copies of the state (checkpoints, exports, --dump-grads) and its replacement.
+  Status downloadParameters(std::map<std::string, HostTensor> *out);
+  Status downloadAdam(std::map<std::string, AdamWState> *out);
+  Status downloadGradients(std::map<std::string, HostTensor> *out);
+  // Every parameter must be in `params` with its size; a parameter without moments in `adam`
+  // starts them at zero.
+  Status uploadState(const std::map<std::string, HostTensor> &params, const std::map<std::string, AdamWState> &adam);
   const plan::RankPlan &plan() const { return plan_; }
 
  private:
@@ -75,10 +84,11 @@ class CudaTrainer {
   struct Param;
   CudaTrainer(plan::RankPlan plan, plan::ProgramSet programs, Collectives *collectives, DataSource *data,
               const CudaTrainerOptions &options);
+  Status runSchedule(int64_t dataStep, bool forwardOnly, double *meanLoss);
   Status runProgram(const plan::Program &prog, int mb, int64_t dataStep);
   Status uploadBatch(int mb, int64_t dataStep);
   Status unscaleAndCheck(bool *foundNonFinite);
-  Status gradientNorm(double *norm);
+  Status download(const float *device, size_t count, std::vector<float> *host);
   Array &slot(std::map<std::pair<std::string, int>, Array> &in, const std::string &name, int mb, size_t bytes,
               bool zeroed);
 
@@ -95,6 +105,7 @@ class CudaTrainer {
   // Keyed by (name, micro-batch); backward outputs handed to grad sync use micro-batch -1.
   std::map<std::pair<std::string, int>, Array> stash_, inputs_, backwardOut_;
   std::map<std::string, bool> gradientSeen_;
+  bool evaluating_ = false;       // forward programs with dropout off
   float *lossHost_ = nullptr;     // pinned: one loss per micro-batch
   double *squares_ = nullptr;     // device accumulator of the gradient norm
   int32_t *nonFinite_ = nullptr;  // device flag of fp16 overflow

@@ -11,6 +11,7 @@
 #include <fstream>
 #include <thread>
 
+#include "runtime/cuda/CudaKernels.h"
 #include "tests/runtime/MultiProcess.h"
 
 namespace loom::test {
@@ -180,6 +181,28 @@ TEST(Runtime, MalformedFlagsAreOneLineErrors) {
   r = run("LOOM_TOKEN=x " + runfile("runtime/loom-rank") + " --coordinator 127.0.0.1:9 --rank 0 --lr fast");
   EXPECT_EQ(r.exitCode, 2);
   EXPECT_EQ(r.output, "loom-rank: error: --lr must be a number, got 'fast'\n");
+  r = run("LOOM_TOKEN=x " + runfile("runtime/loom-rank") + " --coordinator 127.0.0.1:9 --rank 0 --device tpu");
+  EXPECT_EQ(r.exitCode, 1);
+  EXPECT_EQ(r.output, "loom-rank: error: --device tpu: expected cpu or cuda\n");
+  r = run("LOOM_TOKEN=x " + runfile("runtime/loom-rank") + " --coordinator 127.0.0.1:9 --rank 0 --precision bf16");
+  EXPECT_EQ(r.exitCode, 1);
+  EXPECT_EQ(r.output, "loom-rank: error: --precision bf16: the CPU backend computes in fp32 (use --device cuda)\n");
+  r = run("LOOM_TOKEN=x " + runfile("runtime/loom-rank") +
+          " --coordinator 127.0.0.1:9 --rank 0 --device cuda --precision fp8");
+  EXPECT_EQ(r.exitCode, 1);
+  EXPECT_EQ(r.output, "loom-rank: error: --precision fp8: expected fp32, bf16 or fp16\n");
+}
+
+// Without a GPU (CI), --device cuda ends the job with one line naming why; with one, the
+// GPU check (tools/gpu/check.sh) covers training there.
+TEST(Runtime, DeviceCudaWithoutAGpuIsOneLineError) {
+  const char *why = "";
+  if (cuda::deviceAvailable(&why)) GTEST_SKIP() << "a CUDA device is present: this case is for machines without one";
+  std::string plans = tmpdir() + "/plans_cuda_refused";
+  compile("t1p1d1.pbtxt", plans);
+  Result r = run(loomrun() + " --nproc 1 --plans " + plans + " --steps 1 --device cuda");
+  EXPECT_NE(r.exitCode, 0);
+  EXPECT_NE(r.output.find("loom-rank 0: error: --device cuda: "), std::string::npos) << r.output;
 }
 
 TEST(Runtime, AnUnreachableCoordinatorIsRetriedThenReported) {

@@ -129,10 +129,11 @@ int main(int argc, char **argv) {
 
   std::vector<double> seconds, losses;
   for (int64_t it = 1; it <= steps; ++it) {
-    loom::cuda::CudaStepResult r;
-    s = trainer->step(it, lr, 1.0, &r);
+    loom::StepResult r;
+    double norm = 0;
+    s = trainer->step(it, lr, 1.0, &r, &norm);
     if (!s.isOk()) return flags.fail("step " + std::to_string(it) + ": " + s.message());
-    std::printf("step %lld: %.1f ms, loss %.4f, grad norm %.3f%s\n", (long long)it, r.seconds * 1e3, r.loss, r.gradNorm,
+    std::printf("step %lld: %.1f ms, loss %.4f, grad norm %.3f%s\n", (long long)it, r.seconds * 1e3, r.loss, norm,
                 r.skipped ? " (skipped: fp16 overflow)" : "");
     std::fflush(stdout);
     seconds.push_back(r.seconds);
