@@ -219,7 +219,7 @@ Status TrainingLoop::run() {
       LOOM_RETURN_IF_ERROR(
           writeSafetensors(opt_.dumpGrads + "/grads_rank" + std::to_string(p.rank()) + ".safetensors", f));
     }
-    if (r.hasLoss && !std::isfinite(r.loss))
+    if (r.hasLoss && !r.skipped && !std::isfinite(r.loss))
       return Status::error("the loss is " + std::to_string(r.loss) + " at iteration " + std::to_string(it) +
                            ": stopping before the update (no checkpoint of this state is written)");
     double norm = 0, lr = opt_.lr.at(it);

@@ -164,8 +164,15 @@ class DeviceRun {
       return *out = scratch, Status::ok();
     }
     CudaExecutor::HalfCopy &copy = e_.halfParameters_[ptr_[id]];
-    if (!copy.data)
+    if (copy.count != numel(id)) {
+      if (copy.data) {
+        LOOM_RETURN_IF_ERROR(cudaStatus(cudaStreamSynchronize(st_), "synchronize before resizing a 16-bit parameter"));
+        cudaFree(copy.data);
+      }
+      copy = CudaExecutor::HalfCopy{};
       LOOM_RETURN_IF_ERROR(cudaStatus(cudaMalloc(&copy.data, size_t(numel(id)) * 2), "allocating a 16-bit parameter"));
+      copy.count = numel(id);
+    }
     if (!copy.current) floatToHalf(f(id), copy.data, numel(id), type, st_);
     copy.current = true;
     return *out = copy.data, Status::ok();
@@ -200,6 +207,23 @@ class DeviceRun {
     LOOM_RETURN_IF_ERROR(half(g, scratch_[0] + aligned(size_t(numel(x)) * 2), &g16));
     LinearShape shape{m, k, n, transposeW, halfTypeOf(precision()), LinearEpilogue::kNone};
     return e_.lt_->weightGrad(shape, x16, g16, f(dw), /*accumulate=*/false, st_);
+  }
+
+  // db[N] = the column sums of g[M,N], as g^T 1 by cuBLAS SGEMV (column-major g^T is [N,M]):
+  // a few wide columns over many rows, which one thread per column would leave to a few SMs.
+  Status biasGrad(const plan::Instruction &in) {
+    int g = in.inputs(0);
+    int64_t n = dim(g, -1), m = numel(g) / n;
+    LOOM_RETURN_IF_ERROR(e_.reserve(&e_.ones_, &e_.onesBytes_, size_t(m) * sizeof(float)));
+    if (!onesReady_) {  // (re)filled once per run; fillOnes is cheap next to the GEMMs
+      fillValue(static_cast<float *>(e_.ones_), int64_t(e_.onesBytes_ / sizeof(float)), 1.0f, st_);
+      onesReady_ = true;
+    }
+    float alpha = 1.0f, beta = 0.0f;
+    LOOM_RETURN_IF_ERROR(blasStatus(cublasSetStream(e_.blas_, st_), "set stream"));
+    return blasStatus(cublasSgemv(e_.blas_, CUBLAS_OP_N, int(n), int(m), &alpha, f(g), int(n),
+                                  static_cast<const float *>(e_.ones_), 1, &beta, f(in.outputs(0)), 1),
+                      "sgemv (bias gradient)");
   }
 
   template <typename T>
@@ -339,8 +363,7 @@ class DeviceRun {
     } else if (op == "weight_grad") {
       return weightGrad(in);
     } else if (op == "bias_grad") {
-      int64_t n = dim(inp(0), -1);
-      sumRows(f(inp(0)), f(out()), numel(inp(0)) / n, n, st_);
+      return biasGrad(in);
     } else if (op == "layer_norm_grad") {
       int64_t n = dim(inp(0), -1);
       layerNormBackward(f(inp(0)), f(inp(1)), f(inp(2)), f(out(0)), f(out(1)), f(out(2)), numel(inp(0)) / n, n,
@@ -376,6 +399,7 @@ class DeviceRun {
   const plan::Program &prog_;
   const ExecutionContext &ctx_;
   cudaStream_t st_ = nullptr;  // the current instruction's stream
+  bool onesReady_ = false;
   char *scratch_[4] = {};
   std::vector<void *> ptr_;
   std::vector<bool> parameter_;
@@ -398,7 +422,7 @@ Status CudaExecutor::create(const CudaExecutorOptions &options, std::unique_ptr<
 CudaExecutor::~CudaExecutor() {
   cudaDeviceSynchronize();
   for (auto &[address, copy] : halfParameters_) cudaFree(copy.data);
-  for (void *p : {arena_, arguments_, scratch_})
+  for (void *p : {arena_, arguments_, scratch_, ones_})
     if (p) cudaFree(p);
   for (cudaEvent_t ev : events_) cudaEventDestroy(ev);
   lt_.reset();

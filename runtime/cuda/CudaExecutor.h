@@ -77,10 +77,11 @@ class CudaExecutor {
   std::unique_ptr<LtLinear> lt_;
   std::vector<cudaEvent_t> events_;  // one per instruction index (a program's wait_for targets)
   cudaEvent_t streamEnd_[4] = {};
-  void *arena_ = nullptr, *arguments_ = nullptr, *scratch_ = nullptr;
-  size_t arenaBytes_ = 0, argumentBytes_ = 0, scratchBytes_ = 0;
+  void *arena_ = nullptr, *arguments_ = nullptr, *scratch_ = nullptr, *ones_ = nullptr;
+  size_t arenaBytes_ = 0, argumentBytes_ = 0, scratchBytes_ = 0, onesBytes_ = 0;
   struct HalfCopy {
     void *data = nullptr;
+    int64_t count = 0;  // the parameter bound at this address may change (host runs): resized then
     bool current = false;
   };
   std::map<const void *, HalfCopy> halfParameters_;  // 16-bit copies by the parameter's address

@@ -167,6 +167,11 @@ __global__ void squaresKernel(const float *x, int64_t n, double *out) {
   if (threadIdx.x == 0) atomicAdd(out, double(acc));
 }
 
+__global__ void fillKernel(float *x, int64_t n, float value) {
+  int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
+  if (i < n) x[i] = value;
+}
+
 __global__ void scaleKernel(float *x, int64_t n, float factor) {
   int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
   if (i < n) x[i] *= factor;
@@ -255,6 +260,11 @@ void adamwUpdate(float *param, const float *grad, float *m, float *v, int64_t n,
 void accumulateSquares(const float *x, int64_t n, double *sumOfSquares, cudaStream_t s) {
   if (n <= 0) return;
   squaresKernel<<<std::min(blocks(n), 1024), kThreads, 0, s>>>(x, n, sumOfSquares);
+}
+
+void fillValue(float *x, int64_t n, float value, cudaStream_t s) {
+  if (n <= 0) return;
+  fillKernel<<<blocks(n), kThreads, 0, s>>>(x, n, value);
 }
 
 void scaleInPlace(float *x, int64_t n, float factor, cudaStream_t s) {

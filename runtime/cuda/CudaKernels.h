@@ -40,6 +40,8 @@ void adamwUpdate(float *param, const float *grad, float *m, float *v, int64_t n,
                  float eps, float weightDecay, int64_t step, bool decay, cudaStream_t s);
 // *sumOfSquares += sum of x[i]^2 (accumulated in double: the global gradient norm).
 void accumulateSquares(const float *x, int64_t n, double *sumOfSquares, cudaStream_t s);
+// x[i] = value.
+void fillValue(float *x, int64_t n, float value, cudaStream_t s);
 // x[i] *= factor (gradient clipping).
 void scaleInPlace(float *x, int64_t n, float factor, cudaStream_t s);
 

@@ -90,20 +90,26 @@ Status CudaTrainer::create(plan::RankPlan plan, plan::ProgramSet programs, Colle
                                   "pinned loss buffer"));
   LOOM_RETURN_IF_ERROR(cudaStatus(cudaMalloc(&t->squares_, sizeof(double)), "norm accumulator"));
   LOOM_RETURN_IF_ERROR(cudaStatus(cudaMalloc(&t->nonFinite_, sizeof(int32_t)), "overflow flag"));
-  LOOM_RETURN_IF_ERROR(cudaStatus(cudaStreamSynchronize(s), "initialising the trainer"));
+  // The uploads above ran on the legacy stream, which the executor's non-blocking streams do
+  // not wait for: the device drains before the first step.
+  LOOM_RETURN_IF_ERROR(cudaStatus(cudaDeviceSynchronize(), "initialising the trainer"));
   *out = std::move(t);
   return Status::ok();
 }
 
 // The device array of (name, mb), allocated on first use (the first step): later steps reuse it.
-CudaTrainer::Array &CudaTrainer::slot(std::map<std::pair<std::string, int>, Array> &in, const std::string &name,
-                                      int mb, size_t bytes, bool zeroed) {
+Status CudaTrainer::slot(std::map<std::pair<std::string, int>, Array> &in, const std::string &name, int mb,
+                         size_t bytes, bool zeroed, Array **out) {
   Array &a = in[{name, mb}];
-  if (a.data && a.bytes == bytes) return a;
-  if (a.data) cudaFree(a.data), a.data = nullptr;
-  Status s = a.allocate(bytes, name);
-  if (s.isOk() && zeroed) cudaMemsetAsync(a.data, 0, bytes, executor_->computeStream());
-  return a;
+  *out = &a;
+  if (a.data && a.bytes == bytes) return Status::ok();
+  if (a.data) {
+    LOOM_RETURN_IF_ERROR(cudaStatus(cudaDeviceSynchronize(), "synchronize before resizing " + name));
+    cudaFree(a.data), a.data = nullptr;
+  }
+  LOOM_RETURN_IF_ERROR(a.allocate(bytes, name));
+  if (!zeroed) return Status::ok();
+  return cudaStatus(cudaMemsetAsync(a.data, 0, bytes, executor_->computeStream()), "zeroing " + name);
 }
 
 Status CudaTrainer::uploadBatch(int mb, int64_t dataStep) {
@@ -112,10 +118,10 @@ Status CudaTrainer::uploadBatch(int mb, int64_t dataStep) {
   for (auto &[name, t] : batch) {
     const void *host = t.isInt ? static_cast<const void *>(t.ints.data()) : static_cast<const void *>(t.data.data());
     size_t bytes = size_t(t.numel()) * 4;
-    Array &a = slot(inputs_, name, mb, bytes, false);
-    if (!a.data) return Status::error("CUDA: cannot allocate the input " + name);
+    Array *a;
+    LOOM_RETURN_IF_ERROR(slot(inputs_, name, mb, bytes, false, &a));
     // From pageable memory: returns once staged, so `batch` may go.
-    LOOM_RETURN_IF_ERROR(cudaStatus(cudaMemcpyAsync(a.data, host, bytes, cudaMemcpyHostToDevice,
+    LOOM_RETURN_IF_ERROR(cudaStatus(cudaMemcpyAsync(a->data, host, bytes, cudaMemcpyHostToDevice,
                                                     executor_->computeStream()),
                                     "uploading " + name));
   }
@@ -156,13 +162,13 @@ Status CudaTrainer::runProgram(const plan::Program &prog, int mb, int64_t dataSt
     switch (r.role()) {
       case plan::Binding::STASH:
         if (forward) {
-          Array &a = slot(stash_, r.name(), mb, bytes, false);
-          if (!a.data) return Status::error("CUDA: cannot allocate the stash " + r.name());
-          return cudaStatus(cudaMemcpyAsync(a.data, data, bytes, cudaMemcpyDeviceToDevice, s), "stashing");
+          Array *a;
+          LOOM_RETURN_IF_ERROR(slot(stash_, r.name(), mb, bytes, false, &a));
+          return cudaStatus(cudaMemcpyAsync(a->data, data, bytes, cudaMemcpyDeviceToDevice, s), "stashing");
         } else {
-          Array &a = slot(backwardOut_, r.name(), -1, bytes, true);
-          if (!a.data) return Status::error("CUDA: cannot allocate " + r.name());
-          add(a.f());
+          Array *a;
+          LOOM_RETURN_IF_ERROR(slot(backwardOut_, r.name(), -1, bytes, true, &a));
+          add(a->f());
         }
         return Status::ok();
       case plan::Binding::GRADIENT: {
@@ -249,6 +255,7 @@ Status CudaTrainer::computeGradients(int64_t dataStep, StepResult *result) {
     bool overflow = false;
     LOOM_RETURN_IF_ERROR(unscaleAndCheck(&overflow));
     result->skipped = scaler_.update(overflow);
+    if (result->skipped) ++skippedSteps_;
   }
   result->seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
   return Status::ok();
@@ -269,6 +276,7 @@ Status CudaTrainer::scaleGradients(double factor) {
 
 Status CudaTrainer::applyOptimizer(int64_t step, double lr) {
   cudaStream_t s = executor_->computeStream();
+  step -= skippedSteps_;  // AdamW's bias correction counts updates taken (as GradScaler and Megatron do)
   for (Param &p : params_)
     adamwUpdate(p.value.f(), p.grad.f(), p.m.f(), p.v.f(), p.count, float(lr), float(opt_.adam.beta1),
                 float(opt_.adam.beta2), float(opt_.adam.eps), float(opt_.adam.weightDecay), step, p.decay, s);
@@ -347,7 +355,8 @@ Status CudaTrainer::uploadState(const std::map<std::string, HostTensor> &params,
     }
   }
   executor_->parametersChanged();
-  return Status::ok();
+  // As in create: the copies ran on the legacy stream; drain before the executor's streams run.
+  return cudaStatus(cudaDeviceSynchronize(), "upload of the training state");
 }
 
 }  // namespace loom::cuda

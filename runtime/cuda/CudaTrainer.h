@@ -89,8 +89,8 @@ class CudaTrainer {
   Status uploadBatch(int mb, int64_t dataStep);
   Status unscaleAndCheck(bool *foundNonFinite);
   Status download(const float *device, size_t count, std::vector<float> *host);
-  Array &slot(std::map<std::pair<std::string, int>, Array> &in, const std::string &name, int mb, size_t bytes,
-              bool zeroed);
+  Status slot(std::map<std::pair<std::string, int>, Array> &in, const std::string &name, int mb, size_t bytes,
+              bool zeroed, Array **out);
 
   plan::RankPlan plan_;
   plan::ProgramSet programs_;
@@ -106,6 +106,7 @@ class CudaTrainer {
   std::map<std::pair<std::string, int>, Array> stash_, inputs_, backwardOut_;
   std::map<std::string, bool> gradientSeen_;
   bool evaluating_ = false;       // forward programs with dropout off
+  int64_t skippedSteps_ = 0;      // fp16 steps skipped in this process (not counted by AdamW)
   float *lossHost_ = nullptr;     // pinned: one loss per micro-batch
   double *squares_ = nullptr;     // device accumulator of the gradient norm
   int32_t *nonFinite_ = nullptr;  // device flag of fp16 overflow

@@ -17,6 +17,17 @@ for t in bin/cuda_deps_test bin/cuda_kernels_test bin/lt_linear_test bin/loss_sc
   echo "== $t"
   timeout 120 "$t" --gtest_brief=1 || status=1
 done
+echo "== loom-rank --device cuda: 3 steps of gpt-tiny, fp32 on the GPU against the CPU backend (loss per step)"
+rm -rf runs && mkdir -p runs
+for d in cpu cuda; do
+  timeout 120 bin/loomrun --nproc 1 --plans plans --steps 3 --threads 4 --device "$d" --precision fp32 \
+    --loss-log "runs/$d.loss" > "runs/$d.out" 2>&1 || { echo "loomrun --device $d failed:"; tail -5 "runs/$d.out"; status=1; }
+done
+if [ -s runs/cpu.loss ] && [ -s runs/cuda.loss ]; then
+  paste runs/cpu.loss runs/cuda.loss | awk '{ d = $2 - $5; if (d < 0) d = -d; rel = d / $2;
+    printf "iteration %d: loss cpu %.7f cuda %.7f (rel. %.1e)\n", $1, $2, $5, rel; if (rel > 1e-4) bad = 1 }
+    END { if (bad) { print "loom-rank --device cuda: loss differs from the CPU backend"; exit 1 } }' || status=1
+fi
 echo "== Loom on this GPU: the check's 1.3B GPT (seq 2048, bf16 GEMMs), tokens/s and MFU vs measured bf16 GEMM"
 timeout 240 bin/loom-gpt-bench --plans plans-1.3b --precision bf16 --steps 6 --result loom_result || status=1
 echo "== PyTorch on this GPU: the same model"
