@@ -73,6 +73,11 @@ void heartbeatLoop(RankJob *job, double deadSeconds) {
 
 // --gpu N, or the rank's turn among this machine's GPUs (rank % count, as one process per GPU).
 loom::Status selectGpu(loom::Flags &flags, int rank) {
+  // One hardware queue, so kernels start in the order they are issued across streams: the
+  // tensor-parallel collectives and the overlapped data-parallel buckets then reach the GPU in
+  // the same order on every rank, which concurrent NCCL communicators need (Megatron-LM sets
+  // the same). Before any CUDA call; a value the user set wins.
+  setenv("CUDA_DEVICE_MAX_CONNECTIONS", "1", 0);
   const char *why = "";
   if (!loom::cuda::deviceAvailable(&why)) return loom::Status::error(std::string("--device cuda: ") + why);
   int count = 0;

@@ -94,12 +94,27 @@ class DeviceRun {
   void bind(int buffer, const void *address) { ptr_[buffer] = const_cast<void *>(address); }
   const float *address(int buffer) const { return static_cast<const float *>(ptr_[buffer]); }
 
-  Status execute() {
+  // Runs the program; each result goes to `consume` right after the instruction that produces
+  // it, on that instruction's stream (results not produced here: at the end, on compute).
+  Status execute(const CudaExecutor::DeviceResultConsumer &consume) {
     // Every stream starts after what the compute stream holds (the arguments' uploads, the
     // previous run's result consumers), and the compute stream ends after every stream.
     std::vector<bool> awaited(prog_.instructions_size(), false);
     for (const plan::Instruction &in : prog_.instructions())
       for (int w : in.wait_for()) awaited[w] = true;
+    std::vector<int> producer(prog_.buffers_size(), -1);
+    for (int i = 0; i < prog_.instructions_size(); ++i)
+      for (int b : prog_.instructions(i).outputs()) producer[b] = i;
+    std::vector<std::vector<int>> resultsOf(prog_.instructions_size());
+    std::vector<int> atEnd;
+    for (int r = 0; r < prog_.results_size(); ++r) {
+      int i = producer[prog_.results(r).buffer()];
+      (i >= 0 ? resultsOf[i] : atEnd).push_back(r);
+    }
+    auto hand = [&](int r) {
+      int id = prog_.results(r).buffer();
+      return consume(r, address(id), planattr::numel(prog_.buffers(id)), st_);
+    };
     LOOM_RETURN_IF_ERROR(cudaStatus(cudaEventRecord(e_.streamEnd_[0], e_.streams_[0]), "event"));
     for (int k = 1; k < 4; ++k)
       LOOM_RETURN_IF_ERROR(cudaStatus(cudaStreamWaitEvent(e_.streams_[k], e_.streamEnd_[0], 0), "stream wait"));
@@ -116,6 +131,8 @@ class DeviceRun {
                           " (corrupt plan: the compute stream's scratch is not shared)");
       if (s.isOk()) s = instruction(in, k);
       if (s.isOk()) s = cudaStatus(cudaGetLastError(), "kernel launch");
+      for (int r : resultsOf[i])
+        if (s.isOk()) s = hand(r);
       if (s.isOk() && awaited[i]) s = cudaStatus(cudaEventRecord(e_.events_[i], st_), "event");
       if (!s.isOk())
         return Status::error(prog_.name() + " instruction " + std::to_string(i) + " (" + in.op() + "): " + s.message());
@@ -124,6 +141,8 @@ class DeviceRun {
       LOOM_RETURN_IF_ERROR(cudaStatus(cudaEventRecord(e_.streamEnd_[k], e_.streams_[k]), "event"));
       LOOM_RETURN_IF_ERROR(cudaStatus(cudaStreamWaitEvent(e_.streams_[0], e_.streamEnd_[k], 0), "stream wait"));
     }
+    st_ = e_.streams_[0];
+    for (int r : atEnd) LOOM_RETURN_IF_ERROR(hand(r));
     return Status::ok();
   }
 
@@ -479,11 +498,7 @@ Status CudaExecutor::runOnDevice(const plan::Program &program, const std::vector
     if (!args[i]) return Status::error(program.name() + ": argument " + std::to_string(i) + " has no device address");
     run.bind(program.arguments(i).buffer(), args[i]);
   }
-  LOOM_RETURN_IF_ERROR(run.execute());
-  for (int i = 0; i < program.results_size(); ++i) {
-    int id = program.results(i).buffer();
-    LOOM_RETURN_IF_ERROR(consume(i, run.address(id), planattr::numel(program.buffers(id)), streams_[0]));
-  }
+  LOOM_RETURN_IF_ERROR(run.execute(consume));
   return cudaStatus(cudaGetLastError(), program.name());
 }
 

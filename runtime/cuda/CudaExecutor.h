@@ -54,9 +54,12 @@ class CudaExecutor {
              std::vector<HostTensor> &results, const ExecutionContext &ctx);
 
   // Device-resident: args[i] is the device address of argument i (fp32, or int32 where the
-  // plan says I32). After the program, consume(i, data, count, stream) is called for each
-  // result on the compute stream, to copy or accumulate it before the next run reuses the
-  // arena; the call returns without waiting for the device.
+  // plan says I32). consume(i, data, count, stream) is called for each result as soon as the
+  // instruction producing it is queued, with that instruction's stream: work the consumer
+  // queues there (copy, accumulate, record an event for a collective elsewhere) runs right
+  // after the producer, while the rest of the program goes on; results no instruction
+  // produces come at the end on the compute stream. The call returns without waiting for the
+  // device; the program's streams have all joined the compute stream when it returns.
   using DeviceResultConsumer = std::function<Status(int index, const float *data, int64_t count, cudaStream_t s)>;
   Status runOnDevice(const plan::Program &program, const std::vector<const void *> &args,
                      const DeviceResultConsumer &consume, const ExecutionContext &ctx);

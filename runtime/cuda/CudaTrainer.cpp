@@ -8,6 +8,7 @@
 #include "runtime/Trainer.h"
 #include "runtime/cuda/CudaKernels.h"
 #include "runtime/cuda/GradUnscale.h"
+#include "runtime/cuda/NcclGroup.h"
 
 namespace loom::cuda {
 namespace {
@@ -52,6 +53,9 @@ CudaTrainer::CudaTrainer(plan::RankPlan plan, plan::ProgramSet programs, Collect
 CudaTrainer::~CudaTrainer() {
   cudaDeviceSynchronize();
   executor_.reset();
+  for (auto &[name, where] : bucketOf_) cudaEventDestroy(where.second);
+  if (syncDone_) cudaEventDestroy(syncDone_);
+  if (syncStream_) cudaStreamDestroy(syncStream_);
   if (lossHost_) cudaFreeHost(lossHost_);
   if (squares_) cudaFree(squares_);
   if (nonFinite_) cudaFree(nonFinite_);
@@ -86,6 +90,7 @@ Status CudaTrainer::create(plan::RankPlan plan, plan::ProgramSet programs, Colle
     t->paramIndex_[p.name()] = t->params_.size();
     t->params_.push_back(std::move(param));
   }
+  LOOM_RETURN_IF_ERROR(t->planOverlappedSync(groups));
   LOOM_RETURN_IF_ERROR(cudaStatus(cudaMallocHost(&t->lossHost_, sizeof(float) * size_t(std::max(1, t->plan_.micro_batches()))),
                                   "pinned loss buffer"));
   LOOM_RETURN_IF_ERROR(cudaStatus(cudaMalloc(&t->squares_, sizeof(double)), "norm accumulator"));
@@ -112,6 +117,64 @@ Status CudaTrainer::slot(std::map<std::pair<std::string, int>, Array> &in, const
   return cudaStatus(cudaMemsetAsync(a.data, 0, bytes, executor_->computeStream()), "zeroing " + name);
 }
 
+// Buckets from a grad-sync program made only of all_reduce instructions whose operands are
+// backward outputs (STASH arguments) and whose results are gradients; anything else keeps the
+// program (run after the backward pass, as the CPU trainer does).
+Status CudaTrainer::planOverlappedSync(const NcclGroups *groups) {
+  const plan::Program *sync = nullptr;
+  for (const plan::Program &p : programs_.programs())
+    if (p.kind() == plan::Program::GRAD_SYNC) {
+      if (sync) return Status::ok();  // several: keep the programs
+      sync = &p;
+    }
+  if (!sync || !groups) return Status::ok();
+  std::map<int, std::string> stashOf, gradientOf;
+  for (const plan::Binding &a : sync->arguments())
+    if (a.role() == plan::Binding::STASH) stashOf[a.buffer()] = a.name();
+  for (const plan::Binding &r : sync->results())
+    if (r.role() == plan::Binding::GRADIENT) gradientOf[r.buffer()] = r.name();
+  std::vector<Bucket> buckets;
+  for (const plan::Instruction &in : sync->instructions()) {
+    if (in.op() != "all_reduce" || in.inputs_size() != in.outputs_size()) return Status::ok();
+    Bucket b{nullptr, reduceOpOf(planattr::str(in, "reduce")), {}, 0};
+    LOOM_RETURN_IF_ERROR(groups->find(planattr::str(in, "group"), &b.comm));
+    for (int k = 0; k < in.inputs_size(); ++k) {
+      auto s = stashOf.find(in.inputs(k));
+      auto g = gradientOf.find(in.outputs(k));
+      if (s == stashOf.end() || g == gradientOf.end() || !paramIndex_.count(g->second)) return Status::ok();
+      b.members.emplace_back(s->second, paramIndex_.at(g->second));
+    }
+    buckets.push_back(std::move(b));
+  }
+  buckets_ = std::move(buckets);
+  for (size_t i = 0; i < buckets_.size(); ++i)
+    for (auto &[stash, param] : buckets_[i].members) {
+      cudaEvent_t ready;
+      LOOM_RETURN_IF_ERROR(cudaStatus(cudaEventCreateWithFlags(&ready, cudaEventDisableTiming), "event"));
+      bucketOf_[stash] = {i, ready};
+    }
+  LOOM_RETURN_IF_ERROR(cudaStatus(cudaStreamCreateWithFlags(&syncStream_, cudaStreamNonBlocking), "sync stream"));
+  return cudaStatus(cudaEventCreateWithFlags(&syncDone_, cudaEventDisableTiming), "event");
+}
+
+// A member of a bucket is summed over the micro-batches (its accumulation just queued on
+// `producer`); the bucket's all-reduce goes out on the sync stream once every member is.
+Status CudaTrainer::memberReady(const std::string &stashName, cudaStream_t producer) {
+  auto where = bucketOf_.find(stashName);
+  if (where == bucketOf_.end()) return Status::ok();
+  LOOM_RETURN_IF_ERROR(cudaStatus(cudaEventRecord(where->second.second, producer), "event"));
+  Bucket &b = buckets_[where->second.first];
+  if (--b.pending > 0) return Status::ok();
+  std::vector<NcclGroup::Part> parts;
+  for (auto &[stash, param] : b.members) {
+    LOOM_RETURN_IF_ERROR(cudaStatus(cudaStreamWaitEvent(syncStream_, bucketOf_.at(stash).second, 0), "stream wait"));
+    Param &p = params_[param];
+    parts.push_back({backwardOut_.at({stash, -1}).f(), p.grad.f(), p.count});
+    gradientSeen_[p.name] = true;
+  }
+  return b.comm->allReduce(parts, b.op, syncStream_);
+}
+
 Status CudaTrainer::uploadBatch(int mb, int64_t dataStep) {
   std::map<std::string, HostTensor> batch =
       makeBatch(*data_, firstSampleOf(plan_, dataStep, mb), plan_.micro_batch_size(), plan_.seq_length());
@@ -128,7 +191,7 @@ Status CudaTrainer::uploadBatch(int mb, int64_t dataStep) {
   return Status::ok();
 }
 
-Status CudaTrainer::runProgram(const plan::Program &prog, int mb, int64_t dataStep) {
+Status CudaTrainer::runProgram(const plan::Program &prog, int mb, int64_t dataStep, bool overlapSync) {
   bool forward = prog.kind() == plan::Program::FORWARD, sync = prog.kind() == plan::Program::GRAD_SYNC;
   if (forward) LOOM_RETURN_IF_ERROR(uploadBatch(mb, dataStep));
   std::vector<const void *> args;
@@ -169,6 +232,7 @@ Status CudaTrainer::runProgram(const plan::Program &prog, int mb, int64_t dataSt
           Array *a;
           LOOM_RETURN_IF_ERROR(slot(backwardOut_, r.name(), -1, bytes, true, &a));
           add(a->f());
+          if (overlapSync) return memberReady(r.name(), s);
         }
         return Status::ok();
       case plan::Binding::GRADIENT: {
@@ -222,11 +286,34 @@ Status CudaTrainer::gradientNorm(double *norm) {
 
 Status CudaTrainer::runSchedule(int64_t dataStep, bool forwardOnly, double *meanLoss) {
   cudaStream_t s = executor_->computeStream();
-  for (const plan::ScheduleEntry &e : plan_.schedule()) {
-    auto it = byName_.find(e.program());
-    if (it == byName_.end()) return Status::error("the schedule names program '" + e.program() + "', which the plan lacks");
-    if (forwardOnly && it->second->kind() != plan::Program::FORWARD) continue;
-    LOOM_RETURN_IF_ERROR(runProgram(*it->second, e.micro_batch(), dataStep));
+  bool overlap = !forwardOnly && !buckets_.empty();
+  int lastBackward = -1;
+  for (int i = 0; i < plan_.schedule_size(); ++i) {
+    auto it = byName_.find(plan_.schedule(i).program());
+    if (it == byName_.end())
+      return Status::error("the schedule names program '" + plan_.schedule(i).program() + "', which the plan lacks");
+    if (it->second->kind() == plan::Program::BACKWARD) lastBackward = i;
+  }
+  if (overlap) {
+    for (Bucket &b : buckets_) b.pending = int(b.members.size());
+    // The sync stream starts after this step's zeroing (and the last step's optimizer).
+    LOOM_RETURN_IF_ERROR(cudaStatus(cudaEventRecord(syncDone_, s), "event"));
+    LOOM_RETURN_IF_ERROR(cudaStatus(cudaStreamWaitEvent(syncStream_, syncDone_, 0), "stream wait"));
+  }
+  for (int i = 0; i < plan_.schedule_size(); ++i) {
+    const plan::ScheduleEntry &e = plan_.schedule(i);
+    const plan::Program *prog = byName_.at(e.program());
+    if (forwardOnly && prog->kind() != plan::Program::FORWARD) continue;
+    if (overlap && prog->kind() == plan::Program::GRAD_SYNC) continue;  // its buckets went out already
+    LOOM_RETURN_IF_ERROR(runProgram(*prog, e.micro_batch(), dataStep, overlap && i == lastBackward));
+  }
+  if (overlap) {
+    for (const Bucket &b : buckets_)
+      if (b.pending != 0)
+        return Status::error("a gradient bucket was never complete in the last backward pass (" +
+                             b.members.front().first + " ...): the plan and the schedule disagree");
+    LOOM_RETURN_IF_ERROR(cudaStatus(cudaEventRecord(syncDone_, syncStream_), "event"));
+    LOOM_RETURN_IF_ERROR(cudaStatus(cudaStreamWaitEvent(s, syncDone_, 0), "stream wait"));
   }
   LOOM_RETURN_IF_ERROR(cudaStatus(cudaStreamSynchronize(s), "the step's programs"));
   double lossSum = 0;

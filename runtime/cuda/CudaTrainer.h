@@ -7,6 +7,13 @@
 // data order, dropout seeds, mean loss over micro-batches and dp replicas, global-norm
 // clipping (clip / (norm + 1e-6)) and AdamW with Megatron's decay rule.
 //
+// Data parallelism: when the plan's grad-sync program is only bucket all-reduces (backward
+// outputs in, gradients out, as the compiler's data-parallel pass emits them), the buckets are
+// not run as a program after the backward pass: during the last micro-batch's backward, each
+// bucket's all-reduce goes out on a sync stream as soon as its last member gradient is
+// accumulated, overlapping the rest of the backward pass (Megatron-LM's overlapped gradient
+// reduction; Li et al., "PyTorch Distributed", VLDB 2020, section 3.2.3 for bucketing).
+//
 // fp16: dynamic loss scaling (runtime/LossScaler.h): the loss gradient is multiplied by the
 // scale, gradients are unscaled on the device and checked for infs/NaNs; a step with any is
 // skipped (over tp and dp) and the scale halves. bf16 and fp32 train without it.
@@ -36,6 +43,7 @@
 
 namespace loom::cuda {
 
+class NcclGroup;
 class NcclGroups;
 
 struct CudaTrainerOptions {
@@ -85,7 +93,9 @@ class CudaTrainer {
   CudaTrainer(plan::RankPlan plan, plan::ProgramSet programs, Collectives *collectives, DataSource *data,
               const CudaTrainerOptions &options);
   Status runSchedule(int64_t dataStep, bool forwardOnly, double *meanLoss);
-  Status runProgram(const plan::Program &prog, int mb, int64_t dataStep);
+  Status runProgram(const plan::Program &prog, int mb, int64_t dataStep, bool overlapSync);
+  Status planOverlappedSync(const NcclGroups *groups);
+  Status memberReady(const std::string &stashName, cudaStream_t producer);
   Status uploadBatch(int mb, int64_t dataStep);
   Status unscaleAndCheck(bool *foundNonFinite);
   Status download(const float *device, size_t count, std::vector<float> *host);
@@ -105,6 +115,17 @@ class CudaTrainer {
   // Keyed by (name, micro-batch); backward outputs handed to grad sync use micro-batch -1.
   std::map<std::pair<std::string, int>, Array> stash_, inputs_, backwardOut_;
   std::map<std::string, bool> gradientSeen_;
+  // The grad-sync buckets run during the last backward (empty: the program runs instead).
+  struct Bucket {
+    NcclGroup *comm;
+    ReduceOp op;
+    std::vector<std::pair<std::string, size_t>> members;  // (backward output, parameter index)
+    int pending = 0;                                      // members not yet accumulated this step
+  };
+  std::vector<Bucket> buckets_;
+  std::map<std::string, std::pair<size_t, cudaEvent_t>> bucketOf_;  // backward output -> (bucket, ready event)
+  cudaStream_t syncStream_ = nullptr;
+  cudaEvent_t syncDone_ = nullptr;
   bool evaluating_ = false;       // forward programs with dropout off
   int64_t skippedSteps_ = 0;      // fp16 steps skipped in this process (not counted by AdamW)
   float *lossHost_ = nullptr;     // pinned: one loss per micro-batch
