@@ -31,6 +31,7 @@
 #include "runtime/cuda/CudaKernels.h"
 #include "runtime/cuda/CudaRankTrainer.h"
 #include "runtime/cuda/NcclGroup.h"
+#include "runtime/cuda/PipelineLinks.h"
 #include "runtime/TrainingLoop.h"
 #include "runtime/data/GptDataset.h"
 #include "runtime/control/CoordinatorClient.h"
@@ -239,11 +240,19 @@ int main(int argc, char **argv) {
   if (!topt.dumpBatches.empty()) std::filesystem::create_directories(topt.dumpBatches);
   std::unique_ptr<loom::RankTrainer> trainer;
   std::unique_ptr<loom::cuda::NcclGroups> nccl;
+  std::unique_ptr<loom::cuda::PipelineLinks> links;
   if (device == "cuda") {
     if (s = selectGpu(flags, rank); !s.isOk()) return fail(s.message());
     loom::ParallelLayout layout{plan.t(), plan.p(), plan.d()};
     if (s = loom::cuda::NcclGroups::create(&client, layout, rank, int64_t(commTimeout * 1000), &nccl); !s.isOk())
       return fail(s.message());
+    if (plan.p() > 1) {  // messages between pipeline stages: one NCCL link per direction and peer
+      s = loom::cuda::PipelineLinks::create(&client, loom::groupMembers(layout, "pp", rank), plan.pp_rank(),
+                                            loom::cuda::pipelineNeeds(plan, programs), int64_t(commTimeout * 1000),
+                                            &links);
+      if (!s.isOk()) return fail(s.message());
+      copt.links = links.get();
+    }
     std::unique_ptr<loom::cuda::CudaRankTrainer> gpu;
     if (s = loom::cuda::CudaRankTrainer::create(plan, programs, collectives.get(), nccl.get(), train.get(), topt, copt,
                                                 &gpu);

@@ -9,6 +9,7 @@
 #include "runtime/cuda/CudaKernels.h"
 #include "runtime/cuda/LtLinear.h"
 #include "runtime/cuda/NcclGroup.h"
+#include "runtime/cuda/PipelineLinks.h"
 
 namespace loom::cuda {
 namespace {
@@ -406,8 +407,11 @@ class DeviceRun {
     } else if (op == "all_gather" || op == "reduce_scatter") {
       return gatherOrScatter(in, stream);
     } else if (op == "send" || op == "recv") {
-      return Status::error("pipeline parallelism is not wired into the CUDA backend yet (NCCL has no message tags: a "
-                           "schedule step's sends and receives must go out as one grouped call)");
+      PipelineLinks *links = e_.options_.links;
+      if (!links) return Status::error("a pipeline message but the CUDA executor has no pipeline links");
+      int peer = int(i64(in, "peer"));
+      return op == "send" ? links->send(peer, f(inp(0)), numel(inp(0)), st_)
+                          : links->recv(peer, f(out()), numel(out()), st_);
     } else {
       return Status::error("the CUDA backend has no kernel for op '" + op + "'");
     }

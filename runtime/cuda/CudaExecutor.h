@@ -11,9 +11,9 @@
 //
 // Communication: tensor- and data-parallel collectives (all_reduce, all_gather, reduce_scatter,
 // vocab-parallel cross-entropy) through NCCL on the instruction's stream, with communicators
-// from `CudaExecutorOptions::groups`. Pipeline send/recv is refused with a message: NCCL has
-// no tags, so a schedule step's sends and receives must be issued as one grouped call by a
-// pipeline-aware trainer, which is not written yet.
+// from `CudaExecutorOptions::groups`; pipeline send/recv through `CudaExecutorOptions::links`
+// (runtime/cuda/PipelineLinks.h: per-link streams and message slots, so a program never waits
+// for its peer to receive).
 #pragma once
 
 #include <cublas_v2.h>
@@ -34,10 +34,12 @@ namespace loom::cuda {
 
 class LtLinear;
 class NcclGroups;
+class PipelineLinks;
 
 struct CudaExecutorOptions {
   Precision precision = Precision::kFp32;
-  const NcclGroups *groups = nullptr;  // required by programs with communication
+  const NcclGroups *groups = nullptr;  // required by programs with collectives
+  PipelineLinks *links = nullptr;      // required by programs with send/recv
 };
 
 class CudaExecutor {

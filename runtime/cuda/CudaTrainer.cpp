@@ -9,6 +9,7 @@
 #include "runtime/cuda/CudaKernels.h"
 #include "runtime/cuda/GradUnscale.h"
 #include "runtime/cuda/NcclGroup.h"
+#include "runtime/cuda/PipelineLinks.h"
 
 namespace loom::cuda {
 namespace {
@@ -64,15 +65,15 @@ CudaTrainer::~CudaTrainer() {
 Status CudaTrainer::create(plan::RankPlan plan, plan::ProgramSet programs, Collectives *collectives,
                            const NcclGroups *groups, DataSource *data, const CudaTrainerOptions &options,
                            std::unique_ptr<CudaTrainer> *out, const std::map<std::string, HostTensor> *initial) {
-  if (plan.p() > 1)
+  if (plan.p() > 1 && !options.links)
     return Status::error("pipeline_parallel_size " + std::to_string(plan.p()) +
-                         ": the CUDA trainer runs plans without pipeline parallelism so far (p = 1)");
+                         ": a pipeline plan needs PipelineLinks between the stages (loom-rank creates them)");
   if (plan.zero1()) return Status::error("ZeRO-1 (use_distributed_optimizer) is not wired into the CUDA trainer yet");
   if (!collectives || !data) return Status::error("the CUDA trainer needs collectives and a data source");
   if (options.precision == Precision::kFp16) LOOM_RETURN_IF_ERROR(LossScaler::validate(options.lossScaling));
   std::unique_ptr<CudaTrainer> t(new CudaTrainer(std::move(plan), std::move(programs), collectives, data, options));
   for (const plan::Program &p : t->programs_.programs()) t->byName_[p.name()] = &p;
-  LOOM_RETURN_IF_ERROR(CudaExecutor::create({options.precision, groups}, &t->executor_));
+  LOOM_RETURN_IF_ERROR(CudaExecutor::create({options.precision, groups, options.links}, &t->executor_));
   cudaStream_t s = t->executor_->computeStream();
   for (const plan::Parameter &p : t->plan_.parameters()) {
     // The CPU trainer's weights, element for element.
@@ -127,7 +128,9 @@ Status CudaTrainer::planOverlappedSync(const NcclGroups *groups) {
       if (sync) return Status::ok();  // several: keep the programs
       sync = &p;
     }
-  if (!sync || !groups) return Status::ok();
+  // With pipeline stages the buckets (the tied embedding's among them) gather gradients of
+  // several backward programs: the program runs after the schedule instead.
+  if (!sync || !groups || plan_.p() > 1) return Status::ok();
   std::map<int, std::string> stashOf, gradientOf;
   for (const plan::Binding &a : sync->arguments())
     if (a.role() == plan::Binding::STASH) stashOf[a.buffer()] = a.name();
@@ -263,8 +266,7 @@ Status CudaTrainer::unscaleAndCheck(bool *foundNonFinite) {
   LOOM_RETURN_IF_ERROR(cudaStatus(cudaMemcpyAsync(&flag, nonFinite_, sizeof(flag), cudaMemcpyDeviceToHost, s), "flag"));
   LOOM_RETURN_IF_ERROR(cudaStatus(cudaStreamSynchronize(s), "overflow check"));
   float any = float(flag);  // a skip must be unanimous: over tp, then dp
-  LOOM_RETURN_IF_ERROR(collectives_->allReduce("tp", &any, 1, ReduceOp::kMax));
-  LOOM_RETURN_IF_ERROR(collectives_->allReduce("dp", &any, 1, ReduceOp::kMax));
+  for (const char *group : {"tp", "dp", "pp"}) LOOM_RETURN_IF_ERROR(collectives_->allReduce(group, &any, 1, ReduceOp::kMax));
   *foundNonFinite = any > 0;
   return Status::ok();
 }
@@ -280,6 +282,7 @@ Status CudaTrainer::gradientNorm(double *norm) {
   LOOM_RETURN_IF_ERROR(cudaStatus(cudaStreamSynchronize(s), "norm"));
   float sum = float(local);
   LOOM_RETURN_IF_ERROR(collectives_->allReduce("tp", &sum, 1, ReduceOp::kSum));
+  LOOM_RETURN_IF_ERROR(collectives_->allReduce("pp", &sum, 1, ReduceOp::kSum));
   *norm = std::sqrt(double(sum));
   return Status::ok();
 }
@@ -287,6 +290,7 @@ Status CudaTrainer::gradientNorm(double *norm) {
 Status CudaTrainer::runSchedule(int64_t dataStep, bool forwardOnly, double *meanLoss) {
   cudaStream_t s = executor_->computeStream();
   bool overlap = !forwardOnly && !buckets_.empty();
+  if (opt_.links) opt_.links->startStep();
   int lastBackward = -1;
   for (int i = 0; i < plan_.schedule_size(); ++i) {
     auto it = byName_.find(plan_.schedule(i).program());
@@ -316,6 +320,8 @@ Status CudaTrainer::runSchedule(int64_t dataStep, bool forwardOnly, double *mean
     LOOM_RETURN_IF_ERROR(cudaStatus(cudaStreamWaitEvent(s, syncDone_, 0), "stream wait"));
   }
   LOOM_RETURN_IF_ERROR(cudaStatus(cudaStreamSynchronize(s), "the step's programs"));
+  *meanLoss = 0;
+  if (!isLossRank()) return Status::ok();  // the losses live on the last stage
   double lossSum = 0;
   for (int mb = 0; mb < plan_.micro_batches(); ++mb) lossSum += lossHost_[mb];
   float loss = float(lossSum / plan_.micro_batches());
@@ -328,7 +334,7 @@ Status CudaTrainer::computeGradients(int64_t dataStep, StepResult *result) {
   auto started = std::chrono::steady_clock::now();
   cudaStream_t s = executor_->computeStream();
   *result = StepResult{};
-  result->hasLoss = true;  // p = 1: every rank holds the last stage
+  result->hasLoss = isLossRank();
   result->lossScale = opt_.precision == Precision::kFp16 ? scaler_.scale() : 0.0;
   for (Param &p : params_)
     LOOM_RETURN_IF_ERROR(cudaStatus(cudaMemsetAsync(p.grad.data, 0, p.grad.bytes, s), "zeroing gradients"));

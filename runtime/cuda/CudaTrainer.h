@@ -18,8 +18,9 @@
 // scale, gradients are unscaled on the device and checked for infs/NaNs; a step with any is
 // skipped (over tp and dp) and the scale halves. bf16 and fp32 train without it.
 //
-// Not yet: pipeline parallelism (send/recv, see CudaExecutor.h) and ZeRO-1; both are refused
-// at creation with a message. Checkpoints and exports: runtime/cuda/CudaRankTrainer.h moves
+// Pipeline parallelism: the schedule's programs in order, messages between stages through
+// PipelineLinks (options.links; runtime/cuda/PipelineLinks.h). Not yet: ZeRO-1 (refused at
+// creation with a message). Checkpoints and exports: runtime/cuda/CudaRankTrainer.h moves
 // the state to the host and writes the CPU trainer's format.
 #pragma once
 
@@ -45,12 +46,14 @@ namespace loom::cuda {
 
 class NcclGroup;
 class NcclGroups;
+class PipelineLinks;
 
 struct CudaTrainerOptions {
   uint64_t seed = 1234;  // parameters and dropout, as TrainerOptions::seed
   AdamWConfig adam;
   Precision precision = Precision::kBf16;
   LossScalerConfig lossScaling;  // used with fp16 only
+  PipelineLinks *links = nullptr; // pipeline plans (p > 1): messages between stages; outlives the trainer
 };
 
 class CudaTrainer {
@@ -86,6 +89,7 @@ class CudaTrainer {
   // starts them at zero.
   Status uploadState(const std::map<std::string, HostTensor> &params, const std::map<std::string, AdamWState> &adam);
   const plan::RankPlan &plan() const { return plan_; }
+  bool isLossRank() const { return plan_.pp_rank() == plan_.p() - 1; }
 
  private:
   struct Array;  // a device allocation

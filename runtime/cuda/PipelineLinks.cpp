@@ -1,0 +1,153 @@
+#include "runtime/cuda/PipelineLinks.h"
+
+#include <algorithm>
+#include <map>
+#include <string>
+
+#include "runtime/cuda/NcclGroup.h"
+
+namespace loom::cuda {
+namespace {
+
+Status cudaStatus(cudaError_t err, const std::string &what) {
+  if (err == cudaSuccess) return Status::ok();
+  return Status::error("CUDA " + what + ": " + cudaGetErrorString(err));
+}
+
+}  // namespace
+
+struct PipelineLinks::Link {
+  int peer = 0;  // pp position of the other end
+  bool send = false;
+  int source = 0, destination = 0;  // global ranks
+  int64_t slotFloats = 0;
+  std::unique_ptr<NcclGroup> comm;  // rank 0: the source
+  cudaStream_t stream = nullptr;
+  std::vector<float *> slots;
+  std::vector<cudaEvent_t> filled, free;  // per slot: its message is in it / it may be reused
+  size_t next = 0;
+
+  ~Link() {
+    for (float *s : slots) cudaFree(s);
+    for (cudaEvent_t e : filled) cudaEventDestroy(e);
+    for (cudaEvent_t e : free) cudaEventDestroy(e);
+    if (stream) cudaStreamDestroy(stream);
+  }
+  std::string name() const {
+    return "pp-link " + std::to_string(source) + "->" + std::to_string(destination);
+  }
+};
+
+Status PipelineLinks::create(control::CoordinatorClient *client, const std::vector<int> &members, int position,
+                             const std::vector<Need> &needs, int64_t timeoutMs, std::unique_ptr<PipelineLinks> *out) {
+  std::unique_ptr<PipelineLinks> links(new PipelineLinks());
+  for (const Need &n : needs) {
+    if (n.peer < 0 || n.peer >= int(members.size()) || n.peer == position)
+      return Status::error("pipeline peer " + std::to_string(n.peer) + " is not another member of a group of " +
+                           std::to_string(members.size()));
+    if (n.messages < 1 || n.floats < 1) continue;
+    auto link = std::make_unique<Link>();
+    link->peer = n.peer, link->send = n.send, link->slotFloats = n.floats;
+    link->source = n.send ? members[position] : members[n.peer];
+    link->destination = n.send ? members[n.peer] : members[position];
+    LOOM_RETURN_IF_ERROR(cudaStatus(cudaStreamCreateWithFlags(&link->stream, cudaStreamNonBlocking), "stream"));
+    for (int k = 0; k < n.messages; ++k) {
+      float *slot = nullptr;
+      cudaEvent_t filled, free;
+      LOOM_RETURN_IF_ERROR(cudaStatus(cudaMalloc(&slot, size_t(n.floats) * sizeof(float)),
+                                      "allocating " + link->name() + " message slots"));
+      link->slots.push_back(slot);
+      LOOM_RETURN_IF_ERROR(cudaStatus(cudaEventCreateWithFlags(&filled, cudaEventDisableTiming), "event"));
+      link->filled.push_back(filled);
+      LOOM_RETURN_IF_ERROR(cudaStatus(cudaEventCreateWithFlags(&free, cudaEventDisableTiming), "event"));
+      link->free.push_back(free);
+    }
+    links->links_.push_back(std::move(link));
+  }
+  // One global order of creation (each ncclCommInitRank waits for the other end).
+  std::sort(links->links_.begin(), links->links_.end(), [](const auto &a, const auto &b) {
+    return std::pair(a->source, a->destination) < std::pair(b->source, b->destination);
+  });
+  for (auto &link : links->links_) {
+    if (!client) return Status::error(link->name() + ": no coordinator to exchange the NCCL id through");
+    std::string name = "pp-link/" + std::to_string(link->source) + "/" + std::to_string(link->destination);
+    LOOM_RETURN_IF_ERROR(NcclGroup::create(*client, name, link->send ? 0 : 1, 2, timeoutMs, &link->comm));
+  }
+  *out = std::move(links);
+  return Status::ok();
+}
+
+PipelineLinks::~PipelineLinks() { cudaDeviceSynchronize(); }
+
+void PipelineLinks::startStep() {
+  for (auto &link : links_) link->next = 0;
+}
+
+Status PipelineLinks::find(int peer, bool send, Link **out) {
+  for (auto &link : links_)
+    if (link->peer == peer && link->send == send) return *out = link.get(), Status::ok();
+  return Status::error(std::string("no pipeline link ") + (send ? "to" : "from") + " pp position " +
+                       std::to_string(peer) + " (the plan's messages were not counted)");
+}
+
+Status PipelineLinks::send(int peer, const float *data, int64_t floats, cudaStream_t stream) {
+  Link *l;
+  LOOM_RETURN_IF_ERROR(find(peer, true, &l));
+  if (l->next >= l->slots.size() || floats > l->slotFloats)
+    return Status::error(l->name() + ": more or larger messages in this step than the schedule announced");
+  size_t k = l->next++;
+  // The slot's last message (a step ago) has left; copy in; the link sends when the copy is done.
+  LOOM_RETURN_IF_ERROR(cudaStatus(cudaStreamWaitEvent(stream, l->free[k], 0), "stream wait"));
+  LOOM_RETURN_IF_ERROR(cudaStatus(
+      cudaMemcpyAsync(l->slots[k], data, size_t(floats) * sizeof(float), cudaMemcpyDeviceToDevice, stream), "copy"));
+  LOOM_RETURN_IF_ERROR(cudaStatus(cudaEventRecord(l->filled[k], stream), "event"));
+  LOOM_RETURN_IF_ERROR(cudaStatus(cudaStreamWaitEvent(l->stream, l->filled[k], 0), "stream wait"));
+  LOOM_RETURN_IF_ERROR(l->comm->exchange({{true, 1, l->slots[k], floats}}, l->stream));
+  return cudaStatus(cudaEventRecord(l->free[k], l->stream), "event");
+}
+
+Status PipelineLinks::recv(int peer, float *data, int64_t floats, cudaStream_t stream) {
+  Link *l;
+  LOOM_RETURN_IF_ERROR(find(peer, false, &l));
+  if (l->next >= l->slots.size() || floats > l->slotFloats)
+    return Status::error(l->name() + ": more or larger messages in this step than the schedule announced");
+  size_t k = l->next++;
+  // Posted at once (after the slot's last message was copied out, a step ago); `stream`
+  // copies the message out when it has arrived.
+  LOOM_RETURN_IF_ERROR(cudaStatus(cudaStreamWaitEvent(l->stream, l->free[k], 0), "stream wait"));
+  LOOM_RETURN_IF_ERROR(l->comm->exchange({{false, 0, l->slots[k], floats}}, l->stream));
+  LOOM_RETURN_IF_ERROR(cudaStatus(cudaEventRecord(l->filled[k], l->stream), "event"));
+  LOOM_RETURN_IF_ERROR(cudaStatus(cudaStreamWaitEvent(stream, l->filled[k], 0), "stream wait"));
+  LOOM_RETURN_IF_ERROR(cudaStatus(
+      cudaMemcpyAsync(data, l->slots[k], size_t(floats) * sizeof(float), cudaMemcpyDeviceToDevice, stream), "copy"));
+  return cudaStatus(cudaEventRecord(l->free[k], stream), "event");
+}
+
+std::vector<PipelineLinks::Need> pipelineNeeds(const plan::RankPlan &plan, const plan::ProgramSet &programs) {
+  std::map<std::pair<int, bool>, PipelineLinks::Need> needs;
+  std::map<std::string, const plan::Program *> byName;
+  for (const plan::Program &p : programs.programs()) byName[p.name()] = &p;
+  for (const plan::ScheduleEntry &e : plan.schedule()) {
+    auto it = byName.find(e.program());
+    if (it == byName.end()) continue;  // the trainer reports it
+    const plan::Program &p = *it->second;
+    for (const plan::Instruction &in : p.instructions()) {
+      bool send = in.op() == "send";
+      if (!send && in.op() != "recv") continue;
+      int peer = -1;
+      for (const plan::Attribute &a : in.attributes())
+        if (a.name() == "peer") peer = int(a.i());
+      const plan::Buffer &b = p.buffers(send ? in.inputs(0) : in.outputs(0));
+      int64_t floats = 1;
+      for (int64_t d : b.shape()) floats *= d;
+      PipelineLinks::Need &n = needs[{peer, send}];
+      n.peer = peer, n.send = send, n.floats = std::max(n.floats, floats);
+      ++n.messages;
+    }
+  }
+  std::vector<PipelineLinks::Need> out;
+  for (auto &[key, n] : needs) out.push_back(n);
+  return out;
+}
+
+}  // namespace loom::cuda

@@ -1,0 +1,70 @@
+// Pipeline-parallel messages between stages over NCCL. NCCL matches sends and receives by
+// order, not by tag, and a send completes only once the peer receives it; the CPU backend's
+// Gloo messages are tagged and buffered, and the plans rely on the latter (a 1F1B stage sends
+// its next activation before it receives the gradient its peer sends first). So, on the GPU:
+//  - one two-rank communicator per direction of each pair of stages that exchange messages
+//    (src -> dst), each driven by one CUDA stream on either side: a link's sends are ordered
+//    among themselves, its receives among themselves, and nothing else queues behind them;
+//  - messages go through slots of dedicated buffers, one per message of a step: a send copies
+//    the tensor into its slot and the program goes on (it never waits for the peer); a receive
+//    is posted into its slot at once and the program copies out when it has arrived.
+// Deadlock freedom then rests on the schedule being valid with buffered sends, which the
+// compiler's schedule simulator checks, and on both ends ordering a link's messages alike: every
+// stage runs its programs in the same (chunk, micro-batch) order in GPipe, 1F1B and
+// interleaved 1F1B, so the k-th send over a link is the peer's k-th receive over it.
+// Memory: each link holds a step's messages (micro-batches x chunks activations or gradients).
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "protos/plan.pb.h"
+#include "runtime/Status.h"
+#include "runtime/control/CoordinatorClient.h"
+
+namespace loom::cuda {
+
+class NcclGroup;
+
+class PipelineLinks {
+ public:
+  // What one direction of one link carries in a step (from the rank's schedule and programs).
+  struct Need {
+    int peer;         // position in the pp group
+    bool send;        // this rank sends (else receives)
+    int64_t floats;   // the largest message
+    int messages;     // messages per step
+  };
+  // `members`: the global ranks of this rank's pp group, `position` its place there. Links are
+  // created in one global order (source rank, then destination rank), so no two ranks wait on
+  // each other's second link; their NCCL ids go through the coordinator.
+  static Status create(control::CoordinatorClient *client, const std::vector<int> &members, int position,
+                       const std::vector<Need> &needs, int64_t timeoutMs, std::unique_ptr<PipelineLinks> *out);
+  ~PipelineLinks();
+  PipelineLinks(const PipelineLinks &) = delete;
+  PipelineLinks &operator=(const PipelineLinks &) = delete;
+
+  // Sends `floats` floats at `data` to `peer` once the work queued on `stream` is done;
+  // `stream` itself does not wait for the peer.
+  Status send(int peer, const float *data, int64_t floats, cudaStream_t stream);
+  // Receives from `peer` into `data`; the work queued on `stream` after this waits for it.
+  Status recv(int peer, float *data, int64_t floats, cudaStream_t stream);
+  // A new step: slots are taken from the first again (every message of the previous step was
+  // sent or received by then: the step's schedule ran to its end).
+  void startStep();
+
+ private:
+  struct Link;
+  PipelineLinks() = default;
+  Status find(int peer, bool send, Link **out);
+  std::vector<std::unique_ptr<Link>> links_;
+};
+
+// The links a rank's step uses: its schedule's programs' send and receive instructions counted
+// per peer and direction, with the largest message of each.
+std::vector<PipelineLinks::Need> pipelineNeeds(const plan::RankPlan &plan, const plan::ProgramSet &programs);
+
+}  // namespace loom::cuda

@@ -1,0 +1,68 @@
+// What a pipeline rank's NCCL links must carry, counted from its compiled plan (needs no GPU):
+// gpt-tiny on (t, p, d) = (1, 2, 1) with 2 micro-batches: stage 0 sends each micro-batch's
+// activation to stage 1 and receives its gradient back, stage 1 the reverse, every message
+// micro-batch x seq x hidden floats. A peer outside the group is refused before any device
+// work. The messages themselves need two GPUs (NCCL will not put two ranks on one device),
+// which no check machine has had: that part has not run.
+#include <gtest/gtest.h>
+
+#include <fstream>
+#include <sstream>
+#include <string>
+
+#include "protos/plan.pb.h"
+#include "runtime/cuda/PipelineLinks.h"
+#include "tests/runtime/MultiProcess.h"
+
+namespace loom {
+namespace {
+
+std::string readFile(const std::string &path) {
+  std::ifstream in(path, std::ios::binary);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+class PipelineNeeds : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = std::string(std::getenv("TEST_TMPDIR") ? std::getenv("TEST_TMPDIR") : "/tmp") + "/pp_plans";
+    test::Result r = test::run(test::runfile("compiler/loomc") + " compile " +
+                               test::runfile("tests/runtime/Inputs/gpt-tiny-nodropout.pbtxt") + " --cluster " +
+                               test::runfile("tests/runtime/Inputs/t1p2d1.pbtxt") + " --out " + dir_ + " --quiet");
+    ASSERT_EQ(r.exitCode, 0) << r.output;
+  }
+  void load(int rank, plan::RankPlan *plan, plan::ProgramSet *programs) {
+    ASSERT_TRUE(plan->ParseFromString(readFile(dir_ + "/rank_" + std::to_string(rank) + ".plan.pb")));
+    ASSERT_TRUE(programs->ParseFromString(readFile(dir_ + "/" + plan->programs_file())));
+  }
+  std::string dir_;
+};
+
+TEST_F(PipelineNeeds, EachStageSendsAndReceivesOneMessagePerMicroBatch) {
+  for (int rank : {0, 1}) {
+    plan::RankPlan plan;
+    plan::ProgramSet programs;
+    load(rank, &plan, &programs);
+    if (HasFatalFailure()) return;
+    std::vector<cuda::PipelineLinks::Need> needs = cuda::pipelineNeeds(plan, programs);
+    ASSERT_EQ(needs.size(), 2u) << "rank " << rank;
+    for (const cuda::PipelineLinks::Need &n : needs) {
+      EXPECT_EQ(n.peer, 1 - rank);
+      EXPECT_EQ(n.messages, plan.micro_batches()) << "rank " << rank << (n.send ? " send" : " recv");
+      EXPECT_EQ(n.floats, int64_t(plan.micro_batch_size()) * plan.seq_length() * plan.hidden_size());
+    }
+    EXPECT_NE(needs[0].send, needs[1].send);
+  }
+}
+
+TEST(PipelineLinksLimits, APeerOutsideTheGroupIsRefused) {
+  std::unique_ptr<cuda::PipelineLinks> links;
+  Status s = cuda::PipelineLinks::create(nullptr, {0, 1}, 0, {{5, true, 16, 2}}, 1000, &links);
+  ASSERT_FALSE(s.isOk());
+  EXPECT_NE(s.message().find("pipeline peer 5"), std::string::npos) << s.message();
+}
+
+}  // namespace
+}  // namespace loom
