@@ -46,6 +46,11 @@ uint64_t dropoutSeed(uint64_t seed, int64_t step, int dp, int mb) {
   return z ^ (z >> 31);
 }
 
+Status unboundArgument(const plan::Program &prog, const std::string &name, int mb) {
+  return Status::error(prog.name() + ": nothing to bind to argument '" + name + "' (micro-batch " +
+                       std::to_string(mb) + "): the plan and the schedule disagree");
+}
+
 int64_t firstSampleOf(const plan::RankPlan &plan, int64_t step, int mb) {
   return ((step * plan.d() + plan.dp_rank()) * plan.micro_batches() + mb) * plan.micro_batch_size();
 }
@@ -97,9 +102,7 @@ Status Trainer::runProgram(const plan::Program &prog, int mb, int64_t step, doub
       default:
         break;
     }
-    if (!t)
-      return Status::error(prog.name() + ": nothing to bind to argument '" + a.name() + "' (micro-batch " +
-                           std::to_string(mb) + "): the plan and the schedule disagree");
+    if (!t) return unboundArgument(prog, a.name(), mb);
     args.push_back(t);
   }
   ExecutionContext ctx;

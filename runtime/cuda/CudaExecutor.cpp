@@ -7,6 +7,7 @@
 #include "runtime/cpu/Kernels.h"
 #include "runtime/cuda/Attention.h"
 #include "runtime/cuda/CudaKernels.h"
+#include "runtime/cuda/CudaStatus.h"
 #include "runtime/cuda/LtLinear.h"
 #include "runtime/cuda/NcclGroup.h"
 #include "runtime/cuda/PipelineLinks.h"
@@ -18,16 +19,6 @@ using planattr::f64;
 using planattr::flag;
 using planattr::i64;
 using planattr::str;
-
-Status cudaStatus(cudaError_t err, const std::string &what) {
-  if (err == cudaSuccess) return Status::ok();
-  return Status::error("CUDA " + what + ": " + cudaGetErrorString(err));
-}
-
-Status blasStatus(cublasStatus_t st, const std::string &what) {
-  if (st == CUBLAS_STATUS_SUCCESS) return Status::ok();
-  return Status::error("cuBLAS " + what + ": status " + std::to_string(int(st)));
-}
 
 size_t aligned(size_t bytes) { return (bytes + 255) / 256 * 256; }
 

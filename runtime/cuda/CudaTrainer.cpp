@@ -1,25 +1,20 @@
 #include "runtime/cuda/CudaTrainer.h"
 
+#include <atomic>
 #include <chrono>
 #include <cmath>
+#include <thread>
 
 #include "runtime/ParamInit.h"
 #include "runtime/PlanAttributes.h"
 #include "runtime/Trainer.h"
 #include "runtime/cuda/CudaKernels.h"
+#include "runtime/cuda/CudaStatus.h"
 #include "runtime/cuda/GradUnscale.h"
 #include "runtime/cuda/NcclGroup.h"
 #include "runtime/cuda/PipelineLinks.h"
 
 namespace loom::cuda {
-namespace {
-
-Status cudaStatus(cudaError_t err, const std::string &what) {
-  if (err == cudaSuccess) return Status::ok();
-  return Status::error("CUDA " + what + ": " + cudaGetErrorString(err));
-}
-
-}  // namespace
 
 struct CudaTrainer::Array {
   void *data = nullptr;
@@ -75,9 +70,24 @@ Status CudaTrainer::create(plan::RankPlan plan, plan::ProgramSet programs, Colle
   for (const plan::Program &p : t->programs_.programs()) t->byName_[p.name()] = &p;
   LOOM_RETURN_IF_ERROR(CudaExecutor::create({options.precision, groups, options.links}, &t->executor_));
   cudaStream_t s = t->executor_->computeStream();
-  for (const plan::Parameter &p : t->plan_.parameters()) {
-    // The CPU trainer's weights, element for element.
-    HostTensor init = initial && initial->count(p.name()) ? initial->at(p.name()) : initParameter(p, options.seed);
+  // The CPU trainer's weights, element for element; drawn on the host's cores in parallel (a
+  // billion Philox draws take tens of seconds on one).
+  const auto &parameters = t->plan_.parameters();
+  std::vector<HostTensor> drawn(size_t(parameters.size()));
+  if (!initial) {
+    std::atomic<int> nextParam{0};
+    std::vector<std::thread> workers;
+    for (unsigned w = 0; w < std::max(1u, std::thread::hardware_concurrency()); ++w)
+      workers.emplace_back([&] {
+        for (int i; (i = nextParam++) < parameters.size();) drawn[i] = initParameter(parameters[i], options.seed);
+      });
+    for (std::thread &w : workers) w.join();
+  }
+  for (int i = 0; i < parameters.size(); ++i) {
+    const plan::Parameter &p = parameters[i];
+    HostTensor init = initial && initial->count(p.name()) ? initial->at(p.name())
+                      : initial                          ? initParameter(p, options.seed)
+                                                         : std::move(drawn[i]);
     if (init.numel() != int64_t(init.data.size()))
       return Status::error("the initial value of parameter " + p.name() + " has the wrong size");
     Param param{p.name(), init.shape, init.numel(), decays(p.name(), init.shape),
@@ -211,9 +221,7 @@ Status CudaTrainer::runProgram(const plan::Program &prog, int mb, int64_t dataSt
       auto it = from.find({a.name(), sync ? -1 : mb});
       if (it != from.end()) address = it->second.data;
     }
-    if (!address)
-      return Status::error(prog.name() + ": nothing to bind to argument '" + a.name() + "' (micro-batch " +
-                           std::to_string(mb) + "): the plan and the schedule disagree");
+    if (!address) return unboundArgument(prog, a.name(), mb);
     args.push_back(address);
   }
   ExecutionContext ctx;
@@ -397,24 +405,22 @@ Status CudaTrainer::download(const float *device, size_t count, std::vector<floa
   return cudaStatus(cudaMemcpy(host->data(), device, count * sizeof(float), cudaMemcpyDeviceToHost), "download");
 }
 
-Status CudaTrainer::downloadParameters(std::map<std::string, HostTensor> *out) {
+Status CudaTrainer::downloadTensors(Array Param::*which, std::map<std::string, HostTensor> *out) {
   LOOM_RETURN_IF_ERROR(cudaStatus(cudaStreamSynchronize(executor_->computeStream()), "synchronize"));
   for (const Param &p : params_) {
     HostTensor &t = (*out)[p.name];
     t.shape = p.shape, t.isInt = false;
-    LOOM_RETURN_IF_ERROR(download(p.value.f(), size_t(p.count), &t.data));
+    LOOM_RETURN_IF_ERROR(download((p.*which).f(), size_t(p.count), &t.data));
   }
   return Status::ok();
 }
 
+Status CudaTrainer::downloadParameters(std::map<std::string, HostTensor> *out) {
+  return downloadTensors(&Param::value, out);
+}
+
 Status CudaTrainer::downloadGradients(std::map<std::string, HostTensor> *out) {
-  LOOM_RETURN_IF_ERROR(cudaStatus(cudaStreamSynchronize(executor_->computeStream()), "synchronize"));
-  for (const Param &p : params_) {
-    HostTensor &t = (*out)[p.name];
-    t.shape = p.shape, t.isInt = false;
-    LOOM_RETURN_IF_ERROR(download(p.grad.f(), size_t(p.count), &t.data));
-  }
-  return Status::ok();
+  return downloadTensors(&Param::grad, out);
 }
 
 Status CudaTrainer::downloadAdam(std::map<std::string, AdamWState> *out) {

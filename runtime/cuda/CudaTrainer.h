@@ -103,6 +103,7 @@ class CudaTrainer {
   Status uploadBatch(int mb, int64_t dataStep);
   Status unscaleAndCheck(bool *foundNonFinite);
   Status download(const float *device, size_t count, std::vector<float> *host);
+  Status downloadTensors(Array Param::*which, std::map<std::string, HostTensor> *out);
   Status slot(std::map<std::pair<std::string, int>, Array> &in, const std::string &name, int mb, size_t bytes,
               bool zeroed, Array **out);
 

@@ -4,17 +4,10 @@
 #include <map>
 #include <string>
 
+#include "runtime/cuda/CudaStatus.h"
 #include "runtime/cuda/NcclGroup.h"
 
 namespace loom::cuda {
-namespace {
-
-Status cudaStatus(cudaError_t err, const std::string &what) {
-  if (err == cudaSuccess) return Status::ok();
-  return Status::error("CUDA " + what + ": " + cudaGetErrorString(err));
-}
-
-}  // namespace
 
 struct PipelineLinks::Link {
   int peer = 0;  // pp position of the other end
