@@ -31,6 +31,9 @@ class LossScaler {
   double unscaleFactor() const { return 1.0 / scale_; }
   int64_t cleanSteps() const { return cleanSteps_; }
 
+  // Back to a checkpointed state (scale and clean steps in a row).
+  void restore(double scale, int64_t cleanSteps) { scale_ = scale, cleanSteps_ = cleanSteps; }
+
   // Called once per optimizer step with whether any gradient (on any rank) was not finite.
   // Returns true when the optimizer step must be skipped.
   bool update(bool foundNonFinite);

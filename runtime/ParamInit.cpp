@@ -1,6 +1,9 @@
 #include "runtime/ParamInit.h"
 
+#include <algorithm>
+#include <atomic>
 #include <cmath>
+#include <thread>
 
 #include "runtime/Fnv1a.h"
 #include "runtime/cpu/Philox.h"
@@ -39,6 +42,21 @@ HostTensor initParameter(const plan::Parameter &p, uint64_t seed) {
     t.data[i] = float(p.init_std() * std::sqrt(-2.0 * std::log(u1)) * std::cos(2 * M_PI * u2));
   }
   return t;
+}
+
+std::vector<HostTensor> initParameters(const plan::RankPlan &plan, uint64_t seed) {
+  const auto &params = plan.parameters();
+  std::vector<HostTensor> out(size_t(params.size()));
+  std::atomic<int> next{0};
+  auto work = [&] {
+    for (int i; (i = next++) < params.size();) out[size_t(i)] = initParameter(params[i], seed);
+  };
+  unsigned helpers = std::min<unsigned>(std::thread::hardware_concurrency(), unsigned(params.size()));
+  std::vector<std::thread> threads;
+  for (unsigned k = 1; k < helpers; ++k) threads.emplace_back(work);
+  work();
+  for (std::thread &t : threads) t.join();
+  return out;
 }
 
 }  // namespace loom

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <vector>
 
 #include "protos/plan.pb.h"
 #include "runtime/Tensor.h"
@@ -13,6 +14,10 @@ namespace loom {
 // normal(0, init_std) by Box-Muller on two Philox uniforms, zeros, or ones. A tied copy
 // (loom.tied_to) draws the elements of the parameter it copies.
 HostTensor initParameter(const plan::Parameter &param, uint64_t seed);
+
+// Every parameter of a rank's plan, in plan order, drawn on the machine's cores in parallel
+// (the values do not depend on the threads).
+std::vector<HostTensor> initParameters(const plan::RankPlan &plan, uint64_t seed);
 
 // FNV-1a 64 of a string: a stable stream id for a name.
 uint64_t streamOfName(const std::string &name);

@@ -34,8 +34,6 @@ void zero(std::map<std::string, HostTensor> &tensors) {
   for (auto &[k, t] : tensors) std::fill(t.data.begin(), t.data.end(), 0.0f);
 }
 
-// Pipeline messages of micro-batch mb use their own tag range.
-constexpr int64_t kTagsPerMicroBatch = 1 << 12;
 
 }  // namespace
 
@@ -60,7 +58,8 @@ Trainer::Trainer(plan::RankPlan plan, plan::ProgramSet programs, Collectives *co
     : plan_(std::move(plan)), programs_(std::move(programs)), collectives_(collectives), data_(data),
       opt_(options), trainData_(data) {
   for (const plan::Program &p : programs_.programs()) byName_[p.name()] = &p;
-  for (const plan::Parameter &p : plan_.parameters()) params_[p.name()] = initParameter(p, opt_.seed);
+  std::vector<HostTensor> initial = initParameters(plan_, opt_.seed);
+  for (int i = 0; i < plan_.parameters_size(); ++i) params_[plan_.parameters(i).name()] = std::move(initial[size_t(i)]);
 }
 
 Status Trainer::runProgram(const plan::Program &prog, int mb, int64_t step, double *loss) {

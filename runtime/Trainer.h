@@ -26,6 +26,9 @@ struct TrainerOptions {
 // Dropout seeds: equal across a tensor-parallel group, distinct per step, replica and
 // micro-batch (SplitMix64 finaliser over the mix). Every backend's trainer draws the same.
 uint64_t dropoutSeed(uint64_t seed, int64_t step, int dp, int mb);
+// Pipeline messages of micro-batch mb use their own tag range (the CPU executor's messageTag).
+constexpr int64_t kTagsPerMicroBatch = 1 << 12;
+
 // The error when a program's argument has nothing to bind to (a plan/schedule mismatch).
 Status unboundArgument(const plan::Program &prog, const std::string &name, int mb);
 // The global index of the first sample of micro-batch mb of `step` on this data-parallel rank.

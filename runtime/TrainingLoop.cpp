@@ -4,6 +4,7 @@
 
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 
 #include "runtime/Checkpoint.h"
@@ -77,6 +78,7 @@ Status TrainingLoop::saveCheckpoint(int64_t iteration) {
       {"vocab_size", std::to_string(p.vocab_size())}, {"heads", std::to_string(p.num_attention_heads())},
       {"architecture", p.architecture()}};
   for (const plan::Parameter &param : p.parameters()) meta["shard:" + param.name()] = shardInfo(param);
+  if (skipped_ > 0) meta["skipped_steps"] = std::to_string(skipped_);  // fp16: updates = iterations - skipped
   LOOM_RETURN_IF_ERROR(trainer_.saveShard(checkpointFile(partial, p.rank()), meta));
   LOOM_RETURN_IF_ERROR(client_.barrier("save-" + std::to_string(iteration), p.rank(), 600000));
   if (p.rank() == 0) LOOM_RETURN_IF_ERROR(publishCheckpoint(opt_.save, iteration, p.world_size()));
@@ -97,6 +99,7 @@ Status TrainingLoop::loadCheckpoint(int64_t *iteration) {
   if (meta["layout"] != layout || meta["model"] != p.model())
     return Status::error(file + ": written by model '" + meta["model"] + "' with (t,p,d,v) = (" + meta["layout"] +
                          "), this job runs '" + p.model() + "' with (" + layout + ")");
+  skipped_ = meta.count("skipped_steps") ? std::strtoll(meta["skipped_steps"].c_str(), nullptr, 10) : 0;
   if (logs()) std::printf(" resumed from checkpoint at iteration %lld in %s\n", (long long)*iteration, opt_.save.c_str());
   return Status::ok();
 }
@@ -222,16 +225,20 @@ Status TrainingLoop::run() {
     if (r.hasLoss && !r.skipped && !std::isfinite(r.loss))
       return Status::error("the loss is " + std::to_string(r.loss) + " at iteration " + std::to_string(it) +
                            ": stopping before the update (no checkpoint of this state is written)");
-    double norm = 0, lr = opt_.lr.at(it);
+    // Skipped fp16 steps neither update nor advance the learning-rate schedule or AdamW's step
+    // count (as in Megatron-LM); `update` is the 1-based count of updates with this one.
+    int64_t update = it - skipped_;
+    double norm = 0, lr = opt_.lr.at(update);
     if (r.skipped) {
       // fp16 dynamic loss scaling: an inf/NaN gradient on some rank; every rank skips the update.
+      ++skipped_;
       if (logs())
         std::printf(" iteration %8lld/%8lld | skipped: inf/NaN gradients at loss scale %.0f (halved)\n",
                     (long long)it, (long long)opt_.trainIters, r.lossScale);
     } else if (p.zero1()) {
       // (After a --dump-grads averaging, the gradients are equal on every replica, and averaging
       // them again in the reduce-scatter changes nothing.)
-      LOOM_RETURN_IF_ERROR(trainer_.distributedOptimizerStep(it, lr, opt_.clipGrad, &norm));
+      LOOM_RETURN_IF_ERROR(trainer_.distributedOptimizerStep(update, lr, opt_.clipGrad, &norm));
       if (!std::isfinite(norm))
         return Status::error("the gradient norm is not finite at iteration " + std::to_string(it) + ": stopping");
     } else {
@@ -241,7 +248,7 @@ Status TrainingLoop::run() {
                              ": stopping before the update (no checkpoint of this state is written)");
       if (opt_.clipGrad > 0 && norm > opt_.clipGrad)
         LOOM_RETURN_IF_ERROR(trainer_.scaleGradients(opt_.clipGrad / (norm + 1e-6)));
-      LOOM_RETURN_IF_ERROR(trainer_.applyOptimizer(it, lr));
+      LOOM_RETURN_IF_ERROR(trainer_.applyOptimizer(update, lr));
     }
     if (!r.skipped && logs() && (it % opt_.logInterval == 0 || it == opt_.trainIters)) {
       double mfu = p.device_peak_flops() > 0
@@ -254,8 +261,8 @@ Status TrainingLoop::run() {
                   lr, p.global_batch_size(), r.loss, norm, tokensPerStep / r.seconds, 100 * mfu, peakMemoryMiB());
       std::fflush(stdout);
     }
-    if (r.hasLoss) (void)client_.metrics(p.rank(), it, {{"loss", r.loss}, {"grad_norm", norm}});
-    if (logs() && !opt_.lossLog.empty()) {
+    if (r.hasLoss && !r.skipped) (void)client_.metrics(p.rank(), it, {{"loss", r.loss}, {"grad_norm", norm}});
+    if (logs() && !r.skipped && !opt_.lossLog.empty()) {
       FILE *f = std::fopen(opt_.lossLog.c_str(), "a");
       if (!f) return Status::error(opt_.lossLog + ": cannot append");
       std::fprintf(f, "%lld %.9g %.9g\n", (long long)it, r.loss, norm);

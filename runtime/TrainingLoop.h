@@ -55,6 +55,7 @@ class TrainingLoop {
   DataSource *validation_;
   TrainingOptions opt_;
   std::atomic<int64_t> *step_;
+  int64_t skipped_ = 0;  // fp16 steps skipped so far (checkpointed)
 };
 
 }  // namespace loom

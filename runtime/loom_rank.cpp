@@ -73,12 +73,14 @@ void heartbeatLoop(RankJob *job, double deadSeconds) {
 }
 
 // --gpu N, or the rank's turn among this machine's GPUs (rank % count, as one process per GPU).
-loom::Status selectGpu(loom::Flags &flags, int rank) {
-  // One hardware queue, so kernels start in the order they are issued across streams: the
-  // tensor-parallel collectives and the overlapped data-parallel buckets then reach the GPU in
-  // the same order on every rank, which concurrent NCCL communicators need (Megatron-LM sets
-  // the same). Before any CUDA call; a value the user set wins.
-  setenv("CUDA_DEVICE_MAX_CONNECTIONS", "1", 0);
+loom::Status selectGpu(loom::Flags &flags, int rank, int pipelineStages) {
+  // Without pipeline stages: one hardware queue, so kernels start in the order they are issued
+  // across streams, and the tensor-parallel collectives and the overlapped data-parallel
+  // buckets reach the GPU in the same order on every rank, which concurrent NCCL communicators
+  // need (Megatron-LM sets the same). Not with stages: a pipeline link's send waits for its
+  // peer, and with one queue everything issued after it would wait too (PipelineLinks.h relies
+  // on sends never holding up the rest). Before any CUDA call; a value the user set wins.
+  if (pipelineStages == 1) setenv("CUDA_DEVICE_MAX_CONNECTIONS", "1", 0);
   const char *why = "";
   if (!loom::cuda::deviceAvailable(&why)) return loom::Status::error(std::string("--device cuda: ") + why);
   int count = 0;
@@ -169,6 +171,9 @@ int main(int argc, char **argv) {
     return flags.fail("--precision " + precision + ": expected fp32, bf16 or fp16");
   if (device == "cpu" && copt.precision != loom::cuda::Precision::kFp32)
     return flags.fail("--precision " + precision + ": the CPU backend computes in fp32 (use --device cuda)");
+  if (device == "cpu" && flags.has("gpu")) return flags.fail("--gpu needs --device cuda");
+  if (device == "cuda" && !topt.dumpBatches.empty())
+    return flags.fail("--dump-batches is a CPU-backend test aid (use --device cpu)");
   loom::Status s = client.connect(rank, connectTimeout, &reg);
   if (!s.isOk()) {
     std::fprintf(stderr, "%s: error: %s\n", tool.c_str(), s.message().c_str());
@@ -242,14 +247,15 @@ int main(int argc, char **argv) {
   std::unique_ptr<loom::cuda::NcclGroups> nccl;
   std::unique_ptr<loom::cuda::PipelineLinks> links;
   if (device == "cuda") {
-    if (s = selectGpu(flags, rank); !s.isOk()) return fail(s.message());
+    if (s = selectGpu(flags, rank, plan.p()); !s.isOk()) return fail(s.message());
     loom::ParallelLayout layout{plan.t(), plan.p(), plan.d()};
     if (s = loom::cuda::NcclGroups::create(&client, layout, rank, int64_t(commTimeout * 1000), &nccl); !s.isOk())
       return fail(s.message());
     if (plan.p() > 1) {  // messages between pipeline stages: one NCCL link per direction and peer
-      s = loom::cuda::PipelineLinks::create(&client, loom::groupMembers(layout, "pp", rank), plan.pp_rank(),
-                                            loom::cuda::pipelineNeeds(plan, programs), int64_t(commTimeout * 1000),
-                                            &links);
+      std::vector<loom::cuda::PipelineLinks::Need> needs;
+      if (s = loom::cuda::pipelineNeeds(plan, programs, &needs); !s.isOk()) return fail(s.message());
+      s = loom::cuda::PipelineLinks::create(&client, loom::groupMembers(layout, "pp", rank), plan.pp_rank(), needs,
+                                            int64_t(commTimeout * 1000), &links);
       if (!s.isOk()) return fail(s.message());
       copt.links = links.get();
     }

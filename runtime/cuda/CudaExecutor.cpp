@@ -123,9 +123,10 @@ class DeviceRun {
                           " (corrupt plan: the compute stream's scratch is not shared)");
       if (s.isOk()) s = instruction(in, k);
       if (s.isOk()) s = cudaStatus(cudaGetLastError(), "kernel launch");
+      // The event first: other streams wait for the instruction, not for what consumers queue.
+      if (s.isOk() && awaited[i]) s = cudaStatus(cudaEventRecord(e_.events_[i], st_), "event");
       for (int r : resultsOf[i])
         if (s.isOk()) s = hand(r);
-      if (s.isOk() && awaited[i]) s = cudaStatus(cudaEventRecord(e_.events_[i], st_), "event");
       if (!s.isOk())
         return Status::error(prog_.name() + " instruction " + std::to_string(i) + " (" + in.op() + "): " + s.message());
     }
@@ -226,9 +227,9 @@ class DeviceRun {
     int g = in.inputs(0);
     int64_t n = dim(g, -1), m = numel(g) / n;
     LOOM_RETURN_IF_ERROR(e_.reserve(&e_.ones_, &e_.onesBytes_, size_t(m) * sizeof(float)));
-    if (!onesReady_) {  // (re)filled once per run; fillOnes is cheap next to the GEMMs
+    if (e_.onesFilled_ != e_.onesBytes_) {  // filled once per allocation
       fillValue(static_cast<float *>(e_.ones_), int64_t(e_.onesBytes_ / sizeof(float)), 1.0f, st_);
-      onesReady_ = true;
+      e_.onesFilled_ = e_.onesBytes_;
     }
     float alpha = 1.0f, beta = 0.0f;
     LOOM_RETURN_IF_ERROR(blasStatus(cublasSetStream(e_.blas_, st_), "set stream"));
@@ -413,7 +414,6 @@ class DeviceRun {
   const plan::Program &prog_;
   const ExecutionContext &ctx_;
   cudaStream_t st_ = nullptr;  // the current instruction's stream
-  bool onesReady_ = false;
   char *scratch_[4] = {};
   std::vector<void *> ptr_;
   std::vector<bool> parameter_;
@@ -462,12 +462,9 @@ Status CudaExecutor::reserve(void **buffer, size_t *capacity, size_t bytes) {
   return Status::ok();
 }
 
-Status CudaExecutor::runOnDevice(const plan::Program &program, const std::vector<const void *> &args,
-                                 const DeviceResultConsumer &consume, const ExecutionContext &ctx) {
-  LOOM_RETURN_IF_ERROR(checkProgram(program));
-  if (int(args.size()) != program.arguments_size())
-    return Status::error(program.name() + ": expected " + std::to_string(program.arguments_size()) + " arguments, got " +
-                         std::to_string(args.size()));
+// What a program needs beyond its arguments: the arena, the scratch, events, the ones of
+// bias gradients. Grown, never shrunk; growing drains the device first.
+Status CudaExecutor::reserveFor(const plan::Program &program) {
   size_t workspace = aligned(size_t(program.workspace_bytes()));
   ScratchPlan scratch = scratchFor(program, options_.precision);
   LOOM_RETURN_IF_ERROR(reserve(&arena_, &arenaBytes_, workspace + 256));
@@ -477,6 +474,32 @@ Status CudaExecutor::runOnDevice(const plan::Program &program, const std::vector
     LOOM_RETURN_IF_ERROR(cudaStatus(cudaEventCreateWithFlags(&ev, cudaEventDisableTiming), "event"));
     events_.push_back(ev);
   }
+  for (const plan::Instruction &in : program.instructions())
+    if (in.op() == "bias_grad") {
+      const plan::Buffer &g = program.buffers(in.inputs(0));
+      size_t rows = size_t(planattr::numel(g) / std::max<int64_t>(1, planattr::dim(g, -1)));
+      LOOM_RETURN_IF_ERROR(reserve(&ones_, &onesBytes_, rows * sizeof(float)));
+    }
+  return Status::ok();
+}
+
+Status CudaExecutor::prepare(const plan::ProgramSet &programs) {
+  for (const plan::Program &p : programs.programs()) {
+    LOOM_RETURN_IF_ERROR(checkProgram(p));
+    LOOM_RETURN_IF_ERROR(reserveFor(p));
+  }
+  return Status::ok();
+}
+
+Status CudaExecutor::runOnDevice(const plan::Program &program, const std::vector<const void *> &args,
+                                 const DeviceResultConsumer &consume, const ExecutionContext &ctx) {
+  LOOM_RETURN_IF_ERROR(checkProgram(program));
+  if (int(args.size()) != program.arguments_size())
+    return Status::error(program.name() + ": expected " + std::to_string(program.arguments_size()) + " arguments, got " +
+                         std::to_string(args.size()));
+  LOOM_RETURN_IF_ERROR(reserveFor(program));
+  size_t workspace = aligned(size_t(program.workspace_bytes()));
+  ScratchPlan scratch = scratchFor(program, options_.precision);
   char *base = static_cast<char *>(arena_);
   DeviceRun run(*this, program, ctx, static_cast<char *>(scratch_), scratch);
   for (const plan::Buffer &b : program.buffers())

@@ -66,6 +66,11 @@ class CudaExecutor {
   Status runOnDevice(const plan::Program &program, const std::vector<const void *> &args,
                      const DeviceResultConsumer &consume, const ExecutionContext &ctx);
 
+  // Sizes the arena, scratch and events for every program of a set now, so that no run has
+  // to grow them (growing drains the device: in a pipeline, mid-step, that could wait on a
+  // peer that waits on this rank).
+  Status prepare(const plan::ProgramSet &programs);
+
   // The parameters changed (an optimizer step): their 16-bit copies are remade on next use.
   void parametersChanged();
   // Work the caller queues after runOnDevice goes here (the stream results are consumed on).
@@ -74,6 +79,7 @@ class CudaExecutor {
  private:
   explicit CudaExecutor(const CudaExecutorOptions &options);
   Status reserve(void **buffer, size_t *capacity, size_t bytes);
+  Status reserveFor(const plan::Program &program);
   friend class DeviceRun;
 
   CudaExecutorOptions options_;
@@ -83,7 +89,7 @@ class CudaExecutor {
   std::vector<cudaEvent_t> events_;  // one per instruction index (a program's wait_for targets)
   cudaEvent_t streamEnd_[4] = {};
   void *arena_ = nullptr, *arguments_ = nullptr, *scratch_ = nullptr, *ones_ = nullptr;
-  size_t arenaBytes_ = 0, argumentBytes_ = 0, scratchBytes_ = 0, onesBytes_ = 0;
+  size_t arenaBytes_ = 0, argumentBytes_ = 0, scratchBytes_ = 0, onesBytes_ = 0, onesFilled_ = 0;
   struct HalfCopy {
     void *data = nullptr;
     int64_t count = 0;  // the parameter bound at this address may change (host runs): resized then

@@ -1,5 +1,8 @@
 #include "runtime/cuda/CudaRankTrainer.h"
 
+#include <cstdio>
+#include <cstdlib>
+
 namespace loom::cuda {
 
 Status CudaRankTrainer::create(plan::RankPlan plan, plan::ProgramSet programs, Collectives *collectives,
@@ -21,14 +24,31 @@ Status CudaRankTrainer::synchronizeGradientsOverDataParallel() {
   return Status::error("ZeRO-1 (use_distributed_optimizer) is not wired into the CUDA backend yet");
 }
 
+// fp16's loss scale and its run of clean steps travel in the shard's metadata, so a resumed
+// run scales as the uninterrupted one would.
 Status CudaRankTrainer::saveShard(const std::string &path, const std::map<std::string, std::string> &metadata) {
   LOOM_RETURN_IF_ERROR(device_->downloadParameters(&host_->parameters()));
   LOOM_RETURN_IF_ERROR(device_->downloadAdam(&host_->adamState()));
-  return host_->saveShard(path, metadata);
+  std::map<std::string, std::string> meta = metadata;
+  if (device_->usesLossScaling()) {
+    CudaTrainer::LossScaling state = device_->lossScaling();
+    char scale[40];
+    std::snprintf(scale, sizeof scale, "%.17g", state.scale);
+    meta["fp16_loss_scale"] = scale;
+    meta["fp16_clean_steps"] = std::to_string(state.cleanSteps);
+  }
+  return host_->saveShard(path, meta);
 }
 
 Status CudaRankTrainer::loadShard(const std::string &path, std::map<std::string, std::string> *metadata) {
   LOOM_RETURN_IF_ERROR(host_->loadShard(path, metadata));
+  if (device_->usesLossScaling() && metadata->count("fp16_loss_scale") && metadata->count("fp16_clean_steps")) {
+    char *end = nullptr;
+    double scale = std::strtod((*metadata)["fp16_loss_scale"].c_str(), &end);
+    int64_t clean = std::strtoll((*metadata)["fp16_clean_steps"].c_str(), nullptr, 10);
+    if (!(scale > 0) || *end != '\0') return Status::error(path + ": a corrupt fp16_loss_scale in the metadata");
+    device_->restoreLossScaling({scale, clean});
+  }
   return device_->uploadState(host_->parameters(), host_->adamState());
 }
 

@@ -1,9 +1,8 @@
 #include "runtime/cuda/CudaTrainer.h"
 
-#include <atomic>
 #include <chrono>
 #include <cmath>
-#include <thread>
+#include <cstring>
 
 #include "runtime/ParamInit.h"
 #include "runtime/PlanAttributes.h"
@@ -53,6 +52,7 @@ CudaTrainer::~CudaTrainer() {
   if (syncDone_) cudaEventDestroy(syncDone_);
   if (syncStream_) cudaStreamDestroy(syncStream_);
   if (lossHost_) cudaFreeHost(lossHost_);
+  for (auto &[key, stage] : staging_) cudaFreeHost(stage.data);
   if (squares_) cudaFree(squares_);
   if (nonFinite_) cudaFree(nonFinite_);
 }
@@ -70,24 +70,15 @@ Status CudaTrainer::create(plan::RankPlan plan, plan::ProgramSet programs, Colle
   for (const plan::Program &p : t->programs_.programs()) t->byName_[p.name()] = &p;
   LOOM_RETURN_IF_ERROR(CudaExecutor::create({options.precision, groups, options.links}, &t->executor_));
   cudaStream_t s = t->executor_->computeStream();
-  // The CPU trainer's weights, element for element; drawn on the host's cores in parallel (a
-  // billion Philox draws take tens of seconds on one).
+  // The CPU trainer's weights, element for element.
   const auto &parameters = t->plan_.parameters();
-  std::vector<HostTensor> drawn(size_t(parameters.size()));
-  if (!initial) {
-    std::atomic<int> nextParam{0};
-    std::vector<std::thread> workers;
-    for (unsigned w = 0; w < std::max(1u, std::thread::hardware_concurrency()); ++w)
-      workers.emplace_back([&] {
-        for (int i; (i = nextParam++) < parameters.size();) drawn[i] = initParameter(parameters[i], options.seed);
-      });
-    for (std::thread &w : workers) w.join();
-  }
+  std::vector<HostTensor> drawn;
+  if (!initial) drawn = initParameters(t->plan_, options.seed);
   for (int i = 0; i < parameters.size(); ++i) {
     const plan::Parameter &p = parameters[i];
-    HostTensor init = initial && initial->count(p.name()) ? initial->at(p.name())
-                      : initial                          ? initParameter(p, options.seed)
-                                                         : std::move(drawn[i]);
+    HostTensor init = !initial                          ? std::move(drawn[size_t(i)])
+                      : initial->count(p.name()) ? initial->at(p.name())
+                                                 : initParameter(p, options.seed);
     if (init.numel() != int64_t(init.data.size()))
       return Status::error("the initial value of parameter " + p.name() + " has the wrong size");
     Param param{p.name(), init.shape, init.numel(), decays(p.name(), init.shape),
@@ -102,6 +93,8 @@ Status CudaTrainer::create(plan::RankPlan plan, plan::ProgramSet programs, Colle
     t->params_.push_back(std::move(param));
   }
   LOOM_RETURN_IF_ERROR(t->planOverlappedSync(groups));
+  LOOM_RETURN_IF_ERROR(t->executor_->prepare(t->programs_));
+  LOOM_RETURN_IF_ERROR(t->preallocate());
   LOOM_RETURN_IF_ERROR(cudaStatus(cudaMallocHost(&t->lossHost_, sizeof(float) * size_t(std::max(1, t->plan_.micro_batches()))),
                                   "pinned loss buffer"));
   LOOM_RETURN_IF_ERROR(cudaStatus(cudaMalloc(&t->squares_, sizeof(double)), "norm accumulator"));
@@ -113,7 +106,37 @@ Status CudaTrainer::create(plan::RankPlan plan, plan::ProgramSet programs, Colle
   return Status::ok();
 }
 
-// The device array of (name, mb), allocated on first use (the first step): later steps reuse it.
+// Every stash, input and backward-output array (and the inputs' pinned staging) of a step, made
+// before the first: nothing is allocated mid-step, and in a pipeline nothing drains the device
+// while a peer waits on this rank.
+Status CudaTrainer::preallocate() {
+  for (const plan::ScheduleEntry &e : plan_.schedule()) {
+    auto it = byName_.find(e.program());
+    if (it == byName_.end()) continue;  // runSchedule names it
+    const plan::Program &prog = *it->second;
+    Array *a;
+    for (const plan::Binding &b : prog.arguments())
+      if (b.role() == plan::Binding::INPUT) {
+        size_t bytes = size_t(planattr::numel(prog.buffers(b.buffer()))) * 4;
+        LOOM_RETURN_IF_ERROR(slot(inputs_, b.name(), e.micro_batch(), bytes, false, &a));
+        Pinned &stage = staging_[{b.name(), e.micro_batch()}];
+        if (!stage.data)
+          LOOM_RETURN_IF_ERROR(cudaStatus(cudaMallocHost(&stage.data, bytes), "pinned staging for " + b.name()));
+        stage.bytes = bytes;
+      }
+    for (const plan::Binding &r : prog.results())
+      if (r.role() == plan::Binding::STASH) {
+        size_t bytes = size_t(planattr::numel(prog.buffers(r.buffer()))) * sizeof(float);
+        if (prog.kind() == plan::Program::FORWARD)
+          LOOM_RETURN_IF_ERROR(slot(stash_, r.name(), e.micro_batch(), bytes, false, &a));
+        else if (prog.kind() == plan::Program::BACKWARD)
+          LOOM_RETURN_IF_ERROR(slot(backwardOut_, r.name(), -1, bytes, true, &a));
+      }
+  }
+  return Status::ok();
+}
+
+// The device array of (name, mb), made by preallocate (a later size change re-makes it).
 Status CudaTrainer::slot(std::map<std::pair<std::string, int>, Array> &in, const std::string &name, int mb,
                          size_t bytes, bool zeroed, Array **out) {
   Array &a = in[{name, mb}];
@@ -148,7 +171,10 @@ Status CudaTrainer::planOverlappedSync(const NcclGroups *groups) {
     if (r.role() == plan::Binding::GRADIENT) gradientOf[r.buffer()] = r.name();
   std::vector<Bucket> buckets;
   for (const plan::Instruction &in : sync->instructions()) {
-    if (in.op() != "all_reduce" || in.inputs_size() != in.outputs_size()) return Status::ok();
+    // Only data-parallel buckets: another group's communicator (tp with sequence parallelism)
+    // is in use on its own stream during the backward pass.
+    if (in.op() != "all_reduce" || in.inputs_size() != in.outputs_size() || planattr::str(in, "group") != "dp")
+      return Status::ok();
     Bucket b{nullptr, reduceOpOf(planattr::str(in, "reduce")), {}, 0};
     LOOM_RETURN_IF_ERROR(groups->find(planattr::str(in, "group"), &b.comm));
     for (int k = 0; k < in.inputs_size(); ++k) {
@@ -188,17 +214,24 @@ Status CudaTrainer::memberReady(const std::string &stashName, cudaStream_t produ
   return b.comm->allReduce(parts, b.op, syncStream_);
 }
 
+// The micro-batch's inputs, once per schedule run, through pinned staging (an upload from
+// pageable memory may stall the host on the stream).
 Status CudaTrainer::uploadBatch(int mb, int64_t dataStep) {
+  if (!uploaded_.insert(mb).second) return Status::ok();
   std::map<std::string, HostTensor> batch =
       makeBatch(*data_, firstSampleOf(plan_, dataStep, mb), plan_.micro_batch_size(), plan_.seq_length());
   for (auto &[name, t] : batch) {
+    auto stage = staging_.find({name, mb});
+    auto device = inputs_.find({name, mb});
+    if (stage == staging_.end() || device == inputs_.end()) continue;  // no program of the step reads it
     const void *host = t.isInt ? static_cast<const void *>(t.ints.data()) : static_cast<const void *>(t.data.data());
     size_t bytes = size_t(t.numel()) * 4;
-    Array *a;
-    LOOM_RETURN_IF_ERROR(slot(inputs_, name, mb, bytes, false, &a));
-    // From pageable memory: returns once staged, so `batch` may go.
-    LOOM_RETURN_IF_ERROR(cudaStatus(cudaMemcpyAsync(a->data, host, bytes, cudaMemcpyHostToDevice,
-                                                    executor_->computeStream()),
+    if (bytes != stage->second.bytes || bytes != device->second.bytes)
+      return Status::error("input " + name + " has " + std::to_string(bytes) + " bytes, the plan " +
+                           std::to_string(device->second.bytes));
+    std::memcpy(stage->second.data, host, bytes);  // its last upload finished: steps end synchronized
+    LOOM_RETURN_IF_ERROR(cudaStatus(cudaMemcpyAsync(device->second.data, stage->second.data, bytes,
+                                                    cudaMemcpyHostToDevice, executor_->computeStream()),
                                     "uploading " + name));
   }
   return Status::ok();
@@ -299,6 +332,7 @@ Status CudaTrainer::runSchedule(int64_t dataStep, bool forwardOnly, double *mean
   cudaStream_t s = executor_->computeStream();
   bool overlap = !forwardOnly && !buckets_.empty();
   if (opt_.links) opt_.links->startStep();
+  uploaded_.clear();
   int lastBackward = -1;
   for (int i = 0; i < plan_.schedule_size(); ++i) {
     auto it = byName_.find(plan_.schedule(i).program());
@@ -377,7 +411,6 @@ Status CudaTrainer::scaleGradients(double factor) {
 
 Status CudaTrainer::applyOptimizer(int64_t step, double lr) {
   cudaStream_t s = executor_->computeStream();
-  step -= skippedSteps_;  // AdamW's bias correction counts updates taken (as GradScaler and Megatron do)
   for (Param &p : params_)
     adamwUpdate(p.value.f(), p.grad.f(), p.m.f(), p.v.f(), p.count, float(lr), float(opt_.adam.beta1),
                 float(opt_.adam.beta2), float(opt_.adam.eps), float(opt_.adam.weightDecay), step, p.decay, s);
@@ -394,11 +427,18 @@ Status CudaTrainer::step(int64_t step, double lr, double clip, StepResult *resul
     if (!std::isfinite(*gradNorm))
       return Status::error("the gradient norm is not finite at iteration " + std::to_string(step) + ": stopping");
     if (clip > 0 && *gradNorm > clip) LOOM_RETURN_IF_ERROR(scaleGradients(clip / (*gradNorm + 1e-6)));
-    LOOM_RETURN_IF_ERROR(applyOptimizer(step, lr));
+    // AdamW's bias correction counts the updates taken (as GradScaler and Megatron do).
+    LOOM_RETURN_IF_ERROR(applyOptimizer(step - skippedSteps_, lr));
   }
   result->seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
   return Status::ok();
 }
+
+CudaTrainer::LossScaling CudaTrainer::lossScaling() const {
+  return {scaler_.scale(), scaler_.cleanSteps()};
+}
+
+void CudaTrainer::restoreLossScaling(const LossScaling &state) { scaler_.restore(state.scale, state.cleanSteps); }
 
 Status CudaTrainer::download(const float *device, size_t count, std::vector<float> *host) {
   host->resize(count);

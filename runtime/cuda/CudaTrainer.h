@@ -28,6 +28,7 @@
 
 #include <map>
 #include <memory>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -88,6 +89,15 @@ class CudaTrainer {
   // Every parameter must be in `params` with its size; a parameter without moments in `adam`
   // starts them at zero.
   Status uploadState(const std::map<std::string, HostTensor> &params, const std::map<std::string, AdamWState> &adam);
+  // fp16 dynamic loss scaling's state, for checkpoints.
+  struct LossScaling {
+    double scale;
+    int64_t cleanSteps;
+  };
+  LossScaling lossScaling() const;
+  void restoreLossScaling(const LossScaling &state);
+  bool usesLossScaling() const { return opt_.precision == Precision::kFp16; }
+
   const plan::RankPlan &plan() const { return plan_; }
   bool isLossRank() const { return plan_.pp_rank() == plan_.p() - 1; }
 
@@ -104,6 +114,7 @@ class CudaTrainer {
   Status unscaleAndCheck(bool *foundNonFinite);
   Status download(const float *device, size_t count, std::vector<float> *host);
   Status downloadTensors(Array Param::*which, std::map<std::string, HostTensor> *out);
+  Status preallocate();
   Status slot(std::map<std::pair<std::string, int>, Array> &in, const std::string &name, int mb, size_t bytes,
               bool zeroed, Array **out);
 
@@ -120,6 +131,12 @@ class CudaTrainer {
   // Keyed by (name, micro-batch); backward outputs handed to grad sync use micro-batch -1.
   std::map<std::pair<std::string, int>, Array> stash_, inputs_, backwardOut_;
   std::map<std::string, bool> gradientSeen_;
+  struct Pinned {
+    void *data = nullptr;
+    size_t bytes = 0;
+  };
+  std::map<std::pair<std::string, int>, Pinned> staging_;  // host side of inputs_
+  std::set<int> uploaded_;                                  // micro-batches uploaded this schedule run
   // The grad-sync buckets run during the last backward (empty: the program runs instead).
   struct Bucket {
     NcclGroup *comm;
@@ -132,7 +149,7 @@ class CudaTrainer {
   cudaStream_t syncStream_ = nullptr;
   cudaEvent_t syncDone_ = nullptr;
   bool evaluating_ = false;       // forward programs with dropout off
-  int64_t skippedSteps_ = 0;      // fp16 steps skipped in this process (not counted by AdamW)
+  int64_t skippedSteps_ = 0;      // fp16 steps skipped by step() (not counted by AdamW)
   float *lossHost_ = nullptr;     // pinned: one loss per micro-batch
   double *squares_ = nullptr;     // device accumulator of the gradient norm
   int32_t *nonFinite_ = nullptr;  // device flag of fp16 overflow

@@ -99,7 +99,7 @@ Status NcclGroup::exchange(const std::vector<Transfer> &transfers, cudaStream_t 
 Status NcclGroups::create(control::CoordinatorClient *client, const ParallelLayout &layout, int rank,
                           int64_t timeoutMs, std::unique_ptr<NcclGroups> *out) {
   std::unique_ptr<NcclGroups> groups(new NcclGroups());
-  for (const char *group : {"tp", "dp", "pp", "embedding"}) {
+  for (const char *group : {"tp", "dp", "embedding"}) {  // pp messages: PipelineLinks
     std::vector<int> members = groupMembers(layout, group, rank);
     int position = -1;
     for (size_t i = 0; i < members.size(); ++i)

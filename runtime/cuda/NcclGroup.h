@@ -73,8 +73,8 @@ class NcclGroup {
   ncclComm_t comm_ = nullptr;
 };
 
-// The communicators of one rank: one per parallel group of its layout ("tp", "dp", "pp",
-// "embedding"), created together in that fixed order (every rank creates its groups in the
+// The communicators of one rank: one per collective group of its layout ("tp", "dp",
+// "embedding"; pipeline messages use PipelineLinks), created together in that fixed order (every rank creates its groups in the
 // same order, so no two ranks wait on each other's second group). A group of one member gets a
 // communicator too (NCCL's all-reduce over one rank is a copy), so programs need no special case.
 class NcclGroups {

@@ -2,8 +2,10 @@
 
 #include <algorithm>
 #include <map>
+#include <tuple>
 #include <string>
 
+#include "runtime/Trainer.h"
 #include "runtime/cuda/CudaStatus.h"
 #include "runtime/cuda/NcclGroup.h"
 
@@ -65,6 +67,10 @@ Status PipelineLinks::create(control::CoordinatorClient *client, const std::vect
     if (!client) return Status::error(link->name() + ": no coordinator to exchange the NCCL id through");
     std::string name = "pp-link/" + std::to_string(link->source) + "/" + std::to_string(link->destination);
     LOOM_RETURN_IF_ERROR(NcclGroup::create(*client, name, link->send ? 0 : 1, 2, timeoutMs, &link->comm));
+    // One float over the link now, in the same global order: NCCL connects point-to-point
+    // peers lazily, with the host waiting for the other end, which must not happen mid-step.
+    LOOM_RETURN_IF_ERROR(link->comm->exchange({{link->send, link->send ? 1 : 0, link->slots[0], 1}}, link->stream));
+    LOOM_RETURN_IF_ERROR(cudaStatus(cudaStreamSynchronize(link->stream), link->name() + " warm-up"));
   }
   *out = std::move(links);
   return Status::ok();
@@ -116,31 +122,62 @@ Status PipelineLinks::recv(int peer, float *data, int64_t floats, cudaStream_t s
   return cudaStatus(cudaEventRecord(l->free[k], stream), "event");
 }
 
-std::vector<PipelineLinks::Need> pipelineNeeds(const plan::RankPlan &plan, const plan::ProgramSet &programs) {
-  std::map<std::pair<int, bool>, PipelineLinks::Need> needs;
+namespace {
+
+// Calls visit(program, instruction, send?, peer) for every send and receive of the step, in
+// schedule order.
+template <typename Visit>
+void forEachMessage(const plan::RankPlan &plan, const plan::ProgramSet &programs, Visit visit) {
   std::map<std::string, const plan::Program *> byName;
   for (const plan::Program &p : programs.programs()) byName[p.name()] = &p;
   for (const plan::ScheduleEntry &e : plan.schedule()) {
     auto it = byName.find(e.program());
     if (it == byName.end()) continue;  // the trainer reports it
-    const plan::Program &p = *it->second;
-    for (const plan::Instruction &in : p.instructions()) {
+    for (const plan::Instruction &in : it->second->instructions()) {
       bool send = in.op() == "send";
       if (!send && in.op() != "recv") continue;
-      int peer = -1;
-      for (const plan::Attribute &a : in.attributes())
-        if (a.name() == "peer") peer = int(a.i());
-      const plan::Buffer &b = p.buffers(send ? in.inputs(0) : in.outputs(0));
-      int64_t floats = 1;
-      for (int64_t d : b.shape()) floats *= d;
-      PipelineLinks::Need &n = needs[{peer, send}];
-      n.peer = peer, n.send = send, n.floats = std::max(n.floats, floats);
-      ++n.messages;
+      int64_t peer = -1, tag = 0;
+      for (const plan::Attribute &a : in.attributes()) {
+        if (a.name() == "peer") peer = a.i();
+        if (a.name() == "tag") tag = a.i();
+      }
+      visit(*it->second, e, in, send, int(peer), tag);
     }
   }
-  std::vector<PipelineLinks::Need> out;
-  for (auto &[key, n] : needs) out.push_back(n);
-  return out;
+}
+
+}  // namespace
+
+Status pipelineNeeds(const plan::RankPlan &plan, const plan::ProgramSet &programs,
+                     std::vector<PipelineLinks::Need> *out) {
+  std::map<std::pair<int, bool>, PipelineLinks::Need> needs;
+  std::map<std::tuple<const plan::Program *, int, int, bool>, int> perProgram;  // (program, mb, peer, send)
+  Status status = Status::ok();
+  forEachMessage(plan, programs, [&](const plan::Program &p, const plan::ScheduleEntry &e, const plan::Instruction &in,
+                                     bool send, int peer, int64_t) {
+    if (++perProgram[{&p, e.micro_batch(), peer, send}] == 2 && status.isOk())
+      status = Status::error(p.name() + ": two messages " + (send ? "to" : "from") + " pp position " +
+                             std::to_string(peer) + " in one program (NCCL matches by order only; not supported)");
+    const plan::Buffer &b = p.buffers(send ? in.inputs(0) : in.outputs(0));
+    int64_t floats = 1;
+    for (int64_t d : b.shape()) floats *= d;
+    PipelineLinks::Need &n = needs[{peer, send}];
+    n.peer = peer, n.send = send, n.floats = std::max(n.floats, floats);
+    ++n.messages;
+  });
+  out->clear();
+  for (auto &[key, n] : needs) out->push_back(n);
+  return status;
+}
+
+std::map<std::pair<int, bool>, std::vector<int64_t>> linkMessageOrder(const plan::RankPlan &plan,
+                                                                      const plan::ProgramSet &programs) {
+  std::map<std::pair<int, bool>, std::vector<int64_t>> order;
+  forEachMessage(plan, programs, [&](const plan::Program &, const plan::ScheduleEntry &e, const plan::Instruction &,
+                                     bool send, int peer, int64_t tag) {
+    order[{peer, send}].push_back(tag + (e.micro_batch() < 0 ? 0 : e.micro_batch() * kTagsPerMicroBatch));
+  });
+  return order;
 }
 
 }  // namespace loom::cuda

@@ -9,15 +9,20 @@
 //    the tensor into its slot and the program goes on (it never waits for the peer); a receive
 //    is posted into its slot at once and the program copies out when it has arrived.
 // Deadlock freedom then rests on the schedule being valid with buffered sends, which the
-// compiler's schedule simulator checks, and on both ends ordering a link's messages alike: every
-// stage runs its programs in the same (chunk, micro-batch) order in GPipe, 1F1B and
-// interleaved 1F1B, so the k-th send over a link is the peer's k-th receive over it.
+// compiler's schedule simulator checks, and on both ends ordering a link's messages alike: the
+// k-th send over a link must be the peer's k-th receive over it. The plans carry each
+// message's tag (the CPU backend's matching key); linkMessageOrder lists a rank's sequence per
+// link, and tests/cuda/pipeline_links_test checks that sender and receiver sequences agree on
+// compiled GPipe, 1F1B and interleaved plans. At most one message per link per program.
+// Each link exchanges one float right after its communicator is made, so NCCL's lazy
+// connection set-up happens there and not in the middle of a step.
 // Memory: each link holds a step's messages (micro-batches x chunks activations or gradients).
 #pragma once
 
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <vector>
 
@@ -64,7 +69,15 @@ class PipelineLinks {
 };
 
 // The links a rank's step uses: its schedule's programs' send and receive instructions counted
-// per peer and direction, with the largest message of each.
-std::vector<PipelineLinks::Need> pipelineNeeds(const plan::RankPlan &plan, const plan::ProgramSet &programs);
+// per peer and direction, with the largest message of each. A program with two messages over
+// one link (whose order NCCL could not tell apart) is refused.
+Status pipelineNeeds(const plan::RankPlan &plan, const plan::ProgramSet &programs,
+                     std::vector<PipelineLinks::Need> *out);
+
+// Per (peer, send?) of this rank, the tags of a step's messages over that link in the order
+// they go out or are posted: the CPU backend's tag (the instruction's plus the micro-batch's
+// channel, as runtime/Trainer.cpp numbers them).
+std::map<std::pair<int, bool>, std::vector<int64_t>> linkMessageOrder(const plan::RankPlan &plan,
+                                                                      const plan::ProgramSet &programs);
 
 }  // namespace loom::cuda
