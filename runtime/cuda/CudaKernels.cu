@@ -24,28 +24,49 @@ __global__ void layerNormForwardKernel(const float *x, const float *gamma, const
   for (int64_t i = threadIdx.x; i < n; i += kThreads) y[blockIdx.x * n + i] = (xr[i] - mean) * rstd * gamma[i] + beta[i];
 }
 
+// Each block takes a run of rows; with `partials` (2n floats of shared memory) it sums its
+// rows' dgamma and dbeta per column there and adds them to the output once, instead of one
+// atomic per element (thousands of rows would otherwise contend for the same n addresses).
+// Column i is always thread i % kThreads's, so the shared sums need no atomics.
 __global__ void layerNormBackwardKernel(const float *x, const float *gamma, const float *g, float *dx, float *dgamma,
-                                        float *dbeta, int64_t n, float eps) {
+                                        float *dbeta, int64_t rows, int64_t rowsPerBlock, int64_t n, float eps,
+                                        bool partials) {
   __shared__ float shared[kThreads];
-  const float *xr = x + blockIdx.x * n, *gr = g + blockIdx.x * n;
-  float s = 0;
-  for (int64_t i = threadIdx.x; i < n; i += kThreads) s += xr[i];
-  float mean = blockSum(s, shared) / n;
-  float v = 0;
-  for (int64_t i = threadIdx.x; i < n; i += kThreads) v += (xr[i] - mean) * (xr[i] - mean);
-  float rstd = rsqrtf(blockSum(v, shared) / n + eps);
-  float a = 0, b = 0;
-  for (int64_t i = threadIdx.x; i < n; i += kThreads) {
-    float xhat = (xr[i] - mean) * rstd, dy = gr[i] * gamma[i];
-    a += dy, b += dy * xhat;
-    atomicAdd(&dgamma[i], gr[i] * xhat);
-    atomicAdd(&dbeta[i], gr[i]);
+  extern __shared__ float partial[];  // [2n] when `partials`
+  if (partials)
+    for (int64_t i = threadIdx.x; i < 2 * n; i += kThreads) partial[i] = 0.0f;
+  int64_t first = blockIdx.x * rowsPerBlock, last = min(rows, first + rowsPerBlock);
+  for (int64_t row = first; row < last; ++row) {  // the same trip count for every thread
+    const float *xr = x + row * n, *gr = g + row * n;
+    float s = 0;
+    for (int64_t i = threadIdx.x; i < n; i += kThreads) s += xr[i];
+    float mean = blockSum(s, shared) / n;
+    float v = 0;
+    for (int64_t i = threadIdx.x; i < n; i += kThreads) v += (xr[i] - mean) * (xr[i] - mean);
+    float rstd = rsqrtf(blockSum(v, shared) / n + eps);
+    float a = 0, b = 0;
+    for (int64_t i = threadIdx.x; i < n; i += kThreads) {
+      float xhat = (xr[i] - mean) * rstd, dy = gr[i] * gamma[i];
+      a += dy, b += dy * xhat;
+      if (partials) {
+        partial[i] += gr[i] * xhat;
+        partial[n + i] += gr[i];
+      } else {
+        atomicAdd(&dgamma[i], gr[i] * xhat);
+        atomicAdd(&dbeta[i], gr[i]);
+      }
+    }
+    float meanDy = blockSum(a, shared) / n, meanDyXhat = blockSum(b, shared) / n;
+    for (int64_t i = threadIdx.x; i < n; i += kThreads) {
+      float xhat = (xr[i] - mean) * rstd;
+      dx[row * n + i] = rstd * (gr[i] * gamma[i] - meanDy - xhat * meanDyXhat);
+    }
   }
-  float meanDy = blockSum(a, shared) / n, meanDyXhat = blockSum(b, shared) / n;
-  for (int64_t i = threadIdx.x; i < n; i += kThreads) {
-    float xhat = (xr[i] - mean) * rstd;
-    dx[blockIdx.x * n + i] = rstd * (gr[i] * gamma[i] - meanDy - xhat * meanDyXhat);
-  }
+  if (partials)
+    for (int64_t i = threadIdx.x; i < n; i += kThreads) {
+      atomicAdd(&dgamma[i], partial[i]);
+      atomicAdd(&dbeta[i], partial[n + i]);
+    }
 }
 
 constexpr float kGeluC = 0.7978845608028654f;
@@ -190,7 +211,12 @@ void layerNormBackward(const float *x, const float *gamma, const float *g, float
   cudaMemsetAsync(dgamma, 0, n * sizeof(float), s);
   cudaMemsetAsync(dbeta, 0, n * sizeof(float), s);
   if (rows <= 0) return;  // an empty grid is a launch error
-  layerNormBackwardKernel<<<int(rows), kThreads, 0, s>>>(x, gamma, g, dx, dgamma, dbeta, n, eps);
+  int64_t grid = std::min<int64_t>(rows, 1024), perBlock = (rows + grid - 1) / grid;
+  grid = (rows + perBlock - 1) / perBlock;
+  size_t partialBytes = size_t(2 * n) * sizeof(float);
+  bool partials = partialBytes <= 40 * 1024;  // with the reduction slots, within the 48 KB default
+  layerNormBackwardKernel<<<int(grid), kThreads, partials ? partialBytes : 0, s>>>(x, gamma, g, dx, dgamma, dbeta, rows,
+                                                                                  perBlock, n, eps, partials);
 }
 
 void addBroadcast(const float *x, const float *v, float *y, int64_t count, int64_t period, cudaStream_t s) {

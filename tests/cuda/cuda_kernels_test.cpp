@@ -17,19 +17,23 @@ namespace {
 
 using CudaKernels = DeviceTest<>;
 
+// Shapes for each path of the backward: a block per row (37 rows), runs of rows per block
+// summing dgamma/dbeta in shared memory (3000 rows), per-element atomics when 2n floats do not
+// fit in shared memory (n 6000).
 TEST_F(CudaKernels, LayerNormForwardAndBackward) {
-  int64_t rows = 37, n = 300;
-  auto x = random(rows * n), gamma = random(n), beta = random(n), g = random(rows * n);
-  std::vector<float> y(rows * n), dx(rows * n), dg(n), db(n);
-  cpu::layerNormForward(x.data(), gamma.data(), beta.data(), y.data(), rows, n, 1e-5f);
-  cpu::layerNormBackward(x.data(), gamma.data(), g.data(), dx.data(), dg.data(), db.data(), rows, n, 1e-5f);
-  float *dy = zeros(rows * n), *ddx = zeros(rows * n), *ddg = zeros(n), *ddb = zeros(n);
-  cuda::layerNormForward(up(x), up(gamma), up(beta), dy, rows, n, 1e-5f, 0);
-  cuda::layerNormBackward(up(x), up(gamma), up(g), ddx, ddg, ddb, rows, n, 1e-5f, 0);
-  EXPECT_LT(relErr(down(dy, rows * n), y), 1e-5);
-  EXPECT_LT(relErr(down(ddx, rows * n), dx), 1e-5);
-  EXPECT_LT(relErr(down(ddg, n), dg), 1e-5);
-  EXPECT_LT(relErr(down(ddb, n), db), 1e-5);
+  for (auto [rows, n] : {std::pair<int64_t, int64_t>{37, 300}, {3000, 64}, {5, 6000}}) {
+    auto x = random(rows * n), gamma = random(n), beta = random(n), g = random(rows * n);
+    std::vector<float> y(rows * n), dx(rows * n), dg(n), db(n);
+    cpu::layerNormForward(x.data(), gamma.data(), beta.data(), y.data(), rows, n, 1e-5f);
+    cpu::layerNormBackward(x.data(), gamma.data(), g.data(), dx.data(), dg.data(), db.data(), rows, n, 1e-5f);
+    float *dy = zeros(rows * n), *ddx = zeros(rows * n), *ddg = zeros(n), *ddb = zeros(n);
+    cuda::layerNormForward(up(x), up(gamma), up(beta), dy, rows, n, 1e-5f, 0);
+    cuda::layerNormBackward(up(x), up(gamma), up(g), ddx, ddg, ddb, rows, n, 1e-5f, 0);
+    EXPECT_LT(relErr(down(dy, rows * n), y), 1e-5) << rows << "x" << n;
+    EXPECT_LT(relErr(down(ddx, rows * n), dx), 1e-5) << rows << "x" << n;
+    EXPECT_LT(relErr(down(ddg, n), dg), 1e-5) << rows << "x" << n;
+    EXPECT_LT(relErr(down(ddb, n), db), 1e-5) << rows << "x" << n;
+  }
 }
 
 TEST_F(CudaKernels, BroadcastAddsAndTheirGradients) {
