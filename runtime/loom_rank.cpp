@@ -121,7 +121,7 @@ int main(int argc, char **argv) {
                      "weight-decay", "adam-beta1", "adam-beta2", "adam-eps", "log-interval", "seed", "address",
                      "threads", "dump-grads", "token", "connect-timeout", "comm-timeout", "data-prefix",
                      "valid-fraction", "eval-interval", "eval-iters", "save", "save-interval", "init-from",
-                     "export", "loss-log", "dump-batches", "device", "precision", "gpu"},
+                     "export", "loss-log", "dump-batches", "device", "precision", "gpu", "attention"},
                     {"resume"});
   if (!flags.ok()) return 2;
   if (!flags.has("coordinator") || !flags.has("rank")) return flags.fail("--coordinator HOST:PORT and --rank R are required");
@@ -172,6 +172,9 @@ int main(int argc, char **argv) {
   if (device == "cpu" && copt.precision != loom::cuda::Precision::kFp32)
     return flags.fail("--precision " + precision + ": the CPU backend computes in fp32 (use --device cuda)");
   if (device == "cpu" && flags.has("gpu")) return flags.fail("--gpu needs --device cuda");
+  if (!loom::cuda::parseAttentionKernel(flags.get("attention", "auto"), &copt.attention))
+    return flags.fail("--attention " + flags.get("attention") + ": expected auto, unfused or flash");
+  if (device == "cpu" && flags.has("attention")) return flags.fail("--attention needs --device cuda");
   if (device == "cuda" && !topt.dumpBatches.empty())
     return flags.fail("--dump-batches is a CPU-backend test aid (use --device cpu)");
   loom::Status s = client.connect(rank, connectTimeout, &reg);

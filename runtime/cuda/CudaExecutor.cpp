@@ -8,6 +8,7 @@
 #include "runtime/cuda/Attention.h"
 #include "runtime/cuda/CudaKernels.h"
 #include "runtime/cuda/CudaStatus.h"
+#include "runtime/cuda/FlashAttention.h"
 #include "runtime/cuda/LtLinear.h"
 #include "runtime/cuda/NcclGroup.h"
 #include "runtime/cuda/PipelineLinks.h"
@@ -25,6 +26,13 @@ size_t aligned(size_t bytes) { return (bytes + 255) / 256 * 256; }
 constexpr size_t kLtWorkspaceBytes = 32 << 20;  // cuBLASLt's split-K / stream-K workspace
 
 bool isCollective(const std::string &op) { return op == "all_reduce" || op == "all_gather" || op == "reduce_scatter"; }
+
+constexpr size_t kUnfusedScratchLimit = size_t(2) << 30;
+
+bool useFlash(const cpu::AttentionShape &s, Precision p, AttentionKernel kernel) {
+  if (kernel != AttentionKernel::kAuto) return kernel == AttentionKernel::kFlash;
+  return s.headDim <= 128 && attentionScratchBytes(s, p, /*backward=*/true) > kUnfusedScratchLimit;
+}
 
 cpu::AttentionShape attentionShape(const plan::Program &p, const plan::Instruction &in) {
   const plan::Buffer &qkv = p.buffers(in.inputs(0));
@@ -46,7 +54,7 @@ struct ScratchPlan {
   size_t total() const { return offset(4); }
 };
 
-ScratchPlan scratchFor(const plan::Program &p, Precision precision) {
+ScratchPlan scratchFor(const plan::Program &p, Precision precision, AttentionKernel kernel) {
   ScratchPlan plan;
   int half = operandBytes(precision);
   for (const plan::Instruction &in : p.instructions()) {
@@ -59,7 +67,11 @@ ScratchPlan scratchFor(const plan::Program &p, Precision precision) {
     } else if ((op == "linear" || op == "weight_grad") && precision != Precision::kFp32) {
       need = aligned(n(0) * half) + aligned(n(1) * half);
     } else if (op == "attention" || op == "attention_grad") {
-      need = attentionScratchBytes(attentionShape(p, in), precision, op == "attention_grad");
+      cpu::AttentionShape shape = attentionShape(p, in);
+      bool grad = op == "attention_grad";
+      need = !useFlash(shape, precision, kernel) ? attentionScratchBytes(shape, precision, grad)
+             : grad                              ? flashAttentionScratchBytes(shape)
+                                                 : 0;
     } else if (op == "all_gather" || op == "reduce_scatter") {
       size_t large = size_t(planattr::numel(p.buffers(op == "all_gather" ? in.outputs(0) : in.inputs(0))));
       need = large * sizeof(float);
@@ -330,6 +342,9 @@ class DeviceRun {
       shape.seed = ctx_.seed;
       shape.stream = dropoutStream(i64(in, "stream"), flag(in, "rank_distinct_dropout"));
       const float *m = mask >= 0 ? f(mask) : nullptr;
+      if (useFlash(shape, precision(), e_.options_.attention))
+        return fwd ? flashAttentionForward(f(qkv), m, f(out()), shape, st_)
+                   : flashAttentionBackward(f(qkv), m, f(inp(1)), f(out()), shape, scratch_[0], st_);
       return fwd ? attentionForward(e_.blas_, precision(), f(qkv), m, f(out()), shape, scratch_[0], st_)
                  : attentionBackward(e_.blas_, precision(), f(qkv), m, f(inp(1)), f(out()), shape, scratch_[0], st_);
     } else if (op == "dropout") {
@@ -419,6 +434,13 @@ class DeviceRun {
   std::vector<bool> parameter_;
 };
 
+bool parseAttentionKernel(const std::string &name, AttentionKernel *out) {
+  if (name == "auto") return *out = AttentionKernel::kAuto, true;
+  if (name == "unfused") return *out = AttentionKernel::kUnfused, true;
+  if (name == "flash") return *out = AttentionKernel::kFlash, true;
+  return false;
+}
+
 CudaExecutor::CudaExecutor(const CudaExecutorOptions &options) : options_(options) {}
 
 Status CudaExecutor::create(const CudaExecutorOptions &options, std::unique_ptr<CudaExecutor> *out) {
@@ -466,7 +488,7 @@ Status CudaExecutor::reserve(void **buffer, size_t *capacity, size_t bytes) {
 // bias gradients. Grown, never shrunk; growing drains the device first.
 Status CudaExecutor::reserveFor(const plan::Program &program) {
   size_t workspace = aligned(size_t(program.workspace_bytes()));
-  ScratchPlan scratch = scratchFor(program, options_.precision);
+  ScratchPlan scratch = scratchFor(program, options_.precision, options_.attention);
   LOOM_RETURN_IF_ERROR(reserve(&arena_, &arenaBytes_, workspace + 256));
   LOOM_RETURN_IF_ERROR(reserve(&scratch_, &scratchBytes_, scratch.total() + 256));
   while (events_.size() < size_t(program.instructions_size())) {
@@ -499,7 +521,7 @@ Status CudaExecutor::runOnDevice(const plan::Program &program, const std::vector
                          std::to_string(args.size()));
   LOOM_RETURN_IF_ERROR(reserveFor(program));
   size_t workspace = aligned(size_t(program.workspace_bytes()));
-  ScratchPlan scratch = scratchFor(program, options_.precision);
+  ScratchPlan scratch = scratchFor(program, options_.precision, options_.attention);
   char *base = static_cast<char *>(arena_);
   DeviceRun run(*this, program, ctx, static_cast<char *>(scratch_), scratch);
   for (const plan::Buffer &b : program.buffers())

@@ -21,6 +21,7 @@
 
 #include <functional>
 #include <map>
+#include <string>
 #include <memory>
 #include <vector>
 
@@ -36,8 +37,15 @@ class LtLinear;
 class NcclGroups;
 class PipelineLinks;
 
+// The attention core: Megatron's unfused path (cuBLAS batched GEMMs around our softmax;
+// runtime/cuda/Attention.h), or the tiled one that never stores the scores
+// (runtime/cuda/FlashAttention.h). Auto: unfused unless its scratch would pass 2 GiB.
+enum class AttentionKernel { kAuto, kUnfused, kFlash };
+bool parseAttentionKernel(const std::string &name, AttentionKernel *out);
+
 struct CudaExecutorOptions {
   Precision precision = Precision::kFp32;
+  AttentionKernel attention = AttentionKernel::kAuto;
   const NcclGroups *groups = nullptr;  // required by programs with collectives
   PipelineLinks *links = nullptr;      // required by programs with send/recv
 };

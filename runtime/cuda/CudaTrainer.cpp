@@ -68,7 +68,10 @@ Status CudaTrainer::create(plan::RankPlan plan, plan::ProgramSet programs, Colle
   if (options.precision == Precision::kFp16) LOOM_RETURN_IF_ERROR(LossScaler::validate(options.lossScaling));
   std::unique_ptr<CudaTrainer> t(new CudaTrainer(std::move(plan), std::move(programs), collectives, data, options));
   for (const plan::Program &p : t->programs_.programs()) t->byName_[p.name()] = &p;
-  LOOM_RETURN_IF_ERROR(CudaExecutor::create({options.precision, groups, options.links}, &t->executor_));
+  CudaExecutorOptions executorOptions;
+  executorOptions.precision = options.precision, executorOptions.attention = options.attention;
+  executorOptions.groups = groups, executorOptions.links = options.links;
+  LOOM_RETURN_IF_ERROR(CudaExecutor::create(executorOptions, &t->executor_));
   cudaStream_t s = t->executor_->computeStream();
   // The CPU trainer's weights, element for element.
   const auto &parameters = t->plan_.parameters();

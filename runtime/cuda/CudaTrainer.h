@@ -53,6 +53,7 @@ struct CudaTrainerOptions {
   uint64_t seed = 1234;  // parameters and dropout, as TrainerOptions::seed
   AdamWConfig adam;
   Precision precision = Precision::kBf16;
+  AttentionKernel attention = AttentionKernel::kAuto;
   LossScalerConfig lossScaling;  // used with fp16 only
   PipelineLinks *links = nullptr; // pipeline plans (p > 1): messages between stages; outlives the trainer
 };

@@ -1,8 +1,9 @@
 // The CUDA attention core against cpu::attentionForward/Backward on the same inputs: causal or
 // not, with a key mask, with dropout (the same counter, so the same entries dropped), and a
 // row whose keys are all masked; in fp32 (relative L2 error < 1e-5 on out and dqkv), bf16 and
-// fp16 operands (within their rounding: 3e-2 and 5e-3). An empty shape is refused with a
-// message (that case runs everywhere). The rest skips, with a message saying so, where no GPU
+// fp16 operands (within their rounding: 3e-2 and 5e-3); the tiled (flash) kernel in fp32 at
+// three head sizes. An empty shape, and a head too wide for the tiled kernel, are refused with
+// a message (that case runs everywhere). The rest skips, with a message saying so, where no GPU
 // is present (CI); the GPU check script runs it.
 #include <gtest/gtest.h>
 
@@ -14,6 +15,7 @@
 
 #include "runtime/cpu/Kernels.h"
 #include "runtime/cuda/Attention.h"
+#include "runtime/cuda/FlashAttention.h"
 #include "tests/cuda/DeviceTest.h"
 
 namespace loom {
@@ -78,12 +80,55 @@ INSTANTIATE_TEST_SUITE_P(
       return std::string(std::get<0>(info.param).name) + "_" + cuda::precisionName(std::get<1>(info.param));
     });
 
+// The tiled kernel against the CPU in fp32 for the same cases, and head sizes off the warp
+// width (40) and at the limit (128) with a sequence that is no multiple of the tiles.
+class FlashAttention : public DeviceTest<::testing::TestWithParam<Case>> {};
+
+TEST_P(FlashAttention, MatchesCpuForwardAndBackward) {
+  const Case &c = GetParam();
+  for (auto [seq, heads, headDim] : {std::tuple<int64_t, int64_t, int64_t>{67, 3, 16}, {45, 2, 40}, {70, 1, 128}}) {
+    cpu::AttentionShape shape{/*batch=*/2, seq, heads, headDim, c.causal, c.dropout, 99, 5};
+    int64_t tokens = shape.batch * seq, width = heads * headDim;
+    auto qkv = random(tokens * 3 * width), g = random(tokens * width);
+    std::vector<float> mask(tokens, 1.0f);
+    if (c.keyMask) {
+      for (int64_t j = seq / 2; j < seq; ++j) mask[j] = 0.0f;
+      if (!c.causal)
+        for (int64_t j = 0; j < seq; ++j) mask[seq + j] = 0.0f;
+    }
+    const float *hostMask = c.keyMask ? mask.data() : nullptr;
+    std::vector<float> out(tokens * width), dqkv(qkv.size());
+    cpu::attentionForward(qkv.data(), hostMask, out.data(), shape);
+    cpu::attentionBackward(qkv.data(), hostMask, g.data(), dqkv.data(), shape);
+    float *dOut = zeros(out.size()), *dDqkv = zeros(dqkv.size());
+    const float *devMask = c.keyMask ? up(mask) : nullptr;
+    void *scratch = alloc(cuda::flashAttentionScratchBytes(shape));
+    Status s = cuda::flashAttentionForward(up(qkv), devMask, dOut, shape, nullptr);
+    ASSERT_TRUE(s.isOk()) << s.message();
+    s = cuda::flashAttentionBackward(up(qkv), devMask, up(g), dDqkv, shape, scratch, nullptr);
+    ASSERT_TRUE(s.isOk()) << s.message();
+    EXPECT_LT(relErr(down(dOut, out.size()), out), 1e-5) << c.name << " hd " << headDim;
+    EXPECT_LT(relErr(down(dDqkv, dqkv.size()), dqkv), 1e-5) << c.name << " hd " << headDim;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Masks, FlashAttention,
+                         ::testing::Values(Case{"plain", false, false, 0.0f}, Case{"causal", true, false, 0.0f},
+                                           Case{"key_mask", false, true, 0.0f},
+                                           Case{"causal_key_mask_dropout", true, true, 0.1f},
+                                           Case{"dropout", false, false, 0.2f}),
+                         [](const auto &info) { return std::string(info.param.name); });
+
 // Refused before anything reaches the device: runs without a GPU too.
 TEST(CudaAttentionLimits, AnEmptyShapeIsRefusedWithAMessage) {
   cpu::AttentionShape shape{1, 0, 1, 8, true, 0.0f, 1, 1};
   Status s = cuda::attentionForward(nullptr, cuda::Precision::kBf16, nullptr, nullptr, nullptr, shape, nullptr, nullptr);
   ASSERT_FALSE(s.isOk());
   EXPECT_NE(s.message().find("empty shape"), std::string::npos) << s.message();
+  cpu::AttentionShape wide{1, 8, 1, 256, true, 0.0f, 1, 1};
+  s = cuda::flashAttentionForward(nullptr, nullptr, nullptr, wide, nullptr);
+  ASSERT_FALSE(s.isOk());
+  EXPECT_NE(s.message().find("head size 256"), std::string::npos) << s.message();
 }
 
 }  // namespace

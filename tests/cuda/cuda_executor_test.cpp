@@ -59,11 +59,17 @@ TEST(CudaExecutor, WithoutADeviceCreationFailsWithAMessage) {
   EXPECT_EQ(s.message().find('\n'), std::string::npos) << s.message();
 }
 
-// fp32 within 1e-4; bf16 and fp16 GEMM operands (autocast) within their rounding.
-class CudaExecutorPrecision : public ::testing::TestWithParam<cuda::Precision> {};
+// fp32 within 1e-4 (with either attention kernel); bf16 and fp16 GEMM operands (autocast)
+// within their rounding.
+struct Numerics {
+  cuda::Precision precision;
+  cuda::AttentionKernel attention;
+  const char *name;
+};
+class CudaExecutorPrecision : public ::testing::TestWithParam<Numerics> {};
 
 TEST_P(CudaExecutorPrecision, MatchesTheCpuExecutorOnEveryProgramOfGptTiny) {
-  const cuda::Precision precision = GetParam();
+  const cuda::Precision precision = GetParam().precision;
   const double tolerance = precision == cuda::Precision::kFp32 ? 1e-4 : precision == cuda::Precision::kBf16 ? 3e-2 : 5e-3;
   const char *why = "";
   if (!cuda::deviceAvailable(&why)) GTEST_SKIP() << "no CUDA device (" << why << "): skipping the executor check";
@@ -77,7 +83,9 @@ TEST_P(CudaExecutorPrecision, MatchesTheCpuExecutorOnEveryProgramOfGptTiny) {
   Status s = cuda::NcclGroups::create(nullptr, ParallelLayout{}, 0, 1000, &groups);
   ASSERT_TRUE(s.isOk()) << s.message();
   std::unique_ptr<cuda::CudaExecutor> executor;
-  s = cuda::CudaExecutor::create({precision, groups.get()}, &executor);
+  cuda::CudaExecutorOptions options;
+  options.precision = precision, options.attention = GetParam().attention, options.groups = groups.get();
+  s = cuda::CudaExecutor::create(options, &executor);
   ASSERT_TRUE(s.isOk()) << s.message();
   ThreadWorld world(ParallelLayout{});
   std::unique_ptr<Collectives> collectives = world.forRank(0);
@@ -99,9 +107,13 @@ TEST_P(CudaExecutorPrecision, MatchesTheCpuExecutorOnEveryProgramOfGptTiny) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Precisions, CudaExecutorPrecision,
-                         ::testing::Values(cuda::Precision::kFp32, cuda::Precision::kBf16, cuda::Precision::kFp16),
-                         [](const auto &info) { return std::string(cuda::precisionName(info.param)); });
+INSTANTIATE_TEST_SUITE_P(
+    Precisions, CudaExecutorPrecision,
+    ::testing::Values(Numerics{cuda::Precision::kFp32, cuda::AttentionKernel::kUnfused, "fp32"},
+                      Numerics{cuda::Precision::kFp32, cuda::AttentionKernel::kFlash, "fp32_flash"},
+                      Numerics{cuda::Precision::kBf16, cuda::AttentionKernel::kAuto, "bf16"},
+                      Numerics{cuda::Precision::kFp16, cuda::AttentionKernel::kAuto, "fp16"}),
+    [](const auto &info) { return std::string(info.param.name); });
 
 }  // namespace
 }  // namespace loom

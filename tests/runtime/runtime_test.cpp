@@ -191,6 +191,9 @@ TEST(Runtime, MalformedFlagsAreOneLineErrors) {
           " --coordinator 127.0.0.1:9 --rank 0 --device cuda --precision fp8");
   EXPECT_EQ(r.exitCode, 1);
   EXPECT_EQ(r.output, "loom-rank: error: --precision fp8: expected fp32, bf16 or fp16\n");
+  r = run("LOOM_TOKEN=x " + runfile("runtime/loom-rank") + " --coordinator 127.0.0.1:9 --rank 0 --attention flash");
+  EXPECT_EQ(r.exitCode, 1);
+  EXPECT_EQ(r.output, "loom-rank: error: --attention needs --device cuda\n");
 }
 
 // Without a GPU (CI), --device cuda ends the job with one line naming why; with one, the

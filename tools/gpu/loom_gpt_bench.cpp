@@ -4,8 +4,9 @@
 // the same run (cuBLAS, n^3 bf16, as tools/gpu/torch_gpt_bench.py measures it through PyTorch).
 // FLOPs per step are PTD-P's count (runtime/TrainingLoop.h), the count the PyTorch script uses.
 //
-// usage: loom-gpt-bench --plans DIR [--precision bf16|fp16|fp32] [--steps 6] [--gemm-size 8192]
-//                       [--result FILE]   (FILE receives "tokens_per_s <n>" for the ratio)
+// usage: loom-gpt-bench --plans DIR [--precision bf16|fp16|fp32] [--attention auto|unfused|flash]
+//                       [--steps 6] [--gemm-size 8192] [--result FILE]
+//        (FILE receives "tokens_per_s <n>" for the ratio)
 #include <cublas_v2.h>
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
@@ -90,12 +91,15 @@ loom::Status bf16GemmRate(int n, int reps, double *rate) {
 }  // namespace
 
 int main(int argc, char **argv) {
-  loom::Flags flags(argc, argv, "loom-gpt-bench", {"plans", "precision", "steps", "gemm-size", "result", "lr"});
+  loom::Flags flags(argc, argv, "loom-gpt-bench", {"plans", "precision", "steps", "gemm-size", "result", "lr", "attention"});
   if (!flags.ok()) return 2;
   if (!flags.has("plans")) return flags.fail("--plans DIR is required (loomc compile ... --out DIR for one GPU)");
   loom::cuda::Precision precision;
   if (!loom::cuda::parsePrecision(flags.get("precision", "bf16"), &precision))
     return flags.fail("--precision " + flags.get("precision") + ": expected fp32, bf16 or fp16");
+  loom::cuda::AttentionKernel attention;
+  if (!loom::cuda::parseAttentionKernel(flags.get("attention", "auto"), &attention))
+    return flags.fail("--attention " + flags.get("attention") + ": expected auto, unfused or flash");
   int64_t steps = flags.integer("steps", 6), gemmSize = flags.integer("gemm-size", 8192);
   double lr = flags.number("lr", 1e-4);
   if (!flags.ok()) return 2;
@@ -123,6 +127,7 @@ int main(int argc, char **argv) {
   loom::SyntheticData data(plan.seq_length(), plan.vocab_size(), 1);
   loom::cuda::CudaTrainerOptions options;
   options.precision = precision;
+  options.attention = attention;
   std::unique_ptr<loom::cuda::CudaTrainer> trainer;
   s = loom::cuda::CudaTrainer::create(plan, programs, collectives.get(), groups.get(), &data, options, &trainer);
   if (!s.isOk()) return flags.fail(s.message());
@@ -146,10 +151,10 @@ int main(int argc, char **argv) {
   double flops = loom::modelFlopsPerStep(plan) / step;
   size_t freeBytes = 0, totalBytes = 0;
   cudaMemGetInfo(&freeBytes, &totalBytes);
-  std::printf("Loom GPT %.2fB params, seq %d, micro-batch %d, %s: %.0f tokens/s, %.1f TFLOP/s, MFU %.1f%% of measured "
+  std::printf("Loom GPT %.2fB params, seq %d, micro-batch %d, %s, %s attention: %.0f tokens/s, %.1f TFLOP/s, MFU %.1f%% of measured "
               "bf16 GEMM; loss %.3f -> %.3f; device memory in use %.1f GiB\n",
               plan.parameter_count() / 1e9, plan.seq_length(), plan.micro_batch_size(),
-              loom::cuda::precisionName(precision), tokensPerS, flops / 1e12, 100 * flops / peak, losses.front(),
+              loom::cuda::precisionName(precision), flags.get("attention", "auto").c_str(), tokensPerS, flops / 1e12, 100 * flops / peak, losses.front(),
               losses.back(), (totalBytes - freeBytes) / double(1 << 30));
   if (flags.has("result")) {
     std::ofstream out(flags.get("result"));

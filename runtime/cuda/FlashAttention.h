@@ -1,0 +1,34 @@
+// The attention core without the S x S scores in memory (the memory-efficient, tiled form of
+// Dao et al., "FlashAttention", NeurIPS 2022, and its backward of FlashAttention-2, section 3.1):
+// keys and values stream through shared memory in tiles of 32 while each query row keeps a
+// running max, sum and output (online softmax); the backward recomputes the probabilities from
+// per-row statistics. fp32 on CUDA cores, the CPU backend's math and dropout counter
+// (cpu::attentionForward/Backward, runtime/cpu/Kernels.h), same layouts as
+// runtime/cuda/Attention.h. No atomics: dQ is computed per query row, dK and dV per key row,
+// so results are the same from run to run.
+//
+// Where it pays: sequences whose scores would not fit (the unfused path keeps heads x S x S of
+// one batch item); for moderate S the unfused path's tensor-core GEMMs are faster. Head size
+// up to 128 (refused with a message beyond).
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstddef>
+
+#include "runtime/Status.h"
+#include "runtime/cpu/Kernels.h"
+
+namespace loom::cuda {
+
+// Scratch bytes the backward needs (3 floats per query row of every head: max, sum, and
+// rowsum(P dP)); the forward needs none.
+size_t flashAttentionScratchBytes(const cpu::AttentionShape &shape);
+
+Status flashAttentionForward(const float *qkv, const float *keyMask, float *out, const cpu::AttentionShape &shape,
+                             cudaStream_t s);
+// dqkv is written whole.
+Status flashAttentionBackward(const float *qkv, const float *keyMask, const float *g, float *dqkv,
+                              const cpu::AttentionShape &shape, void *scratch, cudaStream_t s);
+
+}  // namespace loom::cuda
