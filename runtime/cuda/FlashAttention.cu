@@ -66,8 +66,9 @@ __device__ float warpMax(float v) {
 // tile[r][d] (pitch hd + 1) = scale * rows[first + r][d], zeros past S; the whole block loads.
 __device__ void loadTile(float *tile, const float *rows, int64_t stride, int64_t first, int64_t S, int64_t hd,
                          float scale) {
-  for (int64_t e = threadIdx.x; e < kTile * hd; e += blockDim.x) {
-    int64_t r = e / hd, d = e % hd, row = first + r;
+  for (int e = threadIdx.x; e < kTile * int(hd); e += blockDim.x) {  // 32-bit: at most 32 x 128
+    int r = e / int(hd), d = e % int(hd);
+    int64_t row = first + r;
     tile[r * (hd + 1) + d] = row < S ? rows[row * stride + d] * scale : 0.0f;
   }
 }
@@ -107,7 +108,7 @@ __global__ void forwardKernel(const float *qkv, const float *keyMask, const floa
   float *sK = smem, *sV = sK + kTile * pitch, *sQ = sV + kTile * pitch;  // sQ: [kRows][hd]
   int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   int64_t i = int64_t(blockIdx.x) * kRows + warp;
-  float scale = rsqrtf(float(hd));
+  float scale = 1.0f / sqrtf(float(hd));  // as the CPU rounds it
   float *q = sQ + warp * hd;
   loadRow(q, x.qkv, x.ld, i, x.S, hd, scale, lane);
   float m = -INFINITY, l = 0, acc[kPerLane] = {};
@@ -178,7 +179,7 @@ __global__ void queryGradKernel(const float *qkv, const float *keyMask, const fl
   float *sK = smem, *sV = sK + kTile * pitch, *sQ = sV + kTile * pitch, *sG = sQ + kRows * hd;
   int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   int64_t i = int64_t(blockIdx.x) * kRows + warp;
-  float scale = rsqrtf(float(hd));
+  float scale = 1.0f / sqrtf(float(hd));  // as the CPU rounds it
   float *q = sQ + warp * hd, *gi = sG + warp * hd;
   loadRow(q, x.qkv, x.ld, i, x.S, hd, scale, lane);
   loadRow(gi, x.g, x.width, i, x.S, hd, 1.0f, lane);
@@ -214,13 +215,13 @@ __global__ void keyValueGradKernel(const float *qkv, const float *keyMask, const
   float *sK = sD + kTile, *sV = sK + kRows * hd;  // this block's key rows: [kRows][hd] each
   int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   int64_t j = int64_t(blockIdx.x) * kRows + warp;
-  float scale = rsqrtf(float(hd));
+  float scale = 1.0f / sqrtf(float(hd));  // as the CPU rounds it
   float *k = sK + warp * hd, *v = sV + warp * hd;
   loadRow(k, x.qkv + hd, x.ld, j, x.S, hd, 1.0f, lane);
   loadRow(v, x.qkv + 2 * hd, x.ld, j, x.S, hd, 1.0f, lane);
   float dk[kPerLane] = {}, dv[kPerLane] = {};
   // Causal: queries before the block's first key row see none of its keys.
-  int64_t firstQuery = s.causal ? (int64_t(blockIdx.x) * kRows / kTile) * kTile : 0;
+  int64_t firstQuery = s.causal ? int64_t(blockIdx.x) * kRows : 0;
   for (int64_t i0 = firstQuery; i0 < x.S; i0 += kTile) {
     __syncthreads();
     loadTile(sQ, x.qkv, x.ld, i0, x.S, hd, scale);
