@@ -12,10 +12,19 @@ export LOOM_TEST_PLANS="$PWD/plans"  # gpt-tiny for the executor and trainer tes
 export LD_LIBRARY_PATH="$PWD/lib:/usr/local/cuda/lib64:/usr/local/cuda/targets/x86_64-linux/lib:${LD_LIBRARY_PATH:-}"
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader || true
 status=0
+sanitizer=/usr/local/cuda/bin/compute-sanitizer
 for t in bin/cuda_deps_test bin/cuda_kernels_test bin/lt_linear_test bin/loss_scaling_test bin/nccl_group_test \
          bin/attention_test bin/cuda_executor_test bin/cuda_trainer_test; do
   echo "== $t"
-  timeout 120 "$t" --gtest_brief=1 || status=1
+  if ! timeout 120 "$t" --gtest_brief=1; then
+    status=1
+    # Device time is scarce: a failing test is re-run at once under memcheck, so the next
+    # session has the faulting kernel and address without another device run.
+    if [ -x "$sanitizer" ]; then
+      echo "-- $t under compute-sanitizer (memcheck), last lines:"
+      timeout 150 "$sanitizer" --tool memcheck --print-limit 5 "$t" --gtest_brief=1 2>&1 | tail -40
+    fi
+  fi
 done
 echo "== loom-rank --device cuda: 3 steps of gpt-tiny, fp32 on the GPU against the CPU backend (loss per step)"
 rm -rf runs && mkdir -p runs
