@@ -45,6 +45,14 @@ struct Descriptors {
   }
 };
 
+// The largest power of two (up to 256) the address is a multiple of.
+uint32_t alignmentOf(const void *pointer) {
+  uintptr_t address = reinterpret_cast<uintptr_t>(pointer);
+  uint32_t alignment = 256;
+  while (alignment > 1 && address % alignment != 0) alignment /= 2;
+  return alignment;
+}
+
 }  // namespace
 
 Status LtLinear::create(size_t workspaceBytes, std::unique_ptr<LtLinear> *out) {
@@ -117,6 +125,17 @@ Status LtLinear::gemm(const Gemm &p, const void *a, const void *b, const float *
   LOOM_LT_CHECK("workspace preference",
                 cublasLtMatmulPreferenceSetAttribute(desc.preference, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
                                                      &workspace, sizeof(workspace)));
+  // The heuristic assumes 256-byte aligned buffers unless told otherwise, and may pick a kernel
+  // that needs it; arena buffers are only 64-byte aligned (the memory plan's unit). So: each
+  // buffer's actual alignment (cuBLASLt's A is our b, its B our a).
+  for (auto [attribute, pointer] : {std::pair{CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, b},
+                                    std::pair{CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, a},
+                                    std::pair{CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, static_cast<const void *>(c)},
+                                    std::pair{CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, static_cast<const void *>(c)}}) {
+    uint32_t alignment = alignmentOf(pointer);
+    LOOM_LT_CHECK("alignment preference",
+                  cublasLtMatmulPreferenceSetAttribute(desc.preference, attribute, &alignment, sizeof(alignment)));
+  }
   cublasLtMatmulHeuristicResult_t heuristic{};
   int found = 0;
   LOOM_LT_CHECK("algorithm search", cublasLtMatmulAlgoGetHeuristic(handle_, desc.op, desc.a, desc.b, desc.d, desc.d,
