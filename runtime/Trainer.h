@@ -77,6 +77,8 @@ class Trainer : public RankTrainer {
   const std::map<std::string, HostTensor> &gradients() const { return grads_; }
   // AdamW moments by parameter name (empty before the first update or after new weights).
   std::map<std::string, AdamWState> &adamState() { return adam_; }
+  // ZeRO-1: this rank's shard of the flat AdamW state.
+  AdamWState &zeroState() { return zeroState_; }
 
  private:
   Status runProgram(const plan::Program &prog, int microBatch, int64_t step, double *loss);

@@ -168,22 +168,24 @@ __global__ void crossEntropyBackwardKernel(const float *logits, const int32_t *l
   }
 }
 
+// decayMask: per element (null: `decay` for all).
 __global__ void adamwKernel(float *p, const float *g, float *m, float *v, int64_t n, float lr, float beta1,
-                            float beta2, float eps, float weightDecay, float c1, float c2, bool decay) {
+                            float beta2, float eps, float weightDecay, float c1, float c2, bool decay,
+                            const float *decayMask) {
   int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
   if (i >= n) return;
   m[i] = beta1 * m[i] + (1 - beta1) * g[i];
   v[i] = beta2 * v[i] + (1 - beta2) * g[i] * g[i];
   float update = (m[i] / c1) / (sqrtf(v[i] / c2) + eps);
-  if (decay) update += weightDecay * p[i];
+  if (decayMask ? decayMask[i] != 0.0f : decay) update += weightDecay * p[i];
   p[i] -= lr * update;
 }
 
-__global__ void squaresKernel(const float *x, int64_t n, double *out) {
+__global__ void squaresKernel(const float *x, int64_t n, double *out, const float *mask) {
   __shared__ float shared[kThreads];
   float acc = 0;
   for (int64_t i = blockIdx.x * int64_t(kThreads) + threadIdx.x; i < n; i += int64_t(gridDim.x) * kThreads)
-    acc += x[i] * x[i];
+    if (!mask || mask[i] != 0.0f) acc += x[i] * x[i];
   acc = blockSum(acc, shared);
   if (threadIdx.x == 0) atomicAdd(out, double(acc));
 }
@@ -280,12 +282,21 @@ void crossEntropyBackward(const float *logits, const int32_t *labels, const floa
 void adamwUpdate(float *param, const float *grad, float *m, float *v, int64_t n, float lr, float beta1, float beta2,
                  float eps, float weightDecay, int64_t step, bool decay, cudaStream_t s) {
   float c1 = 1 - powf(beta1, float(step)), c2 = 1 - powf(beta2, float(step));
-  adamwKernel<<<blocks(n), kThreads, 0, s>>>(param, grad, m, v, n, lr, beta1, beta2, eps, weightDecay, c1, c2, decay);
+  adamwKernel<<<blocks(n), kThreads, 0, s>>>(param, grad, m, v, n, lr, beta1, beta2, eps, weightDecay, c1, c2, decay,
+                                              nullptr);
 }
 
-void accumulateSquares(const float *x, int64_t n, double *sumOfSquares, cudaStream_t s) {
+void adamwUpdateMasked(float *param, const float *grad, float *m, float *v, const float *decayMask, int64_t n,
+                       float lr, float beta1, float beta2, float eps, float weightDecay, int64_t step, cudaStream_t s) {
   if (n <= 0) return;
-  squaresKernel<<<std::min(blocks(n), 1024), kThreads, 0, s>>>(x, n, sumOfSquares);
+  float c1 = 1 - powf(beta1, float(step)), c2 = 1 - powf(beta2, float(step));
+  adamwKernel<<<blocks(n), kThreads, 0, s>>>(param, grad, m, v, n, lr, beta1, beta2, eps, weightDecay, c1, c2, false,
+                                              decayMask);
+}
+
+void accumulateSquares(const float *x, int64_t n, double *sumOfSquares, cudaStream_t s, const float *mask) {
+  if (n <= 0) return;
+  squaresKernel<<<std::min(blocks(n), 1024), kThreads, 0, s>>>(x, n, sumOfSquares, mask);
 }
 
 void fillValue(float *x, int64_t n, float value, cudaStream_t s) {

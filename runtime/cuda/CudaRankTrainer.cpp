@@ -16,19 +16,13 @@ Status CudaRankTrainer::create(plan::RankPlan plan, plan::ProgramSet programs, C
   return Status::ok();
 }
 
-Status CudaRankTrainer::distributedOptimizerStep(int64_t, double, double, double *) {
-  return Status::error("ZeRO-1 (use_distributed_optimizer) is not wired into the CUDA backend yet");
-}
-
-Status CudaRankTrainer::synchronizeGradientsOverDataParallel() {
-  return Status::error("ZeRO-1 (use_distributed_optimizer) is not wired into the CUDA backend yet");
-}
 
 // fp16's loss scale and its run of clean steps travel in the shard's metadata, so a resumed
 // run scales as the uninterrupted one would.
 Status CudaRankTrainer::saveShard(const std::string &path, const std::map<std::string, std::string> &metadata) {
   LOOM_RETURN_IF_ERROR(device_->downloadParameters(&host_->parameters()));
   LOOM_RETURN_IF_ERROR(device_->downloadAdam(&host_->adamState()));
+  LOOM_RETURN_IF_ERROR(device_->downloadZeroState(&host_->zeroState()));
   std::map<std::string, std::string> meta = metadata;
   if (device_->usesLossScaling()) {
     CudaTrainer::LossScaling state = device_->lossScaling();
@@ -49,6 +43,7 @@ Status CudaRankTrainer::loadShard(const std::string &path, std::map<std::string,
     if (!(scale > 0) || *end != '\0') return Status::error(path + ": a corrupt fp16_loss_scale in the metadata");
     device_->restoreLossScaling({scale, clean});
   }
+  LOOM_RETURN_IF_ERROR(device_->uploadZeroState(host_->zeroState()));
   return device_->uploadState(host_->parameters(), host_->adamState());
 }
 

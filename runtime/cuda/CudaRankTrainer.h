@@ -27,8 +27,10 @@ class CudaRankTrainer : public RankTrainer {
   Status gradientNorm(double *norm) override { return device_->gradientNorm(norm); }
   Status scaleGradients(double factor) override { return device_->scaleGradients(factor); }
   Status applyOptimizer(int64_t step, double lr) override { return device_->applyOptimizer(step, lr); }
-  Status distributedOptimizerStep(int64_t, double, double, double *) override;
-  Status synchronizeGradientsOverDataParallel() override;
+  Status distributedOptimizerStep(int64_t step, double lr, double clip, double *norm) override {
+    return device_->distributedOptimizerStep(step, lr, clip, norm);
+  }
+  Status synchronizeGradientsOverDataParallel() override { return device_->synchronizeGradientsOverDataParallel(); }
   Status hostGradients(std::map<std::string, HostTensor> *out) override { return device_->downloadGradients(out); }
   Status evaluate(DataSource *data, int64_t batch, double *loss) override {
     return device_->evaluate(data, batch, loss);

@@ -55,6 +55,8 @@ CudaTrainer::~CudaTrainer() {
   for (auto &[key, stage] : staging_) cudaFreeHost(stage.data);
   if (squares_) cudaFree(squares_);
   if (nonFinite_) cudaFree(nonFinite_);
+  for (float *p : {zero_.flat, zero_.grad, zero_.m, zero_.v, zero_.counted, zero_.decayed})
+    if (p) cudaFree(p);
 }
 
 Status CudaTrainer::create(plan::RankPlan plan, plan::ProgramSet programs, Collectives *collectives,
@@ -63,7 +65,6 @@ Status CudaTrainer::create(plan::RankPlan plan, plan::ProgramSet programs, Colle
   if (plan.p() > 1 && !options.links)
     return Status::error("pipeline_parallel_size " + std::to_string(plan.p()) +
                          ": a pipeline plan needs PipelineLinks between the stages (loom-rank creates them)");
-  if (plan.zero1()) return Status::error("ZeRO-1 (use_distributed_optimizer) is not wired into the CUDA trainer yet");
   if (!collectives || !data) return Status::error("the CUDA trainer needs collectives and a data source");
   if (options.precision == Precision::kFp16) LOOM_RETURN_IF_ERROR(LossScaler::validate(options.lossScaling));
   std::unique_ptr<CudaTrainer> t(new CudaTrainer(std::move(plan), std::move(programs), collectives, data, options));
@@ -96,6 +97,7 @@ Status CudaTrainer::create(plan::RankPlan plan, plan::ProgramSet programs, Colle
     t->params_.push_back(std::move(param));
   }
   LOOM_RETURN_IF_ERROR(t->planOverlappedSync(groups));
+  LOOM_RETURN_IF_ERROR(t->planZero(groups));
   LOOM_RETURN_IF_ERROR(t->executor_->prepare(t->programs_));
   LOOM_RETURN_IF_ERROR(t->preallocate());
   LOOM_RETURN_IF_ERROR(cudaStatus(cudaMallocHost(&t->lossHost_, sizeof(float) * size_t(std::max(1, t->plan_.micro_batches()))),
@@ -425,7 +427,9 @@ Status CudaTrainer::step(int64_t step, double lr, double clip, StepResult *resul
   auto started = std::chrono::steady_clock::now();
   *gradNorm = 0;
   LOOM_RETURN_IF_ERROR(computeGradients(step - 1, result));
-  if (!result->skipped) {
+  if (!result->skipped && plan_.zero1()) {
+    LOOM_RETURN_IF_ERROR(distributedOptimizerStep(step - skippedSteps_, lr, clip, gradNorm));
+  } else if (!result->skipped) {
     LOOM_RETURN_IF_ERROR(gradientNorm(gradNorm));
     if (!std::isfinite(*gradNorm))
       return Status::error("the gradient norm is not finite at iteration " + std::to_string(step) + ": stopping");
@@ -435,6 +439,108 @@ Status CudaTrainer::step(int64_t step, double lr, double clip, StepResult *resul
   }
   result->seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
   return Status::ok();
+}
+
+Status CudaTrainer::planZero(const NcclGroups *groups) {
+  if (!plan_.zero1()) return Status::ok();
+  if (!groups) return Status::error("ZeRO-1 needs the data-parallel NCCL communicator");
+  LOOM_RETURN_IF_ERROR(groups->find("dp", &dpComm_));
+  int64_t d = plan_.d();
+  for (const Param &p : params_) zero_.total += p.count;
+  zero_.shard = (zero_.total + d - 1) / d, zero_.begin = plan_.dp_rank() * zero_.shard;
+  // The masks of this rank's slice, as Trainer::distributedOptimizerStep builds them.
+  std::vector<float> counted(size_t(zero_.shard * d), 0.0f), decayed(counted.size(), 0.0f);
+  int64_t at = 0;
+  for (const Param &p : params_) {
+    std::fill_n(counted.begin() + at, p.count, p.counted ? 1.0f : 0.0f);
+    std::fill_n(decayed.begin() + at, p.count, p.decay ? 1.0f : 0.0f);
+    at += p.count;
+  }
+  size_t shardBytes = size_t(zero_.shard) * sizeof(float);
+  LOOM_RETURN_IF_ERROR(cudaStatus(cudaMalloc(&zero_.flat, shardBytes * size_t(d)), "ZeRO-1 flat buffer"));
+  for (float **a : {&zero_.grad, &zero_.m, &zero_.v, &zero_.counted, &zero_.decayed})
+    LOOM_RETURN_IF_ERROR(cudaStatus(cudaMalloc(a, shardBytes), "ZeRO-1 shard"));
+  LOOM_RETURN_IF_ERROR(cudaStatus(cudaMemset(zero_.m, 0, shardBytes), "ZeRO-1 state"));
+  LOOM_RETURN_IF_ERROR(cudaStatus(cudaMemset(zero_.v, 0, shardBytes), "ZeRO-1 state"));
+  LOOM_RETURN_IF_ERROR(cudaStatus(
+      cudaMemcpy(zero_.counted, counted.data() + zero_.begin, shardBytes, cudaMemcpyHostToDevice), "ZeRO-1 masks"));
+  return cudaStatus(cudaMemcpy(zero_.decayed, decayed.data() + zero_.begin, shardBytes, cudaMemcpyHostToDevice),
+                    "ZeRO-1 masks");
+}
+
+Status CudaTrainer::flatten(Array Param::*which) {
+  cudaStream_t s = executor_->computeStream();
+  int64_t at = 0;
+  for (const Param &p : params_) {
+    LOOM_RETURN_IF_ERROR(cudaStatus(cudaMemcpyAsync(zero_.flat + at, (p.*which).data, size_t(p.count) * sizeof(float),
+                                                    cudaMemcpyDeviceToDevice, s),
+                                    "flattening"));
+    at += p.count;
+  }
+  size_t padding = size_t(zero_.shard * plan_.d() - at) * sizeof(float);
+  return cudaStatus(cudaMemsetAsync(zero_.flat + at, 0, padding, s), "flattening");
+}
+
+Status CudaTrainer::unflattenParameters() {
+  cudaStream_t s = executor_->computeStream();
+  int64_t at = 0;
+  for (Param &p : params_) {
+    LOOM_RETURN_IF_ERROR(cudaStatus(cudaMemcpyAsync(p.value.data, zero_.flat + at, size_t(p.count) * sizeof(float),
+                                                    cudaMemcpyDeviceToDevice, s),
+                                    "unflattening"));
+    at += p.count;
+  }
+  return Status::ok();
+}
+
+Status CudaTrainer::distributedOptimizerStep(int64_t step, double lr, double clip, double *norm) {
+  if (!plan_.zero1()) return Status::error("distributedOptimizerStep on a plan without zero1");
+  cudaStream_t s = executor_->computeStream();
+  LOOM_RETURN_IF_ERROR(flatten(&Param::grad));
+  LOOM_RETURN_IF_ERROR(dpComm_->reduceScatterSum(zero_.flat, zero_.grad, zero_.shard, s));
+  scaleInPlace(zero_.grad, zero_.shard, 1.0f / float(plan_.d()), s);
+  LOOM_RETURN_IF_ERROR(cudaStatus(cudaMemsetAsync(squares_, 0, sizeof(double), s), "norm"));
+  accumulateSquares(zero_.grad, zero_.shard, squares_, s, zero_.counted);
+  double local = 0;
+  LOOM_RETURN_IF_ERROR(cudaStatus(cudaMemcpyAsync(&local, squares_, sizeof(local), cudaMemcpyDeviceToHost, s), "norm"));
+  LOOM_RETURN_IF_ERROR(cudaStatus(cudaStreamSynchronize(s), "norm"));
+  float sum = float(local);
+  for (const char *group : {"dp", "tp", "pp"}) LOOM_RETURN_IF_ERROR(collectives_->allReduce(group, &sum, 1, ReduceOp::kSum));
+  *norm = std::sqrt(double(sum));
+  if (clip > 0 && *norm > clip) scaleInPlace(zero_.grad, zero_.shard, float(clip / (*norm + 1e-6)), s);
+  LOOM_RETURN_IF_ERROR(flatten(&Param::value));
+  float *mine = zero_.flat + zero_.begin;
+  adamwUpdateMasked(mine, zero_.grad, zero_.m, zero_.v, zero_.decayed, zero_.shard, float(lr), float(opt_.adam.beta1),
+                    float(opt_.adam.beta2), float(opt_.adam.eps), float(opt_.adam.weightDecay), step, s);
+  LOOM_RETURN_IF_ERROR(dpComm_->allGather(mine, zero_.flat, zero_.shard, s));  // in place: NCCL allows it
+  LOOM_RETURN_IF_ERROR(unflattenParameters());
+  executor_->parametersChanged();
+  return cudaStatus(cudaStreamSynchronize(s), "the ZeRO-1 step");
+}
+
+Status CudaTrainer::synchronizeGradientsOverDataParallel() {
+  if (!dpComm_) return Status::ok();  // without ZeRO-1 the grad-sync program did it
+  cudaStream_t s = executor_->computeStream();
+  for (Param &p : params_) LOOM_RETURN_IF_ERROR(dpComm_->allReduce({{p.grad.f(), p.grad.f(), p.count}}, ReduceOp::kAvg, s));
+  return cudaStatus(cudaStreamSynchronize(s), "averaging gradients");
+}
+
+Status CudaTrainer::downloadZeroState(AdamWState *out) {
+  if (!plan_.zero1()) return Status::ok();
+  LOOM_RETURN_IF_ERROR(cudaStatus(cudaStreamSynchronize(executor_->computeStream()), "synchronize"));
+  LOOM_RETURN_IF_ERROR(download(zero_.m, size_t(zero_.shard), &out->m));
+  return download(zero_.v, size_t(zero_.shard), &out->v);
+}
+
+Status CudaTrainer::uploadZeroState(const AdamWState &state) {
+  if (!plan_.zero1()) return Status::ok();
+  size_t bytes = size_t(zero_.shard) * sizeof(float);
+  if (state.m.size() != size_t(zero_.shard) || state.v.size() != size_t(zero_.shard))
+    return Status::error("the ZeRO-1 optimizer state has " + std::to_string(state.m.size()) + " elements, expected " +
+                         std::to_string(zero_.shard));
+  LOOM_RETURN_IF_ERROR(cudaStatus(cudaMemcpy(zero_.m, state.m.data(), bytes, cudaMemcpyHostToDevice), "upload"));
+  LOOM_RETURN_IF_ERROR(cudaStatus(cudaMemcpy(zero_.v, state.v.data(), bytes, cudaMemcpyHostToDevice), "upload"));
+  return cudaStatus(cudaDeviceSynchronize(), "upload of the ZeRO-1 state");
 }
 
 CudaTrainer::LossScaling CudaTrainer::lossScaling() const {

@@ -19,8 +19,7 @@
 // skipped (over tp and dp) and the scale halves. bf16 and fp32 train without it.
 //
 // Pipeline parallelism: the schedule's programs in order, messages between stages through
-// PipelineLinks (options.links; runtime/cuda/PipelineLinks.h). Not yet: ZeRO-1 (refused at
-// creation with a message). Checkpoints and exports: runtime/cuda/CudaRankTrainer.h moves
+// PipelineLinks (options.links; runtime/cuda/PipelineLinks.h). ZeRO-1 as the CPU trainer. Checkpoints and exports: runtime/cuda/CudaRankTrainer.h moves
 // the state to the host and writes the CPU trainer's format.
 #pragma once
 
@@ -79,6 +78,13 @@ class CudaTrainer {
   Status scaleGradients(double factor);
   Status applyOptimizer(int64_t step, double lr);
   Status evaluate(DataSource *data, int64_t batch, double *loss);
+  // ZeRO-1 (the plan's zero1), as Trainer::distributedOptimizerStep: gradients flattened in
+  // parameter order (padded to a multiple of d) are reduce-scattered and averaged over dp by
+  // NCCL; this rank clips by the global norm and updates its 1/d with its 1/d of the AdamW
+  // state (decay per element); the parameters are all-gathered back.
+  Status distributedOptimizerStep(int64_t step, double lr, double clip, double *norm);
+  // The gradients averaged over dp (ZeRO-1 leaves them unsynchronised), for --dump-grads.
+  Status synchronizeGradientsOverDataParallel();
   // A whole step as the training loop runs it: computeGradients(step - 1), the norm, clipping
   // by clip / (norm + 1e-6) when above `clip` (0: never), AdamW at 1-based `step`.
   Status step(int64_t step, double lr, double clip, StepResult *result, double *gradNorm);
@@ -90,6 +96,9 @@ class CudaTrainer {
   // Every parameter must be in `params` with its size; a parameter without moments in `adam`
   // starts them at zero.
   Status uploadState(const std::map<std::string, HostTensor> &params, const std::map<std::string, AdamWState> &adam);
+  // ZeRO-1's shard of the flat AdamW state (Trainer's layout).
+  Status downloadZeroState(AdamWState *out);
+  Status uploadZeroState(const AdamWState &state);
   // fp16 dynamic loss scaling's state, for checkpoints.
   struct LossScaling {
     double scale;
@@ -116,6 +125,9 @@ class CudaTrainer {
   Status download(const float *device, size_t count, std::vector<float> *host);
   Status downloadTensors(Array Param::*which, std::map<std::string, HostTensor> *out);
   Status preallocate();
+  Status planZero(const NcclGroups *groups);
+  Status flatten(Array Param::*which);  // into zero_.flat in parameter order, padding zeroed
+  Status unflattenParameters();
   Status slot(std::map<std::pair<std::string, int>, Array> &in, const std::string &name, int mb, size_t bytes,
               bool zeroed, Array **out);
 
@@ -149,6 +161,13 @@ class CudaTrainer {
   std::map<std::string, std::pair<size_t, cudaEvent_t>> bucketOf_;  // backward output -> (bucket, ready event)
   cudaStream_t syncStream_ = nullptr;
   cudaEvent_t syncDone_ = nullptr;
+  struct ZeroShard {
+    int64_t total = 0, shard = 0, begin = 0;  // elements: all parameters, per rank, this rank's first
+    float *flat = nullptr;                    // [shard * d]: flat gradients, then flat parameters
+    float *grad = nullptr, *m = nullptr, *v = nullptr;  // [shard]
+    float *counted = nullptr, *decayed = nullptr;       // [shard]: in the norm? decayed by AdamW?
+  } zero_;
+  NcclGroup *dpComm_ = nullptr;   // ZeRO-1's reduce-scatter and all-gather
   bool evaluating_ = false;       // forward programs with dropout off
   int64_t skippedSteps_ = 0;      // fp16 steps skipped by step() (not counted by AdamW)
   float *lossHost_ = nullptr;     // pinned: one loss per micro-batch

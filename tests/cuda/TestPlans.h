@@ -1,6 +1,7 @@
-// The plans the GPU tests run: LOOM_TEST_PLANS names a directory compiled beforehand (the GPU
-// pack carries plans, not loomc and LLVM); otherwise gpt-tiny without dropout is compiled here
-// for one rank with the loomc of this build.
+// The plans the GPU tests run: gpt-tiny without dropout for one rank (cluster t1p1d1, or
+// t1p1d1_zero1 with ZeRO-1). LOOM_TEST_PLANS (LOOM_TEST_PLANS_ZERO1) names a directory compiled
+// beforehand (the GPU pack carries plans, not loomc and LLVM); otherwise they are compiled here
+// with the loomc of this build.
 #pragma once
 
 #include <gtest/gtest.h>
@@ -23,13 +24,15 @@ inline std::string readWholeFile(const std::string &path) {
 }
 
 // Fills rank 0's plan and its programs (gtest assertions on failure).
-inline void loadGptTinyPlan(plan::RankPlan *rank, plan::ProgramSet *programs) {
-  const char *prebuilt = std::getenv("LOOM_TEST_PLANS");
+inline void loadGptTinyPlan(plan::RankPlan *rank, plan::ProgramSet *programs, bool zero1 = false) {
+  const char *prebuilt = std::getenv(zero1 ? "LOOM_TEST_PLANS_ZERO1" : "LOOM_TEST_PLANS");
+  std::string cluster = zero1 ? "t1p1d1_zero1" : "t1p1d1";
   std::string dir = prebuilt ? prebuilt
-                             : std::string(std::getenv("TEST_TMPDIR") ? std::getenv("TEST_TMPDIR") : "/tmp") + "/cuda_plans";
+                             : std::string(std::getenv("TEST_TMPDIR") ? std::getenv("TEST_TMPDIR") : "/tmp") +
+                                   "/cuda_plans_" + cluster;
   if (!prebuilt) {
     Result r = run(runfile("compiler/loomc") + " compile " + runfile("tests/runtime/Inputs/gpt-tiny-nodropout.pbtxt") +
-                   " --cluster " + runfile("tests/runtime/Inputs/t1p1d1.pbtxt") + " --out " + dir + " --quiet");
+                   " --cluster " + runfile("tests/runtime/Inputs/" + cluster + ".pbtxt") + " --out " + dir + " --quiet");
     ASSERT_EQ(r.exitCode, 0) << r.output;
   }
   ASSERT_TRUE(rank->ParseFromString(readWholeFile(dir + "/rank_0.plan.pb"))) << dir;

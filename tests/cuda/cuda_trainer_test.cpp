@@ -1,8 +1,9 @@
 // The CUDA trainer against the CPU trainer on gpt-tiny for one rank: three optimizer steps
 // from the same initial weights, data and seeds (AdamW, lr 1e-3, global-norm clipping at 1.0);
-// every step's loss and gradient norm and every parameter afterwards agree within 1e-4 in fp32,
-// and within the operands' rounding with bf16 (2e-2) or fp16 (1e-2, dynamic loss scaling on:
-// no step of this model overflows at the initial scale, so none is skipped). Needs a GPU;
+// every step's loss and gradient norm and every parameter afterwards agree within 1e-4 in fp32
+// (also with ZeRO-1's flat, sharded update: d = 1 on one GPU), and within the operands'
+// rounding with bf16 (2e-2) or fp16 (1e-2, dynamic loss scaling on: no step of this model
+// overflows at the initial scale, so none is skipped). Needs a GPU;
 // skips with a message without one (CI). A pipeline plan is refused with a message (runs
 // everywhere: it fails before touching the device).
 #include <gtest/gtest.h>
@@ -29,16 +30,22 @@ double relErr(const std::vector<float> &got, const std::vector<float> &want) {
   return std::sqrt(d) / std::max(std::sqrt(n), 1e-30);
 }
 
-class CudaTrainerPrecision : public ::testing::TestWithParam<cuda::Precision> {};
+struct Config {
+  cuda::Precision precision;
+  bool zero1;
+  const char *name;
+};
+class CudaTrainerPrecision : public ::testing::TestWithParam<Config> {};
 
 TEST_P(CudaTrainerPrecision, ThreeStepsMatchTheCpuTrainer) {
   const char *why = "";
   if (!cuda::deviceAvailable(&why)) GTEST_SKIP() << "no CUDA device (" << why << "): skipping the trainer check";
-  const cuda::Precision precision = GetParam();
+  const cuda::Precision precision = GetParam().precision;
+  const bool zero1 = GetParam().zero1;
   const double tol = precision == cuda::Precision::kFp32 ? 1e-4 : precision == cuda::Precision::kBf16 ? 2e-2 : 1e-2;
   plan::RankPlan rank;
   plan::ProgramSet programs;
-  test::loadGptTinyPlan(&rank, &programs);
+  test::loadGptTinyPlan(&rank, &programs, zero1);
   if (HasFatalFailure()) return;
 
   ThreadWorld world(ParallelLayout{});
@@ -63,9 +70,13 @@ TEST_P(CudaTrainerPrecision, ThreeStepsMatchTheCpuTrainer) {
     StepResult want;
     ASSERT_TRUE(cpu.computeGradients(it - 1, &want).isOk());
     double norm = 0;
-    ASSERT_TRUE(cpu.gradientNorm(&norm).isOk());
-    if (norm > clip) ASSERT_TRUE(cpu.scaleGradients(clip / (norm + 1e-6)).isOk());
-    ASSERT_TRUE(cpu.applyOptimizer(it, lr).isOk());
+    if (zero1) {  // as TrainingLoop runs a ZeRO-1 plan
+      ASSERT_TRUE(cpu.distributedOptimizerStep(it, lr, clip, &norm).isOk());
+    } else {
+      ASSERT_TRUE(cpu.gradientNorm(&norm).isOk());
+      if (norm > clip) ASSERT_TRUE(cpu.scaleGradients(clip / (norm + 1e-6)).isOk());
+      ASSERT_TRUE(cpu.applyOptimizer(it, lr).isOk());
+    }
 
     StepResult got;
     double gotNorm = 0;
@@ -79,12 +90,15 @@ TEST_P(CudaTrainerPrecision, ThreeStepsMatchTheCpuTrainer) {
   s = gpu->downloadParameters(&params);
   ASSERT_TRUE(s.isOk()) << s.message();
   for (const auto &[name, want] : cpu.parameters())
-    EXPECT_LT(relErr(params.at(name).data, want.data), tol) << name << " (" << cuda::precisionName(precision) << ")";
+    EXPECT_LT(relErr(params.at(name).data, want.data), tol) << name << " (" << GetParam().name << ")";
 }
 
 INSTANTIATE_TEST_SUITE_P(Precisions, CudaTrainerPrecision,
-                         ::testing::Values(cuda::Precision::kFp32, cuda::Precision::kBf16, cuda::Precision::kFp16),
-                         [](const auto &info) { return std::string(cuda::precisionName(info.param)); });
+                         ::testing::Values(Config{cuda::Precision::kFp32, false, "fp32"},
+                                           Config{cuda::Precision::kBf16, false, "bf16"},
+                                           Config{cuda::Precision::kFp16, false, "fp16"},
+                                           Config{cuda::Precision::kFp32, true, "fp32_zero1"}),
+                         [](const auto &info) { return std::string(info.param.name); });
 
 TEST(CudaTrainerLimits, APipelinePlanIsRefusedWithAMessage) {
   plan::RankPlan rank;
