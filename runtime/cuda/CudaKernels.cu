@@ -11,16 +11,23 @@ namespace loom::cuda {
 namespace {
 
 
+// A row's mean and 1 / sqrt(variance + eps), by the whole block.
+__device__ void rowMoments(const float *xr, int64_t n, float eps, float *shared, float *mean, float *rstd) {
+  float s = 0;
+  for (int64_t i = threadIdx.x; i < n; i += kThreads) s += xr[i];
+  float m = blockSum(s, shared) / n;
+  float v = 0;
+  for (int64_t i = threadIdx.x; i < n; i += kThreads) v += (xr[i] - m) * (xr[i] - m);
+  *mean = m;
+  *rstd = rsqrtf(blockSum(v, shared) / n + eps);
+}
+
 __global__ void layerNormForwardKernel(const float *x, const float *gamma, const float *beta, float *y, int64_t n,
                                        float eps) {
   __shared__ float shared[kThreads];
   const float *xr = x + blockIdx.x * n;
-  float s = 0;
-  for (int64_t i = threadIdx.x; i < n; i += kThreads) s += xr[i];
-  float mean = blockSum(s, shared) / n;
-  float v = 0;
-  for (int64_t i = threadIdx.x; i < n; i += kThreads) v += (xr[i] - mean) * (xr[i] - mean);
-  float rstd = rsqrtf(blockSum(v, shared) / n + eps);
+  float mean, rstd;
+  rowMoments(xr, n, eps, shared, &mean, &rstd);
   for (int64_t i = threadIdx.x; i < n; i += kThreads) y[blockIdx.x * n + i] = (xr[i] - mean) * rstd * gamma[i] + beta[i];
 }
 
@@ -38,12 +45,8 @@ __global__ void layerNormBackwardKernel(const float *x, const float *gamma, cons
   int64_t first = blockIdx.x * rowsPerBlock, last = min(rows, first + rowsPerBlock);
   for (int64_t row = first; row < last; ++row) {  // the same trip count for every thread
     const float *xr = x + row * n, *gr = g + row * n;
-    float s = 0;
-    for (int64_t i = threadIdx.x; i < n; i += kThreads) s += xr[i];
-    float mean = blockSum(s, shared) / n;
-    float v = 0;
-    for (int64_t i = threadIdx.x; i < n; i += kThreads) v += (xr[i] - mean) * (xr[i] - mean);
-    float rstd = rsqrtf(blockSum(v, shared) / n + eps);
+    float mean, rstd;
+    rowMoments(xr, n, eps, shared, &mean, &rstd);
     float a = 0, b = 0;
     for (int64_t i = threadIdx.x; i < n; i += kThreads) {
       float xhat = (xr[i] - mean) * rstd, dy = gr[i] * gamma[i];

@@ -27,6 +27,27 @@ struct Case {
   float dropout;
 };
 
+// A case's inputs and the CPU's results on them. Key mask: batch 0's tail from 60% of the
+// sequence masked (padding); without causal masking, batch 1 has nothing to attend to.
+struct Reference {
+  std::vector<float> qkv, g, mask, out, dqkv;
+};
+
+Reference reference(const Case &c, const cpu::AttentionShape &shape, std::vector<float> qkv, std::vector<float> g) {
+  int64_t tokens = shape.batch * shape.seq, S = shape.seq;
+  Reference r{std::move(qkv), std::move(g), std::vector<float>(tokens, 1.0f), {}, {}};
+  if (c.keyMask) {
+    for (int64_t j = S * 3 / 5; j < S; ++j) r.mask[j] = 0.0f;
+    if (!c.causal)
+      for (int64_t j = 0; j < S; ++j) r.mask[S + j] = 0.0f;
+  }
+  const float *mask = c.keyMask ? r.mask.data() : nullptr;
+  r.out.resize(r.g.size()), r.dqkv.resize(r.qkv.size());
+  cpu::attentionForward(r.qkv.data(), mask, r.out.data(), shape);
+  cpu::attentionBackward(r.qkv.data(), mask, r.g.data(), r.dqkv.data(), shape);
+  return r;
+}
+
 class CudaAttention : public DeviceTest<::testing::TestWithParam<std::tuple<Case, cuda::Precision>>> {
  protected:
   void TearDown() override {
@@ -43,21 +64,11 @@ double tolerance(cuda::Precision p) {
 TEST_P(CudaAttention, MatchesCpuForwardAndBackward) {
   const auto &[c, precision] = GetParam();
   cpu::AttentionShape shape{/*batch=*/2, /*seq=*/67, /*heads=*/3, /*headDim=*/16, c.causal, c.dropout, 99, 5};
-  int64_t tokens = shape.batch * shape.seq, width = shape.heads * shape.headDim;
-  auto qkv = random(tokens * 3 * width), g = random(tokens * width);
-  std::vector<float> mask(tokens, 1.0f);
-  if (c.keyMask) {
-    for (int64_t j = 40; j < shape.seq; ++j) mask[j] = 0.0f;       // batch 0: a padded tail
-    if (!c.causal)
-      for (int64_t j = 0; j < shape.seq; ++j) mask[shape.seq + j] = 0.0f;  // batch 1: nothing to attend to
-  }
-  const float *hostMask = c.keyMask ? mask.data() : nullptr;
-  std::vector<float> out(tokens * width), dqkv(qkv.size());
-  cpu::attentionForward(qkv.data(), hostMask, out.data(), shape);
-  cpu::attentionBackward(qkv.data(), hostMask, g.data(), dqkv.data(), shape);
-
+  Reference r = reference(c, shape, random(shape.batch * shape.seq * 3 * shape.heads * shape.headDim),
+                          random(shape.batch * shape.seq * shape.heads * shape.headDim));
+  const std::vector<float> &qkv = r.qkv, &g = r.g, &out = r.out, &dqkv = r.dqkv;
   float *dOut = zeros(out.size()), *dDqkv = zeros(dqkv.size());
-  const float *devMask = c.keyMask ? up(mask) : nullptr;
+  const float *devMask = c.keyMask ? up(r.mask) : nullptr;
   ASSERT_EQ(cublasCreate(&blas_), CUBLAS_STATUS_SUCCESS);
   void *scratch = alloc(cuda::attentionScratchBytes(shape, precision, /*backward=*/true));
   ASSERT_LE(cuda::attentionScratchBytes(shape, precision, false), cuda::attentionScratchBytes(shape, precision, true));
@@ -88,20 +99,11 @@ TEST_P(FlashAttention, MatchesCpuForwardAndBackward) {
   const Case &c = GetParam();
   for (auto [seq, heads, headDim] : {std::tuple<int64_t, int64_t, int64_t>{67, 3, 16}, {45, 2, 40}, {70, 1, 128}}) {
     cpu::AttentionShape shape{/*batch=*/2, seq, heads, headDim, c.causal, c.dropout, 99, 5};
-    int64_t tokens = shape.batch * seq, width = heads * headDim;
-    auto qkv = random(tokens * 3 * width), g = random(tokens * width);
-    std::vector<float> mask(tokens, 1.0f);
-    if (c.keyMask) {
-      for (int64_t j = seq / 2; j < seq; ++j) mask[j] = 0.0f;
-      if (!c.causal)
-        for (int64_t j = 0; j < seq; ++j) mask[seq + j] = 0.0f;
-    }
-    const float *hostMask = c.keyMask ? mask.data() : nullptr;
-    std::vector<float> out(tokens * width), dqkv(qkv.size());
-    cpu::attentionForward(qkv.data(), hostMask, out.data(), shape);
-    cpu::attentionBackward(qkv.data(), hostMask, g.data(), dqkv.data(), shape);
+    Reference r = reference(c, shape, random(shape.batch * seq * 3 * heads * headDim),
+                            random(shape.batch * seq * heads * headDim));
+    const std::vector<float> &qkv = r.qkv, &g = r.g, &out = r.out, &dqkv = r.dqkv;
     float *dOut = zeros(out.size()), *dDqkv = zeros(dqkv.size());
-    const float *devMask = c.keyMask ? up(mask) : nullptr;
+    const float *devMask = c.keyMask ? up(r.mask) : nullptr;
     void *scratch = alloc(cuda::flashAttentionScratchBytes(shape));
     Status s = cuda::flashAttentionForward(up(qkv), devMask, dOut, shape, nullptr);
     ASSERT_TRUE(s.isOk()) << s.message();
