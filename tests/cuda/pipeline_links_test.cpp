@@ -108,6 +108,32 @@ TEST_P(LinkOrder, SendersAndReceiversAgreeOnEveryLink) {
 
 INSTANTIATE_TEST_SUITE_P(Schedules, LinkOrder, ::testing::Values("GPIPE", "ONE_F_ONE_B", "INTERLEAVED_ONE_F_ONE_B"));
 
+// Two messages to one peer in one program could not be told apart by NCCL: refused, naming it.
+TEST(PipelineLinksLimits, TwoMessagesOverOneLinkInAProgramAreRefused) {
+  plan::RankPlan plan;
+  plan::ScheduleEntry *entry = plan.add_schedule();
+  entry->set_program("forward_0");
+  entry->set_micro_batch(0);
+  plan::ProgramSet programs;
+  plan::Program *p = programs.add_programs();
+  p->set_name("forward_0");
+  plan::Buffer *b = p->add_buffers();
+  b->set_id(0);
+  b->add_shape(4);
+  for (int k = 0; k < 2; ++k) {
+    plan::Instruction *in = p->add_instructions();
+    in->set_op("send");
+    in->add_inputs(0);
+    plan::Attribute *peer = in->add_attributes();
+    peer->set_name("peer");
+    peer->set_i(1);
+  }
+  std::vector<cuda::PipelineLinks::Need> needs;
+  Status s = cuda::pipelineNeeds(plan, programs, &needs);
+  ASSERT_FALSE(s.isOk());
+  EXPECT_NE(s.message().find("forward_0: two messages to pp position 1"), std::string::npos) << s.message();
+}
+
 TEST(PipelineLinksLimits, APeerOutsideTheGroupIsRefused) {
   std::unique_ptr<cuda::PipelineLinks> links;
   Status s = cuda::PipelineLinks::create(nullptr, {0, 1}, 0, {{5, true, 16, 2}}, 1000, &links);
