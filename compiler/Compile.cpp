@@ -15,6 +15,7 @@
 #include "ir/ParamAttrs.h"
 #include "llvm/Support/FormatVariadic.h"
 #include "mlir/Pass/PassManager.h"
+#include "passes/ModelFacts.h"
 #include "passes/Passes.h"
 #include "protos/plan.pb.h"
 #include "runtime/Collectives.h"
@@ -65,25 +66,54 @@ llvm::Error runCompilerPasses(mlir::ModuleOp module, const config::ClusterSpec &
                         [](mlir::Pass *, mlir::Operation *) { return true; }, /*printModuleScope=*/true,
                         /*printAfterOnlyOnChange=*/false);
   }
+  // Layout-specific shapes are passes too: the micro-batch, then the vocabulary padded to a
+  // multiple of make_vocab_size_divisible_by * t (Megatron's rule).
+  int64_t padMultiple = vocabDivisibleBy(module) * p.tensor_parallel_size();
   std::string pipeline = llvm::formatv(
+      "loom-specialize-batch{{batch={9}},loom-pad-vocab{{multiple={10}},"
       "loom-tensor-parallel{{tp={0} sequence-parallel={8}},loom-pipeline-stages{{pp={1} vp={2}},loom-autodiff,"
       "loom-data-parallel{{dp={3} bucket-bytes={4} zero1={7}},loom-pipeline-partition,loom-recompute{{mode={5}},"
       "loom-micro-batches{{count={6}}",
       p.tensor_parallel_size(), p.pipeline_parallel_size(), p.virtual_pipeline_size(), p.data_parallel_size(),
       p.dp_bucket_size_bytes(), recomputeName(p.recompute()), microBatches, p.zero1() ? "true" : "false",
-      p.sequence_parallel() ? "true" : "false");
+      p.sequence_parallel() ? "true" : "false", p.micro_batch_size(), padMultiple);
   if (failed(mlir::parsePassPipeline(pipeline, pm, llvm::errs()))) return error("invalid pass pipeline " + pipeline);
-  if (failed(pm.run(module))) return error("the compiler passes failed (see the errors above)");
+  if (failed(pm.run(module))) return diagnosticsReported();
   return llvm::Error::success();
 }
 
 llvm::Error compile(const config::ModelConfig &model, const config::ClusterSpec &cluster, const CompileOptions &opt,
                     llvm::raw_ostream &summary) {
+  mlir::MLIRContext ctx;
+  OneLineDiagnostics diags(ctx);
+  mlir::OwningOpRef<mlir::ModuleOp> module = buildModel(ctx, model, {});
+  return compile(*module, cluster, opt, summary);
+}
+
+llvm::Error compile(mlir::ModuleOp module, const config::ClusterSpec &cluster, const CompileOptions &opt,
+                    llvm::raw_ostream &summary) {
   auto started = std::chrono::steady_clock::now();
   const config::ParallelConfig &par = cluster.parallel();
-  if (cluster.device().kind() == config::CPU && model.params_dtype() != config::FP32)
-    return error("params_dtype " + config::DType_Name(model.params_dtype()) +
-                 ": the CPU backend computes in fp32 (set params_dtype: FP32 or compile for a CUDA cluster)");
+  // The input is the model over global shapes: the passes do everything layout-specific.
+  const llvm::StringRef partitionedMarks[] = {attr::kTensorParallel, "loom.zero1", "loom.sequence_parallel"};
+  for (llvm::StringRef partitioned : partitionedMarks)
+    if (module->hasAttr(partitioned))
+      return error("the module carries '" + partitioned +
+                   "': it is already compiled for a layout; loomc compile takes the IR over global shapes");
+  if (auto f = module.lookupSymbol<mlir::func::FuncOp>("train_step"))
+    for (unsigned i = 0; i < f.getNumArguments(); ++i)
+      for (llvm::StringRef partitioned : {attr::kShardDim, attr::kTiedTo, attr::kTpPartialGrad})
+        if (f.getArgAttr(i, partitioned))
+          return error(llvm::formatv("argument {0} of @train_step carries '{1}': the module is already compiled for a "
+                                     "layout; loomc compile takes the IR over global shapes",
+                                     i, partitioned));
+  mlir::FailureOr<ModelFacts> facts = readModelFacts(module);
+  if (failed(facts)) return diagnosticsReported();
+  std::string modelName = !facts->name.empty() ? facts->name : opt.modelName.empty() ? "model" : opt.modelName;
+  if (cluster.device().kind() == config::CPU && facts->paramsDtype != "f32")
+    return error("parameters are " + facts->paramsDtype +
+                 ": the CPU backend computes in fp32 (use f32 parameters, params_dtype: FP32, or compile for a CUDA "
+                 "cluster)");
   int t = par.tensor_parallel_size(), p = par.pipeline_parallel_size(), d = par.data_parallel_size(),
       v = par.virtual_pipeline_size(), b = par.micro_batch_size();
   int m = par.global_batch_size() / (b * d);
@@ -95,16 +125,14 @@ llvm::Error compile(const config::ModelConfig &model, const config::ClusterSpec 
   Simulation sim = simulate(*schedule, p, v, m);
   if (sim.deadlock) return error("the pipeline schedule can deadlock: " + sim.diagnosis);
 
-  mlir::MLIRContext ctx;
-  OneLineDiagnostics diags(ctx);
-  mlir::OwningOpRef<mlir::ModuleOp> module = buildModel(ctx, model, {.tensorParallel = t, .microBatch = b});
-  if (llvm::Error e = runCompilerPasses(*module, cluster, m, opt.printIrAfterAll)) return e;
+  if (llvm::Error e = runCompilerPasses(module, cluster, m, opt.printIrAfterAll)) return e;
+  int64_t paddedVocab = roundUpToMultiple(facts->wordRows, vocabDivisibleBy(module) * t);
 
   // Lower every program once; pipeline stage s holds virtual stages s, s + p, ...
   std::vector<plan::ProgramSet> sets(p);
   std::map<std::string, const plan::Program *> byName;
   for (int s = 0; s < p; ++s) sets[s].set_pipeline_stage(s);
-  for (auto f : module->getOps<mlir::func::FuncOp>()) {
+  for (auto f : module.getOps<mlir::func::FuncOp>()) {
     auto lowered = lowerProgram(f);
     if (!lowered) return lowered.takeError();
     sets[lowered->virtual_stage() % p].add_programs()->Swap(&*lowered);
@@ -124,7 +152,7 @@ llvm::Error compile(const config::ModelConfig &model, const config::ClusterSpec 
   }
 
   ParallelLayout layout{t, p, d};
-  int64_t vocab = model.vocab_size();
+  int64_t vocab = facts->vocabSize;
   double totalFlops = 0;
   std::map<int, plan::RankPlan> firstOfStage;  // for the summary: ranks of a stage are alike
   for (int rank = 0; rank < layout.world(); ++rank) {
@@ -136,7 +164,7 @@ llvm::Error compile(const config::ModelConfig &model, const config::ClusterSpec 
     rp.set_dp_rank(layout.dpOf(rank));
     rp.set_pp_rank(stage);
     rp.set_t(t), rp.set_p(p), rp.set_d(d), rp.set_v(v);
-    rp.set_model(model.name());
+    rp.set_model(modelName);
     rp.set_programs_file(programFiles[stage]);
     rp.set_programs_checksum(checksums[stage]);
     for (const char *g : {"tp", "pp", "dp", "embedding"}) {
@@ -150,16 +178,16 @@ llvm::Error compile(const config::ModelConfig &model, const config::ClusterSpec 
     rp.set_micro_batches(m);
     rp.set_micro_batch_size(b);
     rp.set_global_batch_size(par.global_batch_size());
-    rp.set_seq_length(model.seq_length());
+    rp.set_seq_length(facts->seqLength);
     rp.set_vocab_size(vocab);
     rp.set_recompute(recomputeName(par.recompute()));
     rp.set_device_peak_flops(cluster.device().peak_flops());
     rp.set_zero1(par.zero1());
-    rp.set_padded_vocab_size(paddedVocabSize(model, t));
-    rp.set_num_layers(model.num_layers());
-    rp.set_hidden_size(model.hidden_size());
-    rp.set_num_attention_heads(model.num_attention_heads());
-    rp.set_architecture(model.architecture() == config::BERT ? "bert" : "gpt");
+    rp.set_padded_vocab_size(paddedVocab);
+    rp.set_num_layers(facts->numLayers);
+    rp.set_hidden_size(facts->hiddenSize);
+    rp.set_num_attention_heads(facts->numHeads);
+    rp.set_architecture(facts->architecture);
 
     // Parameters this rank holds, from its programs' arguments.
     std::map<std::string, bool> seen;
@@ -179,7 +207,7 @@ llvm::Error compile(const config::ModelConfig &model, const config::ClusterSpec 
         paramCount += elements;
       }
     // Shard and initializer facts come from the IR's argument attributes.
-    for (auto f : module->getOps<mlir::func::FuncOp>())
+    for (auto f : module.getOps<mlir::func::FuncOp>())
       for (unsigned i = 0; i < f.getNumArguments(); ++i) {
         auto n = f.getArgAttrOfType<mlir::StringAttr>(i, attr::kParam);
         if (!n) continue;
@@ -264,8 +292,9 @@ llvm::Error compile(const config::ModelConfig &model, const config::ClusterSpec 
   double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
   std::string text;
   llvm::raw_string_ostream os(text);
-  os << llvm::formatv("model {0}: {1} layers, hidden {2}, seq {3}, vocab {4}\n", model.name(), model.num_layers(),
-                      model.hidden_size(), model.seq_length(), vocab);
+  os << llvm::formatv("model {0}: {1} layers, hidden {2}, {3} heads, seq {4}, vocab {5} (padded to {6})\n",
+                      modelName, facts->numLayers, facts->hiddenSize, facts->numHeads, facts->seqLength, vocab,
+                      paddedVocab);
   os << llvm::formatv("parallelism: t={0} p={1} d={2} v={3} ({4} ranks), micro-batch {5}, global batch {6}, "
                       "{7} micro-batches, schedule {8}, recompute {9}\n",
                       t, p, d, v, layout.world(), b, par.global_batch_size(), m, toString(kind),

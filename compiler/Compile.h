@@ -1,4 +1,4 @@
-// `loomc compile`: model config + cluster spec -> one plan per rank, shared programs per
+// `loomc compile`: Transformer IR (or a model config, built into IR) + cluster spec -> one plan per rank, shared programs per
 // pipeline stage, and a summary (parameters, peak memory, FLOPs, bytes per collective kind).
 #pragma once
 
@@ -16,12 +16,21 @@ struct CompileOptions {
   std::string outDir;
   bool printIrAfterAll = false;  // dump the IR after each pass to stderr
   bool quiet = false;            // no summary on stdout
+  std::string modelName;         // the model's name when the module has no symbol name
 };
 
 // Runs the pass pipeline on `module` (global train_step) for the cluster's parallel request.
 llvm::Error runCompilerPasses(mlir::ModuleOp module, const config::ClusterSpec &cluster, int64_t microBatches,
                               bool printIrAfterAll);
 
+// Compiles `module`: one func.func @train_step over global shapes (no t, the batch possibly
+// dynamic); every model fact the plans carry is read from its ops. The module is rewritten
+// by the passes. Errors in the IR are reported through the context's diagnostic handler
+// (diagnosticsReported()).
+llvm::Error compile(mlir::ModuleOp module, const config::ClusterSpec &cluster, const CompileOptions &options,
+                    llvm::raw_ostream &summary);
+
+// `loomc build` then the same compile.
 llvm::Error compile(const config::ModelConfig &model, const config::ClusterSpec &cluster,
                     const CompileOptions &options, llvm::raw_ostream &summary);
 

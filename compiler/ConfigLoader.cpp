@@ -57,7 +57,6 @@ void applyModelDefaults(config::ModelConfig &m) {
   if (m.params_dtype() == config::DTYPE_UNSPECIFIED) m.set_params_dtype(config::FP32);
   if (m.layernorm_epsilon() == 0) m.set_layernorm_epsilon(1e-5f);
   if (m.init_method_std() == 0) m.set_init_method_std(0.02f);
-  if (m.micro_batch_size() == 0) m.set_micro_batch_size(1);
 }
 
 llvm::Error validateModelConfig(const config::ModelConfig &m, const std::string &path) {
@@ -68,9 +67,10 @@ llvm::Error validateModelConfig(const config::ModelConfig &m, const std::string 
                      {"num_attention_heads", m.num_attention_heads()},
                      {"ffn_hidden_size", m.ffn_hidden_size()}, {"seq_length", m.seq_length()},
                      {"vocab_size", m.vocab_size()},
-                     {"make_vocab_size_divisible_by", m.make_vocab_size_divisible_by()},
-                     {"micro_batch_size", m.micro_batch_size()}})
+                     {"make_vocab_size_divisible_by", m.make_vocab_size_divisible_by()}})
     if (f.value <= 0) return fieldError(path, f.name, llvm::formatv("must be > 0, got {0}", f.value));
+  if (m.micro_batch_size() < 0)
+    return fieldError(path, "micro_batch_size", llvm::formatv("must be >= 0 (0: dynamic), got {0}", m.micro_batch_size()));
   if (m.hidden_size() % m.num_attention_heads() != 0)
     return fieldError(path, "num_attention_heads",
                       llvm::formatv("({0}) must divide hidden_size ({1})", m.num_attention_heads(),

@@ -208,7 +208,7 @@ llvm::Expected<plan::Program> lowerProgram(mlir::func::FuncOp f) {
     streamOfInstr.push_back(in->stream());
     for (mlir::NamedAttribute a : op.getAttrs()) {
       llvm::StringRef n = a.getName().strref();
-      if (n == attr::kLayer || n == attr::kStage || n == attr::kBackward || n == "operandSegmentSizes") continue;
+      if (n == attr::kLayer || n == attr::kStage || n == attr::kBackward || n == attr::kReplicated || n == "operandSegmentSizes") continue;
       plan::Attribute *pa = in->add_attributes();
       pa->set_name(n.str());
       if (auto i = mlir::dyn_cast<mlir::IntegerAttr>(a.getValue()))

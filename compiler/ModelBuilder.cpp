@@ -5,6 +5,7 @@
 #include "compiler/ConfigLoader.h"
 #include "ir/LoomDialect.h"
 #include "ir/ParamAttrs.h"
+#include "passes/ModelFacts.h"
 #include "mlir/Dialect/Func/IR/FuncOps.h"
 #include "mlir/IR/Builders.h"
 
@@ -20,12 +21,14 @@ class TrainStepBuilder {
  public:
   TrainStepBuilder(mlir::MLIRContext &ctx, const config::ModelConfig &cfg, const BuildOptions &opt)
       : ctx_(ctx), cfg_(cfg), b_(&ctx), loc_(mlir::UnknownLoc::get(&ctx)), outputLogits_(opt.outputLogits) {
-    batch_ = opt.microBatch > 0 ? opt.microBatch : cfg.micro_batch_size();
+    // The batch is dynamic (`?`) unless asked for: the compiler specialises it to the
+    // cluster's micro-batch.
+    batch_ = opt.microBatch > 0 ? opt.microBatch
+             : cfg.micro_batch_size() > 0 ? cfg.micro_batch_size()
+                                          : mlir::ShapedType::kDynamic;
     seq_ = cfg.seq_length();
     hidden_ = cfg.hidden_size();
     vocab_ = cfg.vocab_size();
-    paddedVocab_ = paddedVocabSize(cfg, opt.tensorParallel);
-    tensorParallel_ = opt.tensorParallel;
     switch (cfg.params_dtype()) {
       case config::BF16: dtype_ = b_.getBF16Type(); break;
       case config::FP16: dtype_ = b_.getF16Type(); break;
@@ -70,18 +73,12 @@ class TrainStepBuilder {
     return block_->addArgument(tensor({batch_, seq_}, elem), mlir::NameLoc::get(b_.getStringAttr(role)));
   }
 
+  // The IR carries the model in its ops; the only module attribute is the padding multiple,
+  // and only when the config departs from Megatron's default.
   void setModuleAttrs() {
-    auto i64 = [&](int64_t v) { return b_.getI64IntegerAttr(v); };
-    module_->getOperation()->setAttr(
-        attr::kArchitecture, b_.getStringAttr(cfg_.architecture() == config::BERT ? "bert" : "gpt"));
-    module_->getOperation()->setAttr(attr::kNumLayers, i64(cfg_.num_layers()));
-    module_->getOperation()->setAttr(attr::kHiddenSize, i64(hidden_));
-    module_->getOperation()->setAttr(attr::kNumHeads, i64(cfg_.num_attention_heads()));
-    module_->getOperation()->setAttr(attr::kFfnHiddenSize, i64(cfg_.ffn_hidden_size()));
-    module_->getOperation()->setAttr(attr::kSeqLength, i64(seq_));
-    module_->getOperation()->setAttr(attr::kVocabSize, i64(vocab_));
-    module_->getOperation()->setAttr(attr::kPaddedVocabSize, i64(paddedVocab_));
-    module_->getOperation()->setAttr(attr::kTensorParallel, i64(tensorParallel_));
+    if (cfg_.make_vocab_size_divisible_by() != kDefaultVocabDivisibleBy)
+      module_->getOperation()->setAttr(attr::kVocabDivisibleBy,
+                                       b_.getI64IntegerAttr(cfg_.make_vocab_size_divisible_by()));
   }
 
   // Tags an op as part of Transformer layer `layer_` (or leaves it untagged outside layers).
@@ -143,15 +140,20 @@ class TrainStepBuilder {
   // Embedding, layers and final layer norm, shared by GPT and BERT.
   Value trunk(const std::string &root, Value tokens, bool causal, Value keyMask, Value &wordOut) {
     double std = cfg_.init_method_std();
-    wordOut = param(root + ".wte.weight", {paddedVocab_, hidden_}, "normal", std);
+    wordOut = param(root + ".wte.weight", {vocab_, hidden_}, "normal", std);
     Value wpe = param(root + ".wpe.weight", {cfg_.max_position_embeddings(), hidden_}, "normal", std);
     Value x = op<EmbeddingOp>(tensor({batch_, seq_, hidden_}), tokens, wordOut, wpe,
                               /*vocab_parallel_group=*/nullptr);
     x = dropout(x, cfg_.hidden_dropout());
+    // Each layer's ops are located by the layer's name, so errors name the layer.
+    mlir::Location outside = loc_;
     for (int64_t l = 0; l < cfg_.num_layers(); ++l) {
       layer_ = l;
-      x = transformerLayer(x, root + ".h." + std::to_string(l), causal, keyMask);
+      std::string prefix = root + ".h." + std::to_string(l);
+      loc_ = mlir::NameLoc::get(b_.getStringAttr(prefix));
+      x = transformerLayer(x, prefix, causal, keyMask);
     }
+    loc_ = outside;
     layer_ = -1;
     return layerNorm(x, root + ".ln_f");
   }
@@ -165,7 +167,7 @@ class TrainStepBuilder {
     Value word;
     Value tokens = deferInput("tokens", b_.getI32Type());
     Value x = trunk("transformer", tokens, /*causal=*/true, /*keyMask=*/nullptr, word);
-    Value logits = op<LinearOp>(tensor({batch_, seq_, paddedVocab_}), x, word, Value(),
+    Value logits = op<LinearOp>(tensor({batch_, seq_, vocab_}), x, word, Value(),
                                 b_.getUnitAttr());
     if (outputLogits_) {
       finishInputs();
@@ -186,11 +188,14 @@ class TrainStepBuilder {
     // Masked-LM head (Megatron's BertLMHead): dense + GeLU + layer norm, then the tied
     // output embedding plus a per-token bias.
     double std = cfg_.init_method_std();
+    // Its output goes through a layer norm, so no row-parallel GEMM can follow it: it stays
+    // replicated under tensor parallelism, as in Megatron.
     Value h = linear(x, "cls.dense", hidden_, hidden_, std);
+    h.getDefiningOp()->setAttr(attr::kReplicated, b_.getUnitAttr());
     h = op<GeluOp>(h);
     h = layerNorm(h, "cls.ln");
-    Value bias = param("cls.bias", {paddedVocab_}, "zeros");
-    Value logits = op<LinearOp>(tensor({batch_, seq_, paddedVocab_}), h, word, bias,
+    Value bias = param("cls.bias", {vocab_}, "zeros");
+    Value logits = op<LinearOp>(tensor({batch_, seq_, vocab_}), h, word, bias,
                                 b_.getUnitAttr());
     Value labels = deferInput("labels", b_.getI32Type());
     Value lossMask = deferInput("loss_mask", b_.getF32Type());
@@ -232,7 +237,7 @@ class TrainStepBuilder {
   llvm::SmallVector<mlir::DictionaryAttr> argAttrs_;
   llvm::SmallVector<unsigned> deferred_;
   Type dtype_;
-  int64_t batch_, seq_, hidden_, vocab_, paddedVocab_, tensorParallel_;
+  int64_t batch_, seq_, hidden_, vocab_;
   int64_t layer_ = -1;
   int64_t nextStream_ = 1;  // 0 means "no dropout"
   bool outputLogits_ = false;

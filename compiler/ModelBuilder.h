@@ -10,12 +10,13 @@
 
 namespace loom {
 
+// The IR is over global shapes and the tokenizer's vocabulary, the same for every parallel
+// layout: vocabulary padding and the tensor-parallel split are compiler passes.
 struct BuildOptions {
-  // The vocabulary is padded to a multiple of make_vocab_size_divisible_by * tensor_parallel.
-  int64_t tensorParallel = 1;
-  // Overrides the config's micro_batch_size when > 0.
+  // The batch dimension when > 0; otherwise the config's micro_batch_size when set, else
+  // dynamic (`?`).
   int64_t microBatch = 0;
-  // GPT only: return the logits [batch, seq, padded vocab] instead of the loss (inference).
+  // GPT only: return the logits [batch, seq, vocab] instead of the loss (inference).
   bool outputLogits = false;
 };
 

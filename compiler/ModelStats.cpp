@@ -7,12 +7,14 @@
 namespace loom {
 namespace {
 
-int64_t numElements(mlir::Type t) { return mlir::cast<mlir::RankedTensorType>(t).getNumElements(); }
-
-int64_t moduleInt(mlir::ModuleOp m, llvm::StringRef name) {
-  if (auto a = m->getAttrOfType<mlir::IntegerAttr>(name)) return a.getInt();
-  return 0;
+// Elements with a dynamic (batch) dimension counted as 1: per-sample counts, so per-token
+// figures do not depend on the batch.
+int64_t numElements(mlir::Type t) {
+  int64_t n = 1;
+  for (int64_t d : mlir::cast<mlir::RankedTensorType>(t).getShape()) n *= mlir::ShapedType::isDynamic(d) ? 1 : d;
+  return n;
 }
+int64_t numElements(mlir::Value v) { return numElements(v.getType()); }
 
 bool isParam(mlir::Value v) {
   auto arg = mlir::dyn_cast<mlir::BlockArgument>(v);
@@ -25,9 +27,12 @@ bool isParam(mlir::Value v) {
 
 ModelStats computeModelStats(mlir::ModuleOp module) {
   ModelStats s;
-  int64_t vocab = moduleInt(module, attr::kVocabSize);
-  int64_t padded = moduleInt(module, attr::kPaddedVocabSize);
-  int64_t extraRows = vocab > 0 && padded > vocab ? padded - vocab : 0;
+  // Rows of the embedding table beyond the tokenizer's vocabulary (cross_entropy's
+  // valid_vocab) are padding.
+  int64_t vocab = 0, rows = 0;
+  module.walk([&](CrossEntropyOp c) { vocab = c.getValidVocab(); });
+  module.walk([&](EmbeddingOp e) { rows = mlir::cast<mlir::RankedTensorType>(e.getWord().getType()).getDimSize(0); });
+  int64_t extraRows = vocab > 0 && rows > vocab ? rows - vocab : 0;
 
   module.walk([&](mlir::func::FuncOp f) {
     for (unsigned i = 0; i < f.getNumArguments(); ++i) {
@@ -44,8 +49,7 @@ ModelStats computeModelStats(mlir::ModuleOp module) {
     double flops = 0;
     if (auto lin = mlir::dyn_cast<LinearOp>(op)) {
       auto in = mlir::cast<mlir::RankedTensorType>(lin.getInput().getType());
-      auto out = mlir::cast<mlir::RankedTensorType>(lin.getResult().getType());
-      flops = 2.0 * out.getNumElements() * in.getShape().back();
+      flops = 2.0 * numElements(lin.getResult()) * in.getShape().back();
       // The padded rows of a (tied) output embedding and of its bias are padding too;
       // the word embedding's padded rows are counted at the embedding below.
       if (auto b = lin.getBias(); b && isParam(b) && mlir::isa<CrossEntropyOp>(*lin->user_begin()))
@@ -53,7 +57,7 @@ ModelStats computeModelStats(mlir::ModuleOp module) {
     } else if (auto attn = mlir::dyn_cast<AttentionOp>(op)) {
       auto out = mlir::cast<mlir::RankedTensorType>(attn.getResult().getType());
       int64_t seq = out.getShape()[1];
-      flops = 4.0 * out.getNumElements() * seq;  // QK^T and PV: 2 b s s h each
+      flops = 4.0 * numElements(attn.getResult()) * seq;  // QK^T and PV: 2 b s s h each
     } else if (auto emb = mlir::dyn_cast<EmbeddingOp>(op)) {
       if (isParam(emb.getWord()))
         s.vocabPaddingParameters +=

@@ -71,9 +71,14 @@ llvm::Error writeOutput(const std::string &path, std::function<void(llvm::raw_os
   });
 }
 
+static constexpr llvm::StringLiteral kReported = "(reported by the diagnostic handler)";
+
+llvm::Error diagnosticsReported() { return llvm::createStringError(llvm::inconvertibleErrorCode(), kReported); }
+
 int reportError(llvm::StringRef tool, llvm::Error err) {
   llvm::handleAllErrors(std::move(err), [&](const llvm::ErrorInfoBase &e) {
     std::string msg = e.message();
+    if (msg == kReported) return;
     std::replace(msg.begin(), msg.end(), '\n', ' ');
     // Messages from the loaders already start with "path: error:".
     if (llvm::StringRef(msg).contains(": error: "))

@@ -36,6 +36,10 @@ mlir::OwningOpRef<mlir::ModuleOp> readModule(mlir::MLIRContext &ctx, const std::
 // existing file is replaced only by complete output.
 llvm::Error writeOutput(const std::string &path, std::function<void(llvm::raw_ostream &)> write);
 
+// An error whose one-line message the context's diagnostic handler has already printed
+// (an IR or pass error with its location); reportError prints nothing more for it.
+llvm::Error diagnosticsReported();
+
 // Prints "tool: error: message" for an llvm::Error and returns exit code 1.
 int reportError(llvm::StringRef tool, llvm::Error err);
 

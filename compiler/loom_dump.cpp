@@ -15,6 +15,7 @@
 #include "ir/ParamAttrs.h"
 #include "llvm/Support/CommandLine.h"
 #include "llvm/Support/FormatVariadic.h"
+#include "passes/ModelFacts.h"
 
 namespace cl = llvm::cl;
 
@@ -90,11 +91,6 @@ std::string engineering(double v) {
   return llvm::formatv("{0:F2} {1}", v, suffix[i]).str();
 }
 
-int64_t moduleInt(mlir::ModuleOp m, llvm::StringRef name) {
-  auto a = m->getAttrOfType<mlir::IntegerAttr>(name);
-  return a ? a.getInt() : 0;
-}
-
 }  // namespace
 
 int main(int argc, char **argv) {
@@ -109,21 +105,18 @@ int main(int argc, char **argv) {
 
   loom::ModelStats s = loom::computeModelStats(*module);
   llvm::raw_ostream &os = llvm::outs();
-  auto arch = (*module)->getAttrOfType<mlir::StringAttr>(loom::attr::kArchitecture);
-  int64_t layers = moduleInt(*module, loom::attr::kNumLayers);
-  int64_t hidden = moduleInt(*module, loom::attr::kHiddenSize);
-  int64_t seq = moduleInt(*module, loom::attr::kSeqLength);
-  int64_t vocab = moduleInt(*module, loom::attr::kVocabSize);
-  int64_t padded = moduleInt(*module, loom::attr::kPaddedVocabSize);
+  mlir::FailureOr<loom::ModelFacts> facts = loom::readModelFacts(*module);
+  if (failed(facts)) return 1;  // the handler printed why
+  int64_t padded = loom::roundUpToMultiple(facts->wordRows, loom::vocabDivisibleBy(*module));
   os << "module: " << (module->getName() ? *module->getName() : "<unnamed>") << "\n";
-  if (arch)
-    os << llvm::formatv("model: {0}, {1} layers, hidden {2}, {3} heads, ffn {4}, seq {5}, "
-                        "vocab {6} (padded to {7})\n",
-                        arch.getValue(), layers, hidden, moduleInt(*module, loom::attr::kNumHeads),
-                        moduleInt(*module, loom::attr::kFfnHiddenSize), seq, vocab, padded);
+  os << llvm::formatv("model: {0}, {1} layers, hidden {2}, {3} heads, ffn {4}, seq {5}, vocab {6} (padded to {7} "
+                      "for t = 1)\n",
+                      facts->architecture, facts->numLayers, facts->hiddenSize, facts->numHeads, facts->ffnHiddenSize,
+                      facts->seqLength, facts->vocabSize, padded);
   os << "parameters: " << withCommas(s.parameters) << "\n";
-  os << "parameters without vocab padding: " << withCommas(s.parametersWithoutPadding()) << " ("
-     << withCommas(s.vocabPaddingParameters) << " in padding)\n";
+  if (s.vocabPaddingParameters > 0)
+    os << "parameters without vocab padding: " << withCommas(s.parametersWithoutPadding()) << " ("
+       << withCommas(s.vocabPaddingParameters) << " in padding)\n";
   if (s.tokensPerStep > 0) {
     os << "tokens per step: " << s.tokensPerStep << "\n";
     os << llvm::formatv("FLOPs per token: forward {0} ({1}FLOP), training {2} ({3}FLOP), "
@@ -134,10 +127,11 @@ int main(int argc, char **argv) {
                         engineering(s.trainingFlopsPerToken()),
                         (int64_t)std::llround(s.trainingFlopsPerTokenFullRecompute()),
                         engineering(s.trainingFlopsPerTokenFullRecompute()));
-    if (arch && arch.getValue() == "gpt")
-      os << llvm::formatv("PTD-P formula (section 5.1, full recompute): {0} ({1}FLOP)\n",
-                          (int64_t)std::llround(loom::ptdpFlopsPerToken(layers, hidden, seq, padded)),
-                          engineering(loom::ptdpFlopsPerToken(layers, hidden, seq, padded)));
+    // The formula with the IR's own vocabulary width (the logits the IR computes).
+    double ptdp = loom::ptdpFlopsPerToken(facts->numLayers, facts->hiddenSize, facts->seqLength, facts->wordRows);
+    if (facts->architecture == "gpt")
+      os << llvm::formatv("PTD-P formula (section 5.1, full recompute): {0} ({1}FLOP)\n", (int64_t)std::llround(ptdp),
+                          engineering(ptdp));
   }
   os << "ops:\n";
   for (auto &[name, count] : s.opHistogram) os << llvm::formatv("  {0,-20} {1,8}\n", name, count);

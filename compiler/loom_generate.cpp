@@ -40,7 +40,8 @@ int main(int argc, char **argv) {
 
   loom::SafetensorsFile file;
   if (loom::Status s = loom::readSafetensors(flags.get("weights"), &file); !s.isOk()) return flags.fail(s.message());
-  int64_t padded = loom::paddedVocabSize(*cfg, 1), seq = cfg->seq_length();
+  // The built IR has the tokenizer's vocabulary (no padding pass runs for generation).
+  int64_t padded = cfg->vocab_size(), seq = cfg->seq_length();
   std::map<std::string, loom::HostTensor> params;
   if (loom::Status s = loom::fromHuggingFaceGpt2(file.tensors, padded, cfg->num_attention_heads(), &params); !s.isOk())
     return flags.fail(flags.get("weights") + ": " + s.message());

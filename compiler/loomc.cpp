@@ -1,10 +1,13 @@
 // loomc: Loom's compiler driver.
-//   loomc build CONFIG [--cluster SPEC] [--tp N] [--micro-batch N] [-o OUT.mlir]
-//       Emit Transformer IR for a model config (protos/model.proto, text format).
+//   loomc build CONFIG [--micro-batch N] [-o OUT.mlir]
+//       Emit Transformer IR for a model config (protos/model.proto, text format): global
+//       shapes, the tokenizer's vocabulary, a dynamic batch unless --micro-batch is given.
 //   loomc verify FILE.mlir [-o OUT.mlir] [--split-input-file] [--verify-diagnostics]
 //       Parse and verify IR, print it back in canonical form.
-//   loomc compile CONFIG --cluster SPEC --out DIR [--mlir-print-ir-after-all]
-//       Build, run the pass pipeline, lower to one plan per rank plus a summary.
+//   loomc compile MODEL --cluster SPEC --out DIR [--mlir-print-ir-after-all]
+//       MODEL is Transformer IR (FILE.mlir, or - for stdin) or a model config (FILE.pbtxt,
+//       built first as by `loomc build`). Runs the pass pipeline, lowers to one plan per rank
+//       plus a summary.
 //   loomc opt FILE.mlir --loom-tensor-parallel=tp=2 --loom-autodiff ... [--mlir-print-ir-after-all]
 //       Run passes one by one (MLIR's opt driver: pass options, IR after each pass).
 #include "compiler/Compile.h"
@@ -12,6 +15,7 @@
 #include "compiler/ModelBuilder.h"
 #include "compiler/ToolSupport.h"
 #include "llvm/Support/CommandLine.h"
+#include "llvm/Support/Path.h"
 #include "llvm/Support/SourceMgr.h"
 #include "mlir/IR/AsmState.h"
 #include "mlir/IR/Diagnostics.h"
@@ -32,17 +36,13 @@ cl::OptionCategory loomCategory("loomc options");
 cl::SubCommand buildCmd("build", "Emit Transformer IR for a model config");
 cl::opt<std::string> buildConfig(cl::Positional, cl::Required, cl::desc("<model config .pbtxt>"),
                                  cl::sub(buildCmd), cl::cat(loomCategory));
-cl::opt<std::string> buildCluster("cluster", cl::desc("cluster spec: takes t (vocab padding) and b, checks the model fits"),
-                                  cl::sub(buildCmd), cl::cat(loomCategory));
-cl::opt<int64_t> buildTp("tp", cl::desc("tensor-parallel size for vocabulary padding (default 1, or the cluster's)"),
-                         cl::init(0), cl::sub(buildCmd), cl::cat(loomCategory));
-cl::opt<int64_t> buildMicroBatch("micro-batch", cl::desc("batch dimension of train_step (default: config, or the cluster's)"),
+cl::opt<int64_t> buildMicroBatch("micro-batch", cl::desc("static batch dimension of train_step (default: the config's micro_batch_size, else dynamic)"),
                                  cl::init(0), cl::sub(buildCmd), cl::cat(loomCategory));
 cl::opt<std::string> buildOut("o", cl::desc("output file (default stdout)"), cl::init("-"),
                               cl::sub(buildCmd), cl::cat(loomCategory));
 
 cl::SubCommand compileCmd("compile", "Compile a model for a cluster into per-rank plans");
-cl::opt<std::string> compileConfig(cl::Positional, cl::Required, cl::desc("<model config .pbtxt>"),
+cl::opt<std::string> compileModel(cl::Positional, cl::Required, cl::desc("<model: IR .mlir, - (IR on stdin) or config .pbtxt>"),
                                    cl::sub(compileCmd), cl::cat(loomCategory));
 cl::opt<std::string> compileCluster("cluster", cl::Required, cl::desc("cluster spec .pbtxt"), cl::sub(compileCmd),
                                     cl::cat(loomCategory));
@@ -74,28 +74,11 @@ mlir::OpPrintingFlags printingFlags() {
 int runBuild() {
   llvm::Expected<loom::config::ModelConfig> model = loom::loadModelConfig(buildConfig);
   if (!model) return loom::reportError("loomc", model.takeError());
-  loom::BuildOptions options;
-  if (!buildCluster.empty()) {
-    llvm::Expected<loom::config::ClusterSpec> cluster = loom::loadClusterSpec(buildCluster);
-    if (!cluster) return loom::reportError("loomc", cluster.takeError());
-    if (llvm::Error e = loom::checkModelFitsCluster(*model, *cluster, buildCluster))
-      return loom::reportError("loomc", std::move(e));
-    options.tensorParallel = cluster->parallel().tensor_parallel_size();
-    options.microBatch = cluster->parallel().micro_batch_size();
-  }
-  if (buildTp < 0 || buildMicroBatch < 0)
+  if (buildMicroBatch < 0)
     return loom::reportError("loomc", llvm::createStringError(llvm::inconvertibleErrorCode(),
-                                                              "--tp and --micro-batch must be >= 1"));
-  if (buildTp > 0) {
-    options.tensorParallel = buildTp;
-    if (model->num_attention_heads() % buildTp != 0)
-      return loom::reportError(
-          "loomc", llvm::createStringError(llvm::inconvertibleErrorCode(),
-                                           "--tp %lld does not divide num_attention_heads = %lld",
-                                           (long long)buildTp, (long long)model->num_attention_heads()));
-  }
-  if (buildMicroBatch > 0) options.microBatch = buildMicroBatch;
-
+                                                              "--micro-batch must be >= 1"));
+  loom::BuildOptions options;
+  options.microBatch = buildMicroBatch;
   mlir::MLIRContext ctx;
   loom::OneLineDiagnostics diags(ctx);
   mlir::OwningOpRef<mlir::ModuleOp> module = loom::buildModel(ctx, *model, options);
@@ -109,14 +92,26 @@ int runBuild() {
 }
 
 int runCompile() {
-  llvm::Expected<loom::config::ModelConfig> model = loom::loadModelConfig(compileConfig);
-  if (!model) return loom::reportError("loomc", model.takeError());
   llvm::Expected<loom::config::ClusterSpec> cluster = loom::loadClusterSpec(compileCluster);
   if (!cluster) return loom::reportError("loomc", cluster.takeError());
-  if (llvm::Error e = loom::checkModelFitsCluster(*model, *cluster, compileCluster))
-    return loom::reportError("loomc", std::move(e));
   loom::CompileOptions options{compileOut, compileIrAfterAll, compileQuiet};
-  if (llvm::Error e = loom::compile(*model, *cluster, options, llvm::outs()))
+  llvm::StringRef path = compileModel;
+  if (path.ends_with(".pbtxt")) {  // a config: built into IR, then the same compile
+    llvm::Expected<loom::config::ModelConfig> model = loom::loadModelConfig(compileModel);
+    if (!model) return loom::reportError("loomc", model.takeError());
+    if (llvm::Error e = loom::checkModelFitsCluster(*model, *cluster, compileCluster))
+      return loom::reportError("loomc", std::move(e));
+    if (llvm::Error e = loom::compile(*model, *cluster, options, llvm::outs()))
+      return loom::reportError("loomc", std::move(e));
+    return 0;
+  }
+  mlir::MLIRContext ctx;
+  loom::registerLoomDialects(ctx);
+  loom::OneLineDiagnostics diags(ctx);
+  mlir::OwningOpRef<mlir::ModuleOp> module = loom::readModule(ctx, compileModel);
+  if (!module) return 1;  // the parser or verifier said where
+  options.modelName = path == "-" ? "model" : llvm::sys::path::stem(path).str();
+  if (llvm::Error e = loom::compile(*module, *cluster, options, llvm::outs()))
     return loom::reportError("loomc", std::move(e));
   return 0;
 }

@@ -100,15 +100,9 @@ mlir::LogicalResult LoomDialect::verifyOperationAttribute(mlir::Operation *op,
     return mlir::success();
   }
   if (name == "loom.recomputed" || name == "loom.zero1" || name == attr::kGradSync ||
-      name == "loom.sequence_parallel") {
+      name == "loom.sequence_parallel" || name == attr::kReplicated) {
     if (!mlir::isa<mlir::UnitAttr>(attr.getValue()))
       return op->emitError() << "attribute '" << name << "' must be a unit attribute";
-    return mlir::success();
-  }
-  if (name == attr::kArchitecture) {
-    auto s = mlir::dyn_cast<mlir::StringAttr>(attr.getValue());
-    if (!s || !isOneOf(s.getValue(), {"gpt", "bert"}))
-      return op->emitError() << "attribute '" << name << "' must be \"gpt\" or \"bert\"";
     return mlir::success();
   }
   if (name == attr::kBackward) {
@@ -121,9 +115,7 @@ mlir::LogicalResult LoomDialect::verifyOperationAttribute(mlir::Operation *op,
     if (!i || i.getInt() < 0) return op->emitError() << "attribute 'loom.stage' must be a non-negative integer";
     return mlir::success();
   }
-  bool isCount = isOneOf(name, {attr::kLayer, attr::kBucket, attr::kStage, attr::kNumLayers, attr::kHiddenSize, attr::kNumHeads,
-                                attr::kFfnHiddenSize, attr::kSeqLength, attr::kVocabSize,
-                                attr::kPaddedVocabSize, attr::kTensorParallel,
+  bool isCount = isOneOf(name, {attr::kLayer, attr::kBucket, attr::kStage, attr::kVocabDivisibleBy, attr::kTensorParallel,
                                 "loom.data_parallel_size", "loom.pipeline_parallel_size",
                                 "loom.virtual_pipeline_size", "loom.micro_batches"});
   if (!isCount) return op->emitError() << "attribute '" << name << "' is not a known loom attribute";

@@ -11,10 +11,14 @@ using mlir::Value;
 
 RankedTensorType tensorOf(Value v) { return mlir::cast<RankedTensorType>(v.getType()); }
 
-// Loom compiles static shapes only.
+// Shapes are static except the batch: dim 0 of a tensor of rank >= 2 may be dynamic (`?`);
+// the compiler specialises it to the cluster's micro-batch (loom-specialize-batch).
 LogicalResult requireStatic(mlir::Operation *op, Value v, llvm::StringRef what) {
-  if (!tensorOf(v).hasStaticShape())
-    return op->emitOpError() << what << " must have a static shape, got " << v.getType();
+  RankedTensorType t = tensorOf(v);
+  for (int64_t d = 0; d < t.getRank(); ++d)
+    if (t.isDynamicDim(d) && !(d == 0 && t.getRank() >= 2))
+      return op->emitOpError() << what << " dim " << d << " is dynamic (only the batch, dim 0, may be), got "
+                               << v.getType();
   return mlir::success();
 }
 
@@ -27,9 +31,10 @@ LogicalResult requireRank(mlir::Operation *op, Value v, llvm::StringRef what, in
 
 LogicalResult requireDim(mlir::Operation *op, llvm::StringRef what, int64_t dim, int64_t got,
                          int64_t expected, llvm::StringRef because) {
+  auto size = [](int64_t n) { return mlir::ShapedType::isDynamic(n) ? std::string("?") : std::to_string(n); };
   if (got != expected)
-    return op->emitOpError() << what << " dim " << dim << " is " << got << " but must be "
-                             << expected << " (" << because << ")";
+    return op->emitOpError() << what << " dim " << dim << " is " << size(got) << " but must be "
+                             << size(expected) << " (" << because << ")";
   return mlir::success();
 }
 

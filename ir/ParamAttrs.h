@@ -38,15 +38,14 @@ inline constexpr llvm::StringLiteral kStage = "loom.stage";
 // the "embedding" group.
 inline constexpr llvm::StringLiteral kTiedTo = "loom.tied_to";
 
-// On the module: the model it was built from.
-inline constexpr llvm::StringLiteral kArchitecture = "loom.architecture";  // "gpt" | "bert"
-inline constexpr llvm::StringLiteral kNumLayers = "loom.num_layers";
-inline constexpr llvm::StringLiteral kHiddenSize = "loom.hidden_size";
-inline constexpr llvm::StringLiteral kNumHeads = "loom.num_heads";
-inline constexpr llvm::StringLiteral kFfnHiddenSize = "loom.ffn_hidden_size";
-inline constexpr llvm::StringLiteral kSeqLength = "loom.seq_length";
-inline constexpr llvm::StringLiteral kVocabSize = "loom.vocab_size";          // tokenizer's
-inline constexpr llvm::StringLiteral kPaddedVocabSize = "loom.padded_vocab_size";
+// On an op: keep it replicated on every rank of the tensor-parallel group (the op's
+// tensor-parallel rule would otherwise split it, or refuse an op it cannot place).
+inline constexpr llvm::StringLiteral kReplicated = "loom.replicated";
+
+// On the module, optional: Megatron's make_vocab_size_divisible_by (default 128); the
+// compiler pads the vocabulary to a multiple of it times t.
+inline constexpr llvm::StringLiteral kVocabDivisibleBy = "loom.make_vocab_size_divisible_by";
+// Set by loom-tensor-parallel (never part of the input IR): the degree t it applied.
 inline constexpr llvm::StringLiteral kTensorParallel = "loom.tensor_parallel_size";
 
 }  // namespace loom::attr

@@ -4,6 +4,30 @@
 
 include "mlir/Pass/PassBase.td"
 
+def LoomSpecializeBatch : Pass<"loom-specialize-batch", "mlir::ModuleOp"> {
+  let summary = "Give the dynamic batch dimension of train_step the cluster's micro-batch";
+  let description = [{
+    The IR may leave the batch (dim 0 of the data inputs and of every activation) dynamic
+    (`?`); this pass sets it to `batch` everywhere. A static batch that differs from `batch`,
+    a dynamic dimension other than the batch, and a parameter with a dynamic dimension are
+    errors naming the argument or op and both numbers.
+  }];
+  let options = [Option<"batch", "batch", "int64_t", "1", "the micro-batch size">];
+}
+
+def LoomPadVocab : Pass<"loom-pad-vocab", "mlir::ModuleOp"> {
+  let summary = "Pad the vocabulary dimension to a multiple of make_vocab_size_divisible_by * t";
+  let description = [{
+    Megatron pads the embedding table so that every tensor-parallel rank holds an equal,
+    GEMM-friendly shard. The vocabulary dimensions are found from the dataflow: rows of each
+    loom.embedding's word table, and the output features of the linear producing each
+    loom.cross_entropy's logits (its weight, its bias, its result). cross_entropy keeps
+    `valid_vocab`, so the padded columns never enter the softmax: padding changes neither the
+    loss nor the gradients of the real rows. The added rows are initialised like the rest.
+  }];
+  let options = [Option<"multiple", "multiple", "int64_t", "128", "pad to a multiple of this">];
+}
+
 def LoomTensorParallel : Pass<"loom-tensor-parallel", "mlir::ModuleOp"> {
   let summary = "Megatron tensor parallelism: shard train_step into its SPMD form for group tp";
   let description = [{

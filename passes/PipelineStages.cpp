@@ -1,4 +1,6 @@
 // loom-pipeline-stages (see Passes.td).
+#include <set>
+
 #include "ir/LoomDialect.h"
 #include "ir/ParamAttrs.h"
 #include "llvm/Support/FormatVariadic.h"
@@ -27,9 +29,18 @@ struct PipelineStagesPass : impl::LoomPipelineStagesBase<PipelineStagesPass> {
                                    int64_t(virtualStages)).str());
     if (pipelineParallel == 1 && virtualStages > 1)
       return fail(m, llvm::formatv("vp = {0} chunks need pp >= 2 stages", int64_t(virtualStages)).str());
-    auto layersAttr = m->getAttrOfType<mlir::IntegerAttr>(attr::kNumLayers);
-    if (!layersAttr) return fail(m, "the module has no loom.num_layers");
-    int64_t layers = layersAttr.getInt(), p = pipelineParallel, v = virtualStages, stages = p * v;
+    // The layers are the ops' loom.layer values, which must number them 0 .. L-1.
+    std::set<int64_t> layerIds;
+    f.walk([&](mlir::Operation *op) {
+      if (auto l = op->getAttrOfType<mlir::IntegerAttr>(attr::kLayer)) layerIds.insert(l.getInt());
+    });
+    int64_t layers = int64_t(layerIds.size()), p = pipelineParallel, v = virtualStages, stages = p * v;
+    if (layers > 0 && *layerIds.rbegin() != layers - 1)
+      return fail(m, llvm::formatv("the ops' loom.layer values must number the layers 0 .. L-1, but there are {0} "
+                                   "distinct values up to {1}", layers, *layerIds.rbegin()).str());
+    if (layers == 0 && stages > 1)
+      return fail(m, llvm::formatv("p * v = {0} pipeline stages need Transformer layers (ops tagged loom.layer), "
+                                   "and no op has one", stages).str());
     mlir::MLIRContext *ctx = m.getContext();
 
     // First layer of each virtual stage.

@@ -1,11 +1,28 @@
 // loom-tensor-parallel: Megatron tensor parallelism (see Passes.td and the Megatron-LM paper,
 // section 3, figures 3 and 4).
 //
-// Which GEMMs are split is read off the graph: a linear feeding an attention core or a GeLU
-// whose output feeds exactly one linear forms a (column, row) pair; the tied output layer
-// feeding cross-entropy is vocab-parallel, like the input embedding. Anything else (layer
-// norms, the BERT head's dense layer) stays replicated on every rank of the group.
+// Each op kind has one rule, and which rule applies is read off the dataflow:
+//   embedding          vocab-parallel: word rows split, masked lookup, all_reduce (g), then
+//                      the positions;
+//   linear, input R    column-parallel when everything its output reaches through the
+//                      region ops below ends in linears (row-parallel); f (identity, or the
+//                      sequence-parallel all_gather) before it; weight columns and bias split;
+//   region ops         gelu, dropout (rank-distinct streams), add_bias (bias split), add (both
+//                      operands column-split) and attention (whole heads per rank) keep the
+//                      last dimension split;
+//   linear, input C    row-parallel: weight rows split, all_reduce (g) or the
+//                      sequence-parallel reduce_scatter, then its bias;
+//   linear -> logits   vocab-parallel: output features split, fused vocab-parallel
+//                      cross_entropy;
+//   the rest           layer_norm, add, dropout, gelu, add_bias, add_position and
+//                      cross_entropy on replicated values stay replicated.
+// A linear or attention op marked `loom.replicated` stays whole on every rank. A linear that
+// fits no rule (its output reaches a layer norm, say), an attention core whose qkv is not
+// column-split, and any other op kind are errors naming the op: nothing silently stays
+// replicated.
 #include "ir/LoomDialect.h"
+#include "llvm/ADT/DenseSet.h"
+#include "llvm/ADT/MapVector.h"
 #include "ir/ParamAttrs.h"
 #include "passes/Passes.h"
 
@@ -30,102 +47,223 @@ int64_t dimOf(mlir::Value v, int64_t dim) {
   return s[dim < 0 ? s.size() + dim : dim];
 }
 
+// A column-parallel region: the column-parallel linears, the values whose last dimension is
+// split inside it, the ops between, and the row-parallel linears that close it.
+struct Region {
+  llvm::SmallVector<LinearOp> columns;
+  llvm::DenseSet<mlir::Value> values;
+  llvm::SmallVector<mlir::Operation *> mids;
+  llvm::SmallVector<LinearOp> rows;
+};
+
+bool isParamArg(mlir::func::FuncOp f, mlir::Value v) {
+  auto arg = mlir::dyn_cast<mlir::BlockArgument>(v);
+  return arg && arg.getOwner()->getParentOp() == f.getOperation() && f.getArgAttr(arg.getArgNumber(), attr::kParam);
+}
+
 class Sharder {
  public:
   Sharder(mlir::func::FuncOp f, int64_t t, bool sequenceParallel)
       : f_(f), t_(t), sp_(sequenceParallel), b_(f.getContext()) {}
 
   mlir::LogicalResult run() {
-    collectPairs();
-    // Decide every parameter's split before rewriting anything.
-    for (auto [col, row] : pairs_) {
-      if (failed(shardParam(col.getWeight(), 1, col)) || (col.getBias() && failed(shardParam(col.getBias(), 0, col))) ||
-          failed(shardParam(row.getWeight(), 0, row)))
-        return mlir::failure();
-    }
-    for (EmbeddingOp e : embeddings_)
-      if (failed(shardParam(e.getWord(), 0, e))) return mlir::failure();
-    for (LinearOp l : vocabLinears_)
-      if (failed(shardParam(l.getWeight(), 0, l)) || (l.getBias() && failed(shardParam(l.getBias(), 0, l))))
-        return mlir::failure();
-    if (failed(checkDivisible())) return mlir::failure();
-
-    for (auto [col, row] : pairs_) rewritePair(col, row);
+    if (failed(placeOps()) || failed(checkParamUses()) || failed(checkDivisible())) return mlir::failure();
+    for (Region &r : regions_) rewriteRegion(r);
     for (EmbeddingOp e : embeddings_) rewriteEmbedding(e);
     for (LinearOp l : vocabLinears_) rewriteVocabLinear(l);
+    enterRegions();
     applyParamShards();
     if (sp_) shardSequence();
     return mlir::success();
   }
 
  private:
-  void collectPairs() {
-    f_.walk([&](mlir::Operation *op) {
-      if (!mlir::isa<AttentionOp, GeluOp>(op)) return;
-      auto col = op->getOperand(0).getDefiningOp<LinearOp>();
-      mlir::Value out = op->getResult(0);
-      if (!col || !col->hasOneUse() || !out.hasOneUse()) return;
-      auto row = mlir::dyn_cast<LinearOp>(*out.getUsers().begin());
-      if (!row || row.getInput() != out || row.getTransposeWeight() || col.getTransposeWeight()) return;
-      pairs_.push_back({col, row});
+  // Walks the ops in order and gives each its rule; parameters' splits are decided here,
+  // before anything is rewritten.
+  mlir::LogicalResult placeOps() {
+    mlir::WalkResult walk = f_.walk([&](mlir::Operation *op) -> mlir::WalkResult {
+      if (mlir::isa<mlir::func::FuncOp, mlir::func::ReturnOp>(op)) return mlir::WalkResult::advance();
+      bool replicated = op->hasAttr(attr::kReplicated);
+      if (auto l = mlir::dyn_cast<LinearOp>(op)) {
+        if (replicated || placed_.contains(op)) return mlir::WalkResult::advance();
+        if (l->hasOneUse() && mlir::isa<CrossEntropyOp>(*l->getUsers().begin()) &&
+            l->getUses().begin()->getOperandNumber() == 0) {
+          if (failed(shardParam(l, 1, l.getTransposeWeight() ? 0 : 1)) || (l.getBias() && failed(shardParam(l, 2, 0))))
+            return mlir::WalkResult::interrupt();
+          vocabLinears_.push_back(l);
+          placed_.insert(op);
+          return mlir::WalkResult::advance();
+        }
+        return failed(growRegion(l)) ? mlir::WalkResult::interrupt() : mlir::WalkResult::advance();
+      }
+      if (auto a = mlir::dyn_cast<AttentionOp>(op)) {
+        if (replicated || placed_.contains(op)) return mlir::WalkResult::advance();
+        return a.emitOpError() << "loom-tensor-parallel: cannot split this attention core: its qkv does not come "
+                                  "from a column-parallel linear (t = "
+                               << t_ << "); mark it loom.replicated to compute all heads on every rank";
+      }
+      if (auto e = mlir::dyn_cast<EmbeddingOp>(op)) {
+        if (replicated) return mlir::WalkResult::advance();
+        if (failed(shardParam(e, 1, 0))) return mlir::WalkResult::interrupt();
+        embeddings_.push_back(e);
+        return mlir::WalkResult::advance();
+      }
+      if (mlir::isa<LayerNormOp, AddOp, DropoutOp, GeluOp, AddBiasOp, AddPositionOp, CrossEntropyOp>(op))
+        return mlir::WalkResult::advance();  // replicated, or a region op placed by its region
+      return op->emitOpError() << "loom-tensor-parallel: no tensor-parallel rule for this op (the input IR holds the "
+                                  "model's forward ops over global shapes)";
     });
-    f_.walk([&](EmbeddingOp e) { embeddings_.push_back(e); });
-    f_.walk([&](LinearOp l) {
-      if (l.getTransposeWeight() && l->hasOneUse() && mlir::isa<CrossEntropyOp>(*l->getUsers().begin()))
-        vocabLinears_.push_back(l);
-    });
+    return mlir::failure(walk.wasInterrupted());
   }
 
-  mlir::LogicalResult shardParam(mlir::Value v, int64_t dim, mlir::Operation *user) {
-    auto arg = mlir::dyn_cast<mlir::BlockArgument>(v);
-    if (!arg || !f_.getArgAttr(arg.getArgNumber(), attr::kParam))
-      return user->emitOpError() << "loom-tensor-parallel: a split weight must be a parameter argument";
-    auto [it, inserted] = shardDims_.try_emplace(arg.getArgNumber(), dim);
+  // A linear whose input is replicated may start a column-parallel region.
+  bool isColumnCandidate(LinearOp l) {
+    return !l->hasAttr(attr::kReplicated) && !placed_.contains(l.getOperation()) && !inRegion_.contains(l.getInput());
+  }
+
+  mlir::LogicalResult blocked(LinearOp seed, mlir::Operation *at, llvm::StringRef why) {
+    return seed.emitOpError() << "loom-tensor-parallel: cannot split this linear: its output reaches '"
+                              << at->getName() << "' at " << at->getLoc() << ", which " << why
+                              << "; a column-parallel linear must lead, through gelu, dropout, add, add_bias or "
+                                 "attention, to row-parallel linears. Mark it loom.replicated to keep it whole";
+  }
+
+  // Grows the column-parallel region that `seed` starts: everything its output reaches
+  // through region ops, up to the row-parallel linears. A residual-free elementwise add of
+  // two split values pulls the linear producing the other operand in as a second column
+  // (SwiGLU-style gate and up projections).
+  mlir::LogicalResult growRegion(LinearOp seed) {
+    Region r;
+    llvm::SmallVector<mlir::Value> work;
+    auto addColumn = [&](LinearOp c) {
+      r.columns.push_back(c);
+      placed_.insert(c.getOperation());
+      r.values.insert(c.getResult());
+      work.push_back(c.getResult());
+    };
+    addColumn(seed);
+    llvm::SmallVector<AddOp> adds;
+    llvm::DenseSet<mlir::Operation *> seen;
+    while (true) {
+      while (!work.empty()) {
+        mlir::Value v = work.pop_back_val();
+        for (mlir::OpOperand &use : v.getUses()) {
+          mlir::Operation *u = use.getOwner();
+          unsigned k = use.getOperandNumber();
+          if (u->hasAttr(attr::kReplicated)) return blocked(seed, u, "is marked loom.replicated");
+          if (auto row = mlir::dyn_cast<LinearOp>(u)) {
+            if (k != 0) return blocked(seed, u, "takes it as a weight or bias");
+            if (seen.insert(u).second) r.rows.push_back(row);
+            continue;
+          }
+          bool regionOp = mlir::isa<GeluOp, DropoutOp, AddOp>(u) ||
+                          (k == 0 && mlir::isa<AttentionOp, AddBiasOp>(u));
+          if (!regionOp) return blocked(seed, u, "needs the whole feature dimension");
+          if (auto add = mlir::dyn_cast<AddOp>(u); add && !seen.contains(u)) adds.push_back(add);
+          if (seen.insert(u).second) {
+            r.mids.push_back(u);
+            r.values.insert(u->getResult(0));
+            work.push_back(u->getResult(0));
+          }
+        }
+      }
+      // Both operands of an add inside the region must be split.
+      bool grew = false;
+      for (AddOp add : adds)
+        for (mlir::Value operand : add->getOperands()) {
+          if (r.values.contains(operand)) continue;
+          auto other = operand.getDefiningOp<LinearOp>();
+          if (!other || !isColumnCandidate(other))
+            return blocked(seed, add, "adds it to a value that is not column-split (a residual connection?)");
+          addColumn(other);
+          grew = true;
+        }
+      if (!grew) break;
+    }
+    if (r.rows.empty()) return blocked(seed, seed, "reaches no row-parallel linear");
+    for (LinearOp c : r.columns)
+      if (failed(shardParam(c, 1, c.getTransposeWeight() ? 0 : 1)) || (c.getBias() && failed(shardParam(c, 2, 0))))
+        return mlir::failure();
+    for (mlir::Operation *m : r.mids)
+      if (mlir::isa<AddBiasOp>(m) && failed(shardParam(m, 1, 0))) return mlir::failure();
+    for (LinearOp row : r.rows) {
+      if (failed(shardParam(row, 1, row.getTransposeWeight() ? 1 : 0))) return mlir::failure();
+      placed_.insert(row.getOperation());
+    }
+    for (mlir::Operation *m : r.mids) placed_.insert(m);
+    for (mlir::Value v : r.values) inRegion_.insert(v);
+    regions_.push_back(std::move(r));
+    return mlir::success();
+  }
+
+  // Operand `operand` of `user` is a parameter split along `dim`.
+  mlir::LogicalResult shardParam(mlir::Operation *user, unsigned operand, int64_t dim) {
+    mlir::Value v = user->getOperand(operand);
+    if (!isParamArg(f_, v))
+      return user->emitOpError() << "loom-tensor-parallel: operand " << operand
+                                 << " is split, so it must be a parameter argument of @train_step";
+    unsigned argNo = mlir::cast<mlir::BlockArgument>(v).getArgNumber();
+    auto [it, inserted] = shardDims_.try_emplace(argNo, dim);
     if (!inserted && it->second != dim)
-      return user->emitOpError() << "loom-tensor-parallel: parameter '"
-                                 << f_.getArgAttrOfType<mlir::StringAttr>(arg.getArgNumber(), attr::kParam).getValue()
-                                 << "' would be split along two dimensions";
+      return user->emitOpError() << "loom-tensor-parallel: parameter '" << paramName(argNo)
+                                 << "' would be split along two dimensions (" << it->second << " and " << dim << ")";
+    splitUses_.insert({user, operand});
+    return mlir::success();
+  }
+
+  llvm::StringRef paramName(unsigned argNo) {
+    return f_.getArgAttrOfType<mlir::StringAttr>(argNo, attr::kParam).getValue();
+  }
+
+  // A split parameter is split for every op that uses it.
+  mlir::LogicalResult checkParamUses() {
+    for (auto [argNo, dim] : shardDims_)
+      for (mlir::OpOperand &use : f_.getArgument(argNo).getUses())
+        if (!splitUses_.contains({use.getOwner(), use.getOperandNumber()}))
+          return use.getOwner()->emitOpError()
+                 << "loom-tensor-parallel: uses parameter '" << paramName(argNo)
+                 << "' whole, but another op's rule splits it along dim " << dim;
     return mlir::success();
   }
 
   mlir::LogicalResult checkDivisible() {
     // Heads first: the most telling message when t does not fit the model.
-    for (auto [col, row] : pairs_)
-      if (auto a = mlir::dyn_cast<AttentionOp>(*col->getUsers().begin()); a && a.getNumHeads() % t_ != 0)
-        return a.emitOpError() << "loom-tensor-parallel: t = " << t_ << " does not divide num_heads = "
-                               << a.getNumHeads();
+    for (Region &r : regions_)
+      for (mlir::Operation *m : r.mids)
+        if (auto a = mlir::dyn_cast<AttentionOp>(m); a && a.getNumHeads() % t_ != 0)
+          return a.emitOpError() << "loom-tensor-parallel: t = " << t_ << " does not divide num_heads = "
+                                 << a.getNumHeads();
     for (auto [argNo, dim] : shardDims_) {
       int64_t size = dimOf(f_.getArgument(argNo), dim);
       if (size % t_ != 0)
         return f_.emitError() << "loom-tensor-parallel: t = " << t_ << " does not divide dim " << dim << " ("
-                              << size << ") of parameter '"
-                              << f_.getArgAttrOfType<mlir::StringAttr>(argNo, attr::kParam).getValue() << "'";
+                              << size << ") of parameter '" << paramName(argNo) << "'";
     }
     return mlir::success();
   }
 
   // f: the replicated input enters the parallel region. With sequence parallelism the input
   // is a slice of the sequence and is all-gathered instead (its gradient: a reduce-scatter).
-  void enterRegion(mlir::Operation *consumer) {
-    b_.setInsertionPoint(consumer);
-    mlir::Value x = consumer->getOperand(0);
-    mlir::Operation *enter;
-    if (sp_) {
-      enter = b_.create<AllGatherOp>(consumer->getLoc(), x.getType(), sequenceShardPlaceholder(x),
-                                     b_.getStringAttr(kGroup), b_.getI64IntegerAttr(t_), b_.getI64IntegerAttr(1));
-    } else {
-      enter = b_.create<IdentityOp>(consumer->getLoc(), x.getType(), x, b_.getStringAttr(kGroup),
-                                    b_.getI64IntegerAttr(t_));
+  // Consumers of the same value share one f, placed before the first of them, so its
+  // gradient is one all-reduce of their summed gradients.
+  void enterRegions() {
+    llvm::MapVector<mlir::Value, llvm::SmallVector<mlir::Operation *>> byValue;
+    for (mlir::Operation *c : entering_) byValue[c->getOperand(0)].push_back(c);
+    for (auto &[x, consumers] : byValue) {
+      mlir::Operation *first = consumers.front();
+      for (mlir::Operation *c : consumers)
+        if (c->isBeforeInBlock(first)) first = c;
+      b_.setInsertionPoint(first);
+      mlir::Operation *enter;
+      if (sp_)
+        enter = b_.create<AllGatherOp>(first->getLoc(), x.getType(), x, b_.getStringAttr(kGroup),
+                                       b_.getI64IntegerAttr(t_), b_.getI64IntegerAttr(1));
+      else
+        enter = b_.create<IdentityOp>(first->getLoc(), x.getType(), x, b_.getStringAttr(kGroup),
+                                      b_.getI64IntegerAttr(t_));
+      copyLayer(first, enter);
+      for (mlir::Operation *c : consumers) c->setOperand(0, enter->getResult(0));
     }
-    copyLayer(consumer, enter);
-    consumer->setOperand(0, enter->getResult(0));
-  }
-
-  // Under sequence parallelism the all-gather's operand keeps its full type until
-  // shardSequence() retypes the sequence-sharded values; recorded here.
-  mlir::Value sequenceShardPlaceholder(mlir::Value x) {
-    gathered_.push_back(x);
-    return x;
   }
 
   // g: the row-parallel GEMM's partial sums are all-reduced, or with sequence parallelism
@@ -179,31 +317,38 @@ class Sharder {
     if (auto l = from->getAttr(attr::kLayer)) to->setAttr(attr::kLayer, l);
   }
 
-  // Column-parallel `col`, the op between (attention core or GeLU) on local heads / FFN
-  // slice, then row-parallel `row` + all_reduce (g) + bias.
-  void rewritePair(LinearOp col, LinearOp row) {
-    enterRegion(col);
-    col.getResult().setType(withDim(col.getType(), -1, dimOf(col.getResult(), -1) / t_));
-    mlir::Operation *mid = *col->getUsers().begin();
-    mid->getResult(0).setType(withDim(mid->getResult(0).getType(), -1, dimOf(mid->getResult(0), -1) / t_));
-    if (auto a = mlir::dyn_cast<AttentionOp>(mid)) {
-      a.setNumHeads(a.getNumHeads() / t_);
-      // Attention dropout is inside the parallel region: distinct streams per rank.
-      if (a.getDropout().convertToFloat() > 0) a.setRankDistinctDropout(true);
+  // The region on local heads / FFN columns: each column-parallel linear behind f, the
+  // ops between on the local slice, each row-parallel linear followed by g and its bias.
+  void rewriteRegion(Region &r) {
+    for (LinearOp col : r.columns) {
+      entering_.push_back(col);
+      col.getResult().setType(withDim(col.getType(), -1, dimOf(col.getResult(), -1) / t_));
     }
-    b_.setInsertionPointAfter(row);
-    mlir::Value bias = row.getBias();
-    if (bias) row->eraseOperand(2);
-    mlir::Operation *reduced = leaveRegion(row.getLoc(), row.getResult());
-    copyLayer(row, reduced);
-    mlir::Value out = reduced->getResult(0);
-    if (bias) {
-      auto added = b_.create<AddBiasOp>(row.getLoc(), out.getType(), out, bias);
-      copyLayer(row, added);
-      out = added;
+    for (mlir::Operation *mid : r.mids) {
+      mid->getResult(0).setType(withDim(mid->getResult(0).getType(), -1, dimOf(mid->getResult(0), -1) / t_));
+      // Dropout inside the parallel region: distinct streams per rank (Megatron-LM paper,
+      // section 3: the model-parallel random state).
+      if (auto a = mlir::dyn_cast<AttentionOp>(mid)) {
+        a.setNumHeads(a.getNumHeads() / t_);
+        if (a.getDropout().convertToFloat() > 0) a.setRankDistinctDropout(true);
+      }
+      if (auto d = mlir::dyn_cast<DropoutOp>(mid)) d.setRankDistinct(true);
     }
-    row.getResult().replaceAllUsesExcept(out, reduced);
-    if (sp_) retypeSequence(reduced->getResult(0));
+    for (LinearOp row : r.rows) {
+      b_.setInsertionPointAfter(row);
+      mlir::Value bias = row.getBias();
+      if (bias) row->eraseOperand(2);
+      mlir::Operation *reduced = leaveRegion(row.getLoc(), row.getResult());
+      copyLayer(row, reduced);
+      mlir::Value out = reduced->getResult(0);
+      if (bias) {
+        auto added = b_.create<AddBiasOp>(row.getLoc(), out.getType(), out, bias);
+        copyLayer(row, added);
+        out = added;
+      }
+      row.getResult().replaceAllUsesExcept(out, reduced);
+      if (sp_) retypeSequence(reduced->getResult(0));
+    }
   }
 
   // Vocab-parallel embedding: masked lookup in the local shard, all_reduce, then positions.
@@ -221,7 +366,7 @@ class Sharder {
 
   // The tied output layer on the local vocab shard, fused with vocab-parallel cross-entropy.
   void rewriteVocabLinear(LinearOp l) {
-    enterRegion(l);
+    entering_.push_back(l);
     l.getResult().setType(withDim(l.getType(), -1, dimOf(l.getResult(), -1) / t_));
     mlir::cast<CrossEntropyOp>(*l->getUsers().begin()).setVocabParallelGroup(kGroup);
   }
@@ -247,11 +392,14 @@ class Sharder {
   int64_t t_;
   bool sp_;
   mlir::OpBuilder b_;
-  llvm::SmallVector<mlir::Value> gathered_;
-  llvm::SmallVector<std::pair<LinearOp, LinearOp>> pairs_;
+  llvm::SmallVector<Region> regions_;
   llvm::SmallVector<EmbeddingOp> embeddings_;
   llvm::SmallVector<LinearOp> vocabLinears_;
   std::map<unsigned, int64_t> shardDims_;
+  llvm::DenseSet<std::pair<mlir::Operation *, unsigned>> splitUses_;  // (op, operand) taking a split parameter
+  llvm::DenseSet<mlir::Operation *> placed_;  // ops a split rule has claimed
+  llvm::DenseSet<mlir::Value> inRegion_;      // values split along their last dimension
+  llvm::SmallVector<mlir::Operation *> entering_;  // consumers of f (operand 0)
 };
 
 struct TensorParallelPass : impl::LoomTensorParallelBase<TensorParallelPass> {

@@ -12,18 +12,6 @@
 
 namespace loom::test {
 
-mlir::OwningOpRef<mlir::ModuleOp> buildExample(mlir::MLIRContext &ctx, const std::string &name, int64_t microBatch,
-                                               float dropout, int64_t tp) {
-  auto cfg = loadModelConfig("examples/models/" + name + ".pbtxt");
-  if (!cfg) {
-    llvm::errs() << llvm::toString(cfg.takeError()) << "\n";
-    return nullptr;
-  }
-  cfg->set_hidden_dropout(dropout);
-  cfg->set_attention_dropout(dropout);
-  return buildModel(ctx, *cfg, {.tensorParallel = tp, .microBatch = microBatch});
-}
-
 mlir::LogicalResult runPipeline(mlir::ModuleOp module, const std::string &pipeline) {
   static bool registered = [] {
     registerLoomPasses();
@@ -33,6 +21,21 @@ mlir::LogicalResult runPipeline(mlir::ModuleOp module, const std::string &pipeli
   auto pm = mlir::PassManager::on<mlir::ModuleOp>(module.getContext());
   if (failed(mlir::parsePassPipeline(pipeline, pm, llvm::errs()))) return mlir::failure();
   return pm.run(module);
+}
+
+mlir::OwningOpRef<mlir::ModuleOp> buildExample(mlir::MLIRContext &ctx, const std::string &name, int64_t microBatch,
+                                               float dropout, int64_t tp) {
+  auto cfg = loadModelConfig("examples/models/" + name + ".pbtxt");
+  if (!cfg) {
+    llvm::errs() << llvm::toString(cfg.takeError()) << "\n";
+    return nullptr;
+  }
+  cfg->set_hidden_dropout(dropout);
+  cfg->set_attention_dropout(dropout);
+  auto module = buildModel(ctx, *cfg, {.microBatch = microBatch});
+  // Megatron's vocabulary padding for t, as loomc compile does it.
+  if (failed(runPipeline(*module, "loom-pad-vocab{multiple=" + std::to_string(128 * tp) + "}"))) return nullptr;
+  return module;
 }
 
 mlir::func::FuncOp trainStep(mlir::ModuleOp module) { return module.lookupSymbol<mlir::func::FuncOp>("train_step"); }

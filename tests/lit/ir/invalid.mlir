@@ -73,9 +73,18 @@ func.func @linear_dtype(%x: tensor<2x8x16xf32>, %w: tensor<16x48xbf16>) {
 
 // -----
 
-func.func @linear_dynamic(%x: tensor<?x16xf32>, %w: tensor<16x48xf32>) {
-  // expected-error @+1 {{'loom.linear' op input must have a static shape, got 'tensor<?x16xf32>'}}
-  %0 = loom.linear %x, %w : (tensor<?x16xf32>, tensor<16x48xf32>) -> tensor<?x48xf32>
+// Only the batch (dim 0) may be dynamic.
+func.func @linear_dynamic(%x: tensor<4x?xf32>, %w: tensor<16x48xf32>) {
+  // expected-error @+1 {{'loom.linear' op input dim 1 is dynamic (only the batch, dim 0, may be), got 'tensor<4x?xf32>'}}
+  %0 = loom.linear %x, %w : (tensor<4x?xf32>, tensor<16x48xf32>) -> tensor<4x48xf32>
+  return
+}
+
+// -----
+
+func.func @linear_dynamic_batch_mismatch(%x: tensor<?x16xf32>, %w: tensor<16x48xf32>) {
+  // expected-error @+1 {{'loom.linear' op result dim 0 is 4 but must be ? (same as input)}}
+  %0 = loom.linear %x, %w : (tensor<?x16xf32>, tensor<16x48xf32>) -> tensor<4x48xf32>
   return
 }
 
@@ -238,8 +247,15 @@ func.func @bad_input(%t: tensor<2x8xi32> {loom.input = "images"}) {
 
 // -----
 
-// expected-error @+1 {{attribute 'loom.num_layers' must be a positive integer}}
-module attributes {loom.num_layers = 0 : i64} {
+// expected-error @+1 {{attribute 'loom.make_vocab_size_divisible_by' must be a positive integer}}
+module attributes {loom.make_vocab_size_divisible_by = 0 : i64} {
+}
+
+// -----
+
+// Model facts live in the ops, not in module attributes.
+// expected-error @+1 {{attribute 'loom.num_layers' is not a known loom attribute}}
+module attributes {loom.num_layers = 4 : i64} {
 }
 
 // -----

@@ -1,0 +1,100 @@
+#include "passes/ModelFacts.h"
+
+#include <set>
+
+#include "llvm/ADT/StringSet.h"
+
+#include "ir/LoomDialect.h"
+#include "ir/ParamAttrs.h"
+
+namespace loom {
+namespace {
+
+mlir::RankedTensorType tensorOf(mlir::Value v) { return mlir::dyn_cast<mlir::RankedTensorType>(v.getType()); }
+
+std::string dtypeName(mlir::Type t) {
+  if (t.isF32()) return "f32";
+  if (t.isBF16()) return "bf16";
+  if (t.isF16()) return "f16";
+  std::string s;
+  llvm::raw_string_ostream os(s);
+  t.print(os);
+  return s;
+}
+
+}  // namespace
+
+int64_t vocabDivisibleBy(mlir::ModuleOp module) {
+  if (auto a = module->getAttrOfType<mlir::IntegerAttr>(attr::kVocabDivisibleBy)) return a.getInt();
+  return kDefaultVocabDivisibleBy;
+}
+
+mlir::FailureOr<ModelFacts> readModelFacts(mlir::ModuleOp module) {
+  ModelFacts facts;
+  if (auto name = module.getSymName()) facts.name = name->str();
+  auto f = module.lookupSymbol<mlir::func::FuncOp>("train_step");
+  if (!f) return module.emitError() << "the module has no func.func @train_step (the model's training step)";
+  if (f.isExternal()) return f.emitError() << "@train_step has no body";
+
+  llvm::StringSet<> names;
+  for (unsigned i = 0; i < f.getNumArguments(); ++i) {
+    auto role = f.getArgAttrOfType<mlir::StringAttr>(i, attr::kInput);
+    bool param = bool(f.getArgAttr(i, attr::kParam));
+    if (!role && !param)
+      return f.emitError() << "argument " << i << " of @train_step has neither loom.param (a parameter) nor "
+                           << "loom.input (tokens, labels, loss_mask, attention_mask)";
+    if (param) {
+      llvm::StringRef name = f.getArgAttrOfType<mlir::StringAttr>(i, attr::kParam).getValue();
+      if (!names.insert(name).second)
+        return f.emitError() << "two parameter arguments are named '" << name << "' (loom.param names are unique)";
+      auto init = f.getArgAttrOfType<mlir::StringAttr>(i, attr::kInit);
+      if (!init)
+        return f.emitError() << "parameter '" << name << "' (argument " << i
+                             << ") has no loom.init (\"normal\" with loom.init_std, \"zeros\" or \"ones\")";
+      if (init.getValue() == "normal" && !f.getArgAttr(i, attr::kInitStd))
+        return f.emitError() << "parameter '" << name << "' (argument " << i
+                             << ") has loom.init = \"normal\" but no loom.init_std";
+    }
+    if (param && facts.paramsDtype.empty())
+      if (auto t = tensorOf(f.getArgument(i))) facts.paramsDtype = dtypeName(t.getElementType());
+    if (role && role.getValue() == "tokens") {
+      auto t = tensorOf(f.getArgument(i));
+      if (!t || t.getRank() != 2)
+        return f.emitError() << "the tokens argument must be a [batch, seq] tensor, got " << f.getArgument(i).getType();
+      facts.batch = t.getDimSize(0);
+      facts.seqLength = t.getDimSize(1);
+    }
+  }
+  if (facts.seqLength == 0) return f.emitError() << "@train_step has no argument with loom.input = \"tokens\"";
+
+  std::set<int64_t> layers;
+  bool sawCausal = false, sawBidirectional = false;
+  mlir::WalkResult walk = f.walk([&](mlir::Operation *op) -> mlir::WalkResult {
+    if (auto l = op->getAttrOfType<mlir::IntegerAttr>(attr::kLayer)) layers.insert(l.getInt());
+    if (auto e = mlir::dyn_cast<EmbeddingOp>(op); e && facts.hiddenSize == 0) {
+      facts.hiddenSize = tensorOf(e.getResult()).getDimSize(2);
+      facts.wordRows = tensorOf(e.getWord()).getDimSize(0);
+    } else if (auto a = mlir::dyn_cast<AttentionOp>(op)) {
+      if (facts.numHeads == 0) facts.numHeads = a.getNumHeads();
+      (a.getCausal() ? sawCausal : sawBidirectional) = true;
+    } else if (auto g = mlir::dyn_cast<GeluOp>(op); g && facts.ffnHiddenSize == 0 && op->hasAttr(attr::kLayer)) {
+      facts.ffnHiddenSize = tensorOf(g.getResult()).getShape().back();
+    } else if (auto c = mlir::dyn_cast<CrossEntropyOp>(op)) {
+      if (facts.vocabSize != 0 && facts.vocabSize != int64_t(c.getValidVocab()))
+        return op->emitOpError() << "valid_vocab = " << c.getValidVocab() << " differs from an earlier cross_entropy's "
+                                 << facts.vocabSize;
+      facts.vocabSize = c.getValidVocab();
+    }
+    return mlir::WalkResult::advance();
+  });
+  if (walk.wasInterrupted()) return mlir::failure();
+  if (facts.hiddenSize == 0) return f.emitError() << "@train_step has no loom.embedding (the token embedding)";
+  if (facts.vocabSize == 0) return f.emitError() << "@train_step has no loom.cross_entropy (the loss)";
+  if (sawCausal && sawBidirectional)
+    return f.emitError() << "@train_step mixes causal and bidirectional attention (neither GPT nor BERT)";
+  facts.architecture = sawBidirectional ? "bert" : "gpt";
+  facts.numLayers = int64_t(layers.size());
+  return facts;
+}
+
+}  // namespace loom

@@ -1,0 +1,43 @@
+// The model facts that the compiler and the runtime need, read off the Transformer IR
+// itself: the ops, the function signature and the parameter attributes. Module attributes
+// play no part (a module without any has the same facts).
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "mlir/Dialect/Func/IR/FuncOps.h"
+#include "mlir/IR/BuiltinOps.h"
+
+namespace loom {
+
+struct ModelFacts {
+  std::string name;           // the module's symbol name ("" when it has none)
+  std::string architecture;   // "gpt" (causal attention) | "bert" (bidirectional)
+  int64_t numLayers = 0;      // distinct loom.layer values
+  int64_t hiddenSize = 0;     // the embedding's width
+  int64_t numHeads = 0;       // heads of the first attention op (global IR: all heads)
+  int64_t ffnHiddenSize = 0;  // width of the first GeLU (0 without one)
+  int64_t seqLength = 0;      // the token ids' dim 1
+  int64_t batch = 0;          // the token ids' dim 0 (mlir::ShapedType::kDynamic when `?`)
+  int64_t vocabSize = 0;      // the tokenizer's vocabulary: cross_entropy's valid_vocab
+  int64_t wordRows = 0;       // rows of the word-embedding table (vocab, possibly padded)
+  std::string paramsDtype;    // element type of the parameters: "f32" | "bf16" | "f16"
+};
+
+// Reads the facts of a module's @train_step; a missing piece (no @train_step, no embedding,
+// no cross_entropy, no token input) is an error emitted at the module or the op.
+mlir::FailureOr<ModelFacts> readModelFacts(mlir::ModuleOp module);
+
+// The vocabulary padded up to a multiple of `multiple` (Megatron's
+// make_vocab_size_divisible_by * t): the rows of the embedding table after loom-pad-vocab.
+inline int64_t roundUpToMultiple(int64_t n, int64_t multiple) {
+  return multiple <= 1 ? n : (n + multiple - 1) / multiple * multiple;
+}
+
+// Megatron's default make_vocab_size_divisible_by; a module may hint another value with the
+// attribute loom.make_vocab_size_divisible_by.
+inline constexpr int64_t kDefaultVocabDivisibleBy = 128;
+int64_t vocabDivisibleBy(mlir::ModuleOp module);
+
+}  // namespace loom
