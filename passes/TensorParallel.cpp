@@ -159,7 +159,16 @@ class Sharder {
           bool regionOp = mlir::isa<GeluOp, DropoutOp, AddOp>(u) ||
                           (k == 0 && mlir::isa<AttentionOp, AddBiasOp>(u));
           if (!regionOp) return blocked(seed, u, "needs the whole feature dimension");
-          if (auto add = mlir::dyn_cast<AddOp>(u); add && !seen.contains(u)) adds.push_back(add);
+          if (auto add = mlir::dyn_cast<AddOp>(u); add && !seen.contains(u)) {
+            // Region values are all defined after the region's first linear, the seed: an
+            // operand from before it (a residual stream) can never be split.
+            for (mlir::Value operand : add->getOperands()) {
+              mlir::Operation *def = operand.getDefiningOp();
+              if (!r.values.contains(operand) && (!def || def->isBeforeInBlock(seed)))
+                return blocked(seed, add, "adds it to a value that is not column-split (a residual connection?)");
+            }
+            adds.push_back(add);
+          }
           if (seen.insert(u).second) {
             r.mids.push_back(u);
             r.values.insert(u->getResult(0));
