@@ -216,6 +216,10 @@ llvm::Error compile(mlir::ModuleOp module, const config::ClusterSpec &cluster, c
           if (auto init = f.getArgAttrOfType<mlir::StringAttr>(i, attr::kInit)) pp.set_init(init.str());
           if (auto sd = f.getArgAttrOfType<mlir::FloatAttr>(i, attr::kInitStd)) pp.set_init_std(sd.getValueAsDouble());
           if (auto tied = f.getArgAttrOfType<mlir::StringAttr>(i, attr::kTiedTo)) pp.set_tied_to(tied.str());
+          if (auto padded = f.getArgAttrOfType<mlir::IntegerAttr>(i, attr::kPaddedDim)) {
+            pp.set_padded_dim(int32_t(padded.getInt()));
+            pp.set_unpadded_size(f.getArgAttrOfType<mlir::IntegerAttr>(i, attr::kUnpaddedSize).getInt());
+          }
           if (auto dim = f.getArgAttrOfType<mlir::IntegerAttr>(i, attr::kShardDim)) {
             pp.set_shard_dim(dim.getInt());
             pp.set_shard_parts(t);

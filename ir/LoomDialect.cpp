@@ -50,10 +50,11 @@ mlir::LogicalResult LoomDialect::verifyRegionArgAttribute(mlir::Operation *op, u
     if (!f || !(f.getValueAsDouble() > 0)) return fail("must be a positive float");
     return mlir::success();
   }
-  if (name == attr::kShardDim || name == attr::kShardParts) {
+  if (name == attr::kShardDim || name == attr::kShardParts || name == attr::kPaddedDim || name == attr::kUnpaddedSize) {
+    bool nonNegative = name == attr::kShardDim || name == attr::kPaddedDim;
     auto i = mlir::dyn_cast<mlir::IntegerAttr>(attr.getValue());
-    if (!i || i.getInt() < (name == attr::kShardDim ? 0 : 1))
-      return fail(name == attr::kShardDim ? "must be a non-negative integer" : "must be a positive integer");
+    if (!i || i.getInt() < (nonNegative ? 0 : 1))
+      return fail(nonNegative ? "must be a non-negative integer" : "must be a positive integer");
     return mlir::success();
   }
   if (name == attr::kTpPartialGrad) {

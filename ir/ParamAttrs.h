@@ -25,6 +25,11 @@ inline constexpr llvm::StringLiteral kBackward = "loom.backward";
 // On the gradient all-reduces of data parallelism: the bucket they are packed into.
 inline constexpr llvm::StringLiteral kBucket = "loom.bucket";
 
+// On parameters whose vocabulary dimension loom-pad-vocab padded: that dimension and its
+// size before padding (the real entries; the padding is zeros).
+inline constexpr llvm::StringLiteral kPaddedDim = "loom.padded_dim";
+inline constexpr llvm::StringLiteral kUnpaddedSize = "loom.unpadded_size";
+
 // On data arguments: "tokens" | "labels" | "loss_mask" | "attention_mask".
 inline constexpr llvm::StringLiteral kInput = "loom.input";
 

@@ -86,7 +86,16 @@ struct PadVocabPass : impl::LoomPadVocabBase<PadVocabPass> {
           return signalPassFailure();
         }
       int64_t size = mlir::cast<mlir::RankedTensorType>(arg.getType()).getDimSize(dim);
-      arg.setType(withDim(arg.getType(), dim, roundUpToMultiple(size, multiple)));
+      int64_t padded = roundUpToMultiple(size, multiple);
+      if (padded == size) continue;
+      arg.setType(withDim(arg.getType(), dim, padded));
+      // The runtime initialises the real entries as if unpadded and the padding to zeros, so
+      // the padding changes no value the model computes with.
+      mlir::Builder b(f_.getContext());
+      if (!f_.getArgAttr(argNo, attr::kUnpaddedSize)) {  // padded once already: keep the real size
+        f_.setArgAttr(argNo, attr::kPaddedDim, b.getI64IntegerAttr(dim));
+        f_.setArgAttr(argNo, attr::kUnpaddedSize, b.getI64IntegerAttr(size));
+      }
     }
     for (LinearOp out : outputLayers) {
       auto w = mlir::cast<mlir::RankedTensorType>(out.getWeight().getType());

@@ -30,11 +30,23 @@ HostTensor initParameter(const plan::Parameter &p, uint64_t seed) {
     local = p.shape(dim);
     global = p.global_shape(dim);
   }
+  // Vocabulary padding: an element is numbered in the unpadded global tensor, so the real
+  // entries get the same values whatever the padding (which t sets); the padding stays 0.
+  bool padded = p.unpadded_size() > 0;
+  int pd = p.padded_dim();
+  int64_t padInner = 1;
+  if (padded)
+    for (int k = pd + 1; k < p.global_shape_size(); ++k) padInner *= p.global_shape(k);
   for (int64_t i = 0; i < n; ++i) {
     int64_t g = i;
     if (dim >= 0) {
       int64_t outer = i / (local * inner), j = (i / inner) % local, c = i % inner;
       g = (outer * global + p.shard_index() * local + j) * inner + c;
+    }
+    if (padded) {
+      int64_t outer = g / (p.global_shape(pd) * padInner), j = (g / padInner) % p.global_shape(pd), c = g % padInner;
+      if (j >= p.unpadded_size()) continue;  // padding
+      g = (outer * p.unpadded_size() + j) * padInner + c;
     }
     auto r = cpu::philox4x32({uint32_t(g), uint32_t(uint64_t(g) >> 32), uint32_t(stream), uint32_t(stream >> 32)},
                              {uint32_t(seed), uint32_t(seed >> 32)});

@@ -31,6 +31,19 @@ inline void copyShardOut(const std::vector<float> &full, std::vector<float> &sha
     std::copy_n(&full[(a * parts + index) * g.block], g.block, &shard[a * g.block]);
 }
 
+// The first `size` entries of `t` along `dim` (a tensor without its vocabulary padding).
+inline HostTensor leadingSlice(const HostTensor &t, int dim, int64_t size) {
+  int64_t outer = 1, inner = 1;
+  for (int k = 0; k < dim; ++k) outer *= t.shape[k];
+  for (int k = dim + 1; k < int(t.shape.size()); ++k) inner *= t.shape[k];
+  HostTensor out{t.shape};
+  out.shape[dim] = size;
+  out.data.resize(size_t(out.numel()));
+  for (int64_t a = 0; a < outer; ++a)
+    std::copy_n(&t.data[a * t.shape[dim] * inner], size * inner, &out.data[a * size * inner]);
+  return out;
+}
+
 // full <- shard as block `index`
 inline void copyShardIn(const std::vector<float> &shard, std::vector<float> &full, const ShardGeometry &g,
                         int64_t parts, int64_t index) {

@@ -6,6 +6,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
+#include <set>
 
 #include "runtime/Checkpoint.h"
 #include "runtime/HfGpt2.h"
@@ -77,7 +78,12 @@ Status TrainingLoop::saveCheckpoint(int64_t iteration) {
       {"layout", layoutOf(p)},
       {"vocab_size", std::to_string(p.vocab_size())}, {"heads", std::to_string(p.num_attention_heads())},
       {"architecture", p.architecture()}};
-  for (const plan::Parameter &param : p.parameters()) meta["shard:" + param.name()] = shardInfo(param);
+  for (const plan::Parameter &param : p.parameters()) {
+    meta["shard:" + param.name()] = shardInfo(param);
+    if (!param.tied_to().empty()) meta["tied:" + param.name()] = param.tied_to();  // a pipeline copy
+    if (param.unpadded_size() > 0)  // "dim,size": what export keeps of the padded vocabulary
+      meta["padding:" + param.name()] = std::to_string(param.padded_dim()) + "," + std::to_string(param.unpadded_size());
+  }
   if (skipped_ > 0) meta["skipped_steps"] = std::to_string(skipped_);  // fp16: updates = iterations - skipped
   LOOM_RETURN_IF_ERROR(trainer_.saveShard(checkpointFile(partial, p.rank()), meta));
   LOOM_RETURN_IF_ERROR(client_.barrier("save-" + std::to_string(iteration), p.rank(), 600000));
@@ -144,12 +150,22 @@ Status TrainingLoop::exportModel() {
   std::string dir = resolvedCheckpointDir(root, it);
   std::map<std::string, std::map<int, HostTensor>> shards;
   std::map<std::string, std::vector<int64_t>> info;
+  std::map<std::string, std::pair<int, int64_t>> padding;  // name -> (dim, unpadded size)
+  std::set<std::string> tiedCopies;
   for (int r = 0; r < p.world_size(); ++r) {
     LOOM_RETURN_IF_ERROR(verifyCheckpointFile(root, it, r));
     SafetensorsFile f;
     std::string file = checkpointFile(dir, r);
     LOOM_RETURN_IF_ERROR(readSafetensors(file, &f));
     for (auto &[key, value] : f.metadata) {
+      if (key.rfind("tied:", 0) == 0) tiedCopies.insert(key.substr(5));
+      if (key.rfind("padding:", 0) == 0) {
+        size_t comma = value.find(',');
+        int dim = std::atoi(value.c_str());
+        int64_t size = comma == std::string::npos ? 0 : std::strtoll(value.c_str() + comma + 1, nullptr, 10);
+        if (dim < 0 || size <= 0) return Status::error(file + ": corrupt padding facts of '" + key.substr(8) + "'");
+        padding[key.substr(8)] = {dim, size};
+      }
       if (key.rfind("shard:", 0) != 0) continue;
       std::string name = key.substr(6);
       std::vector<int64_t> v;
@@ -186,14 +202,25 @@ Status TrainingLoop::exportModel() {
         copyShardIn(t.data, full.data, g, n, idx);
       }
     }
+    // The model's tensors, without the vocabulary padding the compiler added.
+    if (auto pad = padding.find(name); pad != padding.end()) {
+      if (pad->second.first >= int(full.shape.size()) || pad->second.second > full.shape[pad->second.first])
+        return Status::error("export: padding facts of '" + name + "' do not fit its shape");
+      full = leadingSlice(full, pad->second.first, pad->second.second);
+    }
     global[name] = std::move(full);
   }
   SafetensorsFile out;
   out.metadata["format"] = "pt";
-  out.tensors = p.architecture() == "gpt" ? toHuggingFaceGpt2(global, p.vocab_size(), p.num_attention_heads()) : global;
+  // A GPT in the builder's names is written as Hugging Face GPT2LMHeadModel; any other IR
+  // keeps its own parameter names and layout.
+  bool gpt2 = p.architecture() == "gpt" && global.count("transformer.wte.weight");
+  out.tensors = gpt2 ? toHuggingFaceGpt2(global, p.vocab_size(), p.num_attention_heads()) : global;
+  for (const std::string &copy : tiedCopies) out.tensors.erase(copy);  // the twin holds the same values
   LOOM_RETURN_IF_ERROR(writeSafetensors(opt_.exportPath, out));
   if (opt_.save.empty()) std::filesystem::remove_all(root);
-  std::printf(" exported %zu tensors (Hugging Face GPT-2 names) to %s\n", out.tensors.size(), opt_.exportPath.c_str());
+  std::printf(" exported %zu tensors (%s) to %s\n", out.tensors.size(),
+              gpt2 ? "Hugging Face GPT-2 names" : "the IR's parameter names", opt_.exportPath.c_str());
   return Status::ok();
 }
 

@@ -8,5 +8,17 @@ mkdir -p "$bin"
 for tool in compiler/loomc runtime/loomrun runtime/loom-rank runtime/loom-coord; do
   ln -sf "$root/$tool" "$bin/$(basename "$tool")"
 done
-exec /usr/bin/python3 "$root/tests/oracle/run_oracle.py" --bin "$bin" \
+/usr/bin/python3 "$root/tests/oracle/run_oracle.py" --bin "$bin" \
   --model "$root/examples/models/gpt-tiny.pbtxt" --work "${TEST_TMPDIR}/oracle" --steps 10 --configs ci
+
+# IR edited by hand is what gets compiled and trained: gpt-tiny's IR with every attention
+# op's head count changed from 4 to 2 (heads of 32) and any module attribute removed, against
+# the oracle with 2 heads.
+ir="${TEST_TMPDIR}/edited.mlir"
+grep -v dropout "$root/examples/models/gpt-tiny.pbtxt" > "${TEST_TMPDIR}/gpt-tiny-nodropout.pbtxt"
+"$bin/loomc" build "${TEST_TMPDIR}/gpt-tiny-nodropout.pbtxt" |
+  sed -e 's/num_heads = 4 : i64/num_heads = 2 : i64/g' -e 's/^module @"gpt-tiny" attributes {[^}]*}/module @"gpt-tiny"/' > "$ir"
+grep -q 'num_heads = 2 : i64' "$ir"
+! grep -q 'num_heads = 4' "$ir"
+/usr/bin/python3 "$root/tests/oracle/run_oracle.py" --bin "$bin" --model "$ir" --heads 2 \
+  --work "${TEST_TMPDIR}/oracle-ir" --steps 10 --configs t1p1d1,t2p1d1,t2p2d1-1f1b,t2p1d1-sequence-parallel

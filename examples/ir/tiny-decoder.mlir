@@ -1,4 +1,4 @@
-// A one-layer decoder written by hand, not by the builder: no position embedding, an MLP
+// A one-layer decoder written by hand, not generated from a config: no position embedding, an MLP
 // with two up projections summed (a gated-MLP shape), an untied output layer stored
 // [hidden, vocab], a vocabulary of 20 and a dynamic batch. No module attributes.
 module {
