@@ -31,15 +31,19 @@ def LoomPadVocab : Pass<"loom-pad-vocab", "mlir::ModuleOp"> {
 def LoomTensorParallel : Pass<"loom-tensor-parallel", "mlir::ModuleOp"> {
   let summary = "Megatron tensor parallelism: shard train_step into its SPMD form for group tp";
   let description = [{
-    Megatron-LM paper (arXiv:1909.08053), section 3. Each Transformer layer's QKV and first
-    MLP GEMM become column-parallel (each rank owns whole heads and a slice of the FFN),
-    the attention output projection and second MLP GEMM row-parallel, followed by an
-    all_reduce (g); a `loom.identity` (f) marks each replicated value entering a parallel
-    region, so autodiff turns it into the backward all-reduce. The input embedding becomes
-    vocab-parallel (masked lookup + all_reduce) and the tied output layer a vocab-parallel
-    GEMM fused with cross-entropy. Attention dropout inside the parallel region draws
-    rank-distinct random streams; dropout outside it stays identical across the group.
-    Parameters get local shapes and `loom.shard_dim`/`loom.shard_parts`.
+    Megatron-LM paper (arXiv:1909.08053), section 3, by one rule per op kind found from the
+    dataflow (not from a fixed op sequence): a linear on a replicated input whose output
+    reaches, through gelu, dropout, add, add_bias and attention, only linears is
+    column-parallel (each rank owns whole heads or a slice of the FFN) and those linears are
+    row-parallel, followed by an all_reduce (g); a `loom.identity` (f) marks each replicated
+    value entering a parallel region, so autodiff turns it into the backward all-reduce. The
+    input embedding becomes vocab-parallel (masked lookup + all_reduce) and the linear
+    producing the logits (tied or not) a vocab-parallel GEMM fused with cross-entropy. Layer
+    norms, residual adds and other ops on replicated values stay replicated. A linear or
+    attention op that fits no rule is an error naming it, unless marked `loom.replicated`.
+    Dropout inside a parallel region draws rank-distinct random streams; dropout outside it
+    stays identical across the group. Parameters get local shapes and
+    `loom.shard_dim`/`loom.shard_parts`.
   }];
   let options = [
     Option<"tensorParallel", "tp", "int64_t", "1", "tensor-parallel degree t">,

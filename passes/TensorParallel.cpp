@@ -21,9 +21,9 @@
 // column-split, and any other op kind are errors naming the op: nothing silently stays
 // replicated.
 #include "ir/LoomDialect.h"
+#include "ir/ParamAttrs.h"
 #include "llvm/ADT/DenseSet.h"
 #include "llvm/ADT/MapVector.h"
-#include "ir/ParamAttrs.h"
 #include "passes/Passes.h"
 
 namespace loom {
@@ -97,6 +97,9 @@ class Sharder {
         return failed(growRegion(l)) ? mlir::WalkResult::interrupt() : mlir::WalkResult::advance();
       }
       if (auto a = mlir::dyn_cast<AttentionOp>(op)) {
+        if (replicated && sp_)  // it would see only this rank's slice of the sequence
+          return a.emitOpError() << "loom-tensor-parallel: a loom.replicated attention core cannot run under "
+                                    "sequence parallelism (it needs every position); split it by heads instead";
         if (replicated || placed_.contains(op)) return mlir::WalkResult::advance();
         return a.emitOpError() << "loom-tensor-parallel: cannot split this attention core: its qkv does not come "
                                   "from a column-parallel linear (t = "

@@ -134,3 +134,17 @@ module {
     return %o : tensor<2x3x4xf32>
   }
 }
+
+// -----
+
+// Under sequence parallelism a replicated attention core would see a slice of the sequence.
+// RUN: not loomc opt %s --split-input-file --loom-tensor-parallel="tp=2 sequence-parallel=true" 2>&1 | FileCheck --check-prefix=SP %s
+// SP: 'loom.attention' op loom-tensor-parallel: a loom.replicated attention core cannot run under sequence parallelism
+module {
+  func.func @train_step(%w: tensor<4x12xf32> {loom.param = "qkv.weight", loom.init = "normal", loom.init_std = 0.02 : f32},
+                        %x: tensor<2x4x4xf32> {loom.input = "tokens"}) -> tensor<2x4x4xf32> {
+    %q = loom.linear %x, %w {loom.replicated} : (tensor<2x4x4xf32>, tensor<4x12xf32>) -> tensor<2x4x12xf32>
+    %a = loom.attention %q {causal, num_heads = 1 : i64, loom.replicated} : (tensor<2x4x12xf32>) -> tensor<2x4x4xf32>
+    return %a : tensor<2x4x4xf32>
+  }
+}
