@@ -188,6 +188,12 @@ llvm::Error compile(mlir::ModuleOp module, const config::ClusterSpec &cluster, c
     rp.set_hidden_size(facts->hiddenSize);
     rp.set_num_attention_heads(facts->numHeads);
     rp.set_architecture(facts->architecture);
+    rp.set_num_key_value_heads(facts->numKvHeads);
+    rp.set_ffn_hidden_size(facts->ffnHiddenSize);
+    rp.set_max_position_embeddings(facts->maxPositions);
+    rp.set_norm_epsilon(facts->normEpsilon);
+    rp.set_rope_theta(facts->ropeTheta);
+    rp.set_tie_word_embeddings(facts->tiedEmbeddings);
 
     // Parameters this rank holds, from its programs' arguments.
     std::map<std::string, bool> seen;

@@ -57,11 +57,14 @@ void applyModelDefaults(config::ModelConfig &m) {
   if (m.params_dtype() == config::DTYPE_UNSPECIFIED) m.set_params_dtype(config::FP32);
   if (m.layernorm_epsilon() == 0) m.set_layernorm_epsilon(1e-5f);
   if (m.init_method_std() == 0) m.set_init_method_std(0.02f);
+  if (m.num_key_value_heads() == 0) m.set_num_key_value_heads(m.num_attention_heads());
+  if (m.rope_theta() == 0) m.set_rope_theta(10000.0f);
+  if (m.rms_norm_eps() == 0) m.set_rms_norm_eps(1e-5f);
 }
 
 llvm::Error validateModelConfig(const config::ModelConfig &m, const std::string &path) {
   if (m.architecture() == config::ARCHITECTURE_UNSPECIFIED)
-    return fieldError(path, "architecture", "must be GPT or BERT");
+    return fieldError(path, "architecture", "must be GPT, BERT or LLAMA");
   struct Positive { const char *name; int64_t value; };
   for (Positive f : {Positive{"num_layers", m.num_layers()}, {"hidden_size", m.hidden_size()},
                      {"num_attention_heads", m.num_attention_heads()},
@@ -83,6 +86,24 @@ llvm::Error validateModelConfig(const config::ModelConfig &m, const std::string 
                          std::pair{"attention_dropout", m.attention_dropout()}})
     if (!(p >= 0 && p < 1)) return fieldError(path, name, llvm::formatv("must be in [0, 1), got {0}", p));
   if (!(m.layernorm_epsilon() > 0)) return fieldError(path, "layernorm_epsilon", "must be > 0");
+  if (m.architecture() == config::LLAMA) {
+    if (m.num_key_value_heads() < 1 || m.num_attention_heads() % m.num_key_value_heads() != 0)
+      return fieldError(path, "num_key_value_heads",
+                        llvm::formatv("({0}) must divide num_attention_heads ({1})", m.num_key_value_heads(),
+                                      m.num_attention_heads()));
+    if (!(m.rope_theta() > 0))
+      return fieldError(path, "rope_theta", llvm::formatv("must be > 0, got {0}", m.rope_theta()));
+    int64_t headDim = m.hidden_size() / m.num_attention_heads();
+    if (headDim % 2 != 0)
+      return fieldError(path, "num_attention_heads",
+                        llvm::formatv("gives an odd head dimension hidden_size / num_attention_heads = {0} / {1} = {2} "
+                                      "(rotary embeddings rotate pairs of dimensions)",
+                                      m.hidden_size(), m.num_attention_heads(), headDim));
+    if (!(m.rms_norm_eps() > 0)) return fieldError(path, "rms_norm_eps", "must be > 0");
+  } else if (m.tie_word_embeddings() || m.num_key_value_heads() != m.num_attention_heads()) {
+    return fieldError(path, m.tie_word_embeddings() ? "tie_word_embeddings" : "num_key_value_heads",
+                      "applies to architecture LLAMA only (GPT and BERT tie their embeddings and use all heads)");
+  }
   if (!(m.init_method_std() > 0)) return fieldError(path, "init_method_std", "must be > 0");
   return llvm::Error::success();
 }
@@ -158,6 +179,11 @@ llvm::Error checkModelFitsCluster(const config::ModelConfig &m, const config::Cl
     return fieldError(clusterPath, "parallel.tensor_parallel_size",
                       llvm::formatv("t = {0} does not divide num_attention_heads = {1} of model '{2}'",
                                     t, m.num_attention_heads(), m.name()));
+  if (m.architecture() == config::LLAMA && m.num_key_value_heads() % t != 0 && t % m.num_key_value_heads() != 0)
+    return fieldError(clusterPath, "parallel.tensor_parallel_size",
+                      llvm::formatv("t = {0} neither divides num_key_value_heads = {1} of model '{2}' nor is a "
+                                    "multiple of it",
+                                    t, m.num_key_value_heads(), m.name()));
   if (m.ffn_hidden_size() % t != 0)
     return fieldError(clusterPath, "parallel.tensor_parallel_size",
                       llvm::formatv("t = {0} does not divide ffn_hidden_size = {1} of model '{2}'", t,

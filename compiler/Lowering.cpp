@@ -65,6 +65,14 @@ double flopsOf(mlir::Operation *op) {
         auto s = mlir::cast<mlir::RankedTensorType>(o.getResult().getType()).getShape();
         return 4.0 * numel(o.getResult()) * s[1];
       })
+      .Case([](GroupedAttentionOp o) {
+        auto s = mlir::cast<mlir::RankedTensorType>(o.getResult().getType()).getShape();
+        return 4.0 * numel(o.getResult()) * s[1];
+      })
+      .Case([](GroupedAttentionGradOp o) {
+        auto s = mlir::cast<mlir::RankedTensorType>(o.getGrad().getType()).getShape();
+        return 10.0 * numel(o.getGrad()) * s[1];
+      })
       .Case([](AttentionGradOp o) {  // QK^T recomputed, then dV, dP, dQ, dK: 5 GEMMs of 2 b s^2 h
         auto s = mlir::cast<mlir::RankedTensorType>(o.getGrad().getType()).getShape();
         return 10.0 * numel(o.getGrad()) * s[1];

@@ -43,7 +43,9 @@ class TrainStepBuilder {
     func_ = b_.create<mlir::func::FuncOp>(loc_, "train_step", b_.getFunctionType({}, {}));
     block_ = func_.addEntryBlock();
     b_.setInsertionPointToStart(block_);
-    Value loss = cfg_.architecture() == config::BERT ? buildBert() : buildGpt();
+    Value loss = cfg_.architecture() == config::BERT    ? buildBert()
+                 : cfg_.architecture() == config::LLAMA ? buildLlama()
+                                                        : buildGpt();
     if (outputLogits_) func_.setName("forward_logits");
     b_.create<mlir::func::ReturnOp>(loc_, loss);
     func_.setType(b_.getFunctionType(block_->getArgumentTypes(), {loss.getType()}));
@@ -156,6 +158,81 @@ class TrainStepBuilder {
     loc_ = outside;
     layer_ = -1;
     return layerNorm(x, root + ".ln_f");
+  }
+
+  // A linear without bias, its weight stored [out, in] as Hugging Face's nn.Linear.
+  Value linearOutIn(Value x, const std::string &name, int64_t in, int64_t out, double std) {
+    Value w = param(name + ".weight", {out, in}, "normal", std);
+    auto shape = llvm::to_vector(mlir::cast<mlir::RankedTensorType>(x.getType()).getShape());
+    shape.back() = out;
+    return op<LinearOp>(tensor(shape), x, w, Value(), b_.getUnitAttr());
+  }
+
+  Value rmsNorm(Value x, const std::string &name) {
+    Value g = param(name + ".weight", {hidden_}, "ones");
+    return op<RmsNormOp>(x.getType(), x, g, b_.getF32FloatAttr(cfg_.rms_norm_eps()));
+  }
+
+  // One LLaMA decoder layer (Touvron et al. 2023, section 2.2; Hugging Face's
+  // LlamaDecoderLayer), pre-norm with RMSNorm:
+  //   x = x + o_proj(attention(rope(q_proj(h)), rope(k_proj(h)), v_proj(h))),  h = norm_1(x)
+  //   x = x + down_proj(silu(gate_proj(h)) * up_proj(h)),                     h = norm_2(x)
+  Value llamaLayer(Value x, const std::string &prefix) {
+    double std = cfg_.init_method_std(), scaledStd = std / std::sqrt(2.0 * cfg_.num_layers());
+    int64_t heads = cfg_.num_attention_heads(), kvHeads = cfg_.num_key_value_heads(), hd = hidden_ / heads;
+    int64_t ffn = cfg_.ffn_hidden_size();
+    Value h = rmsNorm(x, prefix + ".input_layernorm");
+    Value q = linearOutIn(h, prefix + ".self_attn.q_proj", hidden_, heads * hd, std);
+    Value k = linearOutIn(h, prefix + ".self_attn.k_proj", hidden_, kvHeads * hd, std);
+    Value v = linearOutIn(h, prefix + ".self_attn.v_proj", hidden_, kvHeads * hd, std);
+    q = op<RotaryOp>(q.getType(), q, b_.getI64IntegerAttr(hd), b_.getF32FloatAttr(cfg_.rope_theta()), nullptr);
+    k = op<RotaryOp>(k.getType(), k, b_.getI64IntegerAttr(hd), b_.getF32FloatAttr(cfg_.rope_theta()), nullptr);
+    Value a = op<GroupedAttentionOp>(q.getType(), q, k, v, b_.getI64IntegerAttr(heads), b_.getI64IntegerAttr(kvHeads),
+                                     b_.getUnitAttr(), b_.getF32FloatAttr(cfg_.attention_dropout()),
+                                     b_.getI64IntegerAttr(cfg_.attention_dropout() > 0 ? nextStream_++ : 0),
+                                     /*rank_distinct_dropout=*/nullptr, /*kv_replicated_group=*/nullptr,
+                                     b_.getI64IntegerAttr(1));
+    Value o = linearOutIn(a, prefix + ".self_attn.o_proj", heads * hd, hidden_, scaledStd);
+    x = op<AddOp>(x, dropout(o, cfg_.hidden_dropout()));
+    h = rmsNorm(x, prefix + ".post_attention_layernorm");
+    Value gate = linearOutIn(h, prefix + ".mlp.gate_proj", hidden_, ffn, std);
+    Value up = linearOutIn(h, prefix + ".mlp.up_proj", hidden_, ffn, std);
+    Value m = op<SwigluOp>(gate, up);
+    Value down = linearOutIn(m, prefix + ".mlp.down_proj", ffn, hidden_, scaledStd);
+    return op<AddOp>(x, dropout(down, cfg_.hidden_dropout()));
+  }
+
+  // LLaMA in Hugging Face LlamaForCausalLM's parameter names and layouts: token embedding
+  // (no positions: rotary embeddings in every layer), layers, final RMSNorm, the output layer
+  // (lm_head, or the embedding with tie_word_embeddings).
+  Value buildLlama() {
+    Value tokens = deferInput("tokens", b_.getI32Type());
+    Value embed = param("model.embed_tokens.weight", {vocab_, hidden_}, "normal", cfg_.init_method_std());
+    Value x = op<EmbeddingOp>(tensor({batch_, seq_, hidden_}), tokens, embed, Value(), /*vocab_parallel_group=*/nullptr);
+    x = dropout(x, cfg_.hidden_dropout());
+    mlir::Location outside = loc_;
+    for (int64_t l = 0; l < cfg_.num_layers(); ++l) {
+      layer_ = l;
+      std::string prefix = "model.layers." + std::to_string(l);
+      loc_ = mlir::NameLoc::get(b_.getStringAttr(prefix));
+      x = llamaLayer(x, prefix);
+    }
+    loc_ = outside;
+    layer_ = -1;
+    x = rmsNorm(x, "model.norm");
+    Value head = cfg_.tie_word_embeddings()
+                     ? embed
+                     : param("lm_head.weight", {vocab_, hidden_}, "normal", cfg_.init_method_std());
+    Value logits = op<LinearOp>(tensor({batch_, seq_, vocab_}), x, head, Value(), b_.getUnitAttr());
+    if (outputLogits_) {
+      finishInputs();
+      return logits;
+    }
+    Value labels = deferInput("labels", b_.getI32Type());
+    Value lossMask = deferInput("loss_mask", b_.getF32Type());
+    Value loss = crossEntropy(logits, labels, lossMask);
+    finishInputs();
+    return loss;
   }
 
   Value crossEntropy(Value logits, Value labels, Value lossMask) {

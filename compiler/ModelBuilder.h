@@ -23,9 +23,10 @@ struct BuildOptions {
 // Registers the dialects the builders and tools use (loom, func).
 void registerLoomDialects(mlir::MLIRContext &ctx);
 
-// Builds GPT (pre-LN, learned positions, tied embeddings, GeLU MLP, final layer norm) or a
-// BERT-style encoder (pre-LN as in the Megatron-LM paper, masked-LM head), depending on
-// config.architecture(). The config must already carry defaults (applyModelDefaults).
+// Builds GPT (pre-LN, learned positions, tied embeddings, GeLU MLP, final layer norm), a
+// BERT-style encoder (pre-LN as in the Megatron-LM paper, masked-LM head) or LLaMA (RMSNorm,
+// rotary positions, grouped-query attention, SwiGLU, no biases, untied embeddings unless
+// tie_word_embeddings; Hugging Face's parameter names), depending on config.architecture(). The config must already carry defaults (applyModelDefaults).
 mlir::OwningOpRef<mlir::ModuleOp> buildModel(mlir::MLIRContext &ctx,
                                              const config::ModelConfig &config,
                                              const BuildOptions &options);

@@ -58,6 +58,9 @@ ModelStats computeModelStats(mlir::ModuleOp module) {
       auto out = mlir::cast<mlir::RankedTensorType>(attn.getResult().getType());
       int64_t seq = out.getShape()[1];
       flops = 4.0 * numElements(attn.getResult()) * seq;  // QK^T and PV: 2 b s s h each
+    } else if (auto ga = mlir::dyn_cast<GroupedAttentionOp>(op)) {
+      int64_t seq = mlir::cast<mlir::RankedTensorType>(ga.getResult().getType()).getShape()[1];
+      flops = 4.0 * numElements(ga.getResult()) * seq;
     } else if (auto emb = mlir::dyn_cast<EmbeddingOp>(op)) {
       if (isParam(emb.getWord()))
         s.vocabPaddingParameters +=

@@ -109,10 +109,12 @@ int main(int argc, char **argv) {
   if (failed(facts)) return 1;  // the handler printed why
   int64_t padded = loom::roundUpToMultiple(facts->wordRows, loom::vocabDivisibleBy(*module));
   os << "module: " << (module->getName() ? *module->getName() : "<unnamed>") << "\n";
-  os << llvm::formatv("model: {0}, {1} layers, hidden {2}, {3} heads, ffn {4}, seq {5}, vocab {6} (padded to {7} "
-                      "for t = 1)\n",
-                      facts->architecture, facts->numLayers, facts->hiddenSize, facts->numHeads, facts->ffnHiddenSize,
-                      facts->seqLength, facts->vocabSize, padded);
+  std::string heads = std::to_string(facts->numHeads) + " heads";
+  if (facts->numKvHeads != facts->numHeads) heads += " (" + std::to_string(facts->numKvHeads) + " KV heads)";
+  os << llvm::formatv("model: {0}, {1} layers, hidden {2}, {3}, ffn {4}, seq {5}, vocab {6} (padded to {7} for t = 1)"
+                      "{8}\n",
+                      facts->architecture, facts->numLayers, facts->hiddenSize, heads, facts->ffnHiddenSize,
+                      facts->seqLength, facts->vocabSize, padded, facts->tiedEmbeddings ? ", tied embeddings" : "");
   os << "parameters: " << withCommas(s.parameters) << "\n";
   if (s.vocabPaddingParameters > 0)
     os << "parameters without vocab padding: " << withCommas(s.parametersWithoutPadding()) << " ("

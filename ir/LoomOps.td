@@ -145,6 +145,76 @@ def Loom_CrossEntropyOp : Loom_Op<"cross_entropy", [Pure]> {
   let hasVerifier = 1;
 }
 
+
+def Loom_RmsNormOp : Loom_Op<"rms_norm", [Pure]> {
+  let summary = "RMS normalization over the last dimension (LLaMA)";
+  let description = [{
+    `y = x / sqrt(mean(x^2) + epsilon) * gamma`, the mean over the last dimension; `gamma`
+    has the size of that dimension (Zhang & Sennrich 2019; Hugging Face's LlamaRMSNorm).
+  }];
+  let arguments = (ins Loom_FloatTensor:$input, Loom_FloatTensor:$gamma,
+                       DefaultValuedAttr<F32Attr, "1.0e-6">:$epsilon);
+  let results = (outs Loom_FloatTensor:$result);
+  let assemblyFormat = [{
+    $input `,` $gamma attr-dict `:` functional-type(operands, results)
+  }];
+  let hasVerifier = 1;
+}
+
+def Loom_RotaryOp : Loom_Op<"rotary", [Pure, SameOperandsAndResultType]> {
+  let summary = "rotary position embedding, Hugging Face's rotate-half convention";
+  let description = [{
+    `x` is `[batch, seq, heads * head_dim]`. For each head, with `x = [x1, x2]` its two halves
+    and `f_j = theta^(-2j / head_dim)` for `j < head_dim / 2`, at position `s`:
+    `y1 = x1 cos(s f) - x2 sin(s f)`, `y2 = x2 cos(s f) + x1 sin(s f)` (Su et al. 2021,
+    RoFormer, section 3.4, in the layout of Hugging Face's `rotate_half`). With `inverse`
+    the rotation is by `-s f`: the gradient of the forward rotation. The positions are
+    0 .. seq-1 of the full sequence.
+  }];
+  let arguments = (ins Loom_FloatTensor:$input, I64Attr:$head_dim, F32Attr:$theta, UnitAttr:$inverse);
+  let results = (outs Loom_FloatTensor:$result);
+  let assemblyFormat = "$input attr-dict `:` type($result)";
+  let hasVerifier = 1;
+}
+
+def Loom_SwigluOp : Loom_Op<"swiglu", [Pure, SameOperandsAndResultType]> {
+  let summary = "the SwiGLU gate: `silu(gate) * up`";
+  let description = [{
+    `y = gate * sigmoid(gate) * up`, elementwise (Shazeer 2020, GLU Variants Improve
+    Transformer; LLaMA's MLP is `down(swiglu(gate(x), up(x)))`).
+  }];
+  let arguments = (ins Loom_FloatTensor:$gate, Loom_FloatTensor:$up);
+  let results = (outs Loom_FloatTensor:$result);
+  let assemblyFormat = "$gate `,` $up attr-dict `:` type($result)";
+}
+
+def Loom_GroupedAttentionOp : Loom_Op<"grouped_attention", [Pure]> {
+  let summary = "grouped-query attention core over separate q, k and v";
+  let description = [{
+    `q` is `[batch, seq, num_heads * head_dim]`, `k` and `v` `[batch, seq, num_kv_heads *
+    head_dim]`; query head `i` attends with key/value head `i / (H / num_kv_heads)`, where
+    `H` is the number of query heads in the whole group of `num_kv_heads` heads (Ainslie et
+    al. 2023, GQA; `num_kv_heads = num_heads` is multi-head attention). Per head:
+    `softmax(q k^T / sqrt(head_dim) + mask) v`, with `causal`, dropout `dropout` on the
+    probabilities from stream `stream` (rank-distinct with `rank_distinct_dropout`). The
+    result is `[batch, seq, num_heads * head_dim]`. With `kv_replicated_group` (tensor
+    parallelism with more ranks than KV heads), `q` holds this rank's slice of the query heads
+    (block `rank_in_group` of `group_size`) while `k` and `v` hold all KV heads.
+  }];
+  let arguments = (ins Loom_FloatTensor:$q, Loom_FloatTensor:$k, Loom_FloatTensor:$v,
+                       I64Attr:$num_heads, I64Attr:$num_kv_heads, UnitAttr:$causal,
+                       DefaultValuedAttr<F32Attr, "0.0">:$dropout,
+                       DefaultValuedAttr<I64Attr, "0">:$stream,
+                       UnitAttr:$rank_distinct_dropout,
+                       OptionalAttr<StrAttr>:$kv_replicated_group,
+                       DefaultValuedAttr<I64Attr, "1">:$group_size);
+  let results = (outs Loom_FloatTensor:$result);
+  let assemblyFormat = [{
+    $q `,` $k `,` $v attr-dict `:` functional-type(operands, results)
+  }];
+  let hasVerifier = 1;
+}
+
 //===----------------------------------------------------------------------===//
 // Communication ops (inserted by the passes). `group` names the process group:
 // "tp", "pp", "dp" or "embedding"; `group_size` is its size.
@@ -315,6 +385,48 @@ def Loom_CrossEntropyGradOp : Loom_Op<"cross_entropy_grad", [Pure, AttrSizedOper
   let results = (outs Loom_FloatTensor:$result);
   let assemblyFormat = [{
     $logits `,` $labels (`grad` $grad^)? (`mask` $loss_mask^)? attr-dict `:` functional-type(operands, results)
+  }];
+}
+
+def Loom_RmsNormGradOp : Loom_Op<"rms_norm_grad", [Pure]> {
+  let summary = "gradients of rms_norm w.r.t. input and gamma (statistics recomputed)";
+  let description = [{
+    With `r = 1 / sqrt(mean(x^2) + eps)` and `xhat = x r`: `dgamma = sum over rows of g * xhat`,
+    `dx = r * (g*gamma - xhat * mean(g*gamma*xhat))` per row.
+  }];
+  let arguments = (ins Loom_FloatTensor:$input, Loom_FloatTensor:$gamma, Loom_FloatTensor:$grad,
+                       DefaultValuedAttr<F32Attr, "1.0e-6">:$epsilon);
+  let results = (outs Loom_FloatTensor:$grad_input, Loom_FloatTensor:$grad_gamma);
+  let assemblyFormat = "$input `,` $gamma `,` $grad attr-dict `:` functional-type(operands, results)";
+}
+
+def Loom_SwigluGradOp : Loom_Op<"swiglu_grad", [Pure]> {
+  let summary = "gradients of swiglu: `dgate = g * up * silu'(gate)`, `dup = g * silu(gate)`";
+  let description = [{
+    `silu'(x) = sigmoid(x) * (1 + x * (1 - sigmoid(x)))`.
+  }];
+  let arguments = (ins Loom_FloatTensor:$gate, Loom_FloatTensor:$up, Loom_FloatTensor:$grad);
+  let results = (outs Loom_FloatTensor:$grad_gate, Loom_FloatTensor:$grad_up);
+  let assemblyFormat = "$gate `,` $up `,` $grad attr-dict `:` functional-type(operands, results)";
+}
+
+def Loom_GroupedAttentionGradOp : Loom_Op<"grouped_attention_grad", [Pure]> {
+  let summary = "gradients of grouped_attention w.r.t. q, k and v (probabilities recomputed)";
+  let description = [{
+    Same attributes as the forward op. A KV head's gradients sum over the query heads that
+    share it; with `kv_replicated_group` they cover only this rank's query heads (partial
+    sums, completed over the group).
+  }];
+  let arguments = (ins Loom_FloatTensor:$q, Loom_FloatTensor:$k, Loom_FloatTensor:$v, Loom_FloatTensor:$grad,
+                       I64Attr:$num_heads, I64Attr:$num_kv_heads, UnitAttr:$causal,
+                       DefaultValuedAttr<F32Attr, "0.0">:$dropout,
+                       DefaultValuedAttr<I64Attr, "0">:$stream,
+                       UnitAttr:$rank_distinct_dropout,
+                       OptionalAttr<StrAttr>:$kv_replicated_group,
+                       DefaultValuedAttr<I64Attr, "1">:$group_size);
+  let results = (outs Loom_FloatTensor:$grad_q, Loom_FloatTensor:$grad_k, Loom_FloatTensor:$grad_v);
+  let assemblyFormat = [{
+    $q `,` $k `,` $v `,` $grad attr-dict `:` functional-type(operands, results)
   }];
 }
 

@@ -161,6 +161,57 @@ LogicalResult AttentionOp::verify() {
   return mlir::success();
 }
 
+LogicalResult RmsNormOp::verify() {
+  if (failed(requireStatic(*this, getInput(), "input")) || failed(requireRank(*this, getGamma(), "gamma", 1)))
+    return mlir::failure();
+  auto in = tensorOf(getInput());
+  if (in.getRank() < 1) return emitOpError() << "input must have rank >= 1";
+  if (failed(requireDim(*this, "gamma", 0, tensorOf(getGamma()).getDimSize(0), in.getShape().back(),
+                        "last dim of input")))
+    return mlir::failure();
+  if (getResult().getType() != in)
+    return emitOpError() << "result type " << getResult().getType() << " must equal input type " << in;
+  if (!(getEpsilon().convertToFloat() > 0)) return emitOpError() << "epsilon must be > 0";
+  return mlir::success();
+}
+
+LogicalResult RotaryOp::verify() {
+  if (failed(requireRank(*this, getInput(), "input", 3))) return mlir::failure();
+  int64_t hd = getHeadDim(), last = tensorOf(getInput()).getShape().back();
+  if (hd < 2 || hd % 2 != 0)
+    return emitOpError() << "head_dim must be even and >= 2 (rotate-half pairs its two halves), got " << hd;
+  if (last % hd != 0) return emitOpError() << "input dim 2 (" << last << ") is not a multiple of head_dim (" << hd << ")";
+  if (!(getTheta().convertToFloat() > 0)) return emitOpError() << "theta must be > 0, got " << getTheta().convertToFloat();
+  return mlir::success();
+}
+
+LogicalResult GroupedAttentionOp::verify() {
+  if (failed(requireRank(*this, getQ(), "q", 3)) || failed(requireRank(*this, getK(), "k", 3)) ||
+      failed(requireRank(*this, getV(), "v", 3)) || failed(requireRank(*this, getResult(), "result", 3)))
+    return mlir::failure();
+  int64_t heads = getNumHeads(), kvHeads = getNumKvHeads(), groupSize = getGroupSize();
+  if (heads < 1 || kvHeads < 1 || groupSize < 1)
+    return emitOpError() << "num_heads (" << heads << "), num_kv_heads (" << kvHeads << ") and group_size ("
+                         << groupSize << ") must be >= 1";
+  // The query heads of the whole group share the KV heads evenly.
+  int64_t allHeads = getKvReplicatedGroup() ? heads * groupSize : heads;
+  if (allHeads % kvHeads != 0)
+    return emitOpError() << "num_kv_heads (" << kvHeads << ") must divide the " << allHeads << " query heads";
+  auto q = tensorOf(getQ()).getShape(), k = tensorOf(getK()).getShape(), v = tensorOf(getV()).getShape();
+  if (q[2] % heads != 0) return emitOpError() << "q dim 2 (" << q[2] << ") must be num_heads (" << heads << ") * head_dim";
+  int64_t hd = q[2] / heads;
+  for (auto [name, shape] : {std::pair{"k", k}, std::pair{"v", v}})
+    if (failed(requireDim(*this, name, 0, shape[0], q[0], "batch of q")) ||
+        failed(requireDim(*this, name, 1, shape[1], q[1], "sequence of q")) ||
+        failed(requireDim(*this, name, 2, shape[2], kvHeads * hd, "num_kv_heads * head_dim")))
+      return mlir::failure();
+  if (getResult().getType() != getQ().getType())
+    return emitOpError() << "result type " << getResult().getType() << " must equal q's type " << getQ().getType();
+  float p = getDropout().convertToFloat();
+  if (!(p >= 0 && p < 1)) return emitOpError() << "dropout must be in [0, 1), got " << p;
+  return mlir::success();
+}
+
 LogicalResult DropoutOp::verify() {
   float p = getRate().convertToFloat();
   if (!(p >= 0 && p < 1)) return emitOpError() << "rate must be in [0, 1), got " << p;

@@ -62,6 +62,27 @@ mlir::FailureOr<Grads> gradientOf(mlir::OpBuilder &b, mlir::Operation *op, llvm:
                                          o.getStreamAttr(), o.getRankDistinctDropoutAttr());
         return d;
       })
+      .Case([&](RmsNormOp o) -> mlir::FailureOr<Grads> {
+        auto rg = b.create<RmsNormGradOp>(loc, o.getInput().getType(), o.getGamma().getType(), o.getInput(),
+                                          o.getGamma(), g, o.getEpsilonAttr());
+        return Grads{rg.getGradInput(), rg.getGradGamma()};
+      })
+      .Case([&](RotaryOp o) -> mlir::FailureOr<Grads> {
+        // A rotation: its transpose is the rotation by the opposite angle.
+        return Grads{b.create<RotaryOp>(loc, o.getType(), g, o.getHeadDimAttr(), o.getThetaAttr(),
+                                        o.getInverse() ? nullptr : b.getUnitAttr())};
+      })
+      .Case([&](SwigluOp o) -> mlir::FailureOr<Grads> {
+        auto sg = b.create<SwigluGradOp>(loc, o.getType(), o.getType(), o.getGate(), o.getUp(), g);
+        return Grads{sg.getGradGate(), sg.getGradUp()};
+      })
+      .Case([&](GroupedAttentionOp o) -> mlir::FailureOr<Grads> {
+        auto ag = b.create<GroupedAttentionGradOp>(
+            loc, o.getQ().getType(), o.getK().getType(), o.getV().getType(), o.getQ(), o.getK(), o.getV(), g,
+            o.getNumHeadsAttr(), o.getNumKvHeadsAttr(), o.getCausalAttr(), o.getDropoutAttr(), o.getStreamAttr(),
+            o.getRankDistinctDropoutAttr(), o.getKvReplicatedGroupAttr(), o.getGroupSizeAttr());
+        return Grads{ag.getGradQ(), ag.getGradK(), ag.getGradV()};
+      })
       .Case([&](DropoutOp o) -> mlir::FailureOr<Grads> {
         // The same mask, regenerated from the same counter-based stream.
         return Grads{b.create<DropoutOp>(loc, o.getType(), g, o.getRateAttr(), o.getStreamAttr(),

@@ -68,17 +68,35 @@ mlir::FailureOr<ModelFacts> readModelFacts(mlir::ModuleOp module) {
   if (facts.seqLength == 0) return f.emitError() << "@train_step has no argument with loom.input = \"tokens\"";
 
   std::set<int64_t> layers;
-  bool sawCausal = false, sawBidirectional = false;
+  bool sawCausal = false, sawBidirectional = false, sawLlama = false;
+  mlir::Value word, outputWeight;
   mlir::WalkResult walk = f.walk([&](mlir::Operation *op) -> mlir::WalkResult {
     if (auto l = op->getAttrOfType<mlir::IntegerAttr>(attr::kLayer)) layers.insert(l.getInt());
     if (auto e = mlir::dyn_cast<EmbeddingOp>(op); e && facts.hiddenSize == 0) {
       facts.hiddenSize = tensorOf(e.getResult()).getDimSize(2);
       facts.wordRows = tensorOf(e.getWord()).getDimSize(0);
+      word = e.getWord();
+      if (e.getPosition()) facts.maxPositions = tensorOf(e.getPosition()).getDimSize(0);
+    } else if (auto p = mlir::dyn_cast<AddPositionOp>(op); p && facts.maxPositions == 0) {
+      facts.maxPositions = tensorOf(p.getPosition()).getDimSize(0);
     } else if (auto a = mlir::dyn_cast<AttentionOp>(op)) {
-      if (facts.numHeads == 0) facts.numHeads = a.getNumHeads();
+      if (facts.numHeads == 0) facts.numHeads = facts.numKvHeads = a.getNumHeads();
       (a.getCausal() ? sawCausal : sawBidirectional) = true;
-    } else if (auto g = mlir::dyn_cast<GeluOp>(op); g && facts.ffnHiddenSize == 0 && op->hasAttr(attr::kLayer)) {
-      facts.ffnHiddenSize = tensorOf(g.getResult()).getShape().back();
+    } else if (auto a = mlir::dyn_cast<GroupedAttentionOp>(op)) {
+      if (facts.numHeads == 0) facts.numHeads = a.getNumHeads(), facts.numKvHeads = a.getNumKvHeads();
+      (a.getCausal() ? sawCausal : sawBidirectional) = true;
+      sawLlama = true;
+    } else if (mlir::isa<GeluOp, SwigluOp>(op) && facts.ffnHiddenSize == 0 && op->hasAttr(attr::kLayer)) {
+      facts.ffnHiddenSize = tensorOf(op->getResult(0)).getShape().back();
+    } else if (auto n = mlir::dyn_cast<LayerNormOp>(op); n && facts.normEpsilon == 0) {
+      facts.normEpsilon = n.getEpsilon().convertToDouble();
+    } else if (auto n = mlir::dyn_cast<RmsNormOp>(op)) {
+      if (facts.normEpsilon == 0) facts.normEpsilon = n.getEpsilon().convertToDouble();
+      sawLlama = true;
+    } else if (auto r = mlir::dyn_cast<RotaryOp>(op); r && facts.ropeTheta == 0) {
+      facts.ropeTheta = r.getTheta().convertToDouble();
+    } else if (auto l = mlir::dyn_cast<LinearOp>(op); l && l->hasOneUse() && mlir::isa<CrossEntropyOp>(*l->user_begin())) {
+      outputWeight = l.getWeight();
     } else if (auto c = mlir::dyn_cast<CrossEntropyOp>(op)) {
       if (facts.vocabSize != 0 && facts.vocabSize != int64_t(c.getValidVocab()))
         return op->emitOpError() << "valid_vocab = " << c.getValidVocab() << " differs from an earlier cross_entropy's "
@@ -92,7 +110,8 @@ mlir::FailureOr<ModelFacts> readModelFacts(mlir::ModuleOp module) {
   if (facts.vocabSize == 0) return f.emitError() << "@train_step has no loom.cross_entropy (the loss)";
   if (sawCausal && sawBidirectional)
     return f.emitError() << "@train_step mixes causal and bidirectional attention (neither GPT nor BERT)";
-  facts.architecture = sawBidirectional ? "bert" : "gpt";
+  facts.architecture = sawBidirectional ? "bert" : sawLlama ? "llama" : "gpt";
+  facts.tiedEmbeddings = word && word == outputWeight;
   facts.numLayers = int64_t(layers.size());
   return facts;
 }

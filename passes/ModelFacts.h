@@ -13,11 +13,17 @@ namespace loom {
 
 struct ModelFacts {
   std::string name;           // the module's symbol name ("" when it has none)
-  std::string architecture;   // "gpt" (causal attention) | "bert" (bidirectional)
+  std::string architecture;   // "gpt" (causal attention) | "bert" (bidirectional) | "llama" (RMSNorm,
+                              // grouped attention)
   int64_t numLayers = 0;      // distinct loom.layer values
   int64_t hiddenSize = 0;     // the embedding's width
   int64_t numHeads = 0;       // heads of the first attention op (global IR: all heads)
-  int64_t ffnHiddenSize = 0;  // width of the first GeLU (0 without one)
+  int64_t numKvHeads = 0;     // its key/value heads (num_heads without grouped-query attention)
+  int64_t ffnHiddenSize = 0;  // width of the first GeLU or SwiGLU in a layer (0 without one)
+  int64_t maxPositions = 0;   // rows of the learned position table (0 without one)
+  double normEpsilon = 0;     // epsilon of the first layer norm or RMS norm
+  double ropeTheta = 0;       // base of the first rotary embedding (0 without one)
+  bool tiedEmbeddings = false;  // the output layer's weight is the embedding table
   int64_t seqLength = 0;      // the token ids' dim 1
   int64_t batch = 0;          // the token ids' dim 0 (mlir::ShapedType::kDynamic when `?`)
   int64_t vocabSize = 0;      // the tokenizer's vocabulary: cross_entropy's valid_vocab

@@ -81,6 +81,7 @@ class Sharder {
   // Walks the ops in order and gives each its rule; parameters' splits are decided here,
   // before anything is rewritten.
   mlir::LogicalResult placeOps() {
+    if (failed(placeReplicatedKv())) return mlir::failure();
     mlir::WalkResult walk = f_.walk([&](mlir::Operation *op) -> mlir::WalkResult {
       if (mlir::isa<mlir::func::FuncOp, mlir::func::ReturnOp>(op)) return mlir::WalkResult::advance();
       bool replicated = op->hasAttr(attr::kReplicated);
@@ -96,14 +97,14 @@ class Sharder {
         }
         return failed(growRegion(l)) ? mlir::WalkResult::interrupt() : mlir::WalkResult::advance();
       }
-      if (auto a = mlir::dyn_cast<AttentionOp>(op)) {
+      if (mlir::isa<AttentionOp, GroupedAttentionOp>(op)) {
         if (replicated && sp_)  // it would see only this rank's slice of the sequence
-          return a.emitOpError() << "loom-tensor-parallel: a loom.replicated attention core cannot run under "
+          return op->emitOpError() << "loom-tensor-parallel: a loom.replicated attention core cannot run under "
                                     "sequence parallelism (it needs every position); split it by heads instead";
         if (replicated || placed_.contains(op)) return mlir::WalkResult::advance();
-        return a.emitOpError() << "loom-tensor-parallel: cannot split this attention core: its qkv does not come "
-                                  "from a column-parallel linear (t = "
-                               << t_ << "); mark it loom.replicated to compute all heads on every rank";
+        return op->emitOpError() << "loom-tensor-parallel: cannot split this attention core: its queries do not come "
+                                    "from a column-parallel linear (t = "
+                                 << t_ << "); mark it loom.replicated to compute all heads on every rank";
       }
       if (auto e = mlir::dyn_cast<EmbeddingOp>(op)) {
         if (replicated) return mlir::WalkResult::advance();
@@ -111,10 +112,50 @@ class Sharder {
         embeddings_.push_back(e);
         return mlir::WalkResult::advance();
       }
-      if (mlir::isa<LayerNormOp, AddOp, DropoutOp, GeluOp, AddBiasOp, AddPositionOp, CrossEntropyOp>(op))
+      if (mlir::isa<LayerNormOp, RmsNormOp, AddOp, DropoutOp, GeluOp, AddBiasOp, AddPositionOp, CrossEntropyOp,
+                    RotaryOp, SwigluOp>(op))
         return mlir::WalkResult::advance();  // replicated, or a region op placed by its region
       return op->emitOpError() << "loom-tensor-parallel: no tensor-parallel rule for this op (the input IR holds the "
                                   "model's forward ops over global shapes)";
+    });
+    return mlir::failure(walk.wasInterrupted());
+  }
+
+  // The linear a value comes from through ops that keep a column split (rotary, gelu,
+  // dropout, add_bias), or null.
+  LinearOp columnSourceOf(mlir::Value v) {
+    mlir::Operation *def = v.getDefiningOp();
+    while (def && mlir::isa<RotaryOp, GeluOp, DropoutOp, AddBiasOp>(def)) def = def->getOperand(0).getDefiningOp();
+    return mlir::dyn_cast_or_null<LinearOp>(def);
+  }
+
+  // Grouped-query attention with fewer KV heads than ranks (t a multiple of num_kv_heads):
+  // every rank computes all KV heads (Megatron's replicated KV heads), its slice of the query
+  // heads reads the ones it needs. The K and V projections are entered through f like a
+  // column-parallel GEMM (each rank's dK, dV cover only its query heads, so their input
+  // gradients are partial sums) but keep their whole weights, whose gradients are partial
+  // sums too (summed over tp by loom-data-parallel).
+  mlir::LogicalResult placeReplicatedKv() {
+    mlir::WalkResult walk = f_.walk([&](GroupedAttentionOp a) -> mlir::WalkResult {
+      int64_t kv = a.getNumKvHeads();
+      if (a->hasAttr(attr::kReplicated) || kv % t_ == 0) return mlir::WalkResult::advance();
+      if (t_ % kv != 0)
+        return a.emitOpError() << "loom-tensor-parallel: t = " << t_ << " neither divides num_kv_heads = " << kv
+                               << " nor is a multiple of it (KV heads are split over t or replicated)";
+      for (mlir::Value operand : {a.getK(), a.getV()}) {
+        LinearOp proj = columnSourceOf(operand);
+        if (!proj || proj->hasAttr(attr::kReplicated) || !isParamArg(f_, proj.getWeight()))
+          return a.emitOpError() << "loom-tensor-parallel: with t = " << t_ << " > num_kv_heads = " << kv
+                                 << " the keys and values must come from linears over parameters (replicated KV heads)";
+        if (!placed_.insert(proj.getOperation()).second) continue;  // k and v from one projection
+        entering_.push_back(proj);
+        for (mlir::Value w : {proj.getWeight(), proj.getBias()})
+          if (w && isParamArg(f_, w))
+            f_.setArgAttr(mlir::cast<mlir::BlockArgument>(w).getArgNumber(), attr::kTpPartialGrad, b_.getUnitAttr());
+      }
+      a.setKvReplicatedGroup(kGroup);
+      a.setGroupSize(t_);
+      return mlir::WalkResult::advance();
     });
     return mlir::failure(walk.wasInterrupted());
   }
@@ -145,7 +186,7 @@ class Sharder {
       work.push_back(c.getResult());
     };
     addColumn(seed);
-    llvm::SmallVector<AddOp> adds;
+    llvm::SmallVector<mlir::Operation *> joins;
     llvm::DenseSet<mlir::Operation *> seen;
     while (true) {
       while (!work.empty()) {
@@ -159,18 +200,24 @@ class Sharder {
             if (seen.insert(u).second) r.rows.push_back(row);
             continue;
           }
-          bool regionOp = mlir::isa<GeluOp, DropoutOp, AddOp>(u) ||
-                          (k == 0 && mlir::isa<AttentionOp, AddBiasOp>(u));
+          auto grouped = mlir::dyn_cast<GroupedAttentionOp>(u);
+          bool kvReplicated = grouped && grouped.getKvReplicatedGroup();
+          bool regionOp = mlir::isa<GeluOp, DropoutOp, AddOp, SwigluOp, RotaryOp>(u) ||
+                          (k == 0 && mlir::isa<AttentionOp, AddBiasOp>(u)) || (grouped && (k == 0 || !kvReplicated));
           if (!regionOp) return blocked(seed, u, "needs the whole feature dimension");
-          if (auto add = mlir::dyn_cast<AddOp>(u); add && !seen.contains(u)) {
-            // Region values are all defined after the region's first linear, the seed: an
-            // operand from before it (a residual stream) can never be split.
-            for (mlir::Value operand : add->getOperands()) {
-              mlir::Operation *def = operand.getDefiningOp();
-              if (!r.values.contains(operand) && (!def || def->isBeforeInBlock(seed)))
-                return blocked(seed, add, "adds it to a value that is not column-split (a residual connection?)");
+          // Ops whose every operand must be split: a sum, the SwiGLU gate and its up
+          // projection, a grouped attention's q, k and v (KV heads split over t).
+          if (mlir::isa<AddOp, SwigluOp>(u) || (grouped && !kvReplicated)) {
+            if (!seen.contains(u)) {
+              // Region values are all defined after the region's first linear, the seed: an
+              // operand from before it (a residual stream) can never be split.
+              for (mlir::Value operand : u->getOperands()) {
+                mlir::Operation *def = operand.getDefiningOp();
+                if (!r.values.contains(operand) && (!def || def->isBeforeInBlock(seed)))
+                  return blocked(seed, u, "combines it with a value that is not column-split (a residual connection?)");
+              }
+              joins.push_back(u);
             }
-            adds.push_back(add);
           }
           if (seen.insert(u).second) {
             r.mids.push_back(u);
@@ -179,14 +226,15 @@ class Sharder {
           }
         }
       }
-      // Both operands of an add inside the region must be split.
+      // Every operand of a join inside the region must be split: the linear behind one that
+      // is not yet joins the region as another column-parallel GEMM.
       bool grew = false;
-      for (AddOp add : adds)
-        for (mlir::Value operand : add->getOperands()) {
+      for (mlir::Operation *join : joins)
+        for (mlir::Value operand : join->getOperands()) {
           if (r.values.contains(operand)) continue;
-          auto other = operand.getDefiningOp<LinearOp>();
+          LinearOp other = columnSourceOf(operand);
           if (!other || !isColumnCandidate(other))
-            return blocked(seed, add, "adds it to a value that is not column-split (a residual connection?)");
+            return blocked(seed, join, "combines it with a value that is not column-split (a residual connection?)");
           addColumn(other);
           grew = true;
         }
@@ -242,9 +290,17 @@ class Sharder {
     // Heads first: the most telling message when t does not fit the model.
     for (Region &r : regions_)
       for (mlir::Operation *m : r.mids)
+      {
         if (auto a = mlir::dyn_cast<AttentionOp>(m); a && a.getNumHeads() % t_ != 0)
           return a.emitOpError() << "loom-tensor-parallel: t = " << t_ << " does not divide num_heads = "
                                  << a.getNumHeads();
+        if (auto a = mlir::dyn_cast<GroupedAttentionOp>(m); a && a.getNumHeads() % t_ != 0)
+          return a.emitOpError() << "loom-tensor-parallel: t = " << t_ << " does not divide num_heads = "
+                                 << a.getNumHeads();
+        if (auto r = mlir::dyn_cast<RotaryOp>(m); r && (dimOf(r.getInput(), -1) / r.getHeadDim()) % t_ != 0)
+          return r.emitOpError() << "loom-tensor-parallel: t = " << t_ << " does not divide the "
+                                 << dimOf(r.getInput(), -1) / r.getHeadDim() << " heads this rotary embedding rotates";
+      }
     for (auto [argNo, dim] : shardDims_) {
       int64_t size = dimOf(f_.getArgument(argNo), dim);
       if (size % t_ != 0)
@@ -296,7 +352,8 @@ class Sharder {
   void shardSequence() {
     f_.walk([&](mlir::Operation *op) {
       bool sharded = mlir::isa<ReduceScatterOp>(op);
-      if (!sharded && mlir::isa<LayerNormOp, DropoutOp, AddOp, AddBiasOp, AddPositionOp, GeluOp, LinearOp>(op)) {
+      if (!sharded &&
+          mlir::isa<LayerNormOp, RmsNormOp, DropoutOp, AddOp, AddBiasOp, AddPositionOp, GeluOp, LinearOp>(op)) {
         // Elementwise and row-wise ops on a sharded operand produce a sharded result (linear:
         // the BERT head's replicated dense layer).
         mlir::Value in = op->getOperand(0);
@@ -342,6 +399,11 @@ class Sharder {
       // section 3: the model-parallel random state).
       if (auto a = mlir::dyn_cast<AttentionOp>(mid)) {
         a.setNumHeads(a.getNumHeads() / t_);
+        if (a.getDropout().convertToFloat() > 0) a.setRankDistinctDropout(true);
+      }
+      if (auto a = mlir::dyn_cast<GroupedAttentionOp>(mid)) {
+        a.setNumHeads(a.getNumHeads() / t_);
+        if (!a.getKvReplicatedGroup()) a.setNumKvHeads(a.getNumKvHeads() / t_);
         if (a.getDropout().convertToFloat() > 0) a.setRankDistinctDropout(true);
       }
       if (auto d = mlir::dyn_cast<DropoutOp>(mid)) d.setRankDistinct(true);

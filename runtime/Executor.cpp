@@ -135,6 +135,22 @@ class Run {
     return Status::ok();
   }
 
+  // Grouped attention's heads: this rank's query heads and the KV head each one reads.
+  Status groupedAttentionShape(const plan::Instruction &in, cpu::GroupedAttentionShape *s) {
+    int q = in.inputs(0), k = in.inputs(1);
+    int64_t heads = i64(in, "num_heads"), kvHeads = i64(in, "num_kv_heads"), groupSize = i64(in, "group_size", 1);
+    std::string replicated = str(in, "kv_replicated_group");
+    int64_t allHeads = replicated.empty() ? heads : heads * groupSize;
+    if (heads < 1 || kvHeads < 1 || allHeads % kvHeads || dim(q, 2) % heads ||
+        dim(k, 2) != kvHeads * (dim(q, 2) / heads))
+      return Status::error("grouped_attention: bad num_heads / num_kv_heads (corrupt plan)");
+    *s = {dim(q, 0), dim(q, 1), heads, kvHeads, dim(q, 2) / heads,
+          replicated.empty() ? 0 : shardStart(replicated, heads), allHeads / kvHeads, flag(in, "causal"),
+          ctx_.training ? float(f64(in, "dropout")) : 0.0f, ctx_.seed,
+          dropoutStream(i64(in, "stream"), flag(in, "rank_distinct_dropout"))};
+    return Status::ok();
+  }
+
   Status instruction(const plan::Instruction &in) {
     const std::string &op = in.op();
     auto out = [&](int k = 0) { return in.outputs(k); };
@@ -180,6 +196,29 @@ class Run {
         cpu::attentionForward(f(qkv), mask >= 0 ? f(mask) : nullptr, f(out()), s);
       else
         cpu::attentionBackward(f(qkv), mask >= 0 ? f(mask) : nullptr, f(inp(1)), f(out()), s);
+    } else if (op == "grouped_attention" || op == "grouped_attention_grad") {
+      cpu::GroupedAttentionShape s;
+      LOOM_RETURN_IF_ERROR(groupedAttentionShape(in, &s));
+      if (op == "grouped_attention")
+        cpu::groupedAttentionForward(f(inp(0)), f(inp(1)), f(inp(2)), f(out()), s);
+      else
+        cpu::groupedAttentionBackward(f(inp(0)), f(inp(1)), f(inp(2)), f(inp(3)), f(out(0)), f(out(1)), f(out(2)), s);
+    } else if (op == "rms_norm") {
+      int64_t n = dim(inp(0), -1);
+      cpu::rmsNormForward(f(inp(0)), f(inp(1)), f(out()), numel(inp(0)) / n, n, float(f64(in, "epsilon", 1e-6)));
+    } else if (op == "rms_norm_grad") {
+      int64_t n = dim(inp(0), -1);
+      cpu::rmsNormBackward(f(inp(0)), f(inp(1)), f(inp(2)), f(out(0)), f(out(1)), numel(inp(0)) / n, n,
+                           float(f64(in, "epsilon", 1e-6)));
+    } else if (op == "rotary") {
+      int64_t hd = i64(in, "head_dim");
+      if (hd < 2 || hd % 2 || dim(inp(0), 2) % hd) return Status::error("rotary: bad head_dim (corrupt plan)");
+      cpu::rotary(f(inp(0)), f(out()), dim(inp(0), 0), dim(inp(0), 1), dim(inp(0), 2) / hd, hd,
+                  float(f64(in, "theta")), flag(in, "inverse"));
+    } else if (op == "swiglu") {
+      cpu::swigluForward(f(inp(0)), f(inp(1)), f(out()), numel(inp(0)));
+    } else if (op == "swiglu_grad") {
+      cpu::swigluBackward(f(inp(0)), f(inp(1)), f(inp(2)), f(out(0)), f(out(1)), numel(inp(0)));
     } else if (op == "dropout") {
       cpu::dropoutForward(f(inp(0)), f(out()), numel(inp(0)), ctx_.training ? float(f64(in, "rate")) : 0.0f, ctx_.seed,
                           dropoutStream(i64(in, "stream"), flag(in, "rank_distinct")));

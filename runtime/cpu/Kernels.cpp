@@ -114,19 +114,17 @@ void dropoutForward(const float *x, float *y, int64_t count, float rate, uint64_
 
 namespace {
 
-// Softmax probabilities P[S,S] of one (batch, head), masked, before dropout.
-void attentionProbs(const float *qkv, const float *keyMask, float *p, const AttentionShape &s,
-                    int64_t b, int64_t h) {
-  int64_t hd = s.headDim, ld = 3 * s.heads * hd, S = s.seq;
-  const float *q = qkv + b * S * ld + h * 3 * hd;
-  const float *k = q + hd;
+// Softmax probabilities P[S,S] = softmax(q k^T / sqrt(hd) + mask) of one (batch, head), q and
+// k rows `ldq` and `ldk` floats apart, before dropout.
+void softmaxProbs(const float *q, int64_t ldq, const float *k, int64_t ldk, const float *keyMask, float *p,
+                  int64_t S, int64_t hd, bool causal, int64_t b) {
   float scale = 1.0f / std::sqrt(float(hd));
-  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, S, S, hd, scale, q, ld, k, ld, 0.0f, p, S);
+  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, S, S, hd, scale, q, ldq, k, ldk, 0.0f, p, S);
   const float ninf = -std::numeric_limits<float>::infinity();
   for (int64_t i = 0; i < S; ++i) {
     float *row = p + i * S;
     for (int64_t j = 0; j < S; ++j)
-      if ((s.causal && j > i) || (keyMask && keyMask[b * S + j] == 0.0f)) row[j] = ninf;
+      if ((causal && j > i) || (keyMask && keyMask[b * S + j] == 0.0f)) row[j] = ninf;
     float mx = ninf;
     for (int64_t j = 0; j < S; ++j) mx = std::max(mx, row[j]);
     if (mx == ninf) {  // every key masked: the row attends to nothing
@@ -140,14 +138,34 @@ void attentionProbs(const float *qkv, const float *keyMask, float *p, const Atte
   }
 }
 
-// Multiplies P by the dropout keep mask / (1 - rate), in place.
+void attentionProbs(const float *qkv, const float *keyMask, float *p, const AttentionShape &s,
+                    int64_t b, int64_t h) {
+  int64_t hd = s.headDim, ld = 3 * s.heads * hd, S = s.seq;
+  const float *q = qkv + b * S * ld + h * 3 * hd;
+  softmaxProbs(q, ld, q + hd, ld, keyMask, p, S, hd, s.causal, b);
+}
+
+// Multiplies P (or its gradient) of (batch b, head h) by the dropout keep mask / (1 - rate),
+// in place; the mask's counters are (b * heads + h) * S * S + i.
+void dropoutProbs(float *p, int64_t S, int64_t heads, int64_t b, int64_t h, float rate, uint64_t seed,
+                  uint64_t stream) {
+  if (rate <= 0) return;
+  uint64_t base = uint64_t((b * heads + h) * S) * S;
+  float scale = 1.0f / (1.0f - rate);
+  for (int64_t i = 0; i < S * S; ++i) p[i] = philoxUniform(seed, stream, base + i) >= rate ? p[i] * scale : 0.0f;
+}
+
 void applyAttentionDropout(float *p, const AttentionShape &s, int64_t b, int64_t h) {
-  if (s.dropout <= 0) return;
-  int64_t S = s.seq;
-  uint64_t base = uint64_t((b * s.heads + h) * S) * S;
-  float scale = 1.0f / (1.0f - s.dropout);
-  for (int64_t i = 0; i < S * S; ++i)
-    p[i] = philoxUniform(s.seed, s.stream, base + i) >= s.dropout ? p[i] * scale : 0.0f;
+  dropoutProbs(p, s.seq, s.heads, b, h, s.dropout, s.seed, s.stream);
+}
+
+// dP -> dS in place: dS = P * (dP - rowsum(P * dP)).
+void softmaxBackwardRows(const float *p, float *dp, int64_t S) {
+  for (int64_t i = 0; i < S; ++i) {
+    double dot = 0;
+    for (int64_t j = 0; j < S; ++j) dot += p[i * S + j] * dp[i * S + j];
+    for (int64_t j = 0; j < S; ++j) dp[i * S + j] = p[i * S + j] * (dp[i * S + j] - float(dot));
+  }
 }
 
 }  // namespace
@@ -183,20 +201,120 @@ void attentionBackward(const float *qkv, const float *keyMask, const float *g, f
       const float *gs = g + b * S * H + h * hd;
       cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, S, hd, S, 1.0f, d.data(), S, gs, H, 0.0f, dv, ld);
       cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, S, S, hd, 1.0f, gs, H, v, ld, 0.0f, dp.data(), S);
-      if (s.dropout > 0) {  // dD -> dP: the same mask, recomputed from the counter
-        uint64_t base = uint64_t((b * s.heads + h) * S) * S;
-        float inv = 1.0f / (1.0f - s.dropout);
-        for (int64_t i = 0; i < S * S; ++i)
-          dp[i] = philoxUniform(s.seed, s.stream, base + i) >= s.dropout ? dp[i] * inv : 0.0f;
-      }
-      for (int64_t i = 0; i < S; ++i) {
-        double dot = 0;
-        for (int64_t j = 0; j < S; ++j) dot += p[i * S + j] * dp[i * S + j];
-        for (int64_t j = 0; j < S; ++j) dp[i * S + j] = p[i * S + j] * (dp[i * S + j] - float(dot));
-      }
+      applyAttentionDropout(dp.data(), s, b, h);  // dD -> dP: the same mask, from the counter
+      softmaxBackwardRows(p.data(), dp.data(), S);
       cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, S, hd, S, scale, dp.data(), S, k, ld, 0.0f, dq, ld);
       cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, S, hd, S, scale, dp.data(), S, q, ld, 0.0f, dk, ld);
     }
+}
+
+int64_t GroupedAttentionShape::kvHeadOf(int64_t h) const { return (firstHead + h) / headsPerKv; }
+
+void groupedAttentionForward(const float *q, const float *k, const float *v, float *out,
+                             const GroupedAttentionShape &s) {
+  int64_t hd = s.headDim, S = s.seq, ldq = s.heads * hd, ldkv = s.kvHeads * hd;
+  std::vector<float> p(S * S);
+  for (int64_t b = 0; b < s.batch; ++b)
+    for (int64_t h = 0; h < s.heads; ++h) {
+      int64_t kv = s.kvHeadOf(h);
+      const float *qh = q + b * S * ldq + h * hd, *kh = k + b * S * ldkv + kv * hd, *vh = v + b * S * ldkv + kv * hd;
+      softmaxProbs(qh, ldq, kh, ldkv, nullptr, p.data(), S, hd, s.causal, b);
+      dropoutProbs(p.data(), S, s.heads, b, h, s.dropout, s.seed, s.stream);
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, S, hd, S, 1.0f, p.data(), S, vh, ldkv, 0.0f,
+                  out + b * S * ldq + h * hd, ldq);
+    }
+}
+
+// As attentionBackward, per query head; a KV head's dK and dV sum over its query heads.
+void groupedAttentionBackward(const float *q, const float *k, const float *v, const float *g, float *dq, float *dk,
+                              float *dv, const GroupedAttentionShape &s) {
+  int64_t hd = s.headDim, S = s.seq, ldq = s.heads * hd, ldkv = s.kvHeads * hd;
+  float scale = 1.0f / std::sqrt(float(hd));
+  std::fill(dk, dk + s.batch * S * ldkv, 0.0f);
+  std::fill(dv, dv + s.batch * S * ldkv, 0.0f);
+  std::vector<float> p(S * S), d(S * S), dp(S * S);
+  for (int64_t b = 0; b < s.batch; ++b)
+    for (int64_t h = 0; h < s.heads; ++h) {
+      int64_t kv = s.kvHeadOf(h), qo = b * S * ldq + h * hd, kvo = b * S * ldkv + kv * hd;
+      softmaxProbs(q + qo, ldq, k + kvo, ldkv, nullptr, p.data(), S, hd, s.causal, b);
+      d = p;
+      dropoutProbs(d.data(), S, s.heads, b, h, s.dropout, s.seed, s.stream);
+      cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, S, hd, S, 1.0f, d.data(), S, g + qo, ldq, 1.0f, dv + kvo,
+                  ldkv);
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, S, S, hd, 1.0f, g + qo, ldq, v + kvo, ldkv, 0.0f,
+                  dp.data(), S);
+      dropoutProbs(dp.data(), S, s.heads, b, h, s.dropout, s.seed, s.stream);
+      softmaxBackwardRows(p.data(), dp.data(), S);
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, S, hd, S, scale, dp.data(), S, k + kvo, ldkv, 0.0f,
+                  dq + qo, ldq);
+      cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, S, hd, S, scale, dp.data(), S, q + qo, ldq, 1.0f, dk + kvo,
+                  ldkv);
+    }
+}
+
+void rmsNormForward(const float *x, const float *gamma, float *y, int64_t rows, int64_t n, float eps) {
+  for (int64_t r = 0; r < rows; ++r) {
+    const float *xr = x + r * n;
+    double ss = 0;
+    for (int64_t i = 0; i < n; ++i) ss += double(xr[i]) * xr[i];
+    float rstd = float(1.0 / std::sqrt(ss / n + eps));
+    for (int64_t i = 0; i < n; ++i) y[r * n + i] = xr[i] * rstd * gamma[i];
+  }
+}
+
+void rmsNormBackward(const float *x, const float *gamma, const float *g, float *dx, float *dgamma, int64_t rows,
+                     int64_t n, float eps) {
+  std::fill(dgamma, dgamma + n, 0.0f);
+  for (int64_t r = 0; r < rows; ++r) {
+    const float *xr = x + r * n, *gr = g + r * n;
+    double ss = 0, dot = 0;
+    for (int64_t i = 0; i < n; ++i) ss += double(xr[i]) * xr[i];
+    double rstd = 1.0 / std::sqrt(ss / n + eps);
+    for (int64_t i = 0; i < n; ++i) {
+      dot += double(gr[i]) * gamma[i] * xr[i] * rstd;
+      dgamma[i] += float(gr[i] * xr[i] * rstd);
+    }
+    double mean = dot / n;
+    for (int64_t i = 0; i < n; ++i) dx[r * n + i] = float(rstd * (gr[i] * gamma[i] - xr[i] * rstd * mean));
+  }
+}
+
+void rotary(const float *x, float *y, int64_t batch, int64_t seq, int64_t heads, int64_t headDim, float theta,
+            bool inverse) {
+  int64_t half = headDim / 2, width = heads * headDim;
+  std::vector<float> cosT(seq * half), sinT(seq * half);
+  for (int64_t s = 0; s < seq; ++s)
+    for (int64_t j = 0; j < half; ++j) {
+      double angle = double(s) * std::pow(double(theta), -2.0 * double(j) / double(headDim));
+      cosT[s * half + j] = float(std::cos(angle));
+      sinT[s * half + j] = float(inverse ? -std::sin(angle) : std::sin(angle));
+    }
+  for (int64_t b = 0; b < batch; ++b)
+    for (int64_t s = 0; s < seq; ++s)
+      for (int64_t h = 0; h < heads; ++h) {
+        const float *xr = x + (b * seq + s) * width + h * headDim;
+        float *yr = y + (b * seq + s) * width + h * headDim;
+        for (int64_t j = 0; j < half; ++j) {
+          float c = cosT[s * half + j], sn = sinT[s * half + j], x1 = xr[j], x2 = xr[j + half];
+          yr[j] = x1 * c - x2 * sn;
+          yr[j + half] = x2 * c + x1 * sn;
+        }
+      }
+}
+
+void swigluForward(const float *gate, const float *up, float *y, int64_t count) {
+  for (int64_t i = 0; i < count; ++i) {
+    float sig = 1.0f / (1.0f + std::exp(-gate[i]));
+    y[i] = gate[i] * sig * up[i];
+  }
+}
+
+void swigluBackward(const float *gate, const float *up, const float *g, float *dgate, float *dup, int64_t count) {
+  for (int64_t i = 0; i < count; ++i) {
+    float x = gate[i], sig = 1.0f / (1.0f + std::exp(-x));
+    dup[i] = g[i] * x * sig;
+    dgate[i] = g[i] * up[i] * sig * (1.0f + x * (1.0f - sig));
+  }
 }
 
 void embeddingForward(const int32_t *tokens, const float *word, const float *position, float *out,

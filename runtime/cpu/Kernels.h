@@ -42,6 +42,38 @@ void attentionForward(const float *qkv, const float *keyMask, float *out, const 
 void attentionBackward(const float *qkv, const float *keyMask, const float *g, float *dqkv,
                        const AttentionShape &s);
 
+// Grouped-query attention over q [B,S,heads*hd] and k, v [B,S,kvHeads*hd]: local query head h
+// uses KV head (firstHead + h) / headsPerKv (firstHead: the global index of this rank's first
+// query head when k and v hold every KV head; 0 when they are split alike). Causal or not,
+// dropout on the probabilities as in attentionForward.
+struct GroupedAttentionShape {
+  int64_t batch, seq, heads, kvHeads, headDim;
+  int64_t firstHead, headsPerKv;
+  bool causal;
+  float dropout;
+  uint64_t seed, stream;
+  int64_t kvHeadOf(int64_t h) const;
+};
+void groupedAttentionForward(const float *q, const float *k, const float *v, float *out,
+                             const GroupedAttentionShape &s);
+void groupedAttentionBackward(const float *q, const float *k, const float *v, const float *g, float *dq, float *dk,
+                              float *dv, const GroupedAttentionShape &s);
+
+// RMS norm over rows of length n: y = x / sqrt(mean(x^2) + eps) * gamma; the backward
+// recomputes the statistic.
+void rmsNormForward(const float *x, const float *gamma, float *y, int64_t rows, int64_t n, float eps);
+void rmsNormBackward(const float *x, const float *gamma, const float *g, float *dx, float *dgamma, int64_t rows,
+                     int64_t n, float eps);
+
+// Rotary embedding (rotate-half) of x [B,S,heads*hd] at positions 0..S-1 with frequencies
+// theta^(-2j/hd); `inverse` rotates by the opposite angle (the gradient).
+void rotary(const float *x, float *y, int64_t batch, int64_t seq, int64_t heads, int64_t headDim, float theta,
+            bool inverse);
+
+// y = silu(gate) * up; the backward gives dgate and dup.
+void swigluForward(const float *gate, const float *up, float *y, int64_t count);
+void swigluBackward(const float *gate, const float *up, const float *g, float *dgate, float *dup, int64_t count);
+
 // out[t, :] = word[tokens[t] - rowStart, :] for tokens inside [rowStart, rowStart + rows),
 // else 0; then + position[t % seq, :] when position is given.
 void embeddingForward(const int32_t *tokens, const float *word, const float *position, float *out,

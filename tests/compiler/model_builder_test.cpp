@@ -35,6 +35,23 @@ int64_t bertParameters(const config::ModelConfig &m, int64_t vocab) {
   return gptParameters(m, vocab) + h * h + h + 2 * h + vocab;
 }
 
+// LLaMA: embedding V h (+ V h untied output), per layer q and o h^2 each, k and v h * kv * hd
+// each, gate, up and down 3 h f, two RMSNorm weights 2h; the final RMSNorm h. No biases.
+int64_t llamaParameters(const config::ModelConfig &m, int64_t vocab) {
+  int64_t h = m.hidden_size(), f = m.ffn_hidden_size(), l = m.num_layers();
+  int64_t kv = m.num_key_value_heads() * (h / m.num_attention_heads());
+  int64_t layer = 2 * h * h + 2 * h * kv + 3 * h * f + 2 * h;
+  return vocab * h * (m.tie_word_embeddings() ? 1 : 2) + l * layer + h;
+}
+
+int64_t closedFormParameters(const config::ModelConfig &m, int64_t vocab) {
+  switch (m.architecture()) {
+    case config::BERT: return bertParameters(m, vocab);
+    case config::LLAMA: return llamaParameters(m, vocab);
+    default: return gptParameters(m, vocab);
+  }
+}
+
 struct Case {
   const char *name;
   int64_t publishedParameters;  // 0 where no exact published figure exists
@@ -46,8 +63,7 @@ class ExampleModels : public ::testing::TestWithParam<Case> {};
 // for t (to a multiple of 128 t), adding only padding rows.
 TEST_P(ExampleModels, ParameterCountsMatchClosedForm) {
   config::ModelConfig cfg = load(GetParam().name);
-  bool bert = cfg.architecture() == config::BERT;
-  int64_t unpadded = bert ? bertParameters(cfg, cfg.vocab_size()) : gptParameters(cfg, cfg.vocab_size());
+  int64_t unpadded = closedFormParameters(cfg, cfg.vocab_size());
   mlir::MLIRContext ctx;
   {
     mlir::OwningOpRef<mlir::ModuleOp> module = buildModel(ctx, cfg, {});
@@ -67,8 +83,7 @@ TEST_P(ExampleModels, ParameterCountsMatchClosedForm) {
     EXPECT_EQ(padded % (128 * t), 0);
     EXPECT_GE(padded, cfg.vocab_size());
     EXPECT_LT(padded - cfg.vocab_size(), 128 * t);
-    EXPECT_EQ(stats.parameters, bert ? bertParameters(cfg, padded) : gptParameters(cfg, padded))
-        << GetParam().name << " t=" << t;
+    EXPECT_EQ(stats.parameters, closedFormParameters(cfg, padded)) << GetParam().name << " t=" << t;
     EXPECT_EQ(stats.parametersWithoutPadding(), unpadded) << GetParam().name << " t=" << t;
   }
 }
@@ -95,7 +110,10 @@ INSTANTIATE_TEST_SUITE_P(
                       // 12 l h^2 + 13 l h + (V + s) h + 2 h with l 24, h 2048, V 50304, s 2048
                       Case{"gpt-1.3b", 1315819520},
                       Case{"megatron-8.3b", 0}, Case{"gpt3-175b", 0}, Case{"gpt-1t", 0},
-                      Case{"bert-tiny", 0}, Case{"bert-large", 0}),
+                      Case{"bert-tiny", 0}, Case{"bert-large", 0}, Case{"llama-tiny", 0},
+                      // Published counts (Hugging Face configs of Meta's releases).
+                      Case{"llama-3.2-1b", 1235814400}, Case{"llama-2-7b", 6738415616},
+                      Case{"llama-3-8b", 8030261248}, Case{"llama-3-70b", 70553706496}),
     [](const auto &info) {
       std::string n = info.param.name;
       for (char &c : n)
