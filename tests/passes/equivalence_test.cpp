@@ -1,6 +1,6 @@
 // The passes preserve the math: the tensor-parallel and data-parallel programs, run as t or
 // d ranks (threads) in the reference interpreter, reproduce the single-device loss and every
-// gradient of gpt-tiny and bert-tiny (fp32, relative error < 1e-5); autodiff's gradients
+// gradient of gpt-tiny, bert-tiny and llama-tiny (fp32, relative error < 1e-5); autodiff's gradients
 // agree with finite differences of the loss.
 #include <gtest/gtest.h>
 
@@ -59,7 +59,9 @@ TEST_P(TensorParallel, MatchesSingleDevice) {
   Reference ref = runReference(ctx, model, 2);
 
   auto m = buildExample(ctx, model, 2);
-  ASSERT_TRUE(succeeded(runPipeline(*m, "loom-tensor-parallel{tp=" + std::to_string(t) + "},loom-autodiff")));
+  // loom-data-parallel with d = 1 sums partial gradients over tp (replicated KV heads).
+  ASSERT_TRUE(succeeded(
+      runPipeline(*m, "loom-tensor-parallel{tp=" + std::to_string(t) + "},loom-autodiff,loom-data-parallel{dp=1}")));
   ASSERT_TRUE(succeeded(mlir::verify(*m)));
   mlir::func::FuncOp f = trainStep(*m);
   auto argsOf = [&](int rank) {
@@ -92,7 +94,8 @@ TEST_P(TensorParallel, MatchesSingleDevice) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Models, TensorParallel,
-                         ::testing::Combine(::testing::Values("gpt-tiny", "bert-tiny"), ::testing::Values(2, 4)),
+                         ::testing::Combine(::testing::Values("gpt-tiny", "bert-tiny", "llama-tiny"),
+                                            ::testing::Values(2, 4)),
                          [](const auto &info) {
                            std::string n = std::get<0>(info.param) + "_t" + std::to_string(std::get<1>(info.param));
                            for (char &c : n) c = isalnum(c) ? c : '_';
@@ -126,7 +129,8 @@ TEST(DataParallel, TwoReplicasMatchTheWholeBatch) {
 TEST(Autodiff, GradientsMatchFiniteDifferences) {
   // Dropout masks come from a counter-based generator, so the loss is a deterministic
   // function of the parameters with dropout on too, and its rule is checked as well.
-  for (auto [model, dropout] : {std::pair{"gpt-tiny", 0.0f}, {"bert-tiny", 0.0f}, {"gpt-tiny", 0.1f}}) {
+  for (auto [model, dropout] :
+       {std::pair{"gpt-tiny", 0.0f}, {"bert-tiny", 0.0f}, {"gpt-tiny", 0.1f}, {"llama-tiny", 0.0f}, {"llama-tiny", 0.1f}}) {
     mlir::MLIRContext ctx;
     auto fwd = buildExample(ctx, model, 1, dropout);
     auto bwd = buildExample(ctx, model, 1, dropout);
@@ -145,7 +149,7 @@ TEST(Autodiff, GradientsMatchFiniteDifferences) {
       for (size_t i = 0; i < g.size(); ++i) gnorm += double(g[i]) * g[i], r[i] = normal(rng), rnorm += r[i] * r[i];
       for (size_t i = 0; i < g.size(); ++i) v[i] = 0.8 * g[i] / std::sqrt(gnorm) + 0.2 * r[i] / std::sqrt(rnorm);
       for (double x : v) vnorm += x * x;
-      double eps = 1e-2, analytic = 0;
+      double eps = 3e-3, analytic = 0;  // small: LLaMA's rotary softmax logits curve more than GPT's
       for (size_t i = 0; i < g.size(); ++i) analytic += double(g[i]) * v[i] / std::sqrt(vnorm);
       auto lossAt = [&](double sign) {
         std::vector<HostTensor> a = args;

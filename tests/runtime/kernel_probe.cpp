@@ -62,6 +62,36 @@ int main(int argc, char **argv) {
     O["y"] = like(g), O["dqkv"] = like(qkv);
     loom::cpu::attentionForward(qkv.data.data(), mask, O["y"].data.data(), s);
     loom::cpu::attentionBackward(qkv.data.data(), mask, g.data.data(), O["dqkv"].data.data(), s);
+  } else if (op == "rms_norm") {
+    HostTensor &x = T["x"], &gamma = T["gamma"], &g = T["g"];
+    int64_t n = last(x), rows = x.numel() / n;
+    O["y"] = like(x), O["dx"] = like(x), O["dgamma"] = like(gamma);
+    loom::cpu::rmsNormForward(x.data.data(), gamma.data.data(), O["y"].data.data(), rows, n, float(meta("eps")));
+    loom::cpu::rmsNormBackward(x.data.data(), gamma.data.data(), g.data.data(), O["dx"].data.data(),
+                               O["dgamma"].data.data(), rows, n, float(meta("eps")));
+  } else if (op == "rotary") {
+    HostTensor &x = T["x"], &g = T["g"];
+    int64_t hd = int64_t(meta("head_dim"));
+    O["y"] = like(x), O["dx"] = like(x);
+    loom::cpu::rotary(x.data.data(), O["y"].data.data(), x.shape[0], x.shape[1], x.shape[2] / hd, hd,
+                      float(meta("theta")), false);
+    loom::cpu::rotary(g.data.data(), O["dx"].data.data(), x.shape[0], x.shape[1], x.shape[2] / hd, hd,
+                      float(meta("theta")), true);
+  } else if (op == "swiglu") {
+    HostTensor &gate = T["gate"], &up = T["up"], &g = T["g"];
+    O["y"] = like(gate), O["dgate"] = like(gate), O["dup"] = like(up);
+    loom::cpu::swigluForward(gate.data.data(), up.data.data(), O["y"].data.data(), gate.numel());
+    loom::cpu::swigluBackward(gate.data.data(), up.data.data(), g.data.data(), O["dgate"].data.data(),
+                              O["dup"].data.data(), gate.numel());
+  } else if (op == "grouped_attention") {
+    HostTensor &q = T["q"], &k = T["k"], &v = T["v"], &g = T["g"];
+    int64_t heads = int64_t(meta("heads")), kvHeads = int64_t(meta("kv_heads"));
+    loom::cpu::GroupedAttentionShape s{q.shape[0], q.shape[1], heads, kvHeads, q.shape[2] / heads, 0,
+                                       heads / kvHeads, meta("causal") != 0, 0.0f, 0, 0};
+    O["y"] = like(q), O["dq"] = like(q), O["dk"] = like(k), O["dv"] = like(v);
+    loom::cpu::groupedAttentionForward(q.data.data(), k.data.data(), v.data.data(), O["y"].data.data(), s);
+    loom::cpu::groupedAttentionBackward(q.data.data(), k.data.data(), v.data.data(), g.data.data(),
+                                        O["dq"].data.data(), O["dk"].data.data(), O["dv"].data.data(), s);
   } else if (op == "embedding") {
     HostTensor &tok = T["tokens"], &word = T["word"], &pos = T["position"], &g = T["g"];
     int64_t hidden = word.shape[1];

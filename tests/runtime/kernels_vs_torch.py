@@ -97,6 +97,57 @@ r = probe("gelu", dict(x=x, g=g))
 check("gelu.y", r["y"], y)
 check("gelu.dx", r["dx"], grads(y, g, (x,))[0])
 
+# RMS norm, as Hugging Face's LlamaRMSNorm: x * rsqrt(mean(x^2) + eps) * weight
+x = torch.randn(3, 7, 32, requires_grad=True)
+gamma = torch.randn(32, requires_grad=True)
+y = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-5) * gamma
+g = torch.randn_like(y)
+r = probe("rms_norm", dict(x=x, gamma=gamma, g=g), eps=1e-5)
+for k, want in zip(("y", "dx", "dgamma"), (y, *grads(y, g, (x, gamma)))):
+    check(f"rms_norm.{k}", r[k], want)
+
+# rotary embedding, as Hugging Face's LlamaRotaryEmbedding + apply_rotary_pos_emb (rotate_half)
+B, S, H, D, theta = 2, 11, 3, 8, 10000.0
+x = torch.randn(B, S, H * D, requires_grad=True)
+inv_freq = 1.0 / (theta ** (torch.arange(0, D, 2, dtype=torch.float64) / D))
+freqs = torch.outer(torch.arange(S, dtype=torch.float64), inv_freq)
+emb = torch.cat((freqs, freqs), dim=-1)
+cos, sin = emb.cos().float()[None, :, None, :], emb.sin().float()[None, :, None, :]
+xh = x.view(B, S, H, D)
+rotate_half = torch.cat((-xh[..., D // 2:], xh[..., : D // 2]), dim=-1)
+y = (xh * cos + rotate_half * sin).reshape(B, S, H * D)
+g = torch.randn_like(y)
+r = probe("rotary", dict(x=x, g=g), head_dim=D, theta=theta)
+check("rotary.y", r["y"], y)
+check("rotary.dx", r["dx"], grads(y, g, (x,))[0])
+
+# SwiGLU: silu(gate) * up
+gate = torch.randn(4, 50, requires_grad=True)
+up = torch.randn(4, 50, requires_grad=True)
+y = F.silu(gate) * up
+g = torch.randn_like(y)
+r = probe("swiglu", dict(gate=gate, up=up, g=g))
+for k, want in zip(("y", "dgate", "dup"), (y, *grads(y, g, (gate, up)))):
+    check(f"swiglu.{k}", r[k], want)
+
+# grouped-query attention: KV heads repeated for their query heads (Hugging Face's repeat_kv)
+for causal, kv_heads in ((1, 2), (0, 1), (1, 4)):
+    B, S, H, D = 2, 9, 4, 8
+    q = torch.randn(B, S, H * D, requires_grad=True)
+    k = torch.randn(B, S, kv_heads * D, requires_grad=True)
+    v = torch.randn(B, S, kv_heads * D, requires_grad=True)
+    qh = q.view(B, S, H, D).transpose(1, 2)
+    kh = k.view(B, S, kv_heads, D).transpose(1, 2).repeat_interleave(H // kv_heads, dim=1)
+    vh = v.view(B, S, kv_heads, D).transpose(1, 2).repeat_interleave(H // kv_heads, dim=1)
+    scores = qh @ kh.transpose(-1, -2) / D**0.5
+    if causal:
+        scores = scores.masked_fill(torch.ones(S, S).triu(1).bool(), float("-inf"))
+    y = (scores.softmax(-1) @ vh).transpose(1, 2).reshape(B, S, H * D)
+    g = torch.randn_like(y)
+    r = probe("grouped_attention", dict(q=q, k=k, v=v, g=g), heads=H, kv_heads=kv_heads, causal=causal)
+    for name, want in zip(("y", "dq", "dk", "dv"), (y, *grads(y, g, (q, k, v)))):
+        check(f"grouped_attention[kv={kv_heads},causal={causal}].{name}", r[name], want)
+
 # attention core: qkv laid out [heads, 3, head_dim] per token
 for causal, masked in ((1, False), (0, True)):
     B, S, H, D = 2, 9, 3, 8
