@@ -15,6 +15,7 @@
 #include "compiler/ToolSupport.h"
 #include "runtime/Executor.h"
 #include "runtime/HfGpt2.h"
+#include "runtime/HfLlama.h"
 #include "runtime/Safetensors.h"
 #include "runtime/control/Flags.h"
 #include "runtime/data/Bpe.h"
@@ -27,7 +28,7 @@ int main(int argc, char **argv) {
     if (!flags.has(f)) return flags.fail(std::string("--") + f + " is required");
   auto cfg = loom::loadModelConfig(flags.get("model"));
   if (!cfg) return loom::reportError("loom-generate", cfg.takeError());
-  if (cfg->architecture() != loom::config::GPT) return flags.fail("only GPT models generate text");
+  if (cfg->architecture() == loom::config::BERT) return flags.fail("a BERT encoder does not generate text");
   std::unique_ptr<loom::BpeTokenizer> bpe;
   if (loom::Status s = loom::BpeTokenizer::load(flags.get("vocab"), flags.get("merges"), &bpe); !s.isOk())
     return flags.fail(s.message());
@@ -43,7 +44,10 @@ int main(int argc, char **argv) {
   // The built IR has the tokenizer's vocabulary (no padding pass runs for generation).
   int64_t padded = cfg->vocab_size(), seq = cfg->seq_length();
   std::map<std::string, loom::HostTensor> params;
-  if (loom::Status s = loom::fromHuggingFaceGpt2(file.tensors, padded, cfg->num_attention_heads(), &params); !s.isOk())
+  loom::Status read = cfg->architecture() == loom::config::LLAMA
+                          ? loom::fromHuggingFaceLlama(file.tensors, padded, cfg->tie_word_embeddings(), &params)
+                          : loom::fromHuggingFaceGpt2(file.tensors, padded, cfg->num_attention_heads(), &params);
+  if (loom::Status s = read; !s.isOk())
     return flags.fail(flags.get("weights") + ": " + s.message());
 
   std::vector<int32_t> tokens = bpe->encode(flags.get("prompt", "The"));

@@ -6,9 +6,11 @@
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
+#include <fstream>
 #include <set>
 
 #include "runtime/Checkpoint.h"
+#include "runtime/HfConfig.h"
 #include "runtime/HfGpt2.h"
 #include "runtime/Safetensors.h"
 #include "runtime/Shards.h"
@@ -212,15 +214,34 @@ Status TrainingLoop::exportModel() {
   }
   SafetensorsFile out;
   out.metadata["format"] = "pt";
-  // A GPT in the builder's names is written as Hugging Face GPT2LMHeadModel; any other IR
-  // keeps its own parameter names and layout.
-  bool gpt2 = p.architecture() == "gpt" && global.count("transformer.wte.weight");
-  out.tensors = gpt2 ? toHuggingFaceGpt2(global, p.vocab_size(), p.num_attention_heads()) : global;
-  for (const std::string &copy : tiedCopies) out.tensors.erase(copy);  // the twin holds the same values
+  // A model in the builder's names is written as Hugging Face GPT2LMHeadModel or
+  // LlamaForCausalLM, with the config.json that class reads beside it (save_pretrained's
+  // layout); any other IR keeps its own parameter names and layout.
+  for (const std::string &copy : tiedCopies) global.erase(copy);  // the twin holds the same values
+  HfModelClass cls = hfModelClassOf(p, global.count("transformer.wte.weight") > 0,
+                                    global.count("model.embed_tokens.weight") > 0);
+  out.tensors = cls == HfModelClass::kGpt2 ? toHuggingFaceGpt2(global, p.vocab_size(), p.num_attention_heads()) : global;
   LOOM_RETURN_IF_ERROR(writeSafetensors(opt_.exportPath, out));
+  std::string config;
+  if (cls != HfModelClass::kNone) {
+    std::filesystem::path dir = std::filesystem::path(opt_.exportPath).parent_path();
+    config = (dir.empty() ? std::filesystem::path("config.json") : dir / "config.json").string();
+    std::string tmp = config + ".tmp";
+    {
+      std::ofstream f(tmp, std::ios::binary);
+      f << hfConfigJson(p, cls);
+      if (!f) return Status::error(config + ": cannot write");
+    }
+    std::error_code ec;
+    std::filesystem::rename(tmp, config, ec);
+    if (ec) return Status::error(config + ": cannot write: " + ec.message());
+  }
   if (opt_.save.empty()) std::filesystem::remove_all(root);
-  std::printf(" exported %zu tensors (%s) to %s\n", out.tensors.size(),
-              gpt2 ? "Hugging Face GPT-2 names" : "the IR's parameter names", opt_.exportPath.c_str());
+  std::printf(" exported %zu tensors (%s) to %s%s\n", out.tensors.size(),
+              cls == HfModelClass::kGpt2    ? "Hugging Face GPT2LMHeadModel"
+              : cls == HfModelClass::kLlama ? "Hugging Face LlamaForCausalLM"
+                                            : "the IR's parameter names",
+              opt_.exportPath.c_str(), config.empty() ? "" : (", " + config).c_str());
   return Status::ok();
 }
 

@@ -27,6 +27,7 @@
 #include "runtime/GlooCollectives.h"
 #include "runtime/Safetensors.h"
 #include "runtime/HfGpt2.h"
+#include "runtime/HfLlama.h"
 #include "runtime/Trainer.h"
 #include "runtime/cuda/CudaKernels.h"
 #include "runtime/cuda/CudaRankTrainer.h"
@@ -275,8 +276,10 @@ int main(int argc, char **argv) {
     loom::SafetensorsFile hf;
     std::map<std::string, loom::HostTensor> global;
     if (s = loom::readSafetensors(flags.get("init-from"), &hf); !s.isOk()) return fail(s.message());
-    if (s = loom::fromHuggingFaceGpt2(hf.tensors, plan.padded_vocab_size(), plan.num_attention_heads(), &global);
-        !s.isOk() || !(s = trainer->loadGlobalParameters(global)).isOk())
+    s = plan.architecture() == "llama"
+            ? loom::fromHuggingFaceLlama(hf.tensors, plan.padded_vocab_size(), plan.tie_word_embeddings(), &global)
+            : loom::fromHuggingFaceGpt2(hf.tensors, plan.padded_vocab_size(), plan.num_attention_heads(), &global);
+    if (!s.isOk() || !(s = trainer->loadGlobalParameters(global)).isOk())
       return fail(flags.get("init-from") + ": " + s.message());
   }
   loom::TrainingLoop loop(*trainer, client, valid.get(), lopt, &job.step);

@@ -1,6 +1,6 @@
 #!/bin/bash
-# The CI subset of the equivalence oracle (tests/oracle/run_oracle.py --configs all runs the
-# whole matrix).
+# The CI subsets of the equivalence oracle for both families (tests/oracle/run_oracle.py
+# --configs all runs the whole matrix).
 set -euo pipefail
 root="${TEST_SRCDIR}/${TEST_WORKSPACE}"
 bin="${TEST_TMPDIR}/bin"
@@ -10,6 +10,11 @@ for tool in compiler/loomc runtime/loomrun runtime/loom-rank runtime/loom-coord;
 done
 /usr/bin/python3 "$root/tests/oracle/run_oracle.py" --bin "$bin" \
   --model "$root/examples/models/gpt-tiny.pbtxt" --work "${TEST_TMPDIR}/oracle" --steps 10 --configs ci
+
+# The LLaMA family (llama-tiny: 4 heads, 2 KV heads, untied embeddings) against an
+# independent PyTorch LLaMA (llama_oracle.py), its own CI subset.
+/usr/bin/python3 "$root/tests/oracle/run_oracle.py" --bin "$bin" \
+  --model "$root/examples/models/llama-tiny.pbtxt" --work "${TEST_TMPDIR}/oracle-llama" --steps 10 --configs ci
 
 # IR edited by hand is what gets compiled and trained: gpt-tiny's IR with every attention
 # op's head count changed from 4 to 2 (heads of 32) and any module attribute removed, against

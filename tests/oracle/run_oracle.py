@@ -17,6 +17,7 @@ compiled as it is, so only the configurations with its vocabulary run.
 """
 import argparse
 import glob
+import json
 import math
 import os
 import re
@@ -28,6 +29,7 @@ import time
 import torch
 
 from gpt_oracle import Gpt2, read_safetensors
+from llama_oracle import Llama
 
 # (t, p, d, v, micro-batches m, schedule, recompute, vocab[, zero1[, sequence parallel]])
 CONFIGS = {
@@ -57,11 +59,15 @@ CONFIGS = {
     "t4p1d1-sequence-parallel-odd-vocab": (4, 1, 1, 1, 1, "", "RECOMPUTE_NONE", 997, False, True),
     "t2p2d2-sequence-parallel-zero1": (2, 2, 2, 1, 2, "ONE_F_ONE_B", "RECOMPUTE_NONE", 1000, True, True),
 }
-# The representative subset CI runs (the full matrix: --configs all).
+# The representative subset CI runs (the full matrix: --configs all); for the LLaMA family
+# (llama-tiny: 2 KV heads, split for t = 2, replicated for t = 4) its own.
 CI_CONFIGS = ["t1p1d1", "t2p1d1", "t4p1d1-odd-vocab", "t1p2d1-1f1b", "t1p2d1-gpipe", "t1p1d2", "t2p2d1-1f1b",
               "t2p1d2", "t1p2d2-1f1b", "t2p2d2-1f1b", "t1p2d1v2-interleaved", "t2p2d1-recompute-full",
               "t1p1d1-accumulate-m4", "t2p2d2-zero1", "t2p1d1-sequence-parallel",
               "t2p2d2-sequence-parallel-zero1"]
+LLAMA_CI_CONFIGS = ["t1p1d1", "t2p1d1", "t4p1d1-odd-vocab", "t1p2d1-1f1b", "t2p2d1-1f1b", "t1p1d2", "t2p1d2",
+                    "t1p2d1v2-interleaved", "t2p2d1-recompute-full", "t2p2d2-zero1", "t2p1d1-sequence-parallel",
+                    "t4p1d1-sequence-parallel-odd-vocab"]
 MICRO_BATCH, LR, MIN_LR, WARMUP = 2, 3e-3, 3e-4, 3
 # Adam's epsilon: with Megatron's 1e-8, the rounding noise of gradients that are zero in exact
 # arithmetic (the attention key bias: softmax ignores a constant shift) becomes full-size
@@ -123,8 +129,8 @@ def lr_at(it, steps):  # Megatron: linear warm-up, then cosine down to the minim
 
 
 def loom_to_hf_grad(name, g, vocab, heads):
-    """A Loom gradient (Loom layout: padded vocabulary, QKV grouped per head) in HF layout."""
-    if name == "transformer.wte.weight":
+    """A Loom gradient (Loom layout: padded vocabulary, GPT's QKV grouped per head) in HF layout."""
+    if name in ("transformer.wte.weight", "model.embed_tokens.weight", "lm_head.weight"):
         return g[:vocab]
     if ".attn.c_attn." in name:
         cols = g.shape[-1]
@@ -182,9 +188,15 @@ def check_config(args, name, cfg, failures):
     seconds = time.time() - started
 
     weights, _ = read_safetensors(init)
-    layers = 1 + max(int(k.split(".")[2]) for k in weights if k.startswith("transformer.h."))
-    heads = args.heads
-    oracle = Gpt2(weights, layers, heads)
+    # The Hugging Face class named by the config.json written beside the export.
+    with open(os.path.join(work, "config.json")) as f:
+        hf_config = json.load(f)
+    if hf_config.get("architectures") == ["LlamaForCausalLM"]:
+        oracle, heads = Llama(weights, hf_config), hf_config["num_attention_heads"]
+    else:
+        layers = 1 + max(int(k.split(".")[2]) for k in weights if k.startswith("transformer.h."))
+        heads = args.heads
+        oracle = Gpt2(weights, layers, heads)
     params = oracle.parameters()
     decay = [q for k, q in params.items() if q.dim() >= 2]
     no_decay = [q for k, q in params.items() if q.dim() < 2]
@@ -243,7 +255,9 @@ def main():
     ap.add_argument("--steps", type=int, default=10)
     ap.add_argument("--configs", default="ci", help="ci | all | comma-separated names")
     args = ap.parse_args()
-    names = CI_CONFIGS if args.configs == "ci" else list(CONFIGS) if args.configs == "all" else args.configs.split(",")
+    llama = "architecture: LLAMA" in open(args.model).read() or "loom.grouped_attention" in open(args.model).read()
+    ci = LLAMA_CI_CONFIGS if llama else CI_CONFIGS
+    names = ci if args.configs == "ci" else list(CONFIGS) if args.configs == "all" else args.configs.split(",")
     failures, skipped = [], 0
     for name in names:
         try:

@@ -112,6 +112,52 @@ TEST(Runtime, HandWrittenIrTrainsAlikeInEveryLayout) {
   EXPECT_EQ(first.size(), 3u);
 }
 
+// An export is a Hugging Face checkpoint: the safetensors file plus the config.json its class
+// reads, side by side. A LLaMA export loads back with --init-from, in another layout, to the
+// same losses; a GPT export names GPT2LMHeadModel.
+TEST(Runtime, ExportsCarryConfigJsonAndLoadBack) {
+  std::string llama = runfile("examples/models/llama-tiny.pbtxt"), dir = tmpdir() + "/llama_export";
+  std::vector<std::string> logs;
+  for (auto [cluster, world, from] : {std::tuple{"t2p1d1", 2, false}, {"t1p2d1", 2, true}}) {
+    std::string plans = tmpdir() + "/plans_llama_" + cluster;
+    Result c = run(loomc() + " compile " + llama + " --cluster " + input(std::string(cluster) + ".pbtxt") +
+                   " --out " + plans + " --quiet");
+    ASSERT_EQ(c.exitCode, 0) << c.output;
+    std::string job = loomrun() + " --nproc " + std::to_string(world) + " --plans " + plans + " --seed 5 --threads 1";
+    if (!from) {
+      Result e = run(job + " --steps 0 --export " + dir + "/model.safetensors");
+      ASSERT_EQ(e.exitCode, 0) << e.output;
+      std::string config = readAll(dir + "/config.json");
+      EXPECT_NE(config.find("\"architectures\": [\"LlamaForCausalLM\"]"), std::string::npos) << config;
+      EXPECT_NE(config.find("\"num_key_value_heads\": 2"), std::string::npos) << config;
+      EXPECT_NE(config.find("\"tie_word_embeddings\": false"), std::string::npos) << config;
+      SafetensorsFile f;
+      ASSERT_TRUE(readSafetensors(dir + "/model.safetensors", &f).isOk());
+      EXPECT_EQ(f.tensors.at("lm_head.weight").shape, (std::vector<int64_t>{1000, 64}));  // unpadded
+      EXPECT_EQ(f.tensors.at("model.layers.0.self_attn.k_proj.weight").shape, (std::vector<int64_t>{32, 64}));
+    }
+    std::string log = tmpdir() + "/llama_" + cluster + ".log";
+    Result r = run(job + " --steps 2 --loss-log " + log + (from ? " --init-from " + dir + "/model.safetensors" : ""));
+    ASSERT_EQ(r.exitCode, 0) << r.output;
+    logs.push_back(readAll(log));
+  }
+  std::istringstream a(logs[0]), b(logs[1]);
+  int sa, sb, steps = 0;
+  double la, lb, na, nb;
+  for (; a >> sa >> la >> na && b >> sb >> lb >> nb; ++steps)
+    EXPECT_LT(std::abs(la - lb) / la, 1e-5) << "step " << sa << ": " << la << " vs " << lb;
+  EXPECT_EQ(steps, 2);
+
+  std::string plans = tmpdir() + "/plans_gpt_export", gptDir = tmpdir() + "/gpt_export";
+  compile("t1p1d1.pbtxt", plans);
+  Result e = run(loomrun() + " --nproc 1 --plans " + plans + " --steps 0 --export " + gptDir + "/model.safetensors");
+  ASSERT_EQ(e.exitCode, 0) << e.output;
+  std::string config = readAll(gptDir + "/config.json");
+  EXPECT_NE(config.find("\"architectures\": [\"GPT2LMHeadModel\"]"), std::string::npos) << config;
+  EXPECT_NE(config.find("\"n_head\": 4"), std::string::npos) << config;
+  EXPECT_NE(config.find("\"vocab_size\": 1000"), std::string::npos) << config;
+}
+
 // With dropout on (gpt-tiny's 0.1), a configuration and seed reproduce themselves bit for bit:
 // across runs and across BLAS thread counts (dropout masks come from a counter-based generator).
 TEST(Runtime, DropoutRunsReproduceBitForBit) {

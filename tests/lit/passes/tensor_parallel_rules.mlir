@@ -104,7 +104,7 @@ module {
                         %b: tensor<12xf32> {loom.param = "ln.bias", loom.init = "zeros"},
                         %x: tensor<2x3x12xf32> {loom.input = "tokens"}) -> tensor<2x3x4xf32> {
     %n = loom.layer_norm %x, %g, %b : (tensor<2x3x12xf32>, tensor<12xf32>, tensor<12xf32>) -> tensor<2x3x12xf32>
-    // expected-error @+1 {{'loom.attention' op loom-tensor-parallel: cannot split this attention core: its qkv does not come from a column-parallel linear (t = 2)}}
+    // expected-error @+1 {{'loom.attention' op loom-tensor-parallel: cannot split this attention core: its queries do not come from a column-parallel linear (t = 2)}}
     %a = loom.attention %n {causal, num_heads = 2 : i64} : (tensor<2x3x12xf32>) -> tensor<2x3x4xf32>
     return %a : tensor<2x3x4xf32>
   }

@@ -1,0 +1,64 @@
+"""An independent LLaMA in PyTorch: the oracle Loom's LLaMA-family training is checked against.
+
+Written from Hugging Face's LlamaForCausalLM (modeling_llama.py) and its config.json, with its
+parameter names and nn.Linear [out, in] layout: RMSNorm (x * rsqrt(mean(x^2) + eps) * weight),
+rotary position embeddings in the rotate-half convention with float32 inv_freq =
+1 / theta^(2i/d), grouped-query attention (repeat_kv), causal softmax attention, SwiGLU MLP
+(down(silu(gate(x)) * up(x))), pre-norm residual blocks, final RMSNorm, lm_head (or the tied
+embedding), mean cross-entropy over unmasked tokens. Nothing here imports or mirrors Loom's code.
+"""
+import math
+
+import torch
+import torch.nn.functional as F
+
+
+class Llama:
+    def __init__(self, weights, config):
+        self.c = config
+        self.p = {k: v.clone().requires_grad_(True) for k, v in weights.items()}
+
+    def parameters(self):
+        return self.p
+
+    def rms_norm(self, x, w):
+        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.c["rms_norm_eps"]) * w
+
+    @staticmethod
+    def rotate_half(x):
+        x1, x2 = x[..., : x.shape[-1] // 2], x[..., x.shape[-1] // 2:]
+        return torch.cat((-x2, x1), dim=-1)
+
+    def loss(self, tokens, labels, loss_mask):
+        p, c = self.p, self.c
+        H, KV, L = c["num_attention_heads"], c["num_key_value_heads"], c["num_hidden_layers"]
+        B, S = tokens.shape
+        x = p["model.embed_tokens.weight"][tokens.long()]
+        hd = x.shape[-1] // H
+        inv_freq = 1.0 / (c["rope_theta"] ** (torch.arange(0, hd, 2, dtype=torch.int64).float() / hd))
+        freqs = torch.arange(S, dtype=torch.float32)[:, None] * inv_freq[None, :]
+        emb = torch.cat((freqs, freqs), dim=-1)
+        cos, sin = emb.cos()[None, None], emb.sin()[None, None]  # [1, 1, S, hd]
+        causal = torch.ones(S, S, dtype=torch.bool).tril()
+        for i in range(L):
+            pre = f"model.layers.{i}."
+            h = self.rms_norm(x, p[pre + "input_layernorm.weight"])
+            q = (h @ p[pre + "self_attn.q_proj.weight"].t()).view(B, S, H, hd).transpose(1, 2)
+            k = (h @ p[pre + "self_attn.k_proj.weight"].t()).view(B, S, KV, hd).transpose(1, 2)
+            v = (h @ p[pre + "self_attn.v_proj.weight"].t()).view(B, S, KV, hd).transpose(1, 2)
+            q = q * cos + self.rotate_half(q) * sin
+            k = k * cos + self.rotate_half(k) * sin
+            k, v = (t.repeat_interleave(H // KV, dim=1) for t in (k, v))  # repeat_kv
+            att = (q @ k.transpose(-1, -2)) / math.sqrt(hd)
+            att = att.masked_fill(~causal, float("-inf")).softmax(-1)
+            y = (att @ v).transpose(1, 2).reshape(B, S, H * hd)
+            x = x + y @ p[pre + "self_attn.o_proj.weight"].t()
+            h = self.rms_norm(x, p[pre + "post_attention_layernorm.weight"])
+            m = F.silu(h @ p[pre + "mlp.gate_proj.weight"].t()) * (h @ p[pre + "mlp.up_proj.weight"].t())
+            x = x + m @ p[pre + "mlp.down_proj.weight"].t()
+        x = self.rms_norm(x, p["model.norm.weight"])
+        head = p["model.embed_tokens.weight"] if c["tie_word_embeddings"] else p["lm_head.weight"]
+        logits = x @ head.t()
+        per_token = F.cross_entropy(logits.reshape(B * S, -1), labels.reshape(-1).long(), reduction="none")
+        mask = loss_mask.reshape(-1)
+        return (per_token * mask).sum() / mask.sum()
