@@ -135,22 +135,6 @@ class Run {
     return Status::ok();
   }
 
-  // Grouped attention's heads: this rank's query heads and the KV head each one reads.
-  Status groupedAttentionShape(const plan::Instruction &in, cpu::GroupedAttentionShape *s) {
-    int q = in.inputs(0), k = in.inputs(1);
-    int64_t heads = i64(in, "num_heads"), kvHeads = i64(in, "num_kv_heads"), groupSize = i64(in, "group_size", 1);
-    std::string replicated = str(in, "kv_replicated_group");
-    int64_t allHeads = replicated.empty() ? heads : heads * groupSize;
-    if (heads < 1 || kvHeads < 1 || allHeads % kvHeads || dim(q, 2) % heads ||
-        dim(k, 2) != kvHeads * (dim(q, 2) / heads))
-      return Status::error("grouped_attention: bad num_heads / num_kv_heads (corrupt plan)");
-    *s = {dim(q, 0), dim(q, 1), heads, kvHeads, dim(q, 2) / heads,
-          replicated.empty() ? 0 : shardStart(replicated, heads), allHeads / kvHeads, flag(in, "causal"),
-          ctx_.training ? float(f64(in, "dropout")) : 0.0f, ctx_.seed,
-          dropoutStream(i64(in, "stream"), flag(in, "rank_distinct_dropout"))};
-    return Status::ok();
-  }
-
   Status instruction(const plan::Instruction &in) {
     const std::string &op = in.op();
     auto out = [&](int k = 0) { return in.outputs(k); };
@@ -198,7 +182,11 @@ class Run {
         cpu::attentionBackward(f(qkv), mask >= 0 ? f(mask) : nullptr, f(inp(1)), f(out()), s);
     } else if (op == "grouped_attention" || op == "grouped_attention_grad") {
       cpu::GroupedAttentionShape s;
-      LOOM_RETURN_IF_ERROR(groupedAttentionShape(in, &s));
+      LOOM_RETURN_IF_ERROR(loom::groupedAttentionShape(
+          prog_, in, [&](const std::string &g, int64_t rows) { return shardStart(g, rows); }, &s));
+      s.dropout = ctx_.training ? float(f64(in, "dropout")) : 0.0f;
+      s.seed = ctx_.seed;
+      s.stream = dropoutStream(i64(in, "stream"), flag(in, "rank_distinct_dropout"));
       if (op == "grouped_attention")
         cpu::groupedAttentionForward(f(inp(0)), f(inp(1)), f(inp(2)), f(out()), s);
       else
@@ -351,6 +339,23 @@ uint64_t dropoutStream(const Collectives *collectives, int64_t stream, bool rank
 }
 
 int optionalInput(const plan::Instruction &in, int fixed) { return in.inputs_size() > fixed ? in.inputs(fixed) : -1; }
+
+Status groupedAttentionShape(const plan::Program &prog, const plan::Instruction &in,
+                             const std::function<int64_t(const std::string &, int64_t)> &shardStartOf,
+                             cpu::GroupedAttentionShape *s) {
+  const plan::Buffer &q = prog.buffers(in.inputs(0)), &k = prog.buffers(in.inputs(1));
+  int64_t heads = planattr::i64(in, "num_heads"), kvHeads = planattr::i64(in, "num_kv_heads");
+  int64_t groupSize = planattr::i64(in, "group_size", 1);
+  std::string replicated = planattr::str(in, "kv_replicated_group");
+  int64_t allHeads = replicated.empty() ? heads : heads * groupSize;
+  if (heads < 1 || kvHeads < 1 || allHeads % kvHeads || planattr::dim(q, 2) % heads ||
+      planattr::dim(k, 2) != kvHeads * (planattr::dim(q, 2) / heads))
+    return Status::error("grouped_attention: bad num_heads / num_kv_heads (corrupt plan)");
+  *s = {planattr::dim(q, 0), planattr::dim(q, 1), heads, kvHeads, planattr::dim(q, 2) / heads,
+        replicated.empty() ? 0 : shardStartOf(replicated, heads), allHeads / kvHeads, planattr::flag(in, "causal"),
+        0.0f, 0, 0};
+  return Status::ok();
+}
 
 Status checkProgram(const plan::Program &prog) {
   for (int i = 0; i < prog.instructions_size(); ++i) {

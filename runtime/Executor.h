@@ -6,6 +6,8 @@
 
 #include <cstdint>
 #include <functional>
+
+#include "runtime/cpu/Kernels.h"
 #include <vector>
 
 #include "protos/plan.pb.h"
@@ -38,6 +40,13 @@ int64_t shardStart(const Collectives *collectives, const std::string &group, int
 // The dropout generator's stream for an op: where masks must differ across tensor-parallel
 // ranks, the rank (plus one) goes in the upper 32 bits. Every backend must draw the same way.
 uint64_t dropoutStream(const Collectives *collectives, int64_t stream, bool rankDistinct);
+// A grouped attention instruction's heads: the local query heads, the KV heads, and which KV
+// head each query head reads (with kv_replicated_group: from this rank's first query head,
+// `shardStartOf(group, heads)`). Dropout fields are left to the caller. A one-line error for
+// attributes that do not fit the buffers (a corrupt plan).
+Status groupedAttentionShape(const plan::Program &program, const plan::Instruction &in,
+                             const std::function<int64_t(const std::string &, int64_t)> &shardStartOf,
+                             cpu::GroupedAttentionShape *shape);
 // A collective's "reduce" attribute ("sum" when absent).
 ReduceOp reduceOpOf(const std::string &name);
 // The position in the operand list of an optional operand, from the op's fixed arity (-1: absent).

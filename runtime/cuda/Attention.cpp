@@ -2,6 +2,7 @@
 
 #include <cmath>
 #include <string>
+#include <vector>
 
 #include "runtime/cuda/AttentionSoftmax.h"
 
@@ -48,9 +49,8 @@ struct Operand {
 };
 
 Status batchedGemm(cublasHandle_t h, Precision p, int64_t m, int64_t n, int64_t k, float alpha, Operand a, Operand b,
-                   float *c, int64_t ldc, int64_t strideC, int64_t batch) {
+                   float *c, int64_t ldc, int64_t strideC, int64_t batch, float beta = 0.0f) {
   cudaDataType type = p == Precision::kFp32 ? CUDA_R_32F : p == Precision::kBf16 ? CUDA_R_16BF : CUDA_R_16F;
-  float beta = 0.0f;
   cublasStatus_t st = cublasGemmStridedBatchedEx(
       h, b.transposed ? CUBLAS_OP_T : CUBLAS_OP_N, a.transposed ? CUBLAS_OP_T : CUBLAS_OP_N, int(n), int(m), int(k),
       &alpha, b.data, type, int(b.ld), b.stride, a.data, type, int(a.ld), a.stride, &beta, c, CUDA_R_32F, int(ldc),
@@ -84,7 +84,131 @@ Status launched(const char *what) {
   return Status::error(std::string("CUDA attention ") + what + ": " + cudaGetErrorString(err));
 }
 
+// Grouped attention's scratch: 16-bit copies of q, k, v (and g), then as Scratch.
+struct GroupedScratch {
+  void *q = nullptr, *k = nullptr, *v = nullptr, *g = nullptr, *dropped = nullptr;
+  float *scores = nullptr, *dDropped = nullptr;
+  size_t bytes = 0;
+};
+
+GroupedScratch carveGrouped(const cpu::GroupedAttentionShape &s, Precision p, bool backward, void *base) {
+  size_t e = size_t(operandBytes(p)), tokens = size_t(s.batch * s.seq);
+  size_t qWidth = size_t(s.heads * s.headDim), kvWidth = size_t(s.kvHeads * s.headDim);
+  size_t square = size_t(s.heads * s.seq * s.seq);
+  char *at = static_cast<char *>(base);
+  GroupedScratch out;
+  auto take = [&](size_t bytes) {
+    void *here = at ? at + out.bytes : nullptr;
+    out.bytes += aligned(bytes);
+    return here;
+  };
+  if (p != Precision::kFp32) {
+    out.q = take(tokens * qWidth * e);
+    out.k = take(tokens * kvWidth * e);
+    out.v = take(tokens * kvWidth * e);
+    if (backward) out.g = take(tokens * qWidth * e);
+  }
+  out.scores = static_cast<float *>(take(square * 4));
+  out.dropped = take(square * e);
+  if (backward) out.dDropped = static_cast<float *>(take(square * 4));
+  return out;
+}
+
+// The softmax kernels' view of a grouped attention (they see only the local query heads).
+cpu::AttentionShape softmaxShapeOf(const cpu::GroupedAttentionShape &s) {
+  return {s.batch, s.seq, s.heads, s.headDim, s.causal, s.dropout, s.seed, s.stream};
+}
+
+// Runs of consecutive local query heads that read one KV head: (first head, count, KV head).
+struct HeadRun {
+  int64_t first, count, kv;
+};
+std::vector<HeadRun> headRuns(const cpu::GroupedAttentionShape &s) {
+  std::vector<HeadRun> runs;
+  for (int64_t h = 0; h < s.heads; ++h) {
+    int64_t kv = s.kvHeadOf(h);
+    if (!runs.empty() && runs.back().kv == kv)
+      ++runs.back().count;
+    else
+      runs.push_back({h, 1, kv});
+  }
+  return runs;
+}
+
 }  // namespace
+
+size_t groupedAttentionScratchBytes(const cpu::GroupedAttentionShape &shape, Precision p, bool backward) {
+  return carveGrouped(shape, p, backward, nullptr).bytes;
+}
+
+// Per batch item: S = Q K^T / sqrt(hd) as one batched GEMM per run of query heads sharing a
+// KV head (the K operand's batch stride 0), the softmax over all local heads, O = D V alike.
+Status groupedAttentionForward(cublasHandle_t blas, Precision p, const float *q, const float *k, const float *v,
+                               float *out, const cpu::GroupedAttentionShape &s, void *scratch, cudaStream_t stream) {
+  cpu::AttentionShape sm = softmaxShapeOf(s);
+  LOOM_RETURN_IF_ERROR(begin(blas, sm, stream));
+  GroupedScratch w = carveGrouped(s, p, false, scratch);
+  int64_t S = s.seq, hd = s.headDim, ldq = s.heads * hd, ldkv = s.kvHeads * hd;
+  const void *qx = operand(q, s.batch * S * ldq, p, w.q, stream), *kx = operand(k, s.batch * S * ldkv, p, w.k, stream),
+             *vx = operand(v, s.batch * S * ldkv, p, w.v, stream);
+  float scale = 1.0f / std::sqrt(float(hd));
+  std::vector<HeadRun> runs = headRuns(s);
+  for (int64_t b = 0; b < s.batch; ++b) {
+    for (const HeadRun &r : runs)
+      LOOM_RETURN_IF_ERROR(batchedGemm(blas, p, S, S, hd, scale, {offset(qx, b * S * ldq + r.first * hd, p), ldq, hd, false},
+                                       {offset(kx, b * S * ldkv + r.kv * hd, p), ldkv, 0, true},
+                                       w.scores + r.first * S * S, S, S * S, r.count));
+    attentionSoftmaxForward(w.scores, w.dropped, p, nullptr, b, sm, stream);
+    for (const HeadRun &r : runs)
+      LOOM_RETURN_IF_ERROR(batchedGemm(blas, p, S, hd, S, 1.0f, {offset(w.dropped, r.first * S * S, p), S, S * S, false},
+                                       {offset(vx, b * S * ldkv + r.kv * hd, p), ldkv, 0, false},
+                                       out + b * S * ldq + r.first * hd, ldq, hd, r.count));
+  }
+  return launched("forward (grouped)");
+}
+
+// As attentionBackward; a KV head's dK and dV sum over its query heads (GEMMs with beta 1
+// into zeroed outputs, one query head at a time).
+Status groupedAttentionBackward(cublasHandle_t blas, Precision p, const float *q, const float *k, const float *v,
+                                const float *g, float *dq, float *dk, float *dv, const cpu::GroupedAttentionShape &s,
+                                void *scratch, cudaStream_t stream) {
+  cpu::AttentionShape sm = softmaxShapeOf(s);
+  LOOM_RETURN_IF_ERROR(begin(blas, sm, stream));
+  GroupedScratch w = carveGrouped(s, p, true, scratch);
+  int64_t S = s.seq, hd = s.headDim, ldq = s.heads * hd, ldkv = s.kvHeads * hd;
+  const void *qx = operand(q, s.batch * S * ldq, p, w.q, stream), *kx = operand(k, s.batch * S * ldkv, p, w.k, stream),
+             *vx = operand(v, s.batch * S * ldkv, p, w.v, stream), *gx = operand(g, s.batch * S * ldq, p, w.g, stream);
+  cudaMemsetAsync(dk, 0, size_t(s.batch * S * ldkv) * sizeof(float), stream);
+  cudaMemsetAsync(dv, 0, size_t(s.batch * S * ldkv) * sizeof(float), stream);
+  float scale = 1.0f / std::sqrt(float(hd));
+  std::vector<HeadRun> runs = headRuns(s);
+  for (int64_t b = 0; b < s.batch; ++b) {
+    int64_t qb = b * S * ldq, kvb = b * S * ldkv;
+    for (const HeadRun &r : runs)
+      LOOM_RETURN_IF_ERROR(batchedGemm(blas, p, S, S, hd, scale, {offset(qx, qb + r.first * hd, p), ldq, hd, false},
+                                       {offset(kx, kvb + r.kv * hd, p), ldkv, 0, true}, w.scores + r.first * S * S, S,
+                                       S * S, r.count));
+    attentionSoftmaxForward(w.scores, w.dropped, p, nullptr, b, sm, stream);
+    for (int64_t h = 0; h < s.heads; ++h)  // dV += D^T g
+      LOOM_RETURN_IF_ERROR(batchedGemm(blas, p, S, hd, S, 1.0f, {offset(w.dropped, h * S * S, p), S, S * S, true},
+                                       {offset(gx, qb + h * hd, p), ldq, hd, false}, dv + kvb + s.kvHeadOf(h) * hd,
+                                       ldkv, hd, 1, 1.0f));
+    for (const HeadRun &r : runs)  // dD = g V^T
+      LOOM_RETURN_IF_ERROR(batchedGemm(blas, p, S, S, hd, 1.0f, {offset(gx, qb + r.first * hd, p), ldq, hd, false},
+                                       {offset(vx, kvb + r.kv * hd, p), ldkv, 0, true}, w.dDropped + r.first * S * S, S,
+                                       S * S, r.count));
+    attentionSoftmaxBackward(w.scores, w.dDropped, w.dropped, p, b, sm, stream);  // dS replaces D
+    for (const HeadRun &r : runs)  // dQ = dS K
+      LOOM_RETURN_IF_ERROR(batchedGemm(blas, p, S, hd, S, 1.0f, {offset(w.dropped, r.first * S * S, p), S, S * S, false},
+                                       {offset(kx, kvb + r.kv * hd, p), ldkv, 0, false}, dq + qb + r.first * hd, ldq, hd,
+                                       r.count));
+    for (int64_t h = 0; h < s.heads; ++h)  // dK += dS^T Q
+      LOOM_RETURN_IF_ERROR(batchedGemm(blas, p, S, hd, S, 1.0f, {offset(w.dropped, h * S * S, p), S, S * S, true},
+                                       {offset(qx, qb + h * hd, p), ldq, hd, false}, dk + kvb + s.kvHeadOf(h) * hd,
+                                       ldkv, hd, 1, 1.0f));
+  }
+  return launched("backward (grouped)");
+}
 
 size_t attentionScratchBytes(const cpu::AttentionShape &shape, Precision p, bool backward) {
   return carve(shape, p, backward, nullptr).bytes;

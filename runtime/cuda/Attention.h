@@ -32,4 +32,13 @@ Status attentionForward(cublasHandle_t blas, Precision p, const float *qkv, cons
 Status attentionBackward(cublasHandle_t blas, Precision p, const float *qkv, const float *keyMask, const float *g,
                          float *dqkv, const cpu::AttentionShape &shape, void *scratch, cudaStream_t s);
 
+// Grouped-query attention (cpu::groupedAttentionForward/Backward's layout and math): q
+// [B,S,heads*hd], k and v [B,S,kvHeads*hd]; dk and dv are zeroed and accumulated here.
+size_t groupedAttentionScratchBytes(const cpu::GroupedAttentionShape &shape, Precision p, bool backward);
+Status groupedAttentionForward(cublasHandle_t blas, Precision p, const float *q, const float *k, const float *v,
+                               float *out, const cpu::GroupedAttentionShape &shape, void *scratch, cudaStream_t s);
+Status groupedAttentionBackward(cublasHandle_t blas, Precision p, const float *q, const float *k, const float *v,
+                                const float *g, float *dq, float *dk, float *dv, const cpu::GroupedAttentionShape &shape,
+                                void *scratch, cudaStream_t s);
+
 }  // namespace loom::cuda

@@ -72,6 +72,10 @@ ScratchPlan scratchFor(const plan::Program &p, Precision precision, AttentionKer
       need = !useFlash(shape, precision, kernel) ? attentionScratchBytes(shape, precision, grad)
              : grad                              ? flashAttentionScratchBytes(shape)
                                                  : 0;
+    } else if (op == "grouped_attention" || op == "grouped_attention_grad") {
+      cpu::GroupedAttentionShape shape;  // the first head does not change the scratch size
+      if (groupedAttentionShape(p, in, [](const std::string &, int64_t) { return int64_t(0); }, &shape).isOk())
+        need = groupedAttentionScratchBytes(shape, precision, op == "grouped_attention_grad");
     } else if (op == "all_gather" || op == "reduce_scatter") {
       size_t large = size_t(planattr::numel(p.buffers(op == "all_gather" ? in.outputs(0) : in.inputs(0))));
       need = large * sizeof(float);
@@ -347,6 +351,34 @@ class DeviceRun {
                    : flashAttentionBackward(f(qkv), m, f(inp(1)), f(out()), shape, scratch_[0], st_);
       return fwd ? attentionForward(e_.blas_, precision(), f(qkv), m, f(out()), shape, scratch_[0], st_)
                  : attentionBackward(e_.blas_, precision(), f(qkv), m, f(inp(1)), f(out()), shape, scratch_[0], st_);
+    } else if (op == "grouped_attention" || op == "grouped_attention_grad") {
+      cpu::GroupedAttentionShape shape;
+      LOOM_RETURN_IF_ERROR(groupedAttentionShape(
+          prog_, in, [&](const std::string &g, int64_t rows) { return shardStart(g, rows); }, &shape));
+      shape.dropout = ctx_.training ? float(f64(in, "dropout")) : 0.0f;
+      shape.seed = ctx_.seed;
+      shape.stream = dropoutStream(i64(in, "stream"), flag(in, "rank_distinct_dropout"));
+      if (op == "grouped_attention")
+        return groupedAttentionForward(e_.blas_, precision(), f(inp(0)), f(inp(1)), f(inp(2)), f(out()), shape,
+                                       scratch_[0], st_);
+      return groupedAttentionBackward(e_.blas_, precision(), f(inp(0)), f(inp(1)), f(inp(2)), f(inp(3)), f(out(0)),
+                                      f(out(1)), f(out(2)), shape, scratch_[0], st_);
+    } else if (op == "rms_norm") {
+      int64_t n = dim(inp(0), -1);
+      rmsNormForward(f(inp(0)), f(inp(1)), f(out()), numel(inp(0)) / n, n, float(f64(in, "epsilon", 1e-6)), st_);
+    } else if (op == "rms_norm_grad") {
+      int64_t n = dim(inp(0), -1);
+      rmsNormBackward(f(inp(0)), f(inp(1)), f(inp(2)), f(out(0)), f(out(1)), numel(inp(0)) / n, n,
+                      float(f64(in, "epsilon", 1e-6)), st_);
+    } else if (op == "rotary") {
+      int64_t hd = i64(in, "head_dim");
+      if (hd < 2 || hd % 2 || dim(inp(0), 2) % hd) return Status::error("rotary: bad head_dim (corrupt plan)");
+      rotary(f(inp(0)), f(out()), dim(inp(0), 0), dim(inp(0), 1), dim(inp(0), 2) / hd, hd, float(f64(in, "theta")),
+             flag(in, "inverse"), st_);
+    } else if (op == "swiglu") {
+      swigluForward(f(inp(0)), f(inp(1)), f(out()), numel(inp(0)), st_);
+    } else if (op == "swiglu_grad") {
+      swigluBackward(f(inp(0)), f(inp(1)), f(inp(2)), f(out(0)), f(out(1)), numel(inp(0)), st_);
     } else if (op == "dropout") {
       dropoutForward(f(inp(0)), f(out()), numel(inp(0)), ctx_.training ? float(f64(in, "rate")) : 0.0f, ctx_.seed,
                      dropoutStream(i64(in, "stream"), flag(in, "rank_distinct")), st_);

@@ -72,6 +72,77 @@ __global__ void layerNormBackwardKernel(const float *x, const float *gamma, cons
     }
 }
 
+// RMS norm: one block per row; the backward as layer norm's, runs of rows per block summing
+// dgamma in shared memory when it fits.
+__global__ void rmsNormForwardKernel(const float *x, const float *gamma, float *y, int64_t n, float eps) {
+  __shared__ float shared[kThreads];
+  const float *xr = x + blockIdx.x * n;
+  float ss = 0;
+  for (int64_t i = threadIdx.x; i < n; i += kThreads) ss += xr[i] * xr[i];
+  float rstd = rsqrtf(blockSum(ss, shared) / n + eps);
+  for (int64_t i = threadIdx.x; i < n; i += kThreads) y[blockIdx.x * n + i] = xr[i] * rstd * gamma[i];
+}
+
+__global__ void rmsNormBackwardKernel(const float *x, const float *gamma, const float *g, float *dx, float *dgamma,
+                                      int64_t rows, int64_t rowsPerBlock, int64_t n, float eps, bool partials) {
+  __shared__ float shared[kThreads];
+  extern __shared__ float partial[];  // [n] when `partials`
+  if (partials)
+    for (int64_t i = threadIdx.x; i < n; i += kThreads) partial[i] = 0.0f;
+  int64_t first = blockIdx.x * rowsPerBlock, last = min(rows, first + rowsPerBlock);
+  for (int64_t row = first; row < last; ++row) {
+    const float *xr = x + row * n, *gr = g + row * n;
+    float ss = 0;
+    for (int64_t i = threadIdx.x; i < n; i += kThreads) ss += xr[i] * xr[i];
+    float rstd = rsqrtf(blockSum(ss, shared) / n + eps);
+    float dot = 0;
+    for (int64_t i = threadIdx.x; i < n; i += kThreads) {
+      float xhat = xr[i] * rstd;
+      dot += gr[i] * gamma[i] * xhat;
+      if (partials)
+        partial[i] += gr[i] * xhat;
+      else
+        atomicAdd(&dgamma[i], gr[i] * xhat);
+    }
+    float mean = blockSum(dot, shared) / n;
+    for (int64_t i = threadIdx.x; i < n; i += kThreads)
+      dx[row * n + i] = rstd * (gr[i] * gamma[i] - xr[i] * rstd * mean);
+  }
+  if (partials)
+    for (int64_t i = threadIdx.x; i < n; i += kThreads) atomicAdd(&dgamma[i], partial[i]);
+}
+
+// One thread per (token, head, pair j < hd/2): rotates (x[j], x[j + hd/2]) by s * theta^(-2j/hd).
+__global__ void rotaryKernel(const float *x, float *y, int64_t tokens, int64_t seq, int64_t heads, int64_t headDim,
+                             float theta, bool inverse) {
+  int64_t half = headDim / 2, i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
+  if (i >= tokens * heads * half) return;
+  int64_t j = i % half, h = (i / half) % heads, t = i / (half * heads), s = t % seq;
+  double angle = double(s) * pow(double(theta), -2.0 * double(j) / double(headDim));
+  float c = float(cos(angle)), sn = float(inverse ? -sin(angle) : sin(angle));
+  const float *xr = x + t * heads * headDim + h * headDim;
+  float *yr = y + t * heads * headDim + h * headDim;
+  float x1 = xr[j], x2 = xr[j + half];
+  yr[j] = x1 * c - x2 * sn;
+  yr[j + half] = x2 * c + x1 * sn;
+}
+
+__global__ void swigluForwardKernel(const float *gate, const float *up, float *y, int64_t count) {
+  int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
+  if (i >= count) return;
+  float sig = 1.0f / (1.0f + expf(-gate[i]));
+  y[i] = gate[i] * sig * up[i];
+}
+
+__global__ void swigluBackwardKernel(const float *gate, const float *up, const float *g, float *dgate, float *dup,
+                                     int64_t count) {
+  int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
+  if (i >= count) return;
+  float x = gate[i], sig = 1.0f / (1.0f + expf(-x));
+  dup[i] = g[i] * x * sig;
+  dgate[i] = g[i] * up[i] * sig * (1.0f + x * (1.0f - sig));
+}
+
 constexpr float kGeluC = 0.7978845608028654f;
 
 __global__ void addBroadcastKernel(const float *x, const float *v, float *y, int64_t count, int64_t period) {
@@ -222,6 +293,38 @@ void layerNormBackward(const float *x, const float *gamma, const float *g, float
   bool partials = partialBytes <= 40 * 1024;  // with the reduction slots, within the 48 KB default
   layerNormBackwardKernel<<<int(grid), kThreads, partials ? partialBytes : 0, s>>>(x, gamma, g, dx, dgamma, dbeta, rows,
                                                                                   perBlock, n, eps, partials);
+}
+
+void rmsNormForward(const float *x, const float *gamma, float *y, int64_t rows, int64_t n, float eps, cudaStream_t s) {
+  if (rows <= 0) return;  // an empty grid is a launch error
+  rmsNormForwardKernel<<<int(rows), kThreads, 0, s>>>(x, gamma, y, n, eps);
+}
+
+void rmsNormBackward(const float *x, const float *gamma, const float *g, float *dx, float *dgamma, int64_t rows,
+                     int64_t n, float eps, cudaStream_t s) {
+  cudaMemsetAsync(dgamma, 0, n * sizeof(float), s);
+  if (rows <= 0) return;
+  int64_t grid = std::min<int64_t>(rows, 1024), perBlock = (rows + grid - 1) / grid;
+  grid = (rows + perBlock - 1) / perBlock;
+  size_t partialBytes = size_t(n) * sizeof(float);
+  bool partials = partialBytes <= 40 * 1024;
+  rmsNormBackwardKernel<<<int(grid), kThreads, partials ? partialBytes : 0, s>>>(x, gamma, g, dx, dgamma, rows, perBlock,
+                                                                                n, eps, partials);
+}
+
+void rotary(const float *x, float *y, int64_t batch, int64_t seq, int64_t heads, int64_t headDim, float theta,
+            bool inverse, cudaStream_t s) {
+  int64_t count = batch * seq * heads * (headDim / 2);
+  rotaryKernel<<<blocks(count), kThreads, 0, s>>>(x, y, batch * seq, seq, heads, headDim, theta, inverse);
+}
+
+void swigluForward(const float *gate, const float *up, float *y, int64_t count, cudaStream_t s) {
+  swigluForwardKernel<<<blocks(count), kThreads, 0, s>>>(gate, up, y, count);
+}
+
+void swigluBackward(const float *gate, const float *up, const float *g, float *dgate, float *dup, int64_t count,
+                    cudaStream_t s) {
+  swigluBackwardKernel<<<blocks(count), kThreads, 0, s>>>(gate, up, g, dgate, dup, count);
 }
 
 void addBroadcast(const float *x, const float *v, float *y, int64_t count, int64_t period, cudaStream_t s) {

@@ -14,6 +14,17 @@ void layerNormForward(const float *x, const float *gamma, const float *beta, flo
 // dgamma and dbeta are accumulated with atomics: zeroed here first.
 void layerNormBackward(const float *x, const float *gamma, const float *g, float *dx, float *dgamma, float *dbeta,
                        int64_t rows, int64_t n, float eps, cudaStream_t s);
+// RMS norm over rows of n; the backward zeroes dgamma and accumulates it.
+void rmsNormForward(const float *x, const float *gamma, float *y, int64_t rows, int64_t n, float eps, cudaStream_t s);
+void rmsNormBackward(const float *x, const float *gamma, const float *g, float *dx, float *dgamma, int64_t rows,
+                     int64_t n, float eps, cudaStream_t s);
+// Rotary embedding (rotate-half) of x [B,S,heads*hd]; `inverse`: by the opposite angle.
+void rotary(const float *x, float *y, int64_t batch, int64_t seq, int64_t heads, int64_t headDim, float theta,
+            bool inverse, cudaStream_t s);
+// y = silu(gate) * up and its gradients.
+void swigluForward(const float *gate, const float *up, float *y, int64_t count, cudaStream_t s);
+void swigluBackward(const float *gate, const float *up, const float *g, float *dgate, float *dup, int64_t count,
+                    cudaStream_t s);
 // y[i] = x[i] + v[i % period]: add (period = count), add_bias (period = N), add_position
 // (period = seq * hidden, v the sequence's rows of the position table).
 void addBroadcast(const float *x, const float *v, float *y, int64_t count, int64_t period, cudaStream_t s);

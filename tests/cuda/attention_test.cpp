@@ -121,6 +121,49 @@ INSTANTIATE_TEST_SUITE_P(Masks, FlashAttention,
                                            Case{"dropout", false, false, 0.2f}),
                          [](const auto &info) { return std::string(info.param.name); });
 
+// Grouped-query attention against the CPU: KV heads shared by 2 query heads, multi-query (one
+// KV head), and a rank's slice of the query heads over all KV heads (replicated KV heads), with
+// and without dropout, in the three precisions.
+class GroupedAttention : public DeviceTest<::testing::TestWithParam<cuda::Precision>> {
+ protected:
+  void TearDown() override {
+    if (blas_) cublasDestroy(blas_);
+    DeviceTest::TearDown();
+  }
+  cublasHandle_t blas_ = nullptr;
+};
+
+TEST_P(GroupedAttention, MatchesCpuForwardAndBackward) {
+  cuda::Precision precision = GetParam();
+  ASSERT_EQ(cublasCreate(&blas_), CUBLAS_STATUS_SUCCESS);
+  //                 heads, kvHeads, firstHead, headsPerKv, dropout
+  for (auto [heads, kvHeads, first, perKv, dropout] :
+       {std::tuple<int64_t, int64_t, int64_t, int64_t, float>{4, 2, 0, 2, 0.0f}, {4, 1, 0, 4, 0.1f}, {2, 2, 2, 2, 0.0f}}) {
+    cpu::GroupedAttentionShape shape{2, 67, heads, kvHeads, 16, first, perKv, true, dropout, 99, 5};
+    int64_t qn = shape.batch * shape.seq * heads * 16, kvn = shape.batch * shape.seq * kvHeads * 16;
+    auto q = random(qn), k = random(kvn), v = random(kvn), g = random(qn);
+    std::vector<float> out(qn), dq(qn), dk(kvn), dv(kvn);
+    cpu::groupedAttentionForward(q.data(), k.data(), v.data(), out.data(), shape);
+    cpu::groupedAttentionBackward(q.data(), k.data(), v.data(), g.data(), dq.data(), dk.data(), dv.data(), shape);
+    float *dOut = zeros(qn), *ddq = zeros(qn), *ddk = zeros(kvn), *ddv = zeros(kvn);
+    void *scratch = alloc(cuda::groupedAttentionScratchBytes(shape, precision, /*backward=*/true));
+    Status s = cuda::groupedAttentionForward(blas_, precision, up(q), up(k), up(v), dOut, shape, scratch, nullptr);
+    ASSERT_TRUE(s.isOk()) << s.message();
+    s = cuda::groupedAttentionBackward(blas_, precision, up(q), up(k), up(v), up(g), ddq, ddk, ddv, shape, scratch,
+                                       nullptr);
+    ASSERT_TRUE(s.isOk()) << s.message();
+    std::string what = std::to_string(heads) + " heads / " + std::to_string(kvHeads) + " KV from " + std::to_string(first);
+    EXPECT_LT(relErr(down(dOut, qn), out), tolerance(precision)) << what;
+    EXPECT_LT(relErr(down(ddq, qn), dq), tolerance(precision)) << what;
+    EXPECT_LT(relErr(down(ddk, kvn), dk), tolerance(precision)) << what;
+    EXPECT_LT(relErr(down(ddv, kvn), dv), tolerance(precision)) << what;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Precisions, GroupedAttention,
+                         ::testing::Values(cuda::Precision::kFp32, cuda::Precision::kBf16, cuda::Precision::kFp16),
+                         [](const auto &info) { return std::string(cuda::precisionName(info.param)); });
+
 // Refused before anything reaches the device: runs without a GPU too.
 TEST(CudaAttentionLimits, AnEmptyShapeIsRefusedWithAMessage) {
   cpu::AttentionShape shape{1, 0, 1, 8, true, 0.0f, 1, 1};

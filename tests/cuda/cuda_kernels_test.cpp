@@ -69,6 +69,49 @@ TEST_F(CudaKernels, GeluForwardAndBackward) {
   EXPECT_LT(relErr(down(ddx, n), dx), 1e-5);
 }
 
+// The LLaMA family's kernels: RMSNorm (block per row, shared-memory and atomic dgamma paths),
+// rotary embeddings and their inverse, SwiGLU.
+TEST_F(CudaKernels, RmsNormForwardAndBackward) {
+  for (auto [rows, n] : {std::pair<int64_t, int64_t>{37, 300}, {3000, 64}, {5, 12000}}) {
+    auto x = random(rows * n), gamma = random(n), g = random(rows * n);
+    std::vector<float> y(rows * n), dx(rows * n), dg(n);
+    cpu::rmsNormForward(x.data(), gamma.data(), y.data(), rows, n, 1e-5f);
+    cpu::rmsNormBackward(x.data(), gamma.data(), g.data(), dx.data(), dg.data(), rows, n, 1e-5f);
+    float *dy = zeros(rows * n), *ddx = zeros(rows * n), *ddg = zeros(n);
+    cuda::rmsNormForward(up(x), up(gamma), dy, rows, n, 1e-5f, 0);
+    cuda::rmsNormBackward(up(x), up(gamma), up(g), ddx, ddg, rows, n, 1e-5f, 0);
+    EXPECT_LT(relErr(down(dy, rows * n), y), 1e-5) << rows << "x" << n;
+    EXPECT_LT(relErr(down(ddx, rows * n), dx), 1e-5) << rows << "x" << n;
+    EXPECT_LT(relErr(down(ddg, n), dg), 1e-5) << rows << "x" << n;
+  }
+}
+
+TEST_F(CudaKernels, RotaryAndItsInverse) {
+  int64_t batch = 2, seq = 300, heads = 3, hd = 16, n = batch * seq * heads * hd;
+  auto x = random(n);
+  for (bool inverse : {false, true}) {
+    std::vector<float> y(n);
+    cpu::rotary(x.data(), y.data(), batch, seq, heads, hd, 500000.0f, inverse);
+    float *dy = zeros(n);
+    cuda::rotary(up(x), dy, batch, seq, heads, hd, 500000.0f, inverse, 0);
+    EXPECT_LT(relErr(down(dy, n), y), 1e-5) << (inverse ? "inverse" : "forward");
+  }
+}
+
+TEST_F(CudaKernels, SwigluForwardAndBackward) {
+  int64_t n = 10000;
+  auto gate = random(n, 3), upv = random(n), g = random(n);
+  std::vector<float> y(n), dgate(n), dup(n);
+  cpu::swigluForward(gate.data(), upv.data(), y.data(), n);
+  cpu::swigluBackward(gate.data(), upv.data(), g.data(), dgate.data(), dup.data(), n);
+  float *dy = zeros(n), *ddg = zeros(n), *ddu = zeros(n);
+  cuda::swigluForward(up(gate), up(upv), dy, n, 0);
+  cuda::swigluBackward(up(gate), up(upv), up(g), ddg, ddu, n, 0);
+  EXPECT_LT(relErr(down(dy, n), y), 1e-5);
+  EXPECT_LT(relErr(down(ddg, n), dgate), 1e-5);
+  EXPECT_LT(relErr(down(ddu, n), dup), 1e-5);
+}
+
 TEST_F(CudaKernels, DropoutMasksAreTheCpuMasks) {
   int64_t n = 5000;
   auto x = random(n);

@@ -1,7 +1,9 @@
 #!/bin/bash
 # The GPU check (run on the device machine from a gpu-pack/ made by tools/gpu/pack.sh):
-# 1. the CUDA kernels, attention, cuBLASLt bf16/fp16 linear, loss scaling, NCCL, the executor
-#    and the trainer against the CPU backend (fp32 tight; bf16/fp16 within their rounding);
+# 1. the CUDA kernels (the LLaMA family's included), attention (grouped-query too), cuBLASLt
+#    bf16/fp16 linear, loss scaling, NCCL, the executor and the trainer against the CPU backend
+#    (fp32 tight; bf16/fp16 within their rounding); loom-rank --device cuda on gpt-tiny and
+#    llama-tiny against the CPU backend;
 # 2. Loom trains the check's 1.3B GPT (seq 2048) on this GPU: tokens/s, MFU vs measured bf16 GEMM;
 # 3. PyTorch trains the same model in the same run (tools/gpu/torch_gpt_bench.py, from the
 #    working tree the device tool copies), and the Loom/PyTorch ratio is printed.
@@ -27,17 +29,21 @@ for t in bin/cuda_deps_test bin/cuda_kernels_test bin/lt_linear_test bin/loss_sc
     fi
   fi
 done
-echo "== loom-rank --device cuda: 3 steps of gpt-tiny, fp32 on the GPU against the CPU backend (loss per step)"
 rm -rf runs && mkdir -p runs
-for d in cpu cuda; do
-  timeout 120 bin/loomrun --nproc 1 --plans plans --steps 3 --threads 4 --device "$d" --precision fp32 \
-    --loss-log "runs/$d.loss" > "runs/$d.out" 2>&1 || { echo "loomrun --device $d failed:"; tail -5 "runs/$d.out"; status=1; }
+for model in gpt-tiny llama-tiny; do
+  dir=plans; [ "$model" = llama-tiny ] && dir=plans-llama
+  echo "== loom-rank --device cuda: 3 steps of $model, fp32 on the GPU against the CPU backend (loss per step)"
+  for d in cpu cuda; do
+    timeout 120 bin/loomrun --nproc 1 --plans "$dir" --steps 3 --threads 4 --device "$d" --precision fp32 \
+      --loss-log "runs/$model.$d.loss" > "runs/$model.$d.out" 2>&1 ||
+      { echo "loomrun --device $d failed:"; tail -5 "runs/$model.$d.out"; status=1; }
+  done
+  if [ -s "runs/$model.cpu.loss" ] && [ -s "runs/$model.cuda.loss" ]; then
+    paste "runs/$model.cpu.loss" "runs/$model.cuda.loss" | awk '{ d = $2 - $5; if (d < 0) d = -d; rel = d / $2;
+      printf "iteration %d: loss cpu %.7f cuda %.7f (rel. %.1e)\n", $1, $2, $5, rel; if (rel > 1e-4) bad = 1 }
+      END { if (bad) { print "loom-rank --device cuda: loss differs from the CPU backend"; exit 1 } }' || status=1
+  fi
 done
-if [ -s runs/cpu.loss ] && [ -s runs/cuda.loss ]; then
-  paste runs/cpu.loss runs/cuda.loss | awk '{ d = $2 - $5; if (d < 0) d = -d; rel = d / $2;
-    printf "iteration %d: loss cpu %.7f cuda %.7f (rel. %.1e)\n", $1, $2, $5, rel; if (rel > 1e-4) bad = 1 }
-    END { if (bad) { print "loom-rank --device cuda: loss differs from the CPU backend"; exit 1 } }' || status=1
-fi
 echo "== Loom on this GPU: the check's 1.3B GPT (seq 2048, bf16 GEMMs), tokens/s and MFU vs measured bf16 GEMM"
 timeout 240 bin/loom-gpt-bench --plans plans-1.3b --precision bf16 --steps 6 --result loom_result || status=1
 echo "== Loom, the same model with the tiled (flash) attention kernel instead of the unfused one"

@@ -23,6 +23,8 @@ bazel-bin/compiler/loomc compile tests/runtime/Inputs/gpt-tiny-nodropout.pbtxt \
   --cluster tests/runtime/Inputs/t1p1d1.pbtxt --out gpu-pack/plans --quiet
 bazel-bin/compiler/loomc compile tests/runtime/Inputs/gpt-tiny-nodropout.pbtxt \
   --cluster tests/runtime/Inputs/t1p1d1_zero1.pbtxt --out gpu-pack/plans-zero1 --quiet
+bazel-bin/compiler/loomc compile examples/models/llama-tiny.pbtxt \
+  --cluster tests/runtime/Inputs/t1p1d1.pbtxt --out gpu-pack/plans-llama --quiet
 bazel-bin/compiler/loomc compile examples/models/gpt-1.3b.pbtxt \
   --cluster examples/clusters/h200-1.pbtxt --out gpu-pack/plans-1.3b --quiet
 # The libraries go compressed (OpenBLAS alone is 35 MB) to stay under the 64 MiB carry limit;
