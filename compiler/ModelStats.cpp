@@ -16,29 +16,39 @@ int64_t numElements(mlir::Type t) {
 }
 int64_t numElements(mlir::Value v) { return numElements(v.getType()); }
 
-bool isParam(mlir::Value v) {
-  auto arg = mlir::dyn_cast<mlir::BlockArgument>(v);
-  if (!arg) return false;
-  auto f = mlir::dyn_cast<mlir::func::FuncOp>(arg.getOwner()->getParentOp());
-  return f && f.getArgAttr(arg.getArgNumber(), attr::kParam);
-}
-
 }  // namespace
 
 ModelStats computeModelStats(mlir::ModuleOp module) {
   ModelStats s;
-  // Rows of the embedding table beyond the tokenizer's vocabulary (cross_entropy's
-  // valid_vocab) are padding.
-  int64_t vocab = 0, rows = 0;
+  // Vocabulary padding: what loom-pad-vocab recorded on the parameters it padded; in IR padded
+  // by hand, the entries of the embedding table and the output layer beyond the tokenizer's
+  // vocabulary (cross_entropy's valid_vocab) along their vocabulary dimension.
+  int64_t vocab = 0;
   module.walk([&](CrossEntropyOp c) { vocab = c.getValidVocab(); });
-  module.walk([&](EmbeddingOp e) { rows = mlir::cast<mlir::RankedTensorType>(e.getWord().getType()).getDimSize(0); });
-  int64_t extraRows = vocab > 0 && rows > vocab ? rows - vocab : 0;
+  llvm::DenseMap<mlir::Value, int64_t> vocabDim;  // parameter -> its vocabulary dimension
+  module.walk([&](EmbeddingOp e) { vocabDim[e.getWord()] = 0; });
+  module.walk([&](CrossEntropyOp c) {
+    if (auto out = c.getLogits().getDefiningOp<LinearOp>()) {
+      vocabDim[out.getWeight()] = out.getTransposeWeight() ? 0 : 1;
+      if (out.getBias()) vocabDim[out.getBias()] = 0;
+    }
+  });
 
   module.walk([&](mlir::func::FuncOp f) {
     for (unsigned i = 0; i < f.getNumArguments(); ++i) {
-      if (f.getArgAttr(i, attr::kParam)) s.parameters += numElements(f.getArgument(i).getType());
       auto role = f.getArgAttrOfType<mlir::StringAttr>(i, attr::kInput);
       if (role && role.getValue() == "tokens") s.tokensPerStep = numElements(f.getArgument(i).getType());
+      if (!f.getArgAttr(i, attr::kParam)) continue;
+      auto type = mlir::cast<mlir::RankedTensorType>(f.getArgument(i).getType());
+      int64_t n = numElements(type);
+      s.parameters += n;
+      if (auto real = f.getArgAttrOfType<mlir::IntegerAttr>(i, attr::kUnpaddedSize)) {
+        int64_t dim = f.getArgAttrOfType<mlir::IntegerAttr>(i, attr::kPaddedDim).getInt();
+        s.vocabPaddingParameters += n / type.getDimSize(dim) * (type.getDimSize(dim) - real.getInt());
+      } else if (auto d = vocabDim.find(f.getArgument(i)); d != vocabDim.end() && vocab > 0 &&
+                                                            type.getDimSize(d->second) > vocab) {
+        s.vocabPaddingParameters += n / type.getDimSize(d->second) * (type.getDimSize(d->second) - vocab);
+      }
     }
   });
 
@@ -50,10 +60,6 @@ ModelStats computeModelStats(mlir::ModuleOp module) {
     if (auto lin = mlir::dyn_cast<LinearOp>(op)) {
       auto in = mlir::cast<mlir::RankedTensorType>(lin.getInput().getType());
       flops = 2.0 * numElements(lin.getResult()) * in.getShape().back();
-      // The padded rows of a (tied) output embedding and of its bias are padding too;
-      // the word embedding's padded rows are counted at the embedding below.
-      if (auto b = lin.getBias(); b && isParam(b) && mlir::isa<CrossEntropyOp>(*lin->user_begin()))
-        s.vocabPaddingParameters += extraRows;
     } else if (auto attn = mlir::dyn_cast<AttentionOp>(op)) {
       auto out = mlir::cast<mlir::RankedTensorType>(attn.getResult().getType());
       int64_t seq = out.getShape()[1];
@@ -61,10 +67,6 @@ ModelStats computeModelStats(mlir::ModuleOp module) {
     } else if (auto ga = mlir::dyn_cast<GroupedAttentionOp>(op)) {
       int64_t seq = mlir::cast<mlir::RankedTensorType>(ga.getResult().getType()).getShape()[1];
       flops = 4.0 * numElements(ga.getResult()) * seq;
-    } else if (auto emb = mlir::dyn_cast<EmbeddingOp>(op)) {
-      if (isParam(emb.getWord()))
-        s.vocabPaddingParameters +=
-            extraRows * mlir::cast<mlir::RankedTensorType>(emb.getWord().getType()).getShape()[1];
     }
     s.forwardFlops += flops;
     if (inLayer) s.forwardFlopsInLayers += flops;

@@ -90,7 +90,7 @@ TEST(ConfigLoader, EmptyFileIsRejectedWithAField) {
   auto path = writeTemp("empty.pbtxt", "");
   auto m = loadModelConfig(path);
   ASSERT_FALSE(bool(m));
-  EXPECT_EQ(errorOf(m.takeError()), path + ": error: field 'architecture' must be GPT or BERT");
+  EXPECT_EQ(errorOf(m.takeError()), path + ": error: field 'architecture' must be GPT, BERT or LLAMA");
 }
 
 }  // namespace
