@@ -21,6 +21,7 @@
 #include "protos/plan.pb.h"
 #include "runtime/Collectives.h"
 #include "runtime/Fnv1a.h"
+#include "runtime/PlanVersion.h"
 
 namespace loom {
 namespace {
@@ -32,7 +33,6 @@ llvm::Error error(const llvm::Twine &msg) {
 std::string recomputeName(config::RecomputeMode r) {
   switch (r) {
     case config::RECOMPUTE_FULL: return "full";
-    case config::RECOMPUTE_SELECTIVE: return "selective";
     default: return "none";
   }
 }
@@ -170,6 +170,7 @@ llvm::Error compile(mlir::ModuleOp module, const config::ClusterSpec &cluster, c
   for (int rank = 0; rank < layout.world(); ++rank) {
     plan::RankPlan rp;
     int stage = layout.ppOf(rank);
+    rp.set_plan_version(kPlanVersion);
     rp.set_rank(rank);
     rp.set_world_size(layout.world());
     rp.set_tp_rank(layout.tpOf(rank));

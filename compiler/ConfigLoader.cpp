@@ -162,6 +162,11 @@ llvm::Expected<config::ClusterSpec> loadClusterSpec(const std::string &path) {
                       llvm::formatv("({0}) must be a multiple of micro_batch_size * d = {1} * {2}",
                                     p.global_batch_size(), p.micro_batch_size(),
                                     p.data_parallel_size()));
+  if (p.recompute() == config::RECOMPUTE_SELECTIVE)
+    return fieldError(path, "parallel.recompute",
+                      "RECOMPUTE_SELECTIVE would change nothing: Loom's attention backward always recomputes the "
+                      "softmax probabilities (they are never stored), which is what selective recomputation saves; "
+                      "use RECOMPUTE_NONE, or RECOMPUTE_FULL to recompute whole layers");
   if (p.schedule() == config::INTERLEAVED_ONE_F_ONE_B && p.virtual_pipeline_size() < 2)
     return fieldError(path, "parallel.schedule",
                       "INTERLEAVED_ONE_F_ONE_B needs virtual_pipeline_size >= 2");

@@ -7,6 +7,7 @@
 #include "compiler/Schedule.h"
 #include "compiler/Units.h"
 #include "runtime/Fnv1a.h"
+#include "runtime/PlanVersion.h"
 #include "llvm/Support/FormatVariadic.h"
 
 namespace loom {
@@ -56,6 +57,7 @@ llvm::Expected<PlanDirectory> readPlanDirectory(const std::string &dir) {
     if (!bytes) return bytes.takeError();
     plan::RankPlan rp;
     if (!rp.ParseFromString(*bytes)) return error(path + ": not a valid rank plan (corrupt file)");
+    if (std::string why = planVersionError(rp.plan_version(), path); !why.empty()) return error(why);
     if (rp.rank() != rank) return error(path + llvm::formatv(": holds the plan of rank {0}", rp.rank()));
     if (!out.programFiles.count(rp.programs_file())) {
       std::string ppath = dir + "/" + rp.programs_file();

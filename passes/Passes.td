@@ -117,19 +117,19 @@ def LoomPipelinePartition : Pass<"loom-pipeline-partition", "mlir::ModuleOp"> {
 }
 
 def LoomRecompute : Pass<"loom-recompute", "mlir::ModuleOp"> {
-  let summary = "Activation recomputation: none, full (per layer) or selective (attention core)";
+  let summary = "Activation recomputation: none or full (per layer)";
   let description = [{
     Reducing Activation Recomputation in Large Transformer Models (arXiv:2205.05198). With
     `full`, a backward program keeps from its forward program only the inputs of each
     Transformer layer (the checkpoints) and recomputes the layer's forward ops right before
     the layer's backward, dropout included (same counter-based streams, hence the same
-    masks). `selective` recomputes only the attention core's softmax: Loom's attention
-    backward already recomputes the probabilities from QKV (a flash-attention-style kernel),
-    so `selective` and `none` yield the same programs; neither stores the [b, heads, s, s]
-    probabilities.
+    masks). There is no `selective` mode: Megatron's selective recomputation stops storing
+    the attention core's [b, heads, s, s] probabilities, and Loom's attention backward never
+    stores them (it recomputes them from q, k, v, a flash-attention-style kernel), so `none`
+    already is selective; `selective` is refused rather than accepted as a no-op.
   }];
   let options = [
-    Option<"mode", "mode", "std::string", "\"none\"", "none | full | selective">,
+    Option<"mode", "mode", "std::string", "\"none\"", "none | full">,
   ];
 }
 

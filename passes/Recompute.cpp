@@ -146,8 +146,13 @@ struct RecomputePass : impl::LoomRecomputeBase<RecomputePass> {
   using LoomRecomputeBase::LoomRecomputeBase;
   void runOnOperation() override {
     mlir::ModuleOp m = getOperation();
-    if (mode != "none" && mode != "full" && mode != "selective") {
-      m.emitError() << "loom-recompute: mode must be none, full or selective, got '" << mode << "'";
+    if (mode == "selective") {
+      m.emitError() << "loom-recompute: mode 'selective' would change nothing: the attention backward always "
+                       "recomputes the probabilities (use none or full)";
+      return signalPassFailure();
+    }
+    if (mode != "none" && mode != "full") {
+      m.emitError() << "loom-recompute: mode must be none or full, got '" << mode << "'";
       return signalPassFailure();
     }
     m->setAttr("loom.recompute", mlir::StringAttr::get(&getContext(), mode));

@@ -412,6 +412,17 @@ class Sharder {
       b_.setInsertionPointAfter(row);
       mlir::Value bias = row.getBias();
       if (bias) row->eraseOperand(2);
+#ifdef LOOM_MUTANT_DROP_ROW_ALL_REDUCE
+      // The oracle's mutant check (passes:passes_mutant): g dropped, partial sums flow on.
+      if (!sp_) {
+        if (bias) {
+          auto added = b_.create<AddBiasOp>(row.getLoc(), row.getType(), row.getResult(), bias);
+          copyLayer(row, added);
+          row.getResult().replaceAllUsesExcept(added, added);
+        }
+        continue;
+      }
+#endif
       mlir::Operation *reduced = leaveRegion(row.getLoc(), row.getResult());
       copyLayer(row, reduced);
       mlir::Value out = reduced->getResult(0);

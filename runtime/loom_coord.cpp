@@ -12,6 +12,7 @@
 #include <random>
 #include <thread>
 
+#include "runtime/PlanVersion.h"
 #include "protos/plan.pb.h"
 #include "runtime/control/CoordinatorService.h"
 #include "runtime/control/Flags.h"
@@ -26,6 +27,8 @@ int main(int argc, char **argv) {
   loom::plan::RankPlan plan0;
   if (!rank0 || !plan0.ParseFromIstream(&rank0))
     return flags.fail(planDir + "/rank_0.plan.pb: missing or corrupt (not a plan directory from `loomc compile`)");
+  if (std::string why = loom::planVersionError(plan0.plan_version(), planDir + "/rank_0.plan.pb"); !why.empty())
+    return flags.fail(why);
 
   std::string token = flags.get("token", std::getenv("LOOM_TOKEN") ? std::getenv("LOOM_TOKEN") : "");
   if (token.empty()) {

@@ -28,6 +28,7 @@
 #include "runtime/Safetensors.h"
 #include "runtime/HfGpt2.h"
 #include "runtime/HfLlama.h"
+#include "runtime/PlanVersion.h"
 #include "runtime/Trainer.h"
 #include "runtime/cuda/CudaKernels.h"
 #include "runtime/cuda/CudaRankTrainer.h"
@@ -100,6 +101,8 @@ loom::Status fetchPlan(loom::control::CoordinatorClient &client, int rank, int w
   LOOM_RETURN_IF_ERROR(client.getFile(name, &bytes));
   if (!plan->ParseFromString(bytes) || plan->world_size() <= 0)
     return loom::Status::error(name + ": corrupt plan (not a RankPlan)");
+  if (std::string why = loom::planVersionError(plan->plan_version(), name); !why.empty())
+    return loom::Status::error(why);
   if (plan->rank() != rank)
     return loom::Status::error(name + ": the plan is for rank " + std::to_string(plan->rank()) + ", not rank " +
                                std::to_string(rank));

@@ -21,6 +21,7 @@
 #include <thread>
 #include <vector>
 
+#include "runtime/PlanVersion.h"
 #include "protos/plan.pb.h"
 #include "runtime/control/CoordinatorClient.h"
 
@@ -84,6 +85,10 @@ int main(int argc, char **argv) {
     if (!in || !plan0.ParseFromIstream(&in)) {
       std::fprintf(stderr, "loomrun: error: %s/rank_0.plan.pb: missing or corrupt (compile with `loomc compile`)\n",
                    plans.c_str());
+      return 1;
+    }
+    if (std::string why = loom::planVersionError(plan0.plan_version(), plans + "/rank_0.plan.pb"); !why.empty()) {
+      std::fprintf(stderr, "loomrun: error: %s\n", why.c_str());
       return 1;
     }
     if (plan0.world_size() != nproc) {

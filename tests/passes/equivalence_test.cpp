@@ -6,8 +6,10 @@
 
 #include <thread>
 
+#include "ir/LoomDialect.h"
 #include "ir/ParamAttrs.h"
 #include "mlir/IR/Verifier.h"
+#include "runtime/Executor.h"
 #include "runtime/ThreadCollectives.h"
 #include "tests/passes/PassTestSupport.h"
 
@@ -183,6 +185,27 @@ TEST(TensorParallel, DropoutRunsAreReproducible) {
   EXPECT_TRUE(std::isfinite(a[0][0].data[0]));
   EXPECT_EQ(a[0][0].data, a[1][0].data);
   for (size_t k = 0; k < a[0].size(); ++k) EXPECT_EQ(a[0][k].data, b[0][k].data);
+
+  // Dropout is really on: the same arguments without it give another loss.
+  auto m0 = buildExample(ctx, "gpt-tiny", 2, 0.0f);
+  ASSERT_TRUE(succeeded(runPipeline(*m0, "loom-tensor-parallel{tp=2},loom-autodiff")));
+  auto off = runRanks(trainStep(*m0), {.t = 2}, argsOf);
+  EXPECT_NE(off[0][0].data, a[0][0].data) << "the dropout run's loss equals the dropout-free run's";
+
+  // Inside the parallel regions the masks differ across the group, outside they are the same:
+  // the pass marks exactly the attention dropout rank-distinct, and the runtime's stream for
+  // a rank-distinct op differs by rank while the others do not.
+  int attentions = 0;
+  f.walk([&](loom::AttentionOp o) {
+    ++attentions;
+    EXPECT_TRUE(o.getRankDistinctDropout()) << "attention dropout inside a parallel region is rank-identical";
+  });
+  EXPECT_EQ(attentions, 4);
+  f.walk([&](loom::DropoutOp o) { EXPECT_FALSE(o.getRankDistinct()) << "dropout outside the regions is rank-distinct"; });
+  ThreadWorld world({.t = 2});
+  auto r0 = world.forRank(0), r1 = world.forRank(1);
+  EXPECT_NE(dropoutStream(r0.get(), 3, true), dropoutStream(r1.get(), 3, true));
+  EXPECT_EQ(dropoutStream(r0.get(), 3, false), dropoutStream(r1.get(), 3, false));
 }
 
 }  // namespace

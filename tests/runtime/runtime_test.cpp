@@ -12,6 +12,7 @@
 #include <sstream>
 #include <thread>
 
+#include "protos/plan.pb.h"
 #include "runtime/Safetensors.h"
 #include "runtime/cuda/CudaKernels.h"
 #include "tests/runtime/MultiProcess.h"
@@ -178,6 +179,12 @@ TEST(Runtime, DropoutRunsReproduceBitForBit) {
     weights.emplace_back((std::istreambuf_iterator<char>(w)), std::istreambuf_iterator<char>());
   }
   EXPECT_EQ(std::count(logs[0].begin(), logs[0].end(), '\n'), 4);
+  // Dropout is really on: without it the same plans' layout and seed give other losses.
+  std::string off = tmpdir() + "/plans_dropout_off", offLog = tmpdir() + "/dropout_off.log";
+  compile("t2p2d1.pbtxt", off);
+  Result r = run(loomrun() + " --nproc 4 --plans " + off + " --steps 4 --seed 3 --threads 1 --loss-log " + offLog);
+  ASSERT_EQ(r.exitCode, 0) << r.output;
+  EXPECT_NE(readAll(offLog), logs[0]) << "the dropout run's losses equal the dropout-free run's";
   EXPECT_EQ(logs[0], logs[1]) << "1 vs 2 BLAS threads";
   EXPECT_EQ(logs[1], logs[2]) << "two runs";
   EXPECT_TRUE(weights[0] == weights[1] && weights[1] == weights[2]) << "final weights differ";
@@ -348,10 +355,32 @@ TEST(Runtime, BadPlansAreRefused) {
   Result programs = variant("programs", [](const std::string &d) { std::ofstream(d + "/programs/stage_0.pb", std::ios::app) << "x"; });
   EXPECT_NE(programs.exitCode, 0);
   EXPECT_NE(programs.output.find("stage_0.pb: checksum mismatch"), std::string::npos) << programs.output;
+  // A plan of another format version: rank 1's (read by its loom-rank), or rank 0's (read by
+  // loomrun first), and loom-dump.
+  auto rewriteVersion = [](const std::string &path, uint32_t version) {
+    plan::RankPlan p;
+    std::ifstream in(path, std::ios::binary);
+    ASSERT_TRUE(p.ParseFromIstream(&in)) << path;
+    p.set_plan_version(version);
+    std::ofstream out(path, std::ios::binary | std::ios::trunc);
+    ASSERT_TRUE(p.SerializeToOstream(&out)) << path;
+  };
+  Result rank1 = variant("version1", [&](const std::string &d) { rewriteVersion(d + "/rank_1.plan.pb", 1); });
+  EXPECT_NE(rank1.exitCode, 0);
+  EXPECT_NE(rank1.output.find("rank_1.plan.pb: plan format version 1, but this build reads version"), std::string::npos)
+      << rank1.output;
+  Result rank0 = variant("version0", [&](const std::string &d) { rewriteVersion(d + "/rank_0.plan.pb", 0); });
+  EXPECT_NE(rank0.exitCode, 0);
+  EXPECT_NE(rank0.output.find("plan format version 0 (written before plans had versions)"), std::string::npos)
+      << rank0.output;
+  Result dump = run(runfile("compiler/loom-dump") + " " + tmpdir() + "/plans_version0");
+  EXPECT_NE(dump.exitCode, 0);
+  EXPECT_NE(dump.output.find("plan format version 0"), std::string::npos) << dump.output;
   Result nproc = run(loomrun() + " --nproc 3 --plans " + good + " --steps 1");
   EXPECT_NE(nproc.exitCode, 0);
   EXPECT_NE(nproc.output.find("are for 2 ranks but --nproc is 3"), std::string::npos) << nproc.output;
-  for (const Result *r : {&missing, &corrupt, &other, &world, &programs}) EXPECT_LT(r->seconds, 30) << r->output;
+  for (const Result *r : {&missing, &corrupt, &other, &world, &programs, &rank1, &rank0})
+    EXPECT_LT(r->seconds, 30) << r->output;
 }
 
 }  // namespace

@@ -20,6 +20,7 @@
 #include <string>
 #include <vector>
 
+#include "runtime/PlanVersion.h"
 #include "protos/plan.pb.h"
 #include "runtime/DataSource.h"
 #include "runtime/Fnv1a.h"
@@ -46,6 +47,8 @@ loom::Status loadPlan(const std::string &dir, loom::plan::RankPlan *plan, loom::
   LOOM_RETURN_IF_ERROR(readFile(dir + "/rank_0.plan.pb", &bytes));
   if (!plan->ParseFromString(bytes) || plan->world_size() <= 0)
     return loom::Status::error(dir + "/rank_0.plan.pb: corrupt plan (not a RankPlan)");
+  if (std::string why = loom::planVersionError(plan->plan_version(), dir + "/rank_0.plan.pb"); !why.empty())
+    return loom::Status::error(why);
   if (plan->world_size() != 1)
     return loom::Status::error(dir + ": a plan for " + std::to_string(plan->world_size()) +
                                " ranks; this benchmark runs one GPU (compile for a one-device cluster)");

@@ -1,0 +1,22 @@
+// The version of the plan format (protos/plan.proto) that this build writes and reads. A plan
+// directory from a loomc of another version is refused by every reader with one line, instead
+// of being misread: bump kPlanVersion whenever a field's meaning changes.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+namespace loom {
+
+// 2: the first versioned format (model facts from the IR, vocabulary padding per parameter).
+inline constexpr uint32_t kPlanVersion = 2;
+
+// "" when `version` is this build's; otherwise why `what` (a plan file) cannot be read.
+inline std::string planVersionError(uint32_t version, const std::string &what) {
+  if (version == kPlanVersion) return "";
+  return what + ": plan format version " + std::to_string(version) +
+         (version == 0 ? " (written before plans had versions)" : "") + ", but this build reads version " +
+         std::to_string(kPlanVersion) + ": recompile the model with this build's `loomc compile`";
+}
+
+}  // namespace loom
