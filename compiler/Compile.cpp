@@ -1,5 +1,6 @@
 #include "compiler/Compile.h"
 
+#include <algorithm>
 #include <chrono>
 #include <filesystem>
 #include <fstream>
@@ -51,6 +52,26 @@ ScheduleKind scheduleKindOf(const config::ParallelConfig &p) {
 // Writes `bytes` to `path` through a temporary file and a rename.
 llvm::Error writeFile(const std::string &path, const std::string &bytes) {
   return writeOutput(path, [&](llvm::raw_ostream &os) { os << bytes; });
+}
+
+// A rank whose planned peak exceeds the device's memory is refused before launch, naming the
+// rank, both numbers and the three largest parts of the plan.
+llvm::Error checkMemoryFits(const plan::RankPlan &rp, const config::ClusterSpec &cluster) {
+  int64_t device = cluster.device().memory_bytes();
+  const plan::MemoryPlan &m = rp.memory();
+  if (device <= 0 || m.peak_bytes() <= device) return llvm::Error::success();
+  std::vector<std::pair<int64_t, std::string>> parts = {{m.parameter_bytes(), "parameters"},
+                                                        {m.gradient_bytes(), "gradients"},
+                                                        {m.optimizer_bytes(), "AdamW state"},
+                                                        {m.peak_stash_bytes(), "stashed activations"},
+                                                        {m.max_workspace_bytes(), "workspace"}};
+  std::sort(parts.begin(), parts.end(), [](auto &a, auto &b) { return a.first > b.first; });
+  std::string biggest;
+  for (int k = 0; k < 3; ++k) biggest += (k ? ", " : "") + parts[k].second + " " + humanBytes(parts[k].first);
+  return error(llvm::formatv("rank {0} (pipeline stage {1}) plans {2} of memory but the device has {3} "
+                             "(device.memory_bytes): {4}; use more tensor or pipeline parallelism, ZeRO-1, or "
+                             "RECOMPUTE_FULL",
+                             rp.rank(), rp.pp_rank(), humanBytes(m.peak_bytes()), humanBytes(device), biggest));
 }
 
 }  // namespace
@@ -149,18 +170,14 @@ llvm::Error compile(mlir::ModuleOp module, const config::ClusterSpec &cluster, c
     if (!lowered) return lowered.takeError();
     sets[lowered->virtual_stage() % p].add_programs()->Swap(&*lowered);
   }
-  std::error_code ec;
-  std::filesystem::create_directories(opt.outDir + "/programs", ec);
-  if (ec) return error(opt.outDir + ": cannot create the output directory: " + ec.message());
-  std::vector<std::string> programFiles(p);
+  // Everything is assembled and checked before anything is written.
+  std::vector<std::string> programFiles(p), programBytes(p), planBytes;
   std::vector<uint64_t> checksums(p);
   for (int s = 0; s < p; ++s) {
     for (const plan::Program &prog : sets[s].programs()) byName[prog.name()] = &prog;
-    std::string bytes;
-    sets[s].SerializeToString(&bytes);
+    sets[s].SerializeToString(&programBytes[s]);
     programFiles[s] = "programs/stage_" + std::to_string(s) + ".pb";
-    checksums[s] = fnv1a(bytes);
-    if (llvm::Error e = writeFile(opt.outDir + "/" + programFiles[s], bytes)) return e;
+    checksums[s] = fnv1a(programBytes[s]);
   }
 
   ParallelLayout layout{t, p, d};
@@ -307,11 +324,18 @@ llvm::Error compile(mlir::ModuleOp module, const config::ClusterSpec &cluster, c
       ct->set_count(c.first);
       ct->set_bytes(c.second);
     }
-    std::string bytes;
-    rp.SerializeToString(&bytes);
-    if (llvm::Error e = writeFile(opt.outDir + "/rank_" + std::to_string(rank) + ".plan.pb", bytes)) return e;
+    if (llvm::Error e = checkMemoryFits(rp, cluster)) return e;
+    planBytes.emplace_back();
+    rp.SerializeToString(&planBytes.back());
     if (!firstOfStage.count(stage)) firstOfStage[stage] = rp;
   }
+  std::error_code ec;
+  std::filesystem::create_directories(opt.outDir + "/programs", ec);
+  if (ec) return error(opt.outDir + ": cannot create the output directory: " + ec.message());
+  for (int s = 0; s < p; ++s)
+    if (llvm::Error e = writeFile(opt.outDir + "/" + programFiles[s], programBytes[s])) return e;
+  for (int rank = 0; rank < layout.world(); ++rank)
+    if (llvm::Error e = writeFile(opt.outDir + "/rank_" + std::to_string(rank) + ".plan.pb", planBytes[rank])) return e;
 
   double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
   std::string text;
