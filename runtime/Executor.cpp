@@ -1,5 +1,7 @@
 #include "runtime/Executor.h"
 
+#include <chrono>
+
 #include <atomic>
 #include <condition_variable>
 #include <cstring>
@@ -81,7 +83,9 @@ class Run {
         });
         if (!failure_.empty()) return;
       }
+      auto start = std::chrono::steady_clock::now();
       Status st = instruction(in);
+      if (ctx_.trace) ctx_.trace->record(prog_, in, ctx_.traceMicroBatch, start, std::chrono::steady_clock::now());
       std::lock_guard<std::mutex> lock(mu_);
       if (!st.isOk() && failure_.empty()) failure_ = prog_.name() + " instruction " + std::to_string(i) + " (" + in.op() + "): " + st.message();
       done_[i] = true;

@@ -14,6 +14,7 @@
 #include "runtime/Collectives.h"
 #include "runtime/Status.h"
 #include "runtime/Tensor.h"
+#include "runtime/Trace.h"
 
 namespace loom {
 
@@ -26,6 +27,10 @@ struct ExecutionContext {
   // A workspace reused across runs of the same program (no fresh, zeroed pages each time);
   // null: a temporary one.
   std::vector<float> *workspace = nullptr;
+  // When set, every executed instruction is recorded (loom-rank --trace), with this
+  // micro-batch (-1: none).
+  TraceRecorder *trace = nullptr;
+  int traceMicroBatch = -1;
 };
 
 // What every executor checks of a plan read from a file before running it: streams, event

@@ -110,6 +110,7 @@ Status Trainer::runProgram(const plan::Program &prog, int mb, int64_t step, doub
   ctx.messageTag = mb < 0 ? 0 : mb * kTagsPerMicroBatch;
   ctx.workspace = &workspaces_[&prog];
   ctx.training = !evaluating_;
+  if (!evaluating_) ctx.trace = opt_.trace, ctx.traceMicroBatch = mb;  // the training step only
   auto consume = [&](int i, const float *data, int64_t n) {
     const plan::Binding &r = prog.results(i);
     const auto &shape = prog.buffers(r.buffer()).shape();

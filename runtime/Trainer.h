@@ -14,6 +14,7 @@
 #include "runtime/RankTrainer.h"
 #include "runtime/Status.h"
 #include "runtime/Tensor.h"
+#include "runtime/Trace.h"
 
 namespace loom {
 
@@ -21,6 +22,7 @@ struct TrainerOptions {
   uint64_t seed = 1234;  // parameters and dropout
   AdamWConfig adam;
   std::string dumpBatches;  // write every training micro-batch's inputs here (the oracle reads them)
+  TraceRecorder *trace = nullptr;  // record every executed instruction (loom-rank --trace)
 };
 
 // Dropout seeds: equal across a tensor-parallel group, distinct per step, replica and

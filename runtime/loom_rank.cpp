@@ -125,7 +125,7 @@ int main(int argc, char **argv) {
                      "weight-decay", "adam-beta1", "adam-beta2", "adam-eps", "log-interval", "seed", "address",
                      "threads", "dump-grads", "token", "connect-timeout", "comm-timeout", "data-prefix",
                      "valid-fraction", "eval-interval", "eval-iters", "save", "save-interval", "init-from",
-                     "export", "loss-log", "dump-batches", "device", "precision", "gpu", "attention"},
+                     "export", "loss-log", "dump-batches", "device", "precision", "gpu", "attention", "trace"},
                     {"resume"});
   if (!flags.ok()) return 2;
   if (!flags.has("coordinator") || !flags.has("rank")) return flags.fail("--coordinator HOST:PORT and --rank R are required");
@@ -142,6 +142,8 @@ int main(int argc, char **argv) {
   uint64_t seed = uint64_t(flags.integer("seed", 1234));
   double validFraction = flags.number("valid-fraction", 0.05);
   loom::TrainerOptions topt{seed, {}, flags.get("dump-batches")};
+  loom::TraceRecorder trace;
+  if (flags.has("trace")) topt.trace = &trace;
   topt.adam.beta1 = flags.number("adam-beta1", 0.9);
   topt.adam.beta2 = flags.number("adam-beta2", 0.95);
   topt.adam.eps = flags.number("adam-eps", 1e-8);
@@ -179,6 +181,8 @@ int main(int argc, char **argv) {
   if (!loom::cuda::parseAttentionKernel(flags.get("attention", "auto"), &copt.attention))
     return flags.fail("--attention " + flags.get("attention") + ": expected auto, unfused or flash");
   if (device == "cpu" && flags.has("attention")) return flags.fail("--attention needs --device cuda");
+  if (device == "cuda" && flags.has("trace"))
+    return flags.fail("--trace: the CUDA backend does not record traces yet (the CPU backend does)");
   if (device == "cuda" && !topt.dumpBatches.empty())
     return flags.fail("--dump-batches is a CPU-backend test aid (use --device cpu)");
   loom::Status s = client.connect(rank, connectTimeout, &reg);
@@ -289,6 +293,10 @@ int main(int argc, char **argv) {
   if (s = loop.run(); !s.isOk()) {
     bool communication = s.message().find("group") != std::string::npos || s.message().find("recv") != std::string::npos;
     return communication ? failAfterVerdict(s.message()) : fail(s.message());
+  }
+  if (flags.has("trace")) {
+    std::string path = flags.get("trace") + "/rank_" + std::to_string(rank) + ".json";
+    if (s = trace.write(path, plan); !s.isOk()) return fail(s.message());
   }
   // Heart-beating goes on while rank 0 finishes an export and everyone waits here.
   if (s = client.barrier("done", rank, 3600 * 1000); !s.isOk()) return fail(s.message());

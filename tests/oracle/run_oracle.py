@@ -155,6 +155,28 @@ def job_gradients(dump, world):
     return out
 
 
+def trace_problems(trace_dir, world, steps):
+    """Each rank's executed collectives (kind@group: count, bytes; loom-rank --trace) against its
+    plan's per-step totals times the steps: the runtime runs exactly the plan's collectives."""
+    problems = []
+    for r in range(world):
+        with open(os.path.join(trace_dir, f"rank_{r}.json")) as f:
+            trace = json.load(f)
+        executed = {}
+        for e in trace["traceEvents"]:
+            a = e.get("args", {})
+            if e.get("ph") != "X" or not a.get("group") or (a["bytes"] == 0 and e["cat"] == "compute"):
+                continue
+            c = executed.setdefault(f"{e['name']}@{a['group']}", [0, 0])
+            c[0] += 1
+            c[1] += a["bytes"]
+        planned = {k: [v["count"] * steps, v["bytes"] * steps]
+                   for k, v in trace["otherData"]["plan_collectives_per_step"].items()}
+        if executed != planned:
+            problems.append(f"rank {r}: executed collectives {executed} differ from the plan's {planned}")
+    return problems
+
+
 def rel(a, b):
     return ((a - b).norm() / b.norm().clamp_min(1e-30)).item()
 
@@ -183,6 +205,7 @@ def check_config(args, name, cfg, failures):
                    "--decay-iters", str(args.steps), "--clip-grad", "1.0", "--weight-decay", "0.1",
                    "--adam-eps", str(ADAM_EPS),
                    "--dump-batches", os.path.join(work, "batches"), "--dump-grads", os.path.join(work, "grads"),
+                   "--trace", os.path.join(work, "trace"),
                    "--loss-log", os.path.join(work, "loss.log"), "--export", os.path.join(work, "final.safetensors")])
     seconds = time.time() - started
 
@@ -202,7 +225,7 @@ def check_config(args, name, cfg, failures):
     opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.1}, {"params": no_decay, "weight_decay": 0.0}],
                             lr=LR, betas=(0.9, 0.95), eps=ADAM_EPS)
     loom_losses = [float(line.split()[1]) for line in open(os.path.join(work, "loss.log"))]
-    problems = []
+    problems = trace_problems(os.path.join(work, "trace"), world, args.steps)
     for step in range(args.steps):
         batches = sorted(glob.glob(os.path.join(work, "batches", f"batch_step{step:05d}_*.safetensors")))
         if len(batches) != d * m:
