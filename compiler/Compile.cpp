@@ -348,7 +348,10 @@ llvm::Error compile(mlir::ModuleOp module, const config::ClusterSpec &cluster, c
                       t, p, d, v, layout.world(), b, par.global_batch_size(), m, toString(kind),
                       recomputeName(par.recompute()));
   os << llvm::formatv("pipeline bubble (unit-time simulation, tb = 2 tf): {0:F4}\n", sim.bubbleFraction);
-  os << llvm::formatv("total FLOPs per step: {0:e}\n", totalFlops);
+  os << llvm::formatv("model FLOPs per step: {0:e} ({1:e} per token, from the IR: forward GEMMs and attention x 3, "
+                      "no recomputation; the MFU numerator of the training log and the benchmarks)\n",
+                      modelFlopsPerToken * par.global_batch_size() * facts->seqLength, modelFlopsPerToken);
+  os << llvm::formatv("executed FLOPs per step (all ranks, recomputation included): {0:e}\n", totalFlops);
   for (auto &[stage, rp] : firstOfStage) {
     os << llvm::formatv("stage {0} (ranks like {1}): parameters {2}, peak memory {3} (weights+grads+AdamW {4}, "
                         "stashed activations {5}, workspace {6}), FLOPs/step {7:e}\n",

@@ -102,9 +102,13 @@ llvm::Expected<plan::Program> lowerProgram(mlir::func::FuncOp f) {
   prog.set_name(f.getName().str());
   if (auto s = f->getAttrOfType<mlir::IntegerAttr>(attr::kStage)) prog.set_virtual_stage(s.getInt());
   llvm::StringRef name = f.getName();
-  prog.set_kind(name.starts_with("backward") ? plan::Program::BACKWARD
-                : name.starts_with("grad_sync") ? plan::Program::GRAD_SYNC
-                                                : plan::Program::FORWARD);
+  // The kind loom-pipeline-partition gave it; a function it did not make (train_step for the
+  // reference interpreter, forward_logits for generation) runs whole, as one forward program.
+  auto kind = f->getAttrOfType<mlir::StringAttr>(attr::kProgramKind);
+  llvm::StringRef k = kind ? kind.getValue() : "forward";
+  prog.set_kind(k == "backward" ? plan::Program::BACKWARD
+                : k == "grad_sync" ? plan::Program::GRAD_SYNC
+                                   : plan::Program::FORWARD);
 
   llvm::DenseMap<mlir::Value, int> bufferOf;
   auto addBuffer = [&](mlir::Value v, plan::Buffer::Kind kind, int firstUse) {

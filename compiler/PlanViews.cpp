@@ -195,11 +195,11 @@ llvm::Expected<std::string> timelineSvg(const PlanDirectory &plans) {
     if (rp.tp_rank() != 0 || rp.dp_rank() != 0) continue;
     for (const plan::ScheduleEntry &e : rp.schedule()) {
       if (e.micro_batch() < 0) continue;
-      bool fwd = llvm::StringRef(e.program()).starts_with("forward_");
-      int vs = std::stoi(e.program().substr(e.program().rfind('_') + 1));
-      schedule[rp.pp_rank()].push_back({fwd ? Task::kForward : Task::kBackward, vs / p, e.micro_batch()});
       const plan::Program *prog = plans.program(rp.rank(), e.program());
       if (!prog) return error("rank " + std::to_string(rp.rank()) + ": no program " + e.program());
+      bool fwd = prog->kind() == plan::Program::FORWARD;
+      int vs = prog->virtual_stage();
+      schedule[rp.pp_rank()].push_back({fwd ? Task::kForward : Task::kBackward, vs / p, e.micro_batch()});
       double f = 0;
       for (const plan::Instruction &in : prog->instructions()) f += in.flops();
       flops[{vs, fwd ? 0 : 1}] = std::max(f, 1.0);

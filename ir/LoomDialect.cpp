@@ -106,6 +106,12 @@ mlir::LogicalResult LoomDialect::verifyOperationAttribute(mlir::Operation *op,
       return op->emitError() << "attribute '" << name << "' must be a unit attribute";
     return mlir::success();
   }
+  if (name == attr::kProgramKind) {
+    auto s = mlir::dyn_cast<mlir::StringAttr>(attr.getValue());
+    if (!s || !isOneOf(s.getValue(), {"forward", "backward", "grad_sync"}))
+      return op->emitError() << "attribute '" << name << "' must be \"forward\", \"backward\" or \"grad_sync\"";
+    return mlir::success();
+  }
   if (name == attr::kBackward) {
     if (!mlir::isa<mlir::UnitAttr>(attr.getValue()))
       return op->emitError() << "attribute '" << name << "' must be a unit attribute";

@@ -38,6 +38,9 @@ inline constexpr llvm::StringLiteral kLayer = "loom.layer";
 // On ops after pipeline preparation: the virtual pipeline stage (chunk c of stage s is
 // virtual stage c * p + s) that computes them.
 inline constexpr llvm::StringLiteral kStage = "loom.stage";
+// On the programs of loom-pipeline-partition: "forward" | "backward" | "grad_sync" (what the
+// program is does not depend on its name).
+inline constexpr llvm::StringLiteral kProgramKind = "loom.program_kind";
 // On a parameter argument duplicated for another pipeline stage (the tied output embedding
 // on the last stage): the name of the parameter it copies. Their gradients are summed over
 // the "embedding" group.

@@ -92,6 +92,7 @@ class Partitioner {
       prog.func = b_.create<mlir::func::FuncOp>(f_.getLoc(), name, b_.getFunctionType({}, {}));
       prog.block = prog.func.addEntryBlock();
       prog.func->setAttr("loom.stage", b_.getI64IntegerAttr(u.stage));
+      prog.func->setAttr(attr::kProgramKind, b_.getStringAttr(kindName[int(u.kind)]));
     }
     return prog;
   }

@@ -157,9 +157,17 @@ struct RecomputePass : impl::LoomRecomputeBase<RecomputePass> {
     }
     m->setAttr("loom.recompute", mlir::StringAttr::get(&getContext(), mode));
     if (mode != "full") return;
+    // A backward program and the forward program of its virtual stage, by their typed kinds.
+    auto kindOf = [](mlir::func::FuncOp f) {
+      auto k = f->getAttrOfType<mlir::StringAttr>(attr::kProgramKind);
+      return k ? k.getValue() : llvm::StringRef();
+    };
+    auto stageOf = [](mlir::func::FuncOp f) { return f->getAttrOfType<mlir::IntegerAttr>(attr::kStage); };
     for (auto bwd : llvm::make_early_inc_range(m.getOps<mlir::func::FuncOp>())) {
-      if (!bwd.getName().starts_with("backward_")) continue;
-      auto fwd = m.lookupSymbol<mlir::func::FuncOp>(("forward_" + bwd.getName().drop_front(9)).str());
+      if (kindOf(bwd) != "backward") continue;
+      mlir::func::FuncOp fwd;
+      for (auto f : m.getOps<mlir::func::FuncOp>())
+        if (kindOf(f) == "forward" && stageOf(f) == stageOf(bwd)) fwd = f;
       if (!fwd) {
         bwd.emitError() << "loom-recompute: no forward program for " << bwd.getName();
         return signalPassFailure();
