@@ -223,16 +223,7 @@ class TrainStepBuilder {
     Value head = cfg_.tie_word_embeddings()
                      ? embed
                      : param("lm_head.weight", {vocab_, hidden_}, "normal", cfg_.init_method_std());
-    Value logits = op<LinearOp>(tensor({batch_, seq_, vocab_}), x, head, Value(), b_.getUnitAttr());
-    if (outputLogits_) {
-      finishInputs();
-      return logits;
-    }
-    Value labels = deferInput("labels", b_.getI32Type());
-    Value lossMask = deferInput("loss_mask", b_.getF32Type());
-    Value loss = crossEntropy(logits, labels, lossMask);
-    finishInputs();
-    return loss;
+    return lossOrLogits(op<LinearOp>(tensor({batch_, seq_, vocab_}), x, head, Value(), b_.getUnitAttr()));
   }
 
   Value crossEntropy(Value logits, Value labels, Value lossMask) {
@@ -240,21 +231,22 @@ class TrainStepBuilder {
                               b_.getI64IntegerAttr(vocab_), /*vocab_parallel_group=*/nullptr);
   }
 
+  // A decoder's end: the logits (generation), or the loss over labels and a loss mask.
+  Value lossOrLogits(Value logits) {
+    if (!outputLogits_) {
+      Value labels = deferInput("labels", b_.getI32Type());
+      Value lossMask = deferInput("loss_mask", b_.getF32Type());
+      logits = crossEntropy(logits, labels, lossMask);
+    }
+    finishInputs();
+    return logits;
+  }
+
   Value buildGpt() {
     Value word;
     Value tokens = deferInput("tokens", b_.getI32Type());
     Value x = trunk("transformer", tokens, /*causal=*/true, /*keyMask=*/nullptr, word);
-    Value logits = op<LinearOp>(tensor({batch_, seq_, vocab_}), x, word, Value(),
-                                b_.getUnitAttr());
-    if (outputLogits_) {
-      finishInputs();
-      return logits;
-    }
-    Value labels = deferInput("labels", b_.getI32Type());
-    Value lossMask = deferInput("loss_mask", b_.getF32Type());
-    Value loss = crossEntropy(logits, labels, lossMask);
-    finishInputs();
-    return loss;
+    return lossOrLogits(op<LinearOp>(tensor({batch_, seq_, vocab_}), x, word, Value(), b_.getUnitAttr()));
   }
 
   Value buildBert() {

@@ -11,6 +11,18 @@ namespace {
 
 size_t aligned(size_t bytes) { return (bytes + 255) / 256 * 256; }
 
+// Consecutive 256-byte-aligned pieces of a scratch buffer at `base`; with a null base it only
+// adds up their sizes (the scratch a call needs).
+struct Carver {
+  char *base;
+  size_t bytes = 0;
+  void *take(size_t n) {
+    void *here = base ? base + bytes : nullptr;
+    bytes += aligned(n);
+    return here;
+  }
+};
+
 // The scratch of one call, carved in this order: 16-bit copies of qkv (and g), then the
 // fp32 scores / probabilities, the operand-typed D (or dS), and in the backward the fp32 dD.
 struct Scratch {
@@ -22,13 +34,9 @@ struct Scratch {
 Scratch carve(const cpu::AttentionShape &s, Precision p, bool backward, void *base) {
   size_t e = size_t(operandBytes(p)), tokens = size_t(s.batch * s.seq), width = size_t(s.heads * s.headDim);
   size_t square = size_t(s.heads * s.seq * s.seq);
-  char *at = static_cast<char *>(base);
+  Carver c{static_cast<char *>(base)};
+  auto take = [&](size_t bytes) { return c.take(bytes); };
   Scratch out;
-  auto take = [&](size_t bytes) {
-    void *here = at ? at + out.bytes : nullptr;
-    out.bytes += aligned(bytes);
-    return here;
-  };
   if (p != Precision::kFp32) {
     out.qkv = take(tokens * 3 * width * e);
     if (backward) out.g = take(tokens * width * e);
@@ -36,6 +44,7 @@ Scratch carve(const cpu::AttentionShape &s, Precision p, bool backward, void *ba
   out.scores = static_cast<float *>(take(square * 4));
   out.dropped = take(square * e);
   if (backward) out.dDropped = static_cast<float *>(take(square * 4));
+  out.bytes = c.bytes;
   return out;
 }
 
@@ -95,13 +104,9 @@ GroupedScratch carveGrouped(const cpu::GroupedAttentionShape &s, Precision p, bo
   size_t e = size_t(operandBytes(p)), tokens = size_t(s.batch * s.seq);
   size_t qWidth = size_t(s.heads * s.headDim), kvWidth = size_t(s.kvHeads * s.headDim);
   size_t square = size_t(s.heads * s.seq * s.seq);
-  char *at = static_cast<char *>(base);
+  Carver c{static_cast<char *>(base)};
+  auto take = [&](size_t bytes) { return c.take(bytes); };
   GroupedScratch out;
-  auto take = [&](size_t bytes) {
-    void *here = at ? at + out.bytes : nullptr;
-    out.bytes += aligned(bytes);
-    return here;
-  };
   if (p != Precision::kFp32) {
     out.q = take(tokens * qWidth * e);
     out.k = take(tokens * kvWidth * e);
@@ -111,6 +116,7 @@ GroupedScratch carveGrouped(const cpu::GroupedAttentionShape &s, Precision p, bo
   out.scores = static_cast<float *>(take(square * 4));
   out.dropped = take(square * e);
   if (backward) out.dDropped = static_cast<float *>(take(square * 4));
+  out.bytes = c.bytes;
   return out;
 }
 
