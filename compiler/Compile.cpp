@@ -8,6 +8,7 @@
 
 #include "compiler/ConfigLoader.h"
 #include "compiler/Lowering.h"
+#include "compiler/PlanAssembly.h"
 #include "compiler/ModelStats.h"
 #include "compiler/ModelBuilder.h"
 #include "compiler/Schedule.h"
@@ -31,13 +32,6 @@ llvm::Error error(const llvm::Twine &msg) {
   return llvm::createStringError(llvm::inconvertibleErrorCode(), msg.str());
 }
 
-std::string recomputeName(config::RecomputeMode r) {
-  switch (r) {
-    case config::RECOMPUTE_FULL: return "full";
-    default: return "none";
-  }
-}
-
 ScheduleKind scheduleKindOf(const config::ParallelConfig &p) {
   switch (p.schedule()) {
     case config::GPIPE: return ScheduleKind::kGPipe;
@@ -52,26 +46,6 @@ ScheduleKind scheduleKindOf(const config::ParallelConfig &p) {
 // Writes `bytes` to `path` through a temporary file and a rename.
 llvm::Error writeFile(const std::string &path, const std::string &bytes) {
   return writeOutput(path, [&](llvm::raw_ostream &os) { os << bytes; });
-}
-
-// A rank whose planned peak exceeds the device's memory is refused before launch, naming the
-// rank, both numbers and the three largest parts of the plan.
-llvm::Error checkMemoryFits(const plan::RankPlan &rp, const config::ClusterSpec &cluster) {
-  int64_t device = cluster.device().memory_bytes();
-  const plan::MemoryPlan &m = rp.memory();
-  if (device <= 0 || m.peak_bytes() <= device) return llvm::Error::success();
-  std::vector<std::pair<int64_t, std::string>> parts = {{m.parameter_bytes(), "parameters"},
-                                                        {m.gradient_bytes(), "gradients"},
-                                                        {m.optimizer_bytes(), "AdamW state"},
-                                                        {m.peak_stash_bytes(), "stashed activations"},
-                                                        {m.max_workspace_bytes(), "workspace"}};
-  std::sort(parts.begin(), parts.end(), [](auto &a, auto &b) { return a.first > b.first; });
-  std::string biggest;
-  for (int k = 0; k < 3; ++k) biggest += (k ? ", " : "") + parts[k].second + " " + humanBytes(parts[k].first);
-  return error(llvm::formatv("rank {0} (pipeline stage {1}) plans {2} of memory but the device has {3} "
-                             "(device.memory_bytes): {4}; use more tensor or pipeline parallelism, ZeRO-1, or "
-                             "RECOMPUTE_FULL",
-                             rp.rank(), rp.pp_rank(), humanBytes(m.peak_bytes()), humanBytes(device), biggest));
 }
 
 }  // namespace
@@ -163,7 +137,6 @@ llvm::Error compile(mlir::ModuleOp module, const config::ClusterSpec &cluster, c
 
   // Lower every program once; pipeline stage s holds virtual stages s, s + p, ...
   std::vector<plan::ProgramSet> sets(p);
-  std::map<std::string, const plan::Program *> byName;
   for (int s = 0; s < p; ++s) sets[s].set_pipeline_stage(s);
   for (auto f : module.getOps<mlir::func::FuncOp>()) {
     auto lowered = lowerProgram(f);
@@ -174,195 +147,25 @@ llvm::Error compile(mlir::ModuleOp module, const config::ClusterSpec &cluster, c
   std::vector<std::string> programFiles(p), programBytes(p), planBytes;
   std::vector<uint64_t> checksums(p);
   for (int s = 0; s < p; ++s) {
-    for (const plan::Program &prog : sets[s].programs()) byName[prog.name()] = &prog;
     sets[s].SerializeToString(&programBytes[s]);
     programFiles[s] = "programs/stage_" + std::to_string(s) + ".pb";
     checksums[s] = fnv1a(programBytes[s]);
   }
 
-  ParallelLayout layout{t, p, d};
-  int64_t vocab = facts->vocabSize;
-  double totalFlops = 0;
-  std::map<int, plan::RankPlan> firstOfStage;  // for the summary: ranks of a stage are alike
-  for (int rank = 0; rank < layout.world(); ++rank) {
-    plan::RankPlan rp;
-    int stage = layout.ppOf(rank);
-    rp.set_plan_version(kPlanVersion);
-    rp.set_rank(rank);
-    rp.set_world_size(layout.world());
-    rp.set_tp_rank(layout.tpOf(rank));
-    rp.set_dp_rank(layout.dpOf(rank));
-    rp.set_pp_rank(stage);
-    rp.set_t(t), rp.set_p(p), rp.set_d(d), rp.set_v(v);
-    rp.set_model(modelName);
-    rp.set_programs_file(programFiles[stage]);
-    rp.set_programs_checksum(checksums[stage]);
-    for (const char *g : {"tp", "pp", "dp", "embedding"}) {
-      plan::Group *grp = rp.add_groups();
-      grp->set_name(g);
-      std::vector<int> members = groupMembers(layout, g, rank);
-      for (int r : members) grp->add_ranks(r);
-      grp->set_position(int(std::find(members.begin(), members.end(), rank) - members.begin()));
-    }
-    rp.set_schedule_kind(toString(kind));
-    rp.set_micro_batches(m);
-    rp.set_micro_batch_size(b);
-    rp.set_global_batch_size(par.global_batch_size());
-    rp.set_seq_length(facts->seqLength);
-    rp.set_vocab_size(vocab);
-    rp.set_recompute(recomputeName(par.recompute()));
-    rp.set_device_peak_flops(cluster.device().peak_flops());
-    rp.set_zero1(par.zero1());
-    rp.set_padded_vocab_size(paddedVocab);
-    rp.set_num_layers(facts->numLayers);
-    rp.set_hidden_size(facts->hiddenSize);
-    rp.set_num_attention_heads(facts->numHeads);
-    rp.set_architecture(facts->architecture);
-    rp.set_num_key_value_heads(facts->numKvHeads);
-    rp.set_ffn_hidden_size(facts->ffnHiddenSize);
-    rp.set_max_position_embeddings(facts->maxPositions);
-    rp.set_norm_epsilon(facts->normEpsilon);
-    rp.set_rope_theta(facts->ropeTheta);
-    rp.set_tie_word_embeddings(facts->tiedEmbeddings);
-    rp.set_model_flops_per_token(modelFlopsPerToken);
-
-    // Parameters this rank holds, from its programs' arguments.
-    std::map<std::string, bool> seen;
-    int64_t paramBytes = 0, paramCount = 0;
-    for (const plan::Program &prog : sets[stage].programs())
-      for (const plan::Binding &a : prog.arguments()) {
-        if (a.role() != plan::Binding::PARAMETER || seen[a.name()]) continue;
-        seen[a.name()] = true;
-        const plan::Buffer &buf = prog.buffers(a.buffer());
-        plan::Parameter *pp = rp.add_parameters();
-        pp->set_name(a.name());
-        for (int64_t x : buf.shape()) pp->add_shape(x), pp->add_global_shape(x);
-        pp->set_shard_dim(-1);
-        int64_t elements = 1;
-        for (int64_t x : buf.shape()) elements *= x;
-        paramBytes += buf.bytes();
-        paramCount += elements;
-      }
-    // Shard and initializer facts come from the IR's argument attributes.
-    for (auto f : module.getOps<mlir::func::FuncOp>())
-      for (unsigned i = 0; i < f.getNumArguments(); ++i) {
-        auto n = f.getArgAttrOfType<mlir::StringAttr>(i, attr::kParam);
-        if (!n) continue;
-        for (plan::Parameter &pp : *rp.mutable_parameters()) {
-          if (pp.name() != n.getValue()) continue;
-          if (auto init = f.getArgAttrOfType<mlir::StringAttr>(i, attr::kInit)) pp.set_init(init.str());
-          if (auto sd = f.getArgAttrOfType<mlir::FloatAttr>(i, attr::kInitStd)) pp.set_init_std(sd.getValueAsDouble());
-          if (auto tied = f.getArgAttrOfType<mlir::StringAttr>(i, attr::kTiedTo)) pp.set_tied_to(tied.str());
-          if (auto padded = f.getArgAttrOfType<mlir::IntegerAttr>(i, attr::kPaddedDim)) {
-            pp.set_padded_dim(int32_t(padded.getInt()));
-            pp.set_unpadded_size(f.getArgAttrOfType<mlir::IntegerAttr>(i, attr::kUnpaddedSize).getInt());
-          }
-          if (auto dim = f.getArgAttrOfType<mlir::IntegerAttr>(i, attr::kShardDim)) {
-            pp.set_shard_dim(dim.getInt());
-            pp.set_shard_parts(t);
-            pp.set_shard_index(layout.tpOf(rank));
-            pp.set_global_shape(dim.getInt(), pp.shape(dim.getInt()) * t);
-          }
-        }
-      }
-    rp.set_parameter_count(paramCount);
-
-    // Schedule: the stage's forward/backward list, then each chunk's gradient sync.
-    std::map<std::string, std::pair<int64_t, int64_t>> collectives;  // kind -> count, bytes
-    double flops = 0;
-    auto account = [&](const plan::Program &prog) {
-      for (const plan::Instruction &in : prog.instructions()) {
-        flops += in.flops();
-        if (in.bytes_moved() == 0 && in.stream() == plan::COMPUTE) continue;
-        std::string group;
-        for (const plan::Attribute &a : in.attributes())
-          if (a.name() == "group" || a.name() == "vocab_parallel_group") group = a.s();
-        if (group.empty()) continue;
-        auto &c = collectives[in.op() + "@" + group];
-        c.first += 1, c.second += in.bytes_moved();
-      }
-    };
-    int64_t stash = 0, peakStash = 0, maxWorkspace = 0;
-    for (const plan::Program &prog : sets[stage].programs()) maxWorkspace = std::max(maxWorkspace, prog.workspace_bytes());
-    // Parameters and gradients (their dtype), AdamW's two fp32 moments (split over d with ZeRO-1).
-    int64_t optimizerBytes = 2 * 4 * paramCount / (par.zero1() ? d : 1);
-    int64_t persistent = paramBytes * 2 + optimizerBytes;
-    plan::MemoryPlan *mem = rp.mutable_memory();
-    for (const Task &task : (*schedule)[stage]) {
-      int vs = task.chunk * p + stage;
-      std::string name = (task.type == Task::kForward ? "forward_" : "backward_") + std::to_string(vs);
-      plan::ScheduleEntry *e = rp.add_schedule();
-      e->set_program(name);
-      e->set_micro_batch(task.microBatch);
-      const plan::Program *prog = byName.at(name);
-      account(*prog);
-      const plan::Program *fwd = byName.at("forward_" + std::to_string(vs));
-      stash += task.type == Task::kForward ? fwd->stash_bytes() : -fwd->stash_bytes();
-      peakStash = std::max(peakStash, stash);
-      mem->add_timeline_bytes(persistent + stash + maxWorkspace);
-    }
-    for (int c = 0; c < v; ++c) {
-      std::string name = "grad_sync_" + std::to_string(c * p + stage);
-      if (!byName.count(name)) continue;
-      plan::ScheduleEntry *e = rp.add_schedule();
-      e->set_program(name);
-      e->set_micro_batch(-1);
-      account(*byName.at(name));
-      mem->add_timeline_bytes(persistent + maxWorkspace);
-    }
-    mem->set_parameter_bytes(paramBytes);
-    mem->set_gradient_bytes(paramBytes);
-    mem->set_optimizer_bytes(optimizerBytes);
-    mem->set_peak_stash_bytes(peakStash);
-    mem->set_max_workspace_bytes(maxWorkspace);
-    mem->set_peak_bytes(persistent + peakStash + maxWorkspace);
-    rp.set_flops_per_step(flops);
-    totalFlops += flops;
-    for (auto &[k, c] : collectives) {
-      plan::CollectiveTotal *ct = rp.add_collectives();
-      ct->set_kind(k);
-      ct->set_count(c.first);
-      ct->set_bytes(c.second);
-    }
-    if (llvm::Error e = checkMemoryFits(rp, cluster)) return e;
-    planBytes.emplace_back();
-    rp.SerializeToString(&planBytes.back());
-    if (!firstOfStage.count(stage)) firstOfStage[stage] = rp;
-  }
+  PlanRequest request{cluster, *facts, modelName, paddedVocab, modelFlopsPerToken, kind, *schedule, m};
+  llvm::Expected<std::vector<plan::RankPlan>> plans = assembleRankPlans(module, sets, programFiles, checksums, request);
+  if (!plans) return plans.takeError();
+  for (const plan::RankPlan &rp : *plans) rp.SerializeToString(&planBytes.emplace_back());
   std::error_code ec;
   std::filesystem::create_directories(opt.outDir + "/programs", ec);
   if (ec) return error(opt.outDir + ": cannot create the output directory: " + ec.message());
   for (int s = 0; s < p; ++s)
     if (llvm::Error e = writeFile(opt.outDir + "/" + programFiles[s], programBytes[s])) return e;
-  for (int rank = 0; rank < layout.world(); ++rank)
+  for (size_t rank = 0; rank < planBytes.size(); ++rank)
     if (llvm::Error e = writeFile(opt.outDir + "/rank_" + std::to_string(rank) + ".plan.pb", planBytes[rank])) return e;
 
   double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
-  std::string text;
-  llvm::raw_string_ostream os(text);
-  os << llvm::formatv("model {0}: {1} layers, hidden {2}, {3} heads, seq {4}, vocab {5} (padded to {6})\n",
-                      modelName, facts->numLayers, facts->hiddenSize, facts->numHeads, facts->seqLength, vocab,
-                      paddedVocab);
-  os << llvm::formatv("parallelism: t={0} p={1} d={2} v={3} ({4} ranks), micro-batch {5}, global batch {6}, "
-                      "{7} micro-batches, schedule {8}, recompute {9}\n",
-                      t, p, d, v, layout.world(), b, par.global_batch_size(), m, toString(kind),
-                      recomputeName(par.recompute()));
-  os << llvm::formatv("pipeline bubble (unit-time simulation, tb = 2 tf): {0:F4}\n", sim.bubbleFraction);
-  os << llvm::formatv("model FLOPs per step: {0:e} ({1:e} per token, from the IR: forward GEMMs and attention x 3, "
-                      "no recomputation; the MFU numerator of the training log and the benchmarks)\n",
-                      modelFlopsPerToken * par.global_batch_size() * facts->seqLength, modelFlopsPerToken);
-  os << llvm::formatv("executed FLOPs per step (all ranks, recomputation included): {0:e}\n", totalFlops);
-  for (auto &[stage, rp] : firstOfStage) {
-    os << llvm::formatv("stage {0} (ranks like {1}): parameters {2}, peak memory {3} (weights+grads+AdamW {4}, "
-                        "stashed activations {5}, workspace {6}), FLOPs/step {7:e}\n",
-                        stage, rp.rank(), rp.parameter_count(), humanBytes(rp.memory().peak_bytes()),
-                        humanBytes(4 * rp.memory().parameter_bytes()), humanBytes(rp.memory().peak_stash_bytes()),
-                        humanBytes(rp.memory().max_workspace_bytes()), rp.flops_per_step());
-    for (const plan::CollectiveTotal &c : rp.collectives())
-      os << llvm::formatv("    {0,-28} {1,6} per step  {2,12} per rank\n", c.kind(), c.count(), humanBytes(c.bytes()));
-  }
-  os << llvm::formatv("wrote {0} rank plans and {1} program files to {2} in {3:F2} s\n", layout.world(), p,
-                      opt.outDir, seconds);
+  std::string text = compileSummary(request, *plans, sim.bubbleFraction, opt.outDir, seconds);
   if (llvm::Error e = writeFile(opt.outDir + "/summary.txt", text)) return e;
   if (!opt.quiet) summary << text;
   return llvm::Error::success();

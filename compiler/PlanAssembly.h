@@ -1,0 +1,46 @@
+// Plan assembly, the last stage of `loomc compile`: from the lowered programs of each pipeline
+// stage, the schedule and the model facts, every rank's RankPlan (its groups; its parameters
+// with their shard, initializer and padding facts from the IR's arguments; its schedule,
+// collective totals and memory plan), each checked against the device's memory.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "compiler/Schedule.h"
+#include "llvm/Support/Error.h"
+#include "mlir/IR/BuiltinOps.h"
+#include "passes/ModelFacts.h"
+#include "protos/cluster.pb.h"
+#include "protos/plan.pb.h"
+
+namespace loom {
+
+struct PlanRequest {
+  const config::ClusterSpec &cluster;
+  const ModelFacts &facts;
+  std::string modelName;
+  int64_t paddedVocab;
+  double modelFlopsPerToken;  // training FLOPs per token counted from the IR
+  ScheduleKind kind;
+  const std::vector<StageSchedule> &schedule;
+  int microBatches;
+};
+
+// `sets[s]`, `programFiles[s]` and `checksums[s]`: pipeline stage s's programs, their file
+// (relative to the plan directory) and its FNV-1a checksum. `module` is the compiled module
+// (the programs' functions with their argument attributes).
+llvm::Expected<std::vector<plan::RankPlan>> assembleRankPlans(mlir::ModuleOp module,
+                                                             const std::vector<plan::ProgramSet> &sets,
+                                                             const std::vector<std::string> &programFiles,
+                                                             const std::vector<uint64_t> &checksums,
+                                                             const PlanRequest &request);
+
+// The summary `loomc compile` prints and writes to summary.txt.
+std::string compileSummary(const PlanRequest &request, const std::vector<plan::RankPlan> &plans, double bubble,
+                           const std::string &outDir, double seconds);
+
+// "none" | "full": the plan's name of a recompute mode.
+std::string recomputeName(config::RecomputeMode r);
+
+}  // namespace loom
