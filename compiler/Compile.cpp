@@ -1,19 +1,16 @@
 #include "compiler/Compile.h"
 
-#include <algorithm>
 #include <chrono>
 #include <filesystem>
-#include <fstream>
-#include <map>
+#include <functional>
 
 #include "compiler/ConfigLoader.h"
 #include "compiler/Lowering.h"
-#include "compiler/PlanAssembly.h"
-#include "compiler/ModelStats.h"
 #include "compiler/ModelBuilder.h"
+#include "compiler/ModelStats.h"
+#include "compiler/PlanAssembly.h"
 #include "compiler/Schedule.h"
 #include "compiler/ToolSupport.h"
-#include "compiler/Units.h"
 #include "ir/LoomDialect.h"
 #include "ir/ParamAttrs.h"
 #include "llvm/Support/FormatVariadic.h"
@@ -21,9 +18,7 @@
 #include "passes/ModelFacts.h"
 #include "passes/Passes.h"
 #include "protos/plan.pb.h"
-#include "runtime/Collectives.h"
 #include "runtime/Fnv1a.h"
-#include "runtime/PlanVersion.h"
 
 namespace loom {
 namespace {
@@ -51,31 +46,37 @@ llvm::Error writeFile(const std::string &path, const std::string &bytes) {
 }  // namespace
 
 llvm::Error runCompilerPasses(mlir::ModuleOp module, const config::ClusterSpec &cluster, int64_t microBatches,
-                              bool printIrAfterAll) {
+                              bool printIrAfterAll, const std::function<void(mlir::ModuleOp)> &afterShapes) {
   const config::ParallelConfig &p = cluster.parallel();
   static bool registered = (registerLoomPasses(), true);
   (void)registered;
-  auto pm = mlir::PassManager::on<mlir::ModuleOp>(module.getContext());
-  if (printIrAfterAll) {
-    module.getContext()->disableMultithreading();
-    pm.enableIRPrinting([](mlir::Pass *, mlir::Operation *) { return false; },
-                        [](mlir::Pass *, mlir::Operation *) { return true; }, /*printModuleScope=*/true,
-                        /*printAfterOnlyOnChange=*/false);
-  }
+  auto run = [&](const std::string &pipeline) -> llvm::Error {
+    auto pm = mlir::PassManager::on<mlir::ModuleOp>(module.getContext());
+    if (printIrAfterAll) {
+      module.getContext()->disableMultithreading();
+      pm.enableIRPrinting([](mlir::Pass *, mlir::Operation *) { return false; },
+                          [](mlir::Pass *, mlir::Operation *) { return true; }, /*printModuleScope=*/true,
+                          /*printAfterOnlyOnChange=*/false);
+    }
+    if (failed(mlir::parsePassPipeline(pipeline, pm, llvm::errs()))) return error("invalid pass pipeline " + pipeline);
+    if (failed(pm.run(module))) return diagnosticsReported();
+    return llvm::Error::success();
+  };
   // Layout-specific shapes are passes too: the micro-batch, then the vocabulary padded to a
-  // multiple of make_vocab_size_divisible_by * t (Megatron's rule).
+  // multiple of make_vocab_size_divisible_by * t (Megatron's rule). The module is then still
+  // the global model, only shaped for this layout.
   int64_t padMultiple = vocabDivisibleBy(module) * p.tensor_parallel_size();
-  std::string pipeline = llvm::formatv(
-      "loom-specialize-batch{{batch={9}},loom-pad-vocab{{multiple={10}},"
+  if (llvm::Error e = run(llvm::formatv("loom-specialize-batch{{batch={0}},loom-pad-vocab{{multiple={1}}",
+                                        p.micro_batch_size(), padMultiple)))
+    return e;
+  if (afterShapes) afterShapes(module);
+  return run(llvm::formatv(
       "loom-tensor-parallel{{tp={0} sequence-parallel={8}},loom-pipeline-stages{{pp={1} vp={2}},loom-autodiff,"
       "loom-data-parallel{{dp={3} bucket-bytes={4} zero1={7}},loom-pipeline-partition,loom-recompute{{mode={5}},"
       "loom-micro-batches{{count={6}}",
       p.tensor_parallel_size(), p.pipeline_parallel_size(), p.virtual_pipeline_size(), p.data_parallel_size(),
       p.dp_bucket_size_bytes(), recomputeName(p.recompute()), microBatches, p.zero1() ? "true" : "false",
-      p.sequence_parallel() ? "true" : "false", p.micro_batch_size(), padMultiple);
-  if (failed(mlir::parsePassPipeline(pipeline, pm, llvm::errs()))) return error("invalid pass pipeline " + pipeline);
-  if (failed(pm.run(module))) return diagnosticsReported();
-  return llvm::Error::success();
+      p.sequence_parallel() ? "true" : "false"));
 }
 
 llvm::Error compile(const config::ModelConfig &model, const config::ClusterSpec &cluster, const CompileOptions &opt,
@@ -121,19 +122,16 @@ llvm::Error compile(mlir::ModuleOp module, const config::ClusterSpec &cluster, c
   Simulation sim = simulate(*schedule, p, v, m);
   if (sim.deadlock) return error("the pipeline schedule can deadlock: " + sim.diagnosis);
 
-  // Model FLOPs per token from the global IR with the vocabulary padded as below (3 x forward:
-  // GPT's equals the PTD-P formula; any architecture is counted alike).
+  // Model FLOPs per token (3 x forward: GPT's equals the PTD-P formula; any architecture is
+  // counted alike) and the padded vocabulary, from the global IR once it is shaped for the
+  // layout, before it is partitioned.
   double modelFlopsPerToken = 0;
-  {
-    mlir::OwningOpRef<mlir::ModuleOp> padded = module.clone();
-    auto pm = mlir::PassManager::on<mlir::ModuleOp>(module.getContext());
-    pm.addPass(createLoomSpecializeBatch(LoomSpecializeBatchOptions{.batch = b}));
-    pm.addPass(createLoomPadVocab(LoomPadVocabOptions{.multiple = vocabDivisibleBy(module) * t}));
-    if (failed(pm.run(*padded))) return diagnosticsReported();
-    modelFlopsPerToken = computeModelStats(*padded).trainingFlopsPerToken();
-  }
-  if (llvm::Error e = runCompilerPasses(module, cluster, m, opt.printIrAfterAll)) return e;
-  int64_t paddedVocab = roundUpToMultiple(facts->wordRows, vocabDivisibleBy(module) * t);
+  int64_t paddedVocab = 0;
+  auto measure = [&](mlir::ModuleOp shaped) {
+    modelFlopsPerToken = computeModelStats(shaped).trainingFlopsPerToken();
+    if (mlir::FailureOr<ModelFacts> f = readModelFacts(shaped); succeeded(f)) paddedVocab = f->wordRows;
+  };
+  if (llvm::Error e = runCompilerPasses(module, cluster, m, opt.printIrAfterAll, measure)) return e;
 
   // Lower every program once; pipeline stage s holds virtual stages s, s + p, ...
   std::vector<plan::ProgramSet> sets(p);

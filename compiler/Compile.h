@@ -2,6 +2,7 @@
 // pipeline stage, and a summary (parameters, peak memory, FLOPs, bytes per collective kind).
 #pragma once
 
+#include <functional>
 #include <string>
 
 #include "llvm/Support/Error.h"
@@ -20,8 +21,10 @@ struct CompileOptions {
 };
 
 // Runs the pass pipeline on `module` (global train_step) for the cluster's parallel request.
+// `afterShapes`, when given, sees the module once the batch and the vocabulary are shaped for
+// the layout and before anything partitions it (the global model's FLOPs are counted there).
 llvm::Error runCompilerPasses(mlir::ModuleOp module, const config::ClusterSpec &cluster, int64_t microBatches,
-                              bool printIrAfterAll);
+                              bool printIrAfterAll, const std::function<void(mlir::ModuleOp)> &afterShapes = {});
 
 // Compiles `module`: one func.func @train_step over global shapes (no t, the batch possibly
 // dynamic); every model fact the plans carry is read from its ops. The module is rewritten

@@ -24,10 +24,10 @@ ModelStats computeModelStats(mlir::ModuleOp module) {
   // by hand, the entries of the embedding table and the output layer beyond the tokenizer's
   // vocabulary (cross_entropy's valid_vocab) along their vocabulary dimension.
   int64_t vocab = 0;
-  module.walk([&](CrossEntropyOp c) { vocab = c.getValidVocab(); });
   llvm::DenseMap<mlir::Value, int64_t> vocabDim;  // parameter -> its vocabulary dimension
   module.walk([&](EmbeddingOp e) { vocabDim[e.getWord()] = 0; });
   module.walk([&](CrossEntropyOp c) {
+    vocab = c.getValidVocab();
     if (auto out = c.getLogits().getDefiningOp<LinearOp>()) {
       vocabDim[out.getWeight()] = out.getTransposeWeight() ? 0 : 1;
       if (out.getBias()) vocabDim[out.getBias()] = 0;
