@@ -2,6 +2,7 @@
 
 #include "ir/LoomDialect.h"
 #include "ir/ParamAttrs.h"
+#include "passes/ModelFacts.h"
 #include "mlir/Dialect/Func/IR/FuncOps.h"
 
 namespace loom {
@@ -28,7 +29,7 @@ ModelStats computeModelStats(mlir::ModuleOp module) {
   module.walk([&](EmbeddingOp e) { vocabDim[e.getWord()] = 0; });
   module.walk([&](CrossEntropyOp c) {
     vocab = c.getValidVocab();
-    if (auto out = c.getLogits().getDefiningOp<LinearOp>()) {
+    if (LinearOp out = outputLayerOf(c)) {
       vocabDim[out.getWeight()] = out.getTransposeWeight() ? 0 : 1;
       if (out.getBias()) vocabDim[out.getBias()] = 0;
     }

@@ -24,6 +24,11 @@ std::string dtypeName(mlir::Type t) {
 
 }  // namespace
 
+LinearOp outputLayerOf(CrossEntropyOp loss) {
+  auto out = loss.getLogits().getDefiningOp<LinearOp>();
+  return out && out->hasOneUse() ? out : LinearOp();
+}
+
 int64_t vocabDivisibleBy(mlir::ModuleOp module) {
   if (auto a = module->getAttrOfType<mlir::IntegerAttr>(attr::kVocabDivisibleBy)) return a.getInt();
   return kDefaultVocabDivisibleBy;
@@ -95,9 +100,8 @@ mlir::FailureOr<ModelFacts> readModelFacts(mlir::ModuleOp module) {
       sawLlama = true;
     } else if (auto r = mlir::dyn_cast<RotaryOp>(op); r && facts.ropeTheta == 0) {
       facts.ropeTheta = r.getTheta().convertToDouble();
-    } else if (auto l = mlir::dyn_cast<LinearOp>(op); l && l->hasOneUse() && mlir::isa<CrossEntropyOp>(*l->user_begin())) {
-      outputWeight = l.getWeight();
     } else if (auto c = mlir::dyn_cast<CrossEntropyOp>(op)) {
+      if (LinearOp out = outputLayerOf(c)) outputWeight = out.getWeight();
       if (facts.vocabSize != 0 && facts.vocabSize != int64_t(c.getValidVocab()))
         return op->emitOpError() << "valid_vocab = " << c.getValidVocab() << " differs from an earlier cross_entropy's "
                                  << facts.vocabSize;

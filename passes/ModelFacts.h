@@ -7,6 +7,7 @@
 #include <string>
 
 #include "mlir/Dialect/Func/IR/FuncOps.h"
+#include "ir/LoomDialect.h"
 #include "mlir/IR/BuiltinOps.h"
 
 namespace loom {
@@ -34,6 +35,10 @@ struct ModelFacts {
 // Reads the facts of a module's @train_step; a missing piece (no @train_step, no embedding,
 // no cross_entropy, no token input) is an error emitted at the module or the op.
 mlir::FailureOr<ModelFacts> readModelFacts(mlir::ModuleOp module);
+
+// The output layer of a loss: the loom.linear that produces its logits and is used only there
+// (null when the logits come from elsewhere). Its weight's output features are the vocabulary.
+LinearOp outputLayerOf(CrossEntropyOp loss);
 
 // The vocabulary padded up to a multiple of `multiple` (Megatron's
 // make_vocab_size_divisible_by * t): the rows of the embedding table after loom-pad-vocab.

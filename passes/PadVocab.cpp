@@ -62,8 +62,8 @@ struct PadVocabPass : impl::LoomPadVocabBase<PadVocabPass> {
                                                                 : mlir::WalkResult::advance();
       auto ce = mlir::dyn_cast<CrossEntropyOp>(op);
       if (!ce) return mlir::WalkResult::advance();
-      auto out = ce.getLogits().getDefiningOp<LinearOp>();
-      if (!out || !out->hasOneUse())
+      LinearOp out = outputLayerOf(ce);
+      if (!out)
         return op->emitOpError() << "loom-pad-vocab: the logits must come straight from a loom.linear used only "
                                     "here (the output layer) to pad the vocabulary";
       if (mlir::failed(addParam(out, 1, out.getTransposeWeight() ? 0 : 1, "output layer's weight")) ||

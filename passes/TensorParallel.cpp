@@ -24,6 +24,7 @@
 #include "ir/ParamAttrs.h"
 #include "llvm/ADT/DenseSet.h"
 #include "llvm/ADT/MapVector.h"
+#include "passes/ModelFacts.h"
 #include "passes/Passes.h"
 
 namespace loom {
@@ -87,8 +88,8 @@ class Sharder {
       bool replicated = op->hasAttr(attr::kReplicated);
       if (auto l = mlir::dyn_cast<LinearOp>(op)) {
         if (replicated || placed_.contains(op)) return mlir::WalkResult::advance();
-        if (l->hasOneUse() && mlir::isa<CrossEntropyOp>(*l->getUsers().begin()) &&
-            l->getUses().begin()->getOperandNumber() == 0) {
+        auto loss = l->hasOneUse() ? mlir::dyn_cast<CrossEntropyOp>(*l->getUsers().begin()) : CrossEntropyOp();
+        if (loss && outputLayerOf(loss) == l) {
           if (failed(shardParam(l, 1, l.getTransposeWeight() ? 0 : 1)) || (l.getBias() && failed(shardParam(l, 2, 0))))
             return mlir::WalkResult::interrupt();
           vocabLinears_.push_back(l);

@@ -1,8 +1,7 @@
 #include "runtime/Executor.h"
 
-#include <chrono>
-
 #include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <cstring>
 #include <functional>

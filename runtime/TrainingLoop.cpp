@@ -59,6 +59,17 @@ std::string shardInfo(const plan::Parameter &p) {
   return s;
 }
 
+// "a,b,c" -> {a, b, c}: the integer lists of the checkpoint metadata.
+std::vector<int64_t> integersOf(const std::string &value) {
+  std::vector<int64_t> v;
+  for (size_t i = 0; i < value.size();) {
+    size_t j = value.find(',', i);
+    v.push_back(std::strtoll(value.substr(i, j - i).c_str(), nullptr, 10));
+    i = j == std::string::npos ? value.size() : j + 1;
+  }
+  return v;
+}
+
 }  // namespace
 
 // Model FLOPs of a step: the compiler's count from the IR (any architecture); for plans
@@ -165,20 +176,14 @@ Status TrainingLoop::exportModel() {
     for (auto &[key, value] : f.metadata) {
       if (key.rfind("tied:", 0) == 0) tiedCopies.insert(key.substr(5));
       if (key.rfind("padding:", 0) == 0) {
-        size_t comma = value.find(',');
-        int dim = std::atoi(value.c_str());
-        int64_t size = comma == std::string::npos ? 0 : std::strtoll(value.c_str() + comma + 1, nullptr, 10);
-        if (dim < 0 || size <= 0) return Status::error(file + ": corrupt padding facts of '" + key.substr(8) + "'");
-        padding[key.substr(8)] = {dim, size};
+        std::vector<int64_t> v = integersOf(value);
+        if (v.size() != 2 || v[0] < 0 || v[1] <= 0)
+          return Status::error(file + ": corrupt padding facts of '" + key.substr(8) + "'");
+        padding[key.substr(8)] = {int(v[0]), v[1]};
       }
       if (key.rfind("shard:", 0) != 0) continue;
       std::string name = key.substr(6);
-      std::vector<int64_t> v;
-      for (size_t i = 0; i < value.size();) {
-        size_t j = value.find(',', i);
-        v.push_back(std::strtoll(value.substr(i, j - i).c_str(), nullptr, 10));
-        i = j == std::string::npos ? value.size() : j + 1;
-      }
+      std::vector<int64_t> v = integersOf(value);
       auto tensor = f.tensors.find("param/" + name);
       if (v.size() < 4 || tensor == f.tensors.end())
         return Status::error(file + ": corrupt shard facts of '" + name + "'");
