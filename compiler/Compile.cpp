@@ -3,6 +3,7 @@
 #include <chrono>
 #include <filesystem>
 #include <functional>
+#include <map>
 
 #include "compiler/ConfigLoader.h"
 #include "compiler/Lowering.h"
@@ -10,6 +11,7 @@
 #include "compiler/ModelStats.h"
 #include "compiler/PlanAssembly.h"
 #include "compiler/Schedule.h"
+#include "compiler/StepPrograms.h"
 #include "compiler/ToolSupport.h"
 #include "ir/LoomDialect.h"
 #include "ir/ParamAttrs.h"
@@ -136,10 +138,31 @@ llvm::Error compile(mlir::ModuleOp module, const config::ClusterSpec &cluster, c
   // Lower every program once; pipeline stage s holds virtual stages s, s + p, ...
   std::vector<plan::ProgramSet> sets(p);
   for (int s = 0; s < p; ++s) sets[s].set_pipeline_stage(s);
+  std::map<int, plan::Program> gradSyncOf;  // virtual stage -> its gradient-sync program
   for (auto f : module.getOps<mlir::func::FuncOp>()) {
     auto lowered = lowerProgram(f);
     if (!lowered) return lowered.takeError();
-    sets[lowered->virtual_stage() % p].add_programs()->Swap(&*lowered);
+    auto kindAttr = f->getAttrOfType<mlir::StringAttr>(attr::kProgramKind);
+    if (kindAttr && kindAttr.getValue() == "grad_sync")
+      gradSyncOf[lowered->virtual_stage()] = std::move(*lowered);
+    else
+      sets[lowered->virtual_stage() % p].add_programs()->Swap(&*lowered);
+  }
+  // The rest of the step in the plan (compiler/StepPrograms.h): accumulation and gradient
+  // sync inside each backward, the loss sum in each forward, the loss and optimizer programs.
+  std::vector<StageLayout> layouts(p);
+  for (int s = 0; s < p; ++s) {
+    std::vector<DeferredSync> deferred;  // cross-stage gradient sync: the optimizer's first step
+    for (plan::Program &prog : *sets[s].mutable_programs()) {
+      if (prog.kind() == plan::Program::FORWARD) accumulateLoss(prog);
+      if (prog.kind() != plan::Program::BACKWARD) continue;
+      auto sync = gradSyncOf.find(prog.virtual_stage());
+      if (llvm::Error e = foldGradientSync(prog, sync == gradSyncOf.end() ? nullptr : &sync->second, &deferred))
+        return e;
+    }
+    layouts[s] = stageLayout(module, sets[s], d, par.zero1());
+    if (s == p - 1) *sets[s].add_programs() = lossProgram(m, d);
+    *sets[s].add_programs() = optimizerProgram(layouts[s], t, p, d, par.zero1(), deferred);
   }
   // Everything is assembled and checked before anything is written.
   std::vector<std::string> programFiles(p), programBytes(p), planBytes;
@@ -150,7 +173,7 @@ llvm::Error compile(mlir::ModuleOp module, const config::ClusterSpec &cluster, c
     checksums[s] = fnv1a(programBytes[s]);
   }
 
-  PlanRequest request{cluster, *facts, modelName, paddedVocab, modelFlopsPerToken, kind, *schedule, m};
+  PlanRequest request{cluster, *facts, modelName, paddedVocab, modelFlopsPerToken, kind, *schedule, m, layouts};
   llvm::Expected<std::vector<plan::RankPlan>> plans = assembleRankPlans(module, sets, programFiles, checksums, request);
   if (!plans) return plans.takeError();
   for (const plan::RankPlan &rp : *plans) rp.SerializeToString(&planBytes.emplace_back());

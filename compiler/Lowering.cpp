@@ -106,9 +106,9 @@ llvm::Expected<plan::Program> lowerProgram(mlir::func::FuncOp f) {
   // reference interpreter, forward_logits for generation) runs whole, as one forward program.
   auto kind = f->getAttrOfType<mlir::StringAttr>(attr::kProgramKind);
   llvm::StringRef k = kind ? kind.getValue() : "forward";
-  prog.set_kind(k == "backward" ? plan::Program::BACKWARD
-                : k == "grad_sync" ? plan::Program::GRAD_SYNC
-                                   : plan::Program::FORWARD);
+  // A gradient-sync function lowers as a backward program; foldGradientSync
+  // (compiler/StepPrograms.h) then moves its instructions into its chunk's backward.
+  prog.set_kind(k == "backward" || k == "grad_sync" ? plan::Program::BACKWARD : plan::Program::FORWARD);
 
   llvm::DenseMap<mlir::Value, int> bufferOf;
   auto addBuffer = [&](mlir::Value v, plan::Buffer::Kind kind, int firstUse) {
@@ -220,7 +220,7 @@ llvm::Expected<plan::Program> lowerProgram(mlir::func::FuncOp f) {
     streamOfInstr.push_back(in->stream());
     for (mlir::NamedAttribute a : op.getAttrs()) {
       llvm::StringRef n = a.getName().strref();
-      if (n == attr::kLayer || n == attr::kStage || n == attr::kBackward || n == attr::kReplicated || n == "operandSegmentSizes") continue;
+      if (n == attr::kLayer || n == attr::kStage || n == attr::kBackward || n == attr::kGradSync || n == attr::kReplicated || n == "operandSegmentSizes") continue;
       plan::Attribute *pa = in->add_attributes();
       pa->set_name(n.str());
       if (auto i = mlir::dyn_cast<mlir::IntegerAttr>(a.getValue()))
@@ -237,6 +237,11 @@ llvm::Expected<plan::Program> lowerProgram(mlir::func::FuncOp f) {
     }
   }
 
+  planWorkspace(prog);
+  return prog;
+}
+
+void planWorkspace(plan::Program &prog) {
   // Memory plan: activations whose producer and readers all run on the compute stream and
   // that are not results share the arena by lifetime (first fit); the others get their own
   // space, because another stream may still use them out of instruction order.
@@ -275,7 +280,6 @@ llvm::Expected<plan::Program> lowerProgram(mlir::func::FuncOp f) {
     arena = std::max(arena, offset + size);
   }
   prog.set_workspace_bytes(arena);
-  return prog;
 }
 
 }  // namespace loom

@@ -12,6 +12,11 @@ namespace loom {
 // activations share memory when their lifetimes do not overlap.
 llvm::Expected<plan::Program> lowerProgram(mlir::func::FuncOp f);
 
+// The workspace arena of a lowered program (each ACTIVATION buffer's offset, from its
+// first_use and last_use, and workspace_bytes): activations used only on the compute stream
+// share memory when their lifetimes do not overlap; the others are held for the whole program.
+void planWorkspace(plan::Program &prog);
+
 // FLOPs of one op (GEMMs and attention; elementwise ops counted as zero, as the PTD-P paper
 // does) and the bytes a collective moves per rank (ring algorithms).
 double flopsOf(mlir::Operation *op);

@@ -108,23 +108,20 @@ llvm::Expected<std::vector<plan::RankPlan>> assembleRankPlans(mlir::ModuleOp mod
     rp.set_tie_word_embeddings(facts.tiedEmbeddings);
     rp.set_model_flops_per_token(modelFlopsPerToken);
 
-    // Parameters this rank holds, from its programs' arguments.
-    std::map<std::string, bool> seen;
-    int64_t paramBytes = 0, paramCount = 0;
-    for (const plan::Program &prog : sets[stage].programs())
-      for (const plan::Binding &a : prog.arguments()) {
-        if (a.role() != plan::Binding::PARAMETER || seen[a.name()]) continue;
-        seen[a.name()] = true;
-        const plan::Buffer &buf = prog.buffers(a.buffer());
-        plan::Parameter *pp = rp.add_parameters();
-        pp->set_name(a.name());
-        for (int64_t x : buf.shape()) pp->add_shape(x), pp->add_global_shape(x);
-        pp->set_shard_dim(-1);
-        int64_t elements = 1;
-        for (int64_t x : buf.shape()) elements *= x;
-        paramBytes += buf.bytes();
-        paramCount += elements;
-      }
+    // Parameters this rank holds, in its stage's flat-buffer order.
+    const StageLayout &flat = req.layouts[stage];
+    int64_t paramCount = 0;
+    for (const StageParameter &sp : flat.parameters) {
+      plan::Parameter *pp = rp.add_parameters();
+      pp->set_name(sp.name);
+      for (int64_t x : sp.shape) pp->add_shape(x), pp->add_global_shape(x);
+      pp->set_shard_dim(-1);
+      pp->set_flat_offset(sp.flatOffset);
+      pp->set_weight_decay(sp.decay);
+      paramCount += sp.elements;
+    }
+    rp.set_flat_elements(flat.flatElements);
+    int64_t paramBytes = 4 * flat.flatElements;
     // Shard and initializer facts come from the IR's argument attributes.
     for (auto f : module.getOps<mlir::func::FuncOp>())
       for (unsigned i = 0; i < f.getNumArguments(); ++i) {
@@ -149,11 +146,13 @@ llvm::Expected<std::vector<plan::RankPlan>> assembleRankPlans(mlir::ModuleOp mod
       }
     rp.set_parameter_count(paramCount);
 
-    // Schedule: the stage's forward/backward list, then each chunk's gradient sync.
+    // Schedule: the stage's forward/backward list, then the loss (last stage) and the optimizer.
     std::map<std::string, std::pair<int64_t, int64_t>> collectives;  // kind -> count, bytes
     double flops = 0;
-    auto account = [&](const plan::Program &prog) {
+    // lastRun: the step's last run of the program (its last_micro_batch instructions run).
+    auto account = [&](const plan::Program &prog, bool lastRun) {
       for (const plan::Instruction &in : prog.instructions()) {
+        if (in.last_micro_batch() && !lastRun) continue;
         flops += in.flops();
         if (in.bytes_moved() == 0 && in.stream() == plan::COMPUTE) continue;
         std::string group;
@@ -166,30 +165,39 @@ llvm::Expected<std::vector<plan::RankPlan>> assembleRankPlans(mlir::ModuleOp mod
     };
     int64_t stash = 0, peakStash = 0, maxWorkspace = 0;
     for (const plan::Program &prog : sets[stage].programs()) maxWorkspace = std::max(maxWorkspace, prog.workspace_bytes());
-    // Parameters and gradients (their dtype), AdamW's two fp32 moments (split over d with ZeRO-1).
-    int64_t optimizerBytes = 2 * 4 * paramCount / (par.zero1() ? d : 1);
+    // Parameters and gradients (the flat buffers), AdamW's two fp32 moments (over the dp shard with ZeRO-1).
+    int64_t optimizerBytes = 2 * 4 * flat.flatElements / (par.zero1() ? d : 1);
     int64_t persistent = paramBytes * 2 + optimizerBytes;
     plan::MemoryPlan *mem = rp.mutable_memory();
-    for (const Task &task : req.schedule[stage]) {
+    std::map<std::string, size_t> lastEntry;  // program -> its last schedule entry
+    const StageSchedule &tasks = req.schedule[stage];
+    auto programOf = [&](const Task &task) {
+      return (task.type == Task::kForward ? "forward_" : "backward_") + std::to_string(task.chunk * p + stage);
+    };
+    for (size_t k = 0; k < tasks.size(); ++k) lastEntry[programOf(tasks[k])] = k;
+    for (size_t k = 0; k < tasks.size(); ++k) {
+      const Task &task = tasks[k];
       int vs = task.chunk * p + stage;
-      std::string name = (task.type == Task::kForward ? "forward_" : "backward_") + std::to_string(vs);
+      std::string name = programOf(task);
       plan::ScheduleEntry *e = rp.add_schedule();
       e->set_program(name);
       e->set_micro_batch(task.microBatch);
       const plan::Program *prog = byName.at(name);
-      account(*prog);
+      account(*prog, lastEntry[name] == k);
       const plan::Program *fwd = byName.at("forward_" + std::to_string(vs));
       stash += task.type == Task::kForward ? fwd->stash_bytes() : -fwd->stash_bytes();
       peakStash = std::max(peakStash, stash);
       mem->add_timeline_bytes(persistent + stash + maxWorkspace);
     }
-    for (int c = 0; c < v; ++c) {
-      std::string name = "grad_sync_" + std::to_string(c * p + stage);
-      if (!byName.count(name)) continue;
+    for (plan::Program::Kind once : {plan::Program::LOSS, plan::Program::OPTIMIZER}) {
+      const plan::Program *prog = nullptr;  // the stage's own (every stage has an optimizer)
+      for (const plan::Program &candidate : sets[stage].programs())
+        if (candidate.kind() == once) prog = &candidate;
+      if (!prog) continue;
       plan::ScheduleEntry *e = rp.add_schedule();
-      e->set_program(name);
+      e->set_program(prog->name());
       e->set_micro_batch(-1);
-      account(*byName.at(name));
+      account(*prog, true);
       mem->add_timeline_bytes(persistent + maxWorkspace);
     }
     mem->set_parameter_bytes(paramBytes);

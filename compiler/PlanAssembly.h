@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "compiler/Schedule.h"
+#include "compiler/StepPrograms.h"
 #include "llvm/Support/Error.h"
 #include "mlir/IR/BuiltinOps.h"
 #include "passes/ModelFacts.h"
@@ -25,6 +26,7 @@ struct PlanRequest {
   ScheduleKind kind;
   const std::vector<StageSchedule> &schedule;
   int microBatches;
+  const std::vector<StageLayout> &layouts;  // per pipeline stage: its flat parameter buffer
 };
 
 // `sets[s]`, `programFiles[s]` and `checksums[s]`: pipeline stage s's programs, their file

@@ -93,8 +93,8 @@ std::string programsAsText(const PlanDirectory &plans, int rank) {
     os << llvm::formatv("\nprogram {0}: {1} instructions, workspace {2}, stash {3}\n", prog.name(),
                         prog.instructions_size(), humanBytes(prog.workspace_bytes()), humanBytes(prog.stash_bytes()));
     for (const plan::Binding &a : prog.arguments())
-      os << llvm::formatv("  arg  %{0} {1} {2} : {3}\n", a.buffer(), plan::Binding::Role_Name(a.role()), a.name(),
-                          shapeOf(prog.buffers(a.buffer())));
+      os << llvm::formatv("  arg  %{0} {1} {2} : {3}{4}\n", a.buffer(), plan::Binding::Role_Name(a.role()), a.name(),
+                          shapeOf(prog.buffers(a.buffer())), a.inout() ? " (inout)" : "");
     for (int i = 0; i < prog.instructions_size(); ++i) {
       const plan::Instruction &in = prog.instructions(i);
       os << llvm::formatv("  {0,4}: [{1,-7}] ", i, streamName(in.stream()));
@@ -109,6 +109,7 @@ std::string programsAsText(const PlanDirectory &plans, int rank) {
         else if (a.has_s()) os << a.s();
         else os << "true";
       }
+      if (in.last_micro_batch()) os << " last-micro-batch";
       if (in.wait_for_size()) {
         os << " waits";
         for (int w : in.wait_for()) os << " " << w;
@@ -210,9 +211,11 @@ llvm::Expected<std::string> timelineSvg(const PlanDirectory &plans) {
     return flops[{vs, t == Task::kForward ? 0 : 1}] / std::max(maxFlops, 1.0);
   });
   if (sim.deadlock) return error("the schedule deadlocks: " + sim.diagnosis);
+  // The step's gradient sync and optimizer: the backwards' last-micro-batch collectives and
+  // the optimizer program's.
   for (const plan::Program &prog : plans.programsOf(0).programs())
     for (const plan::Instruction &in : prog.instructions())
-      if (prog.kind() == plan::Program::GRAD_SYNC) syncBytes += in.bytes_moved();
+      if (in.last_micro_batch() || prog.kind() == plan::Program::OPTIMIZER) syncBytes += in.bytes_moved();
   double syncTime = syncBytes > 0 ? 0.5 : 0;  // drawn as a fixed-width box: bytes are in its title
   // Ranks as rows (the ranks of a stage run the same schedule); past 64 ranks, one row a stage.
   std::vector<std::pair<int, int>> rows;  // (rank, stage)

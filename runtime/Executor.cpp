@@ -11,6 +11,7 @@
 
 #include "runtime/PlanAttributes.h"
 #include "runtime/cpu/Kernels.h"
+#include "runtime/cpu/Optimizer.h"
 
 namespace loom {
 namespace {
@@ -20,7 +21,7 @@ class Run {
  public:
   Run(const plan::Program &p, const ExecutionContext &c) : prog_(p), ctx_(c), done_(p.instructions_size(), false) {}
 
-  Status start(const std::vector<const HostTensor *> &args) {
+  Status start(const std::vector<ArgumentView> &args) {
     if (int(args.size()) != prog_.arguments_size())
       return Status::error(prog_.name() + ": expected " + std::to_string(prog_.arguments_size()) + " arguments, got " +
                            std::to_string(args.size()));
@@ -42,12 +43,11 @@ class Run {
       }
     for (int i = 0; i < prog_.arguments_size(); ++i) {
       const plan::Buffer &b = prog_.buffers(prog_.arguments(i).buffer());
-      const HostTensor *t = args[i];
-      LOOM_RETURN_IF_ERROR(checkArgument(prog_, i, *t));
-      if (t->isInt)
-        iptr_[b.id()] = const_cast<int32_t *>(t->ints.data());
+      LOOM_RETURN_IF_ERROR(checkArgument(prog_, i, args[i]));
+      if (args[i].i)
+        iptr_[b.id()] = args[i].i;
       else
-        ptr_[b.id()] = const_cast<float *>(t->data.data());
+        ptr_[b.id()] = args[i].f;
     }
     return Status::ok();
   }
@@ -81,6 +81,12 @@ class Run {
           return true;
         });
         if (!failure_.empty()) return;
+      }
+      if (in.last_micro_batch() && !ctx_.lastRun) {  // not this run: passed over, done at once
+        std::lock_guard<std::mutex> lock(mu_);
+        done_[i] = true;
+        cv_.notify_all();
+        continue;
       }
       auto start = std::chrono::steady_clock::now();
       Status st = instruction(in);
@@ -135,6 +141,32 @@ class Run {
       LOOM_RETURN_IF_ERROR(ctx_.collectives->allReduce(group, sum.data(), tokens, ReduceOp::kSum));
       LOOM_RETURN_IF_ERROR(ctx_.collectives->allReduce(group, target.data(), tokens, ReduceOp::kSum));
     }
+    return Status::ok();
+  }
+
+  // The optimizer over the flat buffer, segment by segment (planattr::FlatSegment); with a
+  // shard_group, the instruction sees only this rank's shard of it (ZeRO-1).
+  Status optimizerOp(const plan::Instruction &in) {
+    auto out = [&](int k = 0) { return in.outputs(k); };
+    auto inp = [&](int k) { return in.inputs(k); };
+    std::vector<planattr::FlatSegment> segments;
+    if (!planattr::decodeSegments(str(in, "segments"), &segments))
+      return Status::error(in.op() + ": malformed segments attribute (corrupt plan)");
+    std::string shardGroup = str(in, "shard_group");
+    int64_t shard = in.op() == "adamw" ? numel(inp(1)) : numel(inp(0));
+    int64_t begin = shardGroup.empty() ? 0 : shardStart(shardGroup, shard);
+    cpu::FlatRange range{begin, shard};
+    if (in.op() == "sum_squares") {
+      bool countReplicated = !ctx_.collectives || ctx_.collectives->rankIn("tp") == 0;
+      f(out())[0] = cpu::sumSquares(f(inp(0)), segments, range, countReplicated);
+      return Status::ok();
+    }
+    // adamw(params, grads, m, v, grad_scale, lr, step, weight_decay, beta1, beta2, eps) ->
+    // (params or the updated shard, m, v)
+    if (in.inputs_size() != 11 || in.outputs_size() != 3) return Status::error("adamw: wrong operands (corrupt plan)");
+    if (numel(inp(0)) < begin + shard) return Status::error("adamw: shard outside the parameters (corrupt plan)");
+    cpu::AdamWHyper h{f(inp(4))[0], f(inp(5))[0], f(inp(6))[0], f(inp(7))[0], f(inp(8))[0], f(inp(9))[0], f(inp(10))[0]};
+    cpu::adamwFlat(f(inp(0)) + begin, f(inp(1)), f(inp(2)), f(inp(3)), f(out(0)), segments, range, h);
     return Status::ok();
   }
 
@@ -263,7 +295,7 @@ class Run {
       if (!c) return st;
       if (in.inputs_size() != in.outputs_size()) return Status::error("all_reduce: inputs and outputs differ (corrupt plan)");
       if (in.inputs_size() == 1) {
-        std::memcpy(f(out()), f(inp(0)), numel(inp(0)) * sizeof(float));
+        if (f(out()) != f(inp(0))) std::memcpy(f(out()), f(inp(0)), numel(inp(0)) * sizeof(float));
         return c->allReduce(str(in, "group"), f(out()), numel(out()), reduceOpOf(str(in, "reduce")));
       }
       // A data-parallel bucket: one collective over the members packed back to back.
@@ -277,6 +309,21 @@ class Run {
       at = 0;
       for (int k = 0; k < in.outputs_size(); at += numel(out(k)), ++k)
         std::memcpy(f(out(k)), &packed[at], numel(out(k)) * sizeof(float));
+    } else if ((op == "all_gather" || op == "reduce_scatter") && i64(in, "dim") == 0) {
+      // Along the first dimension the members' blocks are contiguous: no re-layout.
+      Status st;
+      Collectives *c = comm(st);
+      if (!c) return st;
+      bool gather = op == "all_gather";
+      int small = gather ? inp(0) : out(), large = gather ? out() : inp(0);
+      int64_t g = i64(in, "group_size"), n = numel(small);
+      if (g != c->sizeOf(str(in, "group")) || numel(large) != g * n)
+        return Status::error("group_size " + std::to_string(g) + " of group " + str(in, "group") + " but the communicator has " +
+                             std::to_string(c->sizeOf(str(in, "group"))) + " members (a plan for another layout)");
+      if (gather) return c->allGather(str(in, "group"), f(small), f(large), n);
+      LOOM_RETURN_IF_ERROR(c->reduceScatter(str(in, "group"), f(large), f(small), n));
+      if (str(in, "reduce") == "avg")
+        for (float *x = f(small), *e = x + n; x < e; ++x) *x /= float(g);
     } else if (op == "all_gather" || op == "reduce_scatter") {
       Status st;
       Collectives *c = comm(st);
@@ -308,6 +355,21 @@ class Run {
       int tag = int(i64(in, "tag") + ctx_.messageTag);
       if (op == "send") return c->send(str(in, "group"), int(i64(in, "peer")), f(inp(0)), numel(inp(0)), tag);
       return c->recv(str(in, "group"), int(i64(in, "peer")), f(out()), numel(out()), tag);
+    } else if (op == "accumulate") {  // gradient or loss accumulation, in place
+      const float *x = f(inp(0));
+      float *y = f(out());
+      for (int64_t i = 0, n = numel(out()); i < n; ++i) y[i] += x[i];
+    } else if (op == "fill") {
+      std::fill_n(f(out()), numel(out()), float(f64(in, "value")));
+    } else if (op == "scale") {
+      const float *x = f(inp(0));
+      float *y = f(out()), a = float(f64(in, "factor", 1.0));
+      for (int64_t i = 0, n = numel(out()); i < n; ++i) y[i] = x[i] * a;
+    } else if (op == "sum_squares" || op == "adamw") {
+      return optimizerOp(in);
+    } else if (op == "grad_norm") {
+      if (in.inputs_size() != 3 || in.outputs_size() != 2) return Status::error("grad_norm: wrong operands (corrupt plan)");
+      cpu::gradNorm(f(inp(0))[0], f(inp(1))[0], f(inp(2))[0], f(out(0)), f(out(1)));
     } else {
       return Status::error("the CPU backend has no kernel for op '" + op + "'");
     }
@@ -377,6 +439,19 @@ Status checkProgram(const plan::Program &prog) {
   for (const plan::Binding &b : prog.arguments())
     if (b.buffer() < 0 || b.buffer() >= prog.buffers_size())
       return Status::error(prog.name() + ": argument buffer id out of range (corrupt plan)");
+  // Only inout arguments may be written.
+  std::vector<bool> writable(prog.buffers_size(), true);
+  for (const plan::Binding &b : prog.arguments()) writable[b.buffer()] = b.inout();
+  for (int i = 0; i < prog.instructions_size(); ++i)
+    for (int b : prog.instructions(i).outputs())
+      if (!writable[b])
+        return Status::error(prog.name() + ": instruction " + std::to_string(i) + " writes argument '" +
+                             [&] {
+                               for (const plan::Binding &a : prog.arguments())
+                                 if (a.buffer() == b) return a.name();
+                               return std::string();
+                             }() +
+                             "', which is not inout (corrupt plan)");
   for (const plan::Binding &b : prog.results())
     if (b.buffer() < 0 || b.buffer() >= prog.buffers_size())
       return Status::error(prog.name() + ": result buffer id out of range (corrupt plan)");
@@ -395,7 +470,32 @@ Status checkArgument(const plan::Program &prog, int index, const HostTensor &t) 
   return Status::ok();
 }
 
+Status checkArgument(const plan::Program &prog, int index, const ArgumentView &v) {
+  const plan::Buffer &b = prog.buffers(prog.arguments(index).buffer());
+  const std::string &name = prog.arguments(index).name();
+  if ((v.i != nullptr) != (b.dtype() == plan::I32) || (!v.i && (!v.f && planattr::numel(b) > 0)))
+    return Status::error(prog.name() + ": argument '" + name + "' has the wrong element type");
+  if (v.count != planattr::numel(b))
+    return Status::error(prog.name() + ": argument '" + name + "' has " + std::to_string(v.count) +
+                         " elements, expected " + std::to_string(planattr::numel(b)));
+  return Status::ok();
+}
+
 Status executeProgram(const plan::Program &program, const std::vector<const HostTensor *> &args,
+                      const ResultConsumer &consume, const ExecutionContext &ctx) {
+  if (int(args.size()) != program.arguments_size())
+    return Status::error(program.name() + ": expected " + std::to_string(program.arguments_size()) + " arguments, got " +
+                         std::to_string(args.size()));
+  std::vector<ArgumentView> views;
+  for (const HostTensor *t : args) {
+    if (!t) return Status::error(program.name() + ": a null argument");
+    LOOM_RETURN_IF_ERROR(checkArgument(program, int(views.size()), *t));
+    views.push_back(ArgumentView::of(*t));
+  }
+  return executeProgram(program, views, consume, ctx);
+}
+
+Status executeProgram(const plan::Program &program, const std::vector<ArgumentView> &args,
                       const ResultConsumer &consume, const ExecutionContext &ctx) {
   Run run(program, ctx);
   LOOM_RETURN_IF_ERROR(run.start(args));

@@ -18,6 +18,9 @@
 
 namespace loom {
 
+// Pipeline messages of micro-batch mb use their own tag range: messageTag = mb * this.
+constexpr int64_t kTagsPerMicroBatch = 1 << 12;
+
 struct ExecutionContext {
   Collectives *collectives = nullptr;  // required by programs with communication
   uint64_t seed = 1234;                // dropout seed of this step and micro-batch
@@ -31,6 +34,25 @@ struct ExecutionContext {
   // micro-batch (-1: none).
   TraceRecorder *trace = nullptr;
   int traceMicroBatch = -1;
+  // The step's last run of this program: its last_micro_batch instructions (gradient sync)
+  // run; in earlier runs they are passed over.
+  bool lastRun = true;
+};
+
+// One argument's storage, owned by the caller: fp32 (f) or int32 (i) elements, read, or
+// written in place where the plan's binding is inout.
+struct ArgumentView {
+  float *f = nullptr;
+  int32_t *i = nullptr;
+  int64_t count = 0;
+  static ArgumentView of(const HostTensor &t) {
+    ArgumentView v;
+    if (t.isInt)
+      v.i = const_cast<int32_t *>(t.ints.data()), v.count = int64_t(t.ints.size());
+    else
+      v.f = const_cast<float *>(t.data.data()), v.count = int64_t(t.data.size());
+    return v;
+  }
 };
 
 // What every executor checks of a plan read from a file before running it: streams, event
@@ -38,6 +60,7 @@ struct ExecutionContext {
 Status checkProgram(const plan::Program &program);
 // Argument `index` against its buffer: element type and count.
 Status checkArgument(const plan::Program &program, int index, const HostTensor &tensor);
+Status checkArgument(const plan::Program &program, int index, const ArgumentView &view);
 
 // Where this rank's shard of `rows` starts along a parallel group (0 outside a group or
 // without collectives): vocab-parallel embedding rows, sequence-parallel position rows.
@@ -65,6 +88,8 @@ Status executeProgram(const plan::Program &program, const std::vector<const Host
 // that accumulate or copy into their own tensors avoid allocating a result per run.
 using ResultConsumer = std::function<void(int index, const float *data, int64_t count)>;
 Status executeProgram(const plan::Program &program, const std::vector<const HostTensor *> &args,
+                      const ResultConsumer &consume, const ExecutionContext &ctx);
+Status executeProgram(const plan::Program &program, const std::vector<ArgumentView> &args,
                       const ResultConsumer &consume, const ExecutionContext &ctx);
 
 }  // namespace loom

@@ -4,6 +4,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "protos/plan.pb.h"
 
@@ -35,5 +36,60 @@ inline int64_t numel(const plan::Buffer &b) {
 }
 // Dimension k of b; negative k counts from the end.
 inline int64_t dim(const plan::Buffer &b, int k) { return k < 0 ? b.shape(b.shape_size() + k) : b.shape(k); }
+
+}  // namespace loom::planattr
+
+namespace loom::planattr {
+
+// The optimizer program's view of the flat parameter/gradient buffer (the "segments"
+// attribute of sum_squares and adamw): one segment per parameter in flat order, written
+// "offset:count:flags;..." with the flags n (counted in the gradient norm on every rank),
+// r (counted only at position 0 of the tp group: a parameter replicated across tp) and d
+// (AdamW decays it). Padding between segments is in no segment.
+struct FlatSegment {
+  int64_t offset = 0, count = 0;
+  bool norm = false, normAtTp0 = false, decay = false;
+};
+
+inline std::string encodeSegments(const std::vector<FlatSegment> &segments) {
+  std::string s;
+  for (const FlatSegment &g : segments) {
+    if (!s.empty()) s += ';';
+    s += std::to_string(g.offset) + ":" + std::to_string(g.count) + ":" + (g.norm ? "n" : "") +
+         (g.normAtTp0 ? "r" : "") + (g.decay ? "d" : "");
+  }
+  return s;
+}
+
+// False on a malformed list (a corrupt plan).
+inline bool decodeSegments(const std::string &text, std::vector<FlatSegment> *out) {
+  out->clear();
+  size_t at = 0;
+  while (at < text.size()) {
+    size_t end = text.find(';', at);
+    if (end == std::string::npos) end = text.size();
+    std::string item = text.substr(at, end - at);
+    size_t c1 = item.find(':'), c2 = c1 == std::string::npos ? c1 : item.find(':', c1 + 1);
+    if (c2 == std::string::npos) return false;
+    FlatSegment g;
+    try {
+      g.offset = std::stoll(item.substr(0, c1));
+      g.count = std::stoll(item.substr(c1 + 1, c2 - c1 - 1));
+    } catch (...) {
+      return false;
+    }
+    for (char f : item.substr(c2 + 1)) {
+      if (f == 'n') g.norm = true;
+      else if (f == 'r') g.normAtTp0 = true;
+      else if (f == 'd') g.decay = true;
+      else return false;
+    }
+    if (g.offset < 0 || g.count < 0 || (!out->empty() && g.offset < out->back().offset + out->back().count))
+      return false;
+    out->push_back(g);
+    at = end + 1;
+  }
+  return true;
+}
 
 }  // namespace loom::planattr

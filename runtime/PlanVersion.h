@@ -9,7 +9,9 @@
 namespace loom {
 
 // 2: the first versioned format (model facts from the IR, vocabulary padding per parameter).
-inline constexpr uint32_t kPlanVersion = 2;
+// 3: the whole step in the plan: gradients accumulated and synchronised inside the backward
+//    (last_micro_batch), flat parameter/gradient buffers, the loss and optimizer programs.
+inline constexpr uint32_t kPlanVersion = 3;
 
 // "" when `version` is this build's; otherwise why `what` (a plan file) cannot be read.
 inline std::string planVersionError(uint32_t version, const std::string &what) {

@@ -29,15 +29,16 @@
 #include "runtime/HfGpt2.h"
 #include "runtime/HfLlama.h"
 #include "runtime/PlanVersion.h"
-#include "runtime/Trainer.h"
+#include "runtime/CpuBackend.h"
 #include "runtime/cuda/CudaKernels.h"
-#include "runtime/cuda/CudaRankTrainer.h"
+#include "runtime/cuda/CudaBackend.h"
 #include "runtime/cuda/NcclGroup.h"
 #include "runtime/cuda/PipelineLinks.h"
-#include "runtime/TrainingLoop.h"
-#include "runtime/data/GptDataset.h"
 #include "runtime/control/CoordinatorClient.h"
 #include "runtime/control/Flags.h"
+#include "runtime/data/GptDataset.h"
+#include "train/Trainer.h"
+#include "train/TrainingLoop.h"
 
 namespace {
 
@@ -167,11 +168,10 @@ int main(int argc, char **argv) {
   if (!flags.ok()) return 2;
   if (lopt.trainIters < 0) return flags.fail("--steps must be >= 0");
   if (lopt.resume && lopt.save.empty()) return flags.fail("--resume needs --save DIR (where the checkpoints are)");
-  // --device cuda: the step on this rank's GPU (runtime/cuda/CudaRankTrainer.h).
+  // --device cuda: the step on this rank's GPU (runtime/cuda/CudaBackend.h).
   std::string device = flags.get("device", "cpu");
   if (device != "cpu" && device != "cuda") return flags.fail("--device " + device + ": expected cpu or cuda");
-  loom::cuda::CudaTrainerOptions copt;
-  copt.seed = seed, copt.adam = topt.adam;
+  loom::cuda::CudaExecutorOptions copt;
   std::string precision = flags.get("precision", device == "cuda" ? "bf16" : "fp32");
   if (!loom::cuda::parsePrecision(precision, &copt.precision))
     return flags.fail("--precision " + precision + ": expected fp32, bf16 or fp16");
@@ -180,11 +180,10 @@ int main(int argc, char **argv) {
   if (device == "cpu" && flags.has("gpu")) return flags.fail("--gpu needs --device cuda");
   if (!loom::cuda::parseAttentionKernel(flags.get("attention", "auto"), &copt.attention))
     return flags.fail("--attention " + flags.get("attention") + ": expected auto, unfused or flash");
+  topt.lossScaling = copt.precision == loom::cuda::Precision::kFp16;  // fp16: dynamic loss scaling
   if (device == "cpu" && flags.has("attention")) return flags.fail("--attention needs --device cuda");
   if (device == "cuda" && flags.has("trace"))
     return flags.fail("--trace: the CUDA backend does not record traces yet (the CPU backend does)");
-  if (device == "cuda" && !topt.dumpBatches.empty())
-    return flags.fail("--dump-batches is a CPU-backend test aid (use --device cpu)");
   loom::Status s = client.connect(rank, connectTimeout, &reg);
   if (!s.isOk()) {
     std::fprintf(stderr, "%s: error: %s\n", tool.c_str(), s.message().c_str());
@@ -254,7 +253,7 @@ int main(int argc, char **argv) {
     valid = std::make_unique<loom::SyntheticData>(plan.seq_length(), plan.vocab_size(), seed + 2);
   }
   if (!topt.dumpBatches.empty()) std::filesystem::create_directories(topt.dumpBatches);
-  std::unique_ptr<loom::RankTrainer> trainer;
+  std::unique_ptr<loom::StepBackend> backend;
   std::unique_ptr<loom::cuda::NcclGroups> nccl;
   std::unique_ptr<loom::cuda::PipelineLinks> links;
   if (device == "cuda") {
@@ -262,6 +261,7 @@ int main(int argc, char **argv) {
     loom::ParallelLayout layout{plan.t(), plan.p(), plan.d()};
     if (s = loom::cuda::NcclGroups::create(&client, layout, rank, int64_t(commTimeout * 1000), &nccl); !s.isOk())
       return fail(s.message());
+    copt.groups = nccl.get();
     if (plan.p() > 1) {  // messages between pipeline stages: one NCCL link per direction and peer
       std::vector<loom::cuda::PipelineLinks::Need> needs;
       if (s = loom::cuda::pipelineNeeds(plan, programs, &needs); !s.isOk()) return fail(s.message());
@@ -270,15 +270,16 @@ int main(int argc, char **argv) {
       if (!s.isOk()) return fail(s.message());
       copt.links = links.get();
     }
-    std::unique_ptr<loom::cuda::CudaRankTrainer> gpu;
-    if (s = loom::cuda::CudaRankTrainer::create(plan, programs, collectives.get(), nccl.get(), train.get(), topt, copt,
-                                                &gpu);
-        !s.isOk())
-      return fail(s.message());
-    trainer = std::move(gpu);
+    std::unique_ptr<loom::cuda::CudaBackend> gpu;
+    if (s = loom::cuda::CudaBackend::create(copt, programs, &gpu); !s.isOk()) return fail(s.message());
+    backend = std::move(gpu);
   } else {
-    trainer = std::make_unique<loom::Trainer>(plan, programs, collectives.get(), train.get(), topt);
+    backend = std::make_unique<loom::CpuBackend>();
   }
+  std::unique_ptr<loom::Trainer> trainer;
+  if (s = loom::Trainer::create(plan, programs, std::move(backend), collectives.get(), train.get(), topt, &trainer);
+      !s.isOk())
+    return fail(s.message());
   if (flags.has("init-from")) {
     loom::SafetensorsFile hf;
     std::map<std::string, loom::HostTensor> global;

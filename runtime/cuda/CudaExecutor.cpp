@@ -5,6 +5,7 @@
 
 #include "runtime/PlanAttributes.h"
 #include "runtime/cpu/Kernels.h"
+#include "runtime/cpu/Optimizer.h"
 #include "runtime/cuda/Attention.h"
 #include "runtime/cuda/CudaKernels.h"
 #include "runtime/cuda/CudaStatus.h"
@@ -76,9 +77,12 @@ ScratchPlan scratchFor(const plan::Program &p, Precision precision, AttentionKer
       cpu::GroupedAttentionShape shape;  // the first head does not change the scratch size
       if (groupedAttentionShape(p, in, [](const std::string &, int64_t) { return int64_t(0); }, &shape).isOk())
         need = groupedAttentionScratchBytes(shape, precision, op == "grouped_attention_grad");
-    } else if (op == "all_gather" || op == "reduce_scatter") {
+    } else if ((op == "all_gather" || op == "reduce_scatter") && i64(in, "dim") > 0) {
+      // Blocks along an inner dimension are re-laid out through scratch (the first is contiguous).
       size_t large = size_t(planattr::numel(p.buffers(op == "all_gather" ? in.outputs(0) : in.inputs(0))));
       need = large * sizeof(float);
+    } else if (op == "sum_squares") {
+      need = sizeof(double);
     }
     int s = int(in.stream());
     if (s >= 0 && s < 4) plan.bytes[s] = std::max(plan.bytes[s], need);
@@ -131,6 +135,11 @@ class DeviceRun {
       int k = int(in.stream());
       st_ = e_.streams_[k];
       Status s = Status::ok();
+      if (in.last_micro_batch() && !ctx_.lastRun) {  // not this run: its event marks nothing pending
+        if (awaited[i]) s = cudaStatus(cudaEventRecord(e_.events_[i], st_), "event");
+        if (!s.isOk()) return Status::error(prog_.name() + " instruction " + std::to_string(i) + ": " + s.message());
+        continue;
+      }
       for (int w : in.wait_for())
         if (s.isOk()) s = cudaStatus(cudaStreamWaitEvent(st_, e_.events_[w], 0), "stream wait");
       if (s.isOk() && k != plan::COMPUTE && !isCollective(in.op()) && in.op() != "send" && in.op() != "recv" &&
@@ -295,8 +304,12 @@ class DeviceRun {
     int64_t outer = 1, inner = 1;
     const plan::Buffer &sb = prog_.buffers(small);
     for (int k = 0; k < sb.shape_size(); ++k) (k < d ? outer : inner) *= sb.shape(k);
-    if (outer == 1)  // the blocks are already contiguous in rank order
-      return gather ? comm->allGather(f(small), f(large), n, st_) : comm->reduceScatterSum(f(large), f(small), n, st_);
+    if (outer == 1) {  // the blocks are already contiguous in rank order
+      if (gather) return comm->allGather(f(small), f(large), n, st_);
+      LOOM_RETURN_IF_ERROR(comm->reduceScatterSum(f(large), f(small), n, st_));
+      if (str(in, "reduce") == "avg") scaleInPlace(f(small), n, 1.0f / float(g), st_);
+      return Status::ok();
+    }
     float *blocks = reinterpret_cast<float *>(scratch_[stream]);
     size_t row = size_t(inner) * sizeof(float), wide = size_t(g) * row;
     if (gather) LOOM_RETURN_IF_ERROR(comm->allGather(f(small), blocks, n, st_));
@@ -451,9 +464,86 @@ class DeviceRun {
       int peer = int(i64(in, "peer"));
       return op == "send" ? links->send(peer, f(inp(0)), numel(inp(0)), st_)
                           : links->recv(peer, f(out()), numel(out()), st_);
+    } else if (op == "accumulate") {  // gradient or loss accumulation, in place
+      addBroadcast(f(out()), f(inp(0)), f(out()), numel(out()), numel(out()), st_);
+    } else if (op == "fill") {
+      fillValue(f(out()), numel(out()), float(f64(in, "value")), st_);
+    } else if (op == "scale") {
+      if (f(out()) != f(inp(0)))
+        LOOM_RETURN_IF_ERROR(cudaStatus(
+            cudaMemcpyAsync(f(out()), f(inp(0)), numel(out()) * sizeof(float), cudaMemcpyDeviceToDevice, st_), "copy"));
+      scaleInPlace(f(out()), numel(out()), float(f64(in, "factor", 1.0)), st_);
+    } else if (op == "sum_squares" || op == "adamw") {
+      return optimizerOp(in);
+    } else if (op == "grad_norm") {
+      if (in.inputs_size() != 3 || in.outputs_size() != 2) return Status::error("grad_norm: wrong operands (corrupt plan)");
+      std::vector<float> squares, clip, scale;
+      LOOM_RETURN_IF_ERROR(toHost(squares, f(inp(0)), 1));
+      LOOM_RETURN_IF_ERROR(toHost(clip, f(inp(1)), 1));
+      LOOM_RETURN_IF_ERROR(toHost(scale, f(inp(2)), 1));
+      float result[2];
+      cpu::gradNorm(squares[0], clip[0], scale[0], &result[0], &result[1]);
+      for (int k = 0; k < 2; ++k)
+        LOOM_RETURN_IF_ERROR(cudaStatus(
+            cudaMemcpyAsync(f(out(k)), &result[k], sizeof(float), cudaMemcpyHostToDevice, st_), "copy the norm"));
+      return cudaStatus(cudaStreamSynchronize(st_), "copy the norm");  // `result` lives on this stack frame
     } else {
       return Status::error("the CUDA backend has no kernel for op '" + op + "'");
     }
+    return Status::ok();
+  }
+
+  // The optimizer over the flat buffer, segment by segment (as the CPU executor's): the sum of
+  // squares in double on the device, AdamW per segment with its decay flag.
+  Status optimizerOp(const plan::Instruction &in) {
+    std::vector<planattr::FlatSegment> segments;
+    if (!planattr::decodeSegments(str(in, "segments"), &segments))
+      return Status::error(in.op() + ": malformed segments attribute (corrupt plan)");
+    std::string shardGroup = str(in, "shard_group");
+    bool adam = in.op() == "adamw";
+    int64_t shard = numel(adam ? in.inputs(1) : in.inputs(0));
+    int64_t begin = shardGroup.empty() ? 0 : shardStart(shardGroup, shard), end = begin + shard;
+    auto forEach = [&](auto body) {
+      for (const planattr::FlatSegment &sg : segments) {
+        int64_t lo = std::max(sg.offset, begin), hi = std::min(sg.offset + sg.count, end);
+        if (lo < hi) body(lo - begin, hi - lo, sg);
+      }
+    };
+    if (!adam) {
+      bool countReplicated = !ctx_.collectives || ctx_.collectives->rankIn("tp") == 0;
+      double *sum = reinterpret_cast<double *>(scratch_[0]);
+      LOOM_RETURN_IF_ERROR(cudaStatus(cudaMemsetAsync(sum, 0, sizeof(double), st_), "zero the sum of squares"));
+      const float *g = f(in.inputs(0));
+      forEach([&](int64_t at, int64_t n, const planattr::FlatSegment &sg) {
+        if (sg.norm || (sg.normAtTp0 && countReplicated)) accumulateSquares(g + at, n, sum, st_);
+      });
+      std::vector<double> host;
+      LOOM_RETURN_IF_ERROR(toHost(host, sum, 1));
+      float value = float(host[0]);
+      LOOM_RETURN_IF_ERROR(cudaStatus(
+          cudaMemcpyAsync(f(in.outputs(0)), &value, sizeof(float), cudaMemcpyHostToDevice, st_), "copy the squares"));
+      return cudaStatus(cudaStreamSynchronize(st_), "copy the squares");
+    }
+    // adamw(params, grads, m, v, grad_scale, lr, step, weight_decay, beta1, beta2, eps)
+    if (in.inputs_size() != 11 || in.outputs_size() != 3) return Status::error("adamw: wrong operands (corrupt plan)");
+    if (numel(in.inputs(0)) < end) return Status::error("adamw: shard outside the parameters (corrupt plan)");
+    float h[7];
+    for (int k = 0; k < 7; ++k) {
+      std::vector<float> v;
+      LOOM_RETURN_IF_ERROR(toHost(v, f(in.inputs(4 + k)), 1));
+      h[k] = v[0];
+    }
+    float *param = f(in.inputs(0)) + begin, *grad = f(in.inputs(1)), *out = f(in.outputs(0));
+    if (out != param)
+      LOOM_RETURN_IF_ERROR(cudaStatus(
+          cudaMemcpyAsync(out, param, size_t(shard) * sizeof(float), cudaMemcpyDeviceToDevice, st_), "copy the shard"));
+    if (h[0] == 0.0f) return Status::ok();      // skipped: non-finite gradients
+    if (h[0] != 1.0f) scaleInPlace(grad, shard, h[0], st_);  // clipping and loss-scale removal
+    forEach([&](int64_t at, int64_t n, const planattr::FlatSegment &sg) {
+      adamwUpdate(out + at, grad + at, f(in.inputs(2)) + at, f(in.inputs(3)) + at, n, h[1], h[4], h[5], h[6], h[3],
+                  int64_t(h[2]), sg.decay, st_);
+    });
+    e_.parametersChanged();  // the 16-bit copies are remade on next use
     return Status::ok();
   }
 

@@ -392,14 +392,6 @@ void adamwUpdate(float *param, const float *grad, float *m, float *v, int64_t n,
                                               nullptr);
 }
 
-void adamwUpdateMasked(float *param, const float *grad, float *m, float *v, const float *decayMask, int64_t n,
-                       float lr, float beta1, float beta2, float eps, float weightDecay, int64_t step, cudaStream_t s) {
-  if (n <= 0) return;
-  float c1 = 1 - powf(beta1, float(step)), c2 = 1 - powf(beta2, float(step));
-  adamwKernel<<<blocks(n), kThreads, 0, s>>>(param, grad, m, v, n, lr, beta1, beta2, eps, weightDecay, c1, c2, false,
-                                              decayMask);
-}
-
 void accumulateSquares(const float *x, int64_t n, double *sumOfSquares, cudaStream_t s, const float *mask) {
   if (n <= 0) return;
   squaresKernel<<<std::min(blocks(n), 1024), kThreads, 0, s>>>(x, n, sumOfSquares, mask);

@@ -49,10 +49,6 @@ void crossEntropyBackward(const float *logits, const int32_t *labels, const floa
                           int64_t colStart, int64_t validVocab, cudaStream_t s);
 void adamwUpdate(float *param, const float *grad, float *m, float *v, int64_t n, float lr, float beta1, float beta2,
                  float eps, float weightDecay, int64_t step, bool decay, cudaStream_t s);
-// The same with weight decay per element: where decayMask[i] != 0 (ZeRO-1's flat shard, which
-// mixes parameters that decay and parameters that do not).
-void adamwUpdateMasked(float *param, const float *grad, float *m, float *v, const float *decayMask, int64_t n,
-                       float lr, float beta1, float beta2, float eps, float weightDecay, int64_t step, cudaStream_t s);
 // *sumOfSquares += sum of x[i]^2 (accumulated in double: the global gradient norm); with a
 // mask, only where mask[i] != 0.
 void accumulateSquares(const float *x, int64_t n, double *sumOfSquares, cudaStream_t s,

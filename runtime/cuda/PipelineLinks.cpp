@@ -5,7 +5,7 @@
 #include <tuple>
 #include <string>
 
-#include "runtime/Trainer.h"
+#include "runtime/Executor.h"
 #include "runtime/cuda/CudaStatus.h"
 #include "runtime/cuda/NcclGroup.h"
 

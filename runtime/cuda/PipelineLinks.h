@@ -76,7 +76,7 @@ Status pipelineNeeds(const plan::RankPlan &plan, const plan::ProgramSet &program
 
 // Per (peer, send?) of this rank, the tags of a step's messages over that link in the order
 // they go out or are posted: the CPU backend's tag (the instruction's plus the micro-batch's
-// channel, as runtime/Trainer.cpp numbers them).
+// channel, as the step driver numbers them: kTagsPerMicroBatch in runtime/Executor.h).
 std::map<std::pair<int, bool>, std::vector<int64_t>> linkMessageOrder(const plan::RankPlan &plan,
                                                                       const plan::ProgramSet &programs);
 

@@ -1,11 +1,10 @@
-// The CUDA trainer against the CPU trainer on gpt-tiny for one rank: three optimizer steps
-// from the same initial weights, data and seeds (AdamW, lr 1e-3, global-norm clipping at 1.0);
-// every step's loss and gradient norm and every parameter afterwards agree within 1e-4 in fp32
-// (also with ZeRO-1's flat, sharded update: d = 1 on one GPU), and within the operands'
-// rounding with bf16 (2e-2) or fp16 (1e-2, dynamic loss scaling on: no step of this model
-// overflows at the initial scale, so none is skipped). Needs a GPU;
-// skips with a message without one (CI). A pipeline plan is refused with a message (runs
-// everywhere: it fails before touching the device).
+// The CUDA backend against the CPU backend under the same step driver and trainer on
+// gpt-tiny for one rank: three optimizer steps from the same initial weights, data and seeds
+// (AdamW, lr 1e-3, global-norm clipping at 1.0); every step's loss and gradient norm and every
+// parameter afterwards agree within 1e-4 in fp32 (also with ZeRO-1's flat, sharded update:
+// d = 1 on one GPU), and within the operands' rounding with bf16 (2e-2) or fp16 (1e-2, dynamic
+// loss scaling on: no step of this model overflows at the initial scale, so none is skipped).
+// Needs a GPU; skips with a message without one (CI).
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -13,13 +12,14 @@
 #include <string>
 
 #include "protos/plan.pb.h"
+#include "runtime/CpuBackend.h"
 #include "runtime/DataSource.h"
 #include "runtime/ThreadCollectives.h"
-#include "runtime/Trainer.h"
+#include "runtime/cuda/CudaBackend.h"
 #include "runtime/cuda/CudaKernels.h"
-#include "runtime/cuda/CudaTrainer.h"
 #include "runtime/cuda/NcclGroup.h"
 #include "tests/cuda/TestPlans.h"
+#include "train/Trainer.h"
 
 namespace loom {
 namespace {
@@ -37,7 +37,7 @@ struct Config {
 };
 class CudaTrainerPrecision : public ::testing::TestWithParam<Config> {};
 
-TEST_P(CudaTrainerPrecision, ThreeStepsMatchTheCpuTrainer) {
+TEST_P(CudaTrainerPrecision, ThreeStepsMatchTheCpuBackend) {
   const char *why = "";
   if (!cuda::deviceAvailable(&why)) GTEST_SKIP() << "no CUDA device (" << why << "): skipping the trainer check";
   const cuda::Precision precision = GetParam().precision;
@@ -56,40 +56,40 @@ TEST_P(CudaTrainerPrecision, ThreeStepsMatchTheCpuTrainer) {
   std::unique_ptr<cuda::NcclGroups> groups;
   Status s = cuda::NcclGroups::create(nullptr, ParallelLayout{}, 0, 1000, &groups);
   ASSERT_TRUE(s.isOk()) << s.message();
-  cuda::CudaTrainerOptions options;
-  options.seed = 11;
-  options.precision = precision;
-  std::unique_ptr<cuda::CudaTrainer> gpu;
-  s = cuda::CudaTrainer::create(rank, programs, collectives.get(), groups.get(), &data, options, &gpu);
+  cuda::CudaExecutorOptions eopt;
+  eopt.precision = precision;
+  eopt.groups = groups.get();
+  std::unique_ptr<cuda::CudaBackend> device;
+  s = cuda::CudaBackend::create(eopt, programs, &device);
   ASSERT_TRUE(s.isOk()) << s.message();
-
+  TrainerOptions options;
+  options.seed = 11;
+  options.lossScaling = precision == cuda::Precision::kFp16;
+  std::unique_ptr<Trainer> gpu, cpu;
+  s = Trainer::create(rank, programs, std::move(device), collectives.get(), &data, options, &gpu);
+  ASSERT_TRUE(s.isOk()) << s.message();
   TrainerOptions cpuOptions;
   cpuOptions.seed = 11;
-  Trainer cpu(rank, programs, collectives.get(), &data, cpuOptions);
+  s = Trainer::create(rank, programs, std::make_unique<CpuBackend>(), collectives.get(), &data, cpuOptions, &cpu);
+  ASSERT_TRUE(s.isOk()) << s.message();
   for (int64_t it = 1; it <= 3; ++it) {
-    StepResult want;
-    ASSERT_TRUE(cpu.computeGradients(it - 1, &want).isOk());
-    double norm = 0;
-    if (zero1) {  // as TrainingLoop runs a ZeRO-1 plan
-      ASSERT_TRUE(cpu.distributedOptimizerStep(it, lr, clip, &norm).isOk());
-    } else {
-      ASSERT_TRUE(cpu.gradientNorm(&norm).isOk());
-      if (norm > clip) ASSERT_TRUE(cpu.scaleGradients(clip / (norm + 1e-6)).isOk());
-      ASSERT_TRUE(cpu.applyOptimizer(it, lr).isOk());
-    }
-
-    StepResult got;
-    double gotNorm = 0;
-    s = gpu->step(it, lr, clip, &got, &gotNorm);
+    StepResult want, got;
+    double norm = 0, gotNorm = 0;
+    bool skipped = false;
+    ASSERT_TRUE(cpu->computeGradients(it - 1, &want).isOk());
+    ASSERT_TRUE(cpu->optimizerStep(it, lr, clip, &norm, &skipped).isOk());
+    s = gpu->computeGradients(it - 1, &got);
     ASSERT_TRUE(s.isOk()) << s.message();
-    EXPECT_FALSE(got.skipped) << "step " << it;
+    s = gpu->optimizerStep(it, lr, clip, &gotNorm, &skipped);
+    ASSERT_TRUE(s.isOk()) << s.message();
+    EXPECT_FALSE(skipped) << "step " << it;
     EXPECT_NEAR(got.loss, want.loss, tol * std::abs(want.loss)) << "step " << it;
     EXPECT_NEAR(gotNorm, norm, 10 * tol * norm) << "step " << it;
   }
-  std::map<std::string, HostTensor> params;
-  s = gpu->downloadParameters(&params);
-  ASSERT_TRUE(s.isOk()) << s.message();
-  for (const auto &[name, want] : cpu.parameters())
+  std::map<std::string, HostTensor> params, wantParams;
+  ASSERT_TRUE(gpu->hostParameters(&params).isOk());
+  ASSERT_TRUE(cpu->hostParameters(&wantParams).isOk());
+  for (const auto &[name, want] : wantParams)
     EXPECT_LT(relErr(params.at(name).data, want.data), tol) << name << " (" << GetParam().name << ")";
 }
 
@@ -99,18 +99,6 @@ INSTANTIATE_TEST_SUITE_P(Precisions, CudaTrainerPrecision,
                                            Config{cuda::Precision::kFp16, false, "fp16"},
                                            Config{cuda::Precision::kFp32, true, "fp32_zero1"}),
                          [](const auto &info) { return std::string(info.param.name); });
-
-TEST(CudaTrainerLimits, APipelinePlanIsRefusedWithAMessage) {
-  plan::RankPlan rank;
-  rank.set_p(2);
-  ThreadWorld world(ParallelLayout{});
-  std::unique_ptr<Collectives> collectives = world.forRank(0);
-  SyntheticData data(8, 10, 1);
-  std::unique_ptr<cuda::CudaTrainer> trainer;
-  Status s = cuda::CudaTrainer::create(rank, {}, collectives.get(), nullptr, &data, {}, &trainer);
-  ASSERT_FALSE(s.isOk());
-  EXPECT_NE(s.message().find("pipeline_parallel_size 2"), std::string::npos) << s.message();
-}
 
 }  // namespace
 }  // namespace loom

@@ -139,19 +139,34 @@ def loom_to_hf_grad(name, g, vocab, heads):
 
 
 def job_gradients(dump, world):
-    """Assemble the ranks' step-1 gradients (tensor-parallel shards concatenated)."""
-    shards = {}
+    """Assemble the ranks' step-1 gradients (tensor-parallel shards concatenated). The dump is
+    taken before the optimizer program, which finishes two syncs: with ZeRO-1 the data-parallel
+    replicas hold their own gradients (averaged here), and a pipeline-tied embedding's two
+    copies hold their stage's part (summed here)."""
+    shards, copies = {}, {}  # name -> shard -> (dim, [per-replica gradients])
     for r in range(world):
         tensors, meta = read_safetensors(os.path.join(dump, f"grads_rank{r}.safetensors"))
+        dp_synced = meta.get("__dp_synchronized__", "true") == "true"
         for name, g in tensors.items():
-            if ".stage" in name:  # the pipeline-tied copy: its twin holds the same gradient
-                continue
             dim, parts, index = (int(x) for x in meta[name].split(",")[:3])
-            shards.setdefault(name, {})[0 if dim < 0 else index] = (dim, g)
+            key = 0 if dim < 0 else index
+            target = shards
+            if "tied:" + name in meta:  # the pipeline-tied copy: its part goes to its twin
+                target, name = copies, meta["tied:" + name]
+            entry = target.setdefault(name, {}).setdefault(key, (dim, []))
+            if dp_synced:
+                entry[1].clear()  # every replica holds the same
+            entry[1].append(g)
     out = {}
     for name, parts in shards.items():
-        dim = next(iter(parts.values()))[0]
-        out[name] = parts[0][1] if dim < 0 else torch.cat([parts[i][1] for i in sorted(parts)], dim)
+        summed = {}
+        for key, (dim, gs) in parts.items():
+            g = torch.stack(gs).mean(0)
+            if name in copies and key in copies[name]:
+                g = g + torch.stack(copies[name][key][1]).mean(0)
+            summed[key] = (dim, g)
+        dim = next(iter(summed.values()))[0]
+        out[name] = summed[0][1] if dim < 0 else torch.cat([summed[i][1] for i in sorted(summed)], dim)
     return out
 
 

@@ -32,7 +32,11 @@ Result run(const std::string &command) {
 
 JobGradients readJobGradients(const std::string &dir, int worldSize) {
   JobGradients out;
-  std::map<std::string, std::map<int, HostTensor>> shards;  // name -> shard index -> tensor
+  struct Replicas {
+    HostTensor sum;  // over `count` replicas
+    int count = 0;
+  };
+  std::map<std::string, std::map<int, Replicas>> shards, copies;  // name -> shard index -> replicas
   std::map<std::string, int> shardDim;
   bool haveLoss = false;
   for (int r = 0; r < worldSize; ++r) {
@@ -45,25 +49,41 @@ JobGradients readJobGradients(const std::string &dir, int worldSize) {
         return out.error = "ranks disagree on the loss", out;
       out.loss = l, haveLoss = true;
     }
+    // Taken before the optimizer program: with ZeRO-1 each data-parallel replica holds its own
+    // gradients (averaged here), and a pipeline-tied copy holds its stage's part (summed into
+    // its twin's here); other replicas (data parallel, tensor-parallel replicated) must agree.
+    bool dpSynchronized = f.metadata["__dp_synchronized__"] != "false";
     for (auto &[name, t] : f.tensors) {
       int dim, parts, index;
       std::sscanf(f.metadata[name].c_str(), "%d,%d,%d", &dim, &parts, &index);
-      std::string base = name.substr(0, name.find(".stage"));
+      bool copy = f.metadata.count("tied:" + name) > 0;
+      std::string base = copy ? f.metadata["tied:" + name] : name;
       shardDim[base] = dim;
-      auto &slot = shards[base];
-      if (slot.count(dim < 0 ? 0 : index)) {
-        // A replica (data parallel, tensor-parallel replicated, or the tied copy): must agree.
-        const HostTensor &prev = slot[dim < 0 ? 0 : index];
+      Replicas &slot = (copy ? copies : shards)[base][dim < 0 ? 0 : index];
+      if (slot.count > 0 && dpSynchronized) {
         for (size_t i = 0; i < t.data.size(); ++i)
-          if (std::abs(prev.data[i] - t.data[i]) > 1e-6 * (1 + std::abs(prev.data[i])))
+          if (std::abs(slot.sum.data[i] / slot.count - t.data[i]) > 1e-6 * (1 + std::abs(t.data[i])))
             return out.error = "replicas of '" + name + "' disagree", out;
         continue;
       }
-      slot[dim < 0 ? 0 : index] = std::move(t);
+      if (slot.count == 0)
+        slot.sum = std::move(t);
+      else
+        for (size_t i = 0; i < t.data.size(); ++i) slot.sum.data[i] += t.data[i];
+      ++slot.count;
     }
   }
   if (!haveLoss) return out.error = "no rank reported the loss", out;
-  for (auto &[name, parts] : shards) {
+  for (auto &[name, replicas] : shards) {
+    std::map<int, HostTensor> parts;  // the step's gradient per shard: mean of replicas, plus the copy's
+    for (auto &[index, r] : replicas) {
+      HostTensor g = r.sum;
+      for (float &x : g.data) x /= float(r.count);
+      auto copy = copies[name].find(index);
+      if (copy != copies[name].end())
+        for (size_t i = 0; i < g.data.size(); ++i) g.data[i] += copy->second.sum.data[i] / float(copy->second.count);
+      parts[index] = std::move(g);
+    }
     int dim = shardDim[name];
     if (dim < 0) {
       out.grads[name] = parts.begin()->second;

@@ -4,7 +4,7 @@
 #include <cstdio>
 #include <string>
 
-#include "runtime/AdamW.h"
+#include "runtime/cpu/Optimizer.h"
 #include "runtime/Safetensors.h"
 #include "runtime/cpu/Kernels.h"
 
@@ -115,11 +115,17 @@ int main(int argc, char **argv) {
     loom::cpu::crossEntropyBackward(logits.data.data(), labels.ints.data(), mask.data.data(), mx.data(), sum.data(),
                                     float(meta("grad")), O["dlogits"].data.data(), tokens, cols, 0, valid);
   } else if (op == "adamw") {
+    // The optimizer program's kernel over one decayed segment (the whole tensor).
     HostTensor p = T["param"];
-    loom::AdamWState state;
-    loom::AdamWConfig cfg{meta("beta1"), meta("beta2"), meta("eps"), meta("weight_decay")};
-    for (int step = 1; step <= int(meta("steps")); ++step)
-      loom::adamwUpdate(p, T["grad" + std::to_string(step)], state, cfg, meta("lr"), step, true);
+    int64_t n = p.numel();
+    std::vector<float> m(n, 0.0f), v(n, 0.0f);
+    std::vector<loom::planattr::FlatSegment> segments = {{0, n, true, false, true}};
+    for (int step = 1; step <= int(meta("steps")); ++step) {
+      loom::cpu::AdamWHyper h{1.0f, float(meta("lr")), float(step), float(meta("weight_decay")), float(meta("beta1")),
+                              float(meta("beta2")), float(meta("eps"))};
+      loom::cpu::adamwFlat(p.data.data(), T["grad" + std::to_string(step)].data.data(), m.data(), v.data(),
+                           p.data.data(), segments, {0, n}, h);
+    }
     O["param"] = p;
   } else {
     std::fprintf(stderr, "kernel_probe: error: unknown op '%s'\n", op.c_str());

@@ -1,6 +1,6 @@
 // The dynamic loss scaler's schedule: halve and skip on overflow (not below the minimum),
 // double after growthInterval clean steps in a row, and refuse configs that cannot scale.
-#include "runtime/LossScaler.h"
+#include "train/LossScaler.h"
 
 #include <gtest/gtest.h>
 

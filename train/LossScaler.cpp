@@ -1,4 +1,4 @@
-#include "runtime/LossScaler.h"
+#include "train/LossScaler.h"
 
 #include <algorithm>
 #include <string>

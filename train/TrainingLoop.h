@@ -7,8 +7,8 @@
 #include <string>
 
 #include "runtime/DataSource.h"
-#include "runtime/RankTrainer.h"
 #include "runtime/control/CoordinatorClient.h"
+#include "train/Trainer.h"
 
 namespace loom {
 
@@ -39,7 +39,7 @@ struct TrainingOptions {
 
 class TrainingLoop {
  public:
-  TrainingLoop(RankTrainer &trainer, control::CoordinatorClient &client, DataSource *validation,
+  TrainingLoop(Trainer &trainer, control::CoordinatorClient &client, DataSource *validation,
                TrainingOptions options, std::atomic<int64_t> *stepCounter);
   Status run();
 
@@ -50,7 +50,7 @@ class TrainingLoop {
   Status exportModel();
   bool logs() const;
 
-  RankTrainer &trainer_;
+  Trainer &trainer_;
   control::CoordinatorClient &client_;
   DataSource *validation_;
   TrainingOptions opt_;

@@ -1,7 +1,8 @@
-#include "runtime/TrainingLoop.h"
+#include "train/TrainingLoop.h"
 
 #include <sys/resource.h>
 
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -24,7 +25,7 @@ double LrSchedule::at(int64_t it) const {
   return minLr + (maxLr - minLr) * 0.5 * (1.0 + std::cos(M_PI * progress));
 }
 
-TrainingLoop::TrainingLoop(RankTrainer &trainer, control::CoordinatorClient &client, DataSource *validation,
+TrainingLoop::TrainingLoop(Trainer &trainer, control::CoordinatorClient &client, DataSource *validation,
                            TrainingOptions options, std::atomic<int64_t> *stepCounter)
     : trainer_(trainer), client_(client), validation_(validation), opt_(std::move(options)), step_(stepCounter) {
   if (opt_.lr.decayIters == 0) opt_.lr.decayIters = opt_.trainIters;
@@ -261,64 +262,58 @@ Status TrainingLoop::run() {
   for (int64_t it = start + 1; it <= opt_.trainIters; ++it) {
     *step_ = it;
     StepResult r;
+    auto started = std::chrono::steady_clock::now();
     LOOM_RETURN_IF_ERROR(trainer_.computeGradients(it - 1, &r));
     if (it == 1 && !opt_.dumpGrads.empty()) {
-      if (p.zero1()) LOOM_RETURN_IF_ERROR(trainer_.synchronizeGradientsOverDataParallel());
       SafetensorsFile f;
       std::map<std::string, HostTensor> grads;
       LOOM_RETURN_IF_ERROR(trainer_.hostGradients(&grads));
       for (const plan::Parameter &param : p.parameters()) {
         f.tensors[param.name()] = grads.at(param.name());
         f.metadata[param.name()] = shardInfo(param);
+        // Before the optimizer's cross-stage sum, a tied copy holds its stage's part only.
+        if (!param.tied_to().empty()) f.metadata["tied:" + param.name()] = param.tied_to();
       }
       char loss[32];
       std::snprintf(loss, sizeof loss, "%.9g", r.loss);
       if (r.hasLoss) f.metadata["__loss__"] = loss;
+      // ZeRO-1: each replica's own gradients (the optimizer reduce-scatters them): the reader averages.
+      f.metadata["__dp_synchronized__"] = trainer_.gradientsSynchronized() ? "true" : "false";
       std::filesystem::create_directories(opt_.dumpGrads);
       LOOM_RETURN_IF_ERROR(
           writeSafetensors(opt_.dumpGrads + "/grads_rank" + std::to_string(p.rank()) + ".safetensors", f));
     }
-    if (r.hasLoss && !r.skipped && !std::isfinite(r.loss))
+    if (r.hasLoss && !std::isfinite(r.loss) && !r.lossScale)
       return Status::error("the loss is " + std::to_string(r.loss) + " at iteration " + std::to_string(it) +
                            ": stopping before the update (no checkpoint of this state is written)");
     // Skipped fp16 steps neither update nor advance the learning-rate schedule or AdamW's step
     // count (as in Megatron-LM); `update` is the 1-based count of updates with this one.
     int64_t update = it - skipped_;
     double norm = 0, lr = opt_.lr.at(update);
-    if (r.skipped) {
-      // fp16 dynamic loss scaling: an inf/NaN gradient on some rank; every rank skips the update.
+    bool skipped = false;
+    Status st = trainer_.optimizerStep(update, lr, opt_.clipGrad, &norm, &skipped);
+    if (!st.isOk()) return Status::error(st.message() + " (iteration " + std::to_string(it) + ")");
+    double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
+    if (skipped) {
+      // fp16 dynamic loss scaling: an inf/NaN gradient on some rank; every rank skipped the update.
       ++skipped_;
       if (logs())
         std::printf(" iteration %8lld/%8lld | skipped: inf/NaN gradients at loss scale %.0f (halved)\n",
                     (long long)it, (long long)opt_.trainIters, r.lossScale);
-    } else if (p.zero1()) {
-      // (After a --dump-grads averaging, the gradients are equal on every replica, and averaging
-      // them again in the reduce-scatter changes nothing.)
-      LOOM_RETURN_IF_ERROR(trainer_.distributedOptimizerStep(update, lr, opt_.clipGrad, &norm));
-      if (!std::isfinite(norm))
-        return Status::error("the gradient norm is not finite at iteration " + std::to_string(it) + ": stopping");
-    } else {
-      LOOM_RETURN_IF_ERROR(trainer_.gradientNorm(&norm));
-      if (!std::isfinite(norm))
-        return Status::error("the gradient norm is not finite at iteration " + std::to_string(it) +
-                             ": stopping before the update (no checkpoint of this state is written)");
-      if (opt_.clipGrad > 0 && norm > opt_.clipGrad)
-        LOOM_RETURN_IF_ERROR(trainer_.scaleGradients(opt_.clipGrad / (norm + 1e-6)));
-      LOOM_RETURN_IF_ERROR(trainer_.applyOptimizer(update, lr));
     }
-    if (!r.skipped && logs() && (it % opt_.logInterval == 0 || it == opt_.trainIters)) {
+    if (!skipped && logs() && (it % opt_.logInterval == 0 || it == opt_.trainIters)) {
       double mfu = p.device_peak_flops() > 0
-                       ? modelFlopsPerStep(p) / (r.seconds * p.world_size() * p.device_peak_flops())
+                       ? modelFlopsPerStep(p) / (seconds * p.world_size() * p.device_peak_flops())
                        : 0;
       std::printf(" iteration %8lld/%8lld | consumed samples: %10lld | elapsed time per iteration (ms): %.1f | "
                   "learning rate: %.3E | global batch size: %5d | lm loss: %.6E | grad norm: %.3f | "
                   "tokens per second: %.0f | MFU: %.1f%% | peak memory (MiB): %.1f\n",
-                  (long long)it, (long long)opt_.trainIters, (long long)(it * p.global_batch_size()), r.seconds * 1000,
-                  lr, p.global_batch_size(), r.loss, norm, tokensPerStep / r.seconds, 100 * mfu, peakMemoryMiB());
+                  (long long)it, (long long)opt_.trainIters, (long long)(it * p.global_batch_size()), seconds * 1000,
+                  lr, p.global_batch_size(), r.loss, norm, tokensPerStep / seconds, 100 * mfu, peakMemoryMiB());
       std::fflush(stdout);
     }
-    if (r.hasLoss && !r.skipped) (void)client_.metrics(p.rank(), it, {{"loss", r.loss}, {"grad_norm", norm}});
-    if (logs() && !r.skipped && !opt_.lossLog.empty()) {
+    if (r.hasLoss && !skipped) (void)client_.metrics(p.rank(), it, {{"loss", r.loss}, {"grad_norm", norm}});
+    if (logs() && !skipped && !opt_.lossLog.empty()) {
       FILE *f = std::fopen(opt_.lossLog.c_str(), "a");
       if (!f) return Status::error(opt_.lossLog + ": cannot append");
       std::fprintf(f, "%lld %.9g %.9g\n", (long long)it, r.loss, norm);

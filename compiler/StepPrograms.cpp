@@ -1,0 +1,462 @@
+#include "compiler/StepPrograms.h"
+
+#include <algorithm>
+#include <map>
+#include <set>
+
+#include "compiler/Lowering.h"
+#include "ir/ParamAttrs.h"
+#include "mlir/Dialect/Func/IR/FuncOps.h"
+#include "runtime/PlanAttributes.h"
+
+namespace loom {
+namespace {
+
+constexpr int64_t kFlatAlign = 16;  // elements: every parameter's slice starts 64-byte aligned
+
+llvm::Error error(const llvm::Twine &msg) {
+  return llvm::createStringError(llvm::inconvertibleErrorCode(), msg.str());
+}
+
+int64_t elementsOf(const std::vector<int64_t> &shape) {
+  int64_t n = 1;
+  for (int64_t d : shape) n *= d;
+  return n;
+}
+
+void setAttr(plan::Instruction &in, const std::string &name, int64_t v) {
+  plan::Attribute *a = in.add_attributes();
+  a->set_name(name), a->set_i(v);
+}
+void setAttr(plan::Instruction &in, const std::string &name, double v) {
+  plan::Attribute *a = in.add_attributes();
+  a->set_name(name), a->set_f(v);
+}
+void setAttr(plan::Instruction &in, const std::string &name, const std::string &v) {
+  plan::Attribute *a = in.add_attributes();
+  a->set_name(name), a->set_s(v);
+}
+
+plan::Stream streamOfGroup(const std::string &group) {
+  return group == "tp" ? plan::TP : group == "pp" ? plan::PP : plan::DP;
+}
+
+// Ring cost per rank of a collective over a group of g (as Lowering's bytesMovedOf).
+int64_t ringBytes(int64_t bytes, int64_t g, int64_t factor) { return g <= 1 ? 0 : factor * bytes * (g - 1) / g; }
+
+// Builds a small program instruction by instruction; each instruction waits on the last
+// writer of every buffer it touches and, for the buffers it writes, on their readers since,
+// where those ran on another stream.
+class ProgramBuilder {
+ public:
+  ProgramBuilder(const std::string &name, plan::Program::Kind kind) {
+    prog_.set_name(name);
+    prog_.set_kind(kind);
+  }
+
+  int argument(plan::Binding::Role role, const std::string &name, std::vector<int64_t> shape, bool inout) {
+    int id = buffer(shape, plan::Buffer::ARGUMENT);
+    plan::Binding *b = prog_.add_arguments();
+    b->set_buffer(id), b->set_role(role), b->set_name(name), b->set_inout(inout);
+    return id;
+  }
+  int activation(std::vector<int64_t> shape) { return buffer(shape, plan::Buffer::ACTIVATION); }
+
+  plan::Instruction &emit(const std::string &op, plan::Stream stream, std::vector<int> inputs, std::vector<int> outputs) {
+    int index = prog_.instructions_size();
+    plan::Instruction *in = prog_.add_instructions();
+    in->set_op(op), in->set_stream(stream), in->set_layer(-1);
+    std::set<int> waits;
+    auto dependOn = [&](int instr) {
+      if (instr >= 0 && prog_.instructions(instr).stream() != stream) waits.insert(instr);
+    };
+    for (int b : inputs) {
+      in->add_inputs(b);
+      dependOn(lastWriter_[b]);
+      for (int w : aliasWriters_[b]) dependOn(w);
+    }
+    for (int b : outputs) {
+      in->add_outputs(b);
+      dependOn(lastWriter_[b]);
+      for (int r : readers_[b]) dependOn(r);
+      for (int w : aliasWriters_[b]) dependOn(w);
+    }
+    for (int w : waits) in->add_wait_for(w);
+    for (int b : inputs) readers_[b].push_back(index), touch(b, index);
+    for (int b : outputs) lastWriter_[b] = index, readers_[b].clear(), touch(b, index);
+    return *in;
+  }
+
+  int last() const { return prog_.instructions_size() - 1; }
+  // The next instruction touching `buffer` also waits for `instructions` (writers of memory
+  // aliasing it).
+  void alsoAfter(int buffer, const std::vector<int> &instructions) {
+    for (int i : instructions) readers_[buffer].push_back(i), aliasWriters_[buffer].push_back(i);
+  }
+
+  void result(plan::Binding::Role role, const std::string &name, int buffer) {
+    plan::Binding *b = prog_.add_results();
+    b->set_buffer(buffer), b->set_role(role), b->set_name(name);
+  }
+
+  plan::Program finish() {
+    for (const plan::Binding &r : prog_.results()) prog_.mutable_buffers(r.buffer())->set_last_use(prog_.instructions_size());
+    planWorkspace(prog_);
+    return std::move(prog_);
+  }
+
+ private:
+  int buffer(const std::vector<int64_t> &shape, plan::Buffer::Kind kind) {
+    plan::Buffer *b = prog_.add_buffers();
+    b->set_id(prog_.buffers_size() - 1);
+    for (int64_t d : shape) b->add_shape(d);
+    b->set_dtype(plan::F32);
+    b->set_bytes(4 * elementsOf(shape));
+    b->set_kind(kind);
+    b->set_first_use(-1), b->set_last_use(-1);
+    lastWriter_.push_back(-1);
+    readers_.emplace_back();
+    aliasWriters_.emplace_back();
+    return b->id();
+  }
+  void touch(int b, int index) {
+    plan::Buffer *buf = prog_.mutable_buffers(b);
+    if (buf->kind() == plan::Buffer::ACTIVATION && buf->first_use() < 0) buf->set_first_use(index);
+    buf->set_last_use(index);
+  }
+
+  plan::Program prog_;
+  std::vector<int> lastWriter_;
+  std::vector<std::vector<int>> readers_;
+  std::vector<std::vector<int>> aliasWriters_;
+};
+
+// A collective over `group` of `size` members on its stream, with the plan's attributes.
+plan::Instruction &collective(ProgramBuilder &b, const std::string &op, const std::string &group, int64_t size,
+                              int input, int output, int64_t bytes, const std::string &reduce = "") {
+  plan::Instruction &in = b.emit(op, streamOfGroup(group), {input}, {output});
+  setAttr(in, "group", group);
+  setAttr(in, "group_size", size);
+  if (!reduce.empty()) setAttr(in, "reduce", reduce);
+  if (op != "all_reduce") setAttr(in, "dim", int64_t(0));
+  in.set_bytes_moved(op == "all_reduce" ? ringBytes(bytes, size, 2) : ringBytes(bytes, size, 1));
+  return in;
+}
+
+// Recomputes every buffer's first and last use from the instruction list (results live to the end).
+void recomputeLifetimes(plan::Program &prog) {
+  for (plan::Buffer &b : *prog.mutable_buffers()) b.set_first_use(-1), b.set_last_use(-1);
+  for (int i = 0; i < prog.instructions_size(); ++i) {
+    const plan::Instruction &in = prog.instructions(i);
+    for (int b : in.inputs()) prog.mutable_buffers(b)->set_last_use(i);
+    for (int b : in.outputs()) {
+      plan::Buffer *buf = prog.mutable_buffers(b);
+      if (buf->kind() == plan::Buffer::ACTIVATION && buf->first_use() < 0) buf->set_first_use(i);
+      buf->set_last_use(i);
+    }
+  }
+  for (const plan::Binding &r : prog.results()) prog.mutable_buffers(r.buffer())->set_last_use(prog.instructions_size());
+}
+
+int addArgumentBuffer(plan::Program &prog, const plan::Buffer &like, plan::Binding::Role role, const std::string &name) {
+  plan::Buffer *b = prog.add_buffers();
+  b->set_id(prog.buffers_size() - 1);
+  *b->mutable_shape() = like.shape();
+  b->set_dtype(like.dtype());
+  b->set_bytes(like.bytes());
+  b->set_kind(plan::Buffer::ARGUMENT);
+  b->set_first_use(-1), b->set_last_use(-1);
+  plan::Binding *arg = prog.add_arguments();
+  arg->set_buffer(b->id()), arg->set_role(role), arg->set_name(name), arg->set_inout(true);
+  return b->id();
+}
+
+// Rewrites `prog` so that each result buffer in `into` (result buffer -> inout argument
+// buffer) is added into its argument right after its producer, and appends `tail`
+// instructions (their buffers already in `prog`) each right after the last instruction that
+// touches one of its buffers; the results in `into` are dropped.
+void insertAccumulations(plan::Program &prog, const std::map<int, int> &into, std::vector<plan::Instruction> tail) {
+  int old = prog.instructions_size();
+  std::vector<plan::Instruction> nodes(prog.instructions().begin(), prog.instructions().end());
+  std::vector<std::vector<int>> after(old + 1);  // nodes placed after old instruction i - 1 (0: first)
+  std::vector<int> anchorOf(old);
+  for (int i = 0; i < old; ++i) anchorOf[i] = i + 1;
+  std::map<int, int> producer;  // buffer -> node writing it last
+  for (int i = 0; i < old; ++i)
+    for (int b : nodes[i].outputs()) producer[b] = i;
+  // Node waits are kept as node ids until the final order is known.
+  auto addNode = [&](plan::Instruction in, int anchor) {
+    nodes.push_back(std::move(in));
+    anchorOf.push_back(anchor);
+    after[anchor].push_back(int(nodes.size()) - 1);
+    return int(nodes.size()) - 1;
+  };
+  for (auto [result, arg] : into) {
+    auto it = producer.find(result);
+    int from = it == producer.end() ? -1 : it->second;
+    plan::Instruction acc;
+    acc.set_op("accumulate");
+    acc.set_stream(plan::COMPUTE);
+    acc.set_layer(from >= 0 ? nodes[from].layer() : -1);
+    acc.add_inputs(result);
+    acc.add_outputs(arg);
+    if (from >= 0 && nodes[from].stream() != plan::COMPUTE) acc.add_wait_for(from);
+    int id = addNode(std::move(acc), from + 1);
+    producer[arg] = id;
+  }
+  std::map<int, std::vector<int>> readers;  // buffer -> tail nodes reading it since its last write
+  for (plan::Instruction &in : tail) {
+    int anchor = 0;
+    std::set<int> waits;
+    std::vector<int> touched(in.inputs().begin(), in.inputs().end());
+    touched.insert(touched.end(), in.outputs().begin(), in.outputs().end());
+    for (int b : touched) {
+      auto it = producer.find(b);
+      if (it == producer.end()) continue;
+      anchor = std::max(anchor, anchorOf[it->second]);
+      if (nodes[it->second].stream() != in.stream()) waits.insert(it->second);
+    }
+    for (int b : in.outputs())
+      for (int r : readers[b])
+        if (nodes[r].stream() != in.stream()) waits.insert(r);
+    in.clear_wait_for();
+    for (int w : waits) in.add_wait_for(w);
+    int id = addNode(in, anchor);
+    for (int b : in.inputs()) readers[b].push_back(id);
+    for (int b : in.outputs()) producer[b] = id, readers[b].clear();
+  }
+  // The final order, and every wait rewritten from node ids to instruction indices.
+  std::vector<int> order, indexOf(nodes.size());
+  for (int i = 0; i <= old; ++i) {
+    if (i > 0) order.push_back(i - 1);
+    for (int n : after[i]) order.push_back(n);
+  }
+  for (size_t k = 0; k < order.size(); ++k) indexOf[order[k]] = int(k);
+  prog.clear_instructions();
+  for (int n : order) {
+    plan::Instruction *in = prog.add_instructions();
+    *in = nodes[n];
+    std::vector<int> waits(in->wait_for().begin(), in->wait_for().end());
+    in->clear_wait_for();
+    std::set<int> sorted;
+    for (int w : waits) sorted.insert(indexOf[w]);
+    for (int w : sorted) in->add_wait_for(w);
+  }
+  google::protobuf::RepeatedPtrField<plan::Binding> kept;
+  for (const plan::Binding &r : prog.results())
+    if (!into.count(r.buffer())) *kept.Add() = r;
+  prog.mutable_results()->Swap(&kept);
+  recomputeLifetimes(prog);
+  planWorkspace(prog);
+}
+
+}  // namespace
+
+StageLayout stageLayout(mlir::ModuleOp module, const plan::ProgramSet &set, int d, bool zero1) {
+  std::map<std::string, std::pair<bool, bool>> facts;  // name -> (tied, tensor-parallel shard)
+  for (auto f : module.getOps<mlir::func::FuncOp>())
+    for (unsigned i = 0; i < f.getNumArguments(); ++i)
+      if (auto n = f.getArgAttrOfType<mlir::StringAttr>(i, attr::kParam)) {
+        auto &[tied, sharded] = facts[n.str()];
+        tied |= bool(f.getArgAttr(i, attr::kTiedTo));
+        sharded |= bool(f.getArgAttr(i, attr::kShardDim));
+      }
+  StageLayout layout;
+  std::set<std::string> seen;
+  for (const plan::Program &prog : set.programs())
+    for (const plan::Binding &a : prog.arguments()) {
+      if (a.role() != plan::Binding::PARAMETER || !seen.insert(a.name()).second) continue;
+      const plan::Buffer &buf = prog.buffers(a.buffer());
+      StageParameter p;
+      p.name = a.name();
+      p.shape.assign(buf.shape().begin(), buf.shape().end());
+      p.elements = elementsOf(p.shape);
+      p.flatOffset = layout.flatElements;
+      p.tied = facts[p.name].first;
+      p.tpReplicated = !facts[p.name].second;
+      p.decay = p.shape.size() >= 2;
+      layout.flatElements += (p.elements + kFlatAlign - 1) / kFlatAlign * kFlatAlign;
+      layout.parameters.push_back(std::move(p));
+    }
+  if (zero1 && d > 1) {  // every dp rank owns one equal, aligned shard
+    int64_t unit = kFlatAlign * d;
+    layout.flatElements = (layout.flatElements + unit - 1) / unit * unit;
+  }
+  return layout;
+}
+
+llvm::Error foldGradientSync(plan::Program &backward, const plan::Program *gradSync, std::vector<DeferredSync> *deferred) {
+  // Which gradient each backward result becomes: its own (GRADIENT) or, through the sync
+  // program's collectives, the parameter the sync's result names.
+  std::map<std::string, std::string> gradientOfStash;  // sync argument (backward output) -> parameter
+  std::vector<int> rootOf;                             // sync buffer -> sync argument index (-1: none)
+  if (gradSync) {
+    rootOf.assign(gradSync->buffers_size(), -1);
+    for (int a = 0; a < gradSync->arguments_size(); ++a) {
+      if (gradSync->arguments(a).role() != plan::Binding::STASH)
+        return error(gradSync->name() + ": argument '" + gradSync->arguments(a).name() + "' is not a backward output");
+      rootOf[gradSync->arguments(a).buffer()] = a;
+    }
+    for (const plan::Instruction &in : gradSync->instructions()) {
+      if (in.op() != "all_reduce" || in.inputs_size() != in.outputs_size())
+        return error(gradSync->name() + ": op '" + in.op() + "' in gradient synchronisation (only all-reduces fold into the backward)");
+      for (int k = 0; k < in.inputs_size(); ++k) rootOf[in.outputs(k)] = rootOf[in.inputs(k)];
+    }
+    for (const plan::Binding &r : gradSync->results()) {
+      int root = rootOf[r.buffer()];
+      if (r.role() != plan::Binding::GRADIENT || root < 0)
+        return error(gradSync->name() + ": result '" + r.name() + "' is not a synchronised gradient");
+      gradientOfStash[gradSync->arguments(root).name()] = r.name();
+    }
+  }
+  std::map<int, int> into;                 // backward result buffer -> inout GRADIENT argument
+  std::map<std::string, int> argOfParam;   // parameter -> its GRADIENT argument buffer
+  std::vector<plan::Binding> results(backward.results().begin(), backward.results().end());
+  for (const plan::Binding &r : results) {
+    std::string param;
+    if (r.role() == plan::Binding::GRADIENT)
+      param = r.name();
+    else if (r.role() == plan::Binding::STASH && gradientOfStash.count(r.name()))
+      param = gradientOfStash[r.name()];
+    else
+      continue;
+    plan::Buffer like = backward.buffers(r.buffer());
+    int arg = addArgumentBuffer(backward, like, plan::Binding::GRADIENT, param);
+    into[r.buffer()] = arg;
+    argOfParam[param] = arg;
+  }
+  std::vector<plan::Instruction> tail;
+  if (gradSync) {
+    std::map<std::string, int> stashResult;  // backward output name -> its result buffer
+    for (const plan::Binding &r : results)
+      if (r.role() == plan::Binding::STASH) stashResult[r.name()] = r.buffer();
+    for (const plan::Instruction &src : gradSync->instructions()) {
+      plan::Instruction in = src;
+      in.clear_inputs(), in.clear_outputs(), in.clear_wait_for();
+      std::string group = planattr::str(src, "group");
+      bool withinStage = group == "tp" || group == "dp";
+      DeferredSync later;
+      for (int k = 0; k < src.inputs_size(); ++k) {
+        const std::string &stash = gradSync->arguments(rootOf[src.inputs(k)]).name();
+        if (!stashResult.count(stash))
+          return error(gradSync->name() + ": '" + stash + "' is not an output of " + backward.name());
+        int arg = into.at(stashResult[stash]);
+        in.add_inputs(arg), in.add_outputs(arg);  // in place on the accumulated gradient
+        later.params.push_back(gradientOfStash[stash]);
+      }
+      if (!withinStage) {
+        later.collective = std::move(in);
+        later.collective.clear_inputs(), later.collective.clear_outputs();
+        deferred->push_back(std::move(later));
+        continue;
+      }
+      in.set_last_micro_batch(true);
+      tail.push_back(std::move(in));
+    }
+  }
+  insertAccumulations(backward, into, std::move(tail));
+  return llvm::Error::success();
+}
+
+void accumulateLoss(plan::Program &forward) {
+  std::map<int, int> into;
+  for (const plan::Binding &r : forward.results())
+    if (r.role() == plan::Binding::LOSS) {
+      plan::Buffer like = forward.buffers(r.buffer());
+      into[r.buffer()] = addArgumentBuffer(forward, like, plan::Binding::LOSS, "loss_sum");
+    }
+  if (!into.empty()) insertAccumulations(forward, into, {});
+}
+
+plan::Program lossProgram(int microBatches, int d) {
+  ProgramBuilder b("loss", plan::Program::LOSS);
+  int sum = b.argument(plan::Binding::LOSS, "loss_sum", {}, /*inout=*/true);
+  int mean = b.activation({});
+  setAttr(b.emit("scale", plan::COMPUTE, {sum}, {mean}), "factor", 1.0 / microBatches);
+  int reduced = mean;
+  if (d > 1) {
+    reduced = b.activation({});
+    collective(b, "all_reduce", "dp", d, mean, reduced, 4, "avg");
+  }
+  setAttr(b.emit("fill", plan::COMPUTE, {}, {sum}), "value", 0.0);
+  b.result(plan::Binding::METRIC, "loss", reduced);
+  return b.finish();
+}
+
+plan::Program optimizerProgram(const StageLayout &layout, int t, int p, int d, bool zero1,
+                               const std::vector<DeferredSync> &deferred) {
+  bool sharded = zero1 && d > 1;
+  int64_t flat = layout.flatElements, shard = sharded ? flat / d : flat;
+  ProgramBuilder b("optimizer", plan::Program::OPTIMIZER);
+  int params = b.argument(plan::Binding::PARAMETER, "flat", {flat}, true);
+  int grads = b.argument(plan::Binding::GRADIENT, "flat", {flat}, true);
+  int m = b.argument(plan::Binding::OPTIMIZER_STATE, "adam_m", {shard}, true);
+  int v = b.argument(plan::Binding::OPTIMIZER_STATE, "adam_v", {shard}, true);
+  std::map<std::string, int> hyper;
+  for (const char *name : {"learning_rate", "adam_step", "clip_grad", "loss_scale", "weight_decay", "adam_beta1",
+                           "adam_beta2", "adam_eps"})
+    hyper[name] = b.argument(plan::Binding::HYPERPARAMETER, name, {}, false);
+
+  std::vector<planattr::FlatSegment> segments;
+  for (const StageParameter &sp : layout.parameters)
+    segments.push_back({sp.flatOffset, sp.elements, !sp.tied && !sp.tpReplicated, !sp.tied && sp.tpReplicated, sp.decay});
+  std::string segmentText = planattr::encodeSegments(segments);
+
+  // Gradient sync across stages first, in place on the parameters' slices of the flat
+  // gradient buffer (arguments aliasing it: what reads the flat buffer next waits for them).
+  std::vector<int> syncs;
+  for (const DeferredSync &sync : deferred) {
+    std::vector<int> slices;
+    for (const std::string &name : sync.params) {
+      auto it = std::find_if(layout.parameters.begin(), layout.parameters.end(),
+                             [&](const StageParameter &sp) { return sp.name == name; });
+      if (it == layout.parameters.end()) continue;  // another stage's (cannot happen: same program set)
+      slices.push_back(b.argument(plan::Binding::GRADIENT, name, it->shape, true));
+    }
+    plan::Instruction &in = b.emit(sync.collective.op(), sync.collective.stream(), slices, slices);
+    *in.mutable_attributes() = sync.collective.attributes();
+    in.set_bytes_moved(sync.collective.bytes_moved());
+    in.set_layer(sync.collective.layer());
+    syncs.push_back(b.last());
+  }
+  // ZeRO-1 (Rajbhandari et al., "ZeRO", SC 2020, section 5.1; Megatron's distributed
+  // optimizer): each dp rank reduces and updates only its 1/d of the flat buffer.
+  b.alsoAfter(grads, syncs);
+  int g = grads;
+  if (sharded) {
+    g = b.activation({shard});
+    collective(b, "reduce_scatter", "dp", d, grads, g, 4 * flat, "avg");
+  }
+  int squares = b.activation({});
+  plan::Instruction &sq = b.emit("sum_squares", plan::COMPUTE, {g}, {squares});
+  setAttr(sq, "segments", segmentText);
+  if (sharded) setAttr(sq, "shard_group", std::string("dp"));
+  // The global norm: every rank's share summed over the groups that hold other shares.
+  std::vector<std::pair<std::string, int>> groups = {{"tp", t}, {"pp", p}};
+  if (sharded) groups.insert(groups.begin(), {"dp", d});
+  for (auto [group, size] : groups) {
+    if (size <= 1) continue;
+    int next = b.activation({});
+    collective(b, "all_reduce", group, size, squares, next, 4, "sum");
+    squares = next;
+  }
+  int norm = b.activation({}), factor = b.activation({});
+  // norm of the unscaled gradients; factor = clipping / loss_scale, or 0 when the norm is not
+  // finite (the update is skipped: fp16 dynamic loss scaling, or the recipe stops).
+  b.emit("grad_norm", plan::COMPUTE, {squares, hyper["clip_grad"], hyper["loss_scale"]}, {norm, factor});
+  std::vector<int> adamIn = {params, g, m, v, factor};
+  for (const char *name : {"learning_rate", "adam_step", "weight_decay", "adam_beta1", "adam_beta2", "adam_eps"})
+    adamIn.push_back(hyper[name]);
+  int updated = sharded ? b.activation({shard}) : params;
+  plan::Instruction &adam = b.emit("adamw", plan::COMPUTE, adamIn, {updated, m, v});
+  setAttr(adam, "segments", segmentText);
+  if (sharded) {
+    setAttr(adam, "shard_group", std::string("dp"));
+    collective(b, "all_gather", "dp", d, updated, params, 4 * flat);
+  }
+  setAttr(b.emit("fill", plan::COMPUTE, {}, {grads}), "value", 0.0);  // zero_grad for the next step
+  b.result(plan::Binding::METRIC, "grad_norm", norm);
+  return b.finish();
+}
+
+}  // namespace loom

@@ -1,0 +1,66 @@
+// The training step beyond one micro-batch's forward and backward, lowered into the plan so
+// that the runtime runs exactly its plan:
+// - gradient accumulation over micro-batches and gradient synchronisation (tied embeddings,
+//   tensor-parallel partial gradients, data-parallel buckets) folded into each backward
+//   program: every gradient is added in place into its slice of the rank's flat gradient
+//   buffer, and each synchronising collective runs in the step's last backward as soon as its
+//   own gradients are final, on its stream, overlapping the rest of the backward;
+// - the loss sum of each forward, and a `loss` program (the mean over micro-batches and dp);
+// - an `optimizer` program: global gradient norm with its groups, clipping, AdamW over the
+//   flat buffer (ZeRO-1: reduce-scatter, the shard's update, all-gather), zeroed gradients.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "llvm/Support/Error.h"
+#include "mlir/IR/BuiltinOps.h"
+#include "protos/plan.pb.h"
+
+namespace loom {
+
+// One parameter of a pipeline stage, where it lives in the stage's flat buffers.
+struct StageParameter {
+  std::string name;
+  std::vector<int64_t> shape;  // local (this rank's shard)
+  int64_t elements = 0;
+  int64_t flatOffset = 0;      // elements, 16-aligned (64 bytes)
+  bool tied = false;           // a pipeline-tied copy (its twin is counted in the norm)
+  bool tpReplicated = false;   // the same on every tp rank (counted once in the norm)
+  bool decay = false;          // AdamW's weight decay (Megatron: matrices, not biases or norms)
+};
+
+struct StageLayout {
+  std::vector<StageParameter> parameters;  // in the order the stage's programs first bind them
+  int64_t flatElements = 0;                // with ZeRO-1 a multiple of d
+};
+
+// The stage's parameters from its programs' PARAMETER arguments and the IR's argument
+// attributes (tied copies, tensor-parallel shards).
+StageLayout stageLayout(mlir::ModuleOp module, const plan::ProgramSet &set, int d, bool zero1);
+
+// A gradient-sync collective over a group that spans pipeline stages (the tied embedding's
+// "embedding" group): it cannot run inside a backward (the stages reach their last backward
+// at different points of the schedule, and a stage blocked in it would never serve its
+// peers' pipeline messages), so it runs at the head of the optimizer program, once every
+// stage has finished its schedule (Megatron: finalize_model_grads).
+struct DeferredSync {
+  plan::Instruction collective;     // its inputs and outputs are filled in by the optimizer program
+  std::vector<std::string> params;  // the gradients it reduces, in operand order
+};
+
+// Folds `gradSync` (the chunk's gradient-sync program, or null) into `backward`: collectives
+// within the stage (tp, dp) run in the backward's last run; the others are appended to
+// `deferred`. The backward adds its gradients into inout GRADIENT arguments (see above).
+llvm::Error foldGradientSync(plan::Program &backward, const plan::Program *gradSync, std::vector<DeferredSync> *deferred);
+// A forward with a LOSS result adds it into an inout LOSS argument "loss_sum" instead.
+void accumulateLoss(plan::Program &forward);
+
+// The last stage's `loss` program: loss_sum / m, averaged over dp, as METRIC "loss"; then
+// loss_sum is zeroed.
+plan::Program lossProgram(int microBatches, int d);
+// The `optimizer` program of a stage (t, p, d: the group sizes of the layout).
+plan::Program optimizerProgram(const StageLayout &layout, int t, int p, int d, bool zero1,
+                               const std::vector<DeferredSync> &deferred);
+
+}  // namespace loom

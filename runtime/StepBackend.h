@@ -1,0 +1,36 @@
+// Where a rank's training state lives and how its programs run: what differs between the CPU
+// backend (runtime/CpuBackend.h) and the CUDA one (runtime/cuda/CudaBackend.h). The step
+// driver (train/StepDriver.h) binds the plan's programs to this storage and runs them.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "protos/plan.pb.h"
+#include "runtime/Executor.h"
+#include "runtime/Status.h"
+#include "runtime/Tensor.h"
+
+namespace loom {
+
+// What differs per backend: where the rank's state lives and how a program runs there.
+class StepBackend {
+ public:
+  virtual ~StepBackend() = default;
+  // Storage of `count` elements (int32 when isInt) made zero-filled on the first call for
+  // `key` and the same on every later call.
+  virtual Status storage(const std::string &key, int64_t count, bool isInt, ArgumentView *out) = 0;
+  // Host data into storage and back (views as storage() gives, or slices of them).
+  virtual Status upload(const HostTensor &from, ArgumentView to) = 0;
+  virtual Status download(ArgumentView from, std::vector<float> *to) = 0;
+  // Runs `program` over `args`; consume(i, data, count) gets result i in backend memory (valid
+  // during the call), where the driver may only copy() from it.
+  virtual Status run(const plan::Program &program, const std::vector<ArgumentView> &args,
+                     const ResultConsumer &consume, const ExecutionContext &ctx) = 0;
+  virtual Status copy(const float *from, int64_t count, float *to) = 0;
+  // Every queued operation has completed (before host reads; CPU: nothing to wait for).
+  virtual Status synchronize() { return Status::ok(); }
+};
+
+}  // namespace loom

@@ -1,0 +1,48 @@
+// The CUDA backend of the step driver (train/StepDriver.h): the rank's state resident on the
+// GPU (the flat fp32 parameter and gradient buffers, optimizer state, stashes, micro-batch
+// inputs, the recipe's scalars), programs on the CudaExecutor (a CUDA stream per plan stream;
+// fp32, bf16 or fp16 GEMMs; NCCL for tensor and data parallelism; PipelineLinks between
+// stages). The driver is the CPU backend's: the same plan instructions in the same order,
+// gradient buckets overlapping the last backward on the dp stream as the plan's events say.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "runtime/StepBackend.h"
+#include "runtime/cuda/CudaExecutor.h"
+
+namespace loom::cuda {
+
+class CudaBackend : public StepBackend {
+ public:
+  // Sizes the executor's arena, scratch and events for every program of `programs` now.
+  static Status create(const CudaExecutorOptions &options, const plan::ProgramSet &programs,
+                       std::unique_ptr<CudaBackend> *out);
+  ~CudaBackend() override;
+
+  Status storage(const std::string &key, int64_t count, bool isInt, ArgumentView *out) override;
+  Status upload(const HostTensor &from, ArgumentView to) override;
+  Status download(ArgumentView from, std::vector<float> *to) override;
+  Status run(const plan::Program &program, const std::vector<ArgumentView> &args, const ResultConsumer &consume,
+             const ExecutionContext &ctx) override;
+  Status copy(const float *from, int64_t count, float *to) override;
+  Status synchronize() override;
+
+ private:
+  CudaBackend() = default;
+  std::unique_ptr<CudaExecutor> executor_;
+  struct Allocation {
+    void *data = nullptr;
+    int64_t count = 0;
+    bool isInt = false;
+  };
+  std::map<std::string, Allocation> storage_;
+  cudaStream_t current_ = nullptr;  // the stream results are consumed on during run()
+};
+
+}  // namespace loom::cuda

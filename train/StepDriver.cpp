@@ -1,0 +1,234 @@
+#include "train/StepDriver.h"
+
+#include <cmath>
+#include <cstdio>
+
+#include "runtime/PlanAttributes.h"
+#include "runtime/Safetensors.h"
+
+namespace loom {
+namespace {
+
+ArgumentView slice(const ArgumentView &flat, int64_t offset, int64_t count) {
+  ArgumentView v;
+  v.f = flat.f + offset;
+  v.count = count;
+  return v;
+}
+
+Status unbound(const plan::Program &prog, const plan::Binding &a, int mb) {
+  return Status::error(prog.name() + ": nothing to bind to " + plan::Binding::Role_Name(a.role()) + " argument '" +
+                       a.name() + "' (micro-batch " + std::to_string(mb) + "): the plan and the schedule disagree");
+}
+
+}  // namespace
+
+uint64_t dropoutSeed(uint64_t seed, int64_t step, int dp, int mb) {
+  uint64_t z = seed ^ (uint64_t(step) * 0x9E3779B97F4A7C15ull) ^ (uint64_t(dp) << 40) ^ (uint64_t(mb) << 20);
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  return z ^ (z >> 31);
+}
+
+int64_t firstSampleOf(const plan::RankPlan &plan, int64_t step, int mb) {
+  return ((step * plan.d() + plan.dp_rank()) * plan.micro_batches() + mb) * plan.micro_batch_size();
+}
+
+StepDriver::StepDriver(const plan::RankPlan &plan, const plan::ProgramSet &programs, StepBackend &backend,
+                       Collectives *collectives, uint64_t seed)
+    : plan_(plan), programs_(programs), backend_(backend), collectives_(collectives), seed_(seed) {}
+
+Status StepDriver::init(const std::vector<HostTensor> &initial) {
+  std::map<std::string, const plan::Program *> byName;
+  for (const plan::Program &p : programs_.programs()) byName[p.name()] = &p;
+  std::map<const plan::Program *, size_t> last;
+  for (const plan::ScheduleEntry &e : plan_.schedule()) {
+    auto it = byName.find(e.program());
+    if (it == byName.end()) return Status::error("the schedule names program '" + e.program() + "', which the plan lacks");
+    last[it->second] = entryProgram_.size();
+    entryProgram_.push_back(it->second);
+  }
+  for (size_t k = 0; k < entryProgram_.size(); ++k) lastRun_.push_back(last[entryProgram_[k]] == k);
+
+  int64_t flat = plan_.flat_elements();
+  for (const plan::Parameter &p : plan_.parameters()) {
+    int64_t n = 1;
+    for (int64_t d : p.shape()) n *= d;
+    if (p.flat_offset() < 0 || p.flat_offset() + n > flat)
+      return Status::error("parameter '" + p.name() + "' lies outside the flat buffer of " + std::to_string(flat) +
+                           " elements (corrupt plan)");
+    paramByName_[p.name()] = &p;
+  }
+  LOOM_RETURN_IF_ERROR(backend_.storage("parameters", flat, false, &params_));
+  LOOM_RETURN_IF_ERROR(backend_.storage("gradients", flat, false, &grads_));
+  LOOM_RETURN_IF_ERROR(backend_.storage("loss_sum", 1, false, &lossSum_));
+  if (initial.size() != size_t(plan_.parameters_size())) return Status::error("initial parameters do not match the plan");
+  for (int i = 0; i < plan_.parameters_size(); ++i)
+    LOOM_RETURN_IF_ERROR(backend_.upload(initial[size_t(i)], parameter(plan_.parameters(i).name())));
+  // The optimizer state and scalars the optimizer program names, sized by its buffers.
+  for (const plan::Program &prog : programs_.programs())
+    for (const plan::Binding &a : prog.arguments()) {
+      if (a.role() == plan::Binding::OPTIMIZER_STATE && !optimizerState_.count(a.name()))
+        LOOM_RETURN_IF_ERROR(slot("optimizer/" + a.name(), prog.buffers(a.buffer()), &optimizerState_[a.name()]));
+      if (a.role() == plan::Binding::HYPERPARAMETER && !hyper_.count(a.name()))
+        LOOM_RETURN_IF_ERROR(slot("hyper/" + a.name(), prog.buffers(a.buffer()), &hyper_[a.name()]));
+    }
+  return Status::ok();
+}
+
+Status StepDriver::slot(const std::string &key, const plan::Buffer &buffer, ArgumentView *out) {
+  return backend_.storage(key, planattr::numel(buffer), buffer.dtype() == plan::I32, out);
+}
+
+ArgumentView StepDriver::parameter(const std::string &name) const {
+  if (name == "flat") return params_;
+  auto it = paramByName_.find(name);
+  if (it == paramByName_.end()) return {};
+  int64_t n = 1;
+  for (int64_t d : it->second->shape()) n *= d;
+  return slice(params_, it->second->flat_offset(), n);
+}
+
+ArgumentView StepDriver::gradient(const std::string &name) const {
+  if (name == "flat") return grads_;
+  auto it = paramByName_.find(name);
+  if (it == paramByName_.end()) return {};
+  int64_t n = 1;
+  for (int64_t d : it->second->shape()) n *= d;
+  return slice(grads_, it->second->flat_offset(), n);
+}
+
+Status StepDriver::bind(const plan::Program &prog, int mb, DataSource *data, int64_t step, bool evaluate,
+                        std::vector<ArgumentView> *args) {
+  args->clear();
+  for (const plan::Binding &a : prog.arguments()) {
+    const plan::Buffer &buffer = prog.buffers(a.buffer());
+    ArgumentView v;
+    switch (a.role()) {
+      case plan::Binding::PARAMETER: v = parameter(a.name()); break;
+      case plan::Binding::GRADIENT: v = gradient(a.name()); break;
+      case plan::Binding::LOSS: v = lossSum_; break;
+      case plan::Binding::OPTIMIZER_STATE: v = optimizerState_[a.name()]; break;
+      case plan::Binding::HYPERPARAMETER: v = hyper_[a.name()]; break;
+      case plan::Binding::STASH:
+        LOOM_RETURN_IF_ERROR(slot("stash/" + a.name() + "/" + std::to_string(mb), buffer, &v));
+        break;
+      case plan::Binding::INPUT: {
+        if (mb < 0 || !data) return unbound(prog, a, mb);
+        if (!batchReady_[mb]) {
+          std::map<std::string, HostTensor> batch =
+              makeBatch(*data, firstSampleOf(plan_, step, mb), plan_.micro_batch_size(), plan_.seq_length());
+          if (!dumpBatches_.empty() && !evaluate && plan_.tp_rank() == 0 && plan_.pp_rank() == 0) {
+            SafetensorsFile f;
+            f.tensors = batch;
+            char name[96];
+            std::snprintf(name, sizeof name, "/batch_step%05lld_dp%03d_mb%04d.safetensors", (long long)step,
+                          plan_.dp_rank(), mb);
+            LOOM_RETURN_IF_ERROR(writeSafetensors(dumpBatches_ + name, f));
+          }
+          for (auto &[name, t] : batch) {
+            ArgumentView input;
+            LOOM_RETURN_IF_ERROR(backend_.storage("input/" + name + "/" + std::to_string(mb),
+                                                  t.isInt ? int64_t(t.ints.size()) : int64_t(t.data.size()), t.isInt,
+                                                  &input));
+            LOOM_RETURN_IF_ERROR(backend_.upload(t, input));
+          }
+          batchReady_[mb] = true;
+        }
+        LOOM_RETURN_IF_ERROR(slot("input/" + a.name() + "/" + std::to_string(mb), buffer, &v));
+        break;
+      }
+      default:
+        return unbound(prog, a, mb);
+    }
+    if (!v.f && !v.i && v.count == 0 && planattr::numel(buffer) > 0) return unbound(prog, a, mb);
+    args->push_back(v);
+  }
+  return Status::ok();
+}
+
+Status StepDriver::runEntry(size_t entry, DataSource *data, int64_t step, bool evaluate) {
+  const plan::Program &prog = *entryProgram_[entry];
+  int mb = plan_.schedule(int(entry)).micro_batch();
+  std::vector<ArgumentView> args;
+  LOOM_RETURN_IF_ERROR(bind(prog, mb, data, step, evaluate, &args));
+  ExecutionContext ctx;
+  ctx.collectives = collectives_;
+  ctx.seed = dropoutSeed(seed_, step, plan_.dp_rank(), mb < 0 ? 0 : mb);
+  ctx.messageTag = mb < 0 ? 0 : mb * kTagsPerMicroBatch;
+  ctx.training = !evaluate;
+  ctx.lossScale = evaluate ? 1.0f : lossScale_;
+  ctx.lastRun = lastRun_[entry];
+  if (!evaluate) ctx.trace = trace_, ctx.traceMicroBatch = mb;
+  Status consumed;
+  auto consume = [&](int i, const float *from, int64_t n) {
+    const plan::Binding &r = prog.results(i);
+    ArgumentView to;
+    Status st;
+    if (r.role() == plan::Binding::STASH)
+      st = slot("stash/" + r.name() + "/" + std::to_string(mb), prog.buffers(r.buffer()), &to);
+    else if (r.role() == plan::Binding::METRIC)
+      st = slot("metric/" + r.name(), prog.buffers(r.buffer()), &to);
+    else
+      st = Status::error(prog.name() + ": result '" + r.name() + "' has no place in the step (corrupt plan)");
+    if (st.isOk()) st = backend_.copy(from, n, to.f);
+    if (!st.isOk() && consumed.isOk()) consumed = st;
+  };
+  LOOM_RETURN_IF_ERROR(backend_.run(prog, args, consume, ctx));
+  return consumed;
+}
+
+Status StepDriver::readMetric(const plan::Program &prog, const std::string &name, double *value) {
+  for (const plan::Binding &r : prog.results())
+    if (r.role() == plan::Binding::METRIC && r.name() == name) {
+      ArgumentView v;
+      LOOM_RETURN_IF_ERROR(slot("metric/" + name, prog.buffers(r.buffer()), &v));
+      std::vector<float> host;
+      LOOM_RETURN_IF_ERROR(backend_.synchronize());
+      LOOM_RETURN_IF_ERROR(backend_.download(v, &host));
+      *value = host.at(0);
+      return Status::ok();
+    }
+  return Status::error(prog.name() + ": no metric '" + name + "' (corrupt plan)");
+}
+
+Status StepDriver::runGradients(DataSource *data, int64_t step, bool evaluate, bool *hasLoss, double *loss) {
+  batchReady_.clear();
+  *hasLoss = false;
+  for (size_t k = 0; k < entryProgram_.size(); ++k) {
+    const plan::Program &prog = *entryProgram_[k];
+    if (prog.kind() == plan::Program::OPTIMIZER || (evaluate && prog.kind() == plan::Program::BACKWARD)) continue;
+    LOOM_RETURN_IF_ERROR(runEntry(k, data, step, evaluate));
+    if (prog.kind() == plan::Program::LOSS) {
+      LOOM_RETURN_IF_ERROR(readMetric(prog, "loss", loss));
+      *hasLoss = true;
+    }
+  }
+  LOOM_RETURN_IF_ERROR(backend_.synchronize());
+  return collectives_ ? collectives_->flush() : Status::ok();
+}
+
+Status StepDriver::runOptimizer(const OptimizerScalars &s, double *gradNorm) {
+  std::map<std::string, double> values = {{"learning_rate", s.learningRate}, {"adam_step", double(s.adamStep)},
+                                          {"clip_grad", s.clipGrad},         {"loss_scale", s.lossScale},
+                                          {"weight_decay", s.weightDecay},   {"adam_beta1", s.beta1},
+                                          {"adam_beta2", s.beta2},           {"adam_eps", s.eps}};
+  for (auto &[name, view] : hyper_) {
+    auto it = values.find(name);
+    if (it == values.end()) return Status::error("the optimizer program takes hyperparameter '" + name + "', unknown to this build");
+    HostTensor t{{}};
+    t.data = {float(it->second)};
+    LOOM_RETURN_IF_ERROR(backend_.upload(t, view));
+  }
+  bool ran = false;
+  for (size_t k = 0; k < entryProgram_.size(); ++k) {
+    if (entryProgram_[k]->kind() != plan::Program::OPTIMIZER) continue;
+    LOOM_RETURN_IF_ERROR(runEntry(k, nullptr, 0, false));
+    LOOM_RETURN_IF_ERROR(readMetric(*entryProgram_[k], "grad_norm", gradNorm));
+    ran = true;
+  }
+  if (!ran) return Status::error("the plan has no optimizer program in its schedule");
+  return Status::ok();
+}
+
+}  // namespace loom

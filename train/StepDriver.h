@@ -1,0 +1,88 @@
+// One training step of a rank, as its plan says, on any backend: the schedule walk (forward
+// and backward programs per micro-batch, then the loss and optimizer programs), the binding
+// of every program argument to the rank's state (flat parameter and gradient buffers,
+// optimizer state, stashes per micro-batch, micro-batch inputs, the recipe's scalars) and the
+// hand-over of results (stashes, metrics). Everything a step computes or communicates is an
+// instruction of the plan; the driver only binds storage and orders program runs.
+#pragma once
+
+#include <map>
+#include <string>
+#include <vector>
+
+#include "protos/plan.pb.h"
+#include "runtime/Collectives.h"
+#include "runtime/DataSource.h"
+#include "runtime/Executor.h"
+#include "runtime/StepBackend.h"
+#include "runtime/Status.h"
+#include "runtime/Tensor.h"
+#include "runtime/Trace.h"
+
+namespace loom {
+
+// The training recipe's per-step scalars: the optimizer program's HYPERPARAMETER inputs.
+struct OptimizerScalars {
+  double learningRate = 0, clipGrad = 0, lossScale = 1, weightDecay = 0.1, beta1 = 0.9, beta2 = 0.95, eps = 1e-8;
+  int64_t adamStep = 1;  // 1-based count of updates taken (bias correction)
+};
+
+// Dropout seeds: equal across a tensor-parallel group, distinct per step, replica and
+// micro-batch (SplitMix64 finaliser over the mix). Every backend draws the same.
+uint64_t dropoutSeed(uint64_t seed, int64_t step, int dp, int mb);
+// The global index of the first sample of micro-batch mb of `step` on this data-parallel rank.
+int64_t firstSampleOf(const plan::RankPlan &plan, int64_t step, int mb);
+
+class StepDriver {
+ public:
+  StepDriver(const plan::RankPlan &plan, const plan::ProgramSet &programs, StepBackend &backend,
+             Collectives *collectives, uint64_t seed);
+  // Checks the schedule against the programs and makes the state (parameters from `initial`,
+  // in plan.parameters() order; gradients, optimizer state and loss sum zero).
+  Status init(const std::vector<HostTensor> &initial);
+
+  // The step's forward and backward programs over `data`'s batch `step` (0-based), then the
+  // loss program: the gradients are final (synchronised) and *loss (ranks of the last stage:
+  // *hasLoss) is the mean over micro-batches and dp replicas. evaluate: forward programs
+  // only, dropout off, nothing traced.
+  Status runGradients(DataSource *data, int64_t step, bool evaluate, bool *hasLoss, double *loss);
+  // The optimizer program: *gradNorm (not finite: the update was skipped) and the update.
+  Status runOptimizer(const OptimizerScalars &scalars, double *gradNorm);
+
+  // The rank's state, for checkpoints and exports (backend memory).
+  ArgumentView parameter(const std::string &name) const;  // a slice of the flat buffer
+  ArgumentView gradient(const std::string &name) const;
+  ArgumentView flatParameters() const { return params_; }
+  // The optimizer state of the plan (adam_m, adam_v: over the flat buffer, or its ZeRO-1 shard).
+  const std::map<std::string, ArgumentView> &optimizerState() const { return optimizerState_; }
+
+  void setTrace(TraceRecorder *trace) { trace_ = trace; }
+  void setLossScale(float scale) { lossScale_ = scale; }
+  // Every training micro-batch's inputs written here (the oracle reads them).
+  void setDumpBatches(const std::string &dir) { dumpBatches_ = dir; }
+
+ private:
+  Status runEntry(size_t entry, DataSource *data, int64_t step, bool evaluate);
+  Status bind(const plan::Program &prog, int mb, DataSource *data, int64_t step, bool evaluate,
+              std::vector<ArgumentView> *args);
+  Status slot(const std::string &key, const plan::Buffer &buffer, ArgumentView *out);
+  Status readMetric(const plan::Program &prog, const std::string &name, double *value);
+
+  const plan::RankPlan &plan_;
+  const plan::ProgramSet &programs_;
+  StepBackend &backend_;
+  Collectives *collectives_;
+  uint64_t seed_;
+  TraceRecorder *trace_ = nullptr;
+  float lossScale_ = 1.0f;
+  std::string dumpBatches_;
+  std::vector<const plan::Program *> entryProgram_;  // per schedule entry
+  std::vector<bool> lastRun_;                       // per entry: the program's last run of the step
+  std::map<std::string, const plan::Parameter *> paramByName_;
+  ArgumentView params_, grads_, lossSum_;
+  std::map<std::string, ArgumentView> optimizerState_, hyper_;
+  std::map<std::string, float> metrics_;  // this step's METRIC results
+  std::map<int, bool> batchReady_;        // micro-batches whose inputs are uploaded this step
+};
+
+}  // namespace loom

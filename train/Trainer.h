@@ -1,0 +1,97 @@
+// A rank's training state under the recipe, on any backend: the step driver over the plan
+// (train/StepDriver.h), the recipe's scalars (AdamW's, the learning rate, clipping, fp16's
+// dynamic loss scale), and the state's way in and out (checkpoint shards, whole-model
+// weights, gradients for --dump-grads). What differs between the CPU and CUDA backends is
+// only the StepBackend (runtime/CpuBackend.h, runtime/cuda/CudaBackend.h): checkpoints are
+// the same files on both.
+#pragma once
+
+#include <map>
+#include <memory>
+#include <string>
+
+#include "protos/plan.pb.h"
+#include "runtime/Collectives.h"
+#include "runtime/DataSource.h"
+#include "train/LossScaler.h"
+#include "runtime/StepBackend.h"
+#include "runtime/Status.h"
+#include "runtime/Tensor.h"
+#include "runtime/Trace.h"
+#include "train/LossScaler.h"
+#include "train/StepDriver.h"
+
+namespace loom {
+
+// AdamW (Loshchilov & Hutter) on fp32 master weights as Megatron uses it: bias-corrected
+// moments, decoupled weight decay on the parameters the plan marks (matrices, not biases or
+// norm gains). The optimizer program's hyperparameters.
+struct AdamWConfig {
+  double beta1 = 0.9, beta2 = 0.95, eps = 1e-8, weightDecay = 0.1;
+};
+
+struct TrainerOptions {
+  uint64_t seed = 1234;  // parameters and dropout
+  AdamWConfig adam;
+  std::string dumpBatches;         // write every training micro-batch's inputs here (the oracle reads them)
+  TraceRecorder *trace = nullptr;  // record every executed instruction (loom-rank --trace)
+  bool lossScaling = false;        // fp16: dynamic loss scaling (train/LossScaler.h)
+  LossScalerConfig lossScaler;
+};
+
+struct StepResult {
+  bool hasLoss = false;  // ranks of the last pipeline stage
+  double loss = 0;       // mean over micro-batches and data-parallel replicas
+  double lossScale = 0;  // the scale this step used (0: none)
+};
+
+class Trainer {
+ public:
+  // `initial`: the parameters to start from (null: drawn by initParameters with options.seed).
+  Trainer(const Trainer &) = delete;
+  Trainer &operator=(const Trainer &) = delete;
+  static Status create(plan::RankPlan plan, plan::ProgramSet programs, std::unique_ptr<StepBackend> backend,
+                       Collectives *collectives, DataSource *data, const TrainerOptions &options,
+                       std::unique_ptr<Trainer> *out);
+
+  const plan::RankPlan &plan() const { return plan_; }
+  bool isLossRank() const { return plan_.pp_rank() == plan_.p() - 1; }
+
+  // Forward and backward over the step's micro-batches (0-based `step` picks the data and
+  // dropout); the gradients are then final.
+  Status computeGradients(int64_t step, StepResult *result);
+  // The optimizer program at 1-based update `update`: *norm is the global gradient norm. When
+  // it is not finite nothing was updated: with fp16 loss scaling *skipped is set (the scale
+  // backs off), otherwise it is an error.
+  Status optimizerStep(int64_t update, double lr, double clip, double *norm, bool *skipped);
+  // Forward passes only over global batch `batch` of `data`: the validation loss.
+  Status evaluate(DataSource *data, int64_t batch, double *loss);
+
+  // This step's gradients (--dump-grads), by parameter name. With ZeRO-1 they are this
+  // replica's own (the optimizer reduce-scatters them): see gradientsSynchronized().
+  Status hostGradients(std::map<std::string, HostTensor> *out);
+  bool gradientsSynchronized() const { return !plan_.zero1() || plan_.d() == 1; }
+  // Parameters by name (host copies).
+  Status hostParameters(std::map<std::string, HostTensor> *out);
+  // Checkpoint shard of this rank: parameters and AdamW moments (and fp16's scale).
+  Status saveShard(const std::string &path, const std::map<std::string, std::string> &metadata);
+  Status loadShard(const std::string &path, std::map<std::string, std::string> *metadata);
+  // Replaces the parameters by a whole-model file's tensors (global shapes, Loom names), each
+  // rank taking its shard; the optimizer state restarts at zero.
+  Status loadGlobalParameters(const std::map<std::string, HostTensor> &global);
+
+ private:
+  Trainer(plan::RankPlan plan, plan::ProgramSet programs, std::unique_ptr<StepBackend> backend,
+          Collectives *collectives, DataSource *data, const TrainerOptions &options);
+  Status zeroOptimizerState();
+
+  plan::RankPlan plan_;
+  plan::ProgramSet programs_;
+  std::unique_ptr<StepBackend> backend_;
+  DataSource *data_;
+  TrainerOptions opt_;
+  StepDriver driver_;
+  LossScaler scaler_;
+};
+
+}  // namespace loom
