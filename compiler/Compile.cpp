@@ -157,7 +157,8 @@ llvm::Error compile(mlir::ModuleOp module, const config::ClusterSpec &cluster, c
       if (prog.kind() == plan::Program::FORWARD) accumulateLoss(prog);
       if (prog.kind() != plan::Program::BACKWARD) continue;
       auto sync = gradSyncOf.find(prog.virtual_stage());
-      if (llvm::Error e = foldGradientSync(prog, sync == gradSyncOf.end() ? nullptr : &sync->second, &deferred))
+      if (llvm::Error e = foldGradientSync(prog, sync == gradSyncOf.end() ? nullptr : &sync->second,
+                                           par.serial_grad_reduce(), &deferred))
         return e;
     }
     layouts[s] = stageLayout(module, sets[s], d, par.zero1());

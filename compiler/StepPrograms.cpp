@@ -174,8 +174,10 @@ int addArgumentBuffer(plan::Program &prog, const plan::Buffer &like, plan::Bindi
 // Rewrites `prog` so that each result buffer in `into` (result buffer -> inout argument
 // buffer) is added into its argument right after its producer, and appends `tail`
 // instructions (their buffers already in `prog`) each right after the last instruction that
-// touches one of its buffers; the results in `into` are dropped.
-void insertAccumulations(plan::Program &prog, const std::map<int, int> &into, std::vector<plan::Instruction> tail) {
+// touches one of its buffers (tailAtEnd: after everything, waiting for the last compute
+// instruction); the results in `into` are dropped.
+void insertAccumulations(plan::Program &prog, const std::map<int, int> &into, std::vector<plan::Instruction> tail,
+                         bool tailAtEnd) {
   int old = prog.instructions_size();
   std::vector<plan::Instruction> nodes(prog.instructions().begin(), prog.instructions().end());
   std::vector<std::vector<int>> after(old + 1);  // nodes placed after old instruction i - 1 (0: first)
@@ -205,6 +207,7 @@ void insertAccumulations(plan::Program &prog, const std::map<int, int> &into, st
     producer[arg] = id;
   }
   std::map<int, std::vector<int>> readers;  // buffer -> tail nodes reading it since its last write
+  std::set<int> afterCompute;               // tail nodes that also wait for the last compute instruction
   for (plan::Instruction &in : tail) {
     int anchor = 0;
     std::set<int> waits;
@@ -221,7 +224,8 @@ void insertAccumulations(plan::Program &prog, const std::map<int, int> &into, st
         if (nodes[r].stream() != in.stream()) waits.insert(r);
     in.clear_wait_for();
     for (int w : waits) in.add_wait_for(w);
-    int id = addNode(in, anchor);
+    int id = addNode(in, tailAtEnd ? old : anchor);
+    if (tailAtEnd) afterCompute.insert(id);
     for (int b : in.inputs()) readers[b].push_back(id);
     for (int b : in.outputs()) producer[b] = id, readers[b].clear();
   }
@@ -233,6 +237,7 @@ void insertAccumulations(plan::Program &prog, const std::map<int, int> &into, st
   }
   for (size_t k = 0; k < order.size(); ++k) indexOf[order[k]] = int(k);
   prog.clear_instructions();
+  int lastCompute = -1;
   for (int n : order) {
     plan::Instruction *in = prog.add_instructions();
     *in = nodes[n];
@@ -240,7 +245,9 @@ void insertAccumulations(plan::Program &prog, const std::map<int, int> &into, st
     in->clear_wait_for();
     std::set<int> sorted;
     for (int w : waits) sorted.insert(indexOf[w]);
+    if (afterCompute.count(n) && lastCompute >= 0 && in->stream() != plan::COMPUTE) sorted.insert(lastCompute);
     for (int w : sorted) in->add_wait_for(w);
+    if (in->stream() == plan::COMPUTE) lastCompute = prog.instructions_size() - 1;
   }
   google::protobuf::RepeatedPtrField<plan::Binding> kept;
   for (const plan::Binding &r : prog.results())
@@ -285,7 +292,8 @@ StageLayout stageLayout(mlir::ModuleOp module, const plan::ProgramSet &set, int 
   return layout;
 }
 
-llvm::Error foldGradientSync(plan::Program &backward, const plan::Program *gradSync, std::vector<DeferredSync> *deferred) {
+llvm::Error foldGradientSync(plan::Program &backward, const plan::Program *gradSync, bool serial,
+                             std::vector<DeferredSync> *deferred) {
   // Which gradient each backward result becomes: its own (GRADIENT) or, through the sync
   // program's collectives, the parameter the sync's result names.
   std::map<std::string, std::string> gradientOfStash;  // sync argument (backward output) -> parameter
@@ -354,7 +362,7 @@ llvm::Error foldGradientSync(plan::Program &backward, const plan::Program *gradS
       tail.push_back(std::move(in));
     }
   }
-  insertAccumulations(backward, into, std::move(tail));
+  insertAccumulations(backward, into, std::move(tail), serial);
   return llvm::Error::success();
 }
 
@@ -365,7 +373,7 @@ void accumulateLoss(plan::Program &forward) {
       plan::Buffer like = forward.buffers(r.buffer());
       into[r.buffer()] = addArgumentBuffer(forward, like, plan::Binding::LOSS, "loss_sum");
     }
-  if (!into.empty()) insertAccumulations(forward, into, {});
+  if (!into.empty()) insertAccumulations(forward, into, {}, false);
 }
 
 plan::Program lossProgram(int microBatches, int d) {

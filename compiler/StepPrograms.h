@@ -52,7 +52,10 @@ struct DeferredSync {
 // Folds `gradSync` (the chunk's gradient-sync program, or null) into `backward`: collectives
 // within the stage (tp, dp) run in the backward's last run; the others are appended to
 // `deferred`. The backward adds its gradients into inout GRADIENT arguments (see above).
-llvm::Error foldGradientSync(plan::Program &backward, const plan::Program *gradSync, std::vector<DeferredSync> *deferred);
+// serial: the folded collectives wait for the backward's last compute instruction instead of
+// only for their own gradients (no overlap; cluster spec serial_grad_reduce).
+llvm::Error foldGradientSync(plan::Program &backward, const plan::Program *gradSync, bool serial,
+                             std::vector<DeferredSync> *deferred);
 // A forward with a LOSS result adds it into an inout LOSS argument "loss_sum" instead.
 void accumulateLoss(plan::Program &forward);
 
