@@ -27,6 +27,7 @@ llvm::Error checkMemoryFits(const plan::RankPlan &rp, const config::ClusterSpec 
                                                         {m.gradient_bytes(), "gradients"},
                                                         {m.optimizer_bytes(), "AdamW state"},
                                                         {m.peak_stash_bytes(), "stashed activations"},
+                                                        {m.peak_input_bytes(), "micro-batch inputs"},
                                                         {m.max_workspace_bytes(), "workspace"}};
   std::sort(parts.begin(), parts.end(), [](auto &a, auto &b) { return a.first > b.first; });
   std::string biggest;
@@ -174,7 +175,20 @@ llvm::Expected<std::vector<plan::RankPlan>> assembleRankPlans(mlir::ModuleOp mod
     auto programOf = [&](const Task &task) {
       return (task.type == Task::kForward ? "forward_" : "backward_") + std::to_string(task.chunk * p + stage);
     };
-    for (size_t k = 0; k < tasks.size(); ++k) lastEntry[programOf(tasks[k])] = k;
+    // A micro-batch's inputs are held from its first program to its last (the step driver's slots).
+    std::map<std::string, int64_t> inputBytes;  // input name -> bytes per micro-batch
+    for (const plan::Program &prog : sets[stage].programs())
+      for (const plan::Binding &a : prog.arguments())
+        if (a.role() == plan::Binding::INPUT) inputBytes[a.name()] = prog.buffers(a.buffer()).bytes();
+    int64_t inputsPerMicroBatch = 0;
+    for (auto &[name, bytes] : inputBytes) inputsPerMicroBatch += bytes;
+    std::map<int, std::pair<size_t, size_t>> spanOf;  // micro-batch -> (first, last) entry
+    for (size_t k = 0; k < tasks.size(); ++k) {
+      lastEntry[programOf(tasks[k])] = k;
+      auto [it, fresh] = spanOf.try_emplace(tasks[k].microBatch, std::make_pair(k, k));
+      it->second.second = k;
+    }
+    int64_t peak = 0, peakInputs = 0;
     for (size_t k = 0; k < tasks.size(); ++k) {
       const Task &task = tasks[k];
       int vs = task.chunk * p + stage;
@@ -185,9 +199,16 @@ llvm::Expected<std::vector<plan::RankPlan>> assembleRankPlans(mlir::ModuleOp mod
       const plan::Program *prog = byName.at(name);
       account(*prog, lastEntry[name] == k);
       const plan::Program *fwd = byName.at("forward_" + std::to_string(vs));
-      stash += task.type == Task::kForward ? fwd->stash_bytes() : -fwd->stash_bytes();
-      peakStash = std::max(peakStash, stash);
-      mem->add_timeline_bytes(persistent + stash + maxWorkspace);
+      int64_t inFlight = 0;
+      for (auto &[mb, span] : spanOf) inFlight += span.first <= k && k <= span.second;
+      // During the entry: its stash is held (made by a forward, read by a backward).
+      if (task.type == Task::kForward) stash += fwd->stash_bytes();
+      int64_t held = persistent + stash + inFlight * inputsPerMicroBatch + maxWorkspace;
+      if (task.type == Task::kBackward) stash -= fwd->stash_bytes();
+      peakStash = std::max(peakStash, stash + (task.type == Task::kBackward ? fwd->stash_bytes() : 0));
+      peakInputs = std::max(peakInputs, inFlight * inputsPerMicroBatch);
+      peak = std::max(peak, held);
+      mem->add_timeline_bytes(held);
     }
     for (plan::Program::Kind once : {plan::Program::LOSS, plan::Program::OPTIMIZER}) {
       const plan::Program *prog = nullptr;  // the stage's own (every stage has an optimizer)
@@ -199,13 +220,15 @@ llvm::Expected<std::vector<plan::RankPlan>> assembleRankPlans(mlir::ModuleOp mod
       e->set_micro_batch(-1);
       account(*prog, true);
       mem->add_timeline_bytes(persistent + maxWorkspace);
+      peak = std::max(peak, persistent + maxWorkspace);
     }
+    mem->set_peak_input_bytes(peakInputs);
     mem->set_parameter_bytes(paramBytes);
     mem->set_gradient_bytes(paramBytes);
     mem->set_optimizer_bytes(optimizerBytes);
     mem->set_peak_stash_bytes(peakStash);
     mem->set_max_workspace_bytes(maxWorkspace);
-    mem->set_peak_bytes(persistent + peakStash + maxWorkspace);
+    mem->set_peak_bytes(peak);
     rp.set_flops_per_step(flops);
     for (auto &[k, c] : collectives) {
       plan::CollectiveTotal *ct = rp.add_collectives();

@@ -14,11 +14,11 @@
 #include "compiler/ModelBuilder.h"
 #include "compiler/ToolSupport.h"
 #include "runtime/Executor.h"
-#include "runtime/HfGpt2.h"
-#include "runtime/HfLlama.h"
-#include "runtime/Safetensors.h"
+#include "formats/HfGpt2.h"
+#include "formats/HfLlama.h"
+#include "formats/Safetensors.h"
 #include "runtime/control/Flags.h"
-#include "runtime/data/Bpe.h"
+#include "data/Bpe.h"
 
 int main(int argc, char **argv) {
   loom::Flags flags(argc, argv, "loom-generate",

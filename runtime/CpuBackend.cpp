@@ -45,7 +45,7 @@ Status CpuBackend::download(ArgumentView from, std::vector<float> *to) {
 Status CpuBackend::run(const plan::Program &program, const std::vector<ArgumentView> &args,
                        const ResultConsumer &consume, const ExecutionContext &ctx) {
   ExecutionContext c = ctx;
-  c.workspace = &workspaces_[&program];
+  c.workspace = &workspace_;
   return executeProgram(program, args, consume, c);
 }
 
@@ -54,11 +54,10 @@ Status CpuBackend::copy(const float *from, int64_t count, float *to) {
   return Status::ok();
 }
 
-int64_t CpuBackend::storageBytes() const {
-  int64_t bytes = 0;
+int64_t CpuBackend::allocatedBytes() const {
+  int64_t bytes = int64_t(workspace_.size()) * 4;
   for (auto &[k, v] : floats_) bytes += int64_t(v.size()) * 4;
   for (auto &[k, v] : ints_) bytes += int64_t(v.size()) * 4;
-  for (auto &[k, v] : workspaces_) bytes += int64_t(v.size()) * 4;
   return bytes;
 }
 

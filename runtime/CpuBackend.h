@@ -1,5 +1,6 @@
 // The CPU backend of the step driver: the rank's state in host memory, programs on the CPU
-// executor (runtime/Executor.h: a thread per plan stream), one reused workspace per program.
+// executor (runtime/Executor.h: a thread per plan stream) in one workspace arena, grown to the
+// largest program's and reused (the memory plan's max_workspace_bytes).
 #pragma once
 
 #include <map>
@@ -19,13 +20,13 @@ class CpuBackend : public StepBackend {
              const ExecutionContext &ctx) override;
   Status copy(const float *from, int64_t count, float *to) override;
 
-  // Bytes of every storage made so far (the state, stashes, inputs) and of the workspaces.
-  int64_t storageBytes() const;
+  // Every storage made so far (the state, stashes, inputs) and the one workspace.
+  int64_t allocatedBytes() const override;
 
  private:
   std::map<std::string, std::vector<float>> floats_;
   std::map<std::string, std::vector<int32_t>> ints_;
-  std::map<const plan::Program *, std::vector<float>> workspaces_;
+  std::vector<float> workspace_;  // one arena for every program: a rank runs one at a time
 };
 
 }  // namespace loom

@@ -31,6 +31,9 @@ class StepBackend {
   virtual Status copy(const float *from, int64_t count, float *to) = 0;
   // Every queued operation has completed (before host reads; CPU: nothing to wait for).
   virtual Status synchronize() { return Status::ok(); }
+  // Bytes of device (or host) memory the backend holds for the rank: every storage() and the
+  // programs' workspace; what the memory plan predicts.
+  virtual int64_t allocatedBytes() const = 0;
 };
 
 }  // namespace loom

@@ -4,7 +4,7 @@
 #include <cstdio>
 
 #include "runtime/PlanAttributes.h"
-#include "runtime/Safetensors.h"
+#include "formats/Safetensors.h"
 
 namespace loom {
 namespace {
@@ -49,6 +49,13 @@ Status StepDriver::init(const std::vector<HostTensor> &initial) {
     entryProgram_.push_back(it->second);
   }
   for (size_t k = 0; k < entryProgram_.size(); ++k) lastRun_.push_back(last[entryProgram_[k]] == k);
+  lastEntryOf_.resize(2);
+  for (size_t k = 0; k < entryProgram_.size(); ++k) {
+    int mb = plan_.schedule(int(k)).micro_batch();
+    if (mb < 0) continue;
+    lastEntryOf_[0][mb] = k;
+    if (entryProgram_[k]->kind() == plan::Program::FORWARD) lastEntryOf_[1][mb] = k;
+  }
 
   int64_t flat = plan_.flat_elements();
   for (const plan::Parameter &p : plan_.parameters()) {
@@ -110,11 +117,16 @@ Status StepDriver::bind(const plan::Program &prog, int mb, DataSource *data, int
       case plan::Binding::LOSS: v = lossSum_; break;
       case plan::Binding::OPTIMIZER_STATE: v = optimizerState_[a.name()]; break;
       case plan::Binding::HYPERPARAMETER: v = hyper_[a.name()]; break;
-      case plan::Binding::STASH:
-        LOOM_RETURN_IF_ERROR(slot("stash/" + a.name() + "/" + std::to_string(mb), buffer, &v));
+      case plan::Binding::STASH: {
+        std::string pool = "stash/" + std::to_string(prog.virtual_stage());
+        auto held = pools_[pool].held.find(mb);
+        if (held == pools_[pool].held.end()) return unbound(prog, a, mb);  // no forward ran for it
+        LOOM_RETURN_IF_ERROR(slot(pool + "/" + a.name() + "/" + std::to_string(held->second), buffer, &v));
         break;
+      }
       case plan::Binding::INPUT: {
         if (mb < 0 || !data) return unbound(prog, a, mb);
+        std::string inputSlot = std::to_string(pools_["inputs"].acquire(mb));
         if (!batchReady_[mb]) {
           std::map<std::string, HostTensor> batch =
               makeBatch(*data, firstSampleOf(plan_, step, mb), plan_.micro_batch_size(), plan_.seq_length());
@@ -128,14 +140,14 @@ Status StepDriver::bind(const plan::Program &prog, int mb, DataSource *data, int
           }
           for (auto &[name, t] : batch) {
             ArgumentView input;
-            LOOM_RETURN_IF_ERROR(backend_.storage("input/" + name + "/" + std::to_string(mb),
+            LOOM_RETURN_IF_ERROR(backend_.storage("input/" + name + "/" + inputSlot,
                                                   t.isInt ? int64_t(t.ints.size()) : int64_t(t.data.size()), t.isInt,
                                                   &input));
             LOOM_RETURN_IF_ERROR(backend_.upload(t, input));
           }
           batchReady_[mb] = true;
         }
-        LOOM_RETURN_IF_ERROR(slot("input/" + a.name() + "/" + std::to_string(mb), buffer, &v));
+        LOOM_RETURN_IF_ERROR(slot("input/" + a.name() + "/" + inputSlot, buffer, &v));
         break;
       }
       default:
@@ -165,8 +177,10 @@ Status StepDriver::runEntry(size_t entry, DataSource *data, int64_t step, bool e
     const plan::Binding &r = prog.results(i);
     ArgumentView to;
     Status st;
-    if (r.role() == plan::Binding::STASH)
-      st = slot("stash/" + r.name() + "/" + std::to_string(mb), prog.buffers(r.buffer()), &to);
+    if (r.role() == plan::Binding::STASH) {
+      std::string pool = "stash/" + std::to_string(prog.virtual_stage());
+      st = slot(pool + "/" + r.name() + "/" + std::to_string(pools_[pool].acquire(mb)), prog.buffers(r.buffer()), &to);
+    }
     else if (r.role() == plan::Binding::METRIC)
       st = slot("metric/" + r.name(), prog.buffers(r.buffer()), &to);
     else
@@ -175,7 +189,33 @@ Status StepDriver::runEntry(size_t entry, DataSource *data, int64_t step, bool e
     if (!st.isOk() && consumed.isOk()) consumed = st;
   };
   LOOM_RETURN_IF_ERROR(backend_.run(prog, args, consume, ctx));
-  return consumed;
+  LOOM_RETURN_IF_ERROR(consumed);
+  // Slots this run was the last to need go back to their pools (after the backend is done
+  // with them: the next program runs after this one on every backend).
+  std::string stash = "stash/" + std::to_string(prog.virtual_stage());
+  if (prog.kind() == plan::Program::BACKWARD || (evaluate && prog.kind() == plan::Program::FORWARD))
+    pools_[stash].release(mb);
+  auto last = lastEntryOf_[evaluate ? 1 : 0].find(mb);
+  if (last != lastEntryOf_[evaluate ? 1 : 0].end() && last->second == entry) pools_["inputs"].release(mb);
+  return Status::ok();
+}
+
+int StepDriver::SlotPool::acquire(int mb) {
+  auto it = held.find(mb);
+  if (it != held.end()) return it->second;
+  int slot = next;
+  if (!free.empty())
+    slot = free.back(), free.pop_back();
+  else
+    ++next;
+  return held[mb] = slot;
+}
+
+void StepDriver::SlotPool::release(int mb) {
+  auto it = held.find(mb);
+  if (it == held.end()) return;
+  free.push_back(it->second);
+  held.erase(it);
 }
 
 Status StepDriver::readMetric(const plan::Program &prog, const std::string &name, double *value) {
@@ -194,6 +234,10 @@ Status StepDriver::readMetric(const plan::Program &prog, const std::string &name
 
 Status StepDriver::runGradients(DataSource *data, int64_t step, bool evaluate, bool *hasLoss, double *loss) {
   batchReady_.clear();
+  for (auto &[name, pool] : pools_) {  // nothing is held across steps (an aborted step's slots return)
+    for (auto &[mb, slot] : pool.held) pool.free.push_back(slot);
+    pool.held.clear();
+  }
   *hasLoss = false;
   for (size_t k = 0; k < entryProgram_.size(); ++k) {
     const plan::Program &prog = *entryProgram_[k];

@@ -12,7 +12,7 @@
 
 #include "protos/plan.pb.h"
 #include "runtime/Collectives.h"
-#include "runtime/DataSource.h"
+#include "data/DataSource.h"
 #include "runtime/Executor.h"
 #include "runtime/StepBackend.h"
 #include "runtime/Status.h"
@@ -83,6 +83,18 @@ class StepDriver {
   std::map<std::string, ArgumentView> optimizerState_, hyper_;
   std::map<std::string, float> metrics_;  // this step's METRIC results
   std::map<int, bool> batchReady_;        // micro-batches whose inputs are uploaded this step
+  // Storage slots reused across micro-batches, as the memory plan counts them: a chunk's stash
+  // is held from its forward to its backward, a micro-batch's inputs from its first program to
+  // its last; a freed slot serves the next micro-batch.
+  struct SlotPool {
+    std::map<int, int> held;  // micro-batch -> slot
+    std::vector<int> free;
+    int next = 0;
+    int acquire(int mb);
+    void release(int mb);
+  };
+  std::map<std::string, SlotPool> pools_;  // "inputs", "stash/<virtual stage>"
+  std::vector<std::map<int, size_t>> lastEntryOf_;  // [evaluate]: micro-batch -> its last schedule entry
 };
 
 }  // namespace loom

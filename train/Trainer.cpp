@@ -4,8 +4,8 @@
 #include <cstdio>
 #include <cstdlib>
 
-#include "runtime/ParamInit.h"
-#include "runtime/Safetensors.h"
+#include "train/ParamInit.h"
+#include "formats/Safetensors.h"
 #include "runtime/Shards.h"
 
 namespace loom {

@@ -12,7 +12,7 @@
 
 #include "protos/plan.pb.h"
 #include "runtime/Collectives.h"
-#include "runtime/DataSource.h"
+#include "data/DataSource.h"
 #include "train/LossScaler.h"
 #include "runtime/StepBackend.h"
 #include "runtime/Status.h"
@@ -71,6 +71,8 @@ class Trainer {
   // replica's own (the optimizer reduce-scatters them): see gradientsSynchronized().
   Status hostGradients(std::map<std::string, HostTensor> *out);
   bool gradientsSynchronized() const { return !plan_.zero1() || plan_.d() == 1; }
+  // What the backend holds for this rank (to compare with the plan's memory.peak_bytes).
+  int64_t allocatedBytes() const { return backend_->allocatedBytes(); }
   // Parameters by name (host copies).
   Status hostParameters(std::map<std::string, HostTensor> *out);
   // Checkpoint shard of this rank: parameters and AdamW moments (and fp16's scale).

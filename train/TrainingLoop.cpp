@@ -10,10 +10,10 @@
 #include <fstream>
 #include <set>
 
-#include "runtime/Checkpoint.h"
-#include "runtime/HfConfig.h"
-#include "runtime/HfGpt2.h"
-#include "runtime/Safetensors.h"
+#include "formats/Checkpoint.h"
+#include "formats/HfConfig.h"
+#include "formats/HfGpt2.h"
+#include "formats/Safetensors.h"
 #include "runtime/Shards.h"
 
 namespace loom {
@@ -310,6 +310,12 @@ Status TrainingLoop::run() {
                   "tokens per second: %.0f | MFU: %.1f%% | peak memory (MiB): %.1f\n",
                   (long long)it, (long long)opt_.trainIters, (long long)(it * p.global_batch_size()), seconds * 1000,
                   lr, p.global_batch_size(), r.loss, norm, tokensPerStep / seconds, 100 * mfu, peakMemoryMiB());
+      std::fflush(stdout);
+    }
+    if (it == start + 1) {  // every rank: what it holds against what its plan says
+      double planned = double(p.memory().peak_bytes()), held = double(trainer_.allocatedBytes());
+      std::printf(" rank %d memory: planned peak %.2f MiB, allocated by the backend %.2f MiB (%+.1f%%)\n", p.rank(),
+                  planned / (1 << 20), held / (1 << 20), planned > 0 ? 100 * (held - planned) / planned : 0.0);
       std::fflush(stdout);
     }
     if (r.hasLoss && !skipped) (void)client_.metrics(p.rank(), it, {{"loss", r.loss}, {"grad_norm", norm}});

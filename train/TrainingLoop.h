@@ -6,7 +6,7 @@
 #include <cstdint>
 #include <string>
 
-#include "runtime/DataSource.h"
+#include "data/DataSource.h"
 #include "runtime/control/CoordinatorClient.h"
 #include "train/Trainer.h"
 

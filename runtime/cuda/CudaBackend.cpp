@@ -85,6 +85,12 @@ Status CudaBackend::copy(const float *from, int64_t count, float *to) {
   return cudaStatus(cudaMemcpyAsync(to, from, size_t(count) * 4, cudaMemcpyDeviceToDevice, s), "copy");
 }
 
+int64_t CudaBackend::allocatedBytes() const {
+  int64_t bytes = 0;
+  for (auto &[key, a] : storage_) bytes += std::max<int64_t>(a.count, 1) * 4;
+  return bytes;
+}
+
 Status CudaBackend::synchronize() { return cudaStatus(cudaStreamSynchronize(executor_->computeStream()), "synchronize"); }
 
 }  // namespace loom::cuda

@@ -32,6 +32,9 @@ class CudaBackend : public StepBackend {
              const ExecutionContext &ctx) override;
   Status copy(const float *from, int64_t count, float *to) override;
   Status synchronize() override;
+  // The storage only: the executor's arena, scratch and 16-bit parameter copies are not yet
+  // counted (nor planned).
+  int64_t allocatedBytes() const override;
 
  private:
   CudaBackend() = default;

@@ -13,7 +13,7 @@
 
 #include "protos/plan.pb.h"
 #include "runtime/CpuBackend.h"
-#include "runtime/DataSource.h"
+#include "data/DataSource.h"
 #include "runtime/ThreadCollectives.h"
 #include "runtime/cuda/CudaBackend.h"
 #include "runtime/cuda/CudaKernels.h"

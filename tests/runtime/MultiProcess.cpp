@@ -7,7 +7,7 @@
 #include <cstring>
 #include <sstream>
 
-#include "runtime/Safetensors.h"
+#include "formats/Safetensors.h"
 
 namespace loom::test {
 

@@ -5,7 +5,7 @@
 #include <string>
 
 #include "runtime/cpu/Optimizer.h"
-#include "runtime/Safetensors.h"
+#include "formats/Safetensors.h"
 #include "runtime/cpu/Kernels.h"
 
 using loom::HostTensor;

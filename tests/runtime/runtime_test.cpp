@@ -13,7 +13,7 @@
 #include <thread>
 
 #include "protos/plan.pb.h"
-#include "runtime/Safetensors.h"
+#include "formats/Safetensors.h"
 #include "runtime/cuda/CudaKernels.h"
 #include "tests/runtime/MultiProcess.h"
 
@@ -45,6 +45,33 @@ JobGradients train(const std::string &name, int world) {
                  " --dump-grads " + dump);
   EXPECT_EQ(r.exitCode, 0) << r.output;
   return readJobGradients(dump, world);
+}
+
+// The memory plan is what the CPU backend holds: every rank's storage (parameters, gradients,
+// AdamW state, stash and input slots of the micro-batches in flight) and its one workspace
+// arena within 10% of its plan's peak (each rank prints both after its first iteration); with
+// 1F1B over 8 micro-batches, the slots of the 2 in flight, not of all 8.
+TEST(Runtime, EveryRankHoldsWhatItsMemoryPlanSays) {
+  for (const char *layout : {"t2p2d1", "t1p1d1_zero1", "t1p2d1_m8"}) {
+    std::string plans = tmpdir() + "/plans_memory_" + layout;
+    compile(std::string(layout) + ".pbtxt", plans);
+    int world = std::string(layout) == "t2p2d1" ? 4 : std::string(layout) == "t1p2d1_m8" ? 2 : 1;
+    Result r = run(loomrun() + " --nproc " + std::to_string(world) + " --plans " + plans + " --steps 2 --threads 1");
+    ASSERT_EQ(r.exitCode, 0) << r.output;
+    int ranks = 0;
+    std::istringstream lines(r.output);
+    for (std::string line; std::getline(lines, line);) {
+      int rank;
+      double planned, held;
+      if (std::sscanf(line.c_str(), " rank %d memory: planned peak %lf MiB, allocated by the backend %lf MiB", &rank,
+                      &planned, &held) != 3)
+        continue;
+      ++ranks;
+      EXPECT_GT(planned, 0) << line;
+      EXPECT_LT(std::abs(held - planned), 0.1 * planned) << layout << ": " << line;
+    }
+    EXPECT_EQ(ranks, world) << layout << ":\n" << r.output;
+  }
 }
 
 TEST(Runtime, ParallelRunsMatchTheSingleRankRun) {

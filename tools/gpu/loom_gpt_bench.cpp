@@ -2,7 +2,7 @@
 // GPU (the check's 1.3B model: examples/models/gpt-1.3b.pbtxt on examples/clusters/h200-1.pbtxt)
 // with the CUDA trainer, and prints tokens/s and MFU against the bf16 GEMM rate it measures in
 // the same run (cuBLAS, n^3 bf16, as tools/gpu/torch_gpt_bench.py measures it through PyTorch).
-// FLOPs per step are PTD-P's count (runtime/TrainingLoop.h), the count the PyTorch script uses.
+// FLOPs per step are PTD-P's count (train/TrainingLoop.h), the count the PyTorch script uses.
 //
 // usage: loom-gpt-bench --plans DIR [--precision bf16|fp16|fp32] [--attention auto|unfused|flash]
 //                       [--steps 6] [--gemm-size 8192] [--result FILE]
@@ -22,7 +22,7 @@
 
 #include "runtime/PlanVersion.h"
 #include "protos/plan.pb.h"
-#include "runtime/DataSource.h"
+#include "data/DataSource.h"
 #include "runtime/Fnv1a.h"
 #include "runtime/ThreadCollectives.h"
 #include "train/TrainingLoop.h"

@@ -8,8 +8,8 @@
 #include <memory>
 #include <vector>
 
-#include "runtime/DataSource.h"
-#include "runtime/data/IndexedDataset.h"
+#include "data/DataSource.h"
+#include "data/IndexedDataset.h"
 
 namespace loom {
 

@@ -1,4 +1,4 @@
-#include "runtime/Checkpoint.h"
+#include "formats/Checkpoint.h"
 
 #include <cstdio>
 #include <filesystem>
@@ -6,7 +6,7 @@
 #include <sstream>
 
 #include "runtime/Fnv1a.h"
-#include "runtime/Safetensors.h"
+#include "formats/Safetensors.h"
 
 namespace loom {
 

@@ -12,9 +12,9 @@
 #include <sstream>
 
 #include "runtime/control/Flags.h"
-#include "runtime/data/Bpe.h"
-#include "runtime/data/IndexedDataset.h"
-#include "runtime/data/TextSources.h"
+#include "data/Bpe.h"
+#include "data/IndexedDataset.h"
+#include "data/TextSources.h"
 
 int main(int argc, char **argv) {
   loom::Flags flags(argc, argv, "loom-preprocess",

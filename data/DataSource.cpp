@@ -1,4 +1,4 @@
-#include "runtime/DataSource.h"
+#include "data/DataSource.h"
 
 #include "runtime/cpu/Philox.h"
 

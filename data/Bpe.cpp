@@ -1,4 +1,4 @@
-#include "runtime/data/Bpe.h"
+#include "data/Bpe.h"
 
 #define PCRE2_CODE_UNIT_WIDTH 8
 #include <pcre2.h>

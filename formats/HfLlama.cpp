@@ -1,4 +1,4 @@
-#include "runtime/HfLlama.h"
+#include "formats/HfLlama.h"
 
 #include <algorithm>
 

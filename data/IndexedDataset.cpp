@@ -1,4 +1,4 @@
-#include "runtime/data/IndexedDataset.h"
+#include "data/IndexedDataset.h"
 
 #include <fcntl.h>
 #include <sys/mman.h>
@@ -9,7 +9,7 @@
 #include <fstream>
 #include <sstream>
 
-#include "runtime/Safetensors.h"
+#include "formats/Safetensors.h"
 
 namespace loom {
 namespace {

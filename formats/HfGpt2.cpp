@@ -1,4 +1,4 @@
-#include "runtime/HfGpt2.h"
+#include "formats/HfGpt2.h"
 
 #include <algorithm>
 

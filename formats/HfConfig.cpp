@@ -1,4 +1,4 @@
-#include "runtime/HfConfig.h"
+#include "formats/HfConfig.h"
 
 #include <cstdio>
 #include <sstream>

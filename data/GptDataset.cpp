@@ -1,4 +1,4 @@
-#include "runtime/data/GptDataset.h"
+#include "data/GptDataset.h"
 
 #include <algorithm>
 

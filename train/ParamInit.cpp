@@ -1,4 +1,4 @@
-#include "runtime/ParamInit.h"
+#include "train/ParamInit.h"
 
 #include <algorithm>
 #include <atomic>

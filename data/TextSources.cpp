@@ -1,4 +1,4 @@
-#include "runtime/data/TextSources.h"
+#include "data/TextSources.h"
 
 #include <algorithm>
 #include <filesystem>

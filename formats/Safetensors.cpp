@@ -1,4 +1,4 @@
-#include "runtime/Safetensors.h"
+#include "formats/Safetensors.h"
 
 #include <fcntl.h>
 #include <unistd.h>
