@@ -42,12 +42,10 @@ plan::Stream streamOf(mlir::Operation *op) {
   if (auto a = mlir::dyn_cast<AllGatherOp>(op)) return groupStream(a.getGroup());
   if (auto a = mlir::dyn_cast<ReduceScatterOp>(op)) return groupStream(a.getGroup());
   if (mlir::isa<SendOp, RecvOp>(op)) return plan::PP;
-  // Vocab-parallel cross-entropy all-reduces its statistics inside: it runs where the tp
-  // communicator is used, so collectives on one communicator never run concurrently.
-  if (auto c = mlir::dyn_cast<CrossEntropyOp>(op); c && c.getVocabParallelGroup()) return plan::TP;
-  if (auto c = mlir::dyn_cast<CrossEntropyGradOp>(op); c && c.getVocabParallelGroup()) return plan::TP;
   return plan::COMPUTE;
 }
+
+std::vector<int64_t> planattr_dims(const plan::Buffer &b) { return {b.shape().begin(), b.shape().end()}; }
 
 int64_t tensorParallelOf(mlir::Operation *op) {
   auto m = op->getParentOfType<mlir::ModuleOp>();
@@ -88,12 +86,6 @@ int64_t bytesMovedOf(mlir::Operation *op) {
       .Case([&](ReduceScatterOp o) { return ring(bytesOf(o.getInput()), o.getGroupSize(), 1); })
       .Case([&](SendOp o) { return bytesOf(o.getInput()); })
       .Case([&](RecvOp o) { return bytesOf(o.getResult()); })
-      .Case([&](CrossEntropyOp o) -> int64_t {  // all-reduces of the max, sum of exponentials, target logit
-        return o.getVocabParallelGroup() ? ring(3 * numel(o.getLabels()) * 4, tensorParallelOf(op), 2) : 0;
-      })
-      .Case([&](CrossEntropyGradOp o) -> int64_t {  // the max and the sum again
-        return o.getVocabParallelGroup() ? ring(2 * numel(o.getLabels()) * 4, tensorParallelOf(op), 2) : 0;
-      })
       .Default([](mlir::Operation *) { return int64_t(0); });
 }
 
@@ -160,6 +152,109 @@ llvm::Expected<plan::Program> lowerProgram(mlir::func::FuncOp f) {
   std::map<BucketKey, std::vector<mlir::Operation *>> pendingOfBucket;
   for (mlir::Operation &op : f.getBody().front())
     if (auto key = bucketOf(&op)) lastOfBucket[*key] = &op;
+
+  // Vocab-parallel cross-entropy (Megatron's VocabParallelCrossEntropy) as its visible steps:
+  // local max -> all-reduce (max) over the group -> local sums of exponentials (and the
+  // target logit) -> all-reduce (sum) -> the loss, or the gradient. The collectives run on the
+  // tp stream like every tp collective; the math stays in the fused steps.
+  auto scratch = [&](std::vector<int64_t> shape, plan::DType dtype, int firstUse) {
+    plan::Buffer *b = prog.add_buffers();
+    b->set_id(prog.buffers_size() - 1);
+    int64_t n = 1;
+    for (int64_t d : shape) b->add_shape(d), n *= d;
+    b->set_dtype(dtype);
+    b->set_bytes(4 * n);
+    b->set_kind(plan::Buffer::ACTIVATION);
+    b->set_first_use(firstUse);
+    b->set_last_use(firstUse);
+    return b->id();
+  };
+  auto emit = [&](const std::string &opName, plan::Stream stream, const std::vector<int> &inputs,
+                  const std::vector<int> &outputs, int layer) -> plan::Instruction * {
+    int index = prog.instructions_size();
+    plan::Instruction *in = prog.add_instructions();
+    in->set_op(opName);
+    in->set_stream(stream);
+    in->set_layer(layer);
+    std::set<int> waits;
+    for (int b : inputs) {
+      in->add_inputs(b);
+      prog.mutable_buffers(b)->set_last_use(index);
+      auto it = producer.find(b);
+      if (it != producer.end() && streamOfInstr[it->second] != stream) waits.insert(it->second);
+    }
+    for (int w : waits) in->add_wait_for(w);
+    for (int b : outputs) {
+      in->add_outputs(b);
+      if (!producer.count(b)) prog.mutable_buffers(b)->set_first_use(index);
+      prog.mutable_buffers(b)->set_last_use(index);
+      producer[b] = index;
+    }
+    streamOfInstr.push_back(stream);
+    return in;
+  };
+  auto isVocabParallelCrossEntropy = [](mlir::Operation *op) {
+    if (auto c = mlir::dyn_cast<CrossEntropyOp>(op)) return bool(c.getVocabParallelGroup());
+    if (auto c = mlir::dyn_cast<CrossEntropyGradOp>(op)) return bool(c.getVocabParallelGroup());
+    return false;
+  };
+  auto attr = [](plan::Instruction *in, const std::string &name) {
+    plan::Attribute *a = in->add_attributes();
+    a->set_name(name);
+    return a;
+  };
+  auto expandCrossEntropy = [&](mlir::Operation *op) {
+    auto fwd = mlir::dyn_cast<CrossEntropyOp>(op);
+    auto bwd = mlir::dyn_cast<CrossEntropyGradOp>(op);
+    mlir::Value logits = fwd ? fwd.getLogits() : bwd.getLogits(), labels = fwd ? fwd.getLabels() : bwd.getLabels();
+    std::string group = (fwd ? *fwd.getVocabParallelGroup() : *bwd.getVocabParallelGroup()).str();
+    int64_t valid = fwd ? fwd.getValidVocab() : bwd.getValidVocab(), tokens = numel(labels);
+    int64_t t = tensorParallelOf(op);
+    auto layerAttr = op->getAttrOfType<mlir::IntegerAttr>(attr::kLayer);
+    int layer = layerAttr ? int(layerAttr.getInt()) : -1;
+    auto local = [&](plan::Instruction *in) {
+      attr(in, "valid_vocab")->set_i(valid);
+      attr(in, "vocab_parallel_group")->set_s(group);
+    };
+    auto allReduce = [&](int input, const char *reduce) {
+      int index = prog.instructions_size();
+      int out = scratch(planattr_dims(prog.buffers(input)), plan::F32, index);
+      plan::Instruction *in = emit("all_reduce", plan::TP, {input}, {out}, layer);
+      attr(in, "group")->set_s(group);
+      attr(in, "group_size")->set_i(t);
+      attr(in, "reduce")->set_s(reduce);
+      int64_t bytes = prog.buffers(input).bytes();
+      in->set_bytes_moved(t <= 1 ? 0 : 2 * bytes * (t - 1) / t);
+      return out;
+    };
+    int lg = bufferOf.lookup(logits), lb = bufferOf.lookup(labels);
+    int rowMax = scratch({tokens}, plan::F32, prog.instructions_size());
+    local(emit("cross_entropy_max", plan::COMPUTE, {lg}, {rowMax}, layer));
+    rowMax = allReduce(rowMax, "max");
+    if (fwd) {
+      int stats = scratch({2, tokens}, plan::F32, prog.instructions_size());  // sums of exponentials, target logits
+      local(emit("cross_entropy_sums", plan::COMPUTE, {lg, lb, rowMax}, {stats}, layer));
+      stats = allReduce(stats, "sum");
+      std::vector<int> in = {rowMax, stats};
+      if (fwd.getLossMask()) in.push_back(bufferOf.lookup(fwd.getLossMask()));
+      int loss = addBuffer(fwd.getResult(), plan::Buffer::ACTIVATION, prog.instructions_size());
+      emit("cross_entropy_loss", plan::COMPUTE, in, {loss}, layer);
+      return;
+    }
+    // The backward needs only the sums; the CPU keeps exp(logit - max) in the gradient's buffer
+    // for the last step (the CUDA backend recomputes it there).
+    int sums = scratch({1, tokens}, plan::F32, prog.instructions_size());
+    int grad = addBuffer(bwd.getResult(), plan::Buffer::ACTIVATION, prog.instructions_size());
+    local(emit("cross_entropy_sums", plan::COMPUTE, {lg, lb, rowMax}, {sums, grad}, layer));
+    sums = allReduce(sums, "sum");
+    std::vector<int> in = {lg, lb, rowMax, sums};
+    if (bwd.getGrad()) in.push_back(bufferOf.lookup(bwd.getGrad()));
+    if (bwd.getLossMask()) in.push_back(bufferOf.lookup(bwd.getLossMask()));
+    plan::Instruction *finish = emit("cross_entropy_logits_grad", plan::COMPUTE, in, {grad}, layer);
+    local(finish);
+    attr(finish, "loss_scale")->set_f(bwd.getLossScale().convertToDouble());
+    attr(finish, "exps_in_output")->set_flag(true);
+  };
   for (mlir::Operation &op : f.getBody().front()) {
     std::vector<mlir::Operation *> members{&op};
     if (auto key = bucketOf(&op)) {
@@ -186,6 +281,10 @@ llvm::Expected<plan::Program> lowerProgram(mlir::func::FuncOp f) {
         }
       }
       break;
+    }
+    if (isVocabParallelCrossEntropy(&op)) {
+      expandCrossEntropy(&op);
+      continue;
     }
     int index = prog.instructions_size();
     plan::Instruction *in = prog.add_instructions();

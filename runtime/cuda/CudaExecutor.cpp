@@ -62,7 +62,9 @@ ScratchPlan scratchFor(const plan::Program &p, Precision precision, AttentionKer
     auto n = [&](int k) { return size_t(planattr::numel(p.buffers(in.inputs(k)))); };
     size_t need = 0;
     const std::string &op = in.op();
-    if (op == "cross_entropy" || op == "cross_entropy_grad") {
+    if (op == "cross_entropy_sums") {  // the backward's target logits, unused
+      need = size_t(planattr::numel(p.buffers(in.inputs(1)))) * sizeof(float);
+    } else if (op == "cross_entropy" || op == "cross_entropy_grad") {
       const plan::Buffer &logits = p.buffers(in.inputs(0));
       need = 3 * size_t(planattr::numel(logits) / planattr::dim(logits, -1)) * sizeof(float);
     } else if ((op == "linear" || op == "weight_grad") && precision != Precision::kFp32) {
@@ -271,21 +273,18 @@ class DeviceRun {
     return cudaStatus(cudaStreamSynchronize(st_), "synchronize");
   }
 
-  // Per-token max, sum of exponentials and target logit in the scratch (3 x tokens); over a
-  // vocab-parallel group, NCCL all-reduces them (max, then both sums in one call).
+  // Per-token max, sum of exponentials and target logit in the scratch (3 x tokens) over a
+  // whole vocabulary (a vocab-parallel cross-entropy comes as its steps, cross_entropy_max ...).
   Status crossEntropyStats(const plan::Instruction &in, int64_t *colStart) {
     int logits = in.inputs(0), labels = in.inputs(1);
     int64_t cols = dim(logits, -1), tokens = numel(logits) / cols;
-    std::string vocabGroup = str(in, "vocab_parallel_group");
-    NcclGroup *comm = nullptr;
-    if (!vocabGroup.empty()) LOOM_RETURN_IF_ERROR(group(vocabGroup, &comm));
-    *colStart = shardStart(vocabGroup, cols);
+    if (!str(in, "vocab_parallel_group").empty())
+      return Status::error(in.op() + " over a vocab-parallel group: a plan of another version (corrupt plan)");
+    *colStart = 0;
     float *stats = reinterpret_cast<float *>(scratch_[0]);
-    crossEntropyLocalMax(f(logits), stats, tokens, cols, *colStart, i64(in, "valid_vocab"), st_);
-    if (comm) LOOM_RETURN_IF_ERROR(comm->allReduce({{stats, stats, tokens}}, ReduceOp::kMax, st_));
-    crossEntropyLocalSums(f(logits), ints(labels), stats, stats + tokens, stats + 2 * tokens, tokens, cols, *colStart,
+    crossEntropyLocalMax(f(logits), stats, tokens, cols, 0, i64(in, "valid_vocab"), st_);
+    crossEntropyLocalSums(f(logits), ints(labels), stats, stats + tokens, stats + 2 * tokens, tokens, cols, 0,
                           i64(in, "valid_vocab"), st_);
-    if (comm) LOOM_RETURN_IF_ERROR(comm->allReduce({{stats + tokens, stats + tokens, 2 * tokens}}, ReduceOp::kSum, st_));
     return Status::ok();
   }
 
@@ -432,6 +431,52 @@ class DeviceRun {
       float gradOverCount = count > 0 ? float(g * ctx_.lossScale / count) : 0.0f;
       crossEntropyBackward(f(inp(0)), ints(inp(1)), mask >= 0 ? f(mask) : nullptr, stats, stats + tokens,
                            gradOverCount, f(out()), tokens, cols, colStart, i64(in, "valid_vocab"), st_);
+    } else if (op == "cross_entropy_max") {  // vocab-parallel cross-entropy, step by step (see Lowering)
+      int64_t cols = dim(inp(0), -1), tokens = numel(inp(0)) / cols;
+      if (numel(out()) != tokens) return Status::error("cross_entropy_max: wrong output (corrupt plan)");
+      crossEntropyLocalMax(f(inp(0)), f(out()), tokens, cols, shardStart(str(in, "vocab_parallel_group"), cols),
+                           i64(in, "valid_vocab"), st_);
+    } else if (op == "cross_entropy_sums") {
+      // The second output (the CPU's exp(logit - max)) is left alone: the gradient step
+      // recomputes the exponentials from the logits.
+      int64_t cols = dim(inp(0), -1), tokens = numel(inp(0)) / cols;
+      bool withTarget = dim(out(0), 0) == 2;
+      if (numel(out(0)) != (withTarget ? 2 : 1) * tokens) return Status::error("cross_entropy_sums: wrong output (corrupt plan)");
+      float *target = withTarget ? f(out(0)) + tokens : reinterpret_cast<float *>(scratch_[0]);
+      crossEntropyLocalSums(f(inp(0)), ints(inp(1)), f(inp(2)), f(out(0)), target, tokens, cols,
+                            shardStart(str(in, "vocab_parallel_group"), cols), i64(in, "valid_vocab"), st_);
+    } else if (op == "cross_entropy_loss") {
+      int64_t tokens = numel(inp(0));
+      std::vector<float> mx, sums, mask;
+      LOOM_RETURN_IF_ERROR(toHost(mx, f(inp(0)), tokens));
+      LOOM_RETURN_IF_ERROR(toHost(sums, f(inp(1)), 2 * tokens));
+      int maskId = optionalInput(in, 2);
+      if (maskId >= 0) LOOM_RETURN_IF_ERROR(toHost(mask, f(maskId), tokens));
+      float loss = cpu::crossEntropyLoss(mx.data(), sums.data(), sums.data() + tokens, maskId >= 0 ? mask.data() : nullptr,
+                                         tokens);
+      LOOM_RETURN_IF_ERROR(
+          cudaStatus(cudaMemcpyAsync(f(out()), &loss, sizeof(float), cudaMemcpyHostToDevice, st_), "copy loss"));
+      return cudaStatus(cudaStreamSynchronize(st_), "copy loss");  // `loss` lives on this stack frame
+    } else if (op == "cross_entropy_logits_grad") {
+      int64_t cols = dim(inp(0), -1), tokens = numel(inp(0)) / cols;
+      int grad = -1, mask = -1;  // the optional grad and mask, told apart by shape
+      for (int k = 4; k < in.inputs_size(); ++k) (prog_.buffers(inp(k)).shape_size() == 0 ? grad : mask) = inp(k);
+      float g = float(f64(in, "loss_scale", 1.0));
+      std::vector<float> host;
+      if (grad >= 0) {
+        LOOM_RETURN_IF_ERROR(toHost(host, f(grad), 1));
+        g = host[0];
+      }
+      double count = double(tokens);
+      if (mask >= 0) {
+        LOOM_RETURN_IF_ERROR(toHost(host, f(mask), tokens));
+        count = 0;
+        for (float m : host) count += m;
+      }
+      float gradOverCount = count > 0 ? float(g * ctx_.lossScale / count) : 0.0f;
+      crossEntropyBackward(f(inp(0)), ints(inp(1)), mask >= 0 ? f(mask) : nullptr, f(inp(2)), f(inp(3)), gradOverCount,
+                           f(out()), tokens, cols, shardStart(str(in, "vocab_parallel_group"), cols),
+                           i64(in, "valid_vocab"), st_);
     } else if (op == "weight_grad") {
       return weightGrad(in);
     } else if (op == "bias_grad") {
