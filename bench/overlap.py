@@ -8,7 +8,7 @@ spread of the whole iteration's time (the training log's elapsed time per iterat
 steps dropped). A benchmark, not a test: on a 2-core machine the dp thread competes with the
 compute thread for the cores, so the gain is bounded by what the cores can overlap.
 
-usage: overlap.py --bin DIR [--model MODEL.pbtxt] [--d 2] [--steps 12] [--bucket-bytes 2000000]
+usage: overlap.py [--bin DIR] [--model MODEL.pbtxt] [--d 2] [--steps 12] [--bucket-bytes 2000000]
 (default model: a GPT of 8 layers, hidden 256, vocabulary 1024, whose backward is mostly its
 layers, so that the buckets have backward work to overlap)
 """
@@ -32,15 +32,22 @@ DEFAULT_MODEL = ('name: "gpt-8x256"\narchitecture: GPT\nnum_layers: 8\nhidden_si
                  'num_attention_heads: 8\nseq_length: 128\nvocab_size: 1024\n')
 
 
+def tool(args, name):
+    if args.bin:
+        return os.path.join(args.bin, name)
+    root = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "bazel-bin")
+    return os.path.join(root, "compiler" if name == "loomc" else "runtime", name)
+
+
 def iteration_ms(args, work, serial):
     name = "serial" if serial else "overlapped"
     spec = os.path.join(work, name + ".pbtxt")
     with open(spec, "w") as f:
         f.write(cluster(args.d, args.micro_batch, args.micro_batch * args.d * args.m, args.bucket_bytes, serial))
     plans = os.path.join(work, name)
-    subprocess.run([os.path.join(args.bin, "loomc"), "compile", args.model, "--cluster", spec, "--out", plans,
+    subprocess.run([tool(args, "loomc"), "compile", args.model, "--cluster", spec, "--out", plans,
                     "--quiet"], check=True)
-    out = subprocess.run([os.path.join(args.bin, "loomrun"), "--nproc", str(args.d), "--plans", plans, "--steps",
+    out = subprocess.run([tool(args, "loomrun"), "--nproc", str(args.d), "--plans", plans, "--steps",
                           str(args.steps), "--threads", "1"], check=True, capture_output=True, text=True).stdout
     times = [float(m) for m in re.findall(r"elapsed time per iteration \(ms\): ([0-9.]+)", out)]
     if len(times) != args.steps:
@@ -50,7 +57,7 @@ def iteration_ms(args, work, serial):
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--bin", required=True)
+    ap.add_argument("--bin", help="a directory with loomc and loomrun (default: this checkout's bazel-bin)")
     ap.add_argument("--model", help="a model config or IR (default: see above)")
     ap.add_argument("--d", type=int, default=2)
     ap.add_argument("--m", type=int, default=2, help="micro-batches per step")

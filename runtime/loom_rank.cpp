@@ -182,8 +182,6 @@ int main(int argc, char **argv) {
     return flags.fail("--attention " + flags.get("attention") + ": expected auto, unfused or flash");
   topt.lossScaling = copt.precision == loom::cuda::Precision::kFp16;  // fp16: dynamic loss scaling
   if (device == "cpu" && flags.has("attention")) return flags.fail("--attention needs --device cuda");
-  if (device == "cuda" && flags.has("trace"))
-    return flags.fail("--trace: the CUDA backend does not record traces yet (the CPU backend does)");
   loom::Status s = client.connect(rank, connectTimeout, &reg);
   if (!s.isOk()) {
     std::fprintf(stderr, "%s: error: %s\n", tool.c_str(), s.message().c_str());

@@ -1,6 +1,7 @@
 #include "runtime/cuda/CudaExecutor.h"
 
 #include <algorithm>
+#include <chrono>
 #include <string>
 
 #include "runtime/PlanAttributes.h"
@@ -132,6 +133,14 @@ class DeviceRun {
     LOOM_RETURN_IF_ERROR(cudaStatus(cudaEventRecord(e_.streamEnd_[0], e_.streams_[0]), "event"));
     for (int k = 1; k < 4; ++k)
       LOOM_RETURN_IF_ERROR(cudaStatus(cudaStreamWaitEvent(e_.streams_[k], e_.streamEnd_[0], 0), "stream wait"));
+    // loom-rank --trace: each executed instruction between two timing events on its stream,
+    // read back once the program has run (device times placed after the host time it was queued).
+    std::vector<bool> traced(prog_.instructions_size(), false);
+    auto hostBase = std::chrono::steady_clock::now();
+    if (ctx_.trace) {
+      LOOM_RETURN_IF_ERROR(e_.reserveTraceEvents(prog_.instructions_size()));
+      LOOM_RETURN_IF_ERROR(cudaStatus(cudaEventRecord(e_.traceBase_, e_.streams_[0]), "event"));
+    }
     for (int i = 0; i < prog_.instructions_size(); ++i) {
       const plan::Instruction &in = prog_.instructions(i);
       int k = int(in.stream());
@@ -148,8 +157,10 @@ class DeviceRun {
           in.op() != "identity")
         s = Status::error("a compute op on communication stream " + plan::Stream_Name(in.stream()) +
                           " (corrupt plan: the compute stream's scratch is not shared)");
+      if (s.isOk() && ctx_.trace) s = cudaStatus(cudaEventRecord(e_.traceStart_[i], st_), "event");
       if (s.isOk()) s = instruction(in, k);
       if (s.isOk()) s = cudaStatus(cudaGetLastError(), "kernel launch");
+      if (s.isOk() && ctx_.trace) s = cudaStatus(cudaEventRecord(e_.traceEnd_[i], st_), "event"), traced[i] = true;
       // The event first: other streams wait for the instruction, not for what consumers queue.
       if (s.isOk() && awaited[i]) s = cudaStatus(cudaEventRecord(e_.events_[i], st_), "event");
       for (int r : resultsOf[i])
@@ -163,6 +174,20 @@ class DeviceRun {
     }
     st_ = e_.streams_[0];
     for (int r : atEnd) LOOM_RETURN_IF_ERROR(hand(r));
+    if (ctx_.trace) {
+      LOOM_RETURN_IF_ERROR(cudaStatus(cudaStreamSynchronize(e_.streams_[0]), "synchronize for the trace"));
+      for (int i = 0; i < prog_.instructions_size(); ++i) {
+        if (!traced[i]) continue;
+        float startMs = 0, durationMs = 0;
+        LOOM_RETURN_IF_ERROR(cudaStatus(cudaEventElapsedTime(&startMs, e_.traceBase_, e_.traceStart_[i]), "trace"));
+        LOOM_RETURN_IF_ERROR(cudaStatus(cudaEventElapsedTime(&durationMs, e_.traceStart_[i], e_.traceEnd_[i]), "trace"));
+        auto start = hostBase + std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+                                    std::chrono::duration<double, std::milli>(startMs));
+        auto end = start + std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+                               std::chrono::duration<double, std::milli>(durationMs));
+        ctx_.trace->record(prog_, prog_.instructions(i), ctx_.traceMicroBatch, start, end);
+      }
+    }
     return Status::ok();
   }
 
@@ -628,6 +653,9 @@ CudaExecutor::~CudaExecutor() {
   for (void *p : {arena_, arguments_, scratch_, ones_})
     if (p) cudaFree(p);
   for (cudaEvent_t ev : events_) cudaEventDestroy(ev);
+  for (cudaEvent_t ev : traceStart_) cudaEventDestroy(ev);
+  for (cudaEvent_t ev : traceEnd_) cudaEventDestroy(ev);
+  if (traceBase_) cudaEventDestroy(traceBase_);
   lt_.reset();
   if (blas_) cublasDestroy(blas_);
   for (int k = 0; k < 4; ++k) {
@@ -669,6 +697,17 @@ Status CudaExecutor::reserveFor(const plan::Program &program) {
       size_t rows = size_t(planattr::numel(g) / std::max<int64_t>(1, planattr::dim(g, -1)));
       LOOM_RETURN_IF_ERROR(reserve(&ones_, &onesBytes_, rows * sizeof(float)));
     }
+  return Status::ok();
+}
+
+Status CudaExecutor::reserveTraceEvents(int count) {
+  if (!traceBase_) LOOM_RETURN_IF_ERROR(cudaStatus(cudaEventCreate(&traceBase_), "event"));
+  while (traceStart_.size() < size_t(count)) {
+    cudaEvent_t a, b;
+    LOOM_RETURN_IF_ERROR(cudaStatus(cudaEventCreate(&a), "event"));
+    LOOM_RETURN_IF_ERROR(cudaStatus(cudaEventCreate(&b), "event"));
+    traceStart_.push_back(a), traceEnd_.push_back(b);
+  }
   return Status::ok();
 }
 

@@ -88,6 +88,7 @@ class CudaExecutor {
   explicit CudaExecutor(const CudaExecutorOptions &options);
   Status reserve(void **buffer, size_t *capacity, size_t bytes);
   Status reserveFor(const plan::Program &program);
+  Status reserveTraceEvents(int count);  // timing events for loom-rank --trace
   friend class DeviceRun;
 
   CudaExecutorOptions options_;
@@ -95,6 +96,8 @@ class CudaExecutor {
   cublasHandle_t blas_ = nullptr;
   std::unique_ptr<LtLinear> lt_;
   std::vector<cudaEvent_t> events_;  // one per instruction index (a program's wait_for targets)
+  std::vector<cudaEvent_t> traceStart_, traceEnd_;  // per instruction index, with timing (--trace)
+  cudaEvent_t traceBase_ = nullptr;
   cudaEvent_t streamEnd_[4] = {};
   void *arena_ = nullptr, *arguments_ = nullptr, *scratch_ = nullptr, *ones_ = nullptr;
   size_t arenaBytes_ = 0, argumentBytes_ = 0, scratchBytes_ = 0, onesBytes_ = 0, onesFilled_ = 0;
