@@ -251,6 +251,7 @@ int main(int argc, char **argv) {
     valid = std::make_unique<loom::SyntheticData>(plan.seq_length(), plan.vocab_size(), seed + 2);
   }
   if (!topt.dumpBatches.empty()) std::filesystem::create_directories(topt.dumpBatches);
+  lopt.baselineResidentBytes = loom::residentBytes();  // the trainer's memory is measured from here
   std::unique_ptr<loom::StepBackend> backend;
   std::unique_ptr<loom::cuda::NcclGroups> nccl;
   std::unique_ptr<loom::cuda::PipelineLinks> links;

@@ -1,6 +1,7 @@
 #include "train/TrainingLoop.h"
 
 #include <sys/resource.h>
+#include <unistd.h>
 
 #include <chrono>
 #include <cmath>
@@ -34,6 +35,13 @@ TrainingLoop::TrainingLoop(Trainer &trainer, control::CoordinatorClient &client,
 bool TrainingLoop::logs() const {
   const plan::RankPlan &p = trainer_.plan();
   return trainer_.isLossRank() && p.tp_rank() == 0 && p.dp_rank() == 0;
+}
+
+int64_t residentBytes() {
+  std::ifstream statm("/proc/self/statm");
+  int64_t size = 0, resident = 0;
+  if (!(statm >> size >> resident)) return -1;
+  return resident * int64_t(sysconf(_SC_PAGESIZE));
 }
 
 namespace {
@@ -314,8 +322,16 @@ Status TrainingLoop::run() {
     }
     if (it == start + 1) {  // every rank: what it holds against what its plan says
       double planned = double(p.memory().peak_bytes()), held = double(trainer_.allocatedBytes());
-      std::printf(" rank %d memory: planned peak %.2f MiB, allocated by the backend %.2f MiB (%+.1f%%)\n", p.rank(),
-                  planned / (1 << 20), held / (1 << 20), planned > 0 ? 100 * (held - planned) / planned : 0.0);
+      std::string growth;
+      if (int64_t now = residentBytes(); now >= 0 && opt_.baselineResidentBytes >= 0) {
+        char text[96];
+        std::snprintf(text, sizeof text, "; the process grew by %.2f MiB since before the trainer",
+                      double(now - opt_.baselineResidentBytes) / (1 << 20));
+        growth = text;
+      }
+      std::printf(" rank %d memory: planned peak %.2f MiB, allocated by the backend %.2f MiB (%+.1f%%)%s\n", p.rank(),
+                  planned / (1 << 20), held / (1 << 20), planned > 0 ? 100 * (held - planned) / planned : 0.0,
+                  growth.c_str());
       std::fflush(stdout);
     }
     if (r.hasLoss && !skipped) (void)client_.metrics(p.rank(), it, {{"loss", r.loss}, {"grad_norm", norm}});

@@ -16,6 +16,9 @@ namespace loom {
 // 72 B s l h^2 (1 + s / 6h + V / 12 l h), the count MFU is quoted against.
 double modelFlopsPerStep(const plan::RankPlan &p);
 
+// The process's resident memory now (Linux: /proc/self/statm), -1 when unknown.
+int64_t residentBytes();
+
 struct LrSchedule {
   double maxLr = 3e-4, minLr = 3e-5;
   int64_t warmupIters = 0, decayIters = 0;  // decayIters 0: the whole run
@@ -35,6 +38,7 @@ struct TrainingOptions {
   std::string dumpGrads;                    // write the first step's gradients (tests)
   std::string exportPath;                   // whole-model safetensors after training (HF GPT-2 names)
   std::string lossLog;                      // "iteration loss" lines, full precision (tests)
+  int64_t baselineResidentBytes = -1;       // the process's resident memory before the trainer existed
 };
 
 class TrainingLoop {
