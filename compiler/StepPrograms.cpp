@@ -268,23 +268,42 @@ StageLayout stageLayout(mlir::ModuleOp module, const plan::ProgramSet &set, int 
         tied |= bool(f.getArgAttr(i, attr::kTiedTo));
         sharded |= bool(f.getArgAttr(i, attr::kShardDim));
       }
-  StageLayout layout;
-  std::set<std::string> seen;
+  // Flat order: each backward's gradients in the order it finishes them (its accumulations),
+  // so that a data-parallel bucket (consecutive gradients in that order) is one contiguous
+  // range of the buffer, reduced in place; parameters without a gradient come last.
+  std::map<std::string, const plan::Buffer *> bufferOf;
   for (const plan::Program &prog : set.programs())
-    for (const plan::Binding &a : prog.arguments()) {
-      if (a.role() != plan::Binding::PARAMETER || !seen.insert(a.name()).second) continue;
-      const plan::Buffer &buf = prog.buffers(a.buffer());
-      StageParameter p;
-      p.name = a.name();
-      p.shape.assign(buf.shape().begin(), buf.shape().end());
-      p.elements = elementsOf(p.shape);
-      p.flatOffset = layout.flatElements;
-      p.tied = facts[p.name].first;
-      p.tpReplicated = !facts[p.name].second;
-      p.decay = p.shape.size() >= 2;
-      layout.flatElements += (p.elements + kFlatAlign - 1) / kFlatAlign * kFlatAlign;
-      layout.parameters.push_back(std::move(p));
-    }
+    for (const plan::Binding &a : prog.arguments())
+      if (a.role() == plan::Binding::PARAMETER && !bufferOf.count(a.name())) bufferOf[a.name()] = &prog.buffers(a.buffer());
+  std::vector<std::string> names;
+  std::set<std::string> seen;
+  for (const plan::Program &prog : set.programs()) {
+    if (prog.kind() != plan::Program::BACKWARD) continue;
+    std::map<int, std::string> gradientOf;  // argument buffer -> parameter
+    for (const plan::Binding &a : prog.arguments())
+      if (a.role() == plan::Binding::GRADIENT) gradientOf[a.buffer()] = a.name();
+    for (const plan::Instruction &in : prog.instructions())
+      if (in.op() == "accumulate" && gradientOf.count(in.outputs(0)) && bufferOf.count(gradientOf[in.outputs(0)]) &&
+          seen.insert(gradientOf[in.outputs(0)]).second)
+        names.push_back(gradientOf[in.outputs(0)]);
+  }
+  for (const plan::Program &prog : set.programs())
+    for (const plan::Binding &a : prog.arguments())
+      if (a.role() == plan::Binding::PARAMETER && seen.insert(a.name()).second) names.push_back(a.name());
+  StageLayout layout;
+  for (const std::string &name : names) {
+    const plan::Buffer &buf = *bufferOf.at(name);
+    StageParameter p;
+    p.name = name;
+    p.shape.assign(buf.shape().begin(), buf.shape().end());
+    p.elements = elementsOf(p.shape);
+    p.flatOffset = layout.flatElements;
+    p.tied = facts[p.name].first;
+    p.tpReplicated = !facts[p.name].second;
+    p.decay = p.shape.size() >= 2;
+    layout.flatElements += (p.elements + kFlatAlign - 1) / kFlatAlign * kFlatAlign;
+    layout.parameters.push_back(std::move(p));
+  }
   if (zero1 && d > 1) {  // every dp rank owns one equal, aligned shard
     int64_t unit = kFlatAlign * d;
     layout.flatElements = (layout.flatElements + unit - 1) / unit * unit;

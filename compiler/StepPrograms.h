@@ -36,7 +36,8 @@ struct StageLayout {
 };
 
 // The stage's parameters from its programs' PARAMETER arguments and the IR's argument
-// attributes (tied copies, tensor-parallel shards).
+// attributes (tied copies, tensor-parallel shards), laid out in the order the backwards
+// finish their gradients (a data-parallel bucket is then one contiguous range).
 StageLayout stageLayout(mlir::ModuleOp module, const plan::ProgramSet &set, int d, bool zero1);
 
 // A gradient-sync collective over a group that spans pipeline stages (the tied embedding's

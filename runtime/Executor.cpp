@@ -1,5 +1,6 @@
 #include "runtime/Executor.h"
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
@@ -320,7 +321,28 @@ class Run {
         if (f(out()) != f(inp(0))) std::memcpy(f(out()), f(inp(0)), numel(inp(0)) * sizeof(float));
         return c->allReduce(str(in, "group"), f(out()), numel(out()), reduceOpOf(str(in, "reduce")));
       }
-      // A data-parallel bucket: one collective over the members packed back to back.
+      // A data-parallel bucket. Its gradients are usually one range of the flat gradient buffer
+      // (the compiler lays them out in bucket order; the gaps are zero padding, in place,
+      // reduced too): one collective over the range, no staging copy.
+      bool inPlace = true;
+      for (int k = 0; k < in.inputs_size(); ++k) inPlace &= in.inputs(k) == in.outputs(k);
+      if (inPlace) {
+        std::vector<std::pair<float *, int64_t>> parts;
+        for (int b : in.inputs()) parts.push_back({f(b), numel(b)});
+        std::sort(parts.begin(), parts.end());
+        bool contiguous = true;
+        for (size_t k = 1; k < parts.size(); ++k) {
+          float *end = parts[k - 1].first + parts[k - 1].second;
+          // Only alignment padding between them: every parameter starts 16-aligned, so a gap
+          // of fewer than 16 elements holds no other parameter.
+          contiguous &= parts[k].first >= end && parts[k].first - end < 16;
+        }
+        if (contiguous) {
+          float *begin = parts.front().first, *end = parts.back().first + parts.back().second;
+          return c->allReduce(str(in, "group"), begin, end - begin, reduceOpOf(str(in, "reduce")));
+        }
+      }
+      // Otherwise: the members packed back to back.
       int64_t total = 0;
       for (int k = 0; k < in.inputs_size(); ++k) total += numel(inp(k));
       std::vector<float> packed(total);
