@@ -9,6 +9,7 @@
 #include "mlir/Dialect/Func/IR/FuncOps.h"
 #include "runtime/Collectives.h"
 #include "runtime/PlanVersion.h"
+#include "runtime/cuda/DeviceMemory.h"
 
 namespace loom {
 namespace {
@@ -28,6 +29,9 @@ llvm::Error checkMemoryFits(const plan::RankPlan &rp, const config::ClusterSpec 
                                                         {m.optimizer_bytes(), "AdamW state"},
                                                         {m.peak_stash_bytes(), "stashed activations"},
                                                         {m.peak_input_bytes(), "micro-batch inputs"},
+                                                        {m.half_weight_bytes(), "16-bit weight copies"},
+                                                        {m.scratch_bytes(), "CUDA scratch"},
+                                                        {m.pipeline_slot_bytes(), "pipeline message slots"},
                                                         {m.max_workspace_bytes(), "workspace"}};
   std::sort(parts.begin(), parts.end(), [](auto &a, auto &b) { return a.first > b.first; });
   std::string biggest;
@@ -170,6 +174,36 @@ llvm::Expected<std::vector<plan::RankPlan>> assembleRankPlans(mlir::ModuleOp mod
     int64_t optimizerBytes = 2 * 4 * flat.flatElements / (par.zero1() ? d : 1);
     int64_t persistent = paramBytes * 2 + optimizerBytes;
     plan::MemoryPlan *mem = rp.mutable_memory();
+    if (cluster.device().kind() == config::CUDA) {  // what the CUDA backend adds, all step long
+      const cuda::Precision planned = cuda::Precision::kBf16;
+      int64_t scratch = 0, ones = 0;
+      for (const plan::Program &prog : sets[stage].programs()) {
+        scratch = std::max<int64_t>(scratch, int64_t(cuda::scratchFor(prog, planned, cuda::AttentionKernel::kAuto).total()));
+        for (const plan::Instruction &in : prog.instructions())
+          if (in.op() == "bias_grad") {
+            const plan::Buffer &g = prog.buffers(in.inputs(0));
+            ones = std::max<int64_t>(ones, 4 * planattr::numel(g) / std::max<int64_t>(1, planattr::dim(g, -1)));
+          }
+      }
+      mem->set_half_weight_bytes(cuda::halfWeightBytes(paramCount, planned));
+      mem->set_scratch_bytes(scratch + ones + int64_t(cuda::kLtWorkspaceBytes));
+      // Every message of a step has its own slot, on both ends (runtime/cuda/PipelineLinks.h).
+      std::map<std::pair<int64_t, std::string>, std::pair<int64_t, int64_t>> links;  // (peer, op) -> count, largest
+      for (const Task &task : req.schedule[stage]) {
+        const plan::Program *prog =
+            byName.at((task.type == Task::kForward ? "forward_" : "backward_") + std::to_string(task.chunk * p + stage));
+        for (const plan::Instruction &in : prog->instructions())
+          if (in.op() == "send" || in.op() == "recv") {
+            auto &l = links[{planattr::i64(in, "peer"), in.op()}];
+            int b = in.op() == "send" ? in.inputs(0) : in.outputs(0);
+            l.first += 1, l.second = std::max<int64_t>(l.second, prog->buffers(b).bytes());
+          }
+      }
+      int64_t slots = 0;
+      for (auto &[key, l] : links) slots += l.first * l.second;
+      mem->set_pipeline_slot_bytes(slots);
+      persistent += mem->half_weight_bytes() + mem->scratch_bytes() + mem->pipeline_slot_bytes();
+    }
     std::map<std::string, size_t> lastEntry;  // program -> its last schedule entry
     const StageSchedule &tasks = req.schedule[stage];
     auto programOf = [&](const Task &task) {

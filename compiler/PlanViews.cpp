@@ -270,10 +270,14 @@ std::string memoryTimeline(const PlanDirectory &plans, int rank) {
                       rank, humanBytes(mem.parameter_bytes()), humanBytes(mem.gradient_bytes()), humanBytes(mem.optimizer_bytes()),
                       humanBytes(mem.peak_stash_bytes()), humanBytes(mem.peak_input_bytes()),
                       humanBytes(mem.max_workspace_bytes()), humanBytes(mem.peak_bytes()));
+  if (mem.half_weight_bytes() + mem.scratch_bytes() + mem.pipeline_slot_bytes() > 0)
+    os << llvm::formatv("  CUDA backend: 16-bit weight copies {0}, scratch and cuBLASLt workspace {1}, pipeline message "
+                        "slots {2} (held all step; planned for bf16 GEMMs)\n",
+                        humanBytes(mem.half_weight_bytes()), humanBytes(mem.scratch_bytes()),
+                        humanBytes(mem.pipeline_slot_bytes()));
   os << "  (what the backend allocates for the rank; the process adds its binaries and libraries, gRPC's, Gloo's and\n"
         "  OpenBLAS's buffers and the executor's small per-instruction temporaries: loom-rank logs both after its\n"
-        "  first iteration. Not planned yet: the CUDA backend's 16-bit weight copies, attention and cross-entropy\n"
-        "  scratch and pipeline message slots.)\n";
+        "  first iteration.)\n";
   int64_t peak = std::max<int64_t>(mem.peak_bytes(), 1);
   for (int i = 0; i < rp.schedule_size() && i < mem.timeline_bytes_size(); ++i) {
     const plan::ScheduleEntry &e = rp.schedule(i);

@@ -5,48 +5,10 @@
 #include <vector>
 
 #include "runtime/cuda/AttentionSoftmax.h"
+#include "runtime/cuda/ScratchLayout.h"
 
 namespace loom::cuda {
 namespace {
-
-size_t aligned(size_t bytes) { return (bytes + 255) / 256 * 256; }
-
-// Consecutive 256-byte-aligned pieces of a scratch buffer at `base`; with a null base it only
-// adds up their sizes (the scratch a call needs).
-struct Carver {
-  char *base;
-  size_t bytes = 0;
-  void *take(size_t n) {
-    void *here = base ? base + bytes : nullptr;
-    bytes += aligned(n);
-    return here;
-  }
-};
-
-// The scratch of one call, carved in this order: 16-bit copies of qkv (and g), then the
-// fp32 scores / probabilities, the operand-typed D (or dS), and in the backward the fp32 dD.
-struct Scratch {
-  void *qkv = nullptr, *g = nullptr, *dropped = nullptr;
-  float *scores = nullptr, *dDropped = nullptr;
-  size_t bytes = 0;
-};
-
-Scratch carve(const cpu::AttentionShape &s, Precision p, bool backward, void *base) {
-  size_t e = size_t(operandBytes(p)), tokens = size_t(s.batch * s.seq), width = size_t(s.heads * s.headDim);
-  size_t square = size_t(s.heads * s.seq * s.seq);
-  Carver c{static_cast<char *>(base)};
-  auto take = [&](size_t bytes) { return c.take(bytes); };
-  Scratch out;
-  if (p != Precision::kFp32) {
-    out.qkv = take(tokens * 3 * width * e);
-    if (backward) out.g = take(tokens * width * e);
-  }
-  out.scores = static_cast<float *>(take(square * 4));
-  out.dropped = take(square * e);
-  if (backward) out.dDropped = static_cast<float *>(take(square * 4));
-  out.bytes = c.bytes;
-  return out;
-}
 
 // Row-major c[M,N] = alpha op(a)[M,K] op(b)[K,N] for `batch` matrices at strides sa, sb, sc
 // (elements); a stored [K,M] when ta, b stored [N,K] when tb; operands of precision p, c fp32.
@@ -93,33 +55,6 @@ Status launched(const char *what) {
   return Status::error(std::string("CUDA attention ") + what + ": " + cudaGetErrorString(err));
 }
 
-// Grouped attention's scratch: 16-bit copies of q, k, v (and g), then as Scratch.
-struct GroupedScratch {
-  void *q = nullptr, *k = nullptr, *v = nullptr, *g = nullptr, *dropped = nullptr;
-  float *scores = nullptr, *dDropped = nullptr;
-  size_t bytes = 0;
-};
-
-GroupedScratch carveGrouped(const cpu::GroupedAttentionShape &s, Precision p, bool backward, void *base) {
-  size_t e = size_t(operandBytes(p)), tokens = size_t(s.batch * s.seq);
-  size_t qWidth = size_t(s.heads * s.headDim), kvWidth = size_t(s.kvHeads * s.headDim);
-  size_t square = size_t(s.heads * s.seq * s.seq);
-  Carver c{static_cast<char *>(base)};
-  auto take = [&](size_t bytes) { return c.take(bytes); };
-  GroupedScratch out;
-  if (p != Precision::kFp32) {
-    out.q = take(tokens * qWidth * e);
-    out.k = take(tokens * kvWidth * e);
-    out.v = take(tokens * kvWidth * e);
-    if (backward) out.g = take(tokens * qWidth * e);
-  }
-  out.scores = static_cast<float *>(take(square * 4));
-  out.dropped = take(square * e);
-  if (backward) out.dDropped = static_cast<float *>(take(square * 4));
-  out.bytes = c.bytes;
-  return out;
-}
-
 // The softmax kernels' view of a grouped attention (they see only the local query heads).
 cpu::AttentionShape softmaxShapeOf(const cpu::GroupedAttentionShape &s) {
   return {s.batch, s.seq, s.heads, s.headDim, s.causal, s.dropout, s.seed, s.stream};
@@ -144,7 +79,7 @@ std::vector<HeadRun> headRuns(const cpu::GroupedAttentionShape &s) {
 }  // namespace
 
 size_t groupedAttentionScratchBytes(const cpu::GroupedAttentionShape &shape, Precision p, bool backward) {
-  return carveGrouped(shape, p, backward, nullptr).bytes;
+  return carveGroupedAttention(shape, p, backward, nullptr).bytes;
 }
 
 // Per batch item: S = Q K^T / sqrt(hd) as one batched GEMM per run of query heads sharing a
@@ -153,7 +88,7 @@ Status groupedAttentionForward(cublasHandle_t blas, Precision p, const float *q,
                                float *out, const cpu::GroupedAttentionShape &s, void *scratch, cudaStream_t stream) {
   cpu::AttentionShape sm = softmaxShapeOf(s);
   LOOM_RETURN_IF_ERROR(begin(blas, sm, stream));
-  GroupedScratch w = carveGrouped(s, p, false, scratch);
+  GroupedAttentionScratch w = carveGroupedAttention(s, p, false, scratch);
   int64_t S = s.seq, hd = s.headDim, ldq = s.heads * hd, ldkv = s.kvHeads * hd;
   const void *qx = operand(q, s.batch * S * ldq, p, w.q, stream), *kx = operand(k, s.batch * S * ldkv, p, w.k, stream),
              *vx = operand(v, s.batch * S * ldkv, p, w.v, stream);
@@ -180,7 +115,7 @@ Status groupedAttentionBackward(cublasHandle_t blas, Precision p, const float *q
                                 void *scratch, cudaStream_t stream) {
   cpu::AttentionShape sm = softmaxShapeOf(s);
   LOOM_RETURN_IF_ERROR(begin(blas, sm, stream));
-  GroupedScratch w = carveGrouped(s, p, true, scratch);
+  GroupedAttentionScratch w = carveGroupedAttention(s, p, true, scratch);
   int64_t S = s.seq, hd = s.headDim, ldq = s.heads * hd, ldkv = s.kvHeads * hd;
   const void *qx = operand(q, s.batch * S * ldq, p, w.q, stream), *kx = operand(k, s.batch * S * ldkv, p, w.k, stream),
              *vx = operand(v, s.batch * S * ldkv, p, w.v, stream), *gx = operand(g, s.batch * S * ldq, p, w.g, stream);
@@ -217,13 +152,13 @@ Status groupedAttentionBackward(cublasHandle_t blas, Precision p, const float *q
 }
 
 size_t attentionScratchBytes(const cpu::AttentionShape &shape, Precision p, bool backward) {
-  return carve(shape, p, backward, nullptr).bytes;
+  return carveAttention(shape, p, backward, nullptr).bytes;
 }
 
 Status attentionForward(cublasHandle_t blas, Precision p, const float *qkv, const float *keyMask, float *out,
                         const cpu::AttentionShape &s, void *scratch, cudaStream_t stream) {
   LOOM_RETURN_IF_ERROR(begin(blas, s, stream));
-  Scratch w = carve(s, p, false, scratch);
+  AttentionScratch w = carveAttention(s, p, false, scratch);
   int64_t S = s.seq, hd = s.headDim, ld = 3 * s.heads * hd, width = s.heads * hd;
   const void *x = operand(qkv, s.batch * S * ld, p, w.qkv, stream);
   float scale = 1.0f / std::sqrt(float(hd));
@@ -242,7 +177,7 @@ Status attentionForward(cublasHandle_t blas, Precision p, const float *qkv, cons
 Status attentionBackward(cublasHandle_t blas, Precision p, const float *qkv, const float *keyMask, const float *g,
                          float *dqkv, const cpu::AttentionShape &s, void *scratch, cudaStream_t stream) {
   LOOM_RETURN_IF_ERROR(begin(blas, s, stream));
-  Scratch w = carve(s, p, true, scratch);
+  AttentionScratch w = carveAttention(s, p, true, scratch);
   int64_t S = s.seq, hd = s.headDim, ld = 3 * s.heads * hd, width = s.heads * hd;
   const void *x = operand(qkv, s.batch * S * ld, p, w.qkv, stream);
   const void *gx = operand(g, s.batch * S * width, p, w.g, stream);

@@ -86,7 +86,7 @@ Status CudaBackend::copy(const float *from, int64_t count, float *to) {
 }
 
 int64_t CudaBackend::allocatedBytes() const {
-  int64_t bytes = 0;
+  int64_t bytes = executor_->allocatedBytes();
   for (auto &[key, a] : storage_) bytes += std::max<int64_t>(a.count, 1) * 4;
   return bytes;
 }

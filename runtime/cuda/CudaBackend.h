@@ -32,8 +32,8 @@ class CudaBackend : public StepBackend {
              const ExecutionContext &ctx) override;
   Status copy(const float *from, int64_t count, float *to) override;
   Status synchronize() override;
-  // The storage only: the executor's arena, scratch and 16-bit parameter copies are not yet
-  // counted (nor planned).
+  // The storage and the executor's arena, scratch, 16-bit parameter copies and cuBLASLt
+  // workspace (pipeline message slots belong to PipelineLinks: not counted here).
   int64_t allocatedBytes() const override;
 
  private:

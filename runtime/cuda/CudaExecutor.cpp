@@ -10,6 +10,7 @@
 #include "runtime/cuda/Attention.h"
 #include "runtime/cuda/CudaKernels.h"
 #include "runtime/cuda/CudaStatus.h"
+#include "runtime/cuda/DeviceMemory.h"
 #include "runtime/cuda/FlashAttention.h"
 #include "runtime/cuda/LtLinear.h"
 #include "runtime/cuda/NcclGroup.h"
@@ -23,75 +24,7 @@ using planattr::flag;
 using planattr::i64;
 using planattr::str;
 
-size_t aligned(size_t bytes) { return (bytes + 255) / 256 * 256; }
-
-constexpr size_t kLtWorkspaceBytes = 32 << 20;  // cuBLASLt's split-K / stream-K workspace
-
 bool isCollective(const std::string &op) { return op == "all_reduce" || op == "all_gather" || op == "reduce_scatter"; }
-
-constexpr size_t kUnfusedScratchLimit = size_t(2) << 30;
-
-bool useFlash(const cpu::AttentionShape &s, Precision p, AttentionKernel kernel) {
-  if (kernel != AttentionKernel::kAuto) return kernel == AttentionKernel::kFlash;
-  return s.headDim <= 128 && attentionScratchBytes(s, p, /*backward=*/true) > kUnfusedScratchLimit;
-}
-
-cpu::AttentionShape attentionShape(const plan::Program &p, const plan::Instruction &in) {
-  const plan::Buffer &qkv = p.buffers(in.inputs(0));
-  int64_t heads = i64(in, "num_heads");
-  int64_t headDim = heads > 0 ? planattr::dim(qkv, 2) / (3 * heads) : 0;
-  return {planattr::dim(qkv, 0), planattr::dim(qkv, 1), heads, headDim, flag(in, "causal"), 0.0f, 0, 0};
-}
-
-// Scratch beyond the memory plan, per stream: the compute stream's is shared by its ops in
-// turn (cross-entropy statistics, 16-bit GEMM operands, attention scores); a communication
-// stream's holds gathered blocks being re-laid out.
-struct ScratchPlan {
-  size_t bytes[4] = {};
-  size_t offset(int stream) const {
-    size_t at = 0;
-    for (int k = 0; k < stream; ++k) at += aligned(bytes[k]);
-    return at;
-  }
-  size_t total() const { return offset(4); }
-};
-
-ScratchPlan scratchFor(const plan::Program &p, Precision precision, AttentionKernel kernel) {
-  ScratchPlan plan;
-  int half = operandBytes(precision);
-  for (const plan::Instruction &in : p.instructions()) {
-    auto n = [&](int k) { return size_t(planattr::numel(p.buffers(in.inputs(k)))); };
-    size_t need = 0;
-    const std::string &op = in.op();
-    if (op == "cross_entropy_sums") {  // the backward's target logits, unused
-      need = size_t(planattr::numel(p.buffers(in.inputs(1)))) * sizeof(float);
-    } else if (op == "cross_entropy" || op == "cross_entropy_grad") {
-      const plan::Buffer &logits = p.buffers(in.inputs(0));
-      need = 3 * size_t(planattr::numel(logits) / planattr::dim(logits, -1)) * sizeof(float);
-    } else if ((op == "linear" || op == "weight_grad") && precision != Precision::kFp32) {
-      need = aligned(n(0) * half) + aligned(n(1) * half);
-    } else if (op == "attention" || op == "attention_grad") {
-      cpu::AttentionShape shape = attentionShape(p, in);
-      bool grad = op == "attention_grad";
-      need = !useFlash(shape, precision, kernel) ? attentionScratchBytes(shape, precision, grad)
-             : grad                              ? flashAttentionScratchBytes(shape)
-                                                 : 0;
-    } else if (op == "grouped_attention" || op == "grouped_attention_grad") {
-      cpu::GroupedAttentionShape shape;  // the first head does not change the scratch size
-      if (groupedAttentionShape(p, in, [](const std::string &, int64_t) { return int64_t(0); }, &shape).isOk())
-        need = groupedAttentionScratchBytes(shape, precision, op == "grouped_attention_grad");
-    } else if ((op == "all_gather" || op == "reduce_scatter") && i64(in, "dim") > 0) {
-      // Blocks along an inner dimension are re-laid out through scratch (the first is contiguous).
-      size_t large = size_t(planattr::numel(p.buffers(op == "all_gather" ? in.outputs(0) : in.inputs(0))));
-      need = large * sizeof(float);
-    } else if (op == "sum_squares") {
-      need = sizeof(double);
-    }
-    int s = int(in.stream());
-    if (s >= 0 && s < 4) plan.bytes[s] = std::max(plan.bytes[s], need);
-  }
-  return plan;
-}
 
 }  // namespace
 
@@ -376,7 +309,7 @@ class DeviceRun {
     } else if (op == "attention" || op == "attention_grad") {
       bool fwd = op == "attention";
       int qkv = inp(0), mask = optionalInput(in, fwd ? 1 : 2);
-      cpu::AttentionShape shape = attentionShape(prog_, in);
+      cpu::AttentionShape shape = attentionShapeOf(prog_, in);
       if (shape.heads < 1 || dim(qkv, 2) % (3 * shape.heads) != 0)
         return Status::error("attention: bad num_heads (corrupt plan)");
       shape.dropout = ctx_.training ? float(f64(in, "dropout")) : 0.0f;
@@ -662,6 +595,13 @@ CudaExecutor::~CudaExecutor() {
     if (streamEnd_[k]) cudaEventDestroy(streamEnd_[k]);
     if (streams_[k]) cudaStreamDestroy(streams_[k]);
   }
+}
+
+int64_t CudaExecutor::allocatedBytes() const {
+  int64_t bytes = int64_t(arenaBytes_ + argumentBytes_ + scratchBytes_ + onesBytes_);
+  for (auto &[address, copy] : halfParameters_) bytes += 2 * copy.count;
+  if (lt_) bytes += int64_t(kLtWorkspaceBytes);
+  return bytes;
 }
 
 void CudaExecutor::parametersChanged() {

@@ -37,10 +37,6 @@ class LtLinear;
 class NcclGroups;
 class PipelineLinks;
 
-// The attention core: Megatron's unfused path (cuBLAS batched GEMMs around our softmax;
-// runtime/cuda/Attention.h), or the tiled one that never stores the scores
-// (runtime/cuda/FlashAttention.h). Auto: unfused unless its scratch would pass 2 GiB.
-enum class AttentionKernel { kAuto, kUnfused, kFlash };
 bool parseAttentionKernel(const std::string &name, AttentionKernel *out);
 
 struct CudaExecutorOptions {
@@ -81,6 +77,8 @@ class CudaExecutor {
 
   // The parameters changed (an optimizer step): their 16-bit copies are remade on next use.
   void parametersChanged();
+  // Device bytes the executor holds: arena, scratch, 16-bit parameter copies, cuBLASLt's workspace.
+  int64_t allocatedBytes() const;
   // Work the caller queues after runOnDevice goes here (the stream results are consumed on).
   cudaStream_t computeStream() const { return streams_[0]; }
 

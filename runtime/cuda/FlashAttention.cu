@@ -273,10 +273,6 @@ Status launched(const char *what) {
 
 }  // namespace
 
-size_t flashAttentionScratchBytes(const cpu::AttentionShape &s) {
-  return size_t(3 * s.batch * s.heads * s.seq) * sizeof(float);
-}
-
 Status flashAttentionForward(const float *qkv, const float *keyMask, float *out, const cpu::AttentionShape &shape,
                              cudaStream_t s) {
   LOOM_RETURN_IF_ERROR(checkShape(shape));

@@ -18,12 +18,12 @@
 
 #include "runtime/Status.h"
 #include "runtime/cpu/Kernels.h"
+#include "runtime/cuda/ScratchLayout.h"
 
 namespace loom::cuda {
 
-// Scratch bytes the backward needs (3 floats per query row of every head: max, sum, and
-// rowsum(P dP)); the forward needs none.
-size_t flashAttentionScratchBytes(const cpu::AttentionShape &shape);
+// The backward's scratch: flashAttentionScratchBytes (runtime/cuda/ScratchLayout.h: 3 floats
+// per query row of every head: max, sum, and rowsum(P dP)); the forward needs none.
 
 Status flashAttentionForward(const float *qkv, const float *keyMask, float *out, const cpu::AttentionShape &shape,
                              cudaStream_t s);
