@@ -246,6 +246,29 @@ class DeviceRun {
     return Status::ok();
   }
 
+  // The loss gradient per counted token of a cross-entropy backward: its optional operands from
+  // `first` on (the incoming gradient, a scalar, and the loss mask, told apart by shape); g is
+  // the gradient (or the loss_scale attribute) times fp16's loss scale over the mask's count.
+  Status lossGradient(const plan::Instruction &in, int first, int64_t tokens, int *mask, float *gradOverCount) {
+    int grad = -1;
+    *mask = -1;
+    for (int k = first; k < in.inputs_size(); ++k) (prog_.buffers(in.inputs(k)).shape_size() == 0 ? grad : *mask) = in.inputs(k);
+    float g = float(f64(in, "loss_scale", 1.0));
+    std::vector<float> host;
+    if (grad >= 0) {
+      LOOM_RETURN_IF_ERROR(toHost(host, f(grad), 1));
+      g = host[0];
+    }
+    double count = double(tokens);
+    if (*mask >= 0) {
+      LOOM_RETURN_IF_ERROR(toHost(host, f(*mask), tokens));
+      count = 0;
+      for (float m : host) count += m;
+    }
+    *gradOverCount = count > 0 ? float(g * ctx_.lossScale / count) : 0.0f;
+    return Status::ok();
+  }
+
   // Sequence parallelism's all-gather / reduce-scatter along `dim` (runtime/Executor.cpp has
   // the same layout on the CPU): member r's block is slice r of the large tensor along dim.
   Status gatherOrScatter(const plan::Instruction &in, int stream) {
@@ -372,21 +395,9 @@ class DeviceRun {
       int64_t colStart, cols = dim(inp(0), -1), tokens = numel(inp(0)) / cols;
       LOOM_RETURN_IF_ERROR(crossEntropyStats(in, &colStart));
       const float *stats = reinterpret_cast<const float *>(scratch_[0]);
-      int grad = -1, mask = -1;  // the optional grad and mask, told apart by shape
-      for (int k = 2; k < in.inputs_size(); ++k) (prog_.buffers(inp(k)).shape_size() == 0 ? grad : mask) = inp(k);
-      float g = float(f64(in, "loss_scale", 1.0));
-      std::vector<float> host;
-      if (grad >= 0) {
-        LOOM_RETURN_IF_ERROR(toHost(host, f(grad), 1));
-        g = host[0];
-      }
-      double count = double(tokens);
-      if (mask >= 0) {
-        LOOM_RETURN_IF_ERROR(toHost(host, f(mask), tokens));
-        count = 0;
-        for (float m : host) count += m;
-      }
-      float gradOverCount = count > 0 ? float(g * ctx_.lossScale / count) : 0.0f;
+      int mask = -1;
+      float gradOverCount = 0;
+      LOOM_RETURN_IF_ERROR(lossGradient(in, 2, tokens, &mask, &gradOverCount));
       crossEntropyBackward(f(inp(0)), ints(inp(1)), mask >= 0 ? f(mask) : nullptr, stats, stats + tokens,
                            gradOverCount, f(out()), tokens, cols, colStart, i64(in, "valid_vocab"), st_);
     } else if (op == "cross_entropy_max") {  // vocab-parallel cross-entropy, step by step (see Lowering)
@@ -417,21 +428,9 @@ class DeviceRun {
       return cudaStatus(cudaStreamSynchronize(st_), "copy loss");  // `loss` lives on this stack frame
     } else if (op == "cross_entropy_logits_grad") {
       int64_t cols = dim(inp(0), -1), tokens = numel(inp(0)) / cols;
-      int grad = -1, mask = -1;  // the optional grad and mask, told apart by shape
-      for (int k = 4; k < in.inputs_size(); ++k) (prog_.buffers(inp(k)).shape_size() == 0 ? grad : mask) = inp(k);
-      float g = float(f64(in, "loss_scale", 1.0));
-      std::vector<float> host;
-      if (grad >= 0) {
-        LOOM_RETURN_IF_ERROR(toHost(host, f(grad), 1));
-        g = host[0];
-      }
-      double count = double(tokens);
-      if (mask >= 0) {
-        LOOM_RETURN_IF_ERROR(toHost(host, f(mask), tokens));
-        count = 0;
-        for (float m : host) count += m;
-      }
-      float gradOverCount = count > 0 ? float(g * ctx_.lossScale / count) : 0.0f;
+      int mask = -1;
+      float gradOverCount = 0;
+      LOOM_RETURN_IF_ERROR(lossGradient(in, 4, tokens, &mask, &gradOverCount));
       crossEntropyBackward(f(inp(0)), ints(inp(1)), mask >= 0 ? f(mask) : nullptr, f(inp(2)), f(inp(3)), gradOverCount,
                            f(out()), tokens, cols, shardStart(str(in, "vocab_parallel_group"), cols),
                            i64(in, "valid_vocab"), st_);

@@ -25,6 +25,16 @@ struct Carver {
   }
 };
 
+// What both attention cores carve after their 16-bit operands: the fp32 scores /
+// probabilities, the operand-typed D (or dS), and in the backward the fp32 dD.
+template <typename Out>
+void carveScores(Carver &c, size_t square, size_t operandBytes, bool backward, Out &out) {
+  out.scores = static_cast<float *>(c.take(square * 4));
+  out.dropped = c.take(square * operandBytes);
+  if (backward) out.dDropped = static_cast<float *>(c.take(square * 4));
+  out.bytes = c.bytes;
+}
+
 // The unfused attention's scratch for one call, carved in this order: 16-bit copies of qkv
 // (and g), then the fp32 scores / probabilities, the operand-typed D (or dS), and in the
 // backward the fp32 dD.
@@ -43,10 +53,7 @@ inline AttentionScratch carveAttention(const cpu::AttentionShape &s, Precision p
     out.qkv = c.take(tokens * 3 * width * e);
     if (backward) out.g = c.take(tokens * width * e);
   }
-  out.scores = static_cast<float *>(c.take(square * 4));
-  out.dropped = c.take(square * e);
-  if (backward) out.dDropped = static_cast<float *>(c.take(square * 4));
-  out.bytes = c.bytes;
+  carveScores(c, square, e, backward, out);
   return out;
 }
 
@@ -70,10 +77,7 @@ inline GroupedAttentionScratch carveGroupedAttention(const cpu::GroupedAttention
     out.v = c.take(tokens * kvWidth * e);
     if (backward) out.g = c.take(tokens * qWidth * e);
   }
-  out.scores = static_cast<float *>(c.take(square * 4));
-  out.dropped = c.take(square * e);
-  if (backward) out.dDropped = static_cast<float *>(c.take(square * 4));
-  out.bytes = c.bytes;
+  carveScores(c, square, e, backward, out);
   return out;
 }
 
