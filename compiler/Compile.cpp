@@ -10,6 +10,7 @@
 #include "compiler/ModelBuilder.h"
 #include "compiler/ModelStats.h"
 #include "compiler/PlanAssembly.h"
+#include "compiler/PlanCheck.h"
 #include "compiler/Schedule.h"
 #include "compiler/StepPrograms.h"
 #include "compiler/ToolSupport.h"
@@ -177,6 +178,11 @@ llvm::Error compile(mlir::ModuleOp module, const config::ClusterSpec &cluster, c
   PlanRequest request{cluster, *facts, modelName, paddedVocab, modelFlopsPerToken, kind, *schedule, m, layouts};
   llvm::Expected<std::vector<plan::RankPlan>> plans = assembleRankPlans(module, sets, programFiles, checksums, request);
   if (!plans) return plans.takeError();
+  // The plans are proved to run together (compiler/PlanCheck.h) before anything is written.
+  std::vector<RankPrograms> check;
+  for (const plan::RankPlan &rp : *plans) check.push_back({&rp, &sets[rp.pp_rank()]});
+  std::string checked;
+  if (llvm::Error e = checkPlans(check, &checked)) return error("the compiled plans fail their check: " + llvm::toString(std::move(e)));
   for (const plan::RankPlan &rp : *plans) rp.SerializeToString(&planBytes.emplace_back());
   std::error_code ec;
   std::filesystem::create_directories(opt.outDir + "/programs", ec);
@@ -187,7 +193,7 @@ llvm::Error compile(mlir::ModuleOp module, const config::ClusterSpec &cluster, c
     if (llvm::Error e = writeFile(opt.outDir + "/rank_" + std::to_string(rank) + ".plan.pb", planBytes[rank])) return e;
 
   double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
-  std::string text = compileSummary(request, *plans, sim.bubbleFraction, opt.outDir, seconds);
+  std::string text = compileSummary(request, *plans, sim.bubbleFraction, opt.outDir, seconds) + "check: " + checked + "\n";
   if (llvm::Error e = writeFile(opt.outDir + "/summary.txt", text)) return e;
   if (!opt.quiet) summary << text;
   return llvm::Error::success();

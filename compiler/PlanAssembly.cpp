@@ -71,6 +71,7 @@ llvm::Expected<std::vector<plan::RankPlan>> assembleRankPlans(mlir::ModuleOp mod
   std::vector<plan::RankPlan> plans;
   ParallelLayout layout{t, p, d};
   int64_t vocab = facts.vocabSize;
+  std::map<int, size_t> stageDone;  // stage -> index in `plans` of its first rank
   for (int rank = 0; rank < layout.world(); ++rank) {
     plan::RankPlan rp;
     int stage = layout.ppOf(rank);
@@ -151,124 +152,134 @@ llvm::Expected<std::vector<plan::RankPlan>> assembleRankPlans(mlir::ModuleOp mod
       }
     rp.set_parameter_count(paramCount);
 
-    // Schedule: the stage's forward/backward list, then the loss (last stage) and the optimizer.
-    std::map<std::string, std::pair<int64_t, int64_t>> collectives;  // kind -> count, bytes
-    double flops = 0;
-    // lastRun: the step's last run of the program (its last_micro_batch instructions run).
-    auto account = [&](const plan::Program &prog, bool lastRun) {
-      for (const plan::Instruction &in : prog.instructions()) {
-        if (in.last_micro_batch() && !lastRun) continue;
-        flops += in.flops();
-        if (in.bytes_moved() == 0 && in.stream() == plan::COMPUTE) continue;
-        std::string group;
-        for (const plan::Attribute &a : in.attributes())
-          if (a.name() == "group" || a.name() == "vocab_parallel_group") group = a.s();
-        if (group.empty()) continue;
-        auto &c = collectives[in.op() + "@" + group];
-        c.first += 1, c.second += in.bytes_moved();
+    // The schedule, collective totals and memory plan are the stage's: computed for its first
+    // rank and copied to the others (3072 ranks would repeat the same walk 48 times).
+    if (const plan::RankPlan *like = stageDone.count(stage) ? &plans[stageDone[stage]] : nullptr) {
+      *rp.mutable_schedule() = like->schedule();
+      *rp.mutable_memory() = like->memory();
+      rp.set_flops_per_step(like->flops_per_step());
+      *rp.mutable_collectives() = like->collectives();
+    } else {
+      stageDone[stage] = plans.size();
+      // Schedule: the stage's forward/backward list, then the loss (last stage) and the optimizer.
+      std::map<std::string, std::pair<int64_t, int64_t>> collectives;  // kind -> count, bytes
+      double flops = 0;
+      // lastRun: the step's last run of the program (its last_micro_batch instructions run).
+      auto account = [&](const plan::Program &prog, bool lastRun) {
+        for (const plan::Instruction &in : prog.instructions()) {
+          if (in.last_micro_batch() && !lastRun) continue;
+          flops += in.flops();
+          if (in.bytes_moved() == 0 && in.stream() == plan::COMPUTE) continue;
+          std::string group;
+          for (const plan::Attribute &a : in.attributes())
+            if (a.name() == "group" || a.name() == "vocab_parallel_group") group = a.s();
+          if (group.empty()) continue;
+          auto &c = collectives[in.op() + "@" + group];
+          c.first += 1, c.second += in.bytes_moved();
+        }
+      };
+      int64_t stash = 0, peakStash = 0, maxWorkspace = 0;
+      for (const plan::Program &prog : sets[stage].programs()) maxWorkspace = std::max(maxWorkspace, prog.workspace_bytes());
+      // Parameters and gradients (the flat buffers), AdamW's two fp32 moments (over the dp shard with ZeRO-1).
+      int64_t optimizerBytes = 2 * 4 * flat.flatElements / (par.zero1() ? d : 1);
+      int64_t persistent = paramBytes * 2 + optimizerBytes;
+      plan::MemoryPlan *mem = rp.mutable_memory();
+      if (cluster.device().kind() == config::CUDA) {  // what the CUDA backend adds, all step long
+        const cuda::Precision planned = cuda::Precision::kBf16;
+        int64_t scratch = 0, ones = 0;
+        for (const plan::Program &prog : sets[stage].programs()) {
+          scratch = std::max<int64_t>(scratch, int64_t(cuda::scratchFor(prog, planned, cuda::AttentionKernel::kAuto).total()));
+          for (const plan::Instruction &in : prog.instructions())
+            if (in.op() == "bias_grad") {
+              const plan::Buffer &g = prog.buffers(in.inputs(0));
+              ones = std::max<int64_t>(ones, 4 * planattr::numel(g) / std::max<int64_t>(1, planattr::dim(g, -1)));
+            }
+        }
+        mem->set_half_weight_bytes(cuda::halfWeightBytes(paramCount, planned));
+        mem->set_scratch_bytes(scratch + ones + int64_t(cuda::kLtWorkspaceBytes));
+        // Every message of a step has its own slot, on both ends (runtime/cuda/PipelineLinks.h).
+        std::map<std::pair<int64_t, std::string>, std::pair<int64_t, int64_t>> links;  // (peer, op) -> count, largest
+        for (const Task &task : req.schedule[stage]) {
+          const plan::Program *prog =
+              byName.at((task.type == Task::kForward ? "forward_" : "backward_") + std::to_string(task.chunk * p + stage));
+          for (const plan::Instruction &in : prog->instructions())
+            if (in.op() == "send" || in.op() == "recv") {
+              auto &l = links[{planattr::i64(in, "peer"), in.op()}];
+              int b = in.op() == "send" ? in.inputs(0) : in.outputs(0);
+              l.first += 1, l.second = std::max<int64_t>(l.second, prog->buffers(b).bytes());
+            }
+        }
+        int64_t slots = 0;
+        for (auto &[key, l] : links) slots += l.first * l.second;
+        mem->set_pipeline_slot_bytes(slots);
+        persistent += mem->half_weight_bytes() + mem->scratch_bytes() + mem->pipeline_slot_bytes();
       }
-    };
-    int64_t stash = 0, peakStash = 0, maxWorkspace = 0;
-    for (const plan::Program &prog : sets[stage].programs()) maxWorkspace = std::max(maxWorkspace, prog.workspace_bytes());
-    // Parameters and gradients (the flat buffers), AdamW's two fp32 moments (over the dp shard with ZeRO-1).
-    int64_t optimizerBytes = 2 * 4 * flat.flatElements / (par.zero1() ? d : 1);
-    int64_t persistent = paramBytes * 2 + optimizerBytes;
-    plan::MemoryPlan *mem = rp.mutable_memory();
-    if (cluster.device().kind() == config::CUDA) {  // what the CUDA backend adds, all step long
-      const cuda::Precision planned = cuda::Precision::kBf16;
-      int64_t scratch = 0, ones = 0;
-      for (const plan::Program &prog : sets[stage].programs()) {
-        scratch = std::max<int64_t>(scratch, int64_t(cuda::scratchFor(prog, planned, cuda::AttentionKernel::kAuto).total()));
-        for (const plan::Instruction &in : prog.instructions())
-          if (in.op() == "bias_grad") {
-            const plan::Buffer &g = prog.buffers(in.inputs(0));
-            ones = std::max<int64_t>(ones, 4 * planattr::numel(g) / std::max<int64_t>(1, planattr::dim(g, -1)));
-          }
+      std::map<std::string, size_t> lastEntry;  // program -> its last schedule entry
+      const StageSchedule &tasks = req.schedule[stage];
+      auto programOf = [&](const Task &task) {
+        return (task.type == Task::kForward ? "forward_" : "backward_") + std::to_string(task.chunk * p + stage);
+      };
+      // A micro-batch's inputs are held from its first program to its last (the step driver's slots).
+      std::map<std::string, int64_t> inputBytes;  // input name -> bytes per micro-batch
+      for (const plan::Program &prog : sets[stage].programs())
+        for (const plan::Binding &a : prog.arguments())
+          if (a.role() == plan::Binding::INPUT) inputBytes[a.name()] = prog.buffers(a.buffer()).bytes();
+      int64_t inputsPerMicroBatch = 0;
+      for (auto &[name, bytes] : inputBytes) inputsPerMicroBatch += bytes;
+      std::map<int, std::pair<size_t, size_t>> spanOf;  // micro-batch -> (first, last) entry
+      for (size_t k = 0; k < tasks.size(); ++k) {
+        lastEntry[programOf(tasks[k])] = k;
+        auto [it, fresh] = spanOf.try_emplace(tasks[k].microBatch, std::make_pair(k, k));
+        it->second.second = k;
       }
-      mem->set_half_weight_bytes(cuda::halfWeightBytes(paramCount, planned));
-      mem->set_scratch_bytes(scratch + ones + int64_t(cuda::kLtWorkspaceBytes));
-      // Every message of a step has its own slot, on both ends (runtime/cuda/PipelineLinks.h).
-      std::map<std::pair<int64_t, std::string>, std::pair<int64_t, int64_t>> links;  // (peer, op) -> count, largest
-      for (const Task &task : req.schedule[stage]) {
-        const plan::Program *prog =
-            byName.at((task.type == Task::kForward ? "forward_" : "backward_") + std::to_string(task.chunk * p + stage));
-        for (const plan::Instruction &in : prog->instructions())
-          if (in.op() == "send" || in.op() == "recv") {
-            auto &l = links[{planattr::i64(in, "peer"), in.op()}];
-            int b = in.op() == "send" ? in.inputs(0) : in.outputs(0);
-            l.first += 1, l.second = std::max<int64_t>(l.second, prog->buffers(b).bytes());
-          }
+      int64_t peak = 0, peakInputs = 0;
+      for (size_t k = 0; k < tasks.size(); ++k) {
+        const Task &task = tasks[k];
+        int vs = task.chunk * p + stage;
+        std::string name = programOf(task);
+        plan::ScheduleEntry *e = rp.add_schedule();
+        e->set_program(name);
+        e->set_micro_batch(task.microBatch);
+        const plan::Program *prog = byName.at(name);
+        account(*prog, lastEntry[name] == k);
+        const plan::Program *fwd = byName.at("forward_" + std::to_string(vs));
+        int64_t inFlight = 0;
+        for (auto &[mb, span] : spanOf) inFlight += span.first <= k && k <= span.second;
+        // During the entry: its stash is held (made by a forward, read by a backward).
+        if (task.type == Task::kForward) stash += fwd->stash_bytes();
+        int64_t held = persistent + stash + inFlight * inputsPerMicroBatch + maxWorkspace;
+        if (task.type == Task::kBackward) stash -= fwd->stash_bytes();
+        peakStash = std::max(peakStash, stash + (task.type == Task::kBackward ? fwd->stash_bytes() : 0));
+        peakInputs = std::max(peakInputs, inFlight * inputsPerMicroBatch);
+        peak = std::max(peak, held);
+        mem->add_timeline_bytes(held);
       }
-      int64_t slots = 0;
-      for (auto &[key, l] : links) slots += l.first * l.second;
-      mem->set_pipeline_slot_bytes(slots);
-      persistent += mem->half_weight_bytes() + mem->scratch_bytes() + mem->pipeline_slot_bytes();
-    }
-    std::map<std::string, size_t> lastEntry;  // program -> its last schedule entry
-    const StageSchedule &tasks = req.schedule[stage];
-    auto programOf = [&](const Task &task) {
-      return (task.type == Task::kForward ? "forward_" : "backward_") + std::to_string(task.chunk * p + stage);
-    };
-    // A micro-batch's inputs are held from its first program to its last (the step driver's slots).
-    std::map<std::string, int64_t> inputBytes;  // input name -> bytes per micro-batch
-    for (const plan::Program &prog : sets[stage].programs())
-      for (const plan::Binding &a : prog.arguments())
-        if (a.role() == plan::Binding::INPUT) inputBytes[a.name()] = prog.buffers(a.buffer()).bytes();
-    int64_t inputsPerMicroBatch = 0;
-    for (auto &[name, bytes] : inputBytes) inputsPerMicroBatch += bytes;
-    std::map<int, std::pair<size_t, size_t>> spanOf;  // micro-batch -> (first, last) entry
-    for (size_t k = 0; k < tasks.size(); ++k) {
-      lastEntry[programOf(tasks[k])] = k;
-      auto [it, fresh] = spanOf.try_emplace(tasks[k].microBatch, std::make_pair(k, k));
-      it->second.second = k;
-    }
-    int64_t peak = 0, peakInputs = 0;
-    for (size_t k = 0; k < tasks.size(); ++k) {
-      const Task &task = tasks[k];
-      int vs = task.chunk * p + stage;
-      std::string name = programOf(task);
-      plan::ScheduleEntry *e = rp.add_schedule();
-      e->set_program(name);
-      e->set_micro_batch(task.microBatch);
-      const plan::Program *prog = byName.at(name);
-      account(*prog, lastEntry[name] == k);
-      const plan::Program *fwd = byName.at("forward_" + std::to_string(vs));
-      int64_t inFlight = 0;
-      for (auto &[mb, span] : spanOf) inFlight += span.first <= k && k <= span.second;
-      // During the entry: its stash is held (made by a forward, read by a backward).
-      if (task.type == Task::kForward) stash += fwd->stash_bytes();
-      int64_t held = persistent + stash + inFlight * inputsPerMicroBatch + maxWorkspace;
-      if (task.type == Task::kBackward) stash -= fwd->stash_bytes();
-      peakStash = std::max(peakStash, stash + (task.type == Task::kBackward ? fwd->stash_bytes() : 0));
-      peakInputs = std::max(peakInputs, inFlight * inputsPerMicroBatch);
-      peak = std::max(peak, held);
-      mem->add_timeline_bytes(held);
-    }
-    for (plan::Program::Kind once : {plan::Program::LOSS, plan::Program::OPTIMIZER}) {
-      const plan::Program *prog = nullptr;  // the stage's own (every stage has an optimizer)
-      for (const plan::Program &candidate : sets[stage].programs())
-        if (candidate.kind() == once) prog = &candidate;
-      if (!prog) continue;
-      plan::ScheduleEntry *e = rp.add_schedule();
-      e->set_program(prog->name());
-      e->set_micro_batch(-1);
-      account(*prog, true);
-      mem->add_timeline_bytes(persistent + maxWorkspace);
-      peak = std::max(peak, persistent + maxWorkspace);
-    }
-    mem->set_peak_input_bytes(peakInputs);
-    mem->set_parameter_bytes(paramBytes);
-    mem->set_gradient_bytes(paramBytes);
-    mem->set_optimizer_bytes(optimizerBytes);
-    mem->set_peak_stash_bytes(peakStash);
-    mem->set_max_workspace_bytes(maxWorkspace);
-    mem->set_peak_bytes(peak);
-    rp.set_flops_per_step(flops);
-    for (auto &[k, c] : collectives) {
-      plan::CollectiveTotal *ct = rp.add_collectives();
-      ct->set_kind(k);
-      ct->set_count(c.first);
-      ct->set_bytes(c.second);
+      for (plan::Program::Kind once : {plan::Program::LOSS, plan::Program::OPTIMIZER}) {
+        const plan::Program *prog = nullptr;  // the stage's own (every stage has an optimizer)
+        for (const plan::Program &candidate : sets[stage].programs())
+          if (candidate.kind() == once) prog = &candidate;
+        if (!prog) continue;
+        plan::ScheduleEntry *e = rp.add_schedule();
+        e->set_program(prog->name());
+        e->set_micro_batch(-1);
+        account(*prog, true);
+        mem->add_timeline_bytes(persistent + maxWorkspace);
+        peak = std::max(peak, persistent + maxWorkspace);
+      }
+      mem->set_peak_input_bytes(peakInputs);
+      mem->set_parameter_bytes(paramBytes);
+      mem->set_gradient_bytes(paramBytes);
+      mem->set_optimizer_bytes(optimizerBytes);
+      mem->set_peak_stash_bytes(peakStash);
+      mem->set_max_workspace_bytes(maxWorkspace);
+      mem->set_peak_bytes(peak);
+      rp.set_flops_per_step(flops);
+      for (auto &[k, c] : collectives) {
+        plan::CollectiveTotal *ct = rp.add_collectives();
+        ct->set_kind(k);
+        ct->set_count(c.first);
+        ct->set_bytes(c.second);
+      }
     }
     if (llvm::Error e = checkMemoryFits(rp, cluster)) return std::move(e);
     plans.push_back(std::move(rp));

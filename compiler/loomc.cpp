@@ -11,6 +11,8 @@
 //   loomc opt FILE.mlir --loom-tensor-parallel=tp=2 --loom-autodiff ... [--mlir-print-ir-after-all]
 //       Run passes one by one (MLIR's opt driver: pass options, IR after each pass).
 #include "compiler/Compile.h"
+#include "compiler/PlanCheck.h"
+#include "compiler/PlanViews.h"
 #include "compiler/ConfigLoader.h"
 #include "compiler/ModelBuilder.h"
 #include "compiler/ToolSupport.h"
@@ -51,6 +53,11 @@ cl::opt<std::string> compileOut("out", cl::Required, cl::desc("output directory 
 cl::opt<bool> compileIrAfterAll("mlir-print-ir-after-all", cl::desc("print the IR after each pass (stderr)"),
                                 cl::sub(compileCmd), cl::cat(loomCategory));
 cl::opt<bool> compileQuiet("quiet", cl::desc("no summary on stdout"), cl::sub(compileCmd), cl::cat(loomCategory));
+
+cl::SubCommand checkCmd("check", "Prove a plan directory's ranks can run their step together (no deadlock, "
+                                  "matched collectives and messages)");
+cl::opt<std::string> checkDir(cl::Positional, cl::Required, cl::desc("<plan directory>"), cl::sub(checkCmd),
+                              cl::cat(loomCategory));
 
 cl::SubCommand verifyCmd("verify", "Parse and verify IR, print it back");
 cl::opt<std::string> verifyInput(cl::Positional, cl::Required, cl::desc("<input .mlir or ->"),
@@ -153,6 +160,19 @@ int runVerify() {
   return 0;
 }
 
+int runCheck() {
+  llvm::Expected<loom::PlanDirectory> plans = loom::readPlanDirectory(checkDir);
+  if (!plans) return loom::reportError("loomc", plans.takeError());
+  std::vector<loom::RankPrograms> ranks;
+  for (size_t r = 0; r < plans->ranks.size(); ++r) ranks.push_back({&plans->ranks[r], &plans->programsOf(int(r))});
+  std::string summary;
+  if (llvm::Error e = loom::checkPlans(ranks, &summary))
+    return loom::reportError("loomc", llvm::createStringError(llvm::inconvertibleErrorCode(),
+                                                              checkDir + ": " + llvm::toString(std::move(e))));
+  llvm::outs() << checkDir << ": " << summary << "\n";
+  return 0;
+}
+
 }  // namespace
 
 int runOpt(int argc, char **argv) {
@@ -169,6 +189,7 @@ int main(int argc, char **argv) {
   if (buildCmd) return runBuild();
   if (verifyCmd) return runVerify();
   if (compileCmd) return runCompile();
-  llvm::errs() << "loomc: error: expected a subcommand: build, compile, verify, opt (see loomc --help)\n";
+  if (checkCmd) return runCheck();
+  llvm::errs() << "loomc: error: expected a subcommand: build, compile, check, verify, opt (see loomc --help)\n";
   return 1;
 }
