@@ -26,6 +26,7 @@ struct Run {
 
 struct Message {
   int64_t tag, elements;
+  plan::DType dtype;
   std::string from;  // where it was sent, for errors
 };
 
@@ -200,7 +201,8 @@ class Simulation {
           if (op == "send") {
             int peer = peerOf(r, in);
             if (peer < 0) return error(at(r, i) + ": peer outside its group");
-            messages_[{r, peer}].push_back({tagOf(r, in), elements(prog, in.inputs()), at(r, i)});
+            messages_[{r, peer}].push_back(
+                {tagOf(r, in), elements(prog, in.inputs()), prog.buffers(in.inputs(0)).dtype(), at(r, i)});
           } else if (op == "recv") {
             int peer = peerOf(r, in);
             if (peer < 0) return error(at(r, i) + ": peer outside its group");
@@ -215,8 +217,10 @@ class Simulation {
                                          at(r, i), tagOf(r, in), peer, m.tag, m.from));
             it->second.pop_front();
             int64_t want = elements(prog, in.outputs());
-            if (m.elements != want)
-              return error(llvm::formatv("{0} receives {1} elements but {2} sends {3}", at(r, i), want, m.from, m.elements));
+            plan::DType type = prog.buffers(in.outputs(0)).dtype();
+            if (m.elements != want || m.dtype != type)
+              return error(llvm::formatv("{0} receives {1} {2} elements but {3} sends {4} {5}", at(r, i), want,
+                                         plan::DType_Name(type), m.from, m.elements, plan::DType_Name(m.dtype)));
           } else if (isCollective(op)) {
             if (!s.arrived[i]) {
               if (llvm::Error e = arrive(r, i)) return std::move(e);
@@ -241,9 +245,14 @@ class Simulation {
     int instruction;
     std::string op, reduce;
     int64_t in, out;
-    bool operator!=(const Entered &o) const { return op != o.op || reduce != o.reduce || in != o.in || out != o.out; }
+    plan::DType dtype;
+    bool operator!=(const Entered &o) const {
+      return op != o.op || reduce != o.reduce || in != o.in || out != o.out || dtype != o.dtype;
+    }
     std::string text() const {
-      return llvm::formatv("{0} {1} of {2} elements into {3}", op, reduce.empty() ? "sum" : reduce, in, out).str();
+      return llvm::formatv("{0} {1} of {2} {3} elements into {4}", op, reduce.empty() ? "sum" : reduce, in,
+                           plan::DType_Name(dtype), out)
+          .str();
     }
   };
 
@@ -255,7 +264,8 @@ class Simulation {
     auto comm = s.communicatorOf.find(group);
     if (comm == s.communicatorOf.end()) return error(at(r, i) + ": no group '" + group + "' in the rank's plan");
     int64_t seq = s.calls[comm->second]++;
-    Entered e{i, in.op(), planattr::str(in, "reduce"), elements(prog, in.inputs()), elements(prog, in.outputs())};
+    Entered e{i, in.op(), planattr::str(in, "reduce"), elements(prog, in.inputs()), elements(prog, in.outputs()),
+              in.inputs_size() ? prog.buffers(in.inputs(0)).dtype() : plan::F32};
     auto &arrivals = pending_[{comm->second, seq}];
     arrivals.emplace(r, std::move(e));
     // Complete once every simulated member has entered it.

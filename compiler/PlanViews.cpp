@@ -153,6 +153,82 @@ std::string programAsDot(const plan::Program &prog) {
   return s;
 }
 
+std::vector<CollectiveCall> collectiveSequence(const PlanDirectory &plans, int rank) {
+  const plan::RankPlan &rp = plans.ranks[rank];
+  std::map<std::string, const plan::Program *> byName;
+  for (const plan::Program &p : plans.programsOf(rank).programs()) byName[p.name()] = &p;
+  std::map<const plan::Program *, int> last;
+  for (int k = 0; k < rp.schedule_size(); ++k)
+    if (byName.count(rp.schedule(k).program())) last[byName[rp.schedule(k).program()]] = k;
+  std::vector<CollectiveCall> calls;
+  std::map<std::string, int64_t> seq;
+  for (int k = 0; k < rp.schedule_size(); ++k) {
+    auto it = byName.find(rp.schedule(k).program());
+    if (it == byName.end()) continue;
+    const plan::Program &prog = *it->second;
+    for (int i = 0; i < prog.instructions_size(); ++i) {
+      const plan::Instruction &in = prog.instructions(i);
+      if (in.op() != "all_reduce" && in.op() != "all_gather" && in.op() != "reduce_scatter") continue;
+      if (in.last_micro_batch() && last[&prog] != k) continue;
+      CollectiveCall c;
+      for (const plan::Attribute &a : in.attributes()) {
+        if (a.name() == "group") c.group = a.s();
+        if (a.name() == "reduce") c.reduce = a.s();
+      }
+      int64_t n = 0;
+      for (int b : in.inputs()) {
+        int64_t e = 1;
+        for (int64_t d : prog.buffers(b).shape()) e *= d;
+        n += e;
+      }
+      c.index = seq[c.group]++;
+      c.op = in.op(), c.elements = n, c.program = prog.name(), c.microBatch = rp.schedule(k).micro_batch();
+      c.instruction = i, c.layer = in.layer();
+      calls.push_back(c);
+    }
+  }
+  return calls;
+}
+
+std::string CollectiveCall::text() const {
+  return llvm::formatv("{0}@{1} #{2}: {3} of {4} elements ({5} mb {6}, instruction {7}, layer {8})", op, group, index,
+                       reduce.empty() ? (op == "all_reduce" ? "sum" : "-") : reduce, elements, program, microBatch,
+                       instruction, layer);
+}
+
+std::string collectiveDiff(const PlanDirectory &plans, int a, int b) {
+  std::vector<CollectiveCall> x = collectiveSequence(plans, a), y = collectiveSequence(plans, b);
+  std::string s;
+  llvm::raw_string_ostream os(s);
+  // Groups the two ranks share: the same communicator (same name and members).
+  std::map<std::string, std::vector<int>> ga, gb;
+  for (const plan::Group &g : plans.ranks[a].groups()) ga[g.name()] = {g.ranks().begin(), g.ranks().end()};
+  for (const plan::Group &g : plans.ranks[b].groups()) gb[g.name()] = {g.ranks().begin(), g.ranks().end()};
+  bool shared = false;
+  for (auto &[group, members] : ga) {
+    if (!gb.count(group) || gb[group] != members || members.size() < 2) continue;
+    shared = true;
+    std::vector<const CollectiveCall *> ca, cb;
+    for (const CollectiveCall &c : x)
+      if (c.group == group) ca.push_back(&c);
+    for (const CollectiveCall &c : y)
+      if (c.group == group) cb.push_back(&c);
+    size_t k = 0;
+    auto same = [](const CollectiveCall *p, const CollectiveCall *q) {
+      return p->op == q->op && p->reduce == q->reduce && p->elements == q->elements;
+    };
+    while (k < ca.size() && k < cb.size() && same(ca[k], cb[k])) ++k;
+    if (k == ca.size() && k == cb.size()) {
+      os << llvm::formatv("group {0}: ranks {1} and {2} make the same {3} calls\n", group, a, b, ca.size());
+      continue;
+    }
+    os << llvm::formatv("group {0}: ranks {1} and {2} differ at call #{3}: rank {1} {4}; rank {2} {5}\n", group, a, b, k,
+                        k < ca.size() ? ca[k]->text() : "makes no more calls", k < cb.size() ? cb[k]->text() : "makes no more calls");
+  }
+  if (!shared) os << llvm::formatv("ranks {0} and {1} share no group\n", a, b);
+  return s;
+}
+
 std::string collectivesSummary(const PlanDirectory &plans, int rank) {
   const plan::RankPlan &rp = plans.ranks[rank];
   std::string s;
@@ -182,6 +258,8 @@ std::string collectivesSummary(const PlanDirectory &plans, int rank) {
     for (auto &[layer, n] : perLayerTp)
       os << llvm::formatv("  {0,-12} layer {1}: {2} tensor-parallel all-reduces\n", prog.name(), layer, n);
   }
+  os << "the step's collective calls in order (each group's calls are matched by order):\n";
+  for (const CollectiveCall &c : collectiveSequence(plans, rank)) os << "  " << c.text() << "\n";
   return s;
 }
 

@@ -26,6 +26,17 @@ llvm::Expected<PlanDirectory> readPlanDirectory(const std::string &dir);
 std::string programsAsText(const PlanDirectory &plans, int rank);
 std::string programAsDot(const plan::Program &program);
 std::string collectivesSummary(const PlanDirectory &plans, int rank);
+
+// One collective call of a rank's step, in the order its group sees them.
+struct CollectiveCall {
+  std::string group, op, reduce, program;
+  int64_t index = 0, elements = 0;  // index: the call's position among the group's calls
+  int microBatch = -1, instruction = 0, layer = -1;
+  std::string text() const;
+};
+std::vector<CollectiveCall> collectiveSequence(const PlanDirectory &plans, int rank);
+// Where two ranks' calls on each group they share first differ (or that they agree).
+std::string collectiveDiff(const PlanDirectory &plans, int a, int b);
 // Ranks as rows (one per pipeline stage past 64 ranks), forward, backward and
 // gradient-sync boxes over time, durations proportional to each program's FLOPs and bytes.
 llvm::Expected<std::string> timelineSvg(const PlanDirectory &plans);

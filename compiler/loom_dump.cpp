@@ -29,6 +29,8 @@ cl::opt<std::string> view("view", cl::desc("summary | graph | dot | collectives 
                           cl::init("summary"), cl::cat(dumpCategory));
 cl::opt<std::string> programOpt("program", cl::desc("program for --view=dot (default: the rank's first)"),
                                 cl::cat(dumpCategory));
+cl::list<int> diffRanks("diff", cl::desc("R1,R2: where two ranks' collective calls differ on the groups they share"),
+                        cl::CommaSeparated, cl::cat(dumpCategory));
 cl::opt<std::string> outFile("o", cl::desc("output file (default stdout)"), cl::init("-"), cl::cat(dumpCategory));
 
 int dumpPlans() {
@@ -39,7 +41,13 @@ int dumpPlans() {
                                                                   "--rank %d is outside the %zu ranks of %s",
                                                                   (int)rankOpt, plans->ranks.size(), input.c_str()));
   std::string text;
-  if (view == "summary") {
+  if (!diffRanks.empty()) {
+    if (diffRanks.size() != 2 || diffRanks[0] < 0 || diffRanks[1] < 0 || diffRanks[0] >= int(plans->ranks.size()) ||
+        diffRanks[1] >= int(plans->ranks.size()))
+      return loom::reportError("loom-dump", llvm::createStringError(llvm::inconvertibleErrorCode(),
+                                                                    "--diff takes two ranks of the plan directory"));
+    text = loom::collectiveDiff(*plans, diffRanks[0], diffRanks[1]);
+  } else if (view == "summary") {
     auto s = std::ifstream(input + "/summary.txt");
     std::stringstream ss;
     ss << s.rdbuf();
