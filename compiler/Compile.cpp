@@ -181,8 +181,14 @@ llvm::Error compile(mlir::ModuleOp module, const config::ClusterSpec &cluster, c
   // The plans are proved to run together (compiler/PlanCheck.h) before anything is written.
   std::vector<RankPrograms> check;
   for (const plan::RankPlan &rp : *plans) check.push_back({&rp, &sets[rp.pp_rank()]});
-  std::string checked;
+  CheckResult checked;
   if (llvm::Error e = checkPlans(check, &checked)) return error("the compiled plans fail their check: " + llvm::toString(std::move(e)));
+  std::map<std::pair<int, int>, int> stageLinkSlots;  // the simulated ranks' links, by stage
+  for (auto &[link, most] : checked.linkInFlight) {
+    int &slots = stageLinkSlots[{(*plans)[size_t(link.first)].pp_rank(), (*plans)[size_t(link.second)].pp_rank()}];
+    slots = std::max(slots, most);
+  }
+  if (llvm::Error e = finishPlans(*plans, sets, stageLinkSlots, cluster)) return e;
   for (const plan::RankPlan &rp : *plans) rp.SerializeToString(&planBytes.emplace_back());
   std::error_code ec;
   std::filesystem::create_directories(opt.outDir + "/programs", ec);
@@ -193,7 +199,7 @@ llvm::Error compile(mlir::ModuleOp module, const config::ClusterSpec &cluster, c
     if (llvm::Error e = writeFile(opt.outDir + "/rank_" + std::to_string(rank) + ".plan.pb", planBytes[rank])) return e;
 
   double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
-  std::string text = compileSummary(request, *plans, sim.bubbleFraction, opt.outDir, seconds) + "check: " + checked + "\n";
+  std::string text = compileSummary(request, *plans, sim.bubbleFraction, opt.outDir, seconds) + "check: " + checked.summary + "\n";
   if (llvm::Error e = writeFile(opt.outDir + "/summary.txt", text)) return e;
   if (!opt.quiet) summary << text;
   return llvm::Error::success();

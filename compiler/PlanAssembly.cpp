@@ -197,22 +197,7 @@ llvm::Expected<std::vector<plan::RankPlan>> assembleRankPlans(mlir::ModuleOp mod
         }
         mem->set_half_weight_bytes(cuda::halfWeightBytes(paramCount, planned));
         mem->set_scratch_bytes(scratch + ones + int64_t(cuda::kLtWorkspaceBytes));
-        // Every message of a step has its own slot, on both ends (runtime/cuda/PipelineLinks.h).
-        std::map<std::pair<int64_t, std::string>, std::pair<int64_t, int64_t>> links;  // (peer, op) -> count, largest
-        for (const Task &task : req.schedule[stage]) {
-          const plan::Program *prog =
-              byName.at((task.type == Task::kForward ? "forward_" : "backward_") + std::to_string(task.chunk * p + stage));
-          for (const plan::Instruction &in : prog->instructions())
-            if (in.op() == "send" || in.op() == "recv") {
-              auto &l = links[{planattr::i64(in, "peer"), in.op()}];
-              int b = in.op() == "send" ? in.inputs(0) : in.outputs(0);
-              l.first += 1, l.second = std::max<int64_t>(l.second, prog->buffers(b).bytes());
-            }
-        }
-        int64_t slots = 0;
-        for (auto &[key, l] : links) slots += l.first * l.second;
-        mem->set_pipeline_slot_bytes(slots);
-        persistent += mem->half_weight_bytes() + mem->scratch_bytes() + mem->pipeline_slot_bytes();
+        persistent += mem->half_weight_bytes() + mem->scratch_bytes();  // + pipeline slots: finishPlans
       }
       std::map<std::string, size_t> lastEntry;  // program -> its last schedule entry
       const StageSchedule &tasks = req.schedule[stage];
@@ -281,10 +266,42 @@ llvm::Expected<std::vector<plan::RankPlan>> assembleRankPlans(mlir::ModuleOp mod
         ct->set_bytes(c.second);
       }
     }
-    if (llvm::Error e = checkMemoryFits(rp, cluster)) return std::move(e);
     plans.push_back(std::move(rp));
   }
   return plans;
+}
+
+llvm::Error finishPlans(std::vector<plan::RankPlan> &plans, const std::vector<plan::ProgramSet> &sets,
+                        const std::map<std::pair<int, int>, int> &stageLinkSlots, const config::ClusterSpec &cluster) {
+  for (plan::RankPlan &rp : plans) {
+    // The rank's links and their largest message, from its programs' sends and receives.
+    std::map<std::pair<int, bool>, int64_t> largest;  // (peer position, send) -> bytes
+    for (const plan::Program &prog : sets[rp.pp_rank()].programs())
+      for (const plan::Instruction &in : prog.instructions())
+        if (in.op() == "send" || in.op() == "recv") {
+          bool send = in.op() == "send";
+          int64_t &l = largest[{int(planattr::i64(in, "peer")), send}];
+          l = std::max<int64_t>(l, prog.buffers(send ? in.inputs(0) : in.outputs(0)).bytes());
+        }
+    int64_t slotBytes = 0;
+    for (auto &[link, bytes] : largest) {
+      auto [peer, send] = link;
+      int from = send ? rp.pp_rank() : peer, to = send ? peer : rp.pp_rank();
+      auto it = stageLinkSlots.find({from, to});
+      int slots = it == stageLinkSlots.end() ? 1 : std::max(1, it->second);
+      plan::PipelineLink *pl = rp.add_pipeline_links();
+      pl->set_peer(peer), pl->set_send(send), pl->set_slots(slots);
+      slotBytes += slots * bytes;
+    }
+    if (cluster.device().kind() == config::CUDA) {  // the CUDA backend's PipelineLinks hold these all step
+      plan::MemoryPlan *mem = rp.mutable_memory();
+      mem->set_pipeline_slot_bytes(slotBytes);
+      for (int k = 0; k < mem->timeline_bytes_size(); ++k) mem->set_timeline_bytes(k, mem->timeline_bytes(k) + slotBytes);
+      mem->set_peak_bytes(mem->peak_bytes() + slotBytes);
+    }
+    if (llvm::Error e = checkMemoryFits(rp, cluster)) return e;
+  }
+  return llvm::Error::success();
 }
 
 std::string compileSummary(const PlanRequest &req, const std::vector<plan::RankPlan> &plans, double bubble,

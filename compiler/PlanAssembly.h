@@ -4,6 +4,7 @@
 // collective totals and memory plan), each checked against the device's memory.
 #pragma once
 
+#include <map>
 #include <string>
 #include <vector>
 
@@ -37,6 +38,13 @@ llvm::Expected<std::vector<plan::RankPlan>> assembleRankPlans(mlir::ModuleOp mod
                                                              const std::vector<std::string> &programFiles,
                                                              const std::vector<uint64_t> &checksums,
                                                              const PlanRequest &request);
+
+// After loomc check: each rank's pipeline links with their message slots (`stageLinkSlots`:
+// (sending stage, receiving stage) -> the most messages in flight), the slots' memory on CUDA
+// clusters, then every rank's planned peak against the device's memory (one line naming the
+// rank, both numbers and the three largest parts).
+llvm::Error finishPlans(std::vector<plan::RankPlan> &plans, const std::vector<plan::ProgramSet> &sets,
+                        const std::map<std::pair<int, int>, int> &stageLinkSlots, const config::ClusterSpec &cluster);
 
 // The summary `loomc compile` prints and writes to summary.txt.
 std::string compileSummary(const PlanRequest &request, const std::vector<plan::RankPlan> &plans, double bubble,

@@ -68,6 +68,7 @@ class Simulation {
   }
 
   int64_t instructionsRun() const { return executed_; }
+  const std::map<std::pair<int, int>, int> &inFlight() const { return inFlight_; }
 
  private:
   struct RankState {
@@ -201,8 +202,10 @@ class Simulation {
           if (op == "send") {
             int peer = peerOf(r, in);
             if (peer < 0) return error(at(r, i) + ": peer outside its group");
-            messages_[{r, peer}].push_back(
-                {tagOf(r, in), elements(prog, in.inputs()), prog.buffers(in.inputs(0)).dtype(), at(r, i)});
+            auto &link = messages_[{r, peer}];
+            link.push_back({tagOf(r, in), elements(prog, in.inputs()), prog.buffers(in.inputs(0)).dtype(), at(r, i)});
+            int &most = inFlight_[{r, peer}];
+            most = std::max(most, int(link.size()));
           } else if (op == "recv") {
             int peer = peerOf(r, in);
             if (peer < 0) return error(at(r, i) + ": peer outside its group");
@@ -299,6 +302,7 @@ class Simulation {
   std::vector<bool> simulated_;
   std::vector<RankState> state_;
   std::map<std::pair<int, int>, std::deque<Message>> messages_;  // (from, to): the link's messages in order
+  std::map<std::pair<int, int>, int> inFlight_;                  // (from, to): the most messages queued
   std::map<std::string, int> communicators_;   // "name:members" -> id
   std::vector<std::string> communicatorNames_;  // id -> "name:members"
   std::map<std::pair<int, int64_t>, std::map<int, Entered>> pending_;  // (communicator, call #) -> member -> what
@@ -324,7 +328,7 @@ bool stagesAreUniform(const std::vector<RankPrograms> &ranks) {
 
 }  // namespace
 
-llvm::Error checkPlans(const std::vector<RankPrograms> &ranks, std::string *summary) {
+llvm::Error checkPlans(const std::vector<RankPrograms> &ranks, CheckResult *result) {
   for (size_t r = 0; r < ranks.size(); ++r)
     if (ranks[r].plan->rank() != int(r)) return error(llvm::formatv("plan {0} says it is rank {1}", r, ranks[r].plan->rank()));
   bool uniform = stagesAreUniform(ranks);
@@ -336,7 +340,8 @@ llvm::Error checkPlans(const std::vector<RankPrograms> &ranks, std::string *summ
   if (llvm::Error e = sim.run()) return e;
   size_t count = 0;
   for (bool s : simulated) count += s;
-  *summary = llvm::formatv("checked {0} ranks ({1} simulated{2}): {3} instructions, every collective matched, every "
+  result->linkInFlight = sim.inFlight();
+  result->summary = llvm::formatv("checked {0} ranks ({1} simulated{2}): {3} instructions, every collective matched, every "
                            "message received, no deadlock",
                            ranks.size(), count, uniform && count < ranks.size() ? ", one per pipeline stage" : "",
                            sim.instructionsRun())

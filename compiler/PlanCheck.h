@@ -16,6 +16,7 @@
 // real. Otherwise every rank is.
 #pragma once
 
+#include <map>
 #include <string>
 #include <vector>
 
@@ -29,7 +30,13 @@ struct RankPrograms {
   const plan::ProgramSet *programs;
 };
 
-// `ranks[r]` is rank r's. On success *summary says what was checked.
-llvm::Error checkPlans(const std::vector<RankPrograms> &ranks, std::string *summary);
+struct CheckResult {
+  std::string summary;  // what was checked
+  // (sending rank, receiving rank) -> the most messages in flight on that link (simulated ranks).
+  std::map<std::pair<int, int>, int> linkInFlight;
+};
+
+// `ranks[r]` is rank r's.
+llvm::Error checkPlans(const std::vector<RankPrograms> &ranks, CheckResult *result);
 
 }  // namespace loom

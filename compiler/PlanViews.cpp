@@ -89,6 +89,9 @@ std::string programsAsText(const PlanDirectory &plans, int rank) {
     for (int r : g.ranks()) os << " " << r;
     os << " (position " << g.position() << ")\n";
   }
+  for (const plan::PipelineLink &l : rp.pipeline_links())
+    os << llvm::formatv("  pipeline link {0} pp position {1}: {2} message slots (the most in flight)\n",
+                        l.send() ? "to" : "from", l.peer(), l.slots());
   for (const plan::Program &prog : plans.programsOf(rank).programs()) {
     os << llvm::formatv("\nprogram {0}: {1} instructions, workspace {2}, stash {3}\n", prog.name(),
                         prog.instructions_size(), humanBytes(prog.workspace_bytes()), humanBytes(prog.stash_bytes()));

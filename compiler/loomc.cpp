@@ -165,11 +165,11 @@ int runCheck() {
   if (!plans) return loom::reportError("loomc", plans.takeError());
   std::vector<loom::RankPrograms> ranks;
   for (size_t r = 0; r < plans->ranks.size(); ++r) ranks.push_back({&plans->ranks[r], &plans->programsOf(int(r))});
-  std::string summary;
+  loom::CheckResult summary;
   if (llvm::Error e = loom::checkPlans(ranks, &summary))
     return loom::reportError("loomc", llvm::createStringError(llvm::inconvertibleErrorCode(),
                                                               checkDir + ": " + llvm::toString(std::move(e))));
-  llvm::outs() << checkDir << ": " << summary << "\n";
+  llvm::outs() << checkDir << ": " << summary.summary << "\n";
   return 0;
 }
 

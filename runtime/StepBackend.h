@@ -29,6 +29,8 @@ class StepBackend {
   virtual Status run(const plan::Program &program, const std::vector<ArgumentView> &args,
                      const ResultConsumer &consume, const ExecutionContext &ctx) = 0;
   virtual Status copy(const float *from, int64_t count, float *to) = 0;
+  // A step (or a validation batch) begins: its pipeline messages are counted from the first.
+  virtual void beginStep() {}
   // Every queued operation has completed (before host reads; CPU: nothing to wait for).
   virtual Status synchronize() { return Status::ok(); }
   // Bytes of device (or host) memory the backend holds for the rank: every storage() and the

@@ -234,6 +234,7 @@ Status StepDriver::readMetric(const plan::Program &prog, const std::string &name
 
 Status StepDriver::runGradients(DataSource *data, int64_t step, bool evaluate, bool *hasLoss, double *loss) {
   batchReady_.clear();
+  backend_.beginStep();
   for (auto &[name, pool] : pools_) {  // nothing is held across steps (an aborted step's slots return)
     for (auto &[mb, slot] : pool.held) pool.free.push_back(slot);
     pool.held.clear();

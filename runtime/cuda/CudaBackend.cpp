@@ -1,6 +1,7 @@
 #include "runtime/cuda/CudaBackend.h"
 
 #include "runtime/cuda/CudaStatus.h"
+#include "runtime/cuda/PipelineLinks.h"
 
 namespace loom::cuda {
 
@@ -8,6 +9,7 @@ Status CudaBackend::create(const CudaExecutorOptions &options, const plan::Progr
                            std::unique_ptr<CudaBackend> *out) {
   std::unique_ptr<CudaBackend> b(new CudaBackend());
   LOOM_RETURN_IF_ERROR(CudaExecutor::create(options, &b->executor_));
+  b->links_ = options.links;
   LOOM_RETURN_IF_ERROR(b->executor_->prepare(programs));
   *out = std::move(b);
   return Status::ok();
@@ -89,6 +91,10 @@ int64_t CudaBackend::allocatedBytes() const {
   int64_t bytes = executor_->allocatedBytes();
   for (auto &[key, a] : storage_) bytes += std::max<int64_t>(a.count, 1) * 4;
   return bytes;
+}
+
+void CudaBackend::beginStep() {
+  if (links_) links_->startStep();
 }
 
 Status CudaBackend::synchronize() { return cudaStatus(cudaStreamSynchronize(executor_->computeStream()), "synchronize"); }

@@ -32,6 +32,7 @@ class CudaBackend : public StepBackend {
              const ExecutionContext &ctx) override;
   Status copy(const float *from, int64_t count, float *to) override;
   Status synchronize() override;
+  void beginStep() override;
   // The storage and the executor's arena, scratch, 16-bit parameter copies and cuBLASLt
   // workspace (pipeline message slots belong to PipelineLinks: not counted here).
   int64_t allocatedBytes() const override;
@@ -39,6 +40,7 @@ class CudaBackend : public StepBackend {
  private:
   CudaBackend() = default;
   std::unique_ptr<CudaExecutor> executor_;
+  PipelineLinks *links_ = nullptr;  // the executor's (pipeline plans)
   struct Allocation {
     void *data = nullptr;
     int64_t count = 0;

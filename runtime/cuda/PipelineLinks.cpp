@@ -20,7 +20,8 @@ struct PipelineLinks::Link {
   cudaStream_t stream = nullptr;
   std::vector<float *> slots;
   std::vector<cudaEvent_t> filled, free;  // per slot: its message is in it / it may be reused
-  size_t next = 0;
+  size_t next = 0;                         // messages so far this step
+  size_t messages = 0;                     // per step
 
   ~Link() {
     for (float *s : slots) cudaFree(s);
@@ -46,7 +47,9 @@ Status PipelineLinks::create(control::CoordinatorClient *client, const std::vect
     link->source = n.send ? members[position] : members[n.peer];
     link->destination = n.send ? members[n.peer] : members[position];
     LOOM_RETURN_IF_ERROR(cudaStatus(cudaStreamCreateWithFlags(&link->stream, cudaStreamNonBlocking), "stream"));
-    for (int k = 0; k < n.messages; ++k) {
+    link->messages = size_t(n.messages);
+    int slots = n.slots > 0 ? std::min(n.slots, n.messages) : n.messages;
+    for (int k = 0; k < slots; ++k) {
       float *slot = nullptr;
       cudaEvent_t filled, free;
       LOOM_RETURN_IF_ERROR(cudaStatus(cudaMalloc(&slot, size_t(n.floats) * sizeof(float)),
@@ -92,10 +95,10 @@ Status PipelineLinks::find(int peer, bool send, Link **out) {
 Status PipelineLinks::send(int peer, const float *data, int64_t floats, cudaStream_t stream) {
   Link *l;
   LOOM_RETURN_IF_ERROR(find(peer, true, &l));
-  if (l->next >= l->slots.size() || floats > l->slotFloats)
+  if (l->next >= l->messages || floats > l->slotFloats)
     return Status::error(l->name() + ": more or larger messages in this step than the schedule announced");
-  size_t k = l->next++;
-  // The slot's last message (a step ago) has left; copy in; the link sends when the copy is done.
+  size_t k = l->next++ % l->slots.size();
+  // The slot's last message has left; copy in; the link sends when the copy is done.
   LOOM_RETURN_IF_ERROR(cudaStatus(cudaStreamWaitEvent(stream, l->free[k], 0), "stream wait"));
   LOOM_RETURN_IF_ERROR(cudaStatus(
       cudaMemcpyAsync(l->slots[k], data, size_t(floats) * sizeof(float), cudaMemcpyDeviceToDevice, stream), "copy"));
@@ -108,10 +111,10 @@ Status PipelineLinks::send(int peer, const float *data, int64_t floats, cudaStre
 Status PipelineLinks::recv(int peer, float *data, int64_t floats, cudaStream_t stream) {
   Link *l;
   LOOM_RETURN_IF_ERROR(find(peer, false, &l));
-  if (l->next >= l->slots.size() || floats > l->slotFloats)
+  if (l->next >= l->messages || floats > l->slotFloats)
     return Status::error(l->name() + ": more or larger messages in this step than the schedule announced");
-  size_t k = l->next++;
-  // Posted at once (after the slot's last message was copied out, a step ago); `stream`
+  size_t k = l->next++ % l->slots.size();
+  // Posted once the slot's last message was copied out; `stream`
   // copies the message out when it has arrived.
   LOOM_RETURN_IF_ERROR(cudaStatus(cudaStreamWaitEvent(l->stream, l->free[k], 0), "stream wait"));
   LOOM_RETURN_IF_ERROR(l->comm->exchange({{false, 0, l->slots[k], floats}}, l->stream));
@@ -165,6 +168,10 @@ Status pipelineNeeds(const plan::RankPlan &plan, const plan::ProgramSet &program
     n.peer = peer, n.send = send, n.floats = std::max(n.floats, floats);
     ++n.messages;
   });
+  for (const plan::PipelineLink &l : plan.pipeline_links()) {  // the slots loomc check measured
+    auto it = needs.find({l.peer(), l.send()});
+    if (it != needs.end()) it->second.slots = l.slots();
+  }
   out->clear();
   for (auto &[key, n] : needs) out->push_back(n);
   return status;

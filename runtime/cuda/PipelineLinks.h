@@ -5,9 +5,11 @@
 //  - one two-rank communicator per direction of each pair of stages that exchange messages
 //    (src -> dst), each driven by one CUDA stream on either side: a link's sends are ordered
 //    among themselves, its receives among themselves, and nothing else queues behind them;
-//  - messages go through slots of dedicated buffers, one per message of a step: a send copies
-//    the tensor into its slot and the program goes on (it never waits for the peer); a receive
-//    is posted into its slot at once and the program copies out when it has arrived.
+//  - messages go through slots of dedicated buffers, as many as the link ever has in flight
+//    (loomc check measures it executing the step; the plan's pipeline_links), reused in turn: a
+//    send copies the tensor into its slot (once the slot's previous message has left) and the
+//    program goes on; a receive is posted into its slot and the program copies out when it has
+//    arrived.
 // Deadlock freedom then rests on the schedule being valid with buffered sends, which the
 // compiler's schedule simulator checks, and on both ends ordering a link's messages alike: the
 // k-th send over a link must be the peer's k-th receive over it. The plans carry each
@@ -16,7 +18,7 @@
 // compiled GPipe, 1F1B and interleaved plans. At most one message per link per program.
 // Each link exchanges one float right after its communicator is made, so NCCL's lazy
 // connection set-up happens there and not in the middle of a step.
-// Memory: each link holds a step's messages (micro-batches x chunks activations or gradients).
+// Memory: each link holds its slots x its largest message (the memory plan's pipeline slots).
 #pragma once
 
 #include <cuda_runtime.h>
@@ -42,6 +44,7 @@ class PipelineLinks {
     bool send;        // this rank sends (else receives)
     int64_t floats;   // the largest message
     int messages;     // messages per step
+    int slots = 0;    // slots reused in turn (the plan's pipeline_links: the most in flight); 0: one per message
   };
   // `members`: the global ranks of this rank's pp group, `position` its place there. Links are
   // created in one global order (source rank, then destination rank), so no two ranks wait on

@@ -31,7 +31,7 @@ struct Job {
   std::string check() {
     std::vector<RankPrograms> ranks;
     for (size_t r = 0; r < dir.ranks.size(); ++r) ranks.push_back({&dir.ranks[r], &programs[r]});
-    std::string summary;
+    CheckResult summary;
     llvm::Error e = checkPlans(ranks, &summary);
     return e ? llvm::toString(std::move(e)) : "";
   }
