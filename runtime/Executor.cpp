@@ -90,7 +90,11 @@ class Run {
         continue;
       }
       auto start = std::chrono::steady_clock::now();
+      if (ctx_.progress) ctx_.progress->started(prog_, ctx_.microBatch, i);
+      if (ctx_.testStallOp && in.stream() == plan::COMPUTE && in.op() == ctx_.testStallOp)
+        for (;;) std::this_thread::sleep_for(std::chrono::hours(1));  // a kernel that never returns
       Status st = instruction(in);
+      if (ctx_.progress) ctx_.progress->finished(prog_, i);
       if (ctx_.trace) ctx_.trace->record(prog_, in, ctx_.traceMicroBatch, start, std::chrono::steady_clock::now());
       std::lock_guard<std::mutex> lock(mu_);
       if (!st.isOk() && failure_.empty()) failure_ = prog_.name() + " instruction " + std::to_string(i) + " (" + in.op() + "): " + st.message();

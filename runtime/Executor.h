@@ -12,6 +12,7 @@
 
 #include "protos/plan.pb.h"
 #include "runtime/Collectives.h"
+#include "runtime/Progress.h"
 #include "runtime/Status.h"
 #include "runtime/Tensor.h"
 #include "runtime/Trace.h"
@@ -37,6 +38,12 @@ struct ExecutionContext {
   // The step's last run of this program: its last_micro_batch instructions (gradient sync)
   // run; in earlier runs they are passed over.
   bool lastRun = true;
+  // Where the rank is, for its heartbeat (null: not reported), and this run's micro-batch.
+  Progress *progress = nullptr;
+  int microBatch = -1;
+  // Fault injection for the hang tests: the first compute instruction with this op never
+  // finishes (null: none).
+  const char *testStallOp = nullptr;
 };
 
 // One argument's storage, owned by the caller: fp32 (f) or int32 (i) elements, read, or

@@ -45,6 +45,8 @@ namespace {
 struct RankJob {
   loom::control::CoordinatorClient *client = nullptr;
   int rank = 0;
+  loom::Progress progress;           // where the step is, reported with each heartbeat
+  std::atomic<bool> training{false};  // the trainer runs (reports mean something)
   std::atomic<int64_t> step{0};  // the iteration in progress, reported with heartbeats
   std::atomic<bool> done{false};
 };
@@ -57,7 +59,12 @@ void heartbeatLoop(RankJob *job, double deadSeconds) {
   while (!job->done) {
     bool aborted = false;
     std::string reason;
-    loom::Status s = job->client->heartbeat(job->rank, job->step, &aborted, &reason);
+    loom::control::CoordinatorClient::RankProgress where;
+    if (job->training) {
+      loom::Progress::Report r = job->progress.report();
+      where.completed = r.completed, where.waiting = r.waiting, where.where = r.where;
+    }
+    loom::Status s = job->client->heartbeat(job->rank, job->step, &aborted, &reason, job->training ? &where : nullptr);
     if (s.isOk()) lastOk = std::chrono::steady_clock::now();
     if (aborted) {
       std::fprintf(stderr, "loom-rank %d: error: job aborted: %s\n", job->rank, reason.c_str());
@@ -275,6 +282,14 @@ int main(int argc, char **argv) {
   } else {
     backend = std::make_unique<loom::CpuBackend>();
   }
+  topt.progress = &job.progress;
+  // Fault injection for the hang tests: LOOM_TEST_STALL=RANK:STEP stalls that rank in the first
+  // linear of that (0-based) data step.
+  if (const char *stall = std::getenv("LOOM_TEST_STALL")) {
+    int stallRank = -1;
+    long long stallStep = -1;
+    if (std::sscanf(stall, "%d:%lld", &stallRank, &stallStep) == 2 && stallRank == rank) topt.stallStep = stallStep;
+  }
   std::unique_ptr<loom::Trainer> trainer;
   if (s = loom::Trainer::create(plan, programs, std::move(backend), collectives.get(), train.get(), topt, &trainer);
       !s.isOk())
@@ -290,6 +305,7 @@ int main(int argc, char **argv) {
       return fail(flags.get("init-from") + ": " + s.message());
   }
   loom::TrainingLoop loop(*trainer, client, valid.get(), lopt, &job.step);
+  job.training = true;
   if (s = loop.run(); !s.isOk()) {
     bool communication = s.message().find("group") != std::string::npos || s.message().find("recv") != std::string::npos;
     return communication ? failAfterVerdict(s.message()) : fail(s.message());

@@ -171,6 +171,9 @@ Status StepDriver::runEntry(size_t entry, DataSource *data, int64_t step, bool e
   ctx.training = !evaluate;
   ctx.lossScale = evaluate ? 1.0f : lossScale_;
   ctx.lastRun = lastRun_[entry];
+  ctx.progress = progress_;
+  ctx.microBatch = mb;
+  if (!evaluate && step == stallStep_) ctx.testStallOp = stallOp_.c_str();
   if (!evaluate) ctx.trace = trace_, ctx.traceMicroBatch = mb;
   Status consumed;
   auto consume = [&](int i, const float *from, int64_t n) {

@@ -57,6 +57,9 @@ class StepDriver {
   const std::map<std::string, ArgumentView> &optimizerState() const { return optimizerState_; }
 
   void setTrace(TraceRecorder *trace) { trace_ = trace; }
+  void setProgress(Progress *progress) { progress_ = progress; }
+  // Fault injection (the hang tests): in data step `step`, the first `op` instruction never ends.
+  void stallForTest(int64_t step, const std::string &op) { stallStep_ = step, stallOp_ = op; }
   void setLossScale(float scale) { lossScale_ = scale; }
   // Every training micro-batch's inputs written here (the oracle reads them).
   void setDumpBatches(const std::string &dir) { dumpBatches_ = dir; }
@@ -74,6 +77,9 @@ class StepDriver {
   Collectives *collectives_;
   uint64_t seed_;
   TraceRecorder *trace_ = nullptr;
+  Progress *progress_ = nullptr;
+  int64_t stallStep_ = -1;
+  std::string stallOp_;
   float lossScale_ = 1.0f;
   std::string dumpBatches_;
   std::vector<const plan::Program *> entryProgram_;  // per schedule entry

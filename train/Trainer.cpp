@@ -39,6 +39,8 @@ Status Trainer::create(plan::RankPlan plan, plan::ProgramSet programs, std::uniq
       new Trainer(std::move(plan), std::move(programs), std::move(backend), collectives, data, options));
   LOOM_RETURN_IF_ERROR(t->driver_.init(initParameters(t->plan_, options.seed)));
   t->driver_.setTrace(options.trace);
+  t->driver_.setProgress(options.progress);
+  if (options.stallStep >= 0) t->driver_.stallForTest(options.stallStep, "linear");
   t->driver_.setDumpBatches(options.dumpBatches);
   *out = std::move(t);
   return Status::ok();

@@ -35,6 +35,8 @@ struct TrainerOptions {
   AdamWConfig adam;
   std::string dumpBatches;         // write every training micro-batch's inputs here (the oracle reads them)
   TraceRecorder *trace = nullptr;  // record every executed instruction (loom-rank --trace)
+  Progress *progress = nullptr;    // where the rank is, for its heartbeat
+  int64_t stallStep = -1;          // fault injection (hang tests): stall in this data step's first linear
   bool lossScaling = false;        // fp16: dynamic loss scaling (train/LossScaler.h)
   LossScalerConfig lossScaler;
 };

@@ -108,10 +108,16 @@ Status CoordinatorClient::barrier(const std::string &name, int rank, int64_t tim
   return translate(rpc_->Barrier(ctx.get(), req, &rep), "barrier " + name);
 }
 
-Status CoordinatorClient::heartbeat(int rank, int64_t step, bool *aborted, std::string *reason) {
+Status CoordinatorClient::heartbeat(int rank, int64_t step, bool *aborted, std::string *reason,
+                                    const RankProgress *progress) {
   HeartbeatRequest req;
   req.set_rank(rank);
   req.set_step(step);
+  if (progress) {
+    req.set_completed(progress->completed);
+    req.set_waiting(progress->waiting);
+    req.set_where(progress->where);
+  }
   HeartbeatReply rep;
   auto ctx = context(5);
   Status s = translate(rpc_->Heartbeat(ctx.get(), req, &rep), "heartbeat");

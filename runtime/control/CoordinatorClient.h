@@ -22,7 +22,13 @@ class CoordinatorClient {
   Status kvSet(const std::string &key, const std::string &value);
   Status kvGet(const std::string &key, int64_t timeoutMs, std::string *value);
   Status barrier(const std::string &name, int rank, int64_t timeoutMs);
-  Status heartbeat(int rank, int64_t step, bool *aborted, std::string *reason);
+  // `progress`: where the rank is (null: not training yet).
+  struct RankProgress {
+    int64_t completed = 0;
+    bool waiting = false;
+    std::string where;
+  };
+  Status heartbeat(int rank, int64_t step, bool *aborted, std::string *reason, const RankProgress *progress = nullptr);
   Status metrics(int rank, int64_t step, const std::map<std::string, double> &values);
   Status abort(int rank, const std::string &reason);
   Status finish(int rank, int exitCode);

@@ -1,6 +1,9 @@
 #include "runtime/control/CoordinatorService.h"
 
+#include <algorithm>
 #include <cstdio>
+#include <map>
+#include <vector>
 #include <fstream>
 #include <sstream>
 
@@ -117,7 +120,17 @@ grpc::Status CoordinatorService::Heartbeat(grpc::ServerContext *ctx, const Heart
   LOOM_CHECK_TOKEN();
   if (auto st = checkRank(req->rank()); !st.ok()) return st;
   std::lock_guard<std::mutex> lock(mu_);
-  ranks_[req->rank()].lastSeen = Clock::now();
+  RankState &r = ranks_[req->rank()];
+  auto now = Clock::now();
+  r.lastSeen = now;
+  if (req->step() != r.step) {  // a step began: the previous one's length counts
+    if (r.step > 0) longestStepSeconds_ = std::max(longestStepSeconds_, secondsSince(r.stepStarted));
+    r.step = req->step(), r.stepStarted = now;
+  }
+  if (!req->where().empty()) {
+    if (!r.reported || req->completed() != r.completed) r.lastProgress = now;
+    r.reported = true, r.completed = req->completed(), r.waiting = req->waiting(), r.where = req->where();
+  }
   rep->set_aborted(aborted_);
   rep->set_reason(abortReason_);
   return grpc::Status::OK;
@@ -148,6 +161,28 @@ grpc::Status CoordinatorService::Finish(grpc::ServerContext *ctx, const FinishRe
   return grpc::Status::OK;
 }
 
+double CoordinatorService::stallLimitSeconds() const {
+  if (longestStepSeconds_ <= 0) return opt_.firstStepStallSeconds;
+  return std::max(opt_.minStallSeconds, 3 * longestStepSeconds_);
+}
+
+// "ranks 4, 6, 7 wait in all_reduce@tp #212 of backward_1 mb 3; rank 0 waits in ...", leaving
+// out rank `except` (and with onlyWaiting the ranks not waiting on communication).
+std::string CoordinatorService::whoWaits(int except, bool onlyWaiting) const {
+  std::map<std::string, std::vector<int>> byWhere;
+  for (int i = 0; i < opt_.worldSize; ++i)
+    if (i != except && ranks_[i].reported && !ranks_[i].finished && (!onlyWaiting || ranks_[i].waiting))
+      byWhere[ranks_[i].where].push_back(i);
+  std::string text;
+  for (auto &[where, ranks] : byWhere) {
+    std::string list;
+    for (int r : ranks) list += (list.empty() ? "" : ", ") + std::to_string(r);
+    text += (text.empty() ? "" : "; ") + std::string(ranks.size() > 1 ? "ranks " : "rank ") + list +
+            (ranks_[ranks[0]].waiting ? (ranks.size() > 1 ? " wait in " : " waits in ") : " at ") + where;
+  }
+  return text;
+}
+
 bool CoordinatorService::poll() {
   std::lock_guard<std::mutex> lock(mu_);
   bool allFinished = true;
@@ -160,11 +195,33 @@ bool CoordinatorService::poll() {
       char buf[160];
       std::snprintf(buf, sizeof buf, "rank %d (host %s, pid %lld) stopped heart-beating %.1f s ago", i, r.host.c_str(),
                     (long long)r.pid, secondsSince(r.lastSeen));
-      abortLocked(buf);
+      std::string reason = buf;
+      if (r.reported) reason += " in " + r.where;
+      if (std::string others = whoWaits(i, false); !others.empty()) reason += "; " + others;
+      abortLocked(reason);
     }
   }
   if (!aborted_ && !unregistered.empty() && secondsSince(started_) > opt_.registrationTimeoutSeconds)
     abortLocked("ranks " + unregistered + " never registered");
+  // A stall: every rank alive and reporting, none has finished an instruction for the limit,
+  // and some wait on communication. The ranks not waiting are the stalled ones.
+  bool allReporting = true, someWaiting = false;
+  double quiet = 1e30;
+  for (const RankState &r : ranks_) {
+    allReporting &= r.reported && !r.finished;
+    someWaiting |= r.waiting;
+    if (r.reported) quiet = std::min(quiet, secondsSince(r.lastProgress));
+  }
+  if (!aborted_ && allReporting && someWaiting && quiet > stallLimitSeconds()) {
+    std::string stalled, stuck;
+    for (int i = 0; i < opt_.worldSize; ++i)
+      if (!ranks_[i].waiting) stalled += (stalled.empty() ? "" : "; ") + ("rank " + std::to_string(i) + " stopped in " + ranks_[i].where);
+    char limit[96];
+    std::snprintf(limit, sizeof limit, " (no instruction finished on any rank for %.0f s; limit %.0f s)", quiet,
+                  stallLimitSeconds());
+    abortLocked(stalled.empty() ? "no rank makes progress: " + whoWaits(-1, false) + limit
+                                : stalled + "; " + whoWaits(-1, true) + limit);
+  }
   if (allFinished) return true;
   // After an abort, wait until the live ranks heard it (they heartbeat every second).
   return aborted_ && secondsSince(abortedAt_) > 3;

@@ -21,6 +21,10 @@ struct CoordinatorOptions {
   int worldSize = 0;
   double heartbeatTimeoutSeconds = 10;
   double registrationTimeoutSeconds = 120;
+  // A stall (no instruction finished anywhere while a rank waits on communication) ends the
+  // job after max(minStallSeconds, 3 x the longest step so far), or firstStepStallSeconds
+  // before a step has been measured.
+  double minStallSeconds = 10, firstStepStallSeconds = 60;
 };
 
 class CoordinatorService final : public Coordinator::Service {
@@ -50,7 +54,17 @@ class CoordinatorService final : public Coordinator::Service {
     std::string host;
     int64_t pid = 0;
     std::chrono::steady_clock::time_point lastSeen;
+    // The latest progress report (HeartbeatRequest): instructions finished, whether waiting
+    // on communication, where; when the count last changed; the step and when it began.
+    bool reported = false, waiting = false;
+    int64_t completed = -1, step = -1;
+    std::string where;
+    std::chrono::steady_clock::time_point lastProgress, stepStarted;
   };
+  // The job stalls when no rank has finished an instruction for the stall limit while some
+  // rank waits on communication: the ranks not waiting are named, with what the others wait in.
+  double stallLimitSeconds() const;
+  std::string whoWaits(int except, bool onlyWaiting) const;
   grpc::Status checkToken(grpc::ServerContext *ctx);
   grpc::Status checkRank(int rank);
   void abortLocked(const std::string &reason);
@@ -64,6 +78,7 @@ class CoordinatorService final : public Coordinator::Service {
   bool aborted_ = false;
   std::string abortReason_;
   std::chrono::steady_clock::time_point started_, abortedAt_;
+  double longestStepSeconds_ = 0;  // measured from the ranks' step numbers
 };
 
 }  // namespace loom::control

@@ -279,6 +279,27 @@ TEST(Runtime, ARankThatStopsHeartBeatingIsDeclaredDead) {
   EXPECT_LT(seconds, 30.0) << r.output;
   EXPECT_NE(r.output.find("stopped heart-beating"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("error: job aborted: rank"), std::string::npos) << r.output;
+  // The verdict names where the silent rank was and what its peer waits in.
+  EXPECT_NE(r.output.find("rank 1 waits in "), std::string::npos) << r.output;
+}
+
+// A live rank stuck inside a kernel (heartbeats go on, no instruction finishes) while its
+// tensor-parallel peer waits in their next all-reduce: the job ends well within 30 s naming
+// the stalled rank, its program, micro-batch, instruction and op, and what the peer waits in.
+TEST(Runtime, ARankStuckInAKernelIsNamedWithWhatItsPeersWaitIn) {
+  std::string plans = tmpdir() + "/plans_stall";
+  compile("t2p1d1.pbtxt", plans);
+  auto started = std::chrono::steady_clock::now();
+  // Step 100 (a few seconds in): the coordinator has measured the steps, so the limit is 10 s.
+  Result r = run("LOOM_TEST_STALL=1:100 " + loomrun() + " --nproc 2 --plans " + plans + " --steps 1000 --threads 1");
+  double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
+  EXPECT_NE(r.exitCode, 0);
+  EXPECT_LT(seconds, 40.0) << r.output;  // a few steps, then the stall limit (10 s) and the verdict
+  EXPECT_NE(r.output.find("rank 1 stopped in forward_0 mb 0 at instruction "), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("(linear, layer 0)"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("rank 0 waits in all_reduce@tp #"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("no instruction finished on any rank for"), std::string::npos) << r.output;
+  EXPECT_EQ(r.output.find("Timed out"), std::string::npos) << "Gloo's timeout came first:\n" << r.output;
 }
 
 TEST(Runtime, AWrongTokenIsRefused) {
