@@ -5,6 +5,7 @@
 // Exits 0 once every rank finished successfully, 1 if the job was aborted.
 #include <grpcpp/grpcpp.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
@@ -40,6 +41,11 @@ int main(int argc, char **argv) {
   }
   loom::control::CoordinatorOptions opt{planDir, token, plan0.world_size(), flags.number("heartbeat-timeout", 10),
                                         flags.number("registration-timeout", 120)};
+  // Before a step has been measured, a stall is declared after ten times what the plan's work
+  // would take at the device's peak (at least the minimum): rank 0's FLOPs per step over its
+  // device's FLOP/s.
+  if (plan0.device_peak_flops() > 0)
+    opt.firstStepStallSeconds = std::max(opt.minStallSeconds, 10 * plan0.flops_per_step() / plan0.device_peak_flops());
   if (!flags.ok()) return 2;
   loom::control::CoordinatorService service(opt);
   std::string address = flags.get("bind", "127.0.0.1") + ":" + flags.get("port", "0");

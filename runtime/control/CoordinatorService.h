@@ -23,7 +23,7 @@ struct CoordinatorOptions {
   double registrationTimeoutSeconds = 120;
   // A stall (no instruction finished anywhere while a rank waits on communication) ends the
   // job after max(minStallSeconds, 3 x the longest step so far), or firstStepStallSeconds
-  // before a step has been measured.
+  // before a step has been measured (loom-coord derives it from the plan's FLOPs and device).
   double minStallSeconds = 10, firstStepStallSeconds = 60;
 };
 

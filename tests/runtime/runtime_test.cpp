@@ -14,6 +14,7 @@
 
 #include "protos/plan.pb.h"
 #include "formats/Safetensors.h"
+#include "runtime/Fnv1a.h"
 #include "runtime/cuda/CudaKernels.h"
 #include "tests/runtime/MultiProcess.h"
 
@@ -299,6 +300,56 @@ TEST(Runtime, ARankStuckInAKernelIsNamedWithWhatItsPeersWaitIn) {
   EXPECT_NE(r.output.find("(linear, layer 0)"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("rank 0 waits in all_reduce@tp #"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("no instruction finished on any rank for"), std::string::npos) << r.output;
+  EXPECT_EQ(r.output.find("Timed out"), std::string::npos) << "Gloo's timeout came first:\n" << r.output;
+}
+
+// A plan edited after loomc check (which would refuse it): stage 0's first send goes out with
+// a tag its peer never receives. Both ranks end up waiting on each other; the job ends well
+// within Gloo's 30 s timeout (the stall limit before a measured step comes from the plan's
+// FLOPs and the device's: the 10 s minimum here) with what every rank waits in.
+TEST(Runtime, APeerThatNeverSendsEndsTheJobNamingWhatEachRankWaitsIn) {
+  std::string plans = tmpdir() + "/plans_nosend", cluster = tmpdir() + "/nosend.pbtxt";
+  std::ofstream(cluster) << "name: \"nosend\"\nnodes: 1\ndevices_per_node: 2\n"
+                            "device { kind: CPU peak_flops: 1e11 }\n"
+                            "parallel { pipeline_parallel_size: 2 micro_batch_size: 2 global_batch_size: 4 }\n";
+  Result c = run(loomc() + " compile " + input("gpt-tiny-nodropout.pbtxt") + " --cluster " + cluster + " --out " +
+                 plans + " --quiet");
+  ASSERT_EQ(c.exitCode, 0) << c.output;
+  std::string file = plans + "/programs/stage_0.pb";
+  plan::ProgramSet programs;
+  {
+    std::ifstream in(file, std::ios::binary);
+    ASSERT_TRUE(programs.ParseFromIstream(&in));
+  }
+  bool edited = false;
+  for (plan::Program &p : *programs.mutable_programs())
+    for (plan::Instruction &in : *p.mutable_instructions())
+      if (!edited && p.name() == "forward_0" && in.op() == "send")
+        for (plan::Attribute &a : *in.mutable_attributes())
+          if (a.name() == "tag") a.set_i(a.i() + 1000), edited = true;
+  ASSERT_TRUE(edited);
+  std::string bytes;
+  programs.SerializeToString(&bytes);
+  std::ofstream(file, std::ios::binary) << bytes;
+  std::string planFile = plans + "/rank_0.plan.pb";
+  plan::RankPlan rank0;
+  {
+    std::ifstream in(planFile, std::ios::binary);
+    ASSERT_TRUE(rank0.ParseFromIstream(&in));
+  }
+  rank0.set_programs_checksum(fnv1a(bytes));
+  std::string planBytes;
+  rank0.SerializeToString(&planBytes);
+  std::ofstream(planFile, std::ios::binary) << planBytes;
+
+  auto started = std::chrono::steady_clock::now();
+  Result r = run(loomrun() + " --nproc 2 --plans " + plans + " --steps 3 --threads 1");
+  double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
+  EXPECT_NE(r.exitCode, 0);
+  EXPECT_LT(seconds, 28.0) << r.output;
+  EXPECT_NE(r.output.find("no rank makes progress: "), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("waits in recv@pp (peer 0) of forward_1 mb 0"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("rank 0 waits in recv@pp (peer 1) of backward_0"), std::string::npos) << r.output;
   EXPECT_EQ(r.output.find("Timed out"), std::string::npos) << "Gloo's timeout came first:\n" << r.output;
 }
 
