@@ -48,6 +48,7 @@ Progress::Report Progress::report() const {
     }
   }
   r.waiting = work.empty() && !wait.empty();
+  r.idle = work.empty() && wait.empty();
   r.where = !work.empty() ? work : wait.empty() ? "between programs" : wait;
   return r;
 }

@@ -22,6 +22,7 @@ class Progress {
   struct Report {
     int64_t completed = 0;  // instructions finished since the start
     bool waiting = false;   // every instruction in flight waits on communication
+    bool idle = false;      // no instruction in flight (between programs: loading, saving, logging)
     std::string where;      // "backward_1 mb 3 at instruction 41 (linear, layer 7)" or
                             // "all_reduce@tp #212 of backward_1 mb 3"
   };

@@ -62,7 +62,7 @@ void heartbeatLoop(RankJob *job, double deadSeconds) {
     loom::control::CoordinatorClient::RankProgress where;
     if (job->training) {
       loom::Progress::Report r = job->progress.report();
-      where.completed = r.completed, where.waiting = r.waiting, where.where = r.where;
+      where.completed = r.completed, where.waiting = r.waiting, where.idle = r.idle, where.where = r.where;
     }
     loom::Status s = job->client->heartbeat(job->rank, job->step, &aborted, &reason, job->training ? &where : nullptr);
     if (s.isOk()) lastOk = std::chrono::steady_clock::now();

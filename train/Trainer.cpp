@@ -6,6 +6,7 @@
 
 #include "train/ParamInit.h"
 #include "formats/Safetensors.h"
+#include "runtime/Fnv1a.h"
 #include "runtime/Shards.h"
 
 namespace loom {
@@ -22,6 +23,17 @@ ArgumentView sliceOf(const ArgumentView &flat, const plan::Parameter &p) {
   v.f = flat.f + p.flat_offset();
   v.count = elementsOf(p);
   return v;
+}
+
+// The flat buffer's layout (every parameter's offset and size): ZeRO-1's optimizer shard is raw
+// flat memory, valid only for the layout it was written with.
+std::string flatLayoutOf(const plan::RankPlan &plan) {
+  std::string text = std::to_string(plan.flat_elements());
+  for (const plan::Parameter &p : plan.parameters())
+    text += ";" + p.name() + "@" + std::to_string(p.flat_offset()) + ":" + std::to_string(elementsOf(p));
+  char hex[24];
+  std::snprintf(hex, sizeof hex, "%016llx", (unsigned long long)fnv1a(text));
+  return hex;
 }
 
 }  // namespace
@@ -105,6 +117,7 @@ Status Trainer::hostParameters(std::map<std::string, HostTensor> *out) {
 Status Trainer::saveShard(const std::string &path, const std::map<std::string, std::string> &metadata) {
   SafetensorsFile f;
   f.metadata = metadata;
+  f.metadata["flat_layout"] = flatLayoutOf(plan_);
   LOOM_RETURN_IF_ERROR(backend_->synchronize());
   std::map<std::string, HostTensor> params;
   LOOM_RETURN_IF_ERROR(hostParameters(&params));
@@ -145,6 +158,10 @@ Status Trainer::loadShard(const std::string &path, std::map<std::string, std::st
   };
   for (const plan::Parameter &p : plan_.parameters())
     LOOM_RETURN_IF_ERROR(take("param/" + p.name(), driver_.parameter(p.name())));
+  if (plan_.zero1() && f.metadata["flat_layout"] != flatLayoutOf(plan_))
+    return Status::error(path + ": its ZeRO-1 optimizer state was written for another flat parameter layout (flat_layout " +
+                         (f.metadata["flat_layout"].empty() ? "absent" : f.metadata["flat_layout"]) + ", this plan's " +
+                         flatLayoutOf(plan_) + "): resume with the plans it was trained with");
   for (const char *moment : {"adam_m", "adam_v"}) {
     auto it = driver_.optimizerState().find(moment);
     if (it == driver_.optimizerState().end()) return Status::error("the plan's optimizer has no " + std::string(moment));

@@ -116,6 +116,7 @@ Status CoordinatorClient::heartbeat(int rank, int64_t step, bool *aborted, std::
   if (progress) {
     req.set_completed(progress->completed);
     req.set_waiting(progress->waiting);
+    req.set_idle(progress->idle);
     req.set_where(progress->where);
   }
   HeartbeatReply rep;

@@ -25,7 +25,7 @@ class CoordinatorClient {
   // `progress`: where the rank is (null: not training yet).
   struct RankProgress {
     int64_t completed = 0;
-    bool waiting = false;
+    bool waiting = false, idle = false;
     std::string where;
   };
   Status heartbeat(int rank, int64_t step, bool *aborted, std::string *reason, const RankProgress *progress = nullptr);

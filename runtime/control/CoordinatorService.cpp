@@ -129,7 +129,8 @@ grpc::Status CoordinatorService::Heartbeat(grpc::ServerContext *ctx, const Heart
   }
   if (!req->where().empty()) {
     if (!r.reported || req->completed() != r.completed) r.lastProgress = now;
-    r.reported = true, r.completed = req->completed(), r.waiting = req->waiting(), r.where = req->where();
+    r.reported = true, r.completed = req->completed(), r.waiting = req->waiting(), r.idle = req->idle();
+    r.where = req->where();
   }
   rep->set_aborted(aborted_);
   rep->set_reason(abortReason_);
@@ -205,14 +206,15 @@ bool CoordinatorService::poll() {
     abortLocked("ranks " + unregistered + " never registered");
   // A stall: every rank alive and reporting, none has finished an instruction for the limit,
   // and some wait on communication. The ranks not waiting are the stalled ones.
-  bool allReporting = true, someWaiting = false;
+  bool allReporting = true, someWaiting = false, someIdle = false;
   double quiet = 1e30;
   for (const RankState &r : ranks_) {
     allReporting &= r.reported && !r.finished;
     someWaiting |= r.waiting;
+    someIdle |= r.idle;
     if (r.reported) quiet = std::min(quiet, secondsSince(r.lastProgress));
   }
-  if (!aborted_ && allReporting && someWaiting && quiet > stallLimitSeconds()) {
+  if (!aborted_ && allReporting && someWaiting && !someIdle && quiet > stallLimitSeconds()) {
     std::string stalled, stuck;
     for (int i = 0; i < opt_.worldSize; ++i)
       if (!ranks_[i].waiting) stalled += (stalled.empty() ? "" : "; ") + ("rank " + std::to_string(i) + " stopped in " + ranks_[i].where);

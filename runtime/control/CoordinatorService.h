@@ -56,13 +56,14 @@ class CoordinatorService final : public Coordinator::Service {
     std::chrono::steady_clock::time_point lastSeen;
     // The latest progress report (HeartbeatRequest): instructions finished, whether waiting
     // on communication, where; when the count last changed; the step and when it began.
-    bool reported = false, waiting = false;
+    bool reported = false, waiting = false, idle = false;
     int64_t completed = -1, step = -1;
     std::string where;
     std::chrono::steady_clock::time_point lastProgress, stepStarted;
   };
   // The job stalls when no rank has finished an instruction for the stall limit while some
-  // rank waits on communication: the ranks not waiting are named, with what the others wait in.
+  // rank waits on communication and none is outside the plan's instructions (loading or saving
+  // a checkpoint): the ranks stuck in an instruction are named, with what the others wait in.
   double stallLimitSeconds() const;
   std::string whoWaits(int except, bool onlyWaiting) const;
   grpc::Status checkToken(grpc::ServerContext *ctx);
