@@ -45,7 +45,6 @@ plan::Stream streamOf(mlir::Operation *op) {
   return plan::COMPUTE;
 }
 
-std::vector<int64_t> planattr_dims(const plan::Buffer &b) { return {b.shape().begin(), b.shape().end()}; }
 
 int64_t tensorParallelOf(mlir::Operation *op) {
   auto m = op->getParentOfType<mlir::ModuleOp>();
@@ -79,7 +78,7 @@ double flopsOf(mlir::Operation *op) {
 }
 
 int64_t bytesMovedOf(mlir::Operation *op) {
-  auto ring = [](int64_t bytes, int64_t g, int64_t factor) { return g <= 1 ? 0 : factor * bytes * (g - 1) / g; };
+  auto ring = ringBytesPerRank;
   return llvm::TypeSwitch<mlir::Operation *, int64_t>(op)
       .Case([&](AllReduceOp o) { return ring(bytesOf(o.getInput()), o.getGroupSize(), 2); })
       .Case([&](AllGatherOp o) { return ring(bytesOf(o.getResult()), o.getGroupSize(), 1); })
@@ -218,13 +217,14 @@ llvm::Expected<plan::Program> lowerProgram(mlir::func::FuncOp f) {
     };
     auto allReduce = [&](int input, const char *reduce) {
       int index = prog.instructions_size();
-      int out = scratch(planattr_dims(prog.buffers(input)), plan::F32, index);
+      const plan::Buffer &like = prog.buffers(input);
+      int out = scratch({like.shape().begin(), like.shape().end()}, plan::F32, index);
       plan::Instruction *in = emit("all_reduce", plan::TP, {input}, {out}, layer);
       attr(in, "group")->set_s(group);
       attr(in, "group_size")->set_i(t);
       attr(in, "reduce")->set_s(reduce);
       int64_t bytes = prog.buffers(input).bytes();
-      in->set_bytes_moved(t <= 1 ? 0 : 2 * bytes * (t - 1) / t);
+      in->set_bytes_moved(ringBytesPerRank(bytes, t, 2));
       return out;
     };
     int lg = bufferOf.lookup(logits), lb = bufferOf.lookup(labels);

@@ -21,5 +21,8 @@ void planWorkspace(plan::Program &prog);
 // does) and the bytes a collective moves per rank (ring algorithms).
 double flopsOf(mlir::Operation *op);
 int64_t bytesMovedOf(mlir::Operation *op);
+// A ring collective's bytes per rank over a group of g: factor x bytes x (g - 1) / g (2 for an
+// all-reduce, 1 for an all-gather or reduce-scatter); 0 for one member.
+inline int64_t ringBytesPerRank(int64_t bytes, int64_t g, int64_t factor) { return g <= 1 ? 0 : factor * bytes * (g - 1) / g; }
 
 }  // namespace loom

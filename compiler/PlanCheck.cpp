@@ -15,8 +15,6 @@ llvm::Error error(const llvm::Twine &msg) {
   return llvm::createStringError(llvm::inconvertibleErrorCode(), msg.str());
 }
 
-bool isCollective(const std::string &op) { return op == "all_reduce" || op == "all_gather" || op == "reduce_scatter"; }
-
 // One run of a program in a rank's schedule.
 struct Run {
   const plan::Program *prog;
@@ -141,7 +139,7 @@ class Simulation {
       std::string what = at(r, i);
       if (in.op() == "recv")
         what += llvm::formatv(" waits for tag {0} from rank {1}", tagOf(r, in), peerOf(r, in)).str();
-      else if (isCollective(in.op()) && s.arrived[i])
+      else if (planattr::isCollective(in.op()) && s.arrived[i])
         what += " waits for its group";
       else
         continue;  // waits on another stream's instruction
@@ -224,7 +222,7 @@ class Simulation {
             if (m.elements != want || m.dtype != type)
               return error(llvm::formatv("{0} receives {1} {2} elements but {3} sends {4} {5}", at(r, i), want,
                                          plan::DType_Name(type), m.from, m.elements, plan::DType_Name(m.dtype)));
-          } else if (isCollective(op)) {
+          } else if (planattr::isCollective(op)) {
             if (!s.arrived[i]) {
               if (llvm::Error e = arrive(r, i)) return std::move(e);
               s.arrived[i] = 1, moved = true;

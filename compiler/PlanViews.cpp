@@ -6,6 +6,7 @@
 
 #include "compiler/Schedule.h"
 #include "compiler/Units.h"
+#include "runtime/PlanAttributes.h"
 #include "runtime/Fnv1a.h"
 #include "runtime/PlanVersion.h"
 #include "llvm/Support/FormatVariadic.h"
@@ -171,7 +172,7 @@ std::vector<CollectiveCall> collectiveSequence(const PlanDirectory &plans, int r
     const plan::Program &prog = *it->second;
     for (int i = 0; i < prog.instructions_size(); ++i) {
       const plan::Instruction &in = prog.instructions(i);
-      if (in.op() != "all_reduce" && in.op() != "all_gather" && in.op() != "reduce_scatter") continue;
+      if (!planattr::isCollective(in.op())) continue;
       if (in.last_micro_batch() && last[&prog] != k) continue;
       CollectiveCall c;
       for (const plan::Attribute &a : in.attributes()) {

@@ -41,9 +41,6 @@ plan::Stream streamOfGroup(const std::string &group) {
   return group == "tp" ? plan::TP : group == "pp" ? plan::PP : plan::DP;
 }
 
-// Ring cost per rank of a collective over a group of g (as Lowering's bytesMovedOf).
-int64_t ringBytes(int64_t bytes, int64_t g, int64_t factor) { return g <= 1 ? 0 : factor * bytes * (g - 1) / g; }
-
 // Builds a small program instruction by instruction; each instruction waits on the last
 // writer of every buffer it touches and, for the buffers it writes, on their readers since,
 // where those ran on another stream.
@@ -139,7 +136,7 @@ plan::Instruction &collective(ProgramBuilder &b, const std::string &op, const st
   setAttr(in, "group_size", size);
   if (!reduce.empty()) setAttr(in, "reduce", reduce);
   if (op != "all_reduce") setAttr(in, "dim", int64_t(0));
-  in.set_bytes_moved(op == "all_reduce" ? ringBytes(bytes, size, 2) : ringBytes(bytes, size, 1));
+  in.set_bytes_moved(ringBytesPerRank(bytes, size, op == "all_reduce" ? 2 : 1));
   return in;
 }
 

@@ -37,6 +37,11 @@ inline int64_t numel(const plan::Buffer &b) {
 // Dimension k of b; negative k counts from the end.
 inline int64_t dim(const plan::Buffer &b, int k) { return k < 0 ? b.shape(b.shape_size() + k) : b.shape(k); }
 
+// Ops matched by order on their group's communicator.
+inline bool isCollective(const std::string &op) {
+  return op == "all_reduce" || op == "all_gather" || op == "reduce_scatter";
+}
+
 }  // namespace loom::planattr
 
 namespace loom::planattr {
@@ -62,6 +67,17 @@ inline std::string encodeSegments(const std::vector<FlatSegment> &segments) {
 }
 
 // False on a malformed list (a corrupt plan).
+// Calls body(lo, hi, segment) for the part of each segment inside [begin, begin + count), with
+// lo and hi relative to begin (a rank's shard of the flat buffer, or all of it).
+template <typename Body>
+void forEachSegmentIn(const std::vector<FlatSegment> &segments, int64_t begin, int64_t count, Body body) {
+  int64_t end = begin + count;
+  for (const FlatSegment &s : segments) {
+    int64_t lo = s.offset > begin ? s.offset : begin, hi = s.offset + s.count < end ? s.offset + s.count : end;
+    if (lo < hi) body(lo - begin, hi - begin, s);
+  }
+}
+
 inline bool decodeSegments(const std::string &text, std::vector<FlatSegment> *out) {
   out->clear();
   size_t at = 0;

@@ -205,7 +205,8 @@ bool CoordinatorService::poll() {
   if (!aborted_ && !unregistered.empty() && secondsSince(started_) > opt_.registrationTimeoutSeconds)
     abortLocked("ranks " + unregistered + " never registered");
   // A stall: every rank alive and reporting, none has finished an instruction for the limit,
-  // and some wait on communication. The ranks not waiting are the stalled ones.
+  // some wait on communication and none is outside the plan's instructions (checkpoint I/O).
+  // The ranks not waiting are the stalled ones.
   bool allReporting = true, someWaiting = false, someIdle = false;
   double quiet = 1e30;
   for (const RankState &r : ranks_) {
@@ -215,7 +216,7 @@ bool CoordinatorService::poll() {
     if (r.reported) quiet = std::min(quiet, secondsSince(r.lastProgress));
   }
   if (!aborted_ && allReporting && someWaiting && !someIdle && quiet > stallLimitSeconds()) {
-    std::string stalled, stuck;
+    std::string stalled;
     for (int i = 0; i < opt_.worldSize; ++i)
       if (!ranks_[i].waiting) stalled += (stalled.empty() ? "" : "; ") + ("rank " + std::to_string(i) + " stopped in " + ranks_[i].where);
     char limit[96];

@@ -5,24 +5,10 @@
 #include <cstring>
 
 namespace loom::cpu {
-namespace {
-
-// Calls body(local begin, local end, segment) for each segment's part inside `range`.
-template <typename Body>
-void forEachInRange(const std::vector<planattr::FlatSegment> &segments, FlatRange range, Body body) {
-  int64_t end = range.begin + range.count;
-  for (const planattr::FlatSegment &s : segments) {
-    int64_t lo = std::max(s.offset, range.begin), hi = std::min(s.offset + s.count, end);
-    if (lo < hi) body(lo - range.begin, hi - range.begin, s);
-  }
-}
-
-}  // namespace
-
 float sumSquares(const float *grad, const std::vector<planattr::FlatSegment> &segments, FlatRange range,
                  bool countReplicated) {
   double sum = 0;
-  forEachInRange(segments, range, [&](int64_t lo, int64_t hi, const planattr::FlatSegment &s) {
+  planattr::forEachSegmentIn(segments, range.begin, range.count, [&](int64_t lo, int64_t hi, const planattr::FlatSegment &s) {
     if (!(s.norm || (s.normAtTp0 && countReplicated))) return;
     for (int64_t i = lo; i < hi; ++i) sum += double(grad[i]) * grad[i];
   });
@@ -42,7 +28,7 @@ void adamwFlat(const float *param, const float *grad, float *m, float *v, float 
   if (h.gradScale == 0.0f) return;  // skipped: non-finite gradients
   double b1 = h.beta1, b2 = h.beta2, c1 = 1 - std::pow(b1, double(h.step)), c2 = 1 - std::pow(b2, double(h.step));
   bool scaled = h.gradScale != 1.0f;
-  forEachInRange(segments, range, [&](int64_t lo, int64_t hi, const planattr::FlatSegment &s) {
+  planattr::forEachSegmentIn(segments, range.begin, range.count, [&](int64_t lo, int64_t hi, const planattr::FlatSegment &s) {
     double decay = s.decay ? h.weightDecay : 0.0;
     for (int64_t i = lo; i < hi; ++i) {
       float g = scaled ? float(grad[i] * h.gradScale) : grad[i];

@@ -24,8 +24,6 @@ using planattr::flag;
 using planattr::i64;
 using planattr::str;
 
-bool isCollective(const std::string &op) { return op == "all_reduce" || op == "all_gather" || op == "reduce_scatter"; }
-
 }  // namespace
 
 // One program invocation on the device: the buffers' addresses, the streams' ordering and
@@ -86,7 +84,7 @@ class DeviceRun {
       }
       for (int w : in.wait_for())
         if (s.isOk()) s = cudaStatus(cudaStreamWaitEvent(st_, e_.events_[w], 0), "stream wait");
-      if (s.isOk() && k != plan::COMPUTE && !isCollective(in.op()) && in.op() != "send" && in.op() != "recv" &&
+      if (s.isOk() && k != plan::COMPUTE && !planattr::isCollective(in.op()) && in.op() != "send" && in.op() != "recv" &&
           in.op() != "identity")
         s = Status::error("a compute op on communication stream " + plan::Stream_Name(in.stream()) +
                           " (corrupt plan: the compute stream's scratch is not shared)");
@@ -505,11 +503,10 @@ class DeviceRun {
     bool adam = in.op() == "adamw";
     int64_t shard = numel(adam ? in.inputs(1) : in.inputs(0));
     int64_t begin = shardGroup.empty() ? 0 : shardStart(shardGroup, shard), end = begin + shard;
-    auto forEach = [&](auto body) {
-      for (const planattr::FlatSegment &sg : segments) {
-        int64_t lo = std::max(sg.offset, begin), hi = std::min(sg.offset + sg.count, end);
-        if (lo < hi) body(lo - begin, hi - lo, sg);
-      }
+    auto forEach = [&](auto body) {  // body(local offset, elements, segment)
+      planattr::forEachSegmentIn(segments, begin, shard, [&](int64_t lo, int64_t hi, const planattr::FlatSegment &sg) {
+        body(lo, hi - lo, sg);
+      });
     };
     if (!adam) {
       bool countReplicated = !ctx_.collectives || ctx_.collectives->rankIn("tp") == 0;
