@@ -5,9 +5,7 @@
 namespace loom {
 namespace {
 
-bool isWait(const std::string &op) {
-  return op == "all_reduce" || op == "all_gather" || op == "reduce_scatter" || op == "recv" || op == "send";
-}
+bool isWait(const std::string &op) { return planattr::isCollective(op) || op == "recv" || op == "send"; }
 
 }  // namespace
 
@@ -16,7 +14,7 @@ void Progress::started(const plan::Program &program, int mb, int index) {
   std::lock_guard<std::mutex> lock(mu_);
   InFlight &f = stream_[int(in.stream()) & 3];
   f.program = &program, f.mb = mb, f.index = index, f.call = -1;
-  if (isWait(in.op()) && in.op() != "send" && in.op() != "recv") f.call = calls_[planattr::str(in, "group")]++;
+  if (planattr::isCollective(in.op())) f.call = calls_[planattr::str(in, "group")]++;
 }
 
 void Progress::finished(const plan::Program &program, int index) {
@@ -25,6 +23,11 @@ void Progress::finished(const plan::Program &program, int index) {
   ++completed_;
   InFlight &f = stream_[int(in.stream()) & 3];
   if (f.program == &program && f.index == index) f.program = nullptr;
+}
+
+void Progress::waitingOutside(const std::string &what) {
+  std::lock_guard<std::mutex> lock(mu_);
+  outside_ = what;
 }
 
 Progress::Report Progress::report() const {
@@ -47,6 +50,7 @@ Progress::Report Progress::report() const {
               ", layer " + std::to_string(in.layer()) + ")";
     }
   }
+  if (work.empty() && wait.empty() && !outside_.empty()) wait = outside_;
   r.waiting = work.empty() && !wait.empty();
   r.idle = work.empty() && wait.empty();
   r.where = !work.empty() ? work : wait.empty() ? "between programs" : wait;

@@ -18,6 +18,9 @@ class Progress {
   // An instruction of `program` (micro-batch mb) starts / ends on its stream.
   void started(const plan::Program &program, int mb, int index);
   void finished(const plan::Program &program, int index);
+  // Between programs the rank may still wait on communication outside any instruction (the
+  // end of a step waits for its pipeline sends to be delivered): `what` ("" when done).
+  void waitingOutside(const std::string &what);
 
   struct Report {
     int64_t completed = 0;  // instructions finished since the start
@@ -38,6 +41,7 @@ class Progress {
   int64_t completed_ = 0;
   InFlight stream_[4];
   std::map<std::string, int64_t> calls_;  // group -> collectives started
+  std::string outside_;                   // a wait between programs
 };
 
 }  // namespace loom

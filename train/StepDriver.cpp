@@ -87,22 +87,13 @@ Status StepDriver::slot(const std::string &key, const plan::Buffer &buffer, Argu
   return backend_.storage(key, planattr::numel(buffer), buffer.dtype() == plan::I32, out);
 }
 
-ArgumentView StepDriver::parameter(const std::string &name) const {
-  if (name == "flat") return params_;
+ArgumentView StepDriver::sliceOf(const ArgumentView &flat, const std::string &name) const {
+  if (name == "flat") return flat;
   auto it = paramByName_.find(name);
   if (it == paramByName_.end()) return {};
   int64_t n = 1;
   for (int64_t d : it->second->shape()) n *= d;
-  return slice(params_, it->second->flat_offset(), n);
-}
-
-ArgumentView StepDriver::gradient(const std::string &name) const {
-  if (name == "flat") return grads_;
-  auto it = paramByName_.find(name);
-  if (it == paramByName_.end()) return {};
-  int64_t n = 1;
-  for (int64_t d : it->second->shape()) n *= d;
-  return slice(grads_, it->second->flat_offset(), n);
+  return slice(flat, it->second->flat_offset(), n);
 }
 
 Status StepDriver::bind(const plan::Program &prog, int mb, DataSource *data, int64_t step, bool evaluate,
@@ -253,7 +244,11 @@ Status StepDriver::runGradients(DataSource *data, int64_t step, bool evaluate, b
     }
   }
   LOOM_RETURN_IF_ERROR(backend_.synchronize());
-  return collectives_ ? collectives_->flush() : Status::ok();
+  if (!collectives_) return Status::ok();
+  if (progress_) progress_->waitingOutside("the delivery of the step's pipeline sends");
+  Status flushed = collectives_->flush();
+  if (progress_) progress_->waitingOutside("");
+  return flushed;
 }
 
 Status StepDriver::runOptimizer(const OptimizerScalars &s, double *gradNorm) {

@@ -50,8 +50,11 @@ class StepDriver {
   Status runOptimizer(const OptimizerScalars &scalars, double *gradNorm);
 
   // The rank's state, for checkpoints and exports (backend memory).
-  ArgumentView parameter(const std::string &name) const;  // a slice of the flat buffer
-  ArgumentView gradient(const std::string &name) const;
+  ArgumentView parameter(const std::string &name) const { return sliceOf(params_, name); }
+  ArgumentView gradient(const std::string &name) const { return sliceOf(grads_, name); }
+  // Parameter `name`'s slice of a flat buffer (parameters, gradients, unsharded AdamW state);
+  // "flat": all of it.
+  ArgumentView sliceOf(const ArgumentView &flat, const std::string &name) const;
   ArgumentView flatParameters() const { return params_; }
   // The optimizer state of the plan (adam_m, adam_v: over the flat buffer, or its ZeRO-1 shard).
   const std::map<std::string, ArgumentView> &optimizerState() const { return optimizerState_; }

@@ -18,13 +18,6 @@ int64_t elementsOf(const plan::Parameter &p) {
   return n;
 }
 
-ArgumentView sliceOf(const ArgumentView &flat, const plan::Parameter &p) {
-  ArgumentView v;
-  v.f = flat.f + p.flat_offset();
-  v.count = elementsOf(p);
-  return v;
-}
-
 // The flat buffer's layout (every parameter's offset and size): ZeRO-1's optimizer shard is raw
 // flat memory, valid only for the layout it was written with.
 std::string flatLayoutOf(const plan::RankPlan &plan) {
@@ -133,7 +126,7 @@ Status Trainer::saveShard(const std::string &path, const std::map<std::string, s
     }
     for (const plan::Parameter &p : plan_.parameters()) {
       HostTensor t{{p.shape().begin(), p.shape().end()}};
-      LOOM_RETURN_IF_ERROR(backend_->download(sliceOf(it->second, p), &t.data));
+      LOOM_RETURN_IF_ERROR(backend_->download(driver_.sliceOf(it->second, p.name()), &t.data));
       f.tensors[std::string(moment) + "/" + p.name()] = std::move(t);
     }
   }
@@ -172,7 +165,7 @@ Status Trainer::loadShard(const std::string &path, std::map<std::string, std::st
       continue;
     }
     for (const plan::Parameter &p : plan_.parameters())
-      LOOM_RETURN_IF_ERROR(take(std::string(moment) + "/" + p.name(), sliceOf(it->second, p)));
+      LOOM_RETURN_IF_ERROR(take(std::string(moment) + "/" + p.name(), driver_.sliceOf(it->second, p.name())));
   }
   if (opt_.lossScaling && f.metadata.count("fp16_loss_scale") && f.metadata.count("fp16_clean_steps")) {
     char *end = nullptr;
