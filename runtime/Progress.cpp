@@ -1,5 +1,8 @@
 #include "runtime/Progress.h"
 
+#include <algorithm>
+#include <climits>
+
 #include "runtime/PlanAttributes.h"
 
 namespace loom {
@@ -9,12 +12,14 @@ bool isWait(const std::string &op) { return planattr::isCollective(op) || op == 
 
 }  // namespace
 
+int64_t Progress::callNumber(const plan::Instruction &in) {
+  return planattr::isCollective(in.op()) ? calls_[planattr::str(in, "group")]++ : -1;
+}
+
 void Progress::started(const plan::Program &program, int mb, int index) {
   const plan::Instruction &in = program.instructions(index);
   std::lock_guard<std::mutex> lock(mu_);
-  InFlight &f = stream_[int(in.stream()) & 3];
-  f.program = &program, f.mb = mb, f.index = index, f.call = -1;
-  if (planattr::isCollective(in.op())) f.call = calls_[planattr::str(in, "group")]++;
+  stream_[int(in.stream()) & 3] = InFlight{&program, mb, index, callNumber(in)};
 }
 
 void Progress::finished(const plan::Program &program, int index) {
@@ -25,17 +30,66 @@ void Progress::finished(const plan::Program &program, int index) {
   if (f.program == &program && f.index == index) f.program = nullptr;
 }
 
+void Progress::issued(const plan::Program &program, int mb, int index, int64_t run, CompletionProbe *probe,
+                      uint64_t token) {
+  const plan::Instruction &in = program.instructions(index);
+  std::lock_guard<std::mutex> lock(mu_);
+  reapIssued();  // keeps the queues (and the probe's tokens in use) as short as the device is behind
+  issued_[int(in.stream()) & 3].push_back(Issued{InFlight{&program, mb, index, callNumber(in)}, run, probe, token});
+}
+
+// A stream's instructions complete in issue order, so only the front of each queue is asked.
+void Progress::reapIssued() {
+  for (std::deque<Issued> &q : issued_)
+    while (!q.empty() && q.front().probe->done(q.front().token)) {
+      q.front().probe->release(q.front().token);
+      q.pop_front();
+      ++completed_;
+    }
+}
+
+bool Progress::pending(int64_t run, int index) const {
+  for (const std::deque<Issued> &q : issued_)
+    for (const Issued &i : q)
+      if (i.run == run && i.at.index == index) return true;
+  return false;
+}
+
+void Progress::detach(CompletionProbe *probe) {
+  std::lock_guard<std::mutex> lock(mu_);
+  for (std::deque<Issued> &q : issued_) {
+    std::deque<Issued> kept;
+    for (Issued &i : q)
+      if (i.probe == probe)
+        probe->release(i.token);
+      else
+        kept.push_back(i);
+    q.swap(kept);
+  }
+}
+
 void Progress::waitingOutside(const std::string &what) {
   std::lock_guard<std::mutex> lock(mu_);
   outside_ = what;
 }
 
-Progress::Report Progress::report() const {
+Progress::Report Progress::report() {
   std::lock_guard<std::mutex> lock(mu_);
+  reapIssued();
   Report r;
   r.completed = completed_;
   std::string work, wait;
-  for (const InFlight &f : stream_) {
+  int64_t oldestRun = INT64_MAX;
+  for (const std::deque<Issued> &q : issued_)
+    if (!q.empty()) oldestRun = std::min(oldestRun, q.front().run);
+  for (int k = 0; k < 4; ++k) {
+    InFlight f = stream_[k];
+    if (!f.program && !issued_[k].empty()) {
+      const Issued &front = issued_[k].front();
+      bool blocked = front.run != oldestRun;
+      for (int w : front.at.program->instructions(front.at.index).wait_for()) blocked |= pending(front.run, w);
+      if (!blocked) f = front.at;  // else what it waits for is in flight on another stream
+    }
     if (!f.program) continue;
     const plan::Instruction &in = f.program->instructions(f.index);
     std::string group = planattr::str(in, "group");

@@ -205,25 +205,25 @@ bool CoordinatorService::poll() {
   if (!aborted_ && !unregistered.empty() && secondsSince(started_) > opt_.registrationTimeoutSeconds)
     abortLocked("ranks " + unregistered + " never registered");
   // A stall: every rank alive and reporting, none has finished an instruction for the limit,
-  // some wait on communication and none is outside the plan's instructions (checkpoint I/O).
-  // The ranks not waiting are the stalled ones.
-  bool allReporting = true, someWaiting = false, someIdle = false;
+  // and none is outside the plan's instructions (checkpoint I/O, logging). The ranks not
+  // waiting on communication are the stalled ones (a lone rank stuck in a kernel too).
+  bool allReporting = true, someIdle = false;
   double quiet = 1e30;
   for (const RankState &r : ranks_) {
     allReporting &= r.reported && !r.finished;
-    someWaiting |= r.waiting;
     someIdle |= r.idle;
     if (r.reported) quiet = std::min(quiet, secondsSince(r.lastProgress));
   }
-  if (!aborted_ && allReporting && someWaiting && !someIdle && quiet > stallLimitSeconds()) {
+  if (!aborted_ && allReporting && !someIdle && quiet > stallLimitSeconds()) {
     std::string stalled;
     for (int i = 0; i < opt_.worldSize; ++i)
       if (!ranks_[i].waiting) stalled += (stalled.empty() ? "" : "; ") + ("rank " + std::to_string(i) + " stopped in " + ranks_[i].where);
+    std::string waiters = whoWaits(-1, true);
     char limit[96];
     std::snprintf(limit, sizeof limit, " (no instruction finished on any rank for %.0f s; limit %.0f s)", quiet,
                   stallLimitSeconds());
-    abortLocked(stalled.empty() ? "no rank makes progress: " + whoWaits(-1, false) + limit
-                                : stalled + "; " + whoWaits(-1, true) + limit);
+    abortLocked(stalled.empty() ? "no rank makes progress: " + waiters + limit
+                                : stalled + (waiters.empty() ? "" : "; " + waiters) + limit);
   }
   if (allFinished) return true;
   // After an abort, wait until the live ranks heard it (they heartbeat every second).

@@ -15,6 +15,7 @@
 #include "runtime/cuda/LtLinear.h"
 #include "runtime/cuda/NcclGroup.h"
 #include "runtime/cuda/PipelineLinks.h"
+#include "runtime/cuda/ProgressEvents.h"
 
 namespace loom::cuda {
 namespace {
@@ -67,6 +68,7 @@ class DeviceRun {
     // loom-rank --trace: each executed instruction between two timing events on its stream,
     // read back once the program has run (device times placed after the host time it was queued).
     std::vector<bool> traced(prog_.instructions_size(), false);
+    int64_t run = e_.runs_++;
     auto hostBase = std::chrono::steady_clock::now();
     if (ctx_.trace) {
       LOOM_RETURN_IF_ERROR(e_.reserveTraceEvents(prog_.instructions_size()));
@@ -89,11 +91,18 @@ class DeviceRun {
         s = Status::error("a compute op on communication stream " + plan::Stream_Name(in.stream()) +
                           " (corrupt plan: the compute stream's scratch is not shared)");
       if (s.isOk() && ctx_.trace) s = cudaStatus(cudaEventRecord(e_.traceStart_[i], st_), "event");
-      if (s.isOk()) s = instruction(in, k);
+      // The hang tests' kernel that does not return (an hour), in place of the instruction.
+      bool stall = ctx_.testStallOp && k == plan::COMPUTE && in.op() == ctx_.testStallOp;
+      if (s.isOk() && stall) spinOnDevice(3600, st_);
+      if (s.isOk() && !stall) s = instruction(in, k);
       if (s.isOk()) s = cudaStatus(cudaGetLastError(), "kernel launch");
       if (s.isOk() && ctx_.trace) s = cudaStatus(cudaEventRecord(e_.traceEnd_[i], st_), "event"), traced[i] = true;
       // The event first: other streams wait for the instruction, not for what consumers queue.
       if (s.isOk() && awaited[i]) s = cudaStatus(cudaEventRecord(e_.events_[i], st_), "event");
+      if (s.isOk() && ctx_.progress) {
+        if (!e_.progressEvents_) e_.progressEvents_ = std::make_unique<ProgressEvents>();
+        s = e_.progressEvents_->issue(ctx_.progress, prog_, ctx_.microBatch, i, run, st_);
+      }
       for (int r : resultsOf[i])
         if (s.isOk()) s = hand(r);
       if (!s.isOk())

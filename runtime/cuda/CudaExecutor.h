@@ -14,6 +14,10 @@
 // from `CudaExecutorOptions::groups`; pipeline send/recv through `CudaExecutorOptions::links`
 // (runtime/cuda/PipelineLinks.h: per-link streams and message slots, so a program never waits
 // for its peer to receive).
+//
+// Progress (ExecutionContext::progress): each issued instruction is followed by an event on its
+// stream (runtime/cuda/ProgressEvents.h), so a rank's heartbeat says what the device, not the
+// host, is at: the kernel it runs or the collective it waits in.
 #pragma once
 
 #include <cublas_v2.h>
@@ -36,6 +40,7 @@ namespace loom::cuda {
 class LtLinear;
 class NcclGroups;
 class PipelineLinks;
+class ProgressEvents;
 
 bool parseAttentionKernel(const std::string &name, AttentionKernel *out);
 
@@ -94,6 +99,8 @@ class CudaExecutor {
   cublasHandle_t blas_ = nullptr;
   std::unique_ptr<LtLinear> lt_;
   std::vector<cudaEvent_t> events_;  // one per instruction index (a program's wait_for targets)
+  std::unique_ptr<ProgressEvents> progressEvents_;  // after each instruction, for ctx.progress
+  int64_t runs_ = 0;                                // program runs issued (progress reports)
   std::vector<cudaEvent_t> traceStart_, traceEnd_;  // per instruction index, with timing (--trace)
   cudaEvent_t traceBase_ = nullptr;
   cudaEvent_t streamEnd_[4] = {};

@@ -407,6 +407,22 @@ void scaleInPlace(float *x, int64_t n, float factor, cudaStream_t s) {
   scaleKernel<<<blocks(n), kThreads, 0, s>>>(x, n, factor);
 }
 
+namespace {
+
+// Busy until the device's global nanosecond timer has advanced by `nanoseconds`.
+__global__ void spinKernel(uint64_t nanoseconds) {
+  uint64_t start, now;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(start));
+  do {
+    __nanosleep(1000000);
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(now));
+  } while (now - start < nanoseconds);
+}
+
+}  // namespace
+
+void spinOnDevice(double seconds, cudaStream_t s) { spinKernel<<<1, 1, 0, s>>>(uint64_t(seconds * 1e9)); }
+
 bool deviceAvailable(const char **why) {
   int count = 0;
   cudaError_t err = cudaGetDeviceCount(&count);

@@ -58,6 +58,9 @@ void fillValue(float *x, int64_t n, float value, cudaStream_t s);
 // x[i] *= factor (gradient clipping).
 void scaleInPlace(float *x, int64_t n, float factor, cudaStream_t s);
 
+// A kernel that keeps the stream busy for `seconds` (the hang tests' kernel that does not return).
+void spinOnDevice(double seconds, cudaStream_t s);
+
 // Whether a CUDA device can run kernels here; `why` says why not.
 bool deviceAvailable(const char **why);
 

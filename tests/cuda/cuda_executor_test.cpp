@@ -4,6 +4,7 @@
 // with a one-line CUDA error instead of crashing.
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <cmath>
 #include <random>
 #include <string>
@@ -15,6 +16,7 @@
 #include "runtime/ThreadCollectives.h"
 #include "runtime/cuda/CudaKernels.h"
 #include "runtime/cuda/NcclGroup.h"
+#include "runtime/cuda/ProgressEvents.h"
 #include "tests/cuda/TestPlans.h"
 
 namespace loom {
@@ -57,6 +59,41 @@ TEST(CudaExecutor, WithoutADeviceCreationFailsWithAMessage) {
   ASSERT_FALSE(s.isOk());
   EXPECT_EQ(s.message().rfind("CUDA", 0), 0u) << s.message();
   EXPECT_EQ(s.message().find('\n'), std::string::npos) << s.message();
+}
+
+// What the device is at, not what the host queued: an instruction issued behind a kernel that
+// keeps the stream busy is reported in flight until the kernel ends, then complete.
+TEST(CudaExecutor, ProgressReportsWhatTheDeviceIsAt) {
+  const char *why = "";
+  if (!cuda::deviceAvailable(&why)) GTEST_SKIP() << "no CUDA device (" << why << "): skipping the progress check";
+  plan::Program program;
+  program.set_name("forward_0");
+  for (const char *op : {"linear", "gelu"}) {
+    plan::Instruction *in = program.add_instructions();
+    in->set_op(op), in->set_stream(plan::COMPUTE), in->set_layer(2);
+  }
+  cudaStream_t stream;
+  ASSERT_EQ(cudaStreamCreate(&stream), cudaSuccess);
+  Progress progress;
+  {
+    cuda::ProgressEvents events;
+    cuda::spinOnDevice(1.0, stream);
+    ASSERT_TRUE(events.issue(&progress, program, 3, 0, /*run=*/0, stream).isOk());
+    ASSERT_TRUE(events.issue(&progress, program, 3, 1, 0, stream).isOk());
+    Progress::Report r = progress.report();  // the host is here at once; the device is in its first second
+    EXPECT_EQ(r.completed, 0);
+    EXPECT_FALSE(r.idle);
+    EXPECT_EQ(r.where, "forward_0 mb 3 at instruction 0 (linear, layer 2)");
+    ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+    r = progress.report();
+    EXPECT_EQ(r.completed, 2);
+    EXPECT_TRUE(r.idle);
+    cuda::spinOnDevice(0.5, stream);
+    ASSERT_TRUE(events.issue(&progress, program, 4, 0, 1, stream).isOk());
+  }  // destroyed with an instruction pending: the progress no longer asks its events
+  EXPECT_TRUE(progress.report().idle);
+  cudaStreamSynchronize(stream);
+  cudaStreamDestroy(stream);
 }
 
 // fp32 within 1e-4 (with either attention kernel); bf16 and fp16 GEMM operands (autocast)

@@ -303,6 +303,22 @@ TEST(Runtime, ARankStuckInAKernelIsNamedWithWhatItsPeersWaitIn) {
   EXPECT_EQ(r.output.find("Timed out"), std::string::npos) << "Gloo's timeout came first:\n" << r.output;
 }
 
+// Alone, a rank stuck in a kernel has nobody waiting for it: the stall is still declared,
+// naming where it stopped. Step 200: late enough that the coordinator has measured steps (the
+// limit is then 10 s, not the first step's FLOPs-based one).
+TEST(Runtime, ALoneRankStuckInAKernelIsNamed) {
+  std::string plans = tmpdir() + "/plans_stall_alone";
+  compile("t1p1d1.pbtxt", plans);
+  auto started = std::chrono::steady_clock::now();
+  Result r = run("LOOM_TEST_STALL=0:200 " + loomrun() + " --nproc 1 --plans " + plans + " --steps 1000 --threads 1");
+  double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
+  EXPECT_NE(r.exitCode, 0);
+  EXPECT_LT(seconds, 40.0) << r.output;
+  EXPECT_NE(r.output.find("rank 0 stopped in forward_0 mb 0 at instruction "), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("(linear, layer 0) (no instruction finished on any rank for"), std::string::npos)
+      << r.output;
+}
+
 // A plan edited after loomc check (which would refuse it): stage 0's first send goes out with
 // a tag its peer never receives. Both ranks end up waiting on each other; the job ends well
 // within Gloo's 30 s timeout (the stall limit before a measured step comes from the plan's

@@ -3,7 +3,7 @@
 # 1. the CUDA kernels (the LLaMA family's included), attention (grouped-query too), cuBLASLt
 #    bf16/fp16 linear, loss scaling, NCCL, the executor and the trainer against the CPU backend
 #    (fp32 tight; bf16/fp16 within their rounding); loom-rank --device cuda on gpt-tiny and
-#    llama-tiny against the CPU backend;
+#    llama-tiny against the CPU backend; a rank stuck in a GPU kernel named by the coordinator;
 # 2. Loom trains the check's 1.3B GPT (seq 2048) on this GPU: tokens/s, MFU vs measured bf16 GEMM;
 # 3. PyTorch trains the same model in the same run (tools/gpu/torch_gpt_bench.py, from the
 #    working tree the device tool copies), and the Loom/PyTorch ratio is printed.
@@ -44,6 +44,17 @@ for model in gpt-tiny llama-tiny; do
       END { if (bad) { print "loom-rank --device cuda: loss differs from the CPU backend"; exit 1 } }' || status=1
   fi
 done
+echo "== a rank stuck in a GPU kernel (LOOM_TEST_STALL): the job ends naming the instruction the device is at"
+start=$(date +%s)
+LOOM_TEST_STALL=0:20 timeout 90 bin/loomrun --nproc 1 --plans plans --steps 1000 --threads 4 --device cuda \
+  > runs/stall.out 2>&1
+elapsed=$(( $(date +%s) - start ))
+grep -m1 "stopped in" runs/stall.out || tail -5 runs/stall.out
+if grep -q "rank 0 stopped in forward_0 mb 0 at instruction .* (linear, layer 0)" runs/stall.out && [ "$elapsed" -lt 60 ]; then
+  echo "stall named in ${elapsed} s"
+else
+  echo "the stalled GPU rank was not named within 60 s (${elapsed} s)"; status=1
+fi
 echo "== Loom on this GPU: the check's 1.3B GPT (seq 2048, bf16 GEMMs), tokens/s and MFU vs measured bf16 GEMM"
 timeout 240 bin/loom-gpt-bench --plans plans-1.3b --precision bf16 --steps 6 --result loom_result || status=1
 echo "== Loom, the same model with the tiled (flash) attention kernel instead of the unfused one"
