@@ -5,7 +5,9 @@
 
 #include "google/protobuf/io/tokenizer.h"
 #include "google/protobuf/text_format.h"
+#include "llvm/ADT/SmallString.h"
 #include "llvm/Support/FormatVariadic.h"
+#include "llvm/Support/Path.h"
 
 namespace loom {
 namespace {
@@ -116,9 +118,48 @@ llvm::Expected<config::ModelConfig> loadModelConfig(const std::string &path) {
   return m;
 }
 
+llvm::Expected<config::DeviceFile> loadDeviceFile(const std::string &path) {
+  config::DeviceFile f;
+  if (llvm::Error e = parseTextProto(path, f)) return std::move(e);
+  const config::Device &d = f.device();
+  for (auto [name, v] : {std::pair{"device.peak_flops", d.peak_flops()},
+                         std::pair{"device.memory_bandwidth_bytes_per_s", d.memory_bandwidth_bytes_per_s()},
+                         std::pair{"device.fp32_peak_flops", d.fp32_peak_flops()},
+                         std::pair{"device.bf16_peak_flops", d.bf16_peak_flops()},
+                         std::pair{"device.launch_overhead_s", d.launch_overhead_s()},
+                         std::pair{"intra_node.bandwidth_bytes_per_s", f.intra_node().bandwidth_bytes_per_s()},
+                         std::pair{"inter_node.bandwidth_bytes_per_s", f.inter_node().bandwidth_bytes_per_s()}})
+    if (v < 0) return fieldError(path, name, llvm::formatv("must be >= 0, got {0}", v));
+  for (auto *points : {&d.gemm_efficiency(), &d.attention_efficiency()})
+    for (const config::EfficiencyPoint &pt : *points)
+      if (pt.flops() <= 0 || pt.efficiency() <= 0 || pt.efficiency() > 1)
+        return fieldError(path, "device.gemm_efficiency",
+                          llvm::formatv("points need flops > 0 and 0 < efficiency <= 1, got ({0}, {1})", pt.flops(),
+                                        pt.efficiency()));
+  for (const config::OpRate &r : d.op_rates())
+    if (r.op().empty() || r.bytes_per_s() <= 0 || r.overhead_s() < 0)
+      return fieldError(path, "device.op_rates",
+                        llvm::formatv("'{0}': needs an op, bytes_per_s > 0 and overhead_s >= 0", r.op()));
+  return f;
+}
+
 llvm::Expected<config::ClusterSpec> loadClusterSpec(const std::string &path) {
   config::ClusterSpec c;
   if (llvm::Error e = parseTextProto(path, c)) return std::move(e);
+  if (!c.device_file().empty()) {  // the file's fields under the spec's own
+    llvm::SmallString<256> file(c.device_file());
+    if (!llvm::sys::path::is_absolute(file)) {
+      file = llvm::sys::path::parent_path(path);
+      llvm::sys::path::append(file, c.device_file());
+    }
+    llvm::Expected<config::DeviceFile> device = loadDeviceFile(std::string(file));
+    if (!device) return fieldError(path, "device_file", "names a device file that fails: " + llvm::toString(device.takeError()));
+    config::Device merged = device->device();
+    merged.MergeFrom(c.device());
+    *c.mutable_device() = merged;
+    if (!c.has_intra_node()) *c.mutable_intra_node() = device->intra_node();
+    if (!c.has_inter_node()) *c.mutable_inter_node() = device->inter_node();
+  }
   if (c.nodes() <= 0) return fieldError(path, "nodes", llvm::formatv("must be > 0, got {0}", c.nodes()));
   if (c.devices_per_node() <= 0)
     return fieldError(path, "devices_per_node", llvm::formatv("must be > 0, got {0}", c.devices_per_node()));

@@ -14,7 +14,11 @@ namespace loom {
 // validates it (heads divide hidden, sizes positive, ...).
 llvm::Expected<config::ModelConfig> loadModelConfig(const std::string &path);
 
-// Parses a text-format ClusterSpec, fills defaults and validates world size = t * p * d.
+// Parses a text-format DeviceFile (a device and its links: the simulator's model).
+llvm::Expected<config::DeviceFile> loadDeviceFile(const std::string &path);
+
+// Parses a text-format ClusterSpec (its device_file merged under its own fields), fills
+// defaults and validates world size = t * p * d.
 llvm::Expected<config::ClusterSpec> loadClusterSpec(const std::string &path);
 
 // Checks that a model can be split as the cluster's parallel request asks

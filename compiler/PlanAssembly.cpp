@@ -100,6 +100,7 @@ llvm::Expected<std::vector<plan::RankPlan>> assembleRankPlans(mlir::ModuleOp mod
     rp.set_vocab_size(vocab);
     rp.set_recompute(recomputeName(par.recompute()));
     rp.set_device_peak_flops(cluster.device().peak_flops());
+    *rp.mutable_cluster() = cluster;
     rp.set_zero1(par.zero1());
     rp.set_padded_vocab_size(paddedVocab);
     rp.set_num_layers(facts.numLayers);

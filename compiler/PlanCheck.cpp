@@ -15,12 +15,7 @@ llvm::Error error(const llvm::Twine &msg) {
   return llvm::createStringError(llvm::inconvertibleErrorCode(), msg.str());
 }
 
-// One run of a program in a rank's schedule.
-struct Run {
-  const plan::Program *prog;
-  int mb;
-  bool last;  // the program's last run of the step: its last_micro_batch instructions run
-};
+using Run = ProgramRun;
 
 struct Message {
   int64_t tag, elements;
@@ -83,18 +78,7 @@ class Simulation {
   llvm::Error prepare(int r) {
     RankState &s = state_[r];
     const plan::RankPlan &rp = *ranks_[r].plan;
-    std::map<std::string, const plan::Program *> byName;
-    for (const plan::Program &p : ranks_[r].programs->programs()) byName[p.name()] = &p;
-    std::map<const plan::Program *, size_t> lastOf;
-    for (const plan::ScheduleEntry &e : rp.schedule()) {
-      auto it = byName.find(e.program());
-      if (it == byName.end()) return error(llvm::formatv("rank {0}: the schedule names program '{1}', which its "
-                                                         "programs lack", r, e.program()));
-      if (Status st = checkProgram(*it->second); !st.isOk()) return error(llvm::formatv("rank {0}: {1}", r, st.message()));
-      lastOf[it->second] = s.runs.size();
-      s.runs.push_back({it->second, e.micro_batch(), false});
-    }
-    for (size_t k = 0; k < s.runs.size(); ++k) s.runs[k].last = lastOf[s.runs[k].prog] == k;
+    if (llvm::Error e = programRunsOf(ranks_[r], r, &s.runs)) return e;
     for (const plan::Group &g : rp.groups()) {
       s.groups[g.name()].assign(g.ranks().begin(), g.ranks().end());
       // A rank's "tp" and its peer's are one communicator: the group's name and members.
@@ -308,6 +292,29 @@ class Simulation {
   int64_t executed_ = 0;
 };
 
+}  // namespace
+
+llvm::Error programRunsOf(const RankPrograms &rank, int r, std::vector<ProgramRun> *runs) {
+  runs->clear();
+  std::map<std::string, const plan::Program *> byName;
+  for (const plan::Program &p : rank.programs->programs()) byName[p.name()] = &p;
+  std::map<const plan::Program *, size_t> lastOf;
+  std::set<const plan::Program *> checked;
+  for (const plan::ScheduleEntry &e : rank.plan->schedule()) {
+    auto it = byName.find(e.program());
+    if (it == byName.end())
+      return error(llvm::formatv("rank {0}: the schedule names program '{1}', which its programs lack", r, e.program()));
+    if (checked.insert(it->second).second)
+      if (Status st = checkProgram(*it->second); !st.isOk()) return error(llvm::formatv("rank {0}: {1}", r, st.message()));
+    lastOf[it->second] = runs->size();
+    runs->push_back({it->second, e.micro_batch(), false});
+  }
+  for (size_t k = 0; k < runs->size(); ++k) (*runs)[k].last = lastOf[(*runs)[k].prog] == k;
+  return llvm::Error::success();
+}
+
+namespace {
+
 // Ranks of a stage behave alike when they run the same programs in the same schedule.
 bool stagesAreUniform(const std::vector<RankPrograms> &ranks) {
   std::map<int, std::pair<std::string, std::string>> seen;  // stage -> (programs, schedule)
@@ -326,14 +333,19 @@ bool stagesAreUniform(const std::vector<RankPrograms> &ranks) {
 
 }  // namespace
 
+std::vector<bool> representativeRanks(const std::vector<RankPrograms> &ranks, bool *onePerStage) {
+  *onePerStage = stagesAreUniform(ranks);
+  std::vector<bool> chosen(ranks.size(), !*onePerStage);
+  if (*onePerStage)
+    for (size_t r = 0; r < ranks.size(); ++r) chosen[r] = ranks[r].plan->tp_rank() == 0 && ranks[r].plan->dp_rank() == 0;
+  return chosen;
+}
+
 llvm::Error checkPlans(const std::vector<RankPrograms> &ranks, CheckResult *result) {
   for (size_t r = 0; r < ranks.size(); ++r)
     if (ranks[r].plan->rank() != int(r)) return error(llvm::formatv("plan {0} says it is rank {1}", r, ranks[r].plan->rank()));
-  bool uniform = stagesAreUniform(ranks);
-  std::vector<bool> simulated(ranks.size(), !uniform);
-  if (uniform)
-    for (size_t r = 0; r < ranks.size(); ++r)
-      simulated[r] = ranks[r].plan->tp_rank() == 0 && ranks[r].plan->dp_rank() == 0;
+  bool uniform = false;
+  std::vector<bool> simulated = representativeRanks(ranks, &uniform);
   Simulation sim(ranks, simulated);
   if (llvm::Error e = sim.run()) return e;
   size_t count = 0;

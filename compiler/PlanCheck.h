@@ -39,4 +39,19 @@ struct CheckResult {
 // `ranks[r]` is rank r's.
 llvm::Error checkPlans(const std::vector<RankPrograms> &ranks, CheckResult *result);
 
+// What the check and the simulator (compiler/StepSimulator.h) share.
+// One run of a program in a rank's schedule; `last`: the program's last run of the step (its
+// last_micro_batch instructions run).
+struct ProgramRun {
+  const plan::Program *prog;
+  int mb;
+  bool last;
+};
+// Rank r's schedule as program runs; an error if an entry names a program the rank lacks or a
+// program is malformed.
+llvm::Error programRunsOf(const RankPrograms &rank, int r, std::vector<ProgramRun> *runs);
+// The ranks to execute: one per pipeline stage (tp 0, dp 0) when every stage's ranks run the
+// same programs and schedule (`*onePerStage` says so), else all.
+std::vector<bool> representativeRanks(const std::vector<RankPrograms> &ranks, bool *onePerStage);
+
 }  // namespace loom

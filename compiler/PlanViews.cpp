@@ -4,7 +4,6 @@
 #include <fstream>
 #include <sstream>
 
-#include "compiler/Schedule.h"
 #include "compiler/Units.h"
 #include "runtime/PlanAttributes.h"
 #include "runtime/Fnv1a.h"
@@ -267,79 +266,10 @@ std::string collectivesSummary(const PlanDirectory &plans, int rank) {
   return s;
 }
 
-llvm::Expected<std::string> timelineSvg(const PlanDirectory &plans) {
-  const plan::RankPlan &r0 = plans.ranks[0];
-  int p = r0.p(), v = r0.v(), m = r0.micro_batches();
-  // The stages' schedules, simulated with durations from the programs' FLOPs.
-  std::vector<StageSchedule> schedule(p);
-  std::map<std::pair<int, int>, double> flops;  // (virtual stage, type)
-  double syncBytes = 0, maxFlops = 0;
-  for (const plan::RankPlan &rp : plans.ranks) {
-    if (rp.tp_rank() != 0 || rp.dp_rank() != 0) continue;
-    for (const plan::ScheduleEntry &e : rp.schedule()) {
-      if (e.micro_batch() < 0) continue;
-      const plan::Program *prog = plans.program(rp.rank(), e.program());
-      if (!prog) return error("rank " + std::to_string(rp.rank()) + ": no program " + e.program());
-      bool fwd = prog->kind() == plan::Program::FORWARD;
-      int vs = prog->virtual_stage();
-      schedule[rp.pp_rank()].push_back({fwd ? Task::kForward : Task::kBackward, vs / p, e.micro_batch()});
-      double f = 0;
-      for (const plan::Instruction &in : prog->instructions()) f += in.flops();
-      flops[{vs, fwd ? 0 : 1}] = std::max(f, 1.0);
-      maxFlops = std::max(maxFlops, f);
-    }
-  }
-  Simulation sim = simulate(schedule, p, v, m, [&](int vs, Task::Type t) {
-    return flops[{vs, t == Task::kForward ? 0 : 1}] / std::max(maxFlops, 1.0);
-  });
-  if (sim.deadlock) return error("the schedule deadlocks: " + sim.diagnosis);
-  // The step's gradient sync and optimizer: the backwards' last-micro-batch collectives and
-  // the optimizer program's.
-  for (const plan::Program &prog : plans.programsOf(0).programs())
-    for (const plan::Instruction &in : prog.instructions())
-      if (in.last_micro_batch() || prog.kind() == plan::Program::OPTIMIZER) syncBytes += in.bytes_moved();
-  double syncTime = syncBytes > 0 ? 0.5 : 0;  // drawn as a fixed-width box: bytes are in its title
-  // Ranks as rows (the ranks of a stage run the same schedule); past 64 ranks, one row a stage.
-  std::vector<std::pair<int, int>> rows;  // (rank, stage)
-  for (const plan::RankPlan &rp : plans.ranks)
-    if (plans.ranks.size() <= 64 || (rp.tp_rank() == 0 && rp.dp_rank() == 0)) rows.push_back({rp.rank(), rp.pp_rank()});
-  std::stable_sort(rows.begin(), rows.end(), [](auto a, auto b) { return a.second < b.second; });
-  double width = 1100, rowH = 28, left = 150, top = 40;
-  double scale = (width - left - 20) / std::max(sim.makespan + syncTime, 1e-9);
-  std::string s;
-  llvm::raw_string_ostream os(s);
-  os << llvm::formatv("<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{0}\" height=\"{1}\" font-family=\"Helvetica\" "
-                      "font-size=\"11\">\n",
-                      width, top + rowH * rows.size() + 50);
-  os << llvm::formatv("<text x=\"10\" y=\"20\" font-size=\"14\">{0}: t={1} p={2} d={3} v={4}, {5} micro-batches, {6}; "
-                      "bubble {7:F1}%</text>\n",
-                      r0.model(), r0.t(), p, r0.d(), v, m, r0.schedule_kind(), 100 * sim.bubbleFraction);
-  for (size_t row = 0; row < rows.size(); ++row) {
-    auto [rank, st] = rows[row];
-    double y = top + row * rowH;
-    os << llvm::formatv("<text x=\"10\" y=\"{0}\">rank {1} (stage {2})</text>\n", y + rowH * 0.65, rank, st);
-    os << llvm::formatv("<rect x=\"{0}\" y=\"{1}\" width=\"{2}\" height=\"{3}\" fill=\"#eeeeee\"/>\n", left, y + 2,
-                        sim.makespan * scale, rowH - 4);  // idle time (the bubble) shows grey
-    for (const TimedTask &tt : sim.timeline[st]) {
-      bool fwd = tt.task.type == Task::kForward;
-      const char *fill = fwd ? (tt.task.chunk % 2 ? "#6fa8dc" : "#3d85c6") : (tt.task.chunk % 2 ? "#93c47d" : "#6aa84f");
-      os << llvm::formatv("<rect x=\"{0:F2}\" y=\"{1}\" width=\"{2:F2}\" height=\"{3}\" fill=\"{4}\" stroke=\"white\">"
-                          "<title>{5} chunk {6} micro-batch {7}</title></rect>\n",
-                          left + tt.start * scale, y + 2, (tt.end - tt.start) * scale, rowH - 4, fill,
-                          fwd ? "forward" : "backward", tt.task.chunk, tt.task.microBatch);
-      os << llvm::formatv("<text x=\"{0:F2}\" y=\"{1}\" fill=\"white\" font-size=\"9\">{2}{3}</text>\n",
-                          left + tt.start * scale + 2, y + rowH * 0.65, fwd ? "F" : "B", tt.task.microBatch);
-    }
-    if (syncTime > 0)
-      os << llvm::formatv("<rect x=\"{0:F2}\" y=\"{1}\" width=\"{2:F2}\" height=\"{3}\" fill=\"#b4a7d6\"><title>gradient "
-                          "sync ({4} per rank)</title></rect>\n",
-                          left + sim.makespan * scale, y + 2, syncTime * scale, rowH - 4, humanBytes(syncBytes));
-  }
-  double ly = top + rows.size() * rowH + 25;
-  os << llvm::formatv("<text x=\"{0}\" y=\"{1}\">blue: forward, green: backward, purple: gradient sync "
-                      "(communication), grey: idle (pipeline bubble)</text>\n</svg>\n",
-                      left, ly);
-  return s;
+std::vector<RankPrograms> rankPrograms(const PlanDirectory &plans) {
+  std::vector<RankPrograms> ranks;
+  for (size_t r = 0; r < plans.ranks.size(); ++r) ranks.push_back({&plans.ranks[r], &plans.programsOf(int(r))});
+  return ranks;
 }
 
 std::string memoryTimeline(const PlanDirectory &plans, int rank) {

@@ -1,11 +1,12 @@
 // What `loom-dump DIR` shows of a compiled plan directory: a rank's programs as text and as
-// Graphviz DOT, the collectives, the schedule timeline (SVG) and the memory timeline.
+// Graphviz DOT, the collectives and the memory timeline (the step's timeline: compiler/StepSimulator.h).
 #pragma once
 
 #include <map>
 #include <string>
 #include <vector>
 
+#include "compiler/PlanCheck.h"
 #include "llvm/Support/Error.h"
 #include "protos/plan.pb.h"
 
@@ -22,6 +23,8 @@ struct PlanDirectory {
 
 // Reads every rank_N.plan.pb and the program files they name, checking checksums.
 llvm::Expected<PlanDirectory> readPlanDirectory(const std::string &dir);
+// Every rank's plan and programs, rank r at r (what the check and the simulator take).
+std::vector<RankPrograms> rankPrograms(const PlanDirectory &plans);
 
 std::string programsAsText(const PlanDirectory &plans, int rank);
 std::string programAsDot(const plan::Program &program);
@@ -37,9 +40,6 @@ struct CollectiveCall {
 std::vector<CollectiveCall> collectiveSequence(const PlanDirectory &plans, int rank);
 // Where two ranks' calls on each group they share first differ (or that they agree).
 std::string collectiveDiff(const PlanDirectory &plans, int a, int b);
-// Ranks as rows (one per pipeline stage past 64 ranks), forward, backward and
-// gradient-sync boxes over time, durations proportional to each program's FLOPs and bytes.
-llvm::Expected<std::string> timelineSvg(const PlanDirectory &plans);
 std::string memoryTimeline(const PlanDirectory &plans, int rank);
 
 }  // namespace loom

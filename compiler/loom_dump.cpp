@@ -11,6 +11,7 @@
 #include "compiler/ModelBuilder.h"
 #include "compiler/ModelStats.h"
 #include "compiler/PlanViews.h"
+#include "compiler/StepSimulator.h"
 #include "compiler/ToolSupport.h"
 #include "ir/ParamAttrs.h"
 #include "llvm/Support/CommandLine.h"
@@ -66,9 +67,14 @@ int dumpPlans() {
   } else if (view == "collectives") {
     text = loom::collectivesSummary(*plans, rankOpt);
   } else if (view == "timeline") {
-    auto svg = loom::timelineSvg(*plans);
-    if (!svg) return loom::reportError("loom-dump", svg.takeError());
-    text = *svg;
+    // The step in predicted time (loomc simulate's model of the plans' cluster).
+    std::vector<loom::RankPrograms> ranks = loom::rankPrograms(*plans);
+    loom::SimulateOptions options;
+    options.precision = loom::defaultPrecision(plans->ranks[0]);
+    loom::StepPrediction prediction;
+    if (llvm::Error e = loom::simulateStep(ranks, options, &prediction))
+      return loom::reportError("loom-dump", std::move(e));
+    text = loom::predictionTimelineSvg(ranks, prediction);
   } else if (view == "memory") {
     text = loom::memoryTimeline(*plans, rankOpt);
   } else {

@@ -8,11 +8,17 @@
 //       MODEL is Transformer IR (FILE.mlir, or - for stdin) or a model config (FILE.pbtxt,
 //       built first as by `loomc build`). Runs the pass pipeline, lowers to one plan per rank
 //       plus a summary.
+//   loomc check DIR
+//       Prove the plans of DIR run together (no deadlock, matched collectives and messages).
+//   loomc simulate DIR [--json] [--timeline FILE.svg] [--device FILE] [--precision fp32|bf16] [--unit-cost]
+//       Replay one step of every rank's plan on the cluster's device and link model: the
+//       predicted step time, TFLOP/s per device, MFU, bubble, exposed communication, memory.
 //   loomc opt FILE.mlir --loom-tensor-parallel=tp=2 --loom-autodiff ... [--mlir-print-ir-after-all]
 //       Run passes one by one (MLIR's opt driver: pass options, IR after each pass).
 #include "compiler/Compile.h"
 #include "compiler/PlanCheck.h"
 #include "compiler/PlanViews.h"
+#include "compiler/StepSimulator.h"
 #include "compiler/ConfigLoader.h"
 #include "compiler/ModelBuilder.h"
 #include "compiler/ToolSupport.h"
@@ -58,6 +64,23 @@ cl::SubCommand checkCmd("check", "Prove a plan directory's ranks can run their s
                                   "matched collectives and messages)");
 cl::opt<std::string> checkDir(cl::Positional, cl::Required, cl::desc("<plan directory>"), cl::sub(checkCmd),
                               cl::cat(loomCategory));
+
+cl::SubCommand simulateCmd("simulate", "Predict a plan directory's step time, throughput, bubble, communication and "
+                                        "memory on its cluster's device and link model");
+cl::opt<std::string> simulateDir(cl::Positional, cl::Required, cl::desc("<plan directory>"), cl::sub(simulateCmd),
+                                 cl::cat(loomCategory));
+cl::opt<bool> simulateJson("json", cl::desc("print one JSON object"), cl::sub(simulateCmd), cl::cat(loomCategory));
+cl::opt<std::string> simulateTimeline("timeline", cl::desc("write the predicted step as SVG (ranks as rows)"),
+                                      cl::sub(simulateCmd), cl::cat(loomCategory));
+cl::opt<std::string> simulateDevice("device", cl::desc("a device file (DeviceFile text proto, e.g. from loomc "
+                                                       "calibrate) instead of the plans' device and links"),
+                                    cl::sub(simulateCmd), cl::cat(loomCategory));
+cl::opt<std::string> simulatePrecision("precision", cl::desc("GEMM operands: fp32 or bf16 (default: bf16 on CUDA "
+                                                             "devices, fp32 on CPUs, as loom-rank runs them)"),
+                                       cl::sub(simulateCmd), cl::cat(loomCategory));
+cl::opt<bool> simulateUnitCost("unit-cost", cl::desc("each forward program run costs 1, each backward 2, the rest "
+                                                     "nothing (the schedule's analytic bubble)"),
+                               cl::sub(simulateCmd), cl::cat(loomCategory));
 
 cl::SubCommand verifyCmd("verify", "Parse and verify IR, print it back");
 cl::opt<std::string> verifyInput(cl::Positional, cl::Required, cl::desc("<input .mlir or ->"),
@@ -163,13 +186,46 @@ int runVerify() {
 int runCheck() {
   llvm::Expected<loom::PlanDirectory> plans = loom::readPlanDirectory(checkDir);
   if (!plans) return loom::reportError("loomc", plans.takeError());
-  std::vector<loom::RankPrograms> ranks;
-  for (size_t r = 0; r < plans->ranks.size(); ++r) ranks.push_back({&plans->ranks[r], &plans->programsOf(int(r))});
+  std::vector<loom::RankPrograms> ranks = loom::rankPrograms(*plans);
   loom::CheckResult summary;
   if (llvm::Error e = loom::checkPlans(ranks, &summary))
     return loom::reportError("loomc", llvm::createStringError(llvm::inconvertibleErrorCode(),
                                                               checkDir + ": " + llvm::toString(std::move(e))));
   llvm::outs() << checkDir << ": " << summary.summary << "\n";
+  return 0;
+}
+
+int runSimulate() {
+  auto fail = [](const std::string &msg) {
+    return loom::reportError("loomc", llvm::createStringError(llvm::inconvertibleErrorCode(), msg));
+  };
+  llvm::Expected<loom::PlanDirectory> plans = loom::readPlanDirectory(simulateDir);
+  if (!plans) return loom::reportError("loomc", plans.takeError());
+  std::vector<loom::RankPrograms> ranks = loom::rankPrograms(*plans);
+  loom::SimulateOptions options;
+  options.unitCost = simulateUnitCost;
+  options.precision = loom::defaultPrecision(plans->ranks[0]);
+  if (simulatePrecision == "bf16")
+    options.precision = loom::GemmPrecision::kBf16;
+  else if (simulatePrecision == "fp32")
+    options.precision = loom::GemmPrecision::kFp32;
+  else if (!simulatePrecision.empty())
+    return fail("--precision: expected fp32 or bf16, got '" + simulatePrecision + "'");
+  loom::config::DeviceFile device;
+  if (!simulateDevice.empty()) {
+    llvm::Expected<loom::config::DeviceFile> d = loom::loadDeviceFile(simulateDevice);
+    if (!d) return loom::reportError("loomc", d.takeError());
+    device = *d;
+    options.device = &device;
+  }
+  loom::StepPrediction prediction;
+  if (llvm::Error e = loom::simulateStep(ranks, options, &prediction)) return fail(simulateDir + ": " + llvm::toString(std::move(e)));
+  if (!simulateTimeline.empty())
+    if (llvm::Error e = loom::writeOutput(simulateTimeline, [&](llvm::raw_ostream &os) {
+          os << loom::predictionTimelineSvg(ranks, prediction);
+        }))
+      return loom::reportError("loomc", std::move(e));
+  llvm::outs() << (simulateJson ? loom::predictionJson(prediction) : loom::predictionText(prediction));
   return 0;
 }
 
@@ -190,6 +246,7 @@ int main(int argc, char **argv) {
   if (verifyCmd) return runVerify();
   if (compileCmd) return runCompile();
   if (checkCmd) return runCheck();
-  llvm::errs() << "loomc: error: expected a subcommand: build, compile, check, verify, opt (see loomc --help)\n";
+  if (simulateCmd) return runSimulate();
+  llvm::errs() << "loomc: error: expected a subcommand: build, compile, check, simulate, verify, opt (see loomc --help)\n";
   return 1;
 }

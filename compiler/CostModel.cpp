@@ -1,0 +1,96 @@
+#include "compiler/CostModel.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "runtime/PlanAttributes.h"
+
+namespace loom {
+namespace {
+
+bool isGemm(const std::string &op) { return op == "linear" || op == "weight_grad"; }
+bool isAttention(const std::string &op) { return op.find("attention") != std::string::npos; }
+bool isCommunication(const std::string &op) { return planattr::isCollective(op) || op == "send" || op == "recv"; }
+
+int64_t bufferBytes(const plan::Buffer &b) {
+  return b.bytes() > 0 ? b.bytes() : planattr::numel(b) * (b.dtype() == plan::BF16 || b.dtype() == plan::F16 ? 2 : 4);
+}
+
+}  // namespace
+
+int ringSteps(const std::string &op, int n) { return op == "all_reduce" ? 2 * (n - 1) : n - 1; }
+
+CostModel::CostModel(const config::ClusterSpec &cluster, GemmPrecision precision, bool unitCost)
+    : device_(cluster.device()), intra_(cluster.intra_node()), inter_(cluster.inter_node()),
+      devicesPerNode_(std::max<int64_t>(cluster.devices_per_node(), 1)), unitCost_(unitCost) {
+  double specific = precision == GemmPrecision::kBf16 ? device_.bf16_peak_flops() : device_.fp32_peak_flops();
+  gemmPeak_ = specific > 0 ? specific : device_.peak_flops();
+  for (const config::OpRate &r : device_.op_rates()) rates_[r.op()] = &r;
+}
+
+double CostModel::efficiency(const google::protobuf::RepeatedPtrField<config::EfficiencyPoint> &curve,
+                             double flops) const {
+  if (curve.empty()) return 1.0;
+  std::vector<std::pair<double, double>> pts;
+  for (const config::EfficiencyPoint &p : curve) pts.push_back({p.flops(), p.efficiency()});
+  std::sort(pts.begin(), pts.end());
+  if (flops <= pts.front().first) return pts.front().second;
+  if (flops >= pts.back().first) return pts.back().second;
+  for (size_t i = 1; i < pts.size(); ++i)
+    if (flops <= pts[i].first) {
+      double a = std::log(pts[i - 1].first), b = std::log(pts[i].first), x = std::log(flops);
+      double w = b > a ? (x - a) / (b - a) : 1.0;
+      return pts[i - 1].second + w * (pts[i].second - pts[i - 1].second);
+    }
+  return pts.back().second;
+}
+
+double CostModel::bytesOf(const plan::Program &program, const plan::Instruction &in) const {
+  int64_t bytes = 0;
+  for (int b : in.inputs()) bytes += bufferBytes(program.buffers(b));
+  for (int b : in.outputs()) bytes += bufferBytes(program.buffers(b));
+  return double(bytes);
+}
+
+double CostModel::compute(const plan::Program &program, const plan::Instruction &in) {
+  if (in.op() == "identity") return 0;
+  if (unitCost_) {
+    double units = program.kind() == plan::Program::FORWARD ? 1 : program.kind() == plan::Program::BACKWARD ? 2 : 0;
+    if (units == 0) return 0;
+    auto [it, fresh] = programFlops_.try_emplace(&program, 0.0);
+    if (fresh)
+      for (const plan::Instruction &i : program.instructions())
+        if (!isCommunication(i.op())) it->second += i.flops();
+    return it->second > 0 ? units * in.flops() / it->second : 0;
+  }
+  double seconds = device_.launch_overhead_s();
+  if (isGemm(in.op()) || isAttention(in.op())) {
+    const auto &curve = isAttention(in.op()) && !device_.attention_efficiency().empty() ? device_.attention_efficiency()
+                                                                                        : device_.gemm_efficiency();
+    if (gemmPeak_ > 0) seconds += in.flops() / (gemmPeak_ * efficiency(curve, in.flops()));
+    return seconds;
+  }
+  double bytes = bytesOf(program, in);
+  if (auto it = rates_.find(in.op()); it != rates_.end()) return seconds + it->second->overhead_s() + bytes / it->second->bytes_per_s();
+  if (device_.memory_bandwidth_bytes_per_s() > 0) seconds += bytes / device_.memory_bandwidth_bytes_per_s();
+  return seconds;
+}
+
+double CostModel::communication(const plan::Program &program, const plan::Instruction &in,
+                                const std::vector<int> &members) const {
+  if (unitCost_ || members.size() < 2) return 0;
+  bool oneNode = true;
+  for (int m : members) oneNode &= nodeOf(m) == nodeOf(members[0]);
+  const config::Link &link = oneNode ? intra_ : inter_;
+  double seconds = 0;
+  if (in.op() == "send" || in.op() == "recv") {
+    seconds = link.latency_s();
+  } else {
+    seconds = ringSteps(in.op(), int(members.size())) * link.latency_s();
+  }
+  if (link.bandwidth_bytes_per_s() > 0) seconds += double(in.bytes_moved()) / link.bandwidth_bytes_per_s();
+  (void)program;
+  return seconds;
+}
+
+}  // namespace loom

@@ -1,0 +1,531 @@
+#include "compiler/StepSimulator.h"
+
+#include <algorithm>
+#include <cmath>
+#include <deque>
+#include <limits>
+#include <queue>
+#include <set>
+
+#include "llvm/ADT/StringExtras.h"
+#include "llvm/Support/FormatVariadic.h"
+#include "llvm/Support/raw_ostream.h"
+#include "runtime/Executor.h"
+#include "runtime/PlanAttributes.h"
+
+namespace loom {
+namespace {
+
+constexpr double kInf = std::numeric_limits<double>::infinity();
+
+llvm::Error error(const llvm::Twine &msg) { return llvm::createStringError(llvm::inconvertibleErrorCode(), msg.str()); }
+
+bool isCommunication(const std::string &op) { return planattr::isCollective(op) || op == "send" || op == "recv"; }
+
+struct Interval {
+  double start, end;
+};
+
+// Length of the union of `spans` minus the union of `cover` (both sorted by start on return).
+double uncovered(std::vector<Interval> spans, std::vector<Interval> cover) {
+  auto merge = [](std::vector<Interval> &v) {
+    std::sort(v.begin(), v.end(), [](const Interval &a, const Interval &b) { return a.start < b.start; });
+    std::vector<Interval> out;
+    for (const Interval &i : v) {
+      if (i.end <= i.start) continue;
+      if (!out.empty() && i.start <= out.back().end)
+        out.back().end = std::max(out.back().end, i.end);
+      else
+        out.push_back(i);
+    }
+    v.swap(out);
+  };
+  merge(spans), merge(cover);
+  double total = 0;
+  size_t c = 0;
+  for (const Interval &s : spans) {
+    double at = s.start;
+    while (c < cover.size() && cover[c].end <= at) ++c;
+    for (size_t k = c; k < cover.size() && cover[k].start < s.end; ++k) {
+      if (cover[k].start > at) total += cover[k].start - at;
+      at = std::max(at, cover[k].end);
+      if (at >= s.end) break;
+    }
+    if (at < s.end) total += s.end - at;
+  }
+  return total;
+}
+
+class Engine {
+ public:
+  Engine(const std::vector<RankPrograms> &ranks, std::vector<bool> simulated, CostModel &cost, int coresPerNode,
+         int threadsPerRank)
+      : ranks_(ranks), simulated_(std::move(simulated)), cost_(cost), state_(ranks.size()), cores_(coresPerNode),
+        threads_(std::max(threadsPerRank, 1)) {}
+
+  llvm::Error run() {
+    for (size_t r = 0; r < ranks_.size(); ++r)
+      if (simulated_[r])
+        if (llvm::Error e = prepare(int(r))) return e;
+    for (size_t r = 0; r < ranks_.size(); ++r)
+      if (simulated_[r]) beginRun(int(r));
+    for (size_t r = 0; r < ranks_.size(); ++r)
+      if (simulated_[r]) start(int(r));
+    while (true) {
+      double next = events_.empty() ? kInf : events_.top().time;
+      for (auto &[node, tasks] : shared_)
+        for (const SharedTask &t : tasks) next = std::min(next, now_ + t.work / rate(tasks.size()));
+      if (next == kInf) break;
+      for (auto &[node, tasks] : shared_)
+        for (SharedTask &t : tasks) t.work -= (next - now_) * rate(tasks.size());
+      now_ = next;
+      std::set<int> touched;
+      while (!events_.empty() && events_.top().time <= now_) {
+        Event e = events_.top();
+        events_.pop();
+        complete(e.rank, e.index), touched.insert(e.rank);
+      }
+      for (auto &[node, tasks] : shared_) {
+        std::vector<SharedTask> still;
+        for (const SharedTask &t : tasks)
+          if (t.work <= 1e-12 * std::max(1.0, now_))
+            complete(t.rank, t.index), touched.insert(t.rank);
+          else
+            still.push_back(t);
+        tasks.swap(still);
+      }
+      while (!touched.empty()) {
+        std::set<int> more;
+        for (int r : touched) start(r, &more);
+        touched.swap(more);
+      }
+    }
+    std::vector<std::string> stuck;
+    for (size_t r = 0; r < ranks_.size(); ++r)
+      if (simulated_[r] && state_[r].cur < state_[r].runs.size()) stuck.push_back(std::to_string(r));
+    if (!stuck.empty())
+      return error("the step cannot finish on ranks " + llvm::join(stuck, ", ") +
+                   " (run `loomc check` on the plans: it names the deadlock)");
+    return llvm::Error::success();
+  }
+
+  struct RankState {
+    std::vector<ProgramRun> runs;
+    size_t cur = 0;
+    std::vector<char> done;
+    std::vector<double> startAt;
+    int next[4] = {};
+    bool busy[4] = {};
+    int remaining = 0;
+    std::map<std::string, std::vector<int>> groups;
+    std::map<std::string, int> communicatorOf;
+    std::map<int, int64_t> calls;
+    std::vector<Interval> compute;
+    std::vector<std::pair<std::string, Interval>> communication;  // kind -> when data moves
+    std::vector<ProgramSpan> spans;
+    double runStart = 0, firstCompute = kInf, lastCompute = 0, end = 0;
+  };
+  const std::vector<RankState> &states() const { return state_; }
+  int64_t instructions() const { return executed_; }
+
+ private:
+  struct Event {
+    double time;
+    int rank, index;
+    bool operator<(const Event &o) const { return time > o.time; }  // earliest first
+  };
+  struct SharedTask {
+    int rank, index;
+    double work;  // seconds left at the full rate
+  };
+  struct Message {
+    double sent, arrival;  // the transfer's start and end
+  };
+  struct Waiter {
+    int rank, index;
+  };
+
+  double rate(size_t running) const {
+    return cores_ > 0 ? std::min(1.0, double(cores_) / double(running * size_t(threads_))) : 1.0;
+  }
+
+  llvm::Error prepare(int r) {
+    RankState &s = state_[r];
+    if (llvm::Error e = programRunsOf(ranks_[r], r, &s.runs)) return e;
+    for (const plan::Group &g : ranks_[r].plan->groups()) {
+      s.groups[g.name()].assign(g.ranks().begin(), g.ranks().end());
+      std::string key = g.name() + ":";
+      for (int m : g.ranks()) key += std::to_string(m) + ",";
+      auto [it, fresh] = communicators_.try_emplace(key, int(communicators_.size()));
+      s.communicatorOf[g.name()] = it->second;
+    }
+    return llvm::Error::success();
+  }
+
+  void beginRun(int r) {
+    RankState &s = state_[r];
+    for (int k = 0; k < 4; ++k) s.next[k] = 0, s.busy[k] = false;
+    s.runStart = now_, s.firstCompute = kInf, s.lastCompute = now_;
+    if (s.cur >= s.runs.size()) {
+      s.end = now_;
+      return;
+    }
+    int n = s.runs[s.cur].prog->instructions_size();
+    s.done.assign(size_t(n), 0), s.startAt.assign(size_t(n), 0.0);
+    s.remaining = n;
+    if (n == 0) endRun(r);
+  }
+
+  void endRun(int r) {
+    RankState &s = state_[r];
+    const ProgramRun &run = s.runs[s.cur];
+    ProgramSpan span{run.prog->name(), run.prog->kind(), run.mb, run.prog->virtual_stage(),
+                     s.firstCompute < kInf ? s.firstCompute : s.runStart, std::max(s.lastCompute, s.runStart)};
+    s.spans.push_back(span);
+    ++s.cur;
+    beginRun(r);
+  }
+
+  const plan::Program &program(int r) const { return *state_[r].runs[state_[r].cur].prog; }
+
+  void complete(int r, int i) {
+    RankState &s = state_[r];
+    const plan::Instruction &in = program(r).instructions(i);
+    s.done[size_t(i)] = 1;
+    ++executed_;
+    int k = int(in.stream()) & 3;
+    s.busy[k] = false;
+    if (!isCommunication(in.op()) && in.op() != "identity") {
+      s.compute.push_back({s.startAt[size_t(i)], now_});
+      s.firstCompute = std::min(s.firstCompute, s.startAt[size_t(i)]);
+      s.lastCompute = std::max(s.lastCompute, now_);
+    }
+    if (--s.remaining == 0) endRun(r);
+  }
+
+  void schedule(int r, int i, double at) { events_.push({at, r, i}); }
+
+  std::string kindOf(const plan::Instruction &in) const { return in.op() + "@" + planattr::str(in, "group"); }
+
+  int peerOf(int r, const plan::Instruction &in) const {
+    const auto &members = state_[r].groups.at(planattr::str(in, "group"));
+    int64_t peer = planattr::i64(in, "peer");
+    return peer >= 0 && peer < int64_t(members.size()) ? members[size_t(peer)] : -1;
+  }
+
+  // Starts what rank r's streams can start now; ranks whose state it changes go to `touched`.
+  void start(int r, std::set<int> *touched = nullptr) {
+    RankState &s = state_[r];
+    for (bool moved = true; moved && s.cur < s.runs.size();) {
+      moved = false;
+      size_t run = s.cur;
+      const plan::Program &prog = program(r);
+      for (int k = 0; k < 4 && s.cur == run; ++k) {
+        while (!s.busy[k] && s.next[k] < prog.instructions_size() && s.cur == run) {
+          int i = s.next[k];
+          const plan::Instruction &in = prog.instructions(i);
+          if (in.stream() != k || s.done[size_t(i)]) {
+            ++s.next[k];
+            continue;
+          }
+          if (in.last_micro_batch() && !s.runs[s.cur].last) {  // passed over in this run
+            ++s.next[k], s.startAt[size_t(i)] = now_, moved = true;
+            complete(r, i);
+            continue;
+          }
+          bool ready = true;
+          for (int w : in.wait_for()) ready &= s.done[size_t(w)] != 0;
+          if (!ready) break;
+          s.busy[k] = true, s.startAt[size_t(i)] = now_, ++s.next[k], moved = true;
+          issue(r, i, in, touched);
+        }
+      }
+    }
+  }
+
+  void issue(int r, int i, const plan::Instruction &in, std::set<int> *touched) {
+    RankState &s = state_[r];
+    const plan::Program &prog = program(r);
+    const std::string &op = in.op();
+    if (op == "send" || op == "recv") {
+      int peer = peerOf(r, in);
+      std::vector<int> pair{r, peer};
+      double seconds = cost_.communication(prog, in, pair);
+      if (op == "send") {
+        schedule(r, i, now_ + seconds);
+        s.communication.push_back({kindOf(in), {now_, now_ + seconds}});
+        auto &waiting = receivers_[{r, peer}];
+        if (!waiting.empty()) {  // the receiver already waits
+          Waiter w = waiting.front();
+          waiting.pop_front();
+          receive(w, {now_, now_ + seconds});
+          if (touched) touched->insert(w.rank);
+        } else {
+          messages_[{r, peer}].push_back({now_, now_ + seconds});
+        }
+        return;
+      }
+      auto &queue = messages_[{peer, r}];
+      if (!queue.empty()) {
+        Message m = queue.front();
+        queue.pop_front();
+        receive({r, i}, m);
+      } else {
+        receivers_[{peer, r}].push_back({r, i});
+      }
+      return;
+    }
+    if (planattr::isCollective(op)) {
+      std::string group = planattr::str(in, "group");
+      int comm = s.communicatorOf.at(group);
+      int64_t seq = s.calls[comm]++;
+      auto &arrived = pending_[{comm, seq}];
+      arrived.push_back({r, i});
+      const std::vector<int> &members = s.groups.at(group);
+      size_t expected = 0;
+      for (int m : members) expected += simulated_[size_t(m)];
+      if (arrived.size() >= expected) {
+        double end = now_ + cost_.communication(prog, in, members);
+        for (const Waiter &w : arrived) {
+          schedule(w.rank, w.index, end);
+          state_[size_t(w.rank)].communication.push_back({kindOf(in), {now_, end}});
+          if (touched) touched->insert(w.rank);
+        }
+        pending_.erase({comm, seq});
+      }
+      return;
+    }
+    double seconds = cost_.compute(prog, in);
+    if (cores_ > 0 && seconds > 0)
+      shared_[cost_.nodeOf(r)].push_back({r, i, seconds});
+    else
+      schedule(r, i, now_ + seconds);
+  }
+
+  // A receive meets its message: done when the message has arrived (or now, if it already has).
+  void receive(const Waiter &w, const Message &m) {
+    RankState &s = state_[size_t(w.rank)];
+    const plan::Instruction &in = program(w.rank).instructions(w.index);
+    double at = std::max(now_, m.arrival);
+    schedule(w.rank, w.index, at);
+    s.communication.push_back({kindOf(in), {std::max(s.startAt[size_t(w.index)], m.sent), at}});
+  }
+
+  const std::vector<RankPrograms> &ranks_;
+  std::vector<bool> simulated_;
+  CostModel &cost_;
+  std::vector<RankState> state_;
+  int cores_, threads_;
+  double now_ = 0;
+  int64_t executed_ = 0;
+  std::priority_queue<Event> events_;
+  std::map<int, std::vector<SharedTask>> shared_;  // node -> compute running on its shared cores
+  std::map<std::pair<int, int>, std::deque<Message>> messages_;  // (from, to): sent, not yet received
+  std::map<std::pair<int, int>, std::deque<Waiter>> receivers_;  // (from, to): receives waiting
+  std::map<std::string, int> communicators_;
+  std::map<std::pair<int, int64_t>, std::vector<Waiter>> pending_;  // (communicator, call #) -> entered
+};
+
+}  // namespace
+
+GemmPrecision defaultPrecision(const plan::RankPlan &plan) {
+  return plan.cluster().device().kind() == config::CUDA ? GemmPrecision::kBf16 : GemmPrecision::kFp32;
+}
+
+llvm::Error simulateStep(const std::vector<RankPrograms> &ranks, const SimulateOptions &options, StepPrediction *out) {
+  if (ranks.empty()) return error("no ranks to simulate");
+  const plan::RankPlan &r0 = *ranks[0].plan;
+  if (!r0.has_cluster())
+    return error("the plans carry no cluster spec (compiled by an older loomc): compile them again to simulate");
+  config::ClusterSpec cluster = r0.cluster();
+  if (options.device) {
+    *cluster.mutable_device() = options.device->device();
+    if (options.device->has_intra_node()) *cluster.mutable_intra_node() = options.device->intra_node();
+    if (options.device->has_inter_node()) *cluster.mutable_inter_node() = options.device->inter_node();
+  }
+  const config::Device &device = cluster.device();
+  if (!options.unitCost && device.peak_flops() <= 0 && device.fp32_peak_flops() <= 0 && device.bf16_peak_flops() <= 0)
+    return error("the device has no peak FLOP/s (device.peak_flops): nothing to turn FLOPs into time");
+  CostModel cost(cluster, options.precision, options.unitCost);
+  int cores = device.kind() == config::CPU && !options.unitCost ? device.cores_per_node() : 0;
+  bool onePerStage = false;
+  std::vector<bool> simulated = representativeRanks(ranks, &onePerStage);
+  if (cores > 0) simulated.assign(ranks.size(), true);  // sharing the cores depends on every rank's timing
+  Engine engine(ranks, simulated, cost, cores, device.threads_per_rank());
+  if (llvm::Error e = engine.run()) return e;
+
+  StepPrediction p;
+  p.worldSize = int(ranks.size());
+  if (!options.unitCost && ranks.size() > 1) {
+    if (cluster.devices_per_node() > 1 && cluster.intra_node().bandwidth_bytes_per_s() <= 0)
+      p.warnings.push_back("the cluster spec gives no intra_node link bandwidth: communication within a node is "
+                           "counted as free");
+    if (cluster.nodes() > 1 && cluster.inter_node().bandwidth_bytes_per_s() <= 0)
+      p.warnings.push_back("the cluster spec gives no inter_node link bandwidth: communication between nodes is "
+                           "counted as free");
+  }
+  if (!options.unitCost && device.memory_bandwidth_bytes_per_s() <= 0 && device.op_rates().empty())
+    p.warnings.push_back("the device has no memory_bandwidth_bytes_per_s or op_rates: memory-bound ops cost only "
+                         "their launch overhead");
+  p.instructions = engine.instructions();
+  for (size_t r = 0; r < ranks.size(); ++r)
+    if (simulated[r]) p.stepSeconds = std::max(p.stepSeconds, engine.states()[r].end);
+  double bubbles = 0, hardwareFlops = 0;
+  for (size_t r = 0; r < ranks.size(); ++r) {
+    p.peakMemoryBytes = std::max(p.peakMemoryBytes, ranks[r].plan->memory().peak_bytes());
+    hardwareFlops += ranks[r].plan->flops_per_step();
+    if (!simulated[r]) continue;
+    const Engine::RankState &s = engine.states()[r];
+    RankPrediction rp;
+    rp.rank = int(r), rp.stage = ranks[r].plan->pp_rank();
+    for (const Interval &i : s.compute) rp.computeSeconds += i.end - i.start;
+    std::vector<Interval> all;
+    std::map<std::string, std::vector<Interval>> byKind;
+    for (const auto &[kind, i] : s.communication) all.push_back(i), byKind[kind].push_back(i);
+    rp.exposedCommunicationSeconds = uncovered(all, s.compute);
+    for (auto &[kind, spans] : byKind) {
+      double seconds = uncovered(spans, s.compute);
+      if (seconds > 0) rp.exposedByKind[kind] = seconds, p.exposedByKind[kind] += seconds;
+    }
+    rp.idleSeconds = std::max(0.0, p.stepSeconds - rp.computeSeconds - rp.exposedCommunicationSeconds);
+    rp.peakMemoryBytes = ranks[r].plan->memory().peak_bytes();
+    rp.spans = s.spans;
+    double busy = p.stepSeconds - rp.idleSeconds;
+    bubbles += busy > 0 ? rp.idleSeconds / busy : 0;
+    p.ranks.push_back(std::move(rp));
+  }
+  p.simulatedRanks = int(p.ranks.size());
+  for (auto &[kind, seconds] : p.exposedByKind) seconds /= double(p.simulatedRanks);
+  p.bubble = bubbles / double(p.simulatedRanks);
+  if (p.stepSeconds > 0) {
+    double tokens = double(r0.global_batch_size()) * double(r0.seq_length());
+    p.modelTflopsPerDevice = r0.model_flops_per_token() * tokens / p.stepSeconds / double(ranks.size()) / 1e12;
+    p.hardwareTflopsPerDevice = hardwareFlops / p.stepSeconds / double(ranks.size()) / 1e12;
+    if (device.peak_flops() > 0) p.mfu = p.modelTflopsPerDevice * 1e12 / device.peak_flops();
+  }
+  *out = std::move(p);
+  return llvm::Error::success();
+}
+
+std::string predictionJson(const StepPrediction &p) {
+  std::string s;
+  llvm::raw_string_ostream os(s);
+  os << llvm::formatv("{{\"step_time_s\": {0:E6}, \"tflops_per_device\": {1:F4}, \"tflops_per_device_with_recompute\": "
+                      "{2:F4}, \"mfu\": {3:F5}, \"bubble\": {4:F5}, \"peak_memory_bytes\": {5}, \"world_size\": {6}, "
+                      "\"simulated_ranks\": {7}, \"exposed_communication_s\": {{",
+                      p.stepSeconds, p.modelTflopsPerDevice, p.hardwareTflopsPerDevice, p.mfu, p.bubble,
+                      p.peakMemoryBytes, p.worldSize, p.simulatedRanks);
+  bool first = true;
+  for (auto &[kind, seconds] : p.exposedByKind)
+    os << (first ? "" : ", ") << llvm::formatv("\"{0}\": {1:E4}", kind, seconds), first = false;
+  os << "}, \"warnings\": [";
+  for (size_t i = 0; i < p.warnings.size(); ++i) os << (i ? ", " : "") << "\"" << p.warnings[i] << "\"";
+  os << "], \"ranks\": [";
+  for (size_t i = 0; i < p.ranks.size(); ++i) {
+    const RankPrediction &r = p.ranks[i];
+    os << (i ? ", " : "")
+       << llvm::formatv("{{\"rank\": {0}, \"stage\": {1}, \"compute_s\": {2:E4}, \"exposed_communication_s\": {3:E4}, "
+                        "\"idle_s\": {4:E4}, \"peak_memory_bytes\": {5}}",
+                        r.rank, r.stage, r.computeSeconds, r.exposedCommunicationSeconds, r.idleSeconds,
+                        r.peakMemoryBytes);
+  }
+  os << "]}\n";
+  return s;
+}
+
+namespace {
+std::string humanSeconds(double s) {
+  if (s >= 1) return llvm::formatv("{0:F3} s", s).str();
+  if (s >= 1e-3) return llvm::formatv("{0:F3} ms", s * 1e3).str();
+  return llvm::formatv("{0:F1} us", s * 1e6).str();
+}
+std::string gib(int64_t b) {
+  double x = double(b);
+  if (x >= 1024.0 * 1024 * 1024) return llvm::formatv("{0:F2} GiB", x / (1024.0 * 1024 * 1024)).str();
+  return llvm::formatv("{0:F1} MiB", x / (1024.0 * 1024)).str();
+}
+}  // namespace
+
+std::string predictionText(const StepPrediction &p) {
+  std::string s;
+  llvm::raw_string_ostream os(s);
+  os << llvm::formatv("predicted step time {0}; {1:F2} TFLOP/s per device ({2:F2} with recomputation), MFU {3:F1}%\n",
+                      humanSeconds(p.stepSeconds), p.modelTflopsPerDevice, p.hardwareTflopsPerDevice, 100 * p.mfu);
+  os << llvm::formatv("pipeline bubble {0:F1}% of busy time; peak memory {1} (the largest rank)\n", 100 * p.bubble,
+                      gib(p.peakMemoryBytes));
+  if (!p.exposedByKind.empty()) {
+    os << "exposed communication per rank (mean):";
+    for (auto &[kind, seconds] : p.exposedByKind) os << " " << kind << " " << humanSeconds(seconds) << ";";
+    os << "\n";
+  }
+  os << llvm::formatv("{0} ranks ({1} simulated), {2} instructions replayed\n", p.worldSize, p.simulatedRanks,
+                      p.instructions);
+  for (const std::string &w : p.warnings) os << "warning: " << w << "\n";
+  for (const RankPrediction &r : p.ranks)
+    os << llvm::formatv("  rank {0,4} stage {1,3}: compute {2}, exposed communication {3}, idle {4}, peak {5}\n", r.rank,
+                        r.stage, humanSeconds(r.computeSeconds), humanSeconds(r.exposedCommunicationSeconds),
+                        humanSeconds(r.idleSeconds), gib(r.peakMemoryBytes));
+  return s;
+}
+
+std::string predictionTimelineSvg(const std::vector<RankPrograms> &ranks, const StepPrediction &p) {
+  const plan::RankPlan &r0 = *ranks[0].plan;
+  std::map<int, const RankPrediction *> byStage, byRank;
+  for (const RankPrediction &r : p.ranks) byRank[r.rank] = &r, byStage.try_emplace(r.stage, &r);
+  // Rows: every rank up to 64 (a rank not simulated shows its stage's simulated rank), else stages.
+  std::vector<std::pair<int, const RankPrediction *>> rows;  // (rank, prediction)
+  for (const RankPrograms &rp : ranks) {
+    int rank = rp.plan->rank();
+    bool show = ranks.size() <= 64 || byRank.count(rank);
+    if (!show) continue;
+    auto it = byRank.find(rank);
+    const RankPrediction *pred = it != byRank.end() ? it->second : byStage[rp.plan->pp_rank()];
+    if (pred) rows.push_back({rank, pred});
+  }
+  std::stable_sort(rows.begin(), rows.end(), [](auto a, auto b) { return a.second->stage < b.second->stage; });
+  double width = 1100, rowH = 28, left = 150, top = 40;
+  double scale = (width - left - 20) / std::max(p.stepSeconds, 1e-12);
+  std::string s;
+  llvm::raw_string_ostream os(s);
+  os << llvm::formatv("<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{0}\" height=\"{1}\" font-family=\"Helvetica\" "
+                      "font-size=\"11\">\n",
+                      width, top + rowH * rows.size() + 60);
+  os << llvm::formatv("<text x=\"10\" y=\"20\" font-size=\"14\">{0}: t={1} p={2} d={3} v={4}, {5} micro-batches, {6}; "
+                      "predicted step {7}, bubble {8:F1}%</text>\n",
+                      r0.model(), r0.t(), r0.p(), r0.d(), r0.v(), r0.micro_batches(), r0.schedule_kind(),
+                      humanSeconds(p.stepSeconds), 100 * p.bubble);
+  for (size_t row = 0; row < rows.size(); ++row) {
+    auto [rank, pred] = rows[row];
+    double y = top + double(row) * rowH;
+    os << llvm::formatv("<text x=\"10\" y=\"{0}\">rank {1} (stage {2})</text>\n", y + rowH * 0.65, rank, pred->stage);
+    os << llvm::formatv("<rect x=\"{0}\" y=\"{1}\" width=\"{2:F2}\" height=\"{3}\" fill=\"#eeeeee\"/>\n", left, y + 2,
+                        p.stepSeconds * scale, rowH - 4);
+    for (const ProgramSpan &sp : pred->spans) {
+      bool fwd = sp.kind == plan::Program::FORWARD, bwd = sp.kind == plan::Program::BACKWARD;
+      int chunk = r0.p() > 0 ? sp.virtualStage / r0.p() : 0;
+      const char *fill = fwd   ? (chunk % 2 ? "#6fa8dc" : "#3d85c6")
+                         : bwd ? (chunk % 2 ? "#93c47d" : "#6aa84f")
+                               : "#b4a7d6";
+      const char *what = fwd ? "forward" : bwd ? "backward" : sp.program.c_str();
+      os << llvm::formatv("<rect x=\"{0:F2}\" y=\"{1}\" width=\"{2:F2}\" height=\"{3}\" fill=\"{4}\" stroke=\"white\" "
+                          "stroke-width=\"0.5\"><title>{5} chunk {6} micro-batch {7}: {8} .. {9}</title></rect>\n",
+                          left + sp.start * scale, y + 2, std::max((sp.end - sp.start) * scale, 0.5), rowH - 4, fill,
+                          what, chunk, sp.microBatch, humanSeconds(sp.start), humanSeconds(sp.end));
+      if ((sp.end - sp.start) * scale > 14 && (fwd || bwd))
+        os << llvm::formatv("<text x=\"{0:F2}\" y=\"{1}\" fill=\"white\" font-size=\"9\">{2}{3}</text>\n",
+                            left + sp.start * scale + 2, y + rowH * 0.65, fwd ? "F" : "B", sp.microBatch);
+    }
+  }
+  double ly = top + double(rows.size()) * rowH + 20;
+  for (int tick = 0; tick <= 10; ++tick) {
+    double x = left + tick * (width - left - 20) / 10;
+    os << llvm::formatv("<text x=\"{0:F1}\" y=\"{1}\" font-size=\"9\">{2}</text>\n", x, ly,
+                        humanSeconds(p.stepSeconds * tick / 10));
+  }
+  os << llvm::formatv("<text x=\"{0}\" y=\"{1}\">predicted time (loomc simulate); blue: forward, green: backward, "
+                      "purple: loss and optimizer, grey: idle or waiting on communication</text>\n</svg>\n",
+                      left, ly + 20);
+  return s;
+}
+
+}  // namespace loom
