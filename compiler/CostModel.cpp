@@ -8,8 +8,6 @@
 namespace loom {
 namespace {
 
-bool isGemm(const std::string &op) { return op == "linear" || op == "weight_grad"; }
-bool isAttention(const std::string &op) { return op.find("attention") != std::string::npos; }
 bool isCommunication(const std::string &op) { return planattr::isCollective(op) || op == "send" || op == "recv"; }
 
 int64_t bufferBytes(const plan::Buffer &b) {
@@ -17,6 +15,16 @@ int64_t bufferBytes(const plan::Buffer &b) {
 }
 
 }  // namespace
+
+bool isGemmOp(const std::string &op) { return op == "linear" || op == "weight_grad"; }
+bool isAttentionOp(const std::string &op) { return op.find("attention") != std::string::npos; }
+
+double instructionBytes(const plan::Program &program, const plan::Instruction &in) {
+  int64_t bytes = 0;
+  for (int b : in.inputs()) bytes += bufferBytes(program.buffers(b));
+  for (int b : in.outputs()) bytes += bufferBytes(program.buffers(b));
+  return double(bytes);
+}
 
 int ringSteps(const std::string &op, int n) { return op == "all_reduce" ? 2 * (n - 1) : n - 1; }
 
@@ -45,13 +53,6 @@ double CostModel::efficiency(const google::protobuf::RepeatedPtrField<config::Ef
   return pts.back().second;
 }
 
-double CostModel::bytesOf(const plan::Program &program, const plan::Instruction &in) const {
-  int64_t bytes = 0;
-  for (int b : in.inputs()) bytes += bufferBytes(program.buffers(b));
-  for (int b : in.outputs()) bytes += bufferBytes(program.buffers(b));
-  return double(bytes);
-}
-
 double CostModel::compute(const plan::Program &program, const plan::Instruction &in) {
   if (in.op() == "identity") return 0;
   if (unitCost_) {
@@ -64,13 +65,13 @@ double CostModel::compute(const plan::Program &program, const plan::Instruction 
     return it->second > 0 ? units * in.flops() / it->second : 0;
   }
   double seconds = device_.launch_overhead_s();
-  if (isGemm(in.op()) || isAttention(in.op())) {
-    const auto &curve = isAttention(in.op()) && !device_.attention_efficiency().empty() ? device_.attention_efficiency()
+  if (isGemmOp(in.op()) || isAttentionOp(in.op())) {
+    const auto &curve = isAttentionOp(in.op()) && !device_.attention_efficiency().empty() ? device_.attention_efficiency()
                                                                                         : device_.gemm_efficiency();
     if (gemmPeak_ > 0) seconds += in.flops() / (gemmPeak_ * efficiency(curve, in.flops()));
     return seconds;
   }
-  double bytes = bytesOf(program, in);
+  double bytes = instructionBytes(program, in);
   if (auto it = rates_.find(in.op()); it != rates_.end()) return seconds + it->second->overhead_s() + bytes / it->second->bytes_per_s();
   if (device_.memory_bandwidth_bytes_per_s() > 0) seconds += bytes / device_.memory_bandwidth_bytes_per_s();
   return seconds;

@@ -37,7 +37,6 @@ class CostModel {
 
  private:
   double efficiency(const google::protobuf::RepeatedPtrField<config::EfficiencyPoint> &curve, double flops) const;
-  double bytesOf(const plan::Program &program, const plan::Instruction &in) const;
 
   config::Device device_;
   config::Link intra_, inter_;
@@ -47,6 +46,12 @@ class CostModel {
   std::map<std::string, const config::OpRate *> rates_;
   std::map<const plan::Program *, double> programFlops_;  // unit cost: a program's compute FLOPs
 };
+
+// The op classes the model (and `loomc calibrate`) cost apart: GEMMs, attention.
+bool isGemmOp(const std::string &op);
+bool isAttentionOp(const std::string &op);
+// Bytes an instruction reads and writes: its input and output buffers.
+double instructionBytes(const plan::Program &program, const plan::Instruction &in);
 
 // Ring steps of a collective over n ranks: 2 (n - 1) for an all-reduce, n - 1 otherwise.
 int ringSteps(const std::string &op, int n);

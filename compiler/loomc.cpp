@@ -13,8 +13,11 @@
 //   loomc simulate DIR [--json] [--timeline FILE.svg] [--device FILE] [--precision fp32|bf16] [--unit-cost]
 //       Replay one step of every rank's plan on the cluster's device and link model: the
 //       predicted step time, TFLOP/s per device, MFU, bubble, exposed communication, memory.
+//   loomc calibrate --out FILE [--threads N] [--repeats N]
+//       Measure this machine's CPU kernels and Gloo loopback collectives into a device file.
 //   loomc opt FILE.mlir --loom-tensor-parallel=tp=2 --loom-autodiff ... [--mlir-print-ir-after-all]
 //       Run passes one by one (MLIR's opt driver: pass options, IR after each pass).
+#include "compiler/Calibrate.h"
 #include "compiler/Compile.h"
 #include "compiler/PlanCheck.h"
 #include "compiler/PlanViews.h"
@@ -22,7 +25,9 @@
 #include "compiler/ConfigLoader.h"
 #include "compiler/ModelBuilder.h"
 #include "compiler/ToolSupport.h"
+#include "google/protobuf/text_format.h"
 #include "llvm/Support/CommandLine.h"
+#include "llvm/Support/FileSystem.h"
 #include "llvm/Support/Path.h"
 #include "llvm/Support/SourceMgr.h"
 #include "mlir/IR/AsmState.h"
@@ -81,6 +86,19 @@ cl::opt<std::string> simulatePrecision("precision", cl::desc("GEMM operands: fp3
 cl::opt<bool> simulateUnitCost("unit-cost", cl::desc("each forward program run costs 1, each backward 2, the rest "
                                                      "nothing (the schedule's analytic bubble)"),
                                cl::sub(simulateCmd), cl::cat(loomCategory));
+
+cl::SubCommand calibrateCmd("calibrate", "Measure this machine's CPU kernels and Gloo loopback collectives into a "
+                                          "device file (for loomc simulate --device)");
+cl::opt<std::string> calibrateOut("out", cl::desc("the device file to write"), cl::sub(calibrateCmd),
+                                  cl::cat(loomCategory));
+cl::opt<int> calibrateThreads("threads", cl::desc("BLAS threads per rank, as loom-rank --threads (default 1)"),
+                              cl::init(1), cl::sub(calibrateCmd), cl::cat(loomCategory));
+cl::opt<int> calibrateRepeats("repeats", cl::desc("timed runs of each program (default 3)"), cl::init(3),
+                              cl::sub(calibrateCmd), cl::cat(loomCategory));
+cl::opt<int> glooWorker("gloo-worker", cl::desc("(internal) run one Gloo measurement worker"), cl::init(-1),
+                        cl::Hidden, cl::sub(calibrateCmd), cl::cat(loomCategory));
+cl::opt<std::string> glooDir("gloo-dir", cl::desc("(internal) the Gloo workers' file store"), cl::Hidden,
+                             cl::sub(calibrateCmd), cl::cat(loomCategory));
 
 cl::SubCommand verifyCmd("verify", "Parse and verify IR, print it back");
 cl::opt<std::string> verifyInput(cl::Positional, cl::Required, cl::desc("<input .mlir or ->"),
@@ -229,6 +247,41 @@ int runSimulate() {
   return 0;
 }
 
+int runCalibrate(const char *argv0) {
+  if (glooWorker >= 0) return loom::runGlooWorker(glooWorker, glooDir);
+  auto fail = [](const std::string &msg) {
+    return loom::reportError("loomc", llvm::createStringError(llvm::inconvertibleErrorCode(), msg));
+  };
+  if (calibrateOut.empty()) return fail("calibrate: --out FILE is required");
+  if (calibrateThreads < 1 || calibrateRepeats < 1) return fail("calibrate: --threads and --repeats must be >= 1");
+  llvm::SmallString<128> work;
+  if (std::error_code ec = llvm::sys::fs::createUniqueDirectory("loom-calibrate", work))
+    return fail("calibrate: cannot make a scratch directory: " + ec.message());
+  llvm::SmallString<256> self;
+  if (std::error_code ec = llvm::sys::fs::real_path("/proc/self/exe", self)) self = argv0;
+  loom::CalibrateOptions options{calibrateThreads, calibrateRepeats, std::string(self), std::string(work)};
+  options.compile = [](const loom::config::ModelConfig &model, const loom::config::ClusterSpec &cluster,
+                       const std::string &dir) {
+    std::string summary;
+    llvm::raw_string_ostream os(summary);
+    return loom::compile(model, cluster, loom::CompileOptions{dir, false, true, model.name()}, os);
+  };
+  loom::config::DeviceFile device;
+  llvm::Error e = loom::calibrate(options, &device, llvm::errs());
+  llvm::sys::fs::remove_directories(work);
+  if (e) return loom::reportError("loomc", std::move(e));
+  std::string text;
+  google::protobuf::TextFormat::PrintToString(device, &text);
+  if (llvm::Error w = loom::writeOutput(calibrateOut, [&](llvm::raw_ostream &os) {
+        os << "# This machine's device file, measured by `loomc calibrate --threads " << calibrateThreads
+           << "` (kernels of compiled calibration models on the CPU executor; Gloo all-reduces over loopback).\n"
+           << text;
+      }))
+    return loom::reportError("loomc", std::move(w));
+  llvm::errs() << "wrote " << calibrateOut << "\n";
+  return 0;
+}
+
 }  // namespace
 
 int runOpt(int argc, char **argv) {
@@ -247,6 +300,7 @@ int main(int argc, char **argv) {
   if (compileCmd) return runCompile();
   if (checkCmd) return runCheck();
   if (simulateCmd) return runSimulate();
-  llvm::errs() << "loomc: error: expected a subcommand: build, compile, check, simulate, verify, opt (see loomc --help)\n";
+  if (calibrateCmd) return runCalibrate(argv[0]);
+  llvm::errs() << "loomc: error: expected a subcommand: build, compile, check, simulate, calibrate, verify, opt (see loomc --help)\n";
   return 1;
 }

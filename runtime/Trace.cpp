@@ -3,6 +3,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <map>
 
 #include "runtime/PlanAttributes.h"
 
@@ -36,11 +37,23 @@ void TraceRecorder::record(const plan::Program &program, const plan::Instruction
                            std::chrono::steady_clock::time_point start, std::chrono::steady_clock::time_point end) {
   std::string group = planattr::str(in, "group");
   if (group.empty()) group = planattr::str(in, "vocab_parallel_group");
-  Event e{in.op(), program.name(), group, int(in.stream()), in.layer(), mb, in.bytes_moved(),
+  Event e{&program, &in, in.op(), program.name(), group, int(in.stream()), in.layer(), mb, in.bytes_moved(),
           std::chrono::duration<double, std::micro>(start - epoch_).count(),
           std::chrono::duration<double, std::micro>(end - start).count()};
   std::lock_guard<std::mutex> lock(mu_);
   events_.push_back(std::move(e));
+}
+
+std::vector<TraceRecorder::Timing> TraceRecorder::timings() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  std::map<const plan::Instruction *, size_t> at;
+  std::vector<Timing> out;
+  for (const Event &e : events_) {
+    auto [it, fresh] = at.try_emplace(e.instruction, out.size());
+    if (fresh) out.push_back({e.programRef, e.instruction, 0.0, 0});
+    out[it->second].seconds += e.durationUs * 1e-6, ++out[it->second].runs;
+  }
+  return out;
 }
 
 Status TraceRecorder::write(const std::string &path, const plan::RankPlan &plan) const {

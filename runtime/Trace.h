@@ -27,8 +27,20 @@ class TraceRecorder {
   // collective totals (what the compiler says the rank does, to compare with the events).
   Status write(const std::string &path, const plan::RankPlan &plan) const;
 
+  // Each recorded instruction's total time over its runs (`loomc calibrate` fits its cost
+  // model to these). The pointers are the recorded programs'.
+  struct Timing {
+    const plan::Program *program;
+    const plan::Instruction *instruction;
+    double seconds;
+    int runs;
+  };
+  std::vector<Timing> timings() const;
+
  private:
   struct Event {
+    const plan::Program *programRef;
+    const plan::Instruction *instruction;
     std::string op, program, group;
     int stream, layer, mb;
     int64_t bytes;
