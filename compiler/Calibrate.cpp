@@ -137,48 +137,68 @@ llvm::Error measureKernels(const CalibrateOptions &options, config::DeviceFile *
   config::ClusterSpec cluster;
   cluster.set_name("calibrate"), cluster.set_nodes(1), cluster.set_devices_per_node(1);
   cluster.mutable_device()->set_kind(config::CPU), cluster.mutable_device()->set_peak_flops(1e11);
-  std::mt19937 rng(7);
-  for (config::ModelConfig &model : calibrationModels()) {
-    config::ClusterSpec c = cluster;
-    c.mutable_parallel()->set_micro_batch_size(model.micro_batch_size());
-    c.mutable_parallel()->set_global_batch_size(model.micro_batch_size());
-    c.mutable_parallel()->set_tensor_parallel_size(1), c.mutable_parallel()->set_pipeline_parallel_size(1);
-    c.mutable_parallel()->set_data_parallel_size(1), c.mutable_parallel()->set_virtual_pipeline_size(1);
-    c.mutable_parallel()->set_dp_bucket_size_bytes(25000000);
-    std::string dir = options.workDir + "/" + model.name();
-    if (llvm::Error e = options.compile(model, c, dir)) return e;
-    llvm::Expected<PlanDirectory> plans = readPlanDirectory(dir);
-    if (!plans) return plans.takeError();
-    ThreadWorld world(ParallelLayout{});
-    std::unique_ptr<Collectives> collectives = world.forRank(0);
-    TraceRecorder trace;
-    auto start = std::chrono::steady_clock::now();
-    for (const plan::ScheduleEntry &e : plans->ranks[0].schedule()) {
-      const plan::Program *program = plans->program(0, e.program());
-      if (!program) return error("calibration plan lacks program " + e.program());
-      std::vector<HostTensor> args = argumentsFor(*program, model.vocab_size(), rng);
-      std::vector<const HostTensor *> pointers;
-      for (const HostTensor &t : args) pointers.push_back(&t);
-      std::vector<float> workspace;
-      for (int run = 0; run <= options.repeats; ++run) {
-        ExecutionContext ctx;
-        ctx.collectives = collectives.get();
-        ctx.workspace = &workspace;
-        ctx.trace = run > 0 ? &trace : nullptr;  // the first run warms caches and the arena
-        std::vector<HostTensor> results;
-        if (Status s = executeProgram(*program, pointers, results, ctx); !s.isOk())
-          return error(model.name() + " " + program->name() + ": " + s.message());
-      }
+  for (config::ModelConfig &model : calibrationModels())
+    for (int t : {1, 2}) {  // t = 2: the vocab-parallel cross-entropy's steps and the sharded shapes
+      if (t == 2 && (model.num_attention_heads() % 2 != 0 || model.hidden_size() > 512)) continue;
+      config::ClusterSpec c = cluster;
+      c.set_devices_per_node(t);
+      config::ParallelConfig &par = *c.mutable_parallel();
+      par.set_micro_batch_size(model.micro_batch_size()), par.set_global_batch_size(model.micro_batch_size());
+      par.set_tensor_parallel_size(t), par.set_pipeline_parallel_size(1), par.set_data_parallel_size(1);
+      par.set_virtual_pipeline_size(1), par.set_dp_bucket_size_bytes(25000000);
+      std::string dir = options.workDir + "/" + model.name() + "-t" + std::to_string(t);
+      if (llvm::Error e = options.compile(model, c, dir)) return e;
+      llvm::Expected<PlanDirectory> plans = readPlanDirectory(dir);
+      if (!plans) return plans.takeError();
+      // The ranks run concurrently, each on its own thread (as their processes would), their
+      // collectives in-process.
+      ThreadWorld world(ParallelLayout{t, 1, 1});
+      std::vector<TraceRecorder> traces(static_cast<size_t>(t));
+      std::vector<std::string> failures(static_cast<size_t>(t));
+      auto start = std::chrono::steady_clock::now();
+      std::vector<std::thread> threads;
+      for (int r = 0; r < t; ++r)
+        threads.emplace_back([&, r] {
+          std::unique_ptr<Collectives> collectives = world.forRank(r);
+          std::mt19937 rng(7 + r);
+          for (const plan::ScheduleEntry &e : plans->ranks[size_t(r)].schedule()) {
+            const plan::Program *program = plans->program(r, e.program());
+            if (!program) {
+              failures[size_t(r)] = "calibration plan lacks program " + e.program();
+              return;
+            }
+            std::vector<HostTensor> args = argumentsFor(*program, model.vocab_size(), rng);
+            std::vector<const HostTensor *> pointers;
+            for (const HostTensor &a : args) pointers.push_back(&a);
+            std::vector<float> workspace;
+            for (int run = 0; run <= options.repeats; ++run) {
+              ExecutionContext ctx;
+              ctx.collectives = collectives.get();
+              ctx.workspace = &workspace;
+              ctx.trace = run > 0 ? &traces[size_t(r)] : nullptr;  // the first run warms caches and the arena
+              std::vector<HostTensor> results;
+              if (Status s = executeProgram(*program, pointers, results, ctx); !s.isOk()) {
+                failures[size_t(r)] = model.name() + " " + program->name() + ": " + s.message();
+                return;
+              }
+            }
+          }
+        });
+      for (std::thread &th : threads) th.join();
+      for (const std::string &f : failures)
+        if (!f.empty()) return error(f);
+      for (const TraceRecorder &trace : traces)
+        for (const TraceRecorder::Timing &tm : trace.timings()) {
+          const plan::Instruction &in = *tm.instruction;
+          if (in.stream() != plan::COMPUTE || in.op() == "identity" || tm.seconds.empty()) continue;
+          std::vector<double> runs = tm.seconds;  // the median run: an interrupted one does not count
+          std::nth_element(runs.begin(), runs.begin() + long(runs.size() / 2), runs.end());
+          Sample smp{in.flops(), instructionBytes(*tm.program, in), runs[runs.size() / 2]};
+          (isGemmOp(in.op()) ? gemm : isAttentionOp(in.op()) ? attention : others[in.op()]).push_back(smp);
+        }
+      log << llvm::formatv("  {0} t={1}: {2:F1} s\n", model.name(), t,
+                           std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
     }
-    for (const TraceRecorder::Timing &t : trace.timings()) {
-      const plan::Instruction &in = *t.instruction;
-      if (in.stream() != plan::COMPUTE || in.op() == "identity" || t.runs == 0) continue;
-      Sample s{in.flops(), instructionBytes(*t.program, in), t.seconds / t.runs};
-      (isGemmOp(in.op()) ? gemm : isAttentionOp(in.op()) ? attention : others[in.op()]).push_back(s);
-    }
-    log << llvm::formatv("  {0}: {1:F1} s\n", model.name(),
-                         std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
-  }
   double peak = 0;
   for (const Sample &s : gemm) peak = std::max(peak, s.flops / s.seconds);
   if (peak <= 0) return error("no GEMM was timed");
@@ -191,12 +211,15 @@ llvm::Error measureKernels(const CalibrateOptions &options, config::DeviceFile *
   d.set_threads_per_rank(options.threads);
   efficiencyCurve(gemm, peak, d.mutable_gemm_efficiency());
   efficiencyCurve(attention, peak, d.mutable_attention_efficiency());
-  double bytes = 0, seconds = 0;
+  std::vector<double> rates;
   for (auto &[op, samples] : others) {
     *d.add_op_rates() = fitRate(op, samples);
-    for (const Sample &s : samples) bytes += s.bytes, seconds += s.seconds;
+    rates.push_back(d.op_rates(d.op_rates_size() - 1).bytes_per_s());
   }
-  if (seconds > 0) d.set_memory_bandwidth_bytes_per_s(bytes / seconds);  // ops not seen here
+  if (!rates.empty()) {  // ops not seen here: the median op's rate
+    std::nth_element(rates.begin(), rates.begin() + long(rates.size() / 2), rates.end());
+    d.set_memory_bandwidth_bytes_per_s(rates[rates.size() / 2]);
+  }
   log << llvm::formatv("  best GEMM rate {0:F1} GFLOP/s ({1} GEMMs, {2} attention ops, {3} other ops timed)\n",
                        peak / 1e9, gemm.size(), attention.size(), others.size());
   return llvm::Error::success();
@@ -226,20 +249,38 @@ llvm::Error measureLoopback(const CalibrateOptions &options, config::DeviceFile 
   std::vector<Sample> samples;
   for (double bytes, seconds; in >> bytes >> seconds;) samples.push_back({0, bytes, seconds});
   if (samples.size() < 2) return error(dir + "/allreduce.txt: too few measurements");
-  // An all-reduce over two ranks: 2 ring steps, each rank sending and receiving `bytes`. The
-  // bandwidth from the two largest sizes, the latency from the smallest (single timings of
-  // mid sizes on a loaded 2-core machine are too noisy for a least-squares fit).
+  // An all-reduce over two ranks is 2 ring steps of half its payload each: the link's step
+  // times are half the measured times at half the bytes. Beyond the largest size: the
+  // bandwidth between the two largest.
   std::sort(samples.begin(), samples.end(), [](const Sample &a, const Sample &b) { return a.bytes < b.bytes; });
-  const Sample &big = samples.back(), &less = samples[samples.size() - 2], &small = samples.front();
+  // Moving more bytes never takes less time: the measured means are made non-decreasing by
+  // pooling adjacent violators (isotonic regression), which averages out single sizes' noise.
+  std::vector<std::pair<double, int>> pools;  // (mean seconds, samples pooled)
+  for (const Sample &s : samples) {
+    pools.push_back({s.seconds, 1});
+    while (pools.size() > 1 && pools[pools.size() - 2].first > pools.back().first) {
+      auto [t, n] = pools.back();
+      pools.pop_back();
+      pools.back().first = (pools.back().first * pools.back().second + t * n) / (pools.back().second + n);
+      pools.back().second += n;
+    }
+  }
+  std::vector<double> fitted;
+  for (auto [t, n] : pools) fitted.insert(fitted.end(), size_t(n), t);
+  config::Link &link = *out->mutable_intra_node();
+  for (size_t i = 0; i < samples.size(); ++i) {
+    config::TransferPoint *pt = link.add_step_times();
+    pt->set_bytes(samples[i].bytes / 2), pt->set_seconds(fitted[i] / 2);
+    log << llvm::formatv("  Gloo all-reduce of {0,9} bytes between 2 processes: {1:F1} us (mean; fitted {2:F1} us)\n",
+                         samples[i].bytes, samples[i].seconds * 1e6, fitted[i] * 1e6);
+  }
+  const Sample &big = samples.back(), &less = samples[samples.size() - 2];
   double bandwidth = big.seconds > less.seconds ? (big.bytes - less.bytes) / (big.seconds - less.seconds)
                                                 : big.bytes / big.seconds;
-  double latency = std::max(0.0, (small.seconds - small.bytes / bandwidth) / 2);
-  config::Link &link = *out->mutable_intra_node();
   link.set_bandwidth_bytes_per_s(bandwidth);
-  link.set_latency_s(latency);
-  for (const Sample &s : samples)
-    log << llvm::formatv("  Gloo all-reduce of {0,9} bytes between 2 processes: {1:F1} us\n", s.bytes, s.seconds * 1e6);
-  log << llvm::formatv("  loopback link: {0:F2} GB/s, latency {1:F1} us\n", bandwidth / 1e9, latency * 1e6);
+  link.set_latency_s(samples.front().seconds / 2);
+  log << llvm::formatv("  loopback link: {0:F2} GB/s for large messages, {1:F1} us per step for small ones\n",
+                       bandwidth / 1e9, link.latency_s() * 1e6);
   return llvm::Error::success();
 }
 
@@ -258,11 +299,17 @@ int runGlooWorker(int rank, const std::string &dir) {
   }
   std::ofstream out;
   if (rank == 0) out.open(dir + "/allreduce.txt");
-  for (int64_t n : {256, 4096, 65536, 262144, 1048576, 4194304}) {
+  // As in training, each all-reduce follows a stretch of compute on both ranks (a GEMM of about
+  // a layer's size), so what is timed includes the peers' skew and the wake-ups after compute.
+  const int side = 192;
+  std::vector<float> a(size_t(side) * side, 0.5f), b(size_t(side) * side, 0.25f), c(size_t(side) * side, 0.0f);
+  for (int64_t n : {256, 1024, 4096, 16384, 32768, 65536, 131072, 262144, 524288, 1048576, 4194304}) {
     std::vector<float> data(size_t(n), 1.0f);
-    int reps = n >= 1048576 ? 15 : 50;
+    int reps = n >= 4194304 ? 20 : n >= 65536 ? 40 : 100;
     std::vector<double> times;
     for (int k = 0; k <= reps; ++k) {
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, side, side, side, 1.0f, a.data(), side, b.data(), side, 0.0f,
+                  c.data(), side);
       auto t0 = std::chrono::steady_clock::now();
       if (Status s = gloo->allReduce("dp", data.data(), n, ReduceOp::kSum); !s.isOk()) {
         std::fprintf(stderr, "loomc calibrate: Gloo worker %d: %s\n", rank, s.message().c_str());
@@ -270,8 +317,11 @@ int runGlooWorker(int rank, const std::string &dir) {
       }
       if (k > 0) times.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
     }
-    std::sort(times.begin(), times.end());
-    if (rank == 0) out << n * 4 << " " << times[times.size() / 2] << "\n";
+    // The mean, not the median: on a loaded machine a fraction of the calls wait a scheduler
+    // tick for a peer thread (bimodal times), and a step pays that fraction on average.
+    double mean = 0;
+    for (double t : times) mean += t / double(times.size());
+    if (rank == 0) out << n * 4 << " " << mean << "\n";
   }
   return 0;
 }

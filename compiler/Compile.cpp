@@ -11,6 +11,7 @@
 #include "compiler/ModelStats.h"
 #include "compiler/PlanAssembly.h"
 #include "compiler/PlanCheck.h"
+#include "compiler/StageBalance.h"
 #include "compiler/Schedule.h"
 #include "compiler/StepPrograms.h"
 #include "compiler/ToolSupport.h"
@@ -49,7 +50,8 @@ llvm::Error writeFile(const std::string &path, const std::string &bytes) {
 }  // namespace
 
 llvm::Error runCompilerPasses(mlir::ModuleOp module, const config::ClusterSpec &cluster, int64_t microBatches,
-                              bool printIrAfterAll, const std::function<void(mlir::ModuleOp)> &afterShapes) {
+                              bool printIrAfterAll, const std::function<void(mlir::ModuleOp)> &afterShapes,
+                              std::vector<int64_t> *stageLayout) {
   const config::ParallelConfig &p = cluster.parallel();
   static bool registered = (registerLoomPasses(), true);
   (void)registered;
@@ -73,13 +75,23 @@ llvm::Error runCompilerPasses(mlir::ModuleOp module, const config::ClusterSpec &
                                         p.micro_batch_size(), padMultiple)))
     return e;
   if (afterShapes) afterShapes(module);
+  // The stage layout: the spec's, one balanced by predicted cost, or (empty) even.
+  std::vector<int64_t> layout(p.layers_per_stage().begin(), p.layers_per_stage().end());
+  if (p.balance_stages()) {
+    llvm::Expected<StageCosts> costs = stageCosts(module, cluster);
+    if (!costs) return costs.takeError();
+    layout = balancedLayout(*costs, p.pipeline_parallel_size() * p.virtual_pipeline_size());
+  }
+  if (stageLayout) *stageLayout = layout;
+  std::string layoutOption;
+  for (int64_t n : layout) layoutOption += (layoutOption.empty() ? " layout=" : ",") + std::to_string(n);
   return run(llvm::formatv(
-      "loom-tensor-parallel{{tp={0} sequence-parallel={8}},loom-pipeline-stages{{pp={1} vp={2}},loom-autodiff,"
+      "loom-tensor-parallel{{tp={0} sequence-parallel={8}},loom-pipeline-stages{{pp={1} vp={2}{9}},loom-autodiff,"
       "loom-data-parallel{{dp={3} bucket-bytes={4} zero1={7}},loom-pipeline-partition,loom-recompute{{mode={5}},"
       "loom-micro-batches{{count={6}}",
       p.tensor_parallel_size(), p.pipeline_parallel_size(), p.virtual_pipeline_size(), p.data_parallel_size(),
       p.dp_bucket_size_bytes(), recomputeName(p.recompute()), microBatches, p.zero1() ? "true" : "false",
-      p.sequence_parallel() ? "true" : "false"));
+      p.sequence_parallel() ? "true" : "false", layoutOption));
 }
 
 llvm::Error compile(const config::ModelConfig &model, const config::ClusterSpec &cluster, const CompileOptions &opt,
@@ -134,7 +146,8 @@ llvm::Error compile(mlir::ModuleOp module, const config::ClusterSpec &cluster, c
     modelFlopsPerToken = computeModelStats(shaped).trainingFlopsPerToken();
     if (mlir::FailureOr<ModelFacts> f = readModelFacts(shaped); succeeded(f)) paddedVocab = f->wordRows;
   };
-  if (llvm::Error e = runCompilerPasses(module, cluster, m, opt.printIrAfterAll, measure)) return e;
+  std::vector<int64_t> layersPerStage;
+  if (llvm::Error e = runCompilerPasses(module, cluster, m, opt.printIrAfterAll, measure, &layersPerStage)) return e;
 
   // Lower every program once; pipeline stage s holds virtual stages s, s + p, ...
   std::vector<plan::ProgramSet> sets(p);
@@ -200,6 +213,12 @@ llvm::Error compile(mlir::ModuleOp module, const config::ClusterSpec &cluster, c
 
   double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
   std::string text = compileSummary(request, *plans, sim.bubbleFraction, opt.outDir, seconds) + "check: " + checked.summary + "\n";
+  if (!layersPerStage.empty()) {
+    std::string list;
+    for (int64_t n : layersPerStage) list += (list.empty() ? "" : ", ") + std::to_string(n);
+    text += "layers per virtual stage: " + list +
+            (par.balance_stages() ? " (balanced by predicted cost)\n" : " (parallel.layers_per_stage)\n");
+  }
   if (llvm::Error e = writeFile(opt.outDir + "/summary.txt", text)) return e;
   if (!opt.quiet) summary << text;
   return llvm::Error::success();

@@ -4,6 +4,7 @@
 
 #include <functional>
 #include <string>
+#include <vector>
 
 #include "llvm/Support/Error.h"
 #include "llvm/Support/raw_ostream.h"
@@ -23,8 +24,10 @@ struct CompileOptions {
 // Runs the pass pipeline on `module` (global train_step) for the cluster's parallel request.
 // `afterShapes`, when given, sees the module once the batch and the vocabulary are shaped for
 // the layout and before anything partitions it (the global model's FLOPs are counted there).
+// `stageLayout`, when given, receives the layers per virtual stage used (empty: even).
 llvm::Error runCompilerPasses(mlir::ModuleOp module, const config::ClusterSpec &cluster, int64_t microBatches,
-                              bool printIrAfterAll, const std::function<void(mlir::ModuleOp)> &afterShapes = {});
+                              bool printIrAfterAll, const std::function<void(mlir::ModuleOp)> &afterShapes = {},
+                              std::vector<int64_t> *stageLayout = nullptr);
 
 // Compiles `module`: one func.func @train_step over global shapes (no t, the batch possibly
 // dynamic); every model fact the plans carry is read from its ops. The module is rewritten

@@ -211,6 +211,10 @@ llvm::Expected<config::ClusterSpec> loadClusterSpec(const std::string &path) {
   if (p.schedule() == config::INTERLEAVED_ONE_F_ONE_B && p.virtual_pipeline_size() < 2)
     return fieldError(path, "parallel.schedule",
                       "INTERLEAVED_ONE_F_ONE_B needs virtual_pipeline_size >= 2");
+  for (int64_t n : p.layers_per_stage())
+    if (n < 1) return fieldError(path, "parallel.layers_per_stage", llvm::formatv("every stage needs a layer, got {0}", n));
+  if (p.layers_per_stage_size() > 0 && p.balance_stages())
+    return fieldError(path, "parallel.balance_stages", "give layers_per_stage or balance_stages, not both");
   if (p.virtual_pipeline_size() > 1 && p.pipeline_parallel_size() < 2)
     return fieldError(path, "parallel.virtual_pipeline_size",
                       "virtual chunks need pipeline_parallel_size >= 2");
@@ -238,6 +242,24 @@ llvm::Error checkModelFitsCluster(const config::ModelConfig &m, const config::Cl
     return fieldError(clusterPath, "parallel.sequence_parallel",
                       llvm::formatv("t = {0} does not divide seq_length = {1}", t, m.seq_length()));
   int64_t chunks = p.pipeline_parallel_size() * p.virtual_pipeline_size();
+  if (p.layers_per_stage_size() > 0) {
+    int64_t sum = 0;
+    for (int64_t n : p.layers_per_stage()) sum += n;
+    if (p.layers_per_stage_size() != chunks)
+      return fieldError(clusterPath, "parallel.layers_per_stage",
+                        llvm::formatv("has {0} entries but p * v = {1}", p.layers_per_stage_size(), chunks));
+    if (sum != m.num_layers())
+      return fieldError(clusterPath, "parallel.layers_per_stage",
+                        llvm::formatv("sums to {0} layers but model '{1}' has {2}", sum, m.name(), m.num_layers()));
+    return llvm::Error::success();
+  }
+  if (p.balance_stages()) {
+    if (m.num_layers() < chunks)
+      return fieldError(clusterPath, "parallel.balance_stages",
+                        llvm::formatv("p * v = {0} stages need at least as many layers; model '{1}' has {2}", chunks,
+                                      m.name(), m.num_layers()));
+    return llvm::Error::success();
+  }
   if (m.num_layers() % chunks != 0)
     return fieldError(clusterPath, "parallel.pipeline_parallel_size",
                       llvm::formatv("p * v = {0} * {1} = {2} does not divide num_layers = {3}",

@@ -64,15 +64,18 @@ double CostModel::compute(const plan::Program &program, const plan::Instruction 
         if (!isCommunication(i.op())) it->second += i.flops();
     return it->second > 0 ? units * in.flops() / it->second : 0;
   }
+  return computeSeconds(in.op(), in.flops(), isGemmOp(in.op()) || isAttentionOp(in.op()) ? 0 : instructionBytes(program, in));
+}
+
+double CostModel::computeSeconds(const std::string &op, double flops, double bytes) const {
   double seconds = device_.launch_overhead_s();
-  if (isGemmOp(in.op()) || isAttentionOp(in.op())) {
-    const auto &curve = isAttentionOp(in.op()) && !device_.attention_efficiency().empty() ? device_.attention_efficiency()
-                                                                                        : device_.gemm_efficiency();
-    if (gemmPeak_ > 0) seconds += in.flops() / (gemmPeak_ * efficiency(curve, in.flops()));
+  if (isGemmOp(op) || isAttentionOp(op)) {
+    const auto &curve = isAttentionOp(op) && !device_.attention_efficiency().empty() ? device_.attention_efficiency()
+                                                                                    : device_.gemm_efficiency();
+    if (gemmPeak_ > 0) seconds += flops / (gemmPeak_ * efficiency(curve, flops));
     return seconds;
   }
-  double bytes = instructionBytes(program, in);
-  if (auto it = rates_.find(in.op()); it != rates_.end()) return seconds + it->second->overhead_s() + bytes / it->second->bytes_per_s();
+  if (auto it = rates_.find(op); it != rates_.end()) return seconds + it->second->overhead_s() + bytes / it->second->bytes_per_s();
   if (device_.memory_bandwidth_bytes_per_s() > 0) seconds += bytes / device_.memory_bandwidth_bytes_per_s();
   return seconds;
 }
@@ -83,15 +86,32 @@ double CostModel::communication(const plan::Program &program, const plan::Instru
   bool oneNode = true;
   for (int m : members) oneNode &= nodeOf(m) == nodeOf(members[0]);
   const config::Link &link = oneNode ? intra_ : inter_;
-  double seconds = 0;
-  if (in.op() == "send" || in.op() == "recv") {
-    seconds = link.latency_s();
-  } else {
-    seconds = ringSteps(in.op(), int(members.size())) * link.latency_s();
-  }
-  if (link.bandwidth_bytes_per_s() > 0) seconds += double(in.bytes_moved()) / link.bandwidth_bytes_per_s();
+  bool p2p = in.op() == "send" || in.op() == "recv";
+  int steps = p2p ? 1 : ringSteps(in.op(), int(members.size()));
+  double bytes = double(in.bytes_moved());
   (void)program;
+  if (!link.step_times().empty()) return steps * stepSeconds(link, bytes / std::max(steps, 1));
+  double seconds = steps * link.latency_s();
+  if (link.bandwidth_bytes_per_s() > 0) seconds += bytes / link.bandwidth_bytes_per_s();
   return seconds;
+}
+
+double CostModel::stepSeconds(const config::Link &link, double bytes) const {
+  std::vector<std::pair<double, double>> pts;
+  for (const config::TransferPoint &p : link.step_times()) pts.push_back({p.bytes(), p.seconds()});
+  std::sort(pts.begin(), pts.end());
+  if (bytes <= pts.front().first) return pts.front().second;
+  if (bytes >= pts.back().first) {
+    double bw = link.bandwidth_bytes_per_s();
+    return pts.back().second + (bw > 0 ? (bytes - pts.back().first) / bw : 0);
+  }
+  for (size_t i = 1; i < pts.size(); ++i)
+    if (bytes <= pts[i].first) {
+      double a = std::log(pts[i - 1].first), b = std::log(pts[i].first), x = std::log(bytes);
+      double w = b > a ? (x - a) / (b - a) : 1.0;
+      return pts[i - 1].second + w * (pts[i].second - pts[i - 1].second);
+    }
+  return pts.back().second;
 }
 
 }  // namespace loom

@@ -33,10 +33,14 @@ class CostModel {
   // Seconds for a collective, send or recv among `members` (global ranks).
   double communication(const plan::Program &program, const plan::Instruction &in, const std::vector<int> &members) const;
   int nodeOf(int rank) const { return int(rank / devicesPerNode_); }
+  // The same model for an op known by its name, FLOPs and bytes (the global IR's ops, before
+  // lowering: the stage balancer's costs).
+  double computeSeconds(const std::string &op, double flops, double bytes) const;
   bool unitCost() const { return unitCost_; }
 
  private:
   double efficiency(const google::protobuf::RepeatedPtrField<config::EfficiencyPoint> &curve, double flops) const;
+  double stepSeconds(const config::Link &link, double bytes) const;  // from the link's measured step times
 
   config::Device device_;
   config::Link intra_, inter_;

@@ -121,6 +121,7 @@ class Engine {
     std::map<std::string, int> communicatorOf;
     std::map<int, int64_t> calls;
     std::vector<Interval> compute;
+    std::map<std::string, double> computeByOp;
     std::vector<std::pair<std::string, Interval>> communication;  // kind -> when data moves
     std::vector<ProgramSpan> spans;
     double runStart = 0, firstCompute = kInf, lastCompute = 0, end = 0;
@@ -197,6 +198,7 @@ class Engine {
     s.busy[k] = false;
     if (!isCommunication(in.op()) && in.op() != "identity") {
       s.compute.push_back({s.startAt[size_t(i)], now_});
+      s.computeByOp[in.op()] += now_ - s.startAt[size_t(i)];
       s.firstCompute = std::min(s.firstCompute, s.startAt[size_t(i)]);
       s.lastCompute = std::max(s.lastCompute, now_);
     }
@@ -390,6 +392,7 @@ llvm::Error simulateStep(const std::vector<RankPrograms> &ranks, const SimulateO
     rp.idleSeconds = std::max(0.0, p.stepSeconds - rp.computeSeconds - rp.exposedCommunicationSeconds);
     rp.peakMemoryBytes = ranks[r].plan->memory().peak_bytes();
     rp.spans = s.spans;
+    rp.computeByOp = s.computeByOp;
     double busy = p.stepSeconds - rp.idleSeconds;
     bubbles += busy > 0 ? rp.idleSeconds / busy : 0;
     p.ranks.push_back(std::move(rp));
@@ -461,6 +464,20 @@ std::string predictionText(const StepPrediction &p) {
   os << llvm::formatv("{0} ranks ({1} simulated), {2} instructions replayed\n", p.worldSize, p.simulatedRanks,
                       p.instructions);
   for (const std::string &w : p.warnings) os << "warning: " << w << "\n";
+  // Where the busiest rank's compute goes: its six costliest ops.
+  const RankPrediction *busiest = nullptr;
+  for (const RankPrediction &r : p.ranks)
+    if (!busiest || r.computeSeconds > busiest->computeSeconds) busiest = &r;
+  if (busiest && busiest->computeSeconds > 0) {
+    std::vector<std::pair<double, std::string>> ops;
+    for (auto &[op, seconds] : busiest->computeByOp) ops.push_back({seconds, op});
+    std::sort(ops.rbegin(), ops.rend());
+    os << llvm::formatv("rank {0}'s compute by op:", busiest->rank);
+    for (size_t k = 0; k < ops.size() && k < 6; ++k)
+      os << llvm::formatv(" {0} {1} ({2:F0}%);", ops[k].second, humanSeconds(ops[k].first),
+                          100 * ops[k].first / busiest->computeSeconds);
+    os << "\n";
+  }
   for (const RankPrediction &r : p.ranks)
     os << llvm::formatv("  rank {0,4} stage {1,3}: compute {2}, exposed communication {3}, idle {4}, peak {5}\n", r.rank,
                         r.stage, humanSeconds(r.computeSeconds), humanSeconds(r.exposedCommunicationSeconds),

@@ -43,6 +43,7 @@ struct RankPrediction {
   double exposedCommunicationSeconds = 0;  // communication in flight while compute idles
   std::map<std::string, double> exposedByKind;  // "all_reduce@dp" -> seconds
   double idleSeconds = 0;  // neither: the pipeline bubble, waits on skewed peers
+  std::map<std::string, double> computeByOp;  // "linear" -> seconds on the compute stream
   int64_t peakMemoryBytes = 0;
   std::vector<ProgramSpan> spans;
 };

@@ -93,7 +93,7 @@ cl::opt<std::string> calibrateOut("out", cl::desc("the device file to write"), c
                                   cl::cat(loomCategory));
 cl::opt<int> calibrateThreads("threads", cl::desc("BLAS threads per rank, as loom-rank --threads (default 1)"),
                               cl::init(1), cl::sub(calibrateCmd), cl::cat(loomCategory));
-cl::opt<int> calibrateRepeats("repeats", cl::desc("timed runs of each program (default 3)"), cl::init(3),
+cl::opt<int> calibrateRepeats("repeats", cl::desc("timed runs of each program (default 5)"), cl::init(5),
                               cl::sub(calibrateCmd), cl::cat(loomCategory));
 cl::opt<int> glooWorker("gloo-worker", cl::desc("(internal) run one Gloo measurement worker"), cl::init(-1),
                         cl::Hidden, cl::sub(calibrateCmd), cl::cat(loomCategory));

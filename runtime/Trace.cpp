@@ -50,8 +50,8 @@ std::vector<TraceRecorder::Timing> TraceRecorder::timings() const {
   std::vector<Timing> out;
   for (const Event &e : events_) {
     auto [it, fresh] = at.try_emplace(e.instruction, out.size());
-    if (fresh) out.push_back({e.programRef, e.instruction, 0.0, 0});
-    out[it->second].seconds += e.durationUs * 1e-6, ++out[it->second].runs;
+    if (fresh) out.push_back({e.programRef, e.instruction, {}});
+    out[it->second].seconds.push_back(e.durationUs * 1e-6);
   }
   return out;
 }

@@ -27,13 +27,12 @@ class TraceRecorder {
   // collective totals (what the compiler says the rank does, to compare with the events).
   Status write(const std::string &path, const plan::RankPlan &plan) const;
 
-  // Each recorded instruction's total time over its runs (`loomc calibrate` fits its cost
+  // Each recorded instruction's time in each of its runs (`loomc calibrate` fits its cost
   // model to these). The pointers are the recorded programs'.
   struct Timing {
     const plan::Program *program;
     const plan::Instruction *instruction;
-    double seconds;
-    int runs;
+    std::vector<double> seconds;  // one per run, in order
   };
   std::vector<Timing> timings() const;
 
