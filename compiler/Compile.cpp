@@ -105,6 +105,33 @@ llvm::Error compile(const config::ModelConfig &model, const config::ClusterSpec 
 llvm::Error compile(mlir::ModuleOp module, const config::ClusterSpec &cluster, const CompileOptions &opt,
                     llvm::raw_ostream &summary) {
   auto started = std::chrono::steady_clock::now();
+  CompiledPlans compiled;
+  if (llvm::Error e = compileInMemory(module, cluster, opt, &compiled)) return e;
+  std::error_code ec;
+  std::filesystem::create_directories(opt.outDir + "/programs", ec);
+  if (ec) return error(opt.outDir + ": cannot create the output directory: " + ec.message());
+  for (size_t s = 0; s < compiled.sets.size(); ++s) {
+    std::string bytes;
+    compiled.sets[s].SerializeToString(&bytes);
+    if (llvm::Error e = writeFile(opt.outDir + "/programs/stage_" + std::to_string(s) + ".pb", bytes)) return e;
+  }
+  for (size_t rank = 0; rank < compiled.plans.size(); ++rank) {
+    std::string bytes;
+    compiled.plans[rank].SerializeToString(&bytes);
+    if (llvm::Error e = writeFile(opt.outDir + "/rank_" + std::to_string(rank) + ".plan.pb", bytes)) return e;
+  }
+  double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
+  std::string text = compiled.summaryHead +
+                     llvm::formatv("wrote {0} rank plans and {1} program files to {2} in {3:F2} s\n",
+                                   compiled.plans.size(), compiled.sets.size(), opt.outDir, seconds).str() +
+                     compiled.summaryTail;
+  if (llvm::Error e = writeFile(opt.outDir + "/summary.txt", text)) return e;
+  if (!opt.quiet) summary << text;
+  return llvm::Error::success();
+}
+
+llvm::Error compileInMemory(mlir::ModuleOp module, const config::ClusterSpec &cluster, const CompileOptions &opt,
+                            CompiledPlans *out) {
   const config::ParallelConfig &par = cluster.parallel();
   // The input is the model over global shapes: the passes do everything layout-specific.
   const llvm::StringRef partitionedMarks[] = {attr::kTensorParallel, "loom.zero1", "loom.sequence_parallel"};
@@ -180,7 +207,7 @@ llvm::Error compile(mlir::ModuleOp module, const config::ClusterSpec &cluster, c
     *sets[s].add_programs() = optimizerProgram(layouts[s], t, p, d, par.zero1(), deferred);
   }
   // Everything is assembled and checked before anything is written.
-  std::vector<std::string> programFiles(p), programBytes(p), planBytes;
+  std::vector<std::string> programFiles(p), programBytes(p);
   std::vector<uint64_t> checksums(p);
   for (int s = 0; s < p; ++s) {
     sets[s].SerializeToString(&programBytes[s]);
@@ -202,25 +229,17 @@ llvm::Error compile(mlir::ModuleOp module, const config::ClusterSpec &cluster, c
     slots = std::max(slots, most);
   }
   if (llvm::Error e = finishPlans(*plans, sets, stageLinkSlots, cluster)) return e;
-  for (const plan::RankPlan &rp : *plans) rp.SerializeToString(&planBytes.emplace_back());
-  std::error_code ec;
-  std::filesystem::create_directories(opt.outDir + "/programs", ec);
-  if (ec) return error(opt.outDir + ": cannot create the output directory: " + ec.message());
-  for (int s = 0; s < p; ++s)
-    if (llvm::Error e = writeFile(opt.outDir + "/" + programFiles[s], programBytes[s])) return e;
-  for (size_t rank = 0; rank < planBytes.size(); ++rank)
-    if (llvm::Error e = writeFile(opt.outDir + "/rank_" + std::to_string(rank) + ".plan.pb", planBytes[rank])) return e;
-
-  double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
-  std::string text = compileSummary(request, *plans, sim.bubbleFraction, opt.outDir, seconds) + "check: " + checked.summary + "\n";
+  std::string layoutLine;
   if (!layersPerStage.empty()) {
     std::string list;
     for (int64_t n : layersPerStage) list += (list.empty() ? "" : ", ") + std::to_string(n);
-    text += "layers per virtual stage: " + list +
-            (par.balance_stages() ? " (balanced by predicted cost)\n" : " (parallel.layers_per_stage)\n");
+    layoutLine = "layers per virtual stage: " + list +
+                 (par.balance_stages() ? " (balanced by predicted cost)\n" : " (parallel.layers_per_stage)\n");
   }
-  if (llvm::Error e = writeFile(opt.outDir + "/summary.txt", text)) return e;
-  if (!opt.quiet) summary << text;
+  out->summaryHead = compileSummary(request, *plans, sim.bubbleFraction);
+  out->summaryTail = "check: " + checked.summary + "\n" + layoutLine;
+  out->sets = std::move(sets);
+  out->plans = std::move(*plans);
   return llvm::Error::success();
 }
 

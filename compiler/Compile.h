@@ -11,6 +11,7 @@
 #include "mlir/IR/BuiltinOps.h"
 #include "protos/cluster.pb.h"
 #include "protos/model.pb.h"
+#include "protos/plan.pb.h"
 
 namespace loom {
 
@@ -35,6 +36,16 @@ llvm::Error runCompilerPasses(mlir::ModuleOp module, const config::ClusterSpec &
 // (diagnosticsReported()).
 llvm::Error compile(mlir::ModuleOp module, const config::ClusterSpec &cluster, const CompileOptions &options,
                     llvm::raw_ostream &summary);
+
+// The same compile without writing anything: the programs of each pipeline stage, every
+// rank's plan (checked, memory included) and the summary's parts.
+struct CompiledPlans {
+  std::vector<plan::ProgramSet> sets;  // by pipeline stage
+  std::vector<plan::RankPlan> plans;   // by rank
+  std::string summaryHead, summaryTail;
+};
+llvm::Error compileInMemory(mlir::ModuleOp module, const config::ClusterSpec &cluster, const CompileOptions &opt,
+                            CompiledPlans *out);
 
 // `loomc build` then the same compile.
 llvm::Error compile(const config::ModelConfig &model, const config::ClusterSpec &cluster,

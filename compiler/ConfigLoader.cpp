@@ -160,6 +160,11 @@ llvm::Expected<config::ClusterSpec> loadClusterSpec(const std::string &path) {
     if (!c.has_intra_node()) *c.mutable_intra_node() = device->intra_node();
     if (!c.has_inter_node()) *c.mutable_inter_node() = device->inter_node();
   }
+  if (llvm::Error e = finishClusterSpec(c, path)) return std::move(e);
+  return c;
+}
+
+llvm::Error finishClusterSpec(config::ClusterSpec &c, const std::string &path) {
   if (c.nodes() <= 0) return fieldError(path, "nodes", llvm::formatv("must be > 0, got {0}", c.nodes()));
   if (c.devices_per_node() <= 0)
     return fieldError(path, "devices_per_node", llvm::formatv("must be > 0, got {0}", c.devices_per_node()));
@@ -218,7 +223,7 @@ llvm::Expected<config::ClusterSpec> loadClusterSpec(const std::string &path) {
   if (p.virtual_pipeline_size() > 1 && p.pipeline_parallel_size() < 2)
     return fieldError(path, "parallel.virtual_pipeline_size",
                       "virtual chunks need pipeline_parallel_size >= 2");
-  return c;
+  return llvm::Error::success();
 }
 
 llvm::Error checkModelFitsCluster(const config::ModelConfig &m, const config::ClusterSpec &c,

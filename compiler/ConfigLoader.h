@@ -21,6 +21,10 @@ llvm::Expected<config::DeviceFile> loadDeviceFile(const std::string &path);
 // defaults and validates world size = t * p * d.
 llvm::Expected<config::ClusterSpec> loadClusterSpec(const std::string &path);
 
+// Fills a cluster spec's defaults in place and validates it (what loadClusterSpec does after
+// parsing; `path` names it in errors).
+llvm::Error finishClusterSpec(config::ClusterSpec &cluster, const std::string &path);
+
 // Checks that a model can be split as the cluster's parallel request asks
 // (t divides heads and ffn; p * v divides layers).
 llvm::Error checkModelFitsCluster(const config::ModelConfig &model,

@@ -305,8 +305,7 @@ llvm::Error finishPlans(std::vector<plan::RankPlan> &plans, const std::vector<pl
   return llvm::Error::success();
 }
 
-std::string compileSummary(const PlanRequest &req, const std::vector<plan::RankPlan> &plans, double bubble,
-                           const std::string &outDir, double seconds) {
+std::string compileSummary(const PlanRequest &req, const std::vector<plan::RankPlan> &plans, double bubble) {
   const config::ParallelConfig &par = req.cluster.parallel();
   const ModelFacts &facts = req.facts;
   const std::string &modelName = req.modelName;
@@ -346,8 +345,6 @@ std::string compileSummary(const PlanRequest &req, const std::vector<plan::RankP
     for (const plan::CollectiveTotal &c : rp.collectives())
       os << llvm::formatv("    {0,-28} {1,6} per step  {2,12} per rank\n", c.kind(), c.count(), humanBytes(c.bytes()));
   }
-  os << llvm::formatv("wrote {0} rank plans and {1} program files to {2} in {3:F2} s\n", layout.world(), p,
-                      outDir, seconds);
   return text;
 }
 

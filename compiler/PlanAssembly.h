@@ -46,9 +46,9 @@ llvm::Expected<std::vector<plan::RankPlan>> assembleRankPlans(mlir::ModuleOp mod
 llvm::Error finishPlans(std::vector<plan::RankPlan> &plans, const std::vector<plan::ProgramSet> &sets,
                         const std::map<std::pair<int, int>, int> &stageLinkSlots, const config::ClusterSpec &cluster);
 
-// The summary `loomc compile` prints and writes to summary.txt.
-std::string compileSummary(const PlanRequest &request, const std::vector<plan::RankPlan> &plans, double bubble,
-                           const std::string &outDir, double seconds);
+// The summary `loomc compile` prints and writes to summary.txt (before the line saying where
+// it wrote the plans).
+std::string compileSummary(const PlanRequest &request, const std::vector<plan::RankPlan> &plans, double bubble);
 
 // "none" | "full": the plan's name of a recompute mode.
 std::string recomputeName(config::RecomputeMode r);

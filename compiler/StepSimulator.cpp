@@ -436,7 +436,6 @@ std::string predictionJson(const StepPrediction &p) {
   return s;
 }
 
-namespace {
 std::string humanSeconds(double s) {
   if (s >= 1) return llvm::formatv("{0:F3} s", s).str();
   if (s >= 1e-3) return llvm::formatv("{0:F3} ms", s * 1e3).str();
@@ -447,7 +446,6 @@ std::string gib(int64_t b) {
   if (x >= 1024.0 * 1024 * 1024) return llvm::formatv("{0:F2} GiB", x / (1024.0 * 1024 * 1024)).str();
   return llvm::formatv("{0:F1} MiB", x / (1024.0 * 1024)).str();
 }
-}  // namespace
 
 std::string predictionText(const StepPrediction &p) {
   std::string s;

@@ -13,6 +13,9 @@
 //   loomc simulate DIR [--json] [--timeline FILE.svg] [--device FILE] [--precision fp32|bf16] [--unit-cost]
 //       Replay one step of every rank's plan on the cluster's device and link model: the
 //       predicted step time, TFLOP/s per device, MFU, bubble, exposed communication, memory.
+//   loomc search MODEL --cluster SPEC [--top K] [--json] [--evaluate N]
+//       Rank the parallel configurations of the cluster's devices for the model by predicted
+//       throughput (the plans compiled in memory and simulated; no files written).
 //   loomc calibrate --out FILE [--threads N] [--repeats N]
 //       Measure this machine's CPU kernels and Gloo loopback collectives into a device file.
 //   loomc opt FILE.mlir --loom-tensor-parallel=tp=2 --loom-autodiff ... [--mlir-print-ir-after-all]
@@ -21,6 +24,7 @@
 #include "compiler/Compile.h"
 #include "compiler/PlanCheck.h"
 #include "compiler/PlanViews.h"
+#include "compiler/Search.h"
 #include "compiler/StepSimulator.h"
 #include "compiler/ConfigLoader.h"
 #include "compiler/ModelBuilder.h"
@@ -86,6 +90,19 @@ cl::opt<std::string> simulatePrecision("precision", cl::desc("GEMM operands: fp3
 cl::opt<bool> simulateUnitCost("unit-cost", cl::desc("each forward program run costs 1, each backward 2, the rest "
                                                      "nothing (the schedule's analytic bubble)"),
                                cl::sub(simulateCmd), cl::cat(loomCategory));
+
+cl::SubCommand searchCmd("search", "Rank the parallel configurations (t, p, d, v, b, recompute, sequence parallel, "
+                                    "ZeRO-1, schedule) of a cluster for a model by predicted throughput");
+cl::opt<std::string> searchModel(cl::Positional, cl::Required, cl::desc("<model config .pbtxt>"), cl::sub(searchCmd),
+                                 cl::cat(loomCategory));
+cl::opt<std::string> searchCluster("cluster", cl::Required, cl::desc("cluster spec .pbtxt (its devices and global "
+                                                                     "batch; its parallel sizes are ignored)"),
+                                   cl::sub(searchCmd), cl::cat(loomCategory));
+cl::opt<int> searchTop("top", cl::desc("configurations to print (default 5)"), cl::init(5), cl::sub(searchCmd),
+                       cl::cat(loomCategory));
+cl::opt<int> searchEvaluate("evaluate", cl::desc("candidates compiled and simulated, the estimate's best (default 32)"),
+                            cl::init(32), cl::sub(searchCmd), cl::cat(loomCategory));
+cl::opt<bool> searchJsonOut("json", cl::desc("print a JSON list"), cl::sub(searchCmd), cl::cat(loomCategory));
 
 cl::SubCommand calibrateCmd("calibrate", "Measure this machine's CPU kernels and Gloo loopback collectives into a "
                                           "device file (for loomc simulate --device)");
@@ -247,6 +264,31 @@ int runSimulate() {
   return 0;
 }
 
+int runSearch() {
+  llvm::Expected<loom::config::ClusterSpec> cluster = loom::loadClusterSpec(searchCluster);
+  if (!cluster) return loom::reportError("loomc", cluster.takeError());
+  llvm::Expected<loom::config::ModelConfig> model = loom::loadModelConfig(searchModel);
+  if (!model) return loom::reportError("loomc", model.takeError());
+  if (searchTop < 1 || searchEvaluate < 1)
+    return loom::reportError("loomc", llvm::createStringError(llvm::inconvertibleErrorCode(),
+                                                              "search: --top and --evaluate must be >= 1"));
+  loom::SearchOptions options;
+  options.top = searchTop, options.evaluate = searchEvaluate, options.clusterPath = searchCluster;
+  options.compile = [](const loom::config::ModelConfig &m, const loom::config::ClusterSpec &c,
+                       loom::CompiledPlans *plans) -> llvm::Error {
+    mlir::MLIRContext ctx;
+    ctx.disableMultithreading();  // the search runs candidates on its own threads
+    loom::OneLineDiagnostics diags(ctx);
+    mlir::OwningOpRef<mlir::ModuleOp> module = loom::buildModel(ctx, m, {});
+    return loom::compileInMemory(*module, c, loom::CompileOptions{"", false, true, m.name()}, plans);
+  };
+  loom::SearchResult result;
+  if (llvm::Error e = loom::searchConfigurations(*model, *cluster, options, &result))
+    return loom::reportError("loomc", std::move(e));
+  llvm::outs() << (searchJsonOut ? loom::searchJson(result, searchTop) : loom::searchText(result, *cluster, searchTop));
+  return 0;
+}
+
 int runCalibrate(const char *argv0) {
   if (glooWorker >= 0) return loom::runGlooWorker(glooWorker, glooDir);
   auto fail = [](const std::string &msg) {
@@ -301,6 +343,7 @@ int main(int argc, char **argv) {
   if (checkCmd) return runCheck();
   if (simulateCmd) return runSimulate();
   if (calibrateCmd) return runCalibrate(argv[0]);
-  llvm::errs() << "loomc: error: expected a subcommand: build, compile, check, simulate, calibrate, verify, opt (see loomc --help)\n";
+  if (searchCmd) return runSearch();
+  llvm::errs() << "loomc: error: expected a subcommand: build, compile, check, simulate, search, calibrate, verify, opt (see loomc --help)\n";
   return 1;
 }

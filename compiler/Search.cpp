@@ -1,0 +1,270 @@
+#include "compiler/Search.h"
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cmath>
+#include <mutex>
+#include <thread>
+
+#include "compiler/ConfigLoader.h"
+#include "compiler/CostModel.h"
+#include "compiler/Schedule.h"
+#include "llvm/Support/FormatVariadic.h"
+#include "llvm/Support/raw_ostream.h"
+
+namespace loom {
+namespace {
+
+llvm::Error error(const llvm::Twine &msg) { return llvm::createStringError(llvm::inconvertibleErrorCode(), msg.str()); }
+
+std::vector<int64_t> divisors(int64_t n) {
+  std::vector<int64_t> out;
+  for (int64_t k = 1; k <= n; ++k)
+    if (n % k == 0) out.push_back(k);
+  return out;
+}
+
+// The closed-form estimate of a candidate: step seconds and the largest stage's bytes.
+struct Estimate {
+  double seconds = 0, bytes = 0;
+};
+
+Estimate estimate(const config::ModelConfig &model, const config::ClusterSpec &cluster, CostModel &cost) {
+  const config::ParallelConfig &par = cluster.parallel();
+  double t = double(par.tensor_parallel_size()), p = double(par.pipeline_parallel_size()),
+         d = double(par.data_parallel_size()), v = double(par.virtual_pipeline_size()),
+         b = double(par.micro_batch_size());
+  double m = double(par.global_batch_size()) / (b * d);
+  double h = double(model.hidden_size()), s = double(model.seq_length()), L = double(model.num_layers()),
+         f = double(model.ffn_hidden_size());
+  double V = double(paddedVocabSize(model, par.tensor_parallel_size()));
+  bool llama = model.architecture() == config::LLAMA;
+  double kv = llama && model.num_key_value_heads() > 0
+                  ? h * double(model.num_key_value_heads()) / double(model.num_attention_heads())
+                  : h;
+  double tokens = b * s;
+  // Forward GEMM FLOPs of one layer on one tp rank: qkv, the output projection, the MLP
+  // (LLaMA's gated MLP has three matrices); attention's two batched GEMMs.
+  double layerParams = h * (h + 2 * kv) + h * h + (llama ? 3 : 2) * h * f;
+  double gemmFlops = 2 * tokens * layerParams / t, attentionFlops = 4 * b * s * s * h / t;
+  auto gemm = [&](double flops, int pieces) { return pieces * cost.computeSeconds("linear", flops / pieces, 0); };
+  double layerForward = gemm(gemmFlops, llama ? 7 : 4) + cost.computeSeconds("attention", attentionFlops, 0);
+  // Memory-bound work of a layer (norms, activation, residual adds, dropout): ~12 passes over
+  // the b s h activations, 4 bytes each.
+  layerForward += cost.computeSeconds("add", 0, 12 * tokens * h * 4 / (par.sequence_parallel() ? t : 1));
+  bool recompute = par.recompute() == config::RECOMPUTE_FULL;
+  double layerTraining = 3 * layerForward + (recompute ? layerForward : 0);
+  double head = 3 * gemm(2 * tokens * h * V / t, 1);
+  double stage = L / p * layerTraining + head;  // the last stage: the bottleneck of the pipeline
+  double pipeline = (m + (p - 1) / v) * stage;
+  // Communication: per layer and micro-batch 2 forward and 2 backward tp all-reduces (2 more
+  // recomputed) of b s h fp32 values; pipeline sends of the same size per chunk boundary; the
+  // dp all-reduce of the rank's gradients once per step.
+  const config::Link &intra = cluster.intra_node(), &inter = cluster.inter_node();
+  auto ring = [&](double bytes, double n, const config::Link &link, double steps) {
+    if (n <= 1) return 0.0;
+    double bw = link.bandwidth_bytes_per_s() > 0 ? link.bandwidth_bytes_per_s() : 1e30;
+    return steps * link.latency_s() + bytes / bw;
+  };
+  double perNode = double(cluster.devices_per_node());
+  const config::Link &tpLink = t <= perNode ? intra : inter;
+  double activation = tokens * h * 4;
+  double tp = m * L / p * (recompute ? 6 : 4) * ring(2 * (t - 1) / t * activation, t, tpLink, 2 * (t - 1));
+  const config::Link &ppLink = t * p <= perNode ? intra : inter;
+  double pp = m * 2 * v * ring(activation / (par.sequence_parallel() ? t : 1), p, ppLink, 1);
+  double stageParams = L / p * layerParams / t + V * h / t;
+  const config::Link &dpLink = t * p * d <= perNode ? intra : inter;
+  double dp = ring(2 * (d - 1) / d * stageParams * 4, d, dpLink, 2 * (d - 1));
+  Estimate e;
+  e.seconds = pipeline + tp + pp + dp;
+  // Memory of the first stage: weights, gradients, AdamW (sharded over dp with ZeRO-1), the
+  // stashed activations of the micro-batches in flight (fp32; recomputation keeps only each
+  // layer's input), the output layer's logits and their gradient.
+  double inFlight = par.schedule() == config::GPIPE ? m * L / p
+                    : v > 1                         ? std::min(m * v, p * v + p - 1) * L / (p * v)
+                                                    : std::min(m, p) * L / p;
+  // Per layer and micro-batch, in units of b s h fp32 values: about 4 + 12 / t without sequence
+  // parallelism and 30 / t with it (from GPT-3 175B's compiled plans at t = 4 and 8), the
+  // layer's input alone when recomputed; the workspace of a layer's backward about 4 times that.
+  double perLayer = par.sequence_parallel() ? 30 / t : 4 + 12 / t;
+  double perLayerStash = recompute ? activation / (par.sequence_parallel() ? t : 1) : activation * perLayer;
+  e.bytes = stageParams * (8 + 8 / (par.zero1() ? d : 1)) + inFlight * perLayerStash + 4 * activation * perLayer +
+            3 * tokens * V / t * 4;
+  return e;
+}
+
+std::string describe(const config::ParallelConfig &p) {
+  const char *schedule = p.pipeline_parallel_size() == 1                  ? "-"
+                         : p.schedule() == config::GPIPE                     ? "GPipe"
+                         : p.schedule() == config::INTERLEAVED_ONE_F_ONE_B ? "interleaved"
+                                                                           : "1F1B";
+  return llvm::formatv("t={0} p={1} d={2} v={3} b={4} {5}{6}{7} {8}", p.tensor_parallel_size(),
+                       p.pipeline_parallel_size(), p.data_parallel_size(), p.virtual_pipeline_size(),
+                       p.micro_batch_size(), p.recompute() == config::RECOMPUTE_FULL ? "recompute" : "no-recompute",
+                       p.sequence_parallel() ? " sp" : "", p.zero1() ? " zero1" : "", schedule)
+      .str();
+}
+
+}  // namespace
+
+llvm::Error searchConfigurations(const config::ModelConfig &model, const config::ClusterSpec &cluster,
+                                 const SearchOptions &options, SearchResult *out) {
+  auto started = std::chrono::steady_clock::now();
+  const config::ParallelConfig &request = cluster.parallel();
+  int64_t world = cluster.nodes() * cluster.devices_per_node(), batch = request.global_batch_size();
+  if (batch <= 0) return error(options.clusterPath + ": error: field 'parallel.global_batch_size' must be set to search");
+  CostModel cost(cluster, cluster.device().kind() == config::CUDA ? GemmPrecision::kBf16 : GemmPrecision::kFp32, false);
+  std::vector<SearchCandidate> candidates;
+  for (int64_t t : divisors(cluster.devices_per_node()))
+    for (int64_t p : divisors(world / t))
+      for (int64_t v : {1, 2, 4})
+        for (int64_t b : {1, 2, 4, 8})
+          for (bool recompute : {false, true})
+            for (bool sp : {false, true})
+              for (bool zero1 : {false, true})
+                for (config::PipelineSchedule schedule : {config::GPIPE, config::ONE_F_ONE_B, config::INTERLEAVED_ONE_F_ONE_B}) {
+                  int64_t d = world / (t * p);
+                  if ((v > 1) != (schedule == config::INTERLEAVED_ONE_F_ONE_B) || (p == 1 && schedule != config::GPIPE) ||
+                      (sp && t == 1) || (zero1 && d == 1) || p * v > model.num_layers())
+                    continue;
+                  ++out->enumerated;
+                  config::ClusterSpec c = cluster;
+                  config::ParallelConfig &par = *c.mutable_parallel();
+                  par.set_tensor_parallel_size(t), par.set_pipeline_parallel_size(p), par.set_data_parallel_size(d);
+                  par.set_virtual_pipeline_size(v), par.set_micro_batch_size(b), par.set_global_batch_size(batch);
+                  par.set_recompute(recompute ? config::RECOMPUTE_FULL : config::RECOMPUTE_NONE);
+                  par.set_sequence_parallel(sp), par.set_zero1(zero1), par.set_schedule(schedule);
+                  par.clear_layers_per_stage(), par.set_balance_stages(false);
+                  if (batch % (b * d) != 0 || llvm::errorToBool(finishClusterSpec(c, options.clusterPath)) ||
+                      llvm::errorToBool(checkModelFitsCluster(model, c, options.clusterPath))) {
+                    ++out->invalid;
+                    continue;
+                  }
+                  int m = int(batch / (b * d));
+                  ScheduleKind kind = schedule == config::GPIPE ? ScheduleKind::kGPipe
+                                      : v > 1                   ? ScheduleKind::kInterleaved
+                                                                : ScheduleKind::kOneFOneB;
+                  if (!buildSchedule(kind, int(p), int(v), m)) {  // e.g. interleaving needs m divisible by p
+                    ++out->invalid;
+                    continue;
+                  }
+                  SearchCandidate cand;
+                  cand.parallel = par;
+                  Estimate e = estimate(model, c, cost);
+                  cand.estimatedSeconds = e.seconds, cand.estimatedBytes = e.bytes;
+                  if (cluster.device().memory_bytes() > 0 && e.bytes > 1.25 * double(cluster.device().memory_bytes())) {
+                    ++out->overEstimate;
+                    continue;
+                  }
+                  candidates.push_back(cand);
+                }
+  // Those the estimate says fit first, then those within its margin; each by estimated time.
+  double memory = double(cluster.device().memory_bytes());
+  std::stable_sort(candidates.begin(), candidates.end(), [&](const SearchCandidate &a, const SearchCandidate &b) {
+    bool fitsA = memory <= 0 || a.estimatedBytes <= memory, fitsB = memory <= 0 || b.estimatedBytes <= memory;
+    if (fitsA != fitsB) return fitsA;
+    return a.estimatedSeconds < b.estimatedSeconds;
+  });
+  size_t evaluate = std::min(candidates.size(), size_t(std::max(options.evaluate, 1)));
+  out->notEvaluated = int(candidates.size() - evaluate);
+  // Compile and simulate the best `evaluate`, `threads` at a time.
+  std::atomic<size_t> next{0};
+  std::mutex mu;
+  std::string failure;
+  auto work = [&] {
+    for (size_t i; (i = next++) < evaluate;) {
+      SearchCandidate &cand = candidates[i];
+      config::ClusterSpec c = cluster;
+      *c.mutable_parallel() = cand.parallel;
+      CompiledPlans plans;
+      cand.evaluated = true;
+      if (llvm::Error e = options.compile(model, c, &plans)) {
+        std::string why = llvm::toString(std::move(e));
+        std::lock_guard<std::mutex> lock(mu);
+        if (why.find("of memory but the device has") != std::string::npos)
+          cand.refused = why;
+        else if (failure.empty())
+          failure = describe(cand.parallel) + ": " + why;
+        continue;
+      }
+      std::vector<RankPrograms> ranks;
+      for (const plan::RankPlan &rp : plans.plans) ranks.push_back({&rp, &plans.sets[size_t(rp.pp_rank())]});
+      SimulateOptions so;
+      so.precision = defaultPrecision(plans.plans[0]);
+      if (llvm::Error e = simulateStep(ranks, so, &cand.prediction)) {
+        std::lock_guard<std::mutex> lock(mu);
+        if (failure.empty()) failure = describe(cand.parallel) + ": " + llvm::toString(std::move(e));
+      }
+    }
+  };
+  std::vector<std::thread> threads;
+  for (int k = 0; k < std::max(options.threads, 1); ++k) threads.emplace_back(work);
+  for (std::thread &th : threads) th.join();
+  if (!failure.empty()) return error("a candidate failed to compile or simulate: " + failure);
+  for (size_t i = 0; i < evaluate; ++i) {
+    if (!candidates[i].refused.empty()) {
+      ++out->refusedByPlan;
+      if (out->exampleRefusal.empty()) out->exampleRefusal = describe(candidates[i].parallel) + ": " + candidates[i].refused;
+      continue;
+    }
+    out->ranked.push_back(candidates[i]);
+  }
+  std::stable_sort(out->ranked.begin(), out->ranked.end(), [](const SearchCandidate &a, const SearchCandidate &b) {
+    return a.prediction.modelTflopsPerDevice > b.prediction.modelTflopsPerDevice;
+  });
+  out->seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
+  return llvm::Error::success();
+}
+
+std::string searchText(const SearchResult &r, const config::ClusterSpec &cluster, int top) {
+  std::string s;
+  llvm::raw_string_ostream os(s);
+  os << llvm::formatv("{0} configurations of {1} x {2} devices: {3} invalid for the model or batch, {4} over 1.25x the "
+                      "device's memory by the estimate, {5} not evaluated (outside the estimate's best), {6} compiled "
+                      "and simulated, of which {7} refused by the compiled plans' memory check; {8:F1} s\n",
+                      r.enumerated, cluster.nodes(), cluster.devices_per_node(), r.invalid, r.overEstimate,
+                      r.notEvaluated, r.ranked.size() + r.refusedByPlan, r.refusedByPlan, r.seconds);
+  if (!r.exampleRefusal.empty()) os << "  e.g. " << r.exampleRefusal << "\n";
+  os << llvm::formatv("{0,-4} {1,-52} {2,11} {3,9} {4,6} {5,11} {6,7} {7,12}\n", "#", "configuration", "step", "TFLOP/s",
+                      "MFU", "memory", "bubble", "exposed comm");
+  for (size_t i = 0; i < r.ranked.size() && int(i) < top; ++i) {
+    const SearchCandidate &c = r.ranked[i];
+    const StepPrediction &p = c.prediction;
+    double comm = 0;
+    for (auto &[kind, seconds] : p.exposedByKind) comm += seconds;
+    os << llvm::formatv("{0,-4} {1,-52} {2,11} {3,9} {4,5:F1}% {5,11} {6,6:F1}% {7,12}\n", i + 1, describe(c.parallel),
+                        humanSeconds(p.stepSeconds),
+                        llvm::formatv(p.modelTflopsPerDevice >= 1 ? "{0:F1}" : "{0:F4}", p.modelTflopsPerDevice).str(),
+                        100 * p.mfu, gib(p.peakMemoryBytes), 100 * p.bubble, humanSeconds(comm));
+  }
+  return s;
+}
+
+std::string searchJson(const SearchResult &r, int top) {
+  std::string s;
+  llvm::raw_string_ostream os(s);
+  os << "[";
+  for (size_t i = 0; i < r.ranked.size() && int(i) < top; ++i) {
+    const config::ParallelConfig &c = r.ranked[i].parallel;
+    const StepPrediction &p = r.ranked[i].prediction;
+    const char *schedule = c.schedule() == config::GPIPE                     ? "GPIPE"
+                           : c.schedule() == config::INTERLEAVED_ONE_F_ONE_B ? "INTERLEAVED_ONE_F_ONE_B"
+                                                                             : "ONE_F_ONE_B";
+    os << (i ? ",\n " : "")
+       << llvm::formatv("{{\"tensor_parallel_size\": {0}, \"pipeline_parallel_size\": {1}, \"data_parallel_size\": {2}, "
+                        "\"virtual_pipeline_size\": {3}, \"micro_batch_size\": {4}, \"global_batch_size\": {5}, "
+                        "\"recompute\": \"{6}\", \"sequence_parallel\": {7}, \"zero1\": {8}, \"schedule\": \"{9}\", "
+                        "\"step_time_s\": {10:E6}, \"tflops_per_device\": {11:F4}, \"mfu\": {12:F5}, \"bubble\": "
+                        "{13:F5}, \"peak_memory_bytes\": {14}}",
+                        c.tensor_parallel_size(), c.pipeline_parallel_size(), c.data_parallel_size(),
+                        c.virtual_pipeline_size(), c.micro_batch_size(), c.global_batch_size(),
+                        c.recompute() == config::RECOMPUTE_FULL ? "RECOMPUTE_FULL" : "RECOMPUTE_NONE",
+                        c.sequence_parallel() ? "true" : "false", c.zero1() ? "true" : "false", schedule, p.stepSeconds,
+                        p.modelTflopsPerDevice, p.mfu, p.bubble, p.peakMemoryBytes);
+  }
+  os << "]\n";
+  return s;
+}
+
+}  // namespace loom
