@@ -299,29 +299,36 @@ int runGlooWorker(int rank, const std::string &dir) {
   }
   std::ofstream out;
   if (rank == 0) out.open(dir + "/allreduce.txt");
-  // As in training, each all-reduce follows a stretch of compute on both ranks (a GEMM of about
-  // a layer's size), so what is timed includes the peers' skew and the wake-ups after compute.
+  // As in training, each all-reduce follows a stretch of compute on both ranks (a small GEMM),
+  // so what is timed includes the wake-ups after compute. The sweep over sizes runs five times;
+  // each size's time is the median of its sweeps' means (a sweep's mean counts the share of
+  // calls that wait for a scheduler tick; the median over sweeps drops a disturbed sweep).
   const int side = 192;
   std::vector<float> a(size_t(side) * side, 0.5f), b(size_t(side) * side, 0.25f), c(size_t(side) * side, 0.0f);
-  for (int64_t n : {256, 1024, 4096, 16384, 32768, 65536, 131072, 262144, 524288, 1048576, 4194304}) {
-    std::vector<float> data(size_t(n), 1.0f);
-    int reps = n >= 4194304 ? 20 : n >= 65536 ? 40 : 100;
-    std::vector<double> times;
-    for (int k = 0; k <= reps; ++k) {
-      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, side, side, side, 1.0f, a.data(), side, b.data(), side, 0.0f,
-                  c.data(), side);
-      auto t0 = std::chrono::steady_clock::now();
-      if (Status s = gloo->allReduce("dp", data.data(), n, ReduceOp::kSum); !s.isOk()) {
-        std::fprintf(stderr, "loomc calibrate: Gloo worker %d: %s\n", rank, s.message().c_str());
-        return 1;
+  const std::vector<int64_t> sizes = {256, 1024, 4096, 16384, 65536, 131072, 262144, 524288, 1048576, 4194304};
+  std::vector<std::vector<double>> means(sizes.size());
+  for (int sweep = 0; sweep < 5; ++sweep)
+    for (size_t k = 0; k < sizes.size(); ++k) {
+      int64_t n = sizes[k];
+      std::vector<float> data(size_t(n), 1.0f);
+      int reps = n >= 4194304 ? 6 : 20;
+      double total = 0;
+      for (int r = 0; r <= reps; ++r) {
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, side, side, side, 1.0f, a.data(), side, b.data(), side,
+                    0.0f, c.data(), side);
+        auto t0 = std::chrono::steady_clock::now();
+        if (Status s = gloo->allReduce("dp", data.data(), n, ReduceOp::kSum); !s.isOk()) {
+          std::fprintf(stderr, "loomc calibrate: Gloo worker %d: %s\n", rank, s.message().c_str());
+          return 1;
+        }
+        if (r > 0) total += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
       }
-      if (k > 0) times.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+      means[k].push_back(total / reps);
     }
-    // The mean, not the median: on a loaded machine a fraction of the calls wait a scheduler
-    // tick for a peer thread (bimodal times), and a step pays that fraction on average.
-    double mean = 0;
-    for (double t : times) mean += t / double(times.size());
-    if (rank == 0) out << n * 4 << " " << mean << "\n";
+  for (size_t k = 0; k < sizes.size(); ++k) {
+    std::vector<double> &m = means[k];
+    std::nth_element(m.begin(), m.begin() + long(m.size() / 2), m.end());
+    if (rank == 0) out << sizes[k] * 4 << " " << m[m.size() / 2] << "\n";
   }
   return 0;
 }
