@@ -14,6 +14,19 @@ int64_t bufferBytes(const plan::Buffer &b) {
   return b.bytes() > 0 ? b.bytes() : planattr::numel(b) * (b.dtype() == plan::BF16 || b.dtype() == plan::F16 ? 2 : 4);
 }
 
+// y at x on the points (x_i, y_i), linear in log(x) between them, the nearest end outside.
+double interpolateInLog(std::vector<std::pair<double, double>> pts, double x) {
+  std::sort(pts.begin(), pts.end());
+  if (x <= pts.front().first) return pts.front().second;
+  for (size_t i = 1; i < pts.size(); ++i)
+    if (x <= pts[i].first) {
+      double a = std::log(pts[i - 1].first), b = std::log(pts[i].first);
+      double w = b > a ? (std::log(x) - a) / (b - a) : 1.0;
+      return pts[i - 1].second + w * (pts[i].second - pts[i - 1].second);
+    }
+  return pts.back().second;
+}
+
 }  // namespace
 
 bool isGemmOp(const std::string &op) { return op == "linear" || op == "weight_grad"; }
@@ -41,16 +54,7 @@ double CostModel::efficiency(const google::protobuf::RepeatedPtrField<config::Ef
   if (curve.empty()) return 1.0;
   std::vector<std::pair<double, double>> pts;
   for (const config::EfficiencyPoint &p : curve) pts.push_back({p.flops(), p.efficiency()});
-  std::sort(pts.begin(), pts.end());
-  if (flops <= pts.front().first) return pts.front().second;
-  if (flops >= pts.back().first) return pts.back().second;
-  for (size_t i = 1; i < pts.size(); ++i)
-    if (flops <= pts[i].first) {
-      double a = std::log(pts[i - 1].first), b = std::log(pts[i].first), x = std::log(flops);
-      double w = b > a ? (x - a) / (b - a) : 1.0;
-      return pts[i - 1].second + w * (pts[i].second - pts[i - 1].second);
-    }
-  return pts.back().second;
+  return interpolateInLog(pts, flops);
 }
 
 double CostModel::compute(const plan::Program &program, const plan::Instruction &in) {
@@ -99,19 +103,9 @@ double CostModel::communication(const plan::Program &program, const plan::Instru
 double CostModel::stepSeconds(const config::Link &link, double bytes) const {
   std::vector<std::pair<double, double>> pts;
   for (const config::TransferPoint &p : link.step_times()) pts.push_back({p.bytes(), p.seconds()});
-  std::sort(pts.begin(), pts.end());
-  if (bytes <= pts.front().first) return pts.front().second;
-  if (bytes >= pts.back().first) {
-    double bw = link.bandwidth_bytes_per_s();
-    return pts.back().second + (bw > 0 ? (bytes - pts.back().first) / bw : 0);
-  }
-  for (size_t i = 1; i < pts.size(); ++i)
-    if (bytes <= pts[i].first) {
-      double a = std::log(pts[i - 1].first), b = std::log(pts[i].first), x = std::log(bytes);
-      double w = b > a ? (x - a) / (b - a) : 1.0;
-      return pts[i - 1].second + w * (pts[i].second - pts[i - 1].second);
-    }
-  return pts.back().second;
+  double last = std::max_element(pts.begin(), pts.end())->first, bw = link.bandwidth_bytes_per_s();
+  if (bytes > last) return interpolateInLog(pts, last) + (bw > 0 ? (bytes - last) / bw : 0);
+  return interpolateInLog(pts, bytes);
 }
 
 }  // namespace loom
