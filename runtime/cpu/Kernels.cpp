@@ -92,7 +92,7 @@ constexpr float kGeluC = 0.7978845608028654f;  // sqrt(2 / pi)
 void geluForward(const float *x, float *y, int64_t count) {
   for (int64_t i = 0; i < count; ++i) {
     float v = x[i];
-    y[i] = 0.5f * v * (1.0f + std::tanh(kGeluC * (v + 0.044715f * v * v * v)));
+    y[i] = 0.5f * v * (1.0f + fastTanh(kGeluC * (v + 0.044715f * v * v * v)));
   }
 }
 
@@ -100,7 +100,7 @@ void geluForward(const float *x, float *y, int64_t count) {
 void geluBackward(const float *x, const float *g, float *dx, int64_t count) {
   for (int64_t i = 0; i < count; ++i) {
     float v = x[i];
-    float t = std::tanh(kGeluC * (v + 0.044715f * v * v * v));
+    float t = fastTanh(kGeluC * (v + 0.044715f * v * v * v));
     float d = 0.5f * (1.0f + t) + 0.5f * v * (1.0f - t * t) * kGeluC * (1.0f + 3 * 0.044715f * v * v);
     dx[i] = g[i] * d;
   }
@@ -114,141 +114,182 @@ void dropoutForward(const float *x, float *y, int64_t count, float rate, uint64_
 
 namespace {
 
-// Softmax probabilities P[S,S] = softmax(q k^T / sqrt(hd) + mask) of one (batch, head), q and
-// k rows `ldq` and `ldk` floats apart, before dropout.
-void softmaxProbs(const float *q, int64_t ldq, const float *k, int64_t ldk, const float *keyMask, float *p,
-                  int64_t S, int64_t hd, bool causal, int64_t b) {
-  float scale = 1.0f / std::sqrt(float(hd));
-  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, S, S, hd, scale, q, ldq, k, ldk, 0.0f, p, S);
+// One (batch, head) of attention: q, k, v rows `ldq`, `ldk`, `ldv` floats apart; the
+// probabilities P[S,S] (row-major, before dropout) in `p`. With a causal mask the queries go in
+// blocks of kBlock and each block's scores, softmax and products cover only the keys up to its
+// last query (the masked half is neither computed nor read: P is 0 there).
+constexpr int64_t kBlock = 64;
+
+struct Head {
+  const float *q, *k, *v;
+  int64_t ldq, ldk, ldv;
+  const float *keyMask;  // this batch row's [S] key mask, or null
+  int64_t S, hd;
+  bool causal;
+  float dropout;
+  uint64_t seed, stream, counterBase;  // the dropout mask's counter of P[i][j]: base + i * S + j
+  // Keys row i sees: all, or up to i with the causal mask.
+  int64_t keysOf(int64_t i) const { return causal ? i + 1 : S; }
+  // Columns the block of queries starting at i0 needs.
+  int64_t blockKeys(int64_t i0) const { return causal ? std::min(S, i0 + kBlock) : S; }
+};
+
+// P = softmax(q k^T / sqrt(hd) + masks), computed over each row's visible keys (the rest 0).
+void headProbs(const Head &h, float *p) {
+  float scale = 1.0f / std::sqrt(float(h.hd));
   const float ninf = -std::numeric_limits<float>::infinity();
-  for (int64_t i = 0; i < S; ++i) {
-    float *row = p + i * S;
-    for (int64_t j = 0; j < S; ++j)
-      if ((causal && j > i) || (keyMask && keyMask[b * S + j] == 0.0f)) row[j] = ninf;
-    float mx = ninf;
-    for (int64_t j = 0; j < S; ++j) mx = std::max(mx, row[j]);
-    if (mx == ninf) {  // every key masked: the row attends to nothing
-      std::fill(row, row + S, 0.0f);
-      continue;
+  for (int64_t i0 = 0; i0 < h.S; i0 += kBlock) {
+    int64_t rows = std::min(kBlock, h.S - i0), cols = h.blockKeys(i0);
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, rows, cols, h.hd, scale, h.q + i0 * h.ldq, h.ldq, h.k, h.ldk,
+                0.0f, p + i0 * h.S, h.S);
+    for (int64_t i = i0; i < i0 + rows; ++i) {
+      float *row = p + i * h.S;
+      int64_t n = h.keysOf(i);
+      if (h.keyMask)
+        for (int64_t j = 0; j < n; ++j)
+          if (h.keyMask[j] == 0.0f) row[j] = ninf;
+      float mx = ninf;
+      for (int64_t j = 0; j < n; ++j) mx = std::max(mx, row[j]);
+      if (mx == ninf) {  // every key masked: the row attends to nothing
+        std::fill(row, row + h.S, 0.0f);
+        continue;
+      }
+      float sum = 0;
+      for (int64_t j = 0; j < n; ++j) sum += (row[j] = fastExp(row[j] - mx));
+      float inv = 1.0f / sum;
+      for (int64_t j = 0; j < n; ++j) row[j] *= inv;
+      std::fill(row + n, row + h.S, 0.0f);
     }
-    double sum = 0;
-    for (int64_t j = 0; j < S; ++j) sum += (row[j] = std::exp(row[j] - mx));
-    float inv = float(1.0 / sum);
-    for (int64_t j = 0; j < S; ++j) row[j] *= inv;
   }
 }
 
-void attentionProbs(const float *qkv, const float *keyMask, float *p, const AttentionShape &s,
-                    int64_t b, int64_t h) {
+// x *= keep / (1 - rate) over each row's visible keys, the keep mask from P's counters (the
+// masked part is 0 in P and in every gradient that meets it).
+void headDropout(const Head &h, float *x) {
+  if (h.dropout <= 0) return;
+  float scale = 1.0f / (1.0f - h.dropout);
+  for (int64_t i = 0; i < h.S; ++i) {
+    float *row = x + i * h.S;
+    uint64_t base = h.counterBase + uint64_t(i * h.S);
+    for (int64_t j = 0, n = h.keysOf(i); j < n; ++j)
+      row[j] = philoxUniform(h.seed, h.stream, base + uint64_t(j)) >= h.dropout ? row[j] * scale : 0.0f;
+  }
+}
+
+// out = dropout(P) v.
+void headForward(const Head &h, float *out, int64_t ldo, float *p) {
+  headProbs(h, p);
+  headDropout(h, p);
+  for (int64_t i0 = 0; i0 < h.S; i0 += kBlock) {
+    int64_t rows = std::min(kBlock, h.S - i0), cols = h.blockKeys(i0);
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, rows, h.hd, cols, 1.0f, p + i0 * h.S, h.S, h.v, h.ldv, 0.0f,
+                out + i0 * ldo, ldo);
+  }
+}
+
+// With P the probabilities and D = P * keep / (1 - rate):
+//   dV += D^T g, dD = g V^T, dP = dD * keep / (1 - rate), dS = P * (dP - rowsum(P * dP)),
+//   dQ = dS K / sqrt(hd), dK += dS^T Q / sqrt(hd).
+// dq is written; dk and dv are added to (the caller zeroes them).
+void headBackward(const Head &h, const float *g, int64_t ldg, float *dq, float *dk, float *dv, int64_t ldd,
+                  int64_t ldkv, float *p, float *d, float *dp) {
+  float scale = 1.0f / std::sqrt(float(h.hd));
+  headProbs(h, p);
+  std::copy(p, p + h.S * h.S, d);
+  headDropout(h, d);
+  for (int64_t i0 = 0; i0 < h.S; i0 += kBlock) {
+    int64_t rows = std::min(kBlock, h.S - i0), cols = h.blockKeys(i0);
+    const float *gi = g + i0 * ldg;
+    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, cols, h.hd, rows, 1.0f, d + i0 * h.S, h.S, gi, ldg, 1.0f, dv,
+                ldkv);
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, rows, cols, h.hd, 1.0f, gi, ldg, h.v, h.ldv, 0.0f,
+                dp + i0 * h.S, h.S);
+  }
+  headDropout(h, dp);  // dD -> dP: the same mask, from the counters
+  for (int64_t i = 0; i < h.S; ++i) {
+    const float *pr = p + i * h.S;
+    float *r = dp + i * h.S;
+    int64_t n = h.keysOf(i);
+    float dot = 0;
+    for (int64_t j = 0; j < n; ++j) dot += pr[j] * r[j];
+    for (int64_t j = 0; j < n; ++j) r[j] = pr[j] * (r[j] - dot);
+    std::fill(r + n, r + h.S, 0.0f);
+  }
+  for (int64_t i0 = 0; i0 < h.S; i0 += kBlock) {
+    int64_t rows = std::min(kBlock, h.S - i0), cols = h.blockKeys(i0);
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, rows, h.hd, cols, scale, dp + i0 * h.S, h.S, h.k, h.ldk, 0.0f,
+                dq + i0 * ldd, ldd);
+    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, cols, h.hd, rows, scale, dp + i0 * h.S, h.S, h.q + i0 * h.ldq,
+                h.ldq, 1.0f, dk, ldkv);
+  }
+}
+
+// Rows of `count` floats, `ld` apart: zeroed.
+void zeroRows(float *x, int64_t rows, int64_t count, int64_t ld) {
+  for (int64_t r = 0; r < rows; ++r) std::fill(x + r * ld, x + r * ld + count, 0.0f);
+}
+
+Head attentionHead(const float *qkv, const float *keyMask, const AttentionShape &s, int64_t b, int64_t h) {
   int64_t hd = s.headDim, ld = 3 * s.heads * hd, S = s.seq;
   const float *q = qkv + b * S * ld + h * 3 * hd;
-  softmaxProbs(q, ld, q + hd, ld, keyMask, p, S, hd, s.causal, b);
-}
-
-// Multiplies P (or its gradient) of (batch b, head h) by the dropout keep mask / (1 - rate),
-// in place; the mask's counters are (b * heads + h) * S * S + i.
-void dropoutProbs(float *p, int64_t S, int64_t heads, int64_t b, int64_t h, float rate, uint64_t seed,
-                  uint64_t stream) {
-  if (rate <= 0) return;
-  uint64_t base = uint64_t((b * heads + h) * S) * S;
-  float scale = 1.0f / (1.0f - rate);
-  for (int64_t i = 0; i < S * S; ++i) p[i] = philoxUniform(seed, stream, base + i) >= rate ? p[i] * scale : 0.0f;
-}
-
-void applyAttentionDropout(float *p, const AttentionShape &s, int64_t b, int64_t h) {
-  dropoutProbs(p, s.seq, s.heads, b, h, s.dropout, s.seed, s.stream);
-}
-
-// dP -> dS in place: dS = P * (dP - rowsum(P * dP)).
-void softmaxBackwardRows(const float *p, float *dp, int64_t S) {
-  for (int64_t i = 0; i < S; ++i) {
-    double dot = 0;
-    for (int64_t j = 0; j < S; ++j) dot += p[i * S + j] * dp[i * S + j];
-    for (int64_t j = 0; j < S; ++j) dp[i * S + j] = p[i * S + j] * (dp[i * S + j] - float(dot));
-  }
+  return Head{q,     q + hd, q + 2 * hd, ld,       ld,       ld,       keyMask ? keyMask + b * S : nullptr,
+              S,     hd,     s.causal,   s.dropout, s.seed,  s.stream, uint64_t((b * s.heads + h) * S) * uint64_t(S)};
 }
 
 }  // namespace
 
 void attentionForward(const float *qkv, const float *keyMask, float *out, const AttentionShape &s) {
-  int64_t hd = s.headDim, ld = 3 * s.heads * hd, H = s.heads * hd, S = s.seq;
+  int64_t H = s.heads * s.headDim, S = s.seq;
   std::vector<float> p(S * S);
   for (int64_t b = 0; b < s.batch; ++b)
-    for (int64_t h = 0; h < s.heads; ++h) {
-      attentionProbs(qkv, keyMask, p.data(), s, b, h);
-      applyAttentionDropout(p.data(), s, b, h);
-      const float *v = qkv + b * S * ld + h * 3 * hd + 2 * hd;
-      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, S, hd, S, 1.0f, p.data(), S, v, ld, 0.0f,
-                  out + b * S * H + h * hd, H);
-    }
+    for (int64_t h = 0; h < s.heads; ++h)
+      headForward(attentionHead(qkv, keyMask, s, b, h), out + b * S * H + h * s.headDim, H, p.data());
 }
 
-// With P the probabilities and D the dropped-out ones (D = P * keep / (1 - rate)):
-//   dV = D^T g, dD = g V^T, dP = dD * keep / (1 - rate), dS = P * (dP - rowsum(P * dP)),
-//   dQ = dS K / sqrt(hd), dK = dS^T Q / sqrt(hd).
 void attentionBackward(const float *qkv, const float *keyMask, const float *g, float *dqkv,
                        const AttentionShape &s) {
   int64_t hd = s.headDim, ld = 3 * s.heads * hd, H = s.heads * hd, S = s.seq;
-  float scale = 1.0f / std::sqrt(float(hd));
   std::vector<float> p(S * S), d(S * S), dp(S * S);
   for (int64_t b = 0; b < s.batch; ++b)
     for (int64_t h = 0; h < s.heads; ++h) {
-      attentionProbs(qkv, keyMask, p.data(), s, b, h);
-      d = p;
-      applyAttentionDropout(d.data(), s, b, h);
-      const float *q = qkv + b * S * ld + h * 3 * hd, *k = q + hd, *v = q + 2 * hd;
       float *dq = dqkv + b * S * ld + h * 3 * hd, *dk = dq + hd, *dv = dq + 2 * hd;
-      const float *gs = g + b * S * H + h * hd;
-      cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, S, hd, S, 1.0f, d.data(), S, gs, H, 0.0f, dv, ld);
-      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, S, S, hd, 1.0f, gs, H, v, ld, 0.0f, dp.data(), S);
-      applyAttentionDropout(dp.data(), s, b, h);  // dD -> dP: the same mask, from the counter
-      softmaxBackwardRows(p.data(), dp.data(), S);
-      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, S, hd, S, scale, dp.data(), S, k, ld, 0.0f, dq, ld);
-      cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, S, hd, S, scale, dp.data(), S, q, ld, 0.0f, dk, ld);
+      zeroRows(dk, S, hd, ld), zeroRows(dv, S, hd, ld);
+      headBackward(attentionHead(qkv, keyMask, s, b, h), g + b * S * H + h * hd, H, dq, dk, dv, ld, ld, p.data(),
+                   d.data(), dp.data());
     }
 }
 
 int64_t GroupedAttentionShape::kvHeadOf(int64_t h) const { return (firstHead + h) / headsPerKv; }
 
+namespace {
+Head groupedHead(const float *q, const float *k, const float *v, const GroupedAttentionShape &s, int64_t b, int64_t h) {
+  int64_t hd = s.headDim, S = s.seq, ldq = s.heads * hd, ldkv = s.kvHeads * hd, kv = s.kvHeadOf(h);
+  return Head{q + b * S * ldq + h * hd, k + b * S * ldkv + kv * hd, v + b * S * ldkv + kv * hd, ldq, ldkv, ldkv,
+              nullptr, S, hd, s.causal, s.dropout, s.seed, s.stream, uint64_t((b * s.heads + h) * S) * uint64_t(S)};
+}
+}  // namespace
+
 void groupedAttentionForward(const float *q, const float *k, const float *v, float *out,
                              const GroupedAttentionShape &s) {
-  int64_t hd = s.headDim, S = s.seq, ldq = s.heads * hd, ldkv = s.kvHeads * hd;
+  int64_t S = s.seq, ldq = s.heads * s.headDim;
   std::vector<float> p(S * S);
   for (int64_t b = 0; b < s.batch; ++b)
-    for (int64_t h = 0; h < s.heads; ++h) {
-      int64_t kv = s.kvHeadOf(h);
-      const float *qh = q + b * S * ldq + h * hd, *kh = k + b * S * ldkv + kv * hd, *vh = v + b * S * ldkv + kv * hd;
-      softmaxProbs(qh, ldq, kh, ldkv, nullptr, p.data(), S, hd, s.causal, b);
-      dropoutProbs(p.data(), S, s.heads, b, h, s.dropout, s.seed, s.stream);
-      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, S, hd, S, 1.0f, p.data(), S, vh, ldkv, 0.0f,
-                  out + b * S * ldq + h * hd, ldq);
-    }
+    for (int64_t h = 0; h < s.heads; ++h)
+      headForward(groupedHead(q, k, v, s, b, h), out + b * S * ldq + h * s.headDim, ldq, p.data());
 }
 
 // As attentionBackward, per query head; a KV head's dK and dV sum over its query heads.
 void groupedAttentionBackward(const float *q, const float *k, const float *v, const float *g, float *dq, float *dk,
                               float *dv, const GroupedAttentionShape &s) {
   int64_t hd = s.headDim, S = s.seq, ldq = s.heads * hd, ldkv = s.kvHeads * hd;
-  float scale = 1.0f / std::sqrt(float(hd));
   std::fill(dk, dk + s.batch * S * ldkv, 0.0f);
   std::fill(dv, dv + s.batch * S * ldkv, 0.0f);
   std::vector<float> p(S * S), d(S * S), dp(S * S);
   for (int64_t b = 0; b < s.batch; ++b)
     for (int64_t h = 0; h < s.heads; ++h) {
-      int64_t kv = s.kvHeadOf(h), qo = b * S * ldq + h * hd, kvo = b * S * ldkv + kv * hd;
-      softmaxProbs(q + qo, ldq, k + kvo, ldkv, nullptr, p.data(), S, hd, s.causal, b);
-      d = p;
-      dropoutProbs(d.data(), S, s.heads, b, h, s.dropout, s.seed, s.stream);
-      cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, S, hd, S, 1.0f, d.data(), S, g + qo, ldq, 1.0f, dv + kvo,
-                  ldkv);
-      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, S, S, hd, 1.0f, g + qo, ldq, v + kvo, ldkv, 0.0f,
-                  dp.data(), S);
-      dropoutProbs(dp.data(), S, s.heads, b, h, s.dropout, s.seed, s.stream);
-      softmaxBackwardRows(p.data(), dp.data(), S);
-      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, S, hd, S, scale, dp.data(), S, k + kvo, ldkv, 0.0f,
-                  dq + qo, ldq);
-      cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, S, hd, S, scale, dp.data(), S, q + qo, ldq, 1.0f, dk + kvo,
-                  ldkv);
+      int64_t qo = b * S * ldq + h * hd, kvo = b * S * ldkv + s.kvHeadOf(h) * hd;
+      headBackward(groupedHead(q, k, v, s, b, h), g + qo, ldq, dq + qo, dk + kvo, dv + kvo, ldq, ldkv, p.data(),
+                   d.data(), dp.data());
     }
 }
 

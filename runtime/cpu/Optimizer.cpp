@@ -26,17 +26,19 @@ void adamwFlat(const float *param, const float *grad, float *m, float *v, float 
                const std::vector<planattr::FlatSegment> &segments, FlatRange range, const AdamWHyper &h) {
   if (out != param) std::memcpy(out, param, size_t(range.count) * sizeof(float));
   if (h.gradScale == 0.0f) return;  // skipped: non-finite gradients
-  double b1 = h.beta1, b2 = h.beta2, c1 = 1 - std::pow(b1, double(h.step)), c2 = 1 - std::pow(b2, double(h.step));
-  bool scaled = h.gradScale != 1.0f;
+  // fp32 arithmetic as PyTorch's AdamW, the bias corrections folded into two constants (from
+  // double powers); the loop vectorises (sqrt and divide included).
+  double c1 = 1 - std::pow(double(h.beta1), double(h.step)), c2 = 1 - std::pow(double(h.beta2), double(h.step));
+  const float b1 = h.beta1, b2 = h.beta2, ob1 = float(1 - double(h.beta1)), ob2 = float(1 - double(h.beta2));
+  const float invC1 = float(1 / c1), invSqrtC2 = float(1 / std::sqrt(c2)), eps = h.eps, lr = h.lr, scale = h.gradScale;
   planattr::forEachSegmentIn(segments, range.begin, range.count, [&](int64_t lo, int64_t hi, const planattr::FlatSegment &s) {
-    double decay = s.decay ? h.weightDecay : 0.0;
+    const float decay = s.decay ? h.weightDecay : 0.0f;
     for (int64_t i = lo; i < hi; ++i) {
-      float g = scaled ? float(grad[i] * h.gradScale) : grad[i];
-      m[i] = float(b1 * m[i] + (1 - b1) * g);
-      v[i] = float(b2 * v[i] + (1 - b2) * double(g) * g);
-      double update = (m[i] / c1) / (std::sqrt(v[i] / c2) + h.eps);
-      update += decay * param[i];
-      out[i] = float(param[i] - h.lr * update);
+      float g = grad[i] * scale;
+      float mi = b1 * m[i] + ob1 * g, vi = b2 * v[i] + ob2 * g * g;
+      m[i] = mi, v[i] = vi;
+      float update = (mi * invC1) / (std::sqrt(vi) * invSqrtC2 + eps) + decay * param[i];
+      out[i] = param[i] - lr * update;
     }
   });
 }

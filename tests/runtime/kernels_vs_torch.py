@@ -130,9 +130,10 @@ r = probe("swiglu", dict(gate=gate, up=up, g=g))
 for k, want in zip(("y", "dgate", "dup"), (y, *grads(y, g, (gate, up)))):
     check(f"swiglu.{k}", r[k], want)
 
-# grouped-query attention: KV heads repeated for their query heads (Hugging Face's repeat_kv)
-for causal, kv_heads in ((1, 2), (0, 1), (1, 4)):
-    B, S, H, D = 2, 9, 4, 8
+# grouped-query attention: KV heads repeated for their query heads (Hugging Face's repeat_kv);
+# S = 150: several 64-query blocks, the last one partial (the causal blocking's edges)
+for causal, kv_heads, S in ((1, 2, 9), (0, 1, 9), (1, 4, 9), (1, 2, 150), (0, 2, 150)):
+    B, H, D = 2, 4, 8
     q = torch.randn(B, S, H * D, requires_grad=True)
     k = torch.randn(B, S, kv_heads * D, requires_grad=True)
     v = torch.randn(B, S, kv_heads * D, requires_grad=True)
@@ -146,11 +147,11 @@ for causal, kv_heads in ((1, 2), (0, 1), (1, 4)):
     g = torch.randn_like(y)
     r = probe("grouped_attention", dict(q=q, k=k, v=v, g=g), heads=H, kv_heads=kv_heads, causal=causal)
     for name, want in zip(("y", "dq", "dk", "dv"), (y, *grads(y, g, (q, k, v)))):
-        check(f"grouped_attention[kv={kv_heads},causal={causal}].{name}", r[name], want)
+        check(f"grouped_attention[kv={kv_heads},causal={causal},S={S}].{name}", r[name], want)
 
 # attention core: qkv laid out [heads, 3, head_dim] per token
-for causal, masked in ((1, False), (0, True)):
-    B, S, H, D = 2, 9, 3, 8
+for causal, masked, S in ((1, False, 9), (0, True, 9), (1, False, 150), (1, True, 150), (0, True, 150)):
+    B, H, D = 2, 3, 8
     qkv = torch.randn(B, S, 3 * H * D, requires_grad=True)
     q, k, v = qkv.view(B, S, H, 3, D).permute(3, 0, 2, 1, 4)  # each [B, H, S, D]
     scores = q @ k.transpose(-1, -2) / D**0.5
@@ -166,8 +167,8 @@ for causal, masked in ((1, False), (0, True)):
     if masked:
         tensors["key_mask"] = key_mask
     r = probe("attention", tensors, heads=H, causal=causal)
-    check(f"attention[causal={causal}].y", r["y"], y)
-    check(f"attention[causal={causal}].dqkv", r["dqkv"], grads(y, g, (qkv,))[0])
+    check(f"attention[causal={causal},masked={masked},S={S}].y", r["y"], y)
+    check(f"attention[causal={causal},masked={masked},S={S}].dqkv", r["dqkv"], grads(y, g, (qkv,))[0])
 
 # token + position embedding
 word = torch.randn(50, 16, requires_grad=True)
