@@ -2,7 +2,7 @@
 //   loom-dump FILE.mlir   module summary: parameters, FLOPs per token, op histogram.
 //   loom-dump DIR [--rank R] [--view summary|graph|dot|collectives|timeline|memory] [--program NAME] [-o FILE]
 //       a plan directory from `loomc compile`: rank R's programs as text or Graphviz DOT, the
-//       collectives, the schedule timeline as SVG, the memory timeline.
+//       collectives, the step as SVG in predicted time (loomc simulate's model), the memory timeline.
 #include <cmath>
 #include <filesystem>
 #include <fstream>
