@@ -74,21 +74,27 @@ class Json {
 }  // namespace
 
 Status writeFileAtomically(const std::string &path, const std::string &bytes) {
+  return writeFileAtomically(path, std::vector<std::pair<const char *, size_t>>{{bytes.data(), bytes.size()}});
+}
+
+Status writeFileAtomically(const std::string &path, const std::vector<std::pair<const char *, size_t>> &chunks) {
   // Unique per process and call: writers of the same path never share a temporary file.
   static std::atomic<uint64_t> counter{0};
   std::string tmp = path + ".tmp." + std::to_string(::getpid()) + "." + std::to_string(counter++);
   int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
   if (fd < 0) return Status::error(tmp + ": cannot create: " + std::strerror(errno));
-  size_t done = 0;
-  while (done < bytes.size()) {
-    ssize_t w = ::write(fd, bytes.data() + done, bytes.size() - done);
-    if (w < 0 && errno == EINTR) continue;
-    if (w < 0) {
-      ::close(fd);
-      ::unlink(tmp.c_str());
-      return Status::error(tmp + ": write failed: " + std::strerror(errno));
+  for (auto [data, size] : chunks) {
+    size_t done = 0;
+    while (done < size) {
+      ssize_t w = ::write(fd, data + done, size - done);
+      if (w < 0 && errno == EINTR) continue;
+      if (w < 0) {
+        ::close(fd);
+        ::unlink(tmp.c_str());
+        return Status::error(tmp + ": write failed: " + std::strerror(errno));
+      }
+      done += size_t(w);
     }
-    done += size_t(w);
   }
   bool synced = ::fsync(fd) == 0;
   bool closed = ::close(fd) == 0;
@@ -109,8 +115,11 @@ Status writeFileAtomically(const std::string &path, const std::string &bytes) {
   return Status::ok();
 }
 
+// The header first (the offsets follow from the sizes), then each tensor's bytes straight from
+// the tensor: no second copy of the data in memory (a checkpoint shard's peak memory would
+// otherwise triple while it is written).
 Status writeSafetensors(const std::string &path, const SafetensorsFile &file) {
-  std::string header = "{", data;
+  std::string header = "{";
   bool first = true;
   if (!file.metadata.empty()) {
     header += "\"__metadata__\":{";
@@ -120,24 +129,25 @@ Status writeSafetensors(const std::string &path, const SafetensorsFile &file) {
     }
     header += "}";
   }
+  std::vector<std::pair<const char *, size_t>> chunks(2);
+  size_t offset = 0;
   for (auto &[name, t] : file.tensors) {
-    size_t begin = data.size();
-    if (t.isInt)
-      data.append(reinterpret_cast<const char *>(t.ints.data()), t.ints.size() * 4);
-    else
-      data.append(reinterpret_cast<const char *>(t.data.data()), t.data.size() * 4);
+    const char *data = t.isInt ? reinterpret_cast<const char *>(t.ints.data()) : reinterpret_cast<const char *>(t.data.data());
+    size_t size = (t.isInt ? t.ints.size() : t.data.size()) * 4;
+    chunks.push_back({data, size});
     std::string shape;
     for (int64_t d : t.shape) shape += (shape.empty() ? "" : ",") + std::to_string(d);
     header += std::string(header.size() > 1 ? "," : "") + "\"" + jsonEscape(name) + "\":{\"dtype\":\"" +
-              (t.isInt ? "I32" : "F32") + "\",\"shape\":[" + shape + "],\"data_offsets\":[" + std::to_string(begin) +
-              "," + std::to_string(data.size()) + "]}";
+              (t.isInt ? "I32" : "F32") + "\",\"shape\":[" + shape + "],\"data_offsets\":[" + std::to_string(offset) +
+              "," + std::to_string(offset + size) + "]}";
+    offset += size;
   }
   header += "}";
   while (header.size() % 8) header += ' ';
   uint64_t len = header.size();
-  std::string bytes(reinterpret_cast<const char *>(&len), 8);
-  bytes += header + data;
-  return writeFileAtomically(path, bytes);
+  chunks[0] = {reinterpret_cast<const char *>(&len), 8};
+  chunks[1] = {header.data(), header.size()};
+  return writeFileAtomically(path, chunks);
 }
 
 Status readSafetensors(const std::string &path, SafetensorsFile *file) {

@@ -23,5 +23,7 @@ Status readSafetensors(const std::string &path, SafetensorsFile *file);
 
 // Writes bytes to path through path.tmp, fsync and rename: a reader never sees half a file.
 Status writeFileAtomically(const std::string &path, const std::string &bytes);
+// The same for data in pieces (written in order, none copied).
+Status writeFileAtomically(const std::string &path, const std::vector<std::pair<const char *, size_t>> &chunks);
 
 }  // namespace loom
