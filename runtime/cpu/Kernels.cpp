@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <thread>
 #include <vector>
 
 #include "runtime/cpu/FastExp.h"
@@ -117,6 +118,19 @@ void dropoutForward(const float *x, float *y, int64_t count, float rate, uint64_
 
 namespace {
 
+// Rows [0, n) split over the BLAS thread count (the threads loom-rank --threads gives the
+// rank): each row's work is independent and done alike whatever the split, so the result does
+// not depend on the thread count.
+template <typename Body>
+void parallelRows(int64_t n, Body body) {
+  int threads = std::max(1, std::min<int>(openblas_get_num_threads(), int(n / 16)));
+  if (threads == 1) return body(int64_t(0), n);
+  std::vector<std::thread> helpers;
+  for (int t = 1; t < threads; ++t) helpers.emplace_back([&, t] { body(n * t / threads, n * (t + 1) / threads); });
+  body(0, n / threads);
+  for (std::thread &h : helpers) h.join();
+}
+
 // One (batch, head) of attention: q, k, v rows `ldq`, `ldk`, `ldv` floats apart; the
 // probabilities P[S,S] (row-major, before dropout) in `p`. With a causal mask the queries go in
 // blocks of kBlock and each block's scores, softmax and products cover only the keys up to its
@@ -145,7 +159,9 @@ void headProbs(const Head &h, float *p) {
     int64_t rows = std::min(kBlock, h.S - i0), cols = h.blockKeys(i0);
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, rows, cols, h.hd, scale, h.q + i0 * h.ldq, h.ldq, h.k, h.ldk,
                 0.0f, p + i0 * h.S, h.S);
-    for (int64_t i = i0; i < i0 + rows; ++i) {
+  }
+  parallelRows(h.S, [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) {
       float *row = p + i * h.S;
       int64_t n = h.keysOf(i);
       if (h.keyMask)
@@ -163,21 +179,23 @@ void headProbs(const Head &h, float *p) {
       for (int64_t j = 0; j < n; ++j) row[j] *= inv;
       std::fill(row + n, row + h.S, 0.0f);
     }
-  }
+  });
 }
 
 // x *= keep / (1 - rate) over each row's visible keys, the keep mask from P's counters (the
 // masked part is 0 in P and in every gradient that meets it).
 __attribute__((target_clones("avx2", "default")))
+void dropoutRow(float *row, int64_t n, uint64_t base, float rate, uint64_t seed, uint64_t stream) {
+  float scale = 1.0f / (1.0f - rate);
+  for (int64_t j = 0; j < n; ++j) row[j] = philoxUniform(seed, stream, base + uint64_t(j)) >= rate ? row[j] * scale : 0.0f;
+}
+
 void headDropout(const Head &h, float *x) {
   if (h.dropout <= 0) return;
-  float scale = 1.0f / (1.0f - h.dropout);
-  for (int64_t i = 0; i < h.S; ++i) {
-    float *row = x + i * h.S;
-    uint64_t base = h.counterBase + uint64_t(i * h.S);
-    for (int64_t j = 0, n = h.keysOf(i); j < n; ++j)
-      row[j] = philoxUniform(h.seed, h.stream, base + uint64_t(j)) >= h.dropout ? row[j] * scale : 0.0f;
-  }
+  parallelRows(h.S, [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i)
+      dropoutRow(x + i * h.S, h.keysOf(i), h.counterBase + uint64_t(i * h.S), h.dropout, h.seed, h.stream);
+  });
 }
 
 // out = dropout(P) v.
@@ -210,15 +228,17 @@ void headBackward(const Head &h, const float *g, int64_t ldg, float *dq, float *
                 dp + i0 * h.S, h.S);
   }
   headDropout(h, dp);  // dD -> dP: the same mask, from the counters
-  for (int64_t i = 0; i < h.S; ++i) {
-    const float *pr = p + i * h.S;
-    float *r = dp + i * h.S;
-    int64_t n = h.keysOf(i);
-    float dot = 0;
-    for (int64_t j = 0; j < n; ++j) dot += pr[j] * r[j];
-    for (int64_t j = 0; j < n; ++j) r[j] = pr[j] * (r[j] - dot);
-    std::fill(r + n, r + h.S, 0.0f);
-  }
+  parallelRows(h.S, [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) {
+      const float *pr = p + i * h.S;
+      float *r = dp + i * h.S;
+      int64_t n = h.keysOf(i);
+      float dot = 0;
+      for (int64_t j = 0; j < n; ++j) dot += pr[j] * r[j];
+      for (int64_t j = 0; j < n; ++j) r[j] = pr[j] * (r[j] - dot);
+      std::fill(r + n, r + h.S, 0.0f);
+    }
+  });
   for (int64_t i0 = 0; i0 < h.S; i0 += kBlock) {
     int64_t rows = std::min(kBlock, h.S - i0), cols = h.blockKeys(i0);
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, rows, h.hd, cols, scale, dp + i0 * h.S, h.S, h.k, h.ldk, 0.0f,
