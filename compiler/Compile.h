@@ -6,6 +6,7 @@
 #include <string>
 #include <vector>
 
+#include "compiler/CompiledPlans.h"
 #include "llvm/Support/Error.h"
 #include "llvm/Support/raw_ostream.h"
 #include "mlir/IR/BuiltinOps.h"
@@ -39,11 +40,6 @@ llvm::Error compile(mlir::ModuleOp module, const config::ClusterSpec &cluster, c
 
 // The same compile without writing anything: the programs of each pipeline stage, every
 // rank's plan (checked, memory included) and the summary's parts.
-struct CompiledPlans {
-  std::vector<plan::ProgramSet> sets;  // by pipeline stage
-  std::vector<plan::RankPlan> plans;   // by rank
-  std::string summaryHead, summaryTail;
-};
 llvm::Error compileInMemory(mlir::ModuleOp module, const config::ClusterSpec &cluster, const CompileOptions &opt,
                             CompiledPlans *out);
 

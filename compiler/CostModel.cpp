@@ -8,7 +8,6 @@
 namespace loom {
 namespace {
 
-bool isCommunication(const std::string &op) { return planattr::isCollective(op) || op == "send" || op == "recv"; }
 
 int64_t bufferBytes(const plan::Buffer &b) {
   return b.bytes() > 0 ? b.bytes() : planattr::numel(b) * (b.dtype() == plan::BF16 || b.dtype() == plan::F16 ? 2 : 4);
@@ -65,7 +64,7 @@ double CostModel::compute(const plan::Program &program, const plan::Instruction 
     auto [it, fresh] = programFlops_.try_emplace(&program, 0.0);
     if (fresh)
       for (const plan::Instruction &i : program.instructions())
-        if (!isCommunication(i.op())) it->second += i.flops();
+        if (!planattr::isCommunication(i.op())) it->second += i.flops();
     return it->second > 0 ? units * in.flops() / it->second : 0;
   }
   return computeSeconds(in.op(), in.flops(), isGemmOp(in.op()) || isAttentionOp(in.op()) ? 0 : instructionBytes(program, in));

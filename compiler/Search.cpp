@@ -10,6 +10,7 @@
 #include "compiler/ConfigLoader.h"
 #include "compiler/CostModel.h"
 #include "compiler/Schedule.h"
+#include "compiler/Units.h"
 #include "llvm/Support/FormatVariadic.h"
 #include "llvm/Support/raw_ostream.h"
 
@@ -236,7 +237,7 @@ std::string searchText(const SearchResult &r, const config::ClusterSpec &cluster
     os << llvm::formatv("{0,-4} {1,-52} {2,11} {3,9} {4,5:F1}% {5,11} {6,6:F1}% {7,12}\n", i + 1, describe(c.parallel),
                         humanSeconds(p.stepSeconds),
                         llvm::formatv(p.modelTflopsPerDevice >= 1 ? "{0:F1}" : "{0:F4}", p.modelTflopsPerDevice).str(),
-                        100 * p.mfu, gib(p.peakMemoryBytes), 100 * p.bubble, humanSeconds(comm));
+                        100 * p.mfu, humanBytes(double(p.peakMemoryBytes)), 100 * p.bubble, humanSeconds(comm));
   }
   return s;
 }

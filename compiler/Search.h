@@ -15,7 +15,7 @@
 #include <string>
 #include <vector>
 
-#include "compiler/Compile.h"
+#include "compiler/CompiledPlans.h"
 #include "compiler/StepSimulator.h"
 #include "llvm/Support/Error.h"
 #include "protos/cluster.pb.h"

@@ -7,6 +7,7 @@
 #include <queue>
 #include <set>
 
+#include "compiler/Units.h"
 #include "llvm/ADT/StringExtras.h"
 #include "llvm/Support/FormatVariadic.h"
 #include "llvm/Support/raw_ostream.h"
@@ -19,8 +20,6 @@ namespace {
 constexpr double kInf = std::numeric_limits<double>::infinity();
 
 llvm::Error error(const llvm::Twine &msg) { return llvm::createStringError(llvm::inconvertibleErrorCode(), msg.str()); }
-
-bool isCommunication(const std::string &op) { return planattr::isCollective(op) || op == "send" || op == "recv"; }
 
 struct Interval {
   double start, end;
@@ -196,7 +195,7 @@ class Engine {
     ++executed_;
     int k = int(in.stream()) & 3;
     s.busy[k] = false;
-    if (!isCommunication(in.op()) && in.op() != "identity") {
+    if (!planattr::isCommunication(in.op()) && in.op() != "identity") {
       s.compute.push_back({s.startAt[size_t(i)], now_});
       s.computeByOp[in.op()] += now_ - s.startAt[size_t(i)];
       s.firstCompute = std::min(s.firstCompute, s.startAt[size_t(i)]);
@@ -436,24 +435,13 @@ std::string predictionJson(const StepPrediction &p) {
   return s;
 }
 
-std::string humanSeconds(double s) {
-  if (s >= 1) return llvm::formatv("{0:F3} s", s).str();
-  if (s >= 1e-3) return llvm::formatv("{0:F3} ms", s * 1e3).str();
-  return llvm::formatv("{0:F1} us", s * 1e6).str();
-}
-std::string gib(int64_t b) {
-  double x = double(b);
-  if (x >= 1024.0 * 1024 * 1024) return llvm::formatv("{0:F2} GiB", x / (1024.0 * 1024 * 1024)).str();
-  return llvm::formatv("{0:F1} MiB", x / (1024.0 * 1024)).str();
-}
-
 std::string predictionText(const StepPrediction &p) {
   std::string s;
   llvm::raw_string_ostream os(s);
   os << llvm::formatv("predicted step time {0}; {1:F2} TFLOP/s per device ({2:F2} with recomputation), MFU {3:F1}%\n",
                       humanSeconds(p.stepSeconds), p.modelTflopsPerDevice, p.hardwareTflopsPerDevice, 100 * p.mfu);
   os << llvm::formatv("pipeline bubble {0:F1}% of busy time; peak memory {1} (the largest rank)\n", 100 * p.bubble,
-                      gib(p.peakMemoryBytes));
+                      humanBytes(p.peakMemoryBytes));
   if (!p.exposedByKind.empty()) {
     os << "exposed communication per rank (mean):";
     for (auto &[kind, seconds] : p.exposedByKind) os << " " << kind << " " << humanSeconds(seconds) << ";";
@@ -479,7 +467,7 @@ std::string predictionText(const StepPrediction &p) {
   for (const RankPrediction &r : p.ranks)
     os << llvm::formatv("  rank {0,4} stage {1,3}: compute {2}, exposed communication {3}, idle {4}, peak {5}\n", r.rank,
                         r.stage, humanSeconds(r.computeSeconds), humanSeconds(r.exposedCommunicationSeconds),
-                        humanSeconds(r.idleSeconds), gib(r.peakMemoryBytes));
+                        humanSeconds(r.idleSeconds), humanBytes(r.peakMemoryBytes));
   return s;
 }
 

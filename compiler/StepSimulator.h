@@ -74,10 +74,6 @@ llvm::Error simulateStep(const std::vector<RankPrograms> &ranks, const SimulateO
 // in predicted time (forward blue, backward green, loss and optimizer purple), idle grey.
 std::string predictionTimelineSvg(const std::vector<RankPrograms> &ranks, const StepPrediction &prediction);
 
-// "1.234 s", "5.678 ms", "9.0 us"; "1.23 GiB", "4.5 MiB".
-std::string humanSeconds(double seconds);
-std::string gib(int64_t bytes);
-
 // The prediction as one JSON object (the keys documented in the README).
 std::string predictionJson(const StepPrediction &prediction);
 std::string predictionText(const StepPrediction &prediction);

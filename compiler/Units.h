@@ -15,4 +15,11 @@ inline std::string humanBytes(double bytes) {
   return llvm::formatv("{0:F1} {1}", bytes, unit[i]).str();
 }
 
+// 1.2345 -> "1.234 s", 0.0056 -> "5.600 ms", 9e-6 -> "9.0 us"
+inline std::string humanSeconds(double s) {
+  if (s >= 1) return llvm::formatv("{0:F3} s", s).str();
+  if (s >= 1e-3) return llvm::formatv("{0:F3} ms", s * 1e3).str();
+  return llvm::formatv("{0:F1} us", s * 1e6).str();
+}
+
 }  // namespace loom

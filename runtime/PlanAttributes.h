@@ -41,6 +41,8 @@ inline int64_t dim(const plan::Buffer &b, int k) { return k < 0 ? b.shape(b.shap
 inline bool isCollective(const std::string &op) {
   return op == "all_reduce" || op == "all_gather" || op == "reduce_scatter";
 }
+// Collectives and pipeline messages: the ops that wait on other ranks.
+inline bool isCommunication(const std::string &op) { return isCollective(op) || op == "send" || op == "recv"; }
 
 }  // namespace loom::planattr
 

@@ -6,12 +6,6 @@
 #include "runtime/PlanAttributes.h"
 
 namespace loom {
-namespace {
-
-bool isWait(const std::string &op) { return planattr::isCollective(op) || op == "recv" || op == "send"; }
-
-}  // namespace
-
 int64_t Progress::callNumber(const plan::Instruction &in) {
   return planattr::isCollective(in.op()) ? calls_[planattr::str(in, "group")]++ : -1;
 }
@@ -94,7 +88,7 @@ Progress::Report Progress::report() {
     const plan::Instruction &in = f.program->instructions(f.index);
     std::string group = planattr::str(in, "group");
     std::string at = f.program->name() + " mb " + std::to_string(f.mb);
-    if (isWait(in.op())) {
+    if (planattr::isCommunication(in.op())) {
       std::string what = in.op() + (group.empty() ? "" : "@" + group);
       if (f.call >= 0) what += " #" + std::to_string(f.call);
       if (in.op() == "recv" || in.op() == "send") what += " (peer " + std::to_string(planattr::i64(in, "peer")) + ")";

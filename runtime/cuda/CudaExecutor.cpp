@@ -86,7 +86,7 @@ class DeviceRun {
       }
       for (int w : in.wait_for())
         if (s.isOk()) s = cudaStatus(cudaStreamWaitEvent(st_, e_.events_[w], 0), "stream wait");
-      if (s.isOk() && k != plan::COMPUTE && !planattr::isCollective(in.op()) && in.op() != "send" && in.op() != "recv" &&
+      if (s.isOk() && k != plan::COMPUTE && !planattr::isCommunication(in.op()) &&
           in.op() != "identity")
         s = Status::error("a compute op on communication stream " + plan::Stream_Name(in.stream()) +
                           " (corrupt plan: the compute stream's scratch is not shared)");
