@@ -88,11 +88,13 @@ double CostModel::communication(const plan::Program &program, const plan::Instru
   if (unitCost_ || members.size() < 2) return 0;
   bool oneNode = true;
   for (int m : members) oneNode &= nodeOf(m) == nodeOf(members[0]);
-  const config::Link &link = oneNode ? intra_ : inter_;
   bool p2p = in.op() == "send" || in.op() == "recv";
-  int steps = p2p ? 1 : ringSteps(in.op(), int(members.size()));
-  double bytes = double(in.bytes_moved());
   (void)program;
+  return transferSeconds(oneNode, p2p ? 1 : ringSteps(in.op(), int(members.size())), double(in.bytes_moved()));
+}
+
+double CostModel::transferSeconds(bool oneNode, int steps, double bytes) const {
+  const config::Link &link = oneNode ? intra_ : inter_;
   if (!link.step_times().empty()) return steps * stepSeconds(link, bytes / std::max(steps, 1));
   double seconds = steps * link.latency_s();
   if (link.bandwidth_bytes_per_s() > 0) seconds += bytes / link.bandwidth_bytes_per_s();

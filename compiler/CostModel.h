@@ -32,6 +32,9 @@ class CostModel {
   double compute(const plan::Program &program, const plan::Instruction &in);
   // Seconds for a collective, send or recv among `members` (global ranks).
   double communication(const plan::Program &program, const plan::Instruction &in, const std::vector<int> &members) const;
+  // `steps` ring steps moving `bytes` per rank in all over the intra-node link (oneNode) or
+  // the inter-node one: per step a latency, or the link's measured step time.
+  double transferSeconds(bool oneNode, int steps, double bytes) const;
   int nodeOf(int rank) const { return int(rank / devicesPerNode_); }
   // The same model for an op known by its name, FLOPs and bytes (the global IR's ops, before
   // lowering: the stage balancer's costs).

@@ -62,21 +62,15 @@ Estimate estimate(const config::ModelConfig &model, const config::ClusterSpec &c
   // Communication: per layer and micro-batch 2 forward and 2 backward tp all-reduces (2 more
   // recomputed) of b s h fp32 values; pipeline sends of the same size per chunk boundary; the
   // dp all-reduce of the rank's gradients once per step.
-  const config::Link &intra = cluster.intra_node(), &inter = cluster.inter_node();
-  auto ring = [&](double bytes, double n, const config::Link &link, double steps) {
-    if (n <= 1) return 0.0;
-    double bw = link.bandwidth_bytes_per_s() > 0 ? link.bandwidth_bytes_per_s() : 1e30;
-    return steps * link.latency_s() + bytes / bw;
+  // A group spans one node when the ranks it strides over fit in one (ranks are tp-fastest).
+  auto ring = [&](double bytes, double n, double span, int steps) {
+    return n <= 1 ? 0.0 : cost.transferSeconds(span <= double(cluster.devices_per_node()), steps, bytes);
   };
-  double perNode = double(cluster.devices_per_node());
-  const config::Link &tpLink = t <= perNode ? intra : inter;
   double activation = tokens * h * 4;
-  double tp = m * L / p * (recompute ? 6 : 4) * ring(2 * (t - 1) / t * activation, t, tpLink, 2 * (t - 1));
-  const config::Link &ppLink = t * p <= perNode ? intra : inter;
-  double pp = m * 2 * v * ring(activation / (par.sequence_parallel() ? t : 1), p, ppLink, 1);
+  double tp = m * L / p * (recompute ? 6 : 4) * ring(2 * (t - 1) / t * activation, t, t, int(2 * (t - 1)));
+  double pp = m * 2 * v * ring(activation / (par.sequence_parallel() ? t : 1), p, t * p, 1);
   double stageParams = L / p * layerParams / t + V * h / t;
-  const config::Link &dpLink = t * p * d <= perNode ? intra : inter;
-  double dp = ring(2 * (d - 1) / d * stageParams * 4, d, dpLink, 2 * (d - 1));
+  double dp = ring(2 * (d - 1) / d * stageParams * 4, d, t * p * d, int(2 * (d - 1)));
   Estimate e;
   e.seconds = pipeline + tp + pp + dp;
   // Memory of the first stage: weights, gradients, AdamW (sharded over dp with ZeRO-1), the
