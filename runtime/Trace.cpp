@@ -35,13 +35,10 @@ TraceRecorder::TraceRecorder() : epoch_(std::chrono::steady_clock::now()) {}
 
 void TraceRecorder::record(const plan::Program &program, const plan::Instruction &in, int mb,
                            std::chrono::steady_clock::time_point start, std::chrono::steady_clock::time_point end) {
-  std::string group = planattr::str(in, "group");
-  if (group.empty()) group = planattr::str(in, "vocab_parallel_group");
-  Event e{&program, &in, in.op(), program.name(), group, int(in.stream()), in.layer(), mb, in.bytes_moved(),
-          std::chrono::duration<double, std::micro>(start - epoch_).count(),
+  Event e{&program, &in, mb, std::chrono::duration<double, std::micro>(start - epoch_).count(),
           std::chrono::duration<double, std::micro>(end - start).count()};
   std::lock_guard<std::mutex> lock(mu_);
-  events_.push_back(std::move(e));
+  events_.push_back(e);
 }
 
 std::vector<TraceRecorder::Timing> TraceRecorder::timings() const {
@@ -50,7 +47,7 @@ std::vector<TraceRecorder::Timing> TraceRecorder::timings() const {
   std::vector<Timing> out;
   for (const Event &e : events_) {
     auto [it, fresh] = at.try_emplace(e.instruction, out.size());
-    if (fresh) out.push_back({e.programRef, e.instruction, {}});
+    if (fresh) out.push_back({e.program, e.instruction, {}});
     out[it->second].seconds.push_back(e.durationUs * 1e-6);
   }
   return out;
@@ -70,11 +67,16 @@ Status TraceRecorder::write(const std::string &path, const plan::RankPlan &plan)
     char num[64];
     for (size_t i = 0; i < events_.size(); ++i) {
       const Event &e = events_[i];
+      const plan::Instruction &in = *e.instruction;
+      std::string group = planattr::str(in, "group");
+      if (group.empty()) group = planattr::str(in, "vocab_parallel_group");
+      int stream = int(in.stream());
       std::snprintf(num, sizeof num, "%.3f, \"dur\": %.3f", e.startUs, e.durationUs);
-      out << "{\"ph\": \"X\", \"name\": " << quoted(e.op) << ", \"cat\": \"" << streamName(e.stream)
-          << "\", \"pid\": " << plan.rank() << ", \"tid\": " << e.stream << ", \"ts\": " << num
-          << ", \"args\": {\"program\": " << quoted(e.program) << ", \"micro_batch\": " << e.mb
-          << ", \"layer\": " << e.layer << ", \"group\": " << quoted(e.group) << ", \"bytes\": " << e.bytes << "}}"
+      out << "{\"ph\": \"X\", \"name\": " << quoted(in.op()) << ", \"cat\": \"" << streamName(stream)
+          << "\", \"pid\": " << plan.rank() << ", \"tid\": " << stream << ", \"ts\": " << num
+          << ", \"args\": {\"program\": " << quoted(e.program->name()) << ", \"micro_batch\": " << e.mb
+          << ", \"layer\": " << in.layer() << ", \"group\": " << quoted(group) << ", \"bytes\": " << in.bytes_moved()
+          << "}}"
           << (i + 1 < events_.size() ? ",\n" : "\n");
     }
     out << "],\n\"otherData\": {\"rank\": " << plan.rank() << ", \"plan_collectives_per_step\": {";

@@ -19,7 +19,8 @@ class TraceRecorder {
   TraceRecorder();
 
   // One executed instruction of `program` (micro-batch mb, -1 outside micro-batches),
-  // between `start` and `end`. Thread-safe: each stream thread records its own.
+  // between `start` and `end`. Thread-safe: each stream thread records its own. The recorder
+  // keeps pointers to the program and instruction: they must outlive its write() and timings().
   void record(const plan::Program &program, const plan::Instruction &in, int mb,
               std::chrono::steady_clock::time_point start, std::chrono::steady_clock::time_point end);
 
@@ -38,11 +39,9 @@ class TraceRecorder {
 
  private:
   struct Event {
-    const plan::Program *programRef;
-    const plan::Instruction *instruction;
-    std::string op, program, group;
-    int stream, layer, mb;
-    int64_t bytes;
+    const plan::Program *program;
+    const plan::Instruction *instruction;  // its op, stream, layer, group and bytes
+    int mb;
     double startUs, durationUs;
   };
   std::chrono::steady_clock::time_point epoch_;
