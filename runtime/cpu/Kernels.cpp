@@ -6,10 +6,10 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
-#include <thread>
 #include <vector>
 
 #include "runtime/cpu/FastExp.h"
+#include "runtime/cpu/Parallel.h"
 #include "runtime/cpu/Philox.h"
 
 namespace loom::cpu {
@@ -32,103 +32,187 @@ void linearWeightGrad(const float *x, const float *g, float *dw, int64_t m, int6
     cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, k, n, m, 1.0f, x, k, g, n, beta, dw, n);
 }
 
+// Each thread sums its own columns over every row in row order: the same sums whatever the split.
 void biasGrad(const float *g, float *db, int64_t m, int64_t n) {
-  std::fill(db, db + n, 0.0f);
-  for (int64_t r = 0; r < m; ++r)
-    for (int64_t c = 0; c < n; ++c) db[c] += g[r * n + c];
+  parallelFor(n, 64, [&](int64_t c0, int64_t c1) {
+    std::fill(db + c0, db + c1, 0.0f);
+    for (int64_t r = 0; r < m; ++r)
+      for (int64_t c = c0; c < c1; ++c) db[c] += g[r * n + c];
+  });
 }
 
 namespace {
-// Mean and 1 / sqrt(variance + eps) of one row (accumulated in double).
+// Row reductions in 8 float lanes (they vectorise), the lanes and the tail combined in double:
+// a fixed order, so every ISA variant and thread count gives the same bits.
+float laneSum(const float *x, int64_t n) {
+  float lanes[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8)
+    for (int k = 0; k < 8; ++k) lanes[k] += x[i + k];
+  double sum = 0;
+  for (int k = 0; k < 8; ++k) sum += lanes[k];
+  for (; i < n; ++i) sum += x[i];
+  return float(sum);
+}
+
+// sum (x - c)^2, and sum x * y, likewise.
+float laneSquaredDeviation(const float *x, int64_t n, float c) {
+  float lanes[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8)
+    for (int k = 0; k < 8; ++k) lanes[k] += (x[i + k] - c) * (x[i + k] - c);
+  double sum = 0;
+  for (int k = 0; k < 8; ++k) sum += lanes[k];
+  for (; i < n; ++i) sum += double(x[i] - c) * (x[i] - c);
+  return float(sum);
+}
+
+float laneDot(const float *x, const float *y, int64_t n) {
+  float lanes[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8)
+    for (int k = 0; k < 8; ++k) lanes[k] += x[i + k] * y[i + k];
+  double sum = 0;
+  for (int k = 0; k < 8; ++k) sum += lanes[k];
+  for (; i < n; ++i) sum += double(x[i]) * y[i];
+  return float(sum);
+}
+
+// Mean and 1 / sqrt(variance + eps) of one row (two passes).
 void rowStatistics(const float *xr, int64_t n, float eps, float *mean, float *rstd) {
-  double m = 0, var = 0;
-  for (int64_t i = 0; i < n; ++i) m += xr[i];
-  m /= n;
-  for (int64_t i = 0; i < n; ++i) var += (xr[i] - m) * (xr[i] - m);
-  var /= n;
-  *mean = float(m);
-  *rstd = 1.0f / std::sqrt(float(var) + eps);
+  float m = laneSum(xr, n) / float(n);
+  *mean = m;
+  *rstd = 1.0f / std::sqrt(laneSquaredDeviation(xr, n, m) / float(n) + eps);
+}
+
+// Rows per chunk of the per-column gradient sums (dgamma, dbeta): fixed, so the sums' order
+// is the same for any thread count; each chunk's partial sums are added in chunk order.
+constexpr int64_t kRowChunk = 32;
+
+// Per-thread scratch that grows to the largest size asked and is then reused (no allocation
+// inside the step once the first step has run).
+float *scratch(std::vector<float> &buffer, size_t count) {
+  if (buffer.size() < count) buffer.resize(count);
+  return buffer.data();
+}
+
+// out[i] = sum over chunks c (in order) of partial[c * ld + i], i < n.
+void addChunks(const float *partial, int64_t chunks, int64_t ld, int64_t n, float *out) {
+  parallelFor(n, 256, [&](int64_t i0, int64_t i1) {
+    std::fill(out + i0, out + i1, 0.0f);
+    for (int64_t c = 0; c < chunks; ++c)
+      for (int64_t i = i0; i < i1; ++i) out[i] += partial[c * ld + i];
+  });
 }
 }  // namespace
 
 void layerNormForward(const float *x, const float *gamma, const float *beta, float *y, int64_t rows,
                       int64_t n, float eps) {
-  for (int64_t r = 0; r < rows; ++r) {
-    const float *xr = x + r * n;
-    float mean, rstd;
-    rowStatistics(xr, n, eps, &mean, &rstd);
-    for (int64_t i = 0; i < n; ++i) y[r * n + i] = (xr[i] - mean) * rstd * gamma[i] + beta[i];
-  }
+  parallelFor(rows, 8, [&](int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; ++r) {
+      const float *xr = x + r * n;
+      float mean, rstd;
+      rowStatistics(xr, n, eps, &mean, &rstd);
+      float *yr = y + r * n;
+      for (int64_t i = 0; i < n; ++i) yr[i] = (xr[i] - mean) * rstd * gamma[i] + beta[i];
+    }
+  });
 }
 
+// dx = rstd (dy - mean(dy) - xhat mean(dy xhat)), dy = g gamma; dgamma = sum g xhat, dbeta = sum g.
 void layerNormBackward(const float *x, const float *gamma, const float *g, float *dx, float *dgamma,
                        float *dbeta, int64_t rows, int64_t n, float eps) {
-  std::fill(dgamma, dgamma + n, 0.0f);
-  std::fill(dbeta, dbeta + n, 0.0f);
-  std::vector<float> xhat(n);
-  for (int64_t r = 0; r < rows; ++r) {
-    const float *xr = x + r * n, *gr = g + r * n;
-    float mean, rstd;
-    rowStatistics(xr, n, eps, &mean, &rstd);
-    double meanDy = 0, meanDyXhat = 0;
-    for (int64_t i = 0; i < n; ++i) {
-      xhat[i] = (xr[i] - mean) * rstd;
-      float dy = gr[i] * gamma[i];
-      meanDy += dy;
-      meanDyXhat += dy * xhat[i];
-      dgamma[i] += gr[i] * xhat[i];
-      dbeta[i] += gr[i];
+  static thread_local std::vector<float> partialBuffer;
+  int64_t chunks = chunkCount(rows, kRowChunk);
+  float *partial = scratch(partialBuffer, size_t(chunks * 2 * n));  // per chunk: dgamma then dbeta
+  parallelChunks(rows, kRowChunk, [&](int64_t c, int64_t r0, int64_t r1) {
+    static thread_local std::vector<float> xhatBuffer;
+    float *pg = partial + c * 2 * n, *pb = pg + n;
+    std::fill(pg, pg + 2 * n, 0.0f);
+    for (int64_t r = r0; r < r1; ++r) {
+      const float *xr = x + r * n, *gr = g + r * n;
+      float mean, rstd;
+      rowStatistics(xr, n, eps, &mean, &rstd);
+      float *dxr = dx + r * n, *xhat = scratch(xhatBuffer, size_t(n));
+      float lanesDy[8] = {0, 0, 0, 0, 0, 0, 0, 0}, lanesDyXhat[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+      int64_t i = 0;
+      for (; i + 8 <= n; i += 8)
+        for (int k = 0; k < 8; ++k) {
+          float xh = (xr[i + k] - mean) * rstd, dy = gr[i + k] * gamma[i + k];
+          xhat[i + k] = xh;
+          lanesDy[k] += dy;
+          lanesDyXhat[k] += dy * xh;
+        }
+      double sumDy = 0, sumDyXhat = 0;
+      for (int k = 0; k < 8; ++k) sumDy += lanesDy[k], sumDyXhat += lanesDyXhat[k];
+      for (; i < n; ++i) {
+        float xh = (xr[i] - mean) * rstd, dy = gr[i] * gamma[i];
+        xhat[i] = xh;
+        sumDy += dy;
+        sumDyXhat += double(dy) * xh;
+      }
+      float meanDy = float(sumDy / n), meanDyXhat = float(sumDyXhat / n);
+      for (int64_t j = 0; j < n; ++j) {
+        float xh = xhat[j];
+        pg[j] += gr[j] * xh;
+        pb[j] += gr[j];
+        dxr[j] = rstd * (gr[j] * gamma[j] - meanDy - xh * meanDyXhat);
+      }
     }
-    meanDy /= n;
-    meanDyXhat /= n;
-    for (int64_t i = 0; i < n; ++i)
-      dx[r * n + i] = rstd * (gr[i] * gamma[i] - float(meanDy) - xhat[i] * float(meanDyXhat));
-  }
+  });
+  addChunks(partial, chunks, 2 * n, n, dgamma);
+  addChunks(partial + n, chunks, 2 * n, n, dbeta);
 }
 
 namespace {
 constexpr float kGeluC = 0.7978845608028654f;  // sqrt(2 / pi)
 }
 
+// Elementwise loops go in parts of at least this many elements.
+constexpr int64_t kElementGrain = 16384;
+
 void geluForward(const float *x, float *y, int64_t count) {
-  for (int64_t i = 0; i < count; ++i) {
-    float v = x[i];
-    y[i] = 0.5f * v * (1.0f + fastTanh(kGeluC * (v + 0.044715f * v * v * v)));
-  }
+  parallelFor(count, kElementGrain, [&](int64_t lo, int64_t hi) {
+    for (int64_t i = lo; i < hi; ++i) {
+      float v = x[i];
+      y[i] = 0.5f * v * (1.0f + fastTanh(kGeluC * (v + 0.044715f * v * v * v)));
+    }
+  });
 }
 
 // d/dx: 0.5 (1 + t) + 0.5 x (1 - t^2) c (1 + 3 * 0.044715 x^2), t = tanh(c (x + 0.044715 x^3)).
 void geluBackward(const float *x, const float *g, float *dx, int64_t count) {
-  for (int64_t i = 0; i < count; ++i) {
-    float v = x[i];
-    float t = fastTanh(kGeluC * (v + 0.044715f * v * v * v));
-    float d = 0.5f * (1.0f + t) + 0.5f * v * (1.0f - t * t) * kGeluC * (1.0f + 3 * 0.044715f * v * v);
-    dx[i] = g[i] * d;
-  }
+  parallelFor(count, kElementGrain, [&](int64_t lo, int64_t hi) {
+    for (int64_t i = lo; i < hi; ++i) {
+      float v = x[i];
+      float t = fastTanh(kGeluC * (v + 0.044715f * v * v * v));
+      float d = 0.5f * (1.0f + t) + 0.5f * v * (1.0f - t * t) * kGeluC * (1.0f + 3 * 0.044715f * v * v);
+      dx[i] = g[i] * d;
+    }
+  });
 }
 
+namespace {
 // Philox's 32x32->64-bit products vectorise with AVX2 (about 1.6x here); the same values either
-// way (integer arithmetic), the variant chosen at load time.
+// way (integer arithmetic), the variant chosen at load time. Elements [lo, hi).
 __attribute__((target_clones("avx2", "default")))
-void dropoutForward(const float *x, float *y, int64_t count, float rate, uint64_t seed, uint64_t stream) {
+void dropoutRange(const float *x, float *y, int64_t lo, int64_t hi, float rate, uint64_t seed, uint64_t stream) {
   float scale = 1.0f / (1.0f - rate);
-  for (int64_t i = 0; i < count; ++i)
-    y[i] = philoxUniform(seed, stream, i) >= rate ? x[i] * scale : 0.0f;
+  for (int64_t i = lo; i < hi; ++i)
+    y[i] = philoxUniform(seed, stream, uint64_t(i)) >= rate ? x[i] * scale : 0.0f;
+}
+}  // namespace
+
+void dropoutForward(const float *x, float *y, int64_t count, float rate, uint64_t seed, uint64_t stream) {
+  parallelFor(count, kElementGrain, [&](int64_t lo, int64_t hi) { dropoutRange(x, y, lo, hi, rate, seed, stream); });
 }
 
 namespace {
 
-// Rows [0, n) split over the BLAS thread count (the threads loom-rank --threads gives the
-// rank): each row's work is independent and done alike whatever the split, so the result does
-// not depend on the thread count.
+// Rows [0, n) of a head split over the rank's threads (each row's work independent).
 template <typename Body>
 void parallelRows(int64_t n, Body body) {
-  int threads = std::max(1, std::min<int>(openblas_get_num_threads(), int(n / 16)));
-  if (threads == 1) return body(int64_t(0), n);
-  std::vector<std::thread> helpers;
-  for (int t = 1; t < threads; ++t) helpers.emplace_back([&, t] { body(n * t / threads, n * (t + 1) / threads); });
-  body(0, n / threads);
-  for (std::thread &h : helpers) h.join();
+  parallelFor(n, 16, body);
 }
 
 // One (batch, head) of attention: q, k, v rows `ldq`, `ldk`, `ldv` floats apart; the
@@ -318,30 +402,39 @@ void groupedAttentionBackward(const float *q, const float *k, const float *v, co
 }
 
 void rmsNormForward(const float *x, const float *gamma, float *y, int64_t rows, int64_t n, float eps) {
-  for (int64_t r = 0; r < rows; ++r) {
-    const float *xr = x + r * n;
-    double ss = 0;
-    for (int64_t i = 0; i < n; ++i) ss += double(xr[i]) * xr[i];
-    float rstd = float(1.0 / std::sqrt(ss / n + eps));
-    for (int64_t i = 0; i < n; ++i) y[r * n + i] = xr[i] * rstd * gamma[i];
-  }
+  parallelFor(rows, 8, [&](int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; ++r) {
+      const float *xr = x + r * n;
+      float rstd = 1.0f / std::sqrt(laneDot(xr, xr, n) / float(n) + eps);
+      float *yr = y + r * n;
+      for (int64_t i = 0; i < n; ++i) yr[i] = xr[i] * rstd * gamma[i];
+    }
+  });
 }
 
+// dx = rstd (g gamma - x rstd mean(g gamma x rstd)), dgamma = sum g x rstd.
 void rmsNormBackward(const float *x, const float *gamma, const float *g, float *dx, float *dgamma, int64_t rows,
                      int64_t n, float eps) {
-  std::fill(dgamma, dgamma + n, 0.0f);
-  for (int64_t r = 0; r < rows; ++r) {
-    const float *xr = x + r * n, *gr = g + r * n;
-    double ss = 0, dot = 0;
-    for (int64_t i = 0; i < n; ++i) ss += double(xr[i]) * xr[i];
-    double rstd = 1.0 / std::sqrt(ss / n + eps);
-    for (int64_t i = 0; i < n; ++i) {
-      dot += double(gr[i]) * gamma[i] * xr[i] * rstd;
-      dgamma[i] += float(gr[i] * xr[i] * rstd);
+  static thread_local std::vector<float> partialBuffer;
+  int64_t chunks = chunkCount(rows, kRowChunk);
+  float *partial = scratch(partialBuffer, size_t(chunks * n));
+  parallelChunks(rows, kRowChunk, [&](int64_t c, int64_t r0, int64_t r1) {
+    static thread_local std::vector<float> dyBuffer;
+    float *pg = partial + c * n, *dy = scratch(dyBuffer, size_t(n));
+    std::fill(pg, pg + n, 0.0f);
+    for (int64_t r = r0; r < r1; ++r) {
+      const float *xr = x + r * n, *gr = g + r * n;
+      float rstd = 1.0f / std::sqrt(laneDot(xr, xr, n) / float(n) + eps);
+      for (int64_t i = 0; i < n; ++i) dy[i] = gr[i] * gamma[i];
+      float mean = laneDot(dy, xr, n) * rstd / float(n);
+      float *dxr = dx + r * n;
+      for (int64_t i = 0; i < n; ++i) {
+        pg[i] += gr[i] * xr[i] * rstd;
+        dxr[i] = rstd * (dy[i] - xr[i] * rstd * mean);
+      }
     }
-    double mean = dot / n;
-    for (int64_t i = 0; i < n; ++i) dx[r * n + i] = float(rstd * (gr[i] * gamma[i] - xr[i] * rstd * mean));
-  }
+  });
+  addChunks(partial, chunks, n, n, dgamma);
 }
 
 void rotary(const float *x, float *y, int64_t batch, int64_t seq, int64_t heads, int64_t headDim, float theta,
@@ -367,19 +460,24 @@ void rotary(const float *x, float *y, int64_t batch, int64_t seq, int64_t heads,
       }
 }
 
+// sigmoid through fastExp (its clamp keeps 1 / (1 + e) finite: sigmoid(-inf side) ~ 5e-39).
 void swigluForward(const float *gate, const float *up, float *y, int64_t count) {
-  for (int64_t i = 0; i < count; ++i) {
-    float sig = 1.0f / (1.0f + std::exp(-gate[i]));
-    y[i] = gate[i] * sig * up[i];
-  }
+  parallelFor(count, kElementGrain, [&](int64_t lo, int64_t hi) {
+    for (int64_t i = lo; i < hi; ++i) {
+      float sig = 1.0f / (1.0f + fastExp(-gate[i]));
+      y[i] = gate[i] * sig * up[i];
+    }
+  });
 }
 
 void swigluBackward(const float *gate, const float *up, const float *g, float *dgate, float *dup, int64_t count) {
-  for (int64_t i = 0; i < count; ++i) {
-    float x = gate[i], sig = 1.0f / (1.0f + std::exp(-x));
-    dup[i] = g[i] * x * sig;
-    dgate[i] = g[i] * up[i] * sig * (1.0f + x * (1.0f - sig));
-  }
+  parallelFor(count, kElementGrain, [&](int64_t lo, int64_t hi) {
+    for (int64_t i = lo; i < hi; ++i) {
+      float x = gate[i], sig = 1.0f / (1.0f + fastExp(-x));
+      dup[i] = g[i] * x * sig;
+      dgate[i] = g[i] * up[i] * sig * (1.0f + x * (1.0f - sig));
+    }
+  });
 }
 
 void embeddingForward(const int32_t *tokens, const float *word, const float *position, float *out,
@@ -398,22 +496,28 @@ void embeddingForward(const int32_t *tokens, const float *word, const float *pos
   }
 }
 
+// The table is zeroed by rows in parallel; the scatter-add goes over tokens in order, each
+// thread taking a slice of the hidden columns (the same sums whatever the split).
 void embeddingBackward(const int32_t *tokens, const float *g, float *dword, int64_t tokenCount,
                        int64_t hidden, int64_t rowStart, int64_t rows) {
-  std::fill(dword, dword + rows * hidden, 0.0f);
-  for (int64_t t = 0; t < tokenCount; ++t) {
-    int64_t row = int64_t(tokens[t]) - rowStart;
-    if (row < 0 || row >= rows) continue;
-    for (int64_t i = 0; i < hidden; ++i) dword[row * hidden + i] += g[t * hidden + i];
-  }
+  parallelFor(rows * hidden, 1 << 18, [&](int64_t lo, int64_t hi) { std::fill(dword + lo, dword + hi, 0.0f); });
+  parallelFor(hidden, 32, [&](int64_t i0, int64_t i1) {
+    for (int64_t t = 0; t < tokenCount; ++t) {
+      int64_t row = int64_t(tokens[t]) - rowStart;
+      if (row < 0 || row >= rows) continue;
+      for (int64_t i = i0; i < i1; ++i) dword[row * hidden + i] += g[t * hidden + i];
+    }
+  });
 }
 
 void positionBackward(const float *g, float *dposition, int64_t batch, int64_t seq, int64_t hidden,
                       int64_t positions) {
   std::fill(dposition, dposition + positions * hidden, 0.0f);
-  for (int64_t b = 0; b < batch; ++b)
-    for (int64_t s = 0; s < seq; ++s)
-      for (int64_t i = 0; i < hidden; ++i) dposition[s * hidden + i] += g[(b * seq + s) * hidden + i];
+  parallelFor(seq, 8, [&](int64_t s0, int64_t s1) {
+    for (int64_t b = 0; b < batch; ++b)
+      for (int64_t s = s0; s < s1; ++s)
+        for (int64_t i = 0; i < hidden; ++i) dposition[s * hidden + i] += g[(b * seq + s) * hidden + i];
+  });
 }
 
 void addPositionForward(const float *x, const float *position, float *out, int64_t batch, int64_t seq,
@@ -429,11 +533,12 @@ void addPositionForward(const float *x, const float *position, float *out, int64
 // and fixed lane orders, so every variant gives the same bits).
 #define LOOM_VECTOR_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
 
+namespace {
+// Tokens [t0, t1) of each loop below; the public functions split the tokens over the threads
+// (rows independent: the same bits for any thread count).
 LOOM_VECTOR_CLONES
-void crossEntropyLocalMax(const float *logits, float *rowMax, int64_t tokens, int64_t cols,
-                          int64_t colStart, int64_t validVocab) {
-  int64_t valid = std::clamp<int64_t>(validVocab - colStart, 0, cols);
-  for (int64_t t = 0; t < tokens; ++t) {
+void localMaxRows(const float *logits, float *rowMax, int64_t t0, int64_t t1, int64_t cols, int64_t valid) {
+  for (int64_t t = t0; t < t1; ++t) {
     const float *row = logits + t * cols;
     float lanes[8];
     std::fill(lanes, lanes + 8, -std::numeric_limits<float>::infinity());
@@ -447,16 +552,14 @@ void crossEntropyLocalMax(const float *logits, float *rowMax, int64_t tokens, in
   }
 }
 
-// Sums in 8 independent float lanes (vectorisable), combined in double.
+// Sums in 8 independent float lanes (vectorisable), combined in double. `e` holds a row's
+// exps: the caller's `exps` rows, or one scratch row.
 LOOM_VECTOR_CLONES
-void crossEntropyLocalSums(const float *logits, const int32_t *labels, const float *rowMax,
-                           float *sumExp, float *target, int64_t tokens, int64_t cols,
-                           int64_t colStart, int64_t validVocab, float *exps) {
-  int64_t valid = std::clamp<int64_t>(validVocab - colStart, 0, cols);
-  std::vector<float> scratch(exps ? 0 : cols);
-  for (int64_t t = 0; t < tokens; ++t) {
+void localSumRows(const float *logits, const int32_t *labels, const float *rowMax, float *sumExp, float *target,
+                  int64_t t0, int64_t t1, int64_t cols, int64_t colStart, int64_t valid, float *exps, float *row1) {
+  for (int64_t t = t0; t < t1; ++t) {
     const float *row = logits + t * cols;
-    float *e = exps ? exps + t * cols : scratch.data();
+    float *e = exps ? exps + t * cols : row1;
     float m = rowMax[t];
     for (int64_t j = 0; j < valid; ++j) e[j] = fastExp(row[j] - m);
     for (int64_t j = valid; j < cols; ++j) e[j] = 0.0f;
@@ -473,6 +576,50 @@ void crossEntropyLocalSums(const float *logits, const int32_t *labels, const flo
   }
 }
 
+LOOM_VECTOR_CLONES
+void scaleRows(const int32_t *labels, const float *mask, const float *sumExp, float gradLoss, double count,
+               float *dlogits, int64_t t0, int64_t t1, int64_t cols, int64_t colStart, int64_t valid) {
+  for (int64_t t = t0; t < t1; ++t) {
+    float w = count > 0 ? float(gradLoss * (mask ? mask[t] : 1.0f) / count) : 0.0f;
+    float scale = w / sumExp[t];
+    float *d = dlogits + t * cols;
+    for (int64_t j = 0; j < cols; ++j) d[j] *= scale;  // padding columns hold 0
+    int64_t col = int64_t(labels[t]) - colStart;
+    if (col >= 0 && col < valid) d[col] -= w;
+  }
+}
+
+LOOM_VECTOR_CLONES
+void expRows(const float *logits, const float *rowMax, float *out, int64_t t0, int64_t t1, int64_t cols,
+             int64_t valid) {
+  for (int64_t t = t0; t < t1; ++t) {
+    for (int64_t j = 0; j < valid; ++j) out[t * cols + j] = fastExp(logits[t * cols + j] - rowMax[t]);
+    for (int64_t j = valid; j < cols; ++j) out[t * cols + j] = 0.0f;
+  }
+}
+
+int64_t validColumns(int64_t cols, int64_t colStart, int64_t validVocab) {
+  return std::clamp<int64_t>(validVocab - colStart, 0, cols);
+}
+}  // namespace
+
+void crossEntropyLocalMax(const float *logits, float *rowMax, int64_t tokens, int64_t cols,
+                          int64_t colStart, int64_t validVocab) {
+  int64_t valid = validColumns(cols, colStart, validVocab);
+  parallelFor(tokens, 4, [&](int64_t t0, int64_t t1) { localMaxRows(logits, rowMax, t0, t1, cols, valid); });
+}
+
+void crossEntropyLocalSums(const float *logits, const int32_t *labels, const float *rowMax,
+                           float *sumExp, float *target, int64_t tokens, int64_t cols,
+                           int64_t colStart, int64_t validVocab, float *exps) {
+  int64_t valid = validColumns(cols, colStart, validVocab);
+  parallelFor(tokens, 4, [&](int64_t t0, int64_t t1) {
+    static thread_local std::vector<float> rowBuffer;
+    float *row1 = exps ? nullptr : scratch(rowBuffer, size_t(cols));
+    localSumRows(logits, labels, rowMax, sumExp, target, t0, t1, cols, colStart, valid, exps, row1);
+  });
+}
+
 float crossEntropyLoss(const float *rowMax, const float *sumExp, const float *target, const float *mask,
                        int64_t tokens) {
   double total = 0, count = 0;
@@ -484,31 +631,22 @@ float crossEntropyLoss(const float *rowMax, const float *sumExp, const float *ta
   return count > 0 ? float(total / count) : 0.0f;
 }
 
-LOOM_VECTOR_CLONES
 void crossEntropyBackwardFromExps(const int32_t *labels, const float *mask, const float *sumExp,
                                   float gradLoss, float *dlogits, int64_t tokens, int64_t cols,
                                   int64_t colStart, int64_t validVocab) {
-  int64_t valid = std::clamp<int64_t>(validVocab - colStart, 0, cols);
+  int64_t valid = validColumns(cols, colStart, validVocab);
   double count = 0;
   for (int64_t t = 0; t < tokens; ++t) count += mask ? mask[t] : 1.0f;
-  for (int64_t t = 0; t < tokens; ++t) {
-    float w = count > 0 ? float(gradLoss * (mask ? mask[t] : 1.0f) / count) : 0.0f;
-    float scale = w / sumExp[t];
-    float *d = dlogits + t * cols;
-    for (int64_t j = 0; j < cols; ++j) d[j] *= scale;  // padding columns hold 0
-    int64_t col = int64_t(labels[t]) - colStart;
-    if (col >= 0 && col < valid) d[col] -= w;
-  }
+  parallelFor(tokens, 4, [&](int64_t t0, int64_t t1) {
+    scaleRows(labels, mask, sumExp, gradLoss, count, dlogits, t0, t1, cols, colStart, valid);
+  });
 }
 
 void crossEntropyBackward(const float *logits, const int32_t *labels, const float *mask,
                           const float *rowMax, const float *sumExp, float gradLoss, float *dlogits,
                           int64_t tokens, int64_t cols, int64_t colStart, int64_t validVocab) {
-  int64_t valid = std::clamp<int64_t>(validVocab - colStart, 0, cols);
-  for (int64_t t = 0; t < tokens; ++t) {
-    for (int64_t j = 0; j < valid; ++j) dlogits[t * cols + j] = fastExp(logits[t * cols + j] - rowMax[t]);
-    for (int64_t j = valid; j < cols; ++j) dlogits[t * cols + j] = 0.0f;
-  }
+  int64_t valid = validColumns(cols, colStart, validVocab);
+  parallelFor(tokens, 4, [&](int64_t t0, int64_t t1) { expRows(logits, rowMax, dlogits, t0, t1, cols, valid); });
   crossEntropyBackwardFromExps(labels, mask, sumExp, gradLoss, dlogits, tokens, cols, colStart, validVocab);
 }
 

@@ -3,14 +3,32 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <vector>
+
+#include "runtime/cpu/Parallel.h"
 
 namespace loom::cpu {
 float sumSquares(const float *grad, const std::vector<planattr::FlatSegment> &segments, FlatRange range,
                  bool countReplicated) {
+  // Each counted segment in fixed chunks of kChunk elements, each chunk summed in double, the
+  // chunks added in order: the same sum for any thread count.
+  constexpr int64_t kChunk = 1 << 16;
   double sum = 0;
+  static thread_local std::vector<double> partial;
   planattr::forEachSegmentIn(segments, range.begin, range.count, [&](int64_t lo, int64_t hi, const planattr::FlatSegment &s) {
     if (!(s.norm || (s.normAtTp0 && countReplicated))) return;
-    for (int64_t i = lo; i < hi; ++i) sum += double(grad[i]) * grad[i];
+    int64_t chunks = chunkCount(hi - lo, kChunk);
+    if (int64_t(partial.size()) < chunks) partial.resize(size_t(chunks));
+    double *sums = partial.data();  // the caller's (a thread_local is per thread)
+    parallelChunks(hi - lo, kChunk, [&](int64_t c, int64_t b, int64_t e) {
+      double lanes[4] = {0, 0, 0, 0};
+      int64_t i = lo + b;
+      for (; i + 4 <= lo + e; i += 4)
+        for (int k = 0; k < 4; ++k) lanes[k] += double(grad[i + k]) * grad[i + k];
+      for (; i < lo + e; ++i) lanes[0] += double(grad[i]) * grad[i];
+      sums[c] = (lanes[0] + lanes[1]) + (lanes[2] + lanes[3]);
+    });
+    for (int64_t c = 0; c < chunks; ++c) sum += sums[c];
   });
   return float(sum);
 }
@@ -24,22 +42,29 @@ void gradNorm(float squares, float clip, float lossScale, float *norm, float *fa
 
 void adamwFlat(const float *param, const float *grad, float *m, float *v, float *out,
                const std::vector<planattr::FlatSegment> &segments, FlatRange range, const AdamWHyper &h) {
-  if (out != param) std::memcpy(out, param, size_t(range.count) * sizeof(float));
-  if (h.gradScale == 0.0f) return;  // skipped: non-finite gradients
+  if (h.gradScale == 0.0f) {  // skipped: non-finite gradients
+    if (out != param) std::memcpy(out, param, size_t(range.count) * sizeof(float));
+    return;
+  }  // skipped: non-finite gradients
   // fp32 arithmetic as PyTorch's AdamW, the bias corrections folded into two constants (from
   // double powers); the loop vectorises (sqrt and divide included).
   double c1 = 1 - std::pow(double(h.beta1), double(h.step)), c2 = 1 - std::pow(double(h.beta2), double(h.step));
   const float b1 = h.beta1, b2 = h.beta2, ob1 = float(1 - double(h.beta1)), ob2 = float(1 - double(h.beta2));
   const float invC1 = float(1 / c1), invSqrtC2 = float(1 / std::sqrt(c2)), eps = h.eps, lr = h.lr, scale = h.gradScale;
+  // Elements outside every segment are copied unchanged; each segment's elements are split
+  // over the threads (elementwise: the same values for any split).
+  if (out != param) std::memcpy(out, param, size_t(range.count) * sizeof(float));
   planattr::forEachSegmentIn(segments, range.begin, range.count, [&](int64_t lo, int64_t hi, const planattr::FlatSegment &s) {
     const float decay = s.decay ? h.weightDecay : 0.0f;
-    for (int64_t i = lo; i < hi; ++i) {
-      float g = grad[i] * scale;
-      float mi = b1 * m[i] + ob1 * g, vi = b2 * v[i] + ob2 * g * g;
-      m[i] = mi, v[i] = vi;
-      float update = (mi * invC1) / (std::sqrt(vi) * invSqrtC2 + eps) + decay * param[i];
-      out[i] = param[i] - lr * update;
-    }
+    parallelFor(hi - lo, 1 << 15, [&](int64_t b, int64_t e) {
+      for (int64_t i = lo + b; i < lo + e; ++i) {
+        float g = grad[i] * scale;
+        float mi = b1 * m[i] + ob1 * g, vi = b2 * v[i] + ob2 * g * g;
+        m[i] = mi, v[i] = vi;
+        float update = (mi * invC1) / (std::sqrt(vi) * invSqrtC2 + eps) + decay * param[i];
+        out[i] = param[i] - lr * update;
+      }
+    });
   });
 }
 

@@ -17,7 +17,8 @@ struct FlatRange {
 };
 
 // Sum of squares of the gradient elements in `range` that the norm counts (segments with n;
-// with r only when countReplicated), accumulated in double in flat order.
+// with r only when countReplicated), in double: each segment in fixed chunks, the chunks in
+// flat order (the same sum for any thread count).
 float sumSquares(const float *grad, const std::vector<planattr::FlatSegment> &segments, FlatRange range,
                  bool countReplicated);
 

@@ -1,0 +1,150 @@
+// The CPU kernels split their rows, elements and reductions over the rank's threads; each must
+// give the same bits whatever the thread count (fixed chunks, rows done alike), so 1 and 2
+// threads (and 3, an uneven split) are compared bit for bit on shapes large enough to split.
+#include <cblas.h>
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <functional>
+#include <random>
+#include <thread>
+#include <vector>
+
+#include "runtime/cpu/Kernels.h"
+#include "runtime/cpu/Optimizer.h"
+#include "runtime/cpu/Parallel.h"
+
+namespace loom::cpu {
+namespace {
+
+std::vector<float> randomVector(size_t n, uint32_t seed, float scale = 1.0f) {
+  std::mt19937 gen(seed);
+  std::normal_distribution<float> d(0.0f, scale);
+  std::vector<float> v(n);
+  for (float &x : v) x = d(gen);
+  return v;
+}
+
+// Runs `kernel` (which writes its outputs into the vector it returns) at 1, 2 and 3 threads.
+void expectSameAtEveryThreadCount(const char *name, const std::function<std::vector<float>()> &kernel) {
+  openblas_set_num_threads(1);
+  std::vector<float> one = kernel();
+  for (int threads : {2, 3}) {
+    openblas_set_num_threads(threads);
+    ASSERT_EQ(kernelThreads(), threads) << "OpenBLAS capped the thread count: the split would not be tested";
+    std::vector<float> many = kernel();
+    ASSERT_EQ(one.size(), many.size()) << name;
+    EXPECT_EQ(0, std::memcmp(one.data(), many.data(), one.size() * sizeof(float)))
+        << name << ": " << threads << " threads differ from 1";
+  }
+  openblas_set_num_threads(1);
+}
+
+constexpr int64_t kRows = 300, kCols = 260;  // not multiples of the chunk or lane widths
+
+TEST(ThreadCount, LayerNormAndRmsNorm) {
+  auto x = randomVector(kRows * kCols, 1), g = randomVector(kRows * kCols, 2), gamma = randomVector(kCols, 3),
+       beta = randomVector(kCols, 4);
+  expectSameAtEveryThreadCount("layer norm", [&] {
+    std::vector<float> y(x.size()), dx(x.size()), dgamma(kCols), dbeta(kCols);
+    layerNormForward(x.data(), gamma.data(), beta.data(), y.data(), kRows, kCols, 1e-5f);
+    layerNormBackward(x.data(), gamma.data(), g.data(), dx.data(), dgamma.data(), dbeta.data(), kRows, kCols, 1e-5f);
+    y.insert(y.end(), dx.begin(), dx.end());
+    y.insert(y.end(), dgamma.begin(), dgamma.end());
+    y.insert(y.end(), dbeta.begin(), dbeta.end());
+    return y;
+  });
+  expectSameAtEveryThreadCount("rms norm", [&] {
+    std::vector<float> y(x.size()), dx(x.size()), dgamma(kCols);
+    rmsNormForward(x.data(), gamma.data(), y.data(), kRows, kCols, 1e-5f);
+    rmsNormBackward(x.data(), gamma.data(), g.data(), dx.data(), dgamma.data(), kRows, kCols, 1e-5f);
+    y.insert(y.end(), dx.begin(), dx.end());
+    y.insert(y.end(), dgamma.begin(), dgamma.end());
+    return y;
+  });
+}
+
+TEST(ThreadCount, ElementwiseBiasAndEmbedding) {
+  const int64_t n = 5 * 16384 + 77;
+  auto x = randomVector(n, 5), g = randomVector(n, 6);
+  expectSameAtEveryThreadCount("gelu, swiglu, dropout", [&] {
+    std::vector<float> y(n), dx(n), s(n), dgate(n), dup(n), d(n);
+    geluForward(x.data(), y.data(), n);
+    geluBackward(x.data(), g.data(), dx.data(), n);
+    swigluForward(x.data(), g.data(), s.data(), n);
+    swigluBackward(x.data(), g.data(), y.data(), dgate.data(), dup.data(), n);
+    dropoutForward(x.data(), d.data(), n, 0.1f, 1234, 7);
+    for (auto *v : {&dx, &s, &dgate, &dup, &d}) y.insert(y.end(), v->begin(), v->end());
+    return y;
+  });
+  auto grad = randomVector(kRows * kCols, 7);
+  std::vector<int32_t> tokens(kRows);
+  for (int64_t t = 0; t < kRows; ++t) tokens[size_t(t)] = int32_t((t * 37) % 50);  // repeated rows
+  expectSameAtEveryThreadCount("bias and embedding gradients", [&] {
+    std::vector<float> db(kCols), dword(50 * kCols), dpos(100 * kCols);
+    biasGrad(grad.data(), db.data(), kRows, kCols);
+    embeddingBackward(tokens.data(), grad.data(), dword.data(), kRows, kCols, 0, 50);
+    positionBackward(grad.data(), dpos.data(), 3, 100, kCols, 100);
+    db.insert(db.end(), dword.begin(), dword.end());
+    db.insert(db.end(), dpos.begin(), dpos.end());
+    return db;
+  });
+}
+
+TEST(ThreadCount, CrossEntropy) {
+  const int64_t tokens = 70, cols = 1000, valid = 990;
+  auto logits = randomVector(tokens * cols, 8, 3.0f);
+  std::vector<int32_t> labels(tokens);
+  for (int64_t t = 0; t < tokens; ++t) labels[size_t(t)] = int32_t((t * 131) % valid);
+  expectSameAtEveryThreadCount("cross-entropy", [&] {
+    std::vector<float> mx(tokens), sum(tokens), target(tokens), d(tokens * cols);
+    crossEntropyLocalMax(logits.data(), mx.data(), tokens, cols, 0, valid);
+    crossEntropyLocalSums(logits.data(), labels.data(), mx.data(), sum.data(), target.data(), tokens, cols, 0, valid,
+                          nullptr);
+    crossEntropyBackward(logits.data(), labels.data(), nullptr, mx.data(), sum.data(), 1.0f, d.data(), tokens, cols,
+                         0, valid);
+    d.push_back(crossEntropyLoss(mx.data(), sum.data(), target.data(), nullptr, tokens));
+    return d;
+  });
+}
+
+TEST(ThreadCount, OptimizerNormAndAdamW) {
+  const int64_t n = 3 * 65536 + 1001;
+  auto param = randomVector(n, 9), grad = randomVector(n, 10, 0.01f);
+  std::vector<planattr::FlatSegment> segments(2);
+  segments[0].offset = 0, segments[0].count = 70000, segments[0].norm = true, segments[0].decay = true;
+  segments[1].offset = 70000, segments[1].count = n - 70000, segments[1].norm = true;
+  expectSameAtEveryThreadCount("grad norm and adamw", [&] {
+    std::vector<float> m(n, 0.0f), v(n, 0.0f), out(n);
+    float squares = sumSquares(grad.data(), segments, FlatRange{0, n}, true);
+    AdamWHyper h;
+    h.lr = 1e-3f, h.weightDecay = 0.1f;
+    for (int step = 1; step <= 2; ++step) {
+      h.step = float(step);
+      adamwFlat(param.data(), grad.data(), m.data(), v.data(), out.data(), segments, FlatRange{0, n}, h);
+    }
+    out.push_back(squares);
+    out.insert(out.end(), m.begin(), m.end());
+    return out;
+  });
+}
+
+TEST(ThreadCount, PoolRunsEveryPartOnceOnItsOwnThread) {
+  openblas_set_num_threads(3);
+  for (int round = 0; round < 200; ++round) {
+    std::vector<int> hits(1000, 0);
+    std::vector<std::thread::id> owner(3);
+    parallelFor(1000, 1, [&](int64_t b, int64_t e) {
+      owner[size_t(b * 3 / 1000)] = std::this_thread::get_id();
+      for (int64_t i = b; i < e; ++i) ++hits[size_t(i)];
+    });
+    for (int h : hits) ASSERT_EQ(h, 1);
+    EXPECT_NE(owner[0], owner[1]);
+    EXPECT_NE(owner[1], owner[2]);
+    EXPECT_EQ(owner[0], std::this_thread::get_id());
+  }
+  openblas_set_num_threads(1);
+}
+
+}  // namespace
+}  // namespace loom::cpu
