@@ -8,6 +8,7 @@
 #include "llvm/Support/FormatVariadic.h"
 #include "mlir/Dialect/Func/IR/FuncOps.h"
 #include "runtime/Collectives.h"
+#include "runtime/Executor.h"
 #include "runtime/PlanVersion.h"
 #include "runtime/cuda/DeviceMemory.h"
 
@@ -30,7 +31,7 @@ llvm::Error checkMemoryFits(const plan::RankPlan &rp, const config::ClusterSpec 
                                                         {m.peak_stash_bytes(), "stashed activations"},
                                                         {m.peak_input_bytes(), "micro-batch inputs"},
                                                         {m.half_weight_bytes(), "16-bit weight copies"},
-                                                        {m.scratch_bytes(), "CUDA scratch"},
+                                                        {m.scratch_bytes(), "kernel scratch"},
                                                         {m.pipeline_slot_bytes(), "pipeline message slots"},
                                                         {m.max_workspace_bytes(), "workspace"}};
   std::sort(parts.begin(), parts.end(), [](auto &a, auto &b) { return a.first > b.first; });
@@ -199,6 +200,11 @@ llvm::Expected<std::vector<plan::RankPlan>> assembleRankPlans(mlir::ModuleOp mod
         mem->set_half_weight_bytes(cuda::halfWeightBytes(paramCount, planned));
         mem->set_scratch_bytes(scratch + ones + int64_t(cuda::kLtWorkspaceBytes));
         persistent += mem->half_weight_bytes() + mem->scratch_bytes();  // + pipeline slots: finishPlans
+      } else {  // the CPU kernels' scratch (attention probabilities), kept all step
+        int64_t scratch = 0;
+        for (const plan::Program &prog : sets[stage].programs()) scratch = std::max(scratch, 4 * cpuScratchFloats(prog));
+        mem->set_scratch_bytes(scratch);
+        persistent += scratch;
       }
       std::map<std::string, size_t> lastEntry;  // program -> its last schedule entry
       const StageSchedule &tasks = req.schedule[stage];

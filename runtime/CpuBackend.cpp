@@ -46,6 +46,7 @@ Status CpuBackend::run(const plan::Program &program, const std::vector<ArgumentV
                        const ResultConsumer &consume, const ExecutionContext &ctx) {
   ExecutionContext c = ctx;
   c.workspace = &workspace_;
+  c.scratch = &scratch_;
   return executeProgram(program, args, consume, c);
 }
 
@@ -55,7 +56,7 @@ Status CpuBackend::copy(const float *from, int64_t count, float *to) {
 }
 
 int64_t CpuBackend::allocatedBytes() const {
-  int64_t bytes = int64_t(workspace_.size()) * 4;
+  int64_t bytes = int64_t(workspace_.size() + scratch_.size()) * 4;
   for (auto &[k, v] : floats_) bytes += int64_t(v.size()) * 4;
   for (auto &[k, v] : ints_) bytes += int64_t(v.size()) * 4;
   return bytes;

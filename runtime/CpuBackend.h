@@ -1,6 +1,7 @@
 // The CPU backend of the step driver: the rank's state in host memory, programs on the CPU
 // executor (runtime/Executor.h: a thread per plan stream) in one workspace arena, grown to the
-// largest program's and reused (the memory plan's max_workspace_bytes).
+// largest program's and reused (the memory plan's max_workspace_bytes), and one kernel scratch
+// (its scratch_bytes).
 #pragma once
 
 #include <map>
@@ -20,13 +21,14 @@ class CpuBackend : public StepBackend {
              const ExecutionContext &ctx) override;
   Status copy(const float *from, int64_t count, float *to) override;
 
-  // Every storage made so far (the state, stashes, inputs) and the one workspace.
+  // Every storage made so far (the state, stashes, inputs), the one workspace and the kernels' scratch.
   int64_t allocatedBytes() const override;
 
  private:
   std::map<std::string, std::vector<float>> floats_;
   std::map<std::string, std::vector<int32_t>> ints_;
   std::vector<float> workspace_;  // one arena for every program: a rank runs one at a time
+  std::vector<float> scratch_;    // the kernels' scratch (cpuScratchFloats), likewise shared
 };
 
 }  // namespace loom

@@ -30,6 +30,9 @@ class Run {
     size_t floats = prog_.workspace_bytes() / 4 + 16;
     std::vector<float> &arena = ctx_.workspace ? *ctx_.workspace : arena_;
     if (arena.size() < floats) arena.resize(floats);
+    std::vector<float> &scratch = ctx_.scratch ? *ctx_.scratch : scratch_;
+    if (int64_t need = cpuScratchFloats(prog_); int64_t(scratch.size()) < need) scratch.resize(size_t(need));
+    scratchBase_ = scratch.data();
     float *base = arena.data();
     ptr_.assign(prog_.buffers_size(), nullptr);
     iptr_.assign(prog_.buffers_size(), nullptr);
@@ -209,9 +212,9 @@ class Run {
                             ctx_.seed,
                             dropoutStream(i64(in, "stream"), flag(in, "rank_distinct_dropout"))};
       if (fwd)
-        cpu::attentionForward(f(qkv), mask >= 0 ? f(mask) : nullptr, f(out()), s);
+        cpu::attentionForward(f(qkv), mask >= 0 ? f(mask) : nullptr, f(out()), s, scratchBase_);
       else
-        cpu::attentionBackward(f(qkv), mask >= 0 ? f(mask) : nullptr, f(inp(1)), f(out()), s);
+        cpu::attentionBackward(f(qkv), mask >= 0 ? f(mask) : nullptr, f(inp(1)), f(out()), s, scratchBase_);
     } else if (op == "grouped_attention" || op == "grouped_attention_grad") {
       cpu::GroupedAttentionShape s;
       LOOM_RETURN_IF_ERROR(loom::groupedAttentionShape(
@@ -220,9 +223,10 @@ class Run {
       s.seed = ctx_.seed;
       s.stream = dropoutStream(i64(in, "stream"), flag(in, "rank_distinct_dropout"));
       if (op == "grouped_attention")
-        cpu::groupedAttentionForward(f(inp(0)), f(inp(1)), f(inp(2)), f(out()), s);
+        cpu::groupedAttentionForward(f(inp(0)), f(inp(1)), f(inp(2)), f(out()), s, scratchBase_);
       else
-        cpu::groupedAttentionBackward(f(inp(0)), f(inp(1)), f(inp(2)), f(inp(3)), f(out(0)), f(out(1)), f(out(2)), s);
+        cpu::groupedAttentionBackward(f(inp(0)), f(inp(1)), f(inp(2)), f(inp(3)), f(out(0)), f(out(1)), f(out(2)), s,
+                                      scratchBase_);
     } else if (op == "rms_norm") {
       int64_t n = dim(inp(0), -1);
       cpu::rmsNormForward(f(inp(0)), f(inp(1)), f(out()), numel(inp(0)) / n, n, float(f64(in, "epsilon", 1e-6)));
@@ -426,7 +430,8 @@ class Run {
 
   const plan::Program &prog_;
   const ExecutionContext &ctx_;
-  std::vector<float> arena_;
+  std::vector<float> arena_, scratch_;
+  float *scratchBase_ = nullptr;
   std::vector<float *> ptr_;
   std::vector<int32_t *> iptr_;
   std::vector<bool> done_;
@@ -468,6 +473,19 @@ Status groupedAttentionShape(const plan::Program &prog, const plan::Instruction 
         replicated.empty() ? 0 : shardStartOf(replicated, heads), allHeads / kvHeads, planattr::flag(in, "causal"),
         0.0f, 0, 0};
   return Status::ok();
+}
+
+int64_t cpuScratchFloats(const plan::Program &program) {
+  int64_t floats = 0;
+  for (const plan::Instruction &in : program.instructions()) {
+    const std::string &op = in.op();
+    bool backward = op == "attention_grad" || op == "grouped_attention_grad";
+    if (!(backward || op == "attention" || op == "grouped_attention") || in.inputs_size() == 0) continue;
+    int input = in.inputs(0);
+    if (input < 0 || input >= program.buffers_size() || program.buffers(input).shape_size() < 2) continue;  // checkProgram's
+    floats = std::max(floats, cpu::attentionScratchFloats(planattr::dim(program.buffers(input), 1), backward));
+  }
+  return floats;
 }
 
 Status checkProgram(const plan::Program &prog) {

@@ -31,6 +31,8 @@ struct ExecutionContext {
   // A workspace reused across runs of the same program (no fresh, zeroed pages each time);
   // null: a temporary one.
   std::vector<float> *workspace = nullptr;
+  // The CPU kernels' scratch (cpuScratchFloats), likewise kept across runs; null: a temporary.
+  std::vector<float> *scratch = nullptr;
   // When set, every executed instruction is recorded (loom-rank --trace), with this
   // micro-batch (-1: none).
   TraceRecorder *trace = nullptr;
@@ -65,6 +67,10 @@ struct ArgumentView {
 // What every executor checks of a plan read from a file before running it: streams, event
 // order and buffer ids (a one-line error naming the program otherwise).
 Status checkProgram(const plan::Program &program);
+// Floats of scratch the CPU kernels of `program` need at once (its largest attention's S x S
+// probabilities, and backward two more blocks): the CPU backend keeps one such buffer, and the
+// memory plan counts it (MemoryPlan.scratch_bytes), so the kernels allocate nothing in the step.
+int64_t cpuScratchFloats(const plan::Program &program);
 // Argument `index` against its buffer: element type and count.
 Status checkArgument(const plan::Program &program, int index, const HostTensor &tensor);
 Status checkArgument(const plan::Program &program, int index, const ArgumentView &view);

@@ -346,24 +346,24 @@ Head attentionHead(const float *qkv, const float *keyMask, const AttentionShape 
 
 }  // namespace
 
-void attentionForward(const float *qkv, const float *keyMask, float *out, const AttentionShape &s) {
+int64_t attentionScratchFloats(int64_t seq, bool backward) { return (backward ? 3 : 1) * seq * seq; }
+
+void attentionForward(const float *qkv, const float *keyMask, float *out, const AttentionShape &s, float *scratch) {
   int64_t H = s.heads * s.headDim, S = s.seq;
-  std::vector<float> p(S * S);
   for (int64_t b = 0; b < s.batch; ++b)
     for (int64_t h = 0; h < s.heads; ++h)
-      headForward(attentionHead(qkv, keyMask, s, b, h), out + b * S * H + h * s.headDim, H, p.data());
+      headForward(attentionHead(qkv, keyMask, s, b, h), out + b * S * H + h * s.headDim, H, scratch);
 }
 
 void attentionBackward(const float *qkv, const float *keyMask, const float *g, float *dqkv,
-                       const AttentionShape &s) {
+                       const AttentionShape &s, float *scratch) {
   int64_t hd = s.headDim, ld = 3 * s.heads * hd, H = s.heads * hd, S = s.seq;
-  std::vector<float> p(S * S), d(S * S), dp(S * S);
+  float *p = scratch, *d = p + S * S, *dp = d + S * S;
   for (int64_t b = 0; b < s.batch; ++b)
     for (int64_t h = 0; h < s.heads; ++h) {
       float *dq = dqkv + b * S * ld + h * 3 * hd, *dk = dq + hd, *dv = dq + 2 * hd;
       zeroRows(dk, S, hd, ld), zeroRows(dv, S, hd, ld);
-      headBackward(attentionHead(qkv, keyMask, s, b, h), g + b * S * H + h * hd, H, dq, dk, dv, ld, ld, p.data(),
-                   d.data(), dp.data());
+      headBackward(attentionHead(qkv, keyMask, s, b, h), g + b * S * H + h * hd, H, dq, dk, dv, ld, ld, p, d, dp);
     }
 }
 
@@ -378,26 +378,24 @@ Head groupedHead(const float *q, const float *k, const float *v, const GroupedAt
 }  // namespace
 
 void groupedAttentionForward(const float *q, const float *k, const float *v, float *out,
-                             const GroupedAttentionShape &s) {
+                             const GroupedAttentionShape &s, float *scratch) {
   int64_t S = s.seq, ldq = s.heads * s.headDim;
-  std::vector<float> p(S * S);
   for (int64_t b = 0; b < s.batch; ++b)
     for (int64_t h = 0; h < s.heads; ++h)
-      headForward(groupedHead(q, k, v, s, b, h), out + b * S * ldq + h * s.headDim, ldq, p.data());
+      headForward(groupedHead(q, k, v, s, b, h), out + b * S * ldq + h * s.headDim, ldq, scratch);
 }
 
 // As attentionBackward, per query head; a KV head's dK and dV sum over its query heads.
 void groupedAttentionBackward(const float *q, const float *k, const float *v, const float *g, float *dq, float *dk,
-                              float *dv, const GroupedAttentionShape &s) {
+                              float *dv, const GroupedAttentionShape &s, float *scratch) {
   int64_t hd = s.headDim, S = s.seq, ldq = s.heads * hd, ldkv = s.kvHeads * hd;
   std::fill(dk, dk + s.batch * S * ldkv, 0.0f);
   std::fill(dv, dv + s.batch * S * ldkv, 0.0f);
-  std::vector<float> p(S * S), d(S * S), dp(S * S);
+  float *p = scratch, *d = p + S * S, *dp = d + S * S;
   for (int64_t b = 0; b < s.batch; ++b)
     for (int64_t h = 0; h < s.heads; ++h) {
       int64_t qo = b * S * ldq + h * hd, kvo = b * S * ldkv + s.kvHeadOf(h) * hd;
-      headBackward(groupedHead(q, k, v, s, b, h), g + qo, ldq, dq + qo, dk + kvo, dv + kvo, ldq, ldkv, p.data(),
-                   d.data(), dp.data());
+      headBackward(groupedHead(q, k, v, s, b, h), g + qo, ldq, dq + qo, dk + kvo, dv + kvo, ldq, ldkv, p, d, dp);
     }
 }
 

@@ -38,9 +38,12 @@ struct AttentionShape {
   float dropout;
   uint64_t seed, stream;
 };
-void attentionForward(const float *qkv, const float *keyMask, float *out, const AttentionShape &s);
+// `scratch`: attentionScratchFloats(seq, backward) floats the caller provides (a head's
+// probabilities, and backward two more S x S blocks), so the kernels allocate nothing.
+int64_t attentionScratchFloats(int64_t seq, bool backward);
+void attentionForward(const float *qkv, const float *keyMask, float *out, const AttentionShape &s, float *scratch);
 void attentionBackward(const float *qkv, const float *keyMask, const float *g, float *dqkv,
-                       const AttentionShape &s);
+                       const AttentionShape &s, float *scratch);
 
 // Grouped-query attention over q [B,S,heads*hd] and k, v [B,S,kvHeads*hd]: local query head h
 // uses KV head (firstHead + h) / headsPerKv (firstHead: the global index of this rank's first
@@ -55,9 +58,9 @@ struct GroupedAttentionShape {
   int64_t kvHeadOf(int64_t h) const;
 };
 void groupedAttentionForward(const float *q, const float *k, const float *v, float *out,
-                             const GroupedAttentionShape &s);
+                             const GroupedAttentionShape &s, float *scratch);
 void groupedAttentionBackward(const float *q, const float *k, const float *v, const float *g, float *dq, float *dk,
-                              float *dv, const GroupedAttentionShape &s);
+                              float *dv, const GroupedAttentionShape &s, float *scratch);
 
 // RMS norm over rows of length n: y = x / sqrt(mean(x^2) + eps) * gamma; the backward
 // recomputes the statistic.

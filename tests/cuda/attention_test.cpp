@@ -43,8 +43,9 @@ Reference reference(const Case &c, const cpu::AttentionShape &shape, std::vector
   }
   const float *mask = c.keyMask ? r.mask.data() : nullptr;
   r.out.resize(r.g.size()), r.dqkv.resize(r.qkv.size());
-  cpu::attentionForward(r.qkv.data(), mask, r.out.data(), shape);
-  cpu::attentionBackward(r.qkv.data(), mask, r.g.data(), r.dqkv.data(), shape);
+  std::vector<float> scratch(size_t(cpu::attentionScratchFloats(shape.seq, true)));
+  cpu::attentionForward(r.qkv.data(), mask, r.out.data(), shape, scratch.data());
+  cpu::attentionBackward(r.qkv.data(), mask, r.g.data(), r.dqkv.data(), shape, scratch.data());
   return r;
 }
 
@@ -143,8 +144,10 @@ TEST_P(GroupedAttention, MatchesCpuForwardAndBackward) {
     int64_t qn = shape.batch * shape.seq * heads * 16, kvn = shape.batch * shape.seq * kvHeads * 16;
     auto q = random(qn), k = random(kvn), v = random(kvn), g = random(qn);
     std::vector<float> out(qn), dq(qn), dk(kvn), dv(kvn);
-    cpu::groupedAttentionForward(q.data(), k.data(), v.data(), out.data(), shape);
-    cpu::groupedAttentionBackward(q.data(), k.data(), v.data(), g.data(), dq.data(), dk.data(), dv.data(), shape);
+    std::vector<float> cpuScratch(size_t(cpu::attentionScratchFloats(shape.seq, true)));
+    cpu::groupedAttentionForward(q.data(), k.data(), v.data(), out.data(), shape, cpuScratch.data());
+    cpu::groupedAttentionBackward(q.data(), k.data(), v.data(), g.data(), dq.data(), dk.data(), dv.data(), shape,
+                                  cpuScratch.data());
     float *dOut = zeros(qn), *ddq = zeros(qn), *ddk = zeros(kvn), *ddv = zeros(kvn);
     void *scratch = alloc(cuda::groupedAttentionScratchBytes(shape, precision, /*backward=*/true));
     Status s = cuda::groupedAttentionForward(blas_, precision, up(q), up(k), up(v), dOut, shape, scratch, nullptr);
