@@ -1,17 +1,28 @@
-"""Training throughput of Loom against this machine's limit and against PyTorch.
+"""Whole-iteration training throughput of Loom against this machine's limit and against PyTorch.
 
-For each model (gpt-tiny, GPT-2 small): Loom trains on one rank with T BLAS threads
-(`loomrun --nproc 1 --threads T`, synthetic tokens), and PyTorch (Debian's python3-torch, the
-same thread count) trains the same model (the oracle's independent GPT-2 with AdamW) on the
-same batch shape, in the same run. Printed: tokens/s, model FLOP/s (6 N + attention per token,
-the PTD-P count without recomputation), MFU against the measured OpenBLAS sgemm peak, and the
-ratio Loom / PyTorch. A benchmark, not a test: numbers vary with the machine.
+For each model Loom trains with `loomrun` (synthetic tokens; one rank with T BLAS threads, or
+the demo's 4 ranks on the demo's cluster) and PyTorch (Debian's python3-torch, T threads)
+trains the same model on the same global batch, in the same run: the oracle's independent
+GPT-2 and LLaMA (tests/oracle), PyTorch's AdamW, gradient clipping at 1.0. Both sides time the
+whole iteration (forward, backward, gradient sync, clipping, optimizer; Loom's logged
+"elapsed time per iteration" also covers its logging), several iterations after a warm-up;
+printed: the shapes, tokens/s (median over the timed iterations, with the slowest and fastest),
+model FLOP/s (the PTD-P count: 6 N + attention per token, no recomputation), MFU against the
+OpenBLAS sgemm peak measured in the same run, and Loom / PyTorch. Then Loom's step by phase,
+from its trace (`loomrun --trace`): GEMMs, attention, other compute, optimizer, communication
+not hidden behind compute, and idle time, per step and rank. A benchmark, not a test.
 
-usage: bench.py --bin DIR --examples DIR --sgemm-peak BIN [--threads 2] [--steps 3]
+PyTorch 1.13 (Debian 12's) has no fused attention on CPU: its attention is the oracle's
+matmul-softmax-matmul over the full S x S (the causal half included), as a user of that
+version would write it.
+
+usage: bench.py --bin DIR --sgemm-peak BIN [--threads 2] [--models a,b] [--quick]
 """
 import argparse
+import json
 import os
 import re
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -19,69 +30,191 @@ import time
 
 import torch
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "oracle"))
+ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
+sys.path.insert(0, os.path.join(ROOT, "tests", "oracle"))
 from gpt_oracle import Gpt2  # noqa: E402
+from llama_oracle import Llama  # noqa: E402
 
-MODELS = {  # name: (layers, hidden, heads, seq, vocab, micro-batch)
-    "gpt-tiny": (4, 64, 4, 32, 1000, 8),
-    "gpt2-small": (12, 768, 12, 1024, 50257, 1),
+# name: (architecture, layers, hidden, heads, kv heads, ffn, seq, vocab, micro-batch, global batch)
+MODELS = {
+    "gpt-tiny": ("GPT", 4, 64, 4, 4, 256, 32, 1000, 8, 8),
+    "gpt2-small": ("GPT", 12, 768, 12, 12, 3072, 1024, 50257, 1, 1),
+    "llama-tiny": ("LLAMA", 4, 64, 4, 2, 176, 32, 1000, 8, 8),
+    # ~110M parameters: LLaMA's layout at GPT-2 small's width (grouped-query attention, 3 KV heads).
+    "llama-100m": ("LLAMA", 12, 768, 12, 3, 2048, 1024, 32000, 1, 1),
 }
+DEMO = "demo"  # the README demo's model on its 4-rank cluster (examples/)
+# (warm-up, timed) iterations per model size
+ITERATIONS = {"small": (3, 20), "large": (1, 4)}
 
 
-def flops_per_step(layers, hidden, seq, vocab, batch):
-    # PTD-P section 5.1 without recomputation: 72 B s l h^2 (1 + s / 6h + V / 12 l h)
-    return 72 * batch * seq * layers * hidden**2 * (1 + seq / (6 * hidden) + vocab / (12 * layers * hidden))
+def shape_of(name):
+    if name != DEMO:
+        return MODELS[name]
+    text = open(os.path.join(ROOT, "examples", "models", "gpt-demo.pbtxt")).read()
+    cluster = open(os.path.join(ROOT, "examples", "clusters", "cpu-4-demo.pbtxt")).read()
+    field = lambda t, k: int(re.search(rf"\b{k}: (\d+)", t).group(1))  # noqa: E731
+    h = field(text, "hidden_size")
+    return ("GPT", field(text, "num_layers"), h, field(text, "num_attention_heads"), field(text, "num_attention_heads"),
+            4 * h, field(text, "seq_length"), field(text, "vocab_size"), field(cluster, "micro_batch_size"),
+            field(cluster, "global_batch_size"))
 
 
-def loom_tokens_per_second(args, name, cfg, work):
-    layers, hidden, heads, seq, vocab, batch = cfg
-    model = os.path.join(work, name + ".pbtxt")
-    with open(model, "w") as f:
-        f.write(f'name: "{name}"\narchitecture: GPT\nnum_layers: {layers}\nhidden_size: {hidden}\n'
-                f"num_attention_heads: {heads}\nseq_length: {seq}\nvocab_size: {vocab}\n")
-    cluster = os.path.join(work, "one.pbtxt")
-    with open(cluster, "w") as f:
-        f.write(f'name: "one"\nnodes: 1\ndevices_per_node: 1\ndevice {{ kind: CPU }}\n'
-                f"parallel {{ micro_batch_size: {batch} global_batch_size: {batch} }}\n")
-    plans = os.path.join(work, "plans-" + name)
+def flops_per_token(shape):
+    # PTD-P section 5.1 generalised: 3 x (2 x GEMM weights + 4 s h per layer + 2 h V), no recomputation.
+    arch, layers, h, heads, kv, ffn, seq, vocab = shape[:8]
+    per_layer = 12 * h * h if arch == "GPT" else 2 * h * h + 2 * h * kv * (h // heads) + 3 * h * ffn
+    return 3 * (2 * per_layer * layers + 4 * seq * layers * h + 2 * h * vocab)
+
+
+def describe(name, shape, threads):
+    arch, layers, h, heads, kv, ffn, seq, vocab, mb, gb = shape
+    where = "4 ranks (t=2, p=2, 1 thread each) on examples/clusters/cpu-4-demo.pbtxt" if name == DEMO else \
+        f"1 rank, {threads} threads"
+    kvs = f", {kv} KV heads, ffn {ffn}" if arch == "LLAMA" else ""
+    return (f"{name}: {arch} {layers} layers, hidden {h}, {heads} heads{kvs}, seq {seq}, vocabulary {vocab}, "
+            f"global batch {gb} (micro-batch {mb}); Loom: {where}; PyTorch: 1 process, {threads} threads")
+
+
+def spread(times):
+    return statistics.median(times), min(times), max(times)
+
+
+def loom_run(args, name, shape, work, warmup, timed):
+    arch, layers, h, heads, kv, ffn, seq, vocab, mb, gb = shape
+    if name == DEMO:
+        model = os.path.join(ROOT, "examples", "models", "gpt-demo.pbtxt")
+        cluster = os.path.join(ROOT, "examples", "clusters", "cpu-4-demo.pbtxt")
+        ranks, threads = 4, 1
+    else:
+        model, cluster = os.path.join(work, name + ".pbtxt"), os.path.join(work, name + "-cluster.pbtxt")
+        with open(model, "w") as f:
+            f.write(f'name: "{name}"\narchitecture: {arch}\nnum_layers: {layers}\nhidden_size: {h}\n'
+                    f"num_attention_heads: {heads}\nseq_length: {seq}\nvocab_size: {vocab}\n")
+            if arch == "LLAMA":
+                f.write(f"num_key_value_heads: {kv}\nffn_hidden_size: {ffn}\n")
+        with open(cluster, "w") as f:
+            f.write(f'name: "one"\nnodes: 1\ndevices_per_node: 1\ndevice {{ kind: CPU }}\n'
+                    f"parallel {{ micro_batch_size: {mb} global_batch_size: {gb} }}\n")
+        ranks, threads = 1, args.threads
+    plans, trace = os.path.join(work, "plans-" + name), os.path.join(work, "trace-" + name)
     subprocess.run([os.path.join(args.bin, "loomc"), "compile", model, "--cluster", cluster, "--out", plans, "--quiet"],
                    check=True)
-    out = subprocess.run([os.path.join(args.bin, "loomrun"), "--nproc", "1", "--plans", plans, "--threads",
-                          str(args.threads), "--steps", str(args.steps)], check=True, stdout=subprocess.PIPE,
-                         stderr=subprocess.STDOUT, text=True).stdout
-    times = [float(x) for x in re.findall(r"elapsed time per iteration \(ms\): ([0-9.]+)", out)]
-    step = min(times[1:]) / 1000 if len(times) > 1 else times[0] / 1000  # the first step warms up
-    return batch * seq / step
+    out = subprocess.run([os.path.join(args.bin, "loomrun"), "--nproc", str(ranks), "--plans", plans, "--threads",
+                          str(threads), "--steps", str(warmup + timed), "--trace", trace], check=True,
+                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True).stdout
+    times = [float(x) / 1e3 for x in re.findall(r"elapsed time per iteration \(ms\): ([0-9.]+)", out)]
+    if len(times) != warmup + timed:
+        sys.exit(f"bench.py: expected {warmup + timed} iteration times from loomrun, got {len(times)}:\n{out}")
+    return times[warmup:], [os.path.join(trace, f"rank_{r}.json") for r in range(ranks)]
 
 
-def torch_tokens_per_second(args, cfg):
-    layers, hidden, heads, seq, vocab, batch = cfg
-    torch.set_num_threads(args.threads)
+def torch_model(shape):
+    arch, layers, h, heads, kv, ffn, seq, vocab, mb, gb = shape
     torch.manual_seed(0)
-    w = {"transformer.wte.weight": torch.randn(vocab, hidden) * 0.02,
-         "transformer.wpe.weight": torch.randn(seq, hidden) * 0.02,
-         "transformer.ln_f.weight": torch.ones(hidden), "transformer.ln_f.bias": torch.zeros(hidden)}
+    w = {}
+    if arch == "GPT":
+        w = {"transformer.wte.weight": torch.randn(vocab, h) * 0.02, "transformer.wpe.weight": torch.randn(seq, h) * 0.02,
+             "transformer.ln_f.weight": torch.ones(h), "transformer.ln_f.bias": torch.zeros(h)}
+        for i in range(layers):
+            p = f"transformer.h.{i}."
+            for ln in ("ln_1", "ln_2"):
+                w[p + ln + ".weight"], w[p + ln + ".bias"] = torch.ones(h), torch.zeros(h)
+            for n, (i_, o) in {"attn.c_attn": (h, 3 * h), "attn.c_proj": (h, h), "mlp.c_fc": (h, 4 * h),
+                               "mlp.c_proj": (4 * h, h)}.items():
+                w[p + n + ".weight"], w[p + n + ".bias"] = torch.randn(i_, o) * 0.02, torch.zeros(o)
+        return Gpt2(w, layers, heads)
+    hd = h // heads
+    w = {"model.embed_tokens.weight": torch.randn(vocab, h) * 0.02, "model.norm.weight": torch.ones(h),
+         "lm_head.weight": torch.randn(vocab, h) * 0.02}
     for i in range(layers):
-        p = f"transformer.h.{i}."
-        for ln in ("ln_1", "ln_2"):
-            w[p + ln + ".weight"], w[p + ln + ".bias"] = torch.ones(hidden), torch.zeros(hidden)
-        for name, (i_, o) in {"attn.c_attn": (hidden, 3 * hidden), "attn.c_proj": (hidden, hidden),
-                              "mlp.c_fc": (hidden, 4 * hidden), "mlp.c_proj": (4 * hidden, hidden)}.items():
-            w[p + name + ".weight"], w[p + name + ".bias"] = torch.randn(i_, o) * 0.02, torch.zeros(o)
-    model = Gpt2(w, layers, heads)
-    opt = torch.optim.AdamW(list(model.parameters().values()), lr=1e-4, betas=(0.9, 0.95))
-    tokens = torch.randint(0, vocab, (batch, seq))
-    labels = torch.randint(0, vocab, (batch, seq))
-    mask = torch.ones(batch, seq)
-    best = float("inf")
-    for _ in range(args.steps):
+        p = f"model.layers.{i}."
+        w[p + "input_layernorm.weight"], w[p + "post_attention_layernorm.weight"] = torch.ones(h), torch.ones(h)
+        for n, (o, i_) in {"self_attn.q_proj": (h, h), "self_attn.k_proj": (kv * hd, h), "self_attn.v_proj": (kv * hd, h),
+                           "self_attn.o_proj": (h, h), "mlp.gate_proj": (ffn, h), "mlp.up_proj": (ffn, h),
+                           "mlp.down_proj": (h, ffn)}.items():
+            w[p + n + ".weight"] = torch.randn(o, i_) * 0.02
+    config = {"num_attention_heads": heads, "num_key_value_heads": kv, "num_hidden_layers": layers,
+              "rope_theta": 10000.0, "rms_norm_eps": 1e-5, "tie_word_embeddings": False}
+    return Llama(w, config)
+
+
+def torch_run(args, shape, warmup, timed):
+    arch, layers, h, heads, kv, ffn, seq, vocab, mb, gb = shape
+    torch.set_num_threads(args.threads)
+    model = torch_model(shape)
+    params = list(model.parameters().values())
+    opt = torch.optim.AdamW(params, lr=1e-4, betas=(0.9, 0.95), weight_decay=0.1)
+    tokens, labels = torch.randint(0, vocab, (gb, seq)), torch.randint(0, vocab, (gb, seq))
+    mask = torch.ones(gb, seq)
+    times = []
+    for _ in range(warmup + timed):
         t0 = time.perf_counter()
         opt.zero_grad()
-        model.loss(tokens, labels, mask).backward()
-        torch.nn.utils.clip_grad_norm_(list(model.parameters().values()), 1.0)
+        # Micro-batches of Loom's size, gradients accumulated: the same GEMM shapes on both sides.
+        for b in range(0, gb, mb):
+            (model.loss(tokens[b:b + mb], labels[b:b + mb], mask[b:b + mb]) * (mb / gb)).backward()
+        torch.nn.utils.clip_grad_norm_(params, 1.0)
         opt.step()
-        best = min(best, time.perf_counter() - t0)
-    return batch * seq / best
+        times.append(time.perf_counter() - t0)
+    return times[warmup:]
+
+
+GEMM = {"linear", "weight_grad"}
+ATTENTION = {"attention", "attention_grad", "grouped_attention", "grouped_attention_grad"}
+PHASES = ["GEMM", "attention", "other compute", "optimizer", "exposed communication", "idle"]
+
+
+def union(intervals):
+    out = []
+    for a, b in sorted(intervals):
+        if out and a <= out[-1][1]:
+            out[-1][1] = max(out[-1][1], b)
+        else:
+            out.append([a, b])
+    return out
+
+
+def minus_length(intervals, cover):
+    # Length of the union of `intervals` outside the union `cover` (both lists of [a, b]).
+    total, j = 0.0, 0
+    for a, b in union(intervals):
+        while j < len(cover) and cover[j][1] <= a:
+            j += 1
+        k, at = j, a
+        while k < len(cover) and cover[k][0] < b:
+            if cover[k][0] > at:
+                total += cover[k][0] - at
+            at = max(at, cover[k][1])
+            k += 1
+        if at < b:
+            total += b - at
+    return total
+
+
+def breakdown(trace_files, warmup, timed):
+    # Per rank: the steps end where an optimizer event is followed by another program's; the
+    # window is the timed steps. Phases in ms per step, averaged over ranks.
+    sums = {p: 0.0 for p in PHASES}
+    for path in trace_files:
+        events = sorted((e for e in json.load(open(path))["traceEvents"] if e["ph"] == "X"), key=lambda e: e["ts"])
+        ends = [e["ts"] + e["dur"] for e, nxt in zip(events, events[1:] + [None])
+                if e["args"]["program"] == "optimizer" and (nxt is None or nxt["args"]["program"] != "optimizer")]
+        if len(ends) < warmup + timed:
+            sys.exit(f"bench.py: {path}: found {len(ends)} steps in the trace, expected {warmup + timed}")
+        lo, hi = ends[warmup - 1] if warmup else events[0]["ts"], ends[warmup + timed - 1]
+        window = [e for e in events if lo <= e["ts"] < hi]
+        compute = [e for e in window if e["cat"] == "compute"]
+        for e in compute:
+            phase = "optimizer" if e["args"]["program"] == "optimizer" else \
+                "GEMM" if e["name"] in GEMM else "attention" if e["name"] in ATTENTION else "other compute"
+            sums[phase] += e["dur"]
+        busy = union([[e["ts"], e["ts"] + e["dur"]] for e in compute])
+        comm = [[e["ts"], e["ts"] + e["dur"]] for e in window if e["cat"] != "compute"]
+        sums["exposed communication"] += minus_length(comm, busy)
+        sums["idle"] += (hi - lo) - sum(b - a for a, b in busy) - minus_length(comm, busy)
+    scale = 1e-3 / (timed * len(trace_files))  # us -> ms per step and rank
+    return {p: v * scale for p, v in sums.items()}
 
 
 def main():
@@ -89,22 +222,41 @@ def main():
     ap.add_argument("--bin", required=True)
     ap.add_argument("--sgemm-peak", required=True)
     ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--steps", type=int, default=3)
-    ap.add_argument("--models", default="gpt-tiny,gpt2-small")
+    ap.add_argument("--models", default="gpt-tiny,gpt2-small,llama-tiny,llama-100m,demo")
+    ap.add_argument("--quick", action="store_true", help="fewer iterations (a smoke run)")
     args = ap.parse_args()
     peak = float(subprocess.run([args.sgemm_peak, "--threads", str(args.threads)], check=True,
                                 stdout=subprocess.PIPE, text=True).stdout) * 1e9
-    print(f"machine: OpenBLAS sgemm peak with {args.threads} threads: {peak / 1e9:.1f} GFLOP/s")
-    print(f"{'model':12} {'system':8} {'tokens/s':>10} {'GFLOP/s':>9} {'MFU':>6}")
+    print(f"machine: OpenBLAS sgemm peak with {args.threads} threads: {peak / 1e9:.1f} GFLOP/s (the MFU's limit)")
+    results = []
     with tempfile.TemporaryDirectory() as work:
         for name in args.models.split(","):
-            cfg = MODELS[name]
-            per_token = flops_per_step(cfg[0], cfg[1], cfg[3], cfg[4], 1) / cfg[3]
-            loom = loom_tokens_per_second(args, name, cfg, work)
-            pt = torch_tokens_per_second(args, cfg)
-            for system, tps in (("Loom", loom), ("PyTorch", pt)):
-                print(f"{name:12} {system:8} {tps:10.0f} {tps * per_token / 1e9:9.1f} {100 * tps * per_token / peak:5.1f}%")
-            print(f"{name:12} Loom / PyTorch = {loom / pt:.2f}", flush=True)
+            if name != DEMO and name not in MODELS:
+                sys.exit(f"bench.py: unknown model '{name}' (expected {', '.join(list(MODELS) + [DEMO])})")
+            shape = shape_of(name)
+            tokens = shape[9] * shape[6]
+            warmup, timed = ITERATIONS["large" if shape[2] * shape[6] >= 2 ** 17 else "small"]
+            if args.quick:
+                warmup, timed = 1, 2
+            print(f"\n{describe(name, shape, args.threads)}; {timed} timed iterations after {warmup}", flush=True)
+            loom, traces = loom_run(args, name, shape, work, warmup, timed)
+            pt = torch_run(args, shape, warmup, timed)
+            print(f"  {'system':8} {'tokens/s':>9} {'(slowest..fastest)':>20} {'GFLOP/s':>8} {'MFU':>6}")
+            rates = {}
+            for system, times in (("Loom", loom), ("PyTorch", pt)):
+                med, fast, slow = spread(times)
+                rates[system] = tokens / med
+                gflops = rates[system] * flops_per_token(shape) / 1e9
+                print(f"  {system:8} {tokens / med:9.0f} {f'({tokens / slow:.0f}..{tokens / fast:.0f})':>20} "
+                      f"{gflops:8.1f} {100 * gflops * 1e9 / peak:5.1f}%")
+            ratio = rates["Loom"] / rates["PyTorch"]
+            print(f"  Loom / PyTorch = {ratio:.2f} (whole iterations, medians)")
+            phases = breakdown(traces, warmup, timed)
+            step = sum(phases.values())
+            print("  Loom's step by phase (ms per step and rank, from the trace): " +
+                  ", ".join(f"{p} {v:.1f} ({100 * v / step:.0f}%)" for p, v in phases.items()), flush=True)
+            results.append((name, ratio, rates["Loom"] * flops_per_token(shape) / peak))
+    print("\nsummary: " + "; ".join(f"{n} Loom/PyTorch {r:.2f}, {100 * m:.1f}% of sgemm peak" for n, r, m in results))
 
 
 if __name__ == "__main__":

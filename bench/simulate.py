@@ -1,13 +1,18 @@
 """The simulator against Loom's own measured CPU step time, on local configurations.
 
-`loomc calibrate` measures this machine once (kernels on the CPU executor, Gloo over
-loopback) into a device file; then for each configuration below the same model is compiled,
-`loomc simulate --device` predicts the step, and `loomrun` trains it on local CPU ranks (one
-BLAS thread each, synthetic tokens) and logs the whole iteration's time. Printed per
-configuration: predicted, measured (median of the logged iterations after the warm-up, with
-the spread) and the error. A benchmark, not a test.
+`loomc calibrate` measures this machine (kernels on the CPU executor, Gloo over loopback) into a
+device file; for each configuration below the same model is compiled, `loomc simulate --device`
+predicts the step, and `loomrun` trains it on local CPU ranks (one BLAS thread each, synthetic
+tokens) and logs the whole iteration's time. A benchmark, not a test.
 
-usage: simulate.py [--bin DIR] [--steps 8] [--warmup 2] [--device FILE] [--only NAME]
+This VM drifts: its speed changes by ~10% over minutes and its Gloo loopback latencies by up to
+2x between calibrations a minute apart. So prediction and measurement sample the same period:
+the run goes in rounds (--rounds, default 3), each a calibration followed by every
+configuration's iterations; the prediction is the mean of the rounds' predictions (their range
+printed), the measurement the median of all rounds' timed iterations (their range printed).
+--device FILE predicts from one given device file instead (no calibration).
+
+usage: simulate.py [--bin DIR] [--rounds 3] [--steps 6] [--warmup 2] [--device FILE] [--only NAME]
 """
 import argparse
 import json
@@ -52,47 +57,56 @@ def cluster(name, ranks, t, p, d, b, m, schedule):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--bin", help="a directory with loomc and loomrun (default: this checkout's bazel-bin)")
-    ap.add_argument("--steps", type=int, default=8)
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--steps", type=int, default=6, help="iterations per configuration and round")
     ap.add_argument("--warmup", type=int, default=2)
-    ap.add_argument("--device", help="a device file from loomc calibrate (default: calibrate now)")
+    ap.add_argument("--device", help="a device file from loomc calibrate (default: calibrate in every round)")
     ap.add_argument("--only", help="run only the configurations whose name contains this")
     args = ap.parse_args()
+    configs = [c for c in CONFIGS if not args.only or args.only in c[0]]
     with tempfile.TemporaryDirectory() as work:
         model = os.path.join(work, "model.pbtxt")
         with open(model, "w") as f:
             f.write(MODEL)
-        device = args.device
-        if not device:
-            device = os.path.join(work, "device.pbtxt")
-            subprocess.run([tool(args, "loomc"), "calibrate", "--out", device, "--threads", "1"], check=True,
-                           stderr=subprocess.DEVNULL)
-        print(f"model gpt-4x256 (4 layers, hidden 256, 8 heads, seq 256, vocabulary 4096), 1 BLAS thread per "
-              f"rank, {args.steps - args.warmup} timed iterations after {args.warmup}; device file {device if args.device else '(calibrated now)'}")
-        print(f"{'configuration':22s} {'ranks':>5s} {'predicted':>11s} {'measured':>11s} {'spread':>17s} {'error':>7s}")
-        errors = []
-        for name, ranks, t, p, d, b, m, schedule in CONFIGS:
-            if args.only and args.only not in name:
-                continue
-            spec = os.path.join(work, f"c{len(errors)}.pbtxt")
-            plans = os.path.join(work, f"plans{len(errors)}")
+        plans = []
+        for k, (name, ranks, t, p, d, b, m, schedule) in enumerate(configs):
+            spec, out = os.path.join(work, f"c{k}.pbtxt"), os.path.join(work, f"plans{k}")
             with open(spec, "w") as f:
-                f.write(cluster(f"bench-{len(errors)}", ranks, t, p, d, b, m, schedule))
-            subprocess.run([tool(args, "loomc"), "compile", model, "--cluster", spec, "--out", plans, "--quiet"],
+                f.write(cluster(f"bench-{k}", ranks, t, p, d, b, m, schedule))
+            subprocess.run([tool(args, "loomc"), "compile", model, "--cluster", spec, "--out", out, "--quiet"],
                            check=True)
-            sim = subprocess.run([tool(args, "loomc"), "simulate", plans, "--device", device, "--json"], check=True,
-                                 capture_output=True, text=True).stdout
-            predicted = json.loads(sim)["step_time_s"] * 1e3
-            out = subprocess.run([tool(args, "loomrun"), "--nproc", str(ranks), "--plans", plans, "--steps",
-                                  str(args.steps), "--threads", "1"], check=True, capture_output=True,
-                                 text=True).stdout
-            times = [float(x) for x in re.findall(r"elapsed time per iteration \(ms\): ([0-9.]+)", out)][args.warmup:]
-            if not times:
-                sys.exit(f"simulate.py: no iteration times in the log of {name}:\n{out}")
-            measured = statistics.median(times)
-            err = (predicted - measured) / measured
+            plans.append(out)
+        predicted = [[] for _ in configs]
+        measured = [[] for _ in configs]
+        for r in range(args.rounds):
+            device = args.device
+            if not device:
+                device = os.path.join(work, f"device{r}.pbtxt")
+                subprocess.run([tool(args, "loomc"), "calibrate", "--out", device, "--threads", "1"], check=True,
+                               stderr=subprocess.DEVNULL)
+            for k, (name, ranks, *_rest) in enumerate(configs):
+                sim = subprocess.run([tool(args, "loomc"), "simulate", plans[k], "--device", device, "--json"],
+                                     check=True, capture_output=True, text=True).stdout
+                predicted[k].append(json.loads(sim)["step_time_s"] * 1e3)
+                out = subprocess.run([tool(args, "loomrun"), "--nproc", str(ranks), "--plans", plans[k], "--steps",
+                                      str(args.steps), "--threads", "1"], check=True, capture_output=True,
+                                     text=True).stdout
+                times = [float(x) for x in re.findall(r"elapsed time per iteration \(ms\): ([0-9.]+)", out)]
+                if len(times) <= args.warmup:
+                    sys.exit(f"simulate.py: too few iteration times in the log of {name}:\n{out}")
+                measured[k] += times[args.warmup:]
+        print(f"model gpt-4x256 (4 layers, hidden 256, 8 heads, seq 256, vocabulary 4096), 1 BLAS thread per rank; "
+              f"{args.rounds} rounds of {args.steps - args.warmup} timed iterations after {args.warmup} per "
+              "configuration; " + (f"device file {args.device}" if args.device else "a calibration in every round"))
+        print(f"{'configuration':22s} {'ranks':>5s} {'predicted':>10s} {'(rounds)':>17s} {'measured':>10s} "
+              f"{'(iterations)':>17s} {'error':>7s}")
+        errors = []
+        for k, (name, ranks, *_rest) in enumerate(configs):
+            pred, meas = statistics.mean(predicted[k]), statistics.median(measured[k])
+            err = (pred - meas) / meas
             errors.append(abs(err))
-            print(f"{name:22s} {ranks:5d} {predicted:8.1f} ms {measured:8.1f} ms  ({min(times):6.1f}..{max(times):6.1f})"
-                  f" {100 * err:+6.1f}%")
+            print(f"{name:22s} {ranks:5d} {pred:7.1f} ms ({min(predicted[k]):6.1f}..{max(predicted[k]):6.1f}) "
+                  f"{meas:7.1f} ms ({min(measured[k]):6.1f}..{max(measured[k]):6.1f}) {100 * err:+6.1f}%")
         print(f"largest error {100 * max(errors):.1f}%, mean {100 * statistics.mean(errors):.1f}% over {len(errors)} "
               "configurations")
 

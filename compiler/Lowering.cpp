@@ -286,6 +286,13 @@ llvm::Expected<plan::Program> lowerProgram(mlir::func::FuncOp f) {
       expandCrossEntropy(&op);
       continue;
     }
+    // Megatron's f is the identity forward (its gradient rule made the backward all-reduce):
+    // no instruction and no copy, its result is its operand's buffer, whose lifetime the
+    // result's readers extend.
+    if (auto id = mlir::dyn_cast<IdentityOp>(op)) {
+      bufferOf[id.getResult()] = bufferOf.lookup(id.getInput());
+      continue;
+    }
     int index = prog.instructions_size();
     plan::Instruction *in = prog.add_instructions();
     in->set_op(op.getName().stripDialect().str());
