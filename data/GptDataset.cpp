@@ -26,8 +26,11 @@ GptDataset::GptDataset(const IndexedDataset &data, Split split, double validatio
     : data_(data), seq_(seq), seed_(seed) {
   int64_t n = data.documents();
   int64_t valid = std::clamp<int64_t>(int64_t(n * validationFraction + 0.5), 1, std::max<int64_t>(n - 1, 1));
-  int64_t first = split == Split::kTrain ? 0 : n - valid, last = split == Split::kTrain ? n - valid : n;
-  for (int64_t d = first; d < last; ++d) {
+  // Validation document k is the one at (k + 1/2) n / valid: evenly spread over the corpus.
+  std::vector<bool> held(size_t(n), false);
+  for (int64_t k = 0; k < valid; ++k) held[size_t(std::min(n - 1, (2 * k + 1) * n / (2 * valid)))] = true;
+  for (int64_t d = 0; d < n; ++d) {
+    if (held[size_t(d)] != (split == Split::kValidation)) continue;
     docs_.push_back(d);
     tokensPerEpoch_ += data.documentLength(d);
   }

@@ -16,7 +16,9 @@ namespace loom {
 class GptDataset : public DataSource {
  public:
   enum class Split { kTrain, kValidation };
-  // The last `validationFraction` of the documents (at least one) form the validation split.
+  // `validationFraction` of the documents (at least one) form the validation split, spread
+  // evenly over the corpus (document k of them at (k + 1/2) n / count): a corpus stored in
+  // genre or source order, as Brown's files are, would otherwise hold out its last genre.
   GptDataset(const IndexedDataset &data, Split split, double validationFraction, int64_t seq, uint64_t seed);
 
   std::vector<int32_t> sample(int64_t index) override;
