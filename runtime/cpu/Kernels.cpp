@@ -14,6 +14,12 @@
 
 namespace loom::cpu {
 
+// The hot non-GEMM loops (softmax rows, the vocabulary loops, elementwise activations, row
+// reductions) are compiled for AVX-512, AVX2 and baseline x86-64 and picked at run time; no FMA
+// contraction under ISO C++ and fixed lane orders, so every variant gives the same bits.
+// Reductions keep 8 float lanes: a plain `sum +=` loop does not vectorise without -ffast-math.
+#define LOOM_VECTOR_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
+
 void linearForward(const float *x, const float *w, const float *bias, float *y, int64_t m, int64_t k,
                    int64_t n, bool transposeW) {
   if (bias) {
@@ -44,6 +50,7 @@ void biasGrad(const float *g, float *db, int64_t m, int64_t n) {
 namespace {
 // Row reductions in 8 float lanes (they vectorise), the lanes and the tail combined in double:
 // a fixed order, so every ISA variant and thread count gives the same bits.
+LOOM_VECTOR_CLONES
 float laneSum(const float *x, int64_t n) {
   float lanes[8] = {0, 0, 0, 0, 0, 0, 0, 0};
   int64_t i = 0;
@@ -56,6 +63,7 @@ float laneSum(const float *x, int64_t n) {
 }
 
 // sum (x - c)^2, and sum x * y, likewise.
+LOOM_VECTOR_CLONES
 float laneSquaredDeviation(const float *x, int64_t n, float c) {
   float lanes[8] = {0, 0, 0, 0, 0, 0, 0, 0};
   int64_t i = 0;
@@ -67,6 +75,7 @@ float laneSquaredDeviation(const float *x, int64_t n, float c) {
   return float(sum);
 }
 
+LOOM_VECTOR_CLONES
 float laneDot(const float *x, const float *y, int64_t n) {
   float lanes[8] = {0, 0, 0, 0, 0, 0, 0, 0};
   int64_t i = 0;
@@ -171,25 +180,33 @@ constexpr float kGeluC = 0.7978845608028654f;  // sqrt(2 / pi)
 // Elementwise loops go in parts of at least this many elements.
 constexpr int64_t kElementGrain = 16384;
 
+namespace {
+LOOM_VECTOR_CLONES
+void geluRange(const float *x, float *y, int64_t lo, int64_t hi) {
+  for (int64_t i = lo; i < hi; ++i) {
+    float v = x[i];
+    y[i] = 0.5f * v * (1.0f + fastTanh(kGeluC * (v + 0.044715f * v * v * v)));
+  }
+}
+
+LOOM_VECTOR_CLONES
+void geluGradRange(const float *x, const float *g, float *dx, int64_t lo, int64_t hi) {
+  for (int64_t i = lo; i < hi; ++i) {
+    float v = x[i];
+    float t = fastTanh(kGeluC * (v + 0.044715f * v * v * v));
+    float d = 0.5f * (1.0f + t) + 0.5f * v * (1.0f - t * t) * kGeluC * (1.0f + 3 * 0.044715f * v * v);
+    dx[i] = g[i] * d;
+  }
+}
+}  // namespace
+
 void geluForward(const float *x, float *y, int64_t count) {
-  parallelFor(count, kElementGrain, [&](int64_t lo, int64_t hi) {
-    for (int64_t i = lo; i < hi; ++i) {
-      float v = x[i];
-      y[i] = 0.5f * v * (1.0f + fastTanh(kGeluC * (v + 0.044715f * v * v * v)));
-    }
-  });
+  parallelFor(count, kElementGrain, [&](int64_t lo, int64_t hi) { geluRange(x, y, lo, hi); });
 }
 
 // d/dx: 0.5 (1 + t) + 0.5 x (1 - t^2) c (1 + 3 * 0.044715 x^2), t = tanh(c (x + 0.044715 x^3)).
 void geluBackward(const float *x, const float *g, float *dx, int64_t count) {
-  parallelFor(count, kElementGrain, [&](int64_t lo, int64_t hi) {
-    for (int64_t i = lo; i < hi; ++i) {
-      float v = x[i];
-      float t = fastTanh(kGeluC * (v + 0.044715f * v * v * v));
-      float d = 0.5f * (1.0f + t) + 0.5f * v * (1.0f - t * t) * kGeluC * (1.0f + 3 * 0.044715f * v * v);
-      dx[i] = g[i] * d;
-    }
-  });
+  parallelFor(count, kElementGrain, [&](int64_t lo, int64_t hi) { geluGradRange(x, g, dx, lo, hi); });
 }
 
 namespace {
@@ -235,6 +252,43 @@ struct Head {
   int64_t blockKeys(int64_t i0) const { return causal ? std::min(S, i0 + kBlock) : S; }
 };
 
+// row[0, n) = softmax(row[0, n)) in place (max and sum in 8 lanes); false when every entry
+// is -inf (a fully masked row).
+LOOM_VECTOR_CLONES
+bool softmaxRow(float *row, int64_t n) {
+  const float ninf = -std::numeric_limits<float>::infinity();
+  float lanes[8] = {ninf, ninf, ninf, ninf, ninf, ninf, ninf, ninf};
+  int64_t j = 0;
+  for (; j + 8 <= n; j += 8)
+    for (int k = 0; k < 8; ++k) lanes[k] = row[j + k] > lanes[k] ? row[j + k] : lanes[k];
+  float mx = ninf;
+  for (int k = 0; k < 8; ++k) mx = lanes[k] > mx ? lanes[k] : mx;
+  for (; j < n; ++j) mx = row[j] > mx ? row[j] : mx;
+  if (mx == ninf) return false;
+  float sums[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+  for (j = 0; j + 8 <= n; j += 8)
+    for (int k = 0; k < 8; ++k) sums[k] += (row[j + k] = fastExp(row[j + k] - mx));
+  float sum = 0;
+  for (int k = 0; k < 8; ++k) sum += sums[k];
+  for (; j < n; ++j) sum += (row[j] = fastExp(row[j] - mx));
+  float inv = 1.0f / sum;
+  for (j = 0; j < n; ++j) row[j] *= inv;
+  return true;
+}
+
+// r[0, n) = p * (r - sum(p * r)): the softmax's backward over one row (the sum in 8 lanes).
+LOOM_VECTOR_CLONES
+void softmaxGradRow(const float *p, float *r, int64_t n) {
+  float lanes[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+  int64_t j = 0;
+  for (; j + 8 <= n; j += 8)
+    for (int k = 0; k < 8; ++k) lanes[k] += p[j + k] * r[j + k];
+  float dot = 0;
+  for (int k = 0; k < 8; ++k) dot += lanes[k];
+  for (; j < n; ++j) dot += p[j] * r[j];
+  for (j = 0; j < n; ++j) r[j] = p[j] * (r[j] - dot);
+}
+
 // P = softmax(q k^T / sqrt(hd) + masks), computed over each row's visible keys (the rest 0).
 void headProbs(const Head &h, float *p) {
   float scale = 1.0f / std::sqrt(float(h.hd));
@@ -251,16 +305,10 @@ void headProbs(const Head &h, float *p) {
       if (h.keyMask)
         for (int64_t j = 0; j < n; ++j)
           if (h.keyMask[j] == 0.0f) row[j] = ninf;
-      float mx = ninf;
-      for (int64_t j = 0; j < n; ++j) mx = std::max(mx, row[j]);
-      if (mx == ninf) {  // every key masked: the row attends to nothing
+      if (!softmaxRow(row, n)) {  // every key masked: the row attends to nothing
         std::fill(row, row + h.S, 0.0f);
         continue;
       }
-      float sum = 0;
-      for (int64_t j = 0; j < n; ++j) sum += (row[j] = fastExp(row[j] - mx));
-      float inv = 1.0f / sum;
-      for (int64_t j = 0; j < n; ++j) row[j] *= inv;
       std::fill(row + n, row + h.S, 0.0f);
     }
   });
@@ -317,9 +365,7 @@ void headBackward(const Head &h, const float *g, int64_t ldg, float *dq, float *
       const float *pr = p + i * h.S;
       float *r = dp + i * h.S;
       int64_t n = h.keysOf(i);
-      float dot = 0;
-      for (int64_t j = 0; j < n; ++j) dot += pr[j] * r[j];
-      for (int64_t j = 0; j < n; ++j) r[j] = pr[j] * (r[j] - dot);
+      softmaxGradRow(pr, r, n);
       std::fill(r + n, r + h.S, 0.0f);
     }
   });
@@ -525,11 +571,6 @@ void addPositionForward(const float *x, const float *position, float *out, int64
       for (int64_t i = 0; i < hidden; ++i)
         out[(b * seq + s) * hidden + i] = x[(b * seq + s) * hidden + i] + position[s * hidden + i];
 }
-
-// The loops over the vocabulary are the hottest non-GEMM code of training: compiled for
-// AVX-512, AVX2 and baseline x86-64 and picked at run time (no FMA contraction under ISO C++,
-// and fixed lane orders, so every variant gives the same bits).
-#define LOOM_VECTOR_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
 
 namespace {
 // Tokens [t0, t1) of each loop below; the public functions split the tokens over the threads
