@@ -67,6 +67,11 @@ def flops_per_token(shape):
     return 3 * (2 * per_layer * layers + 4 * seq * layers * h + 2 * h * vocab)
 
 
+def flops_per_step(layers, hidden, seq, vocab, batch):
+    # A GPT step's PTD-P count, 72 B s l h^2 (1 + s / 6h + V / 12 l h) (tools/gpu/torch_gpt_bench.py).
+    return batch * seq * flops_per_token(("GPT", layers, hidden, 1, 1, 4 * hidden, seq, vocab))
+
+
 def describe(name, shape, threads):
     arch, layers, h, heads, kv, ffn, seq, vocab, mb, gb = shape
     where = "4 ranks (t=2, p=2, 1 thread each) on examples/clusters/cpu-4-demo.pbtxt" if name == DEMO else \

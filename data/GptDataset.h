@@ -13,6 +13,20 @@
 
 namespace loom {
 
+// Which of `documents` documents form the validation split for `validationFraction` (at
+// least one): document k of them at (k + 1/2) n / count, evenly spread over the corpus.
+std::vector<bool> validationDocuments(int64_t documents, double validationFraction);
+
+// Held-out cross-entropies (nats per token) of two count models built from the training
+// split's documents and scored on the validation split's: the unigram (add-0.1 smoothing over
+// the ids the corpus uses) and the bigram with absolute discounting (D = 0.75) interpolated
+// with that unigram (Ney, Essen and Kneser 1994). Yardsticks for a trained model's loss.
+struct ReferenceLosses {
+  double unigram = 0, bigram = 0;
+  int64_t trainTokens = 0, validTokens = 0;
+};
+ReferenceLosses referenceLosses(const IndexedDataset &data, double validationFraction);
+
 class GptDataset : public DataSource {
  public:
   enum class Split { kTrain, kValidation };

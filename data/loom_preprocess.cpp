@@ -5,6 +5,9 @@
 //   loom-preprocess --vocab encoder.json --merges vocab.bpe --decode "ID ID ..."
 //   loom-preprocess --unigram-entropy PREFIX   (entropy of the dataset's token frequencies, nats:
 //                                               the loss of the best model that ignores context)
+//   loom-preprocess --reference-losses PREFIX [--valid-fraction 0.05]
+//                                              (held-out cross-entropy of unigram and bigram count
+//                                               models from the training split: yardsticks)
 // Every document ends with <|endoftext|> (Megatron's --append-eod).
 #include <cmath>
 #include <cstdio>
@@ -13,13 +16,14 @@
 
 #include "runtime/control/Flags.h"
 #include "data/Bpe.h"
+#include "data/GptDataset.h"
 #include "data/IndexedDataset.h"
 #include "data/TextSources.h"
 
 int main(int argc, char **argv) {
   loom::Flags flags(argc, argv, "loom-preprocess",
                     {"input", "format", "vocab", "merges", "output-prefix", "json-key", "encode", "decode",
-                     "unigram-entropy"});
+                     "unigram-entropy", "reference-losses", "valid-fraction"});
   if (!flags.ok()) return 2;
   if (flags.has("unigram-entropy")) {
     loom::IndexedDataset ds;
@@ -32,6 +36,16 @@ int main(int argc, char **argv) {
     double h = 0;
     for (auto &[tok, c] : counts) h -= double(c) / total * std::log(double(c) / total);
     std::printf("%.4f\n", h);
+    return 0;
+  }
+  if (flags.has("reference-losses")) {
+    loom::IndexedDataset ds;
+    if (loom::Status s = loom::IndexedDataset::open(flags.get("reference-losses"), &ds); !s.isOk())
+      return flags.fail(s.message());
+    loom::ReferenceLosses r = loom::referenceLosses(ds, flags.number("valid-fraction", 0.05));
+    std::printf("held-out cross-entropy of count models from the training split (%lld tokens; %lld held out): "
+                "unigram %.3f nats, bigram %.3f nats\n",
+                (long long)r.trainTokens, (long long)r.validTokens, r.unigram, r.bigram);
     return 0;
   }
   if (!flags.has("vocab") || !flags.has("merges"))

@@ -3,6 +3,7 @@
 // training documents, together all of them.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <cstdlib>
 #include <set>
 #include <string>
@@ -33,6 +34,26 @@ TEST(GptDatasetSplit, ValidationDocumentsAreSpreadOverTheCorpus) {
   EXPECT_EQ(seenValid, (std::set<int32_t>{5, 15, 25, 35}));
   for (int32_t d : seenValid) EXPECT_EQ(seenTrain.count(d), 0u) << "document " << d << " is in both splits";
   EXPECT_EQ(seenTrain.size(), 36u);
+}
+
+TEST(GptDatasetSplit, ReferenceLossesSeeWhatABigramPredicts) {
+  // Each document alternates two tokens chosen by its index: a bigram count model from the
+  // training documents predicts the held-out ones almost surely, a unigram cannot.
+  std::string prefix = std::string(std::getenv("TEST_TMPDIR")) + "/pairs";
+  IndexedDatasetWriter writer(prefix);
+  for (int d = 0; d < 60; ++d) {
+    std::vector<int32_t> doc;
+    for (int i = 0; i < 50; ++i) doc.push_back(2 * (d % 7) + i % 2);
+    writer.addDocument(doc);
+  }
+  ASSERT_TRUE(writer.finish().isOk());
+  IndexedDataset data;
+  ASSERT_TRUE(IndexedDataset::open(prefix, &data).isOk());
+  ReferenceLosses r = referenceLosses(data, 0.1);
+  EXPECT_EQ(r.trainTokens + r.validTokens, 60 * 50);
+  EXPECT_EQ(r.validTokens, 6 * 50);
+  EXPECT_NEAR(r.unigram, std::log(14.0), 0.15);  // 14 tokens, about equally frequent
+  EXPECT_LT(r.bigram, 0.4);
 }
 
 }  // namespace
