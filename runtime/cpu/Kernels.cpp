@@ -40,7 +40,7 @@ void linearWeightGrad(const float *x, const float *g, float *dw, int64_t m, int6
 
 // Each thread sums its own columns over every row in row order: the same sums whatever the split.
 void biasGrad(const float *g, float *db, int64_t m, int64_t n) {
-  parallelFor(n, 64, [&](int64_t c0, int64_t c1) {
+  parallelFor(n, std::max<int64_t>(16, grainFor(m)), [&](int64_t c0, int64_t c1) {
     std::fill(db + c0, db + c1, 0.0f);
     for (int64_t r = 0; r < m; ++r)
       for (int64_t c = c0; c < c1; ++c) db[c] += g[r * n + c];
@@ -107,7 +107,7 @@ float *scratch(std::vector<float> &buffer, size_t count) {
 
 // out[i] = sum over chunks c (in order) of partial[c * ld + i], i < n.
 void addChunks(const float *partial, int64_t chunks, int64_t ld, int64_t n, float *out) {
-  parallelFor(n, 256, [&](int64_t i0, int64_t i1) {
+  parallelFor(n, std::max<int64_t>(16, grainFor(chunks)), [&](int64_t i0, int64_t i1) {
     std::fill(out + i0, out + i1, 0.0f);
     for (int64_t c = 0; c < chunks; ++c)
       for (int64_t i = i0; i < i1; ++i) out[i] += partial[c * ld + i];
@@ -117,7 +117,7 @@ void addChunks(const float *partial, int64_t chunks, int64_t ld, int64_t n, floa
 
 void layerNormForward(const float *x, const float *gamma, const float *beta, float *y, int64_t rows,
                       int64_t n, float eps) {
-  parallelFor(rows, 8, [&](int64_t r0, int64_t r1) {
+  parallelFor(rows, grainFor(n), [&](int64_t r0, int64_t r1) {
     for (int64_t r = r0; r < r1; ++r) {
       const float *xr = x + r * n;
       float mean, rstd;
@@ -168,7 +168,7 @@ void layerNormBackward(const float *x, const float *gamma, const float *g, float
         dxr[j] = rstd * (gr[j] * gamma[j] - meanDy - xh * meanDyXhat);
       }
     }
-  });
+  }, n);
   addChunks(partial, chunks, 2 * n, n, dgamma);
   addChunks(partial + n, chunks, 2 * n, n, dbeta);
 }
@@ -229,7 +229,7 @@ namespace {
 // Rows [0, n) of a head split over the rank's threads (each row's work independent).
 template <typename Body>
 void parallelRows(int64_t n, Body body) {
-  parallelFor(n, 16, body);
+  parallelFor(n, grainFor(n), body);
 }
 
 // One (batch, head) of attention: q, k, v rows `ldq`, `ldk`, `ldv` floats apart; the
@@ -446,7 +446,7 @@ void groupedAttentionBackward(const float *q, const float *k, const float *v, co
 }
 
 void rmsNormForward(const float *x, const float *gamma, float *y, int64_t rows, int64_t n, float eps) {
-  parallelFor(rows, 8, [&](int64_t r0, int64_t r1) {
+  parallelFor(rows, grainFor(n), [&](int64_t r0, int64_t r1) {
     for (int64_t r = r0; r < r1; ++r) {
       const float *xr = x + r * n;
       float rstd = 1.0f / std::sqrt(laneDot(xr, xr, n) / float(n) + eps);
@@ -477,7 +477,7 @@ void rmsNormBackward(const float *x, const float *gamma, const float *g, float *
         dxr[i] = rstd * (dy[i] - xr[i] * rstd * mean);
       }
     }
-  });
+  }, n);
   addChunks(partial, chunks, n, n, dgamma);
 }
 
@@ -545,7 +545,7 @@ void embeddingForward(const int32_t *tokens, const float *word, const float *pos
 void embeddingBackward(const int32_t *tokens, const float *g, float *dword, int64_t tokenCount,
                        int64_t hidden, int64_t rowStart, int64_t rows) {
   parallelFor(rows * hidden, 1 << 18, [&](int64_t lo, int64_t hi) { std::fill(dword + lo, dword + hi, 0.0f); });
-  parallelFor(hidden, 32, [&](int64_t i0, int64_t i1) {
+  parallelFor(hidden, std::max<int64_t>(16, grainFor(tokenCount)), [&](int64_t i0, int64_t i1) {
     for (int64_t t = 0; t < tokenCount; ++t) {
       int64_t row = int64_t(tokens[t]) - rowStart;
       if (row < 0 || row >= rows) continue;
@@ -557,7 +557,7 @@ void embeddingBackward(const int32_t *tokens, const float *g, float *dword, int6
 void positionBackward(const float *g, float *dposition, int64_t batch, int64_t seq, int64_t hidden,
                       int64_t positions) {
   std::fill(dposition, dposition + positions * hidden, 0.0f);
-  parallelFor(seq, 8, [&](int64_t s0, int64_t s1) {
+  parallelFor(seq, grainFor(batch * hidden), [&](int64_t s0, int64_t s1) {
     for (int64_t b = 0; b < batch; ++b)
       for (int64_t s = s0; s < s1; ++s)
         for (int64_t i = 0; i < hidden; ++i) dposition[s * hidden + i] += g[(b * seq + s) * hidden + i];
@@ -645,14 +645,14 @@ int64_t validColumns(int64_t cols, int64_t colStart, int64_t validVocab) {
 void crossEntropyLocalMax(const float *logits, float *rowMax, int64_t tokens, int64_t cols,
                           int64_t colStart, int64_t validVocab) {
   int64_t valid = validColumns(cols, colStart, validVocab);
-  parallelFor(tokens, 4, [&](int64_t t0, int64_t t1) { localMaxRows(logits, rowMax, t0, t1, cols, valid); });
+  parallelFor(tokens, grainFor(cols), [&](int64_t t0, int64_t t1) { localMaxRows(logits, rowMax, t0, t1, cols, valid); });
 }
 
 void crossEntropyLocalSums(const float *logits, const int32_t *labels, const float *rowMax,
                            float *sumExp, float *target, int64_t tokens, int64_t cols,
                            int64_t colStart, int64_t validVocab, float *exps) {
   int64_t valid = validColumns(cols, colStart, validVocab);
-  parallelFor(tokens, 4, [&](int64_t t0, int64_t t1) {
+  parallelFor(tokens, grainFor(cols), [&](int64_t t0, int64_t t1) {
     static thread_local std::vector<float> rowBuffer;
     float *row1 = exps ? nullptr : scratch(rowBuffer, size_t(cols));
     localSumRows(logits, labels, rowMax, sumExp, target, t0, t1, cols, colStart, valid, exps, row1);
@@ -676,7 +676,7 @@ void crossEntropyBackwardFromExps(const int32_t *labels, const float *mask, cons
   int64_t valid = validColumns(cols, colStart, validVocab);
   double count = 0;
   for (int64_t t = 0; t < tokens; ++t) count += mask ? mask[t] : 1.0f;
-  parallelFor(tokens, 4, [&](int64_t t0, int64_t t1) {
+  parallelFor(tokens, grainFor(cols), [&](int64_t t0, int64_t t1) {
     scaleRows(labels, mask, sumExp, gradLoss, count, dlogits, t0, t1, cols, colStart, valid);
   });
 }
@@ -685,7 +685,7 @@ void crossEntropyBackward(const float *logits, const int32_t *labels, const floa
                           const float *rowMax, const float *sumExp, float gradLoss, float *dlogits,
                           int64_t tokens, int64_t cols, int64_t colStart, int64_t validVocab) {
   int64_t valid = validColumns(cols, colStart, validVocab);
-  parallelFor(tokens, 4, [&](int64_t t0, int64_t t1) { expRows(logits, rowMax, dlogits, t0, t1, cols, valid); });
+  parallelFor(tokens, grainFor(cols), [&](int64_t t0, int64_t t1) { expRows(logits, rowMax, dlogits, t0, t1, cols, valid); });
   crossEntropyBackwardFromExps(labels, mask, sumExp, gradLoss, dlogits, tokens, cols, colStart, validVocab);
 }
 

@@ -11,6 +11,10 @@
 namespace loom::cpu {
 namespace {
 
+// Set while a thread runs a part: a parallelFor inside a part runs on that thread alone (the
+// pool serves one job at a time).
+thread_local bool insidePart = false;
+
 // Workers wait on a condition variable for a job (a generation number and a part count);
 // worker w runs part w + 1, the caller part 0, and the caller waits until every part is done.
 // Jobs come from one thread at a time (a rank's compute stream), so one job is in flight.
@@ -23,6 +27,7 @@ class Pool {
 
   void run(int parts, const std::function<void(int)> &part) {
     std::lock_guard<std::mutex> serial(runMutex_);
+    insidePart = true;
     grow(parts - 1);
     {
       std::lock_guard<std::mutex> lock(mutex_);
@@ -33,6 +38,7 @@ class Pool {
     std::unique_lock<std::mutex> lock(mutex_);
     done_.wait(lock, [&] { return pending_ == 0; });
     job_ = nullptr;
+    insidePart = false;
   }
 
  private:
@@ -45,6 +51,7 @@ class Pool {
   }
 
   void loop(int index) {
+    insidePart = true;
     uint64_t seen = 0;
     for (;;) {
       std::unique_lock<std::mutex> lock(mutex_);
@@ -73,12 +80,13 @@ int kernelThreads() { return std::max(1, openblas_get_num_threads()); }
 
 void parallelFor(int64_t n, int64_t grain, const std::function<void(int64_t, int64_t)> &body) {
   int parts = int(std::max<int64_t>(1, std::min<int64_t>(kernelThreads(), n / std::max<int64_t>(1, grain))));
-  if (parts == 1) return body(0, n);
+  if (parts == 1 || insidePart) return body(0, n);
   Pool::get().run(parts, [&](int p) { body(n * p / parts, n * (p + 1) / parts); });
 }
 
-void parallelChunks(int64_t n, int64_t chunk, const std::function<void(int64_t, int64_t, int64_t)> &body) {
-  parallelFor(chunkCount(n, chunk), 1, [&](int64_t first, int64_t last) {
+void parallelChunks(int64_t n, int64_t chunk, const std::function<void(int64_t, int64_t, int64_t)> &body,
+                    int64_t elementsPerItem) {
+  parallelFor(chunkCount(n, chunk), grainFor(chunk * elementsPerItem), [&](int64_t first, int64_t last) {
     for (int64_t c = first; c < last; ++c) body(c, c * chunk, std::min(n, (c + 1) * chunk));
   });
 }

@@ -9,6 +9,7 @@
 //    chunk and combines them in chunk order.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <functional>
 
@@ -21,8 +22,17 @@ int kernelThreads();
 // (small n runs on the calling thread alone).
 void parallelFor(int64_t n, int64_t grain, const std::function<void(int64_t, int64_t)> &body);
 
-// body(chunkIndex, begin, end) for each chunk [c * chunk, min(n, (c + 1) * chunk)).
-void parallelChunks(int64_t n, int64_t chunk, const std::function<void(int64_t, int64_t, int64_t)> &body);
+// body(chunkIndex, begin, end) for each chunk [c * chunk, min(n, (c + 1) * chunk)); items of
+// about `elementsPerItem` elements of work each (for the grain).
+void parallelChunks(int64_t n, int64_t chunk, const std::function<void(int64_t, int64_t, int64_t)> &body,
+                    int64_t elementsPerItem = 1);
+
+// A part's least number of items when each is about `elementsPerItem` elements of work: a
+// part below ~16 K elements costs more to hand to a thread than it saves (tiny models).
+constexpr int64_t kMinPartElements = 16384;
+inline int64_t grainFor(int64_t elementsPerItem) {
+  return std::max<int64_t>(1, kMinPartElements / std::max<int64_t>(1, elementsPerItem));
+}
 inline int64_t chunkCount(int64_t n, int64_t chunk) { return (n + chunk - 1) / chunk; }
 
 }  // namespace loom::cpu

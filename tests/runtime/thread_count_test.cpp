@@ -144,6 +144,15 @@ TEST(ThreadCount, PoolRunsEveryPartOnceOnItsOwnThread) {
     EXPECT_NE(owner[1], owner[2]);
     EXPECT_EQ(owner[0], std::this_thread::get_id());
   }
+  // A split inside a part runs on that part's thread (no deadlock on the one pool).
+  std::vector<int> hits(100, 0);
+  parallelFor(4, 1, [&](int64_t b, int64_t e) {
+    for (int64_t outer = b; outer < e; ++outer)
+      parallelFor(25, 1, [&](int64_t i0, int64_t i1) {
+        for (int64_t i = i0; i < i1; ++i) ++hits[size_t(outer * 25 + i)];
+      });
+  });
+  for (int h : hits) EXPECT_EQ(h, 1);
   openblas_set_num_threads(1);
 }
 
