@@ -591,8 +591,8 @@ void localMaxRows(const float *logits, float *rowMax, int64_t t0, int64_t t1, in
   }
 }
 
-// Sums in 8 independent float lanes (vectorisable), combined in double. `e` holds a row's
-// exps: the caller's `exps` rows, or one scratch row.
+// The sums by laneSum (8 float lanes combined in double). `e` holds a row's exps: the caller's
+// `exps` rows, or one scratch row.
 LOOM_VECTOR_CLONES
 void localSumRows(const float *logits, const int32_t *labels, const float *rowMax, float *sumExp, float *target,
                   int64_t t0, int64_t t1, int64_t cols, int64_t colStart, int64_t valid, float *exps, float *row1) {
@@ -602,14 +602,7 @@ void localSumRows(const float *logits, const int32_t *labels, const float *rowMa
     float m = rowMax[t];
     for (int64_t j = 0; j < valid; ++j) e[j] = fastExp(row[j] - m);
     for (int64_t j = valid; j < cols; ++j) e[j] = 0.0f;
-    float lanes[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-    int64_t j = 0;
-    for (; j + 8 <= valid; j += 8)
-      for (int k = 0; k < 8; ++k) lanes[k] += e[j + k];
-    double sum = 0;
-    for (int k = 0; k < 8; ++k) sum += lanes[k];
-    for (; j < valid; ++j) sum += e[j];
-    sumExp[t] = float(sum);
+    sumExp[t] = laneSum(e, valid);
     int64_t col = int64_t(labels[t]) - colStart;
     target[t] = col >= 0 && col < valid ? row[col] : 0.0f;
   }
