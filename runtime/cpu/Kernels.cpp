@@ -276,17 +276,11 @@ bool softmaxRow(float *row, int64_t n) {
   return true;
 }
 
-// r[0, n) = p * (r - sum(p * r)): the softmax's backward over one row (the sum in 8 lanes).
+// r[0, n) = p * (r - sum(p * r)): the softmax's backward over one row (the sum by laneDot).
 LOOM_VECTOR_CLONES
 void softmaxGradRow(const float *p, float *r, int64_t n) {
-  float lanes[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-  int64_t j = 0;
-  for (; j + 8 <= n; j += 8)
-    for (int k = 0; k < 8; ++k) lanes[k] += p[j + k] * r[j + k];
-  float dot = 0;
-  for (int k = 0; k < 8; ++k) dot += lanes[k];
-  for (; j < n; ++j) dot += p[j] * r[j];
-  for (j = 0; j < n; ++j) r[j] = p[j] * (r[j] - dot);
+  float dot = laneDot(p, r, n);
+  for (int64_t j = 0; j < n; ++j) r[j] = p[j] * (r[j] - dot);
 }
 
 // P = softmax(q k^T / sqrt(hd) + masks), computed over each row's visible keys (the rest 0).
