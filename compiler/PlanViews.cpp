@@ -282,7 +282,7 @@ std::string memoryTimeline(const PlanDirectory &plans, int rank) {
                       rank, humanBytes(mem.parameter_bytes()), humanBytes(mem.gradient_bytes()), humanBytes(mem.optimizer_bytes()),
                       humanBytes(mem.peak_stash_bytes()), humanBytes(mem.peak_input_bytes()),
                       humanBytes(mem.max_workspace_bytes()), humanBytes(mem.peak_bytes()));
-  if (mem.half_weight_bytes() + mem.pipeline_slot_bytes() == 0 && mem.scratch_bytes() > 0)
+  if (rp.cluster().device().kind() != config::CUDA && mem.scratch_bytes() > 0)
     os << llvm::formatv("  CPU backend: the attention kernels' scratch {0} (held all step)\n", humanBytes(mem.scratch_bytes()));
   else if (mem.half_weight_bytes() + mem.scratch_bytes() + mem.pipeline_slot_bytes() > 0)
     os << llvm::formatv("  CUDA backend: 16-bit weight copies {0}, scratch and cuBLASLt workspace {1}, pipeline message "

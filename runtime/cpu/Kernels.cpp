@@ -177,9 +177,6 @@ namespace {
 constexpr float kGeluC = 0.7978845608028654f;  // sqrt(2 / pi)
 }
 
-// Elementwise loops go in parts of at least this many elements.
-constexpr int64_t kElementGrain = 16384;
-
 namespace {
 LOOM_VECTOR_CLONES
 void geluRange(const float *x, float *y, int64_t lo, int64_t hi) {
@@ -201,12 +198,12 @@ void geluGradRange(const float *x, const float *g, float *dx, int64_t lo, int64_
 }  // namespace
 
 void geluForward(const float *x, float *y, int64_t count) {
-  parallelFor(count, kElementGrain, [&](int64_t lo, int64_t hi) { geluRange(x, y, lo, hi); });
+  parallelFor(count, kMinPartElements, [&](int64_t lo, int64_t hi) { geluRange(x, y, lo, hi); });
 }
 
 // d/dx: 0.5 (1 + t) + 0.5 x (1 - t^2) c (1 + 3 * 0.044715 x^2), t = tanh(c (x + 0.044715 x^3)).
 void geluBackward(const float *x, const float *g, float *dx, int64_t count) {
-  parallelFor(count, kElementGrain, [&](int64_t lo, int64_t hi) { geluGradRange(x, g, dx, lo, hi); });
+  parallelFor(count, kMinPartElements, [&](int64_t lo, int64_t hi) { geluGradRange(x, g, dx, lo, hi); });
 }
 
 namespace {
@@ -221,7 +218,7 @@ void dropoutRange(const float *x, float *y, int64_t lo, int64_t hi, float rate, 
 }  // namespace
 
 void dropoutForward(const float *x, float *y, int64_t count, float rate, uint64_t seed, uint64_t stream) {
-  parallelFor(count, kElementGrain, [&](int64_t lo, int64_t hi) { dropoutRange(x, y, lo, hi, rate, seed, stream); });
+  parallelFor(count, kMinPartElements, [&](int64_t lo, int64_t hi) { dropoutRange(x, y, lo, hi, rate, seed, stream); });
 }
 
 namespace {
@@ -500,7 +497,7 @@ void rotary(const float *x, float *y, int64_t batch, int64_t seq, int64_t heads,
 
 // sigmoid through fastExp (its clamp keeps 1 / (1 + e) finite: sigmoid(-inf side) ~ 5e-39).
 void swigluForward(const float *gate, const float *up, float *y, int64_t count) {
-  parallelFor(count, kElementGrain, [&](int64_t lo, int64_t hi) {
+  parallelFor(count, kMinPartElements, [&](int64_t lo, int64_t hi) {
     for (int64_t i = lo; i < hi; ++i) {
       float sig = 1.0f / (1.0f + fastExp(-gate[i]));
       y[i] = gate[i] * sig * up[i];
@@ -509,7 +506,7 @@ void swigluForward(const float *gate, const float *up, float *y, int64_t count) 
 }
 
 void swigluBackward(const float *gate, const float *up, const float *g, float *dgate, float *dup, int64_t count) {
-  parallelFor(count, kElementGrain, [&](int64_t lo, int64_t hi) {
+  parallelFor(count, kMinPartElements, [&](int64_t lo, int64_t hi) {
     for (int64_t i = lo; i < hi; ++i) {
       float x = gate[i], sig = 1.0f / (1.0f + fastExp(-x));
       dup[i] = g[i] * x * sig;

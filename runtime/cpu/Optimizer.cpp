@@ -42,18 +42,15 @@ void gradNorm(float squares, float clip, float lossScale, float *norm, float *fa
 
 void adamwFlat(const float *param, const float *grad, float *m, float *v, float *out,
                const std::vector<planattr::FlatSegment> &segments, FlatRange range, const AdamWHyper &h) {
-  if (h.gradScale == 0.0f) {  // skipped: non-finite gradients
-    if (out != param) std::memcpy(out, param, size_t(range.count) * sizeof(float));
-    return;
-  }  // skipped: non-finite gradients
+  // Elements outside every segment are copied unchanged (all of them when the step is skipped).
+  if (out != param) std::memcpy(out, param, size_t(range.count) * sizeof(float));
+  if (h.gradScale == 0.0f) return;  // skipped: non-finite gradients
   // fp32 arithmetic as PyTorch's AdamW, the bias corrections folded into two constants (from
   // double powers); the loop vectorises (sqrt and divide included).
   double c1 = 1 - std::pow(double(h.beta1), double(h.step)), c2 = 1 - std::pow(double(h.beta2), double(h.step));
   const float b1 = h.beta1, b2 = h.beta2, ob1 = float(1 - double(h.beta1)), ob2 = float(1 - double(h.beta2));
   const float invC1 = float(1 / c1), invSqrtC2 = float(1 / std::sqrt(c2)), eps = h.eps, lr = h.lr, scale = h.gradScale;
-  // Elements outside every segment are copied unchanged; each segment's elements are split
-  // over the threads (elementwise: the same values for any split).
-  if (out != param) std::memcpy(out, param, size_t(range.count) * sizeof(float));
+  // Each segment's elements are split over the threads (elementwise: the same values for any split).
   planattr::forEachSegmentIn(segments, range.begin, range.count, [&](int64_t lo, int64_t hi, const planattr::FlatSegment &s) {
     const float decay = s.decay ? h.weightDecay : 0.0f;
     parallelFor(hi - lo, 1 << 15, [&](int64_t b, int64_t e) {
