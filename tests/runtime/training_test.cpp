@@ -52,6 +52,23 @@ std::vector<std::string> lines(const std::string &path) {
   return out;
 }
 
+// The demo's yardsticks: on real text the bigram count model beats the unigram one; a missing
+// dataset is one line naming it and a non-zero exit.
+TEST(Training, ReferenceLossesOfCountModels) {
+  Result r = run(runfile("data/loom-preprocess") + " --reference-losses " + dataset());
+  ASSERT_EQ(r.exitCode, 0) << r.output;
+  double unigram = 0, bigram = 0;
+  size_t at = r.output.find("unigram "), bt = r.output.find("bigram ");
+  ASSERT_NE(at, std::string::npos) << r.output;
+  ASSERT_NE(bt, std::string::npos) << r.output;
+  unigram = std::stod(r.output.substr(at + 8)), bigram = std::stod(r.output.substr(bt + 7));
+  EXPECT_GT(unigram, 5.0) << r.output;
+  EXPECT_LT(bigram, unigram - 0.3) << r.output;
+  Result missing = run(runfile("data/loom-preprocess") + " --reference-losses " + tmp() + "/no-such-dataset");
+  EXPECT_NE(missing.exitCode, 0);
+  EXPECT_NE(missing.output.find("no-such-dataset"), std::string::npos) << missing.output;
+}
+
 TEST(Training, LossFallsOnRealText) {
   std::string plans = compile("brown_t2p2d1"), log = tmp() + "/falls.log";
   Result r = train(plans, 4, "--steps 30 --decay-iters 30 --eval-interval 30 --eval-iters 2 --loss-log " + log);
