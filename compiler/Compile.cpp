@@ -22,7 +22,7 @@
 #include "passes/ModelFacts.h"
 #include "passes/Passes.h"
 #include "protos/plan.pb.h"
-#include "runtime/Fnv1a.h"
+#include "runtime/Checksum.h"
 
 namespace loom {
 namespace {
@@ -212,7 +212,7 @@ llvm::Error compileInMemory(mlir::ModuleOp module, const config::ClusterSpec &cl
   for (int s = 0; s < p; ++s) {
     sets[s].SerializeToString(&programBytes[s]);
     programFiles[s] = "programs/stage_" + std::to_string(s) + ".pb";
-    checksums[s] = fnv1a(programBytes[s]);
+    checksums[s] = checksum64(programBytes[s]);
   }
 
   PlanRequest request{cluster, *facts, modelName, paddedVocab, modelFlopsPerToken, kind, *schedule, m, layouts};

@@ -6,7 +6,7 @@
 
 #include "compiler/Units.h"
 #include "runtime/PlanAttributes.h"
-#include "runtime/Fnv1a.h"
+#include "runtime/Checksum.h"
 #include "runtime/PlanVersion.h"
 #include "llvm/Support/FormatVariadic.h"
 
@@ -63,7 +63,7 @@ llvm::Expected<PlanDirectory> readPlanDirectory(const std::string &dir) {
       std::string ppath = dir + "/" + rp.programs_file();
       auto pbytes = readAll(ppath);
       if (!pbytes) return pbytes.takeError();
-      if (fnv1a(*pbytes) != rp.programs_checksum())
+      if (checksum64(*pbytes) != rp.programs_checksum())
         return error(ppath + ": checksum mismatch (corrupt or from another compile)");
       plan::ProgramSet set;
       if (!set.ParseFromString(*pbytes)) return error(ppath + ": not a valid program file");

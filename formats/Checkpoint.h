@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <map>
 #include <string>
+#include <vector>
 
 #include "runtime/Status.h"
 
@@ -27,9 +28,29 @@ Status latestIteration(const std::string &root, int64_t *iteration);
 // The directory of a published iteration (its previous copy if a re-save was interrupted).
 std::string resolvedCheckpointDir(const std::string &root, int64_t iteration);
 
+// manifest.json: every rank's file with its size and XXH3-64 checksum.
+struct CheckpointManifest {
+  struct File {
+    std::string name, xxh3;
+    int64_t bytes = 0;
+  };
+  int64_t iteration = -1;
+  int worldSize = 0;
+  std::map<int, File> files;
+};
+Status readManifest(const std::string &dir, CheckpointManifest *manifest);
+
 // Checks this rank's file against the manifest (exists, size, checksum).
 Status verifyCheckpointFile(const std::string &root, int64_t iteration, int rank);
 
-uint64_t fnv1aOfFile(const std::string &path, int64_t *size);
+// The published iterations under `root` (those with a manifest), newest first.
+std::vector<int64_t> publishedIterations(const std::string &root);
+
+// What --resume tries, in order: the iteration `latest` names, then every older published
+// one. `note` says why `latest` itself could not be used (corrupt or missing beside
+// published checkpoints), empty otherwise.
+void resumeCandidates(const std::string &root, std::vector<int64_t> *iterations, std::string *note);
+
+uint64_t checksumOfFile(const std::string &path, int64_t *size);
 
 }  // namespace loom

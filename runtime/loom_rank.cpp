@@ -5,7 +5,7 @@
 //     recipe:      [--steps N] [--lr 3e-4] [--min-lr 3e-5] [--warmup N] [--decay-iters N]
 //                  [--clip-grad 1.0] [--weight-decay 0.1] [--adam-beta1 0.9] [--adam-beta2 0.95]
 //                  [--adam-eps 1e-8] [--log-interval 1]
-//     checkpoints: [--save DIR] [--save-interval N] [--resume] [--init-from HF.safetensors]
+//     checkpoints: [--save DIR] [--save-interval N] [--resume | --strict-resume] [--init-from HF.safetensors]
 //                  [--export MODEL.safetensors]
 //     tests:       [--dump-grads DIR] [--dump-batches DIR] [--loss-log FILE] [--connect-timeout 20]
 //                  [--comm-timeout 30]
@@ -23,7 +23,7 @@
 #include <thread>
 
 #include "protos/plan.pb.h"
-#include "runtime/Fnv1a.h"
+#include "runtime/Checksum.h"
 #include "runtime/GlooCollectives.h"
 #include "formats/Safetensors.h"
 #include "formats/HfGpt2.h"
@@ -119,7 +119,7 @@ loom::Status fetchPlan(loom::control::CoordinatorClient &client, int rank, int w
                                " ranks but the job has " + std::to_string(worldSize));
   std::string pbytes;
   LOOM_RETURN_IF_ERROR(client.getFile(plan->programs_file(), &pbytes));
-  if (loom::fnv1a(pbytes) != plan->programs_checksum())
+  if (loom::checksum64(pbytes) != plan->programs_checksum())
     return loom::Status::error(plan->programs_file() + ": checksum mismatch (corrupt, or from another compile)");
   if (!programs->ParseFromString(pbytes)) return loom::Status::error(plan->programs_file() + ": corrupt program file");
   return loom::Status::ok();
@@ -134,7 +134,7 @@ int main(int argc, char **argv) {
                      "threads", "dump-grads", "token", "connect-timeout", "comm-timeout", "data-prefix",
                      "valid-fraction", "eval-interval", "eval-iters", "save", "save-interval", "init-from",
                      "export", "loss-log", "dump-batches", "device", "precision", "gpu", "attention", "trace"},
-                    {"resume"});
+                    {"resume", "strict-resume"});
   if (!flags.ok()) return 2;
   if (!flags.has("coordinator") || !flags.has("rank")) return flags.fail("--coordinator HOST:PORT and --rank R are required");
   int rank = int(flags.integer("rank", -1));
@@ -168,13 +168,14 @@ int main(int argc, char **argv) {
   lopt.evalIters = std::max<int64_t>(1, flags.integer("eval-iters", 1));
   lopt.save = flags.get("save");
   lopt.saveInterval = flags.integer("save-interval", 0);
-  lopt.resume = flags.has("resume");
+  lopt.resume = flags.has("resume") || flags.has("strict-resume");
+  lopt.strictResume = flags.has("strict-resume");
   lopt.dumpGrads = flags.get("dump-grads");
   lopt.exportPath = flags.get("export");
   lopt.lossLog = flags.get("loss-log");
   if (!flags.ok()) return 2;
   if (lopt.trainIters < 0) return flags.fail("--steps must be >= 0");
-  if (lopt.resume && lopt.save.empty()) return flags.fail("--resume needs --save DIR (where the checkpoints are)");
+  if (lopt.resume && lopt.save.empty()) return flags.fail("--resume and --strict-resume need --save DIR (where the checkpoints are)");
   // --device cuda: the step on this rank's GPU (runtime/cuda/CudaBackend.h).
   std::string device = flags.get("device", "cpu");
   if (device != "cpu" && device != "cuda") return flags.fail("--device " + device + ": expected cpu or cuda");

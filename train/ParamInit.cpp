@@ -5,12 +5,12 @@
 #include <cmath>
 #include <thread>
 
-#include "runtime/Fnv1a.h"
+#include "runtime/Checksum.h"
 #include "runtime/cpu/Philox.h"
 
 namespace loom {
 
-uint64_t streamOfName(const std::string &name) { return fnv1a(name); }
+uint64_t streamOfName(const std::string &name) { return checksum64(name); }
 
 HostTensor initParameter(const plan::Parameter &p, uint64_t seed) {
   HostTensor t{{p.shape().begin(), p.shape().end()}};

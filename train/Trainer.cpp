@@ -6,7 +6,7 @@
 
 #include "train/ParamInit.h"
 #include "formats/Safetensors.h"
-#include "runtime/Fnv1a.h"
+#include "runtime/Checksum.h"
 #include "runtime/Shards.h"
 
 namespace loom {
@@ -24,9 +24,7 @@ std::string flatLayoutOf(const plan::RankPlan &plan) {
   std::string text = std::to_string(plan.flat_elements());
   for (const plan::Parameter &p : plan.parameters())
     text += ";" + p.name() + "@" + std::to_string(p.flat_offset()) + ":" + std::to_string(elementsOf(p));
-  char hex[24];
-  std::snprintf(hex, sizeof hex, "%016llx", (unsigned long long)fnv1a(text));
-  return hex;
+  return checksumHex(checksum64(text));
 }
 
 }  // namespace

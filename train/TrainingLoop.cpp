@@ -118,11 +118,43 @@ Status TrainingLoop::saveCheckpoint(int64_t iteration) {
   return Status::ok();
 }
 
+// --resume: the newest checkpoint every rank can verify (its file against the manifest's size
+// and checksum). The ranks agree through the coordinator's key-value store, so all of them
+// fall back together; with --strict-resume the first unusable checkpoint stops the run.
 Status TrainingLoop::loadCheckpoint(int64_t *iteration) {
   const plan::RankPlan &p = trainer_.plan();
-  LOOM_RETURN_IF_ERROR(latestIteration(opt_.save, iteration));
-  if (*iteration < 0) return Status::ok();  // nothing to resume: start from scratch
-  LOOM_RETURN_IF_ERROR(verifyCheckpointFile(opt_.save, *iteration, p.rank()));
+  std::vector<int64_t> candidates;
+  std::string note;
+  resumeCandidates(opt_.save, &candidates, &note);
+  *iteration = -1;
+  if (!note.empty()) {
+    if (opt_.strictResume) return Status::error(note + " (--strict-resume)");
+    if (logs()) std::fprintf(stderr, "warning: %s; resuming from the newest complete checkpoint\n", note.c_str());
+  }
+  if (candidates.empty()) return Status::ok();  // nothing to resume: start from scratch
+  for (size_t c = 0; c < candidates.size(); ++c) {
+    int64_t it = candidates[c];
+    Status mine = verifyCheckpointFile(opt_.save, it, p.rank());
+    std::string key = "resume-check/" + std::to_string(it) + "/";
+    LOOM_RETURN_IF_ERROR(client_.kvSet(key + std::to_string(p.rank()), mine.isOk() ? "ok" : mine.message()));
+    std::string failure;
+    for (int r = 0; r < p.world_size() && failure.empty(); ++r) {
+      std::string verdict;
+      LOOM_RETURN_IF_ERROR(client_.kvGet(key + std::to_string(r), 600000, &verdict));
+      if (verdict != "ok") failure = verdict;
+    }
+    if (failure.empty()) {
+      *iteration = it;
+      break;
+    }
+    std::string what = "checkpoint at iteration " + std::to_string(it) + " is unusable: " + failure;
+    if (opt_.strictResume) return Status::error(what + " (--strict-resume)");
+    if (c + 1 == candidates.size())
+      return Status::error(what + "; no older complete checkpoint in " + opt_.save);
+    if (logs())
+      std::fprintf(stderr, "warning: %s; resuming from iteration %lld instead\n", what.c_str(),
+                   (long long)candidates[c + 1]);
+  }
   std::map<std::string, std::string> meta;
   std::string file = checkpointFile(resolvedCheckpointDir(opt_.save, *iteration), p.rank());
   LOOM_RETURN_IF_ERROR(trainer_.loadShard(file, &meta));

@@ -35,6 +35,7 @@ struct TrainingOptions {
   std::string save;                         // checkpoint root ("" = no checkpoints)
   int64_t saveInterval = 0;
   bool resume = false;                      // continue from the latest checkpoint in `save`
+  bool strictResume = false;                // an unusable latest checkpoint stops the run (no fallback)
   std::string dumpGrads;                    // write the first step's gradients (tests)
   std::string exportPath;                   // whole-model safetensors after training (HF GPT-2 names)
   std::string lossLog;                      // "iteration loss" lines, full precision (tests)

@@ -14,7 +14,7 @@
 
 #include "protos/plan.pb.h"
 #include "formats/Safetensors.h"
-#include "runtime/Fnv1a.h"
+#include "runtime/Checksum.h"
 #include "runtime/cuda/CudaKernels.h"
 #include "tests/runtime/MultiProcess.h"
 
@@ -353,7 +353,7 @@ TEST(Runtime, APeerThatNeverSendsEndsTheJobNamingWhatEachRankWaitsIn) {
     std::ifstream in(planFile, std::ios::binary);
     ASSERT_TRUE(rank0.ParseFromIstream(&in));
   }
-  rank0.set_programs_checksum(fnv1a(bytes));
+  rank0.set_programs_checksum(checksum64(bytes));
   std::string planBytes;
   rank0.SerializeToString(&planBytes);
   std::ofstream(planFile, std::ios::binary) << planBytes;

@@ -104,19 +104,45 @@ TEST(Training, ResumeIsBitExactAndCorruptCheckpointsAreRefused) {
     EXPECT_EQ(c1, c2) << "rank " << r;
     (void)s1, (void)s2;
   }
-  // Truncate one rank's file of the latest checkpoint: resuming is refused, nothing is
-  // overwritten.
+  // Truncate one rank's file of the latest checkpoint: --strict-resume refuses it, naming the
+  // file, and nothing is overwritten.
   std::string victim = split + "/iter_0000006/rank_00002.safetensors";
   std::filesystem::resize_file(victim, std::filesystem::file_size(victim) / 2);
   auto sizeBefore = std::filesystem::file_size(victim);
   std::string latestBefore = lines(split + "/latest_checkpointed_iteration.txt").at(0);
-  Result c = train(plans, 4, "--steps 9 --save " + split + " --resume");
+  Result c = train(plans, 4, "--steps 9 --save " + split + " --strict-resume");
   EXPECT_NE(c.exitCode, 0);
   EXPECT_NE(c.output.find("rank_00002.safetensors:"), std::string::npos) << c.output;
   EXPECT_NE(c.output.find("(truncated or corrupt checkpoint)"), std::string::npos) << c.output;
   EXPECT_EQ(std::filesystem::file_size(victim), sizeBefore);
   EXPECT_EQ(lines(split + "/latest_checkpointed_iteration.txt").at(0), latestBefore);
   EXPECT_FALSE(std::filesystem::exists(split + "/iter_0000009"));
+  // --resume names it once and falls back to iteration 3, whose continuation is the
+  // uninterrupted run's, loss for loss.
+  std::string fallbackLog = tmp() + "/fallback.log";
+  Result d = train(plans, 4, "--steps 6 --decay-iters 6 --save " + split + " --resume --loss-log " + fallbackLog);
+  ASSERT_EQ(d.exitCode, 0) << d.output;
+  EXPECT_NE(d.output.find("warning: checkpoint at iteration 6 is unusable: " + victim), std::string::npos) << d.output;
+  EXPECT_NE(d.output.find("resuming from iteration 3 instead"), std::string::npos) << d.output;
+  EXPECT_NE(d.output.find("resumed from checkpoint at iteration 3"), std::string::npos) << d.output;
+  std::vector<std::string> expected = lines(fullLog);
+  expected.erase(expected.begin(), expected.begin() + 3);
+  EXPECT_EQ(lines(fallbackLog), expected);
+  // One flipped byte (the size unchanged) in the re-saved checkpoint: the checksum catches it.
+  std::string flipped = split + "/iter_0000006/rank_00001.safetensors";
+  {
+    std::fstream f(flipped, std::ios::binary | std::ios::in | std::ios::out);
+    f.seekg(std::streamoff(std::filesystem::file_size(flipped) / 2));
+    char byte = 0;
+    f.read(&byte, 1);
+    byte ^= 0x10;
+    f.seekp(std::streamoff(std::filesystem::file_size(flipped) / 2));
+    f.write(&byte, 1);
+  }
+  Result e = train(plans, 4, "--steps 9 --save " + split + " --strict-resume");
+  EXPECT_NE(e.exitCode, 0);
+  EXPECT_NE(e.output.find(flipped + ": checksum mismatch"), std::string::npos) << e.output;
+  EXPECT_NE(e.output.find("(--strict-resume)"), std::string::npos) << e.output;
 }
 
 // Saving the same iteration again (a rerun into the same --save directory) replaces it only

@@ -23,7 +23,7 @@
 #include "runtime/PlanVersion.h"
 #include "protos/plan.pb.h"
 #include "data/DataSource.h"
-#include "runtime/Fnv1a.h"
+#include "runtime/Checksum.h"
 #include "runtime/ThreadCollectives.h"
 #include "train/TrainingLoop.h"
 #include "runtime/control/Flags.h"
@@ -54,7 +54,7 @@ loom::Status loadPlan(const std::string &dir, loom::plan::RankPlan *plan, loom::
     return loom::Status::error(dir + ": a plan for " + std::to_string(plan->world_size()) +
                                " ranks; this benchmark runs one GPU (compile for a one-device cluster)");
   LOOM_RETURN_IF_ERROR(readFile(dir + "/" + plan->programs_file(), &pbytes));
-  if (loom::fnv1a(pbytes) != plan->programs_checksum())
+  if (loom::checksum64(pbytes) != plan->programs_checksum())
     return loom::Status::error(plan->programs_file() + ": checksum mismatch (corrupt, or from another compile)");
   if (!programs->ParseFromString(pbytes)) return loom::Status::error(plan->programs_file() + ": corrupt program file");
   return loom::Status::ok();
