@@ -1,7 +1,10 @@
 // loom-coord: the job's control plane (see protos/control.proto).
 //   loom-coord --plans DIR [--bind 127.0.0.1] [--port 0] [--port-file F] [--token T]
-//              [--heartbeat-timeout 10]
+//              [--heartbeat-timeout 10] [--tls-cert F --tls-key F [--tls-ca F]] [--insecure]
 // The token comes from --token or $LOOM_TOKEN; without either, one is generated and printed.
+// With --tls-cert/--tls-key the control plane is TLS; with --tls-ca as well, every client must
+// present a certificate that CA signed. An address other machines can reach is served only
+// over TLS, unless --insecure says plaintext is meant.
 // Exits 0 once every rank finished successfully, 1 if the job was aborted.
 #include <grpcpp/grpcpp.h>
 
@@ -17,10 +20,14 @@
 #include "protos/plan.pb.h"
 #include "runtime/control/CoordinatorService.h"
 #include "runtime/control/Flags.h"
+#include "runtime/control/Tls.h"
 
 int main(int argc, char **argv) {
+  loom::control::silenceGrpcLogging();
   loom::Flags flags(argc, argv, "loom-coord",
-                    {"plans", "bind", "port", "port-file", "token", "heartbeat-timeout", "registration-timeout"});
+                    {"plans", "bind", "port", "port-file", "token", "heartbeat-timeout", "registration-timeout", "tls-cert",
+                     "tls-key", "tls-ca"},
+                    {"insecure"});
   if (!flags.ok()) return 2;
   std::string planDir = flags.get("plans");
   if (planDir.empty()) return flags.fail("--plans DIR is required (a directory from `loomc compile`)");
@@ -47,11 +54,21 @@ int main(int argc, char **argv) {
   if (plan0.device_peak_flops() > 0)
     opt.firstStepStallSeconds = std::max(opt.minStallSeconds, 10 * plan0.flops_per_step() / plan0.device_peak_flops());
   if (!flags.ok()) return 2;
+  loom::control::TlsFiles tlsFiles{flags.get("tls-cert"), flags.get("tls-key"), flags.get("tls-ca")};
+  if (flags.has("insecure") && tlsFiles.any()) return flags.fail("--insecure and --tls-* contradict each other");
+  loom::control::TlsMaterial tls;
+  if (loom::Status s = loom::control::loadTls(tlsFiles, &tls); !s.isOk()) return flags.fail(s.message());
+  if (!tlsFiles.ca.empty() && tlsFiles.cert.empty())
+    return flags.fail("--tls-ca needs --tls-cert and --tls-key (the coordinator's own certificate)");
+  std::string bind = flags.get("bind", "127.0.0.1");
+  if (!loom::control::isLoopback(bind) && !tls.enabled() && !flags.has("insecure"))
+    return flags.fail("refusing to serve the job token in plaintext on " + bind +
+                      ", which other machines can reach: give --tls-cert, --tls-key and --tls-ca, or --insecure");
   loom::control::CoordinatorService service(opt);
-  std::string address = flags.get("bind", "127.0.0.1") + ":" + flags.get("port", "0");
+  std::string address = bind + ":" + flags.get("port", "0");
   int port = 0;
   grpc::ServerBuilder builder;
-  builder.AddListeningPort(address, grpc::InsecureServerCredentials(), &port);
+  builder.AddListeningPort(address, loom::control::serverCredentials(tls), &port);
   builder.RegisterService(&service);
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
   if (!server || port == 0) return flags.fail("cannot listen on " + address);
@@ -60,8 +77,11 @@ int main(int argc, char **argv) {
     std::ofstream(tmp) << port << "\n";
     std::filesystem::rename(tmp, flags.get("port-file"));
   }
-  std::fprintf(stderr, "loom-coord: serving %s for %d ranks on %s:%d\n", planDir.c_str(), opt.worldSize,
-               flags.get("bind", "127.0.0.1").c_str(), port);
+  std::fprintf(stderr, "loom-coord: serving %s for %d ranks on %s:%d (%s)\n", planDir.c_str(), opt.worldSize,
+               bind.c_str(), port,
+               !tls.enabled()       ? "plaintext"
+               : tls.caPem.empty() ? "TLS"
+                                   : "mutual TLS");
   while (!service.poll()) std::this_thread::sleep_for(std::chrono::milliseconds(200));
   server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
   if (service.succeeded()) {

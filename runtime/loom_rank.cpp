@@ -9,6 +9,7 @@
 //                  [--export MODEL.safetensors]
 //     tests:       [--dump-grads DIR] [--dump-batches DIR] [--loss-log FILE] [--connect-timeout 20]
 //                  [--comm-timeout 30]
+//     security:    [--tls-ca CA.pem] [--tls-cert RANK.pem --tls-key RANK.key] (a TLS coordinator)
 // The job token comes from $LOOM_TOKEN (or --token). The rank fetches its plan from the
 // coordinator, connects its communicators, trains, and exits non-zero with a one-line error
 // naming the cause (an unreachable coordinator, a bad plan, a dead peer, an aborted job).
@@ -128,12 +129,14 @@ loom::Status fetchPlan(loom::control::CoordinatorClient &client, int rank, int w
 }  // namespace
 
 int main(int argc, char **argv) {
+  loom::control::silenceGrpcLogging();
   loom::Flags flags(argc, argv, "loom-rank",
                     {"coordinator", "rank", "steps", "lr", "min-lr", "warmup", "decay-iters", "clip-grad",
                      "weight-decay", "adam-beta1", "adam-beta2", "adam-eps", "log-interval", "seed", "address",
                      "threads", "dump-grads", "token", "connect-timeout", "comm-timeout", "data-prefix",
                      "valid-fraction", "eval-interval", "eval-iters", "save", "save-interval", "init-from",
-                     "export", "loss-log", "dump-batches", "device", "precision", "gpu", "attention", "trace"},
+                     "export", "loss-log", "dump-batches", "device", "precision", "gpu", "attention", "trace", "tls-cert",
+                     "tls-key", "tls-ca"},
                     {"resume", "strict-resume"});
   if (!flags.ok()) return 2;
   if (!flags.has("coordinator") || !flags.has("rank")) return flags.fail("--coordinator HOST:PORT and --rank R are required");
@@ -144,7 +147,11 @@ int main(int argc, char **argv) {
   std::string tool = "loom-rank " + std::to_string(rank);
   if (flags.has("threads")) openblas_set_num_threads(int(flags.integer("threads", 1)));
 
-  loom::control::CoordinatorClient client(flags.get("coordinator"), token);
+  loom::control::TlsMaterial tls;
+  if (loom::Status s = loom::control::loadTls({flags.get("tls-cert"), flags.get("tls-key"), flags.get("tls-ca")}, &tls);
+      !s.isOk())
+    return flags.fail(s.message());
+  loom::control::CoordinatorClient client(flags.get("coordinator"), token, tls);
   loom::control::RegisterReply reg;
   double connectTimeout = flags.number("connect-timeout", 20), commTimeout = flags.number("comm-timeout", 30);
   uint64_t seed = uint64_t(flags.integer("seed", 1234));

@@ -1,6 +1,9 @@
 // loomrun: start a local Loom job, like torchrun: the coordinator and N rank processes.
-//   loomrun --nproc N --plans DIR [--bind 127.0.0.1] [--port 0] [RANK FLAGS...]
+//   loomrun --nproc N --plans DIR [--bind 127.0.0.1] [--port 0]
+//           [--tls-cert F --tls-key F --tls-ca F | --insecure] [RANK FLAGS...]
 // Rank flags (--steps, --lr, --seed, --threads, --dump-grads, ...) go to every loom-rank.
+// The control plane is TLS: with a throwaway self-signed certificate the launcher creates
+// (and removes) unless one is given; --insecure runs it in plaintext (loopback only).
 // Exits 0 when every rank succeeded; otherwise non-zero after naming the rank that failed.
 // When a rank dies, the others learn it from the coordinator and exit; any still running
 // 5 s later are killed.
@@ -24,6 +27,7 @@
 #include "runtime/PlanVersion.h"
 #include "protos/plan.pb.h"
 #include "runtime/control/CoordinatorClient.h"
+#include "runtime/control/Tls.h"
 
 namespace {
 
@@ -55,8 +59,11 @@ void forwardSignal(int sig) {
 }  // namespace
 
 int main(int argc, char **argv) {
+  loom::control::silenceGrpcLogging();
   int nproc = 0;
   std::string plans, bind = "127.0.0.1", port = "0";
+  loom::control::TlsFiles tlsFiles;
+  bool insecure = false;
   std::vector<std::string> rankArgs;
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
@@ -73,6 +80,10 @@ int main(int argc, char **argv) {
     else if (a == "--plans" || a.rfind("--plans=", 0) == 0) plans = value("--plans");
     else if (a == "--bind" || a.rfind("--bind=", 0) == 0) bind = value("--bind");
     else if (a == "--port" || a.rfind("--port=", 0) == 0) port = value("--port");
+    else if (a == "--tls-cert" || a.rfind("--tls-cert=", 0) == 0) tlsFiles.cert = value("--tls-cert");
+    else if (a == "--tls-key" || a.rfind("--tls-key=", 0) == 0) tlsFiles.key = value("--tls-key");
+    else if (a == "--tls-ca" || a.rfind("--tls-ca=", 0) == 0) tlsFiles.ca = value("--tls-ca");
+    else if (a == "--insecure") insecure = true;
     else rankArgs.push_back(a);
   }
   if (nproc < 1 || plans.empty()) {
@@ -104,24 +115,55 @@ int main(int argc, char **argv) {
   setenv("LOOM_TOKEN", token, 1);
   // One BLAS thread per rank unless told otherwise (--threads): ranks share the machine's cores.
   setenv("OPENBLAS_NUM_THREADS", "1", 0);
-  char tmpl[] = "/tmp/loomrun.XXXXXX";
-  if (!mkdtemp(tmpl)) {
+  // The job's private directory (mode 0700: the throwaway TLS key lives here), under $TMPDIR.
+  const char *tmpRoot = std::getenv("TMPDIR") && *std::getenv("TMPDIR") ? std::getenv("TMPDIR") : "/tmp";
+  std::string tmplString = std::string(tmpRoot) + "/loomrun.XXXXXX";
+  std::vector<char> tmpl(tmplString.begin(), tmplString.end());
+  tmpl.push_back('\0');
+  if (!mkdtemp(tmpl.data())) {
     std::fprintf(stderr, "loomrun: error: cannot create a temporary directory: %s\n", std::strerror(errno));
     return 1;
   }
-  std::string tmp = tmpl;
+  std::string tmp = tmpl.data();
   std::string portFile = tmp + "/port";
+  if (insecure && tlsFiles.any()) {
+    std::fprintf(stderr, "loomrun: error: --insecure and --tls-* contradict each other\n");
+    return 2;
+  }
+  if (!insecure && !tlsFiles.any()) {
+    if (loom::Status s = loom::control::createThrowawayCertificate(tmp, &tlsFiles); !s.isOk()) {
+      std::fprintf(stderr, "loomrun: error: %s\n", s.message().c_str());
+      std::filesystem::remove_all(tmp);
+      return 1;
+    }
+  }
+  loom::control::TlsMaterial tls;
+  if (loom::Status s = loom::control::loadTls(tlsFiles, &tls); !s.isOk()) {
+    std::fprintf(stderr, "loomrun: error: %s\n", s.message().c_str());
+    std::filesystem::remove_all(tmp);
+    return 2;
+  }
+  // The same files go to the coordinator (its certificate, and the CA its clients need) and
+  // to every rank (the CA to trust, and the certificate that identifies the rank).
+  std::vector<std::string> tlsArgs;
+  if (insecure) tlsArgs = {"--insecure"};
+  for (auto [flag, path] : {std::pair{"--tls-cert", tlsFiles.cert}, {"--tls-key", tlsFiles.key}, {"--tls-ca", tlsFiles.ca}})
+    if (!path.empty()) tlsArgs.insert(tlsArgs.end(), {flag, path});
 
   children.reserve(size_t(nproc) + 1);  // the handler reads it; no reallocation while it may run
   signal(SIGINT, forwardSignal);
   signal(SIGTERM, forwardSignal);
-  pid_t coord = spawn({self + "/loom-coord", "--plans", plans, "--bind", bind, "--port", port, "--port-file", portFile});
+  std::vector<std::string> coordArgs = {self + "/loom-coord", "--plans", plans, "--bind", bind, "--port", port,
+                                        "--port-file", portFile};
+  coordArgs.insert(coordArgs.end(), tlsArgs.begin(), tlsArgs.end());
+  pid_t coord = spawn(coordArgs);
   children.push_back(coord);
   std::string coordPort;
   for (int waited = 0; waited < 200 && coordPort.empty(); ++waited) {
     int status;
     if (waitpid(coord, &status, WNOHANG) == coord) {
       std::fprintf(stderr, "loomrun: error: the coordinator %s before it started listening\n", describe(status).c_str());
+      std::filesystem::remove_all(tmp);
       return 1;
     }
     std::ifstream(portFile) >> coordPort;
@@ -130,19 +172,21 @@ int main(int argc, char **argv) {
   if (coordPort.empty()) {
     kill(coord, SIGKILL);
     std::fprintf(stderr, "loomrun: error: the coordinator did not start within 10 s\n");
+    std::filesystem::remove_all(tmp);
     return 1;
   }
   std::string address = (bind == "0.0.0.0" ? "127.0.0.1" : bind) + ":" + coordPort;
   std::map<pid_t, int> rankOf;
   for (int r = 0; r < nproc; ++r) {
     std::vector<std::string> args = {self + "/loom-rank", "--coordinator", address, "--rank", std::to_string(r)};
+    if (!insecure) args.insert(args.end(), tlsArgs.begin(), tlsArgs.end());
     args.insert(args.end(), rankArgs.begin(), rankArgs.end());
     pid_t pid = spawn(args);
     rankOf[pid] = r;
     children.push_back(pid);
   }
 
-  loom::control::CoordinatorClient client(address, token);
+  loom::control::CoordinatorClient client(address, token, tls);
   int failures = 0, running = nproc, coordStatus = 0;
   bool coordDone = false, killed = false;
   auto firstFailure = std::chrono::steady_clock::time_point::max();

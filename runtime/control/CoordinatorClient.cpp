@@ -10,9 +10,11 @@
 
 namespace loom::control {
 
-CoordinatorClient::CoordinatorClient(std::string address, std::string token)
+CoordinatorClient::CoordinatorClient(std::string address, std::string token, const TlsMaterial &tls)
     : address_(std::move(address)), token_(std::move(token)) {
-  channel_ = grpc::CreateChannel(address_, grpc::InsecureChannelCredentials());
+  channel_ = grpc::CreateChannel(address_, channelCredentials(tls));
+  tls_ = tls.enabled();
+  clientCertificate_ = !tls.certPem.empty();
   rpc_ = Coordinator::NewStub(channel_);
 }
 
@@ -54,13 +56,23 @@ Status CoordinatorClient::connect(int rank, double retrySeconds, RegisterReply *
     grpc::Status st = rpc_->Register(ctx.get(), req, reply);
     if (st.ok()) return Status::ok();
     double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-    bool retryable = st.error_code() == grpc::StatusCode::UNAVAILABLE ||
-                     st.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED;
-    if (!retryable) return translate(st, "registration of rank " + std::to_string(rank));
-    if (elapsed + backoff > retrySeconds) {
-      char buf[512];
-      std::snprintf(buf, sizeof buf, "cannot reach the coordinator at %s after %d attempts over %.1f s (%s)",
-                    address_.c_str(), attempts, elapsed, st.error_message().c_str());
+    // A failed TLS handshake means the coordinator is up and refuses this peer (or this
+    // peer refuses its certificate): trying again changes nothing.
+    bool handshake = st.error_message().find("andshake failed") != std::string::npos;
+    bool retryable = (st.error_code() == grpc::StatusCode::UNAVAILABLE ||
+                      st.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED) && !handshake;
+    if (!retryable && !handshake) return translate(st, "registration of rank " + std::to_string(rank));
+    if (!retryable || elapsed + backoff > retrySeconds) {
+      // The server closing the connection at once is what a TLS coordinator does to a
+      // plaintext client, and a mutual-TLS one to a client without a certificate.
+      std::string hint;
+      if (st.error_message().find("Socket closed") != std::string::npos)
+        hint = !tls_                  ? "; if the coordinator uses TLS, give --tls-ca"
+               : !clientCertificate_ ? "; if the coordinator requires client certificates, give --tls-cert and --tls-key"
+                                     : "; the coordinator may not accept this certificate (signed by another CA?)";
+      char buf[768];
+      std::snprintf(buf, sizeof buf, "cannot reach the coordinator at %s after %d attempts over %.1f s (%s)%s",
+                    address_.c_str(), attempts, elapsed, st.error_message().c_str(), hint.c_str());
       return Status::error(buf);
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(int64_t(backoff * 1000)));

@@ -8,12 +8,14 @@
 #include "gloo/rendezvous/store.h"
 #include "protos/control.grpc.pb.h"
 #include "runtime/Status.h"
+#include "runtime/control/Tls.h"
 
 namespace loom::control {
 
 class CoordinatorClient {
  public:
-  CoordinatorClient(std::string address, std::string token);
+  // Without TLS material the channel is plaintext (a loopback coordinator started with --insecure).
+  CoordinatorClient(std::string address, std::string token, const TlsMaterial &tls = {});
 
   // Registers `rank`, retrying with exponential backoff for up to `retrySeconds` while the
   // coordinator is unreachable.
@@ -39,6 +41,7 @@ class CoordinatorClient {
   Status translate(const grpc::Status &st, const std::string &what);
 
   std::string address_, token_;
+  bool tls_ = false, clientCertificate_ = false;
   std::shared_ptr<grpc::Channel> channel_;
   std::unique_ptr<Coordinator::Stub> rpc_;
 };

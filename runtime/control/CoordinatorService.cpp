@@ -7,6 +7,8 @@
 #include <fstream>
 #include <sstream>
 
+#include "runtime/control/Tls.h"
+
 namespace loom::control {
 
 namespace {
@@ -19,7 +21,8 @@ CoordinatorService::CoordinatorService(CoordinatorOptions options)
 
 grpc::Status CoordinatorService::checkToken(grpc::ServerContext *ctx) {
   auto it = ctx->client_metadata().find("loom-token");
-  if (it == ctx->client_metadata().end() || std::string(it->second.data(), it->second.size()) != opt_.token)
+  if (it == ctx->client_metadata().end() ||
+      !constantTimeEquals(std::string(it->second.data(), it->second.size()), opt_.token))
     return grpc::Status(grpc::StatusCode::PERMISSION_DENIED, "wrong or missing job token");
   return grpc::Status::OK;
 }
