@@ -179,33 +179,86 @@ std::vector<std::string> BpeTokenizer::bpe(const std::string &piece) {
   return word;
 }
 
+namespace {
+
+// The length of the valid UTF-8 sequence at text[i] (RFC 3629: no overlong forms, no
+// surrogates, nothing above U+10FFFF), or 0 if the byte there does not start one.
+size_t utf8SequenceLength(const std::string &text, size_t i) {
+  auto byte = [&](size_t k) { return k < text.size() ? (unsigned char)text[k] : 0u; };
+  auto continuation = [&](size_t k) { return (byte(k) & 0xC0) == 0x80; };
+  unsigned c = byte(i);
+  if (c < 0x80) return 1;
+  if (c >= 0xC2 && c <= 0xDF) return continuation(i + 1) ? 2 : 0;
+  if (c >= 0xE0 && c <= 0xEF) {
+    unsigned c1 = byte(i + 1);
+    bool ok = (c == 0xE0 ? c1 >= 0xA0 : true) && (c == 0xED ? c1 < 0xA0 : true);
+    return ok && continuation(i + 1) && continuation(i + 2) ? 3 : 0;
+  }
+  if (c >= 0xF0 && c <= 0xF4) {
+    unsigned c1 = byte(i + 1);
+    bool ok = (c == 0xF0 ? c1 >= 0x90 : true) && (c == 0xF4 ? c1 < 0x90 : true);
+    return ok && continuation(i + 1) && continuation(i + 2) && continuation(i + 3) ? 4 : 0;
+  }
+  return 0;
+}
+
+}  // namespace
+
+const std::vector<int32_t> &BpeTokenizer::encodePiece(const std::string &piece) {
+  auto cached = cache_.find(piece);
+  if (cached == cache_.end()) {
+    if (cache_.size() >= kMaxCachedPieces) cache_.clear();  // bounded memory on any input
+    std::string encoded;
+    for (unsigned char c : piece) encoded += byteToUnicode_[c];
+    std::vector<int32_t> pieceIds;
+    for (const std::string &sym : bpe(encoded)) {
+      auto it = tokenToId_.find(sym);
+      if (it != tokenToId_.end()) pieceIds.push_back(it->second);
+    }
+    cached = cache_.emplace(piece, std::move(pieceIds)).first;
+  }
+  return cached->second;
+}
+
+// Valid UTF-8 runs are split with GPT-2's pattern; a byte that is not valid UTF-8 (which the
+// pattern cannot match) is a piece of its own, so byte-level BPE keeps every byte:
+// decode(encode(bytes)) == bytes for any input, where OpenAI's Python encoder, reading str,
+// would have refused the file.
 std::vector<int32_t> BpeTokenizer::encode(const std::string &text) {
   std::vector<int32_t> ids;
   auto *code = static_cast<pcre2_code *>(pattern_);
   pcre2_match_data *match = pcre2_match_data_create_from_pattern(code, nullptr);
-  PCRE2_SIZE start = 0;
-  while (start < text.size()) {
-    int rc = pcre2_match(code, reinterpret_cast<PCRE2_SPTR>(text.data()), text.size(), start, 0, match, nullptr);
-    if (rc < 0) break;
-    PCRE2_SIZE *ov = pcre2_get_ovector_pointer(match);
-    if (ov[1] == ov[0]) {  // cannot happen with this pattern; guard against a loop
-      ++start;
-      continue;
+  auto append = [&](const std::string &piece) {
+    const std::vector<int32_t> &p = encodePiece(piece);
+    ids.insert(ids.end(), p.begin(), p.end());
+  };
+  for (size_t runStart = 0; runStart < text.size();) {
+    size_t runEnd = runStart;
+    while (runEnd < text.size()) {
+      size_t n = utf8SequenceLength(text, runEnd);
+      if (n == 0) break;
+      runEnd += n;
     }
-    std::string piece = text.substr(ov[0], ov[1] - ov[0]);
-    start = ov[1];
-    auto cached = cache_.find(piece);
-    if (cached == cache_.end()) {
-      std::string encoded;
-      for (unsigned char c : piece) encoded += byteToUnicode_[c];
-      std::vector<int32_t> pieceIds;
-      for (const std::string &sym : bpe(encoded)) {
-        auto it = tokenToId_.find(sym);
-        if (it != tokenToId_.end()) pieceIds.push_back(it->second);
+    // The run [runStart, runEnd) is valid UTF-8: matched without PCRE2's own check, and as a
+    // subject of its own (the pattern's lookahead never sees past an invalid byte).
+    PCRE2_SPTR subject = reinterpret_cast<PCRE2_SPTR>(text.data() + runStart);
+    PCRE2_SIZE length = runEnd - runStart, start = 0;
+    while (start < length) {
+      int rc = pcre2_match(code, subject, length, start, PCRE2_NO_UTF_CHECK, match, nullptr);
+      PCRE2_SIZE *ov = pcre2_get_ovector_pointer(match);
+      // The pattern matches every character (\s+ or one of the classes); rc < 0 or an empty
+      // match cannot happen, but must never drop text: the rest goes as single characters.
+      if (rc < 0 || ov[1] <= ov[0] || ov[0] != start) {
+        size_t n = utf8SequenceLength(text, runStart + start);
+        append(text.substr(runStart + start, n));
+        start += n;
+        continue;
       }
-      cached = cache_.emplace(piece, std::move(pieceIds)).first;
+      append(text.substr(runStart + ov[0], ov[1] - ov[0]));
+      start = ov[1];
     }
-    ids.insert(ids.end(), cached->second.begin(), cached->second.end());
+    if (runEnd < text.size()) append(text.substr(runEnd, 1));  // one byte that is not UTF-8
+    runStart = runEnd + (runEnd < text.size() ? 1 : 0);
   }
   pcre2_match_data_free(match);
   return ids;

@@ -31,12 +31,14 @@ class BpeTokenizer {
  private:
   BpeTokenizer() = default;
   std::vector<std::string> bpe(const std::string &piece);  // piece in byte-encoded form
+  const std::vector<int32_t> &encodePiece(const std::string &piece);  // raw bytes, cached
 
   std::unordered_map<std::string, int32_t> tokenToId_;
   std::vector<std::string> idToToken_;
   std::map<std::pair<std::string, std::string>, int> ranks_;
   std::string byteToUnicode_[256];                  // UTF-8 of each byte's code point
   std::unordered_map<uint32_t, uint8_t> unicodeToByte_;
+  static constexpr size_t kMaxCachedPieces = 1 << 20;
   std::unordered_map<std::string, std::vector<int32_t>> cache_;
   void *pattern_ = nullptr;  // pcre2_code_8
   int32_t eot_ = -1;

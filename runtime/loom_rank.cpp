@@ -24,7 +24,7 @@
 #include <thread>
 
 #include "protos/plan.pb.h"
-#include "runtime/Checksum.h"
+#include "runtime/PlanFiles.h"
 #include "runtime/GlooCollectives.h"
 #include "formats/Safetensors.h"
 #include "formats/HfGpt2.h"
@@ -106,24 +106,11 @@ loom::Status selectGpu(loom::Flags &flags, int rank, int pipelineStages) {
 
 loom::Status fetchPlan(loom::control::CoordinatorClient &client, int rank, int worldSize, loom::plan::RankPlan *plan,
                        loom::plan::ProgramSet *programs) {
-  std::string name = "rank_" + std::to_string(rank) + ".plan.pb", bytes;
+  std::string name = "rank_" + std::to_string(rank) + ".plan.pb", bytes, pbytes;
   LOOM_RETURN_IF_ERROR(client.getFile(name, &bytes));
-  if (!plan->ParseFromString(bytes) || plan->world_size() <= 0)
-    return loom::Status::error(name + ": corrupt plan (not a RankPlan)");
-  if (std::string why = loom::planVersionError(plan->plan_version(), name); !why.empty())
-    return loom::Status::error(why);
-  if (plan->rank() != rank)
-    return loom::Status::error(name + ": the plan is for rank " + std::to_string(plan->rank()) + ", not rank " +
-                               std::to_string(rank));
-  if (plan->world_size() != worldSize)
-    return loom::Status::error(name + ": the plan is for a world of " + std::to_string(plan->world_size()) +
-                               " ranks but the job has " + std::to_string(worldSize));
-  std::string pbytes;
+  LOOM_RETURN_IF_ERROR(loom::parsePlan(name, bytes, rank, worldSize, plan));
   LOOM_RETURN_IF_ERROR(client.getFile(plan->programs_file(), &pbytes));
-  if (loom::checksum64(pbytes) != plan->programs_checksum())
-    return loom::Status::error(plan->programs_file() + ": checksum mismatch (corrupt, or from another compile)");
-  if (!programs->ParseFromString(pbytes)) return loom::Status::error(plan->programs_file() + ": corrupt program file");
-  return loom::Status::ok();
+  return loom::parsePrograms(*plan, pbytes, programs);
 }
 
 }  // namespace

@@ -14,6 +14,13 @@ namespace loom::control {
 namespace {
 using Clock = std::chrono::steady_clock;
 double secondsSince(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
+
+// A client's wait (0: the default), at most a day: a huge value must not overflow the
+// deadline arithmetic of wait_for.
+std::chrono::milliseconds requestTimeout(int64_t requested, int64_t dflt) {
+  constexpr int64_t kDay = 24 * 3600 * 1000;
+  return std::chrono::milliseconds(requested > 0 ? std::min(requested, kDay) : dflt);
+}
 }  // namespace
 
 CoordinatorService::CoordinatorService(CoordinatorOptions options)
@@ -90,7 +97,7 @@ grpc::Status CoordinatorService::KvSet(grpc::ServerContext *ctx, const KvSetRequ
 grpc::Status CoordinatorService::KvGet(grpc::ServerContext *ctx, const KvGetRequest *req, KvGetReply *rep) {
   LOOM_CHECK_TOKEN();
   std::unique_lock<std::mutex> lock(mu_);
-  auto timeout = std::chrono::milliseconds(req->timeout_ms() > 0 ? req->timeout_ms() : 30000);
+  auto timeout = requestTimeout(req->timeout_ms(), 30000);
   bool found = cv_.wait_for(lock, timeout, [&] { return aborted_ || kv_.count(req->key()) > 0; });
   if (aborted_) return grpc::Status(grpc::StatusCode::ABORTED, abortReason_);
   if (!found) return grpc::Status(grpc::StatusCode::DEADLINE_EXCEEDED, "key '" + req->key() + "' was never set");
@@ -105,7 +112,7 @@ grpc::Status CoordinatorService::Barrier(grpc::ServerContext *ctx, const Barrier
   auto &arrived = barriers_[req->name()];
   arrived.insert(req->rank());
   cv_.notify_all();
-  auto timeout = std::chrono::milliseconds(req->timeout_ms() > 0 ? req->timeout_ms() : 60000);
+  auto timeout = requestTimeout(req->timeout_ms(), 60000);
   bool all = cv_.wait_for(lock, timeout, [&] { return aborted_ || int(arrived.size()) == opt_.worldSize; });
   if (aborted_) return grpc::Status(grpc::StatusCode::ABORTED, abortReason_);
   if (!all) {
