@@ -1,11 +1,13 @@
 #include "data/Bpe.h"
 
-#define PCRE2_CODE_UNIT_WIDTH 8
-#include <pcre2.h>
-
 #include <climits>
 #include <fstream>
 #include <sstream>
+
+#define PCRE2_CODE_UNIT_WIDTH 8
+#include <pcre2.h>
+
+#include <nlohmann/json.hpp>
 
 namespace loom {
 namespace {
@@ -47,60 +49,16 @@ Status readFile(const std::string &path, std::string *out) {
   return Status::ok();
 }
 
-// encoder.json: one flat object of string -> integer, with JSON escapes (\uXXXX, surrogate
-// pairs, \" \\ \/ \n ...).
+// encoder.json: one flat object of token (a JSON string: escapes and surrogate pairs decoded
+// to UTF-8) -> id.
 Status parseEncoder(const std::string &path, const std::string &json, std::unordered_map<std::string, int32_t> *out) {
-  size_t i = json.find('{');
-  if (i == std::string::npos) return Status::error(path + ": not a JSON object");
-  ++i;
-  auto skip = [&] {
-    while (i < json.size() && isspace((unsigned char)json[i])) ++i;
-  };
-  auto hex4 = [&](size_t at) { return uint32_t(std::stoul(json.substr(at, 4), nullptr, 16)); };
-  for (;;) {
-    skip();
-    if (i < json.size() && json[i] == '}') break;
-    if (i >= json.size() || json[i] != '"') return Status::error(path + ": corrupt at byte " + std::to_string(i));
-    ++i;
-    std::string key;
-    while (i < json.size() && json[i] != '"') {
-      if (json[i] != '\\') {
-        key += json[i++];
-        continue;
-      }
-      char e = json[i + 1];
-      i += 2;
-      switch (e) {
-        case 'n': key += '\n'; break;
-        case 't': key += '\t'; break;
-        case 'r': key += '\r'; break;
-        case 'b': key += '\b'; break;
-        case 'f': key += '\f'; break;
-        case 'u': {
-          uint32_t cp = hex4(i);
-          i += 4;
-          if (cp >= 0xD800 && cp < 0xDC00 && json.compare(i, 2, "\\u") == 0) {
-            cp = 0x10000 + ((cp - 0xD800) << 10) + (hex4(i + 2) - 0xDC00);
-            i += 6;
-          }
-          appendUtf8(key, cp);
-          break;
-        }
-        default: key += e;
-      }
-    }
-    ++i;
-    skip();
-    if (i >= json.size() || json[i] != ':') return Status::error(path + ": corrupt at byte " + std::to_string(i));
-    ++i;
-    skip();
-    size_t end = i;
-    while (end < json.size() && (isdigit((unsigned char)json[end]) || json[end] == '-')) ++end;
-    if (end == i) return Status::error(path + ": expected a number at byte " + std::to_string(i));
-    (*out)[key] = std::stoi(json.substr(i, end - i));
-    i = end;
-    skip();
-    if (i < json.size() && json[i] == ',') ++i;
+  nlohmann::json j = nlohmann::json::parse(json, nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded()) return Status::error(path + ": corrupt (not JSON)");
+  if (!j.is_object()) return Status::error(path + ": not a JSON object of token -> id");
+  for (auto &[token, id] : j.items()) {
+    if (!id.is_number_integer() || id.get<int64_t>() < 0 || id.get<int64_t>() > INT32_MAX)
+      return Status::error(path + ": the id of token '" + token + "' is not a non-negative 32-bit integer");
+    (*out)[token] = int32_t(id.get<int64_t>());
   }
   return Status::ok();
 }
@@ -120,7 +78,8 @@ Status BpeTokenizer::load(const std::string &encoderPath, const std::string &voc
   LOOM_RETURN_IF_ERROR(parseEncoder(encoderPath, json, &t->tokenToId_));
   t->idToToken_.resize(t->tokenToId_.size());
   for (auto &[tok, id] : t->tokenToId_) {
-    if (id < 0 || id >= int32_t(t->idToToken_.size())) return Status::error(encoderPath + ": ids are not 0..n-1");
+    if (id < 0 || id >= int32_t(t->idToToken_.size()) || !t->idToToken_[id].empty())
+      return Status::error(encoderPath + ": ids are not 0..n-1, each once");
     t->idToToken_[id] = tok;
   }
   auto eot = t->tokenToId_.find("<|endoftext|>");

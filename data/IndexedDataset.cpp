@@ -77,7 +77,9 @@ Status IndexedDataset::open(const std::string &prefix, IndexedDataset *out) {
   std::memcpy(&ndoc, idx.data() + 26, 8);
   if (version != 1) return Status::error(idxPath + ": unsupported version " + std::to_string(version));
   if (code != kUint16Code) return Status::error(idxPath + ": token dtype code " + std::to_string(code) + ", expected uint16 (8)");
-  if (idx.size() != header + nseq * 4 + nseq * 8 + ndoc * 8)
+  // Counts bounded by the file before any product: a corrupt header must not wrap the size
+  // check around and then ask for an impossible allocation.
+  if (nseq > idx.size() / 12 || ndoc > idx.size() / 8 || idx.size() != header + nseq * 4 + nseq * 8 + ndoc * 8)
     return Status::error(idxPath + ": truncated or corrupt (size does not match its header)");
   IndexedDataset ds;
   ds.sizes_.resize(nseq);
@@ -90,7 +92,8 @@ Status IndexedDataset::open(const std::string &prefix, IndexedDataset *out) {
   fstat(fd, &st);
   ds.binBytes_ = size_t(st.st_size);
   for (uint64_t s = 0; s < nseq; ++s)
-    if (ds.sizes_[s] < 0 || ds.pointers_[s] < 0 || uint64_t(ds.pointers_[s]) + uint64_t(ds.sizes_[s]) * 2 > ds.binBytes_) {
+    if (ds.sizes_[s] < 0 || ds.pointers_[s] < 0 || ds.pointers_[s] % 2 != 0 ||
+        uint64_t(ds.pointers_[s]) + uint64_t(ds.sizes_[s]) * 2 > ds.binBytes_) {
       ::close(fd);
       return Status::error(binPath + ": truncated (document " + std::to_string(s) + " lies beyond the end)");
     }
