@@ -1,0 +1,172 @@
+#!/usr/bin/env python3
+"""Fault-injection trials of a (t,p,d) = (2,2,1) training job on 4 local CPU ranks.
+
+Each trial starts `loomrun` with checkpoints every few iterations, then at a random moment
+(some trials: the moment a checkpoint save is under way) sends SIGKILL or SIGSTOP to a random
+rank or to the coordinator. It checks that the job ends within 30 s, non-zero, naming what
+failed; that no process of the job is left; that no published checkpoint was damaged; and
+that `--resume` continues from the newest complete checkpoint with the losses of an
+uninterrupted run, iteration for iteration. Prints one line per trial and a summary.
+
+  /usr/bin/python3 tools/faults/fault_trials.py --bin DIR [--trials 50] [--seed 1]
+DIR holds loomc, loomrun, loom-rank and loom-coord (the ordinary build's binaries)."""
+import argparse, glob, os, random, re, shutil, signal, subprocess, sys, tempfile, time
+
+STEPS, SAVE_INTERVAL = 30, 3
+
+
+def loss_map(path):
+    """iteration -> loss line from a --loss-log file (a resumed run appends; later wins)."""
+    out = {}
+    if os.path.exists(path):
+        for line in open(path):
+            parts = line.split()
+            if len(parts) >= 2:
+                out[int(parts[0])] = parts[1]
+    return out
+
+
+def job_processes(tag):
+    """PIDs of this trial's loomrun, loom-coord and loom-rank processes (matched by its plans dir)."""
+    out = subprocess.run(["ps", "-eo", "pid,args"], capture_output=True, text=True).stdout
+    pids = []
+    for line in out.splitlines()[1:]:
+        pid, _, args = line.strip().partition(" ")
+        if tag in args and re.search(r"loom(run|-coord|-rank)", args):
+            pids.append(int(pid))
+    return pids
+
+
+def rank_pid(tag, rank):
+    out = subprocess.run(["ps", "-eo", "pid,args"], capture_output=True, text=True).stdout
+    for line in out.splitlines()[1:]:
+        pid, _, args = line.strip().partition(" ")
+        if "loom-rank" in args and tag in args and re.search(r"--rank %d(\s|$)" % rank, args):
+            return int(pid)
+    return None
+
+
+def coord_pid(tag):
+    out = subprocess.run(["ps", "-eo", "pid,args"], capture_output=True, text=True).stdout
+    for line in out.splitlines()[1:]:
+        pid, _, args = line.strip().partition(" ")
+        if "loom-coord" in args and tag in args:
+            return int(pid)
+    return None
+
+
+def published(save):
+    return sorted(int(m.group(1)) for d in glob.glob(save + "/iter_*") if (m := re.search(r"iter_(\d+)$", d))
+                  and os.path.exists(d + "/manifest.json"))
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--bin", required=True)
+    ap.add_argument("--trials", type=int, default=50)
+    ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--work", default="")
+    a = ap.parse_args()
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    work = a.work or tempfile.mkdtemp(prefix="loom-faults-")
+    os.makedirs(work, exist_ok=True)
+    plans = os.path.join(work, "plans_fault_trials")  # the tag that finds the job's processes
+    subprocess.run([os.path.join(a.bin, "loomc"), "compile", os.path.join(root, "examples/models/gpt-tiny.pbtxt"),
+                    "--cluster", os.path.join(root, "examples/clusters/cpu-4.pbtxt"), "--out", plans, "--quiet"],
+                   check=True)
+    loomrun = os.path.join(a.bin, "loomrun")
+    common = ["--nproc", "4", "--plans", plans, "--steps", str(STEPS), "--decay-iters", str(STEPS), "--seed", "5",
+              "--save-interval", str(SAVE_INTERVAL), "--comm-timeout", "20"]
+
+    ref_save, ref_log = os.path.join(work, "reference"), os.path.join(work, "reference.log")
+    shutil.rmtree(ref_save, ignore_errors=True)
+    t0 = time.time()
+    r = subprocess.run([loomrun, *common, "--save", ref_save, "--loss-log", ref_log], capture_output=True, text=True)
+    if r.returncode != 0:
+        sys.exit("fault_trials: the uninterrupted reference run failed:\n" + r.stdout + r.stderr)
+    reference, run_seconds = loss_map(ref_log), time.time() - t0
+    print("reference: %d iterations in %.1f s, checkpoints every %d" % (len(reference), run_seconds, SAVE_INTERVAL),
+          flush=True)
+
+    rng = random.Random(a.seed)
+    results = []
+    for trial in range(a.trials):
+        save, log = os.path.join(work, "trial_save"), os.path.join(work, "trial.log")
+        shutil.rmtree(save, ignore_errors=True)
+        if os.path.exists(log):
+            os.remove(log)
+        target = rng.choice(["rank 0", "rank 1", "rank 2", "rank 3", "coordinator"])
+        sig = rng.choice([signal.SIGKILL, signal.SIGSTOP])
+        during_save = rng.random() < 0.3
+        delay = rng.uniform(0.3, 0.85) * run_seconds
+        out_path = os.path.join(work, "trial.out")
+        with open(out_path, "w") as out:
+            job = subprocess.Popen([loomrun, *common, "--save", save, "--loss-log", log], stdout=out,
+                                   stderr=subprocess.STDOUT, start_new_session=True)
+            started = time.time()
+            # Wait for the moment: a save in progress (a .partial directory) or the random delay.
+            while time.time() - started < (run_seconds * 1.5 if during_save else delay):
+                if during_save and glob.glob(save + "/iter_*.partial") and time.time() - started > 0.2 * run_seconds:
+                    break
+                if job.poll() is not None:
+                    break
+                time.sleep(0.001 if during_save else 0.01)
+            pid = coord_pid(plans) if target == "coordinator" else rank_pid(plans, int(target.split()[1]))
+            saving = bool(glob.glob(save + "/iter_*.partial"))
+            before = published(save)
+            killed_at = time.time()
+            if pid is None or job.poll() is not None:
+                job.wait()
+                results.append(dict(trial=trial, ok=False, why="the job ended before the fault"))
+                print("trial %2d: skipped: the job ended before the fault" % trial, flush=True)
+                continue
+            os.kill(pid, sig)
+            try:
+                code = job.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                code = None
+            exit_seconds = time.time() - killed_at
+        text = open(out_path, errors="replace").read()
+        # Whatever is left of the job (a stopped process included) is a failure; clean it up.
+        time.sleep(0.5)
+        left = job_processes(plans)
+        for p in left:
+            try:
+                os.kill(p, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        if code is None:
+            os.killpg(job.pid, signal.SIGKILL)
+            job.wait()
+        errors = [l for l in text.splitlines() if "error" in l]
+        named = target in text if target != "coordinator" else ("coordinator" in text)
+        # The checkpoints published before the fault are all still there and complete.
+        lost = [it for it in before if it not in published(save)]
+        latest_before = max(before) if before else 0
+        resume = subprocess.run([loomrun, *common, "--save", save, "--resume", "--loss-log", log],
+                                capture_output=True, text=True)
+        m = re.search(r"resumed from checkpoint at iteration (\d+)", resume.stdout + resume.stderr)
+        resumed_from = int(m.group(1)) if m else 0
+        fallback = "unusable" in resume.stdout + resume.stderr
+        losses = loss_map(log)
+        same = resume.returncode == 0 and all(losses.get(i) == reference[i] for i in reference)
+        ok = (code not in (None, 0) and exit_seconds <= 30 and named and not left and not lost and same and
+              resumed_from >= latest_before and not fallback)
+        results.append(dict(trial=trial, ok=ok, exit=exit_seconds, left=len(left), lost=len(lost), saving=saving))
+        print("trial %2d: %-4s %-11s %-7s%s exit %4s after %5.1f s, %d left, %d checkpoints lost, resumed from %2d "
+              "(latest complete %2d)%s, losses %s | %s" % (
+                  trial, "ok" if ok else "FAIL", target, signal.Signals(sig).name, " (during a save)" if saving else "",
+                  code, exit_seconds, len(left), len(lost), resumed_from, latest_before,
+                  ", fell back" if fallback else "", "equal" if same else "DIFFER",
+                  (errors[0] if errors else "no error line")[:160]), flush=True)
+    good = [r for r in results if r["ok"]]
+    exits = [r["exit"] for r in results if "exit" in r]
+    print("summary: %d of %d trials ok; %d during a save; exit within %.1f s (max), processes left %d, "
+          "checkpoints lost %d" % (len(good), len(results), sum(1 for r in results if r.get("saving")),
+                                   max(exits) if exits else 0, sum(r.get("left", 0) for r in results),
+                                   sum(r.get("lost", 0) for r in results)), flush=True)
+    sys.exit(0 if len(good) == len(results) else 1)
+
+
+if __name__ == "__main__":
+    main()
