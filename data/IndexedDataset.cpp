@@ -84,8 +84,10 @@ Status IndexedDataset::open(const std::string &prefix, IndexedDataset *out) {
   IndexedDataset ds;
   ds.sizes_.resize(nseq);
   ds.pointers_.resize(nseq);
-  std::memcpy(ds.sizes_.data(), idx.data() + header, nseq * 4);
-  std::memcpy(ds.pointers_.data(), idx.data() + header + nseq * 4, nseq * 8);
+  if (nseq > 0) {  // memcpy from or to an empty vector's null data() is undefined
+    std::memcpy(ds.sizes_.data(), idx.data() + header, nseq * 4);
+    std::memcpy(ds.pointers_.data(), idx.data() + header + nseq * 4, nseq * 8);
+  }
   int fd = ::open(binPath.c_str(), O_RDONLY);
   if (fd < 0) return Status::error(binPath + ": cannot open");
   struct stat st;

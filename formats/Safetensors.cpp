@@ -210,10 +210,10 @@ Status readSafetensors(const std::string &path, SafetensorsFile *file) {
     t.isInt = dtype == "I32";
     if (t.isInt) {
       t.ints.resize(t.numel());
-      std::memcpy(t.ints.data(), data + offsets[0], bytesNeeded);
+      if (bytesNeeded > 0) std::memcpy(t.ints.data(), data + offsets[0], bytesNeeded);
     } else {
       t.data.resize(t.numel());
-      std::memcpy(t.data.data(), data + offsets[0], bytesNeeded);
+      if (bytesNeeded > 0) std::memcpy(t.data.data(), data + offsets[0], bytesNeeded);
     }
     file->tensors[name] = std::move(t);
   } while (j.ok() && j.eat(','));

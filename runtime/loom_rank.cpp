@@ -31,10 +31,13 @@
 #include "formats/HfLlama.h"
 #include "runtime/PlanVersion.h"
 #include "runtime/CpuBackend.h"
+#include "runtime/cuda/Precision.h"
+#ifdef LOOM_WITH_CUDA  // a build with the CUDA toolkit (third_party/cuda_configure.bzl)
 #include "runtime/cuda/CudaKernels.h"
 #include "runtime/cuda/CudaBackend.h"
 #include "runtime/cuda/NcclGroup.h"
 #include "runtime/cuda/PipelineLinks.h"
+#endif
 #include "runtime/control/CoordinatorClient.h"
 #include "runtime/control/Flags.h"
 #include "data/GptDataset.h"
@@ -83,6 +86,7 @@ void heartbeatLoop(RankJob *job, double deadSeconds) {
   }
 }
 
+#ifdef LOOM_WITH_CUDA
 // --gpu N, or the rank's turn among this machine's GPUs (rank % count, as one process per GPU).
 loom::Status selectGpu(loom::Flags &flags, int rank, int pipelineStages) {
   // Without pipeline stages: one hardware queue, so kernels start in the order they are issued
@@ -103,6 +107,7 @@ loom::Status selectGpu(loom::Flags &flags, int rank, int pipelineStages) {
   if (err != cudaSuccess) return loom::Status::error("cudaSetDevice(" + std::to_string(gpu) + "): " + cudaGetErrorString(err));
   return loom::Status::ok();
 }
+#endif
 
 loom::Status fetchPlan(loom::control::CoordinatorClient &client, int rank, int worldSize, loom::plan::RankPlan *plan,
                        loom::plan::ProgramSet *programs) {
@@ -173,17 +178,25 @@ int main(int argc, char **argv) {
   // --device cuda: the step on this rank's GPU (runtime/cuda/CudaBackend.h).
   std::string device = flags.get("device", "cpu");
   if (device != "cpu" && device != "cuda") return flags.fail("--device " + device + ": expected cpu or cuda");
-  loom::cuda::CudaExecutorOptions copt;
   std::string precision = flags.get("precision", device == "cuda" ? "bf16" : "fp32");
-  if (!loom::cuda::parsePrecision(precision, &copt.precision))
+  loom::cuda::Precision computePrecision;
+  if (!loom::cuda::parsePrecision(precision, &computePrecision))
     return flags.fail("--precision " + precision + ": expected fp32, bf16 or fp16");
-  if (device == "cpu" && copt.precision != loom::cuda::Precision::kFp32)
+  if (device == "cpu" && computePrecision != loom::cuda::Precision::kFp32)
     return flags.fail("--precision " + precision + ": the CPU backend computes in fp32 (use --device cuda)");
   if (device == "cpu" && flags.has("gpu")) return flags.fail("--gpu needs --device cuda");
+  if (device == "cpu" && flags.has("attention")) return flags.fail("--attention needs --device cuda");
+  topt.lossScaling = computePrecision == loom::cuda::Precision::kFp16;  // fp16: dynamic loss scaling
+#ifdef LOOM_WITH_CUDA
+  loom::cuda::CudaExecutorOptions copt;
+  copt.precision = computePrecision;
   if (!loom::cuda::parseAttentionKernel(flags.get("attention", "auto"), &copt.attention))
     return flags.fail("--attention " + flags.get("attention") + ": expected auto, unfused or flash");
-  topt.lossScaling = copt.precision == loom::cuda::Precision::kFp16;  // fp16: dynamic loss scaling
-  if (device == "cpu" && flags.has("attention")) return flags.fail("--attention needs --device cuda");
+#else
+  if (device == "cuda")
+    return flags.fail("--device cuda: this loom-rank was built without the CUDA backend (no CUDA toolkit when it "
+                      "was built; install CUDA 13 at /usr/local/cuda and rebuild)");
+#endif
   loom::Status s = client.connect(rank, connectTimeout, &reg);
   if (!s.isOk()) {
     std::fprintf(stderr, "%s: error: %s\n", tool.c_str(), s.message().c_str());
@@ -255,6 +268,7 @@ int main(int argc, char **argv) {
   if (!topt.dumpBatches.empty()) std::filesystem::create_directories(topt.dumpBatches);
   lopt.baselineResidentBytes = loom::residentBytes();  // the trainer's memory is measured from here
   std::unique_ptr<loom::StepBackend> backend;
+#ifdef LOOM_WITH_CUDA
   std::unique_ptr<loom::cuda::NcclGroups> nccl;
   std::unique_ptr<loom::cuda::PipelineLinks> links;
   if (device == "cuda") {
@@ -274,9 +288,9 @@ int main(int argc, char **argv) {
     std::unique_ptr<loom::cuda::CudaBackend> gpu;
     if (s = loom::cuda::CudaBackend::create(copt, programs, &gpu); !s.isOk()) return fail(s.message());
     backend = std::move(gpu);
-  } else {
-    backend = std::make_unique<loom::CpuBackend>();
   }
+#endif
+  if (!backend) backend = std::make_unique<loom::CpuBackend>();
   topt.progress = &job.progress;
   // Fault injection for the hang tests: LOOM_TEST_STALL=RANK:STEP stalls that rank in the first
   // linear of that (0-based) data step.

@@ -218,9 +218,12 @@ int main(int argc, char **argv) {
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
   }
-  for (int waited = 0; waited < 200 && !coordDone; ++waited) {
+  // Every rank is gone: the coordinator ends at once after a success and after an abort; one
+  // that is still there (stopped, or stuck) is killed after 10 s, or 3 s if the job failed.
+  int coordPolls = failures > 0 ? 60 : 200;
+  for (int waited = 0; waited < coordPolls && !coordDone; ++waited) {
     if (waitpid(coord, &coordStatus, WNOHANG) == coord) break;
-    if (waited == 199) {
+    if (waited == coordPolls - 1) {
       kill(coord, SIGKILL);
       waitpid(coord, &coordStatus, 0);
     }
