@@ -26,13 +26,14 @@ def loss_map(path):
     return out
 
 
-def job_processes(tag):
-    """PIDs of this trial's loomrun, loom-coord and loom-rank processes (matched by its plans dir)."""
+def job_processes(*tags):
+    """PIDs of this trial's loomrun, loom-coord and loom-rank processes (matched by its plans
+    directory, which loomrun and loom-coord carry, or its --save directory, which the ranks do)."""
     out = subprocess.run(["ps", "-eo", "pid,args"], capture_output=True, text=True).stdout
     pids = []
     for line in out.splitlines()[1:]:
         pid, _, args = line.strip().partition(" ")
-        if tag in args and re.search(r"loom(run|-coord|-rank)", args):
+        if any(t in args for t in tags) and re.search(r"loom(run|-coord|-rank)", args):
             pids.append(int(pid))
     return pids
 
@@ -98,20 +99,22 @@ def main():
         target = rng.choice(["rank 0", "rank 1", "rank 2", "rank 3", "coordinator"])
         sig = rng.choice([signal.SIGKILL, signal.SIGSTOP])
         during_save = rng.random() < 0.3
-        delay = rng.uniform(0.3, 0.85) * run_seconds
+        delay = rng.uniform(0.25, 0.8) * run_seconds
         out_path = os.path.join(work, "trial.out")
         with open(out_path, "w") as out:
             job = subprocess.Popen([loomrun, *common, "--save", save, "--loss-log", log], stdout=out,
                                    stderr=subprocess.STDOUT, start_new_session=True)
             started = time.time()
-            # Wait for the moment: a save in progress (a .partial directory) or the random delay.
-            while time.time() - started < (run_seconds * 1.5 if during_save else delay):
-                if during_save and glob.glob(save + "/iter_*.partial") and time.time() - started > 0.2 * run_seconds:
+            # Wait for the moment: a save in progress (a .partial directory) after the first fifth
+            # of the run, or the random delay; a save never caught by 85% of the run: now.
+            deadline = 0.85 * run_seconds if during_save else delay
+            while time.time() - started < deadline:
+                if during_save and time.time() - started > 0.2 * run_seconds and glob.glob(save + "/iter_*.partial"):
                     break
                 if job.poll() is not None:
                     break
                 time.sleep(0.001 if during_save else 0.01)
-            pid = coord_pid(plans) if target == "coordinator" else rank_pid(plans, int(target.split()[1]))
+            pid = coord_pid(plans) if target == "coordinator" else rank_pid(save, int(target.split()[1]))
             saving = bool(glob.glob(save + "/iter_*.partial"))
             before = published(save)
             killed_at = time.time()
@@ -129,7 +132,7 @@ def main():
         text = open(out_path, errors="replace").read()
         # Whatever is left of the job (a stopped process included) is a failure; clean it up.
         time.sleep(0.5)
-        left = job_processes(plans)
+        left = job_processes(plans, save)
         for p in left:
             try:
                 os.kill(p, signal.SIGKILL)
