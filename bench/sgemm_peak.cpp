@@ -8,13 +8,16 @@
 #include <string>
 #include <vector>
 
+#include "runtime/control/Flags.h"
+
 int main(int argc, char **argv) {
-  int threads = 2, n = 2048;
-  for (int i = 1; i + 1 < argc; i += 2) {
-    std::string a = argv[i];
-    if (a == "--threads") threads = std::atoi(argv[i + 1]);
-    else if (a == "--size") n = std::atoi(argv[i + 1]);
-  }
+  loom::Flags flags(argc, argv, "sgemm_peak", {"threads", "size"});
+  if (flags.help("sgemm_peak: this machine's fp32 GEMM limit (OpenBLAS sgemm, square, best of 5; prints GFLOP/s)\n"
+                 "  sgemm_peak [--threads 2] [--size 2048]"))
+    return 0;
+  int threads = int(flags.integer("threads", 2)), n = int(flags.integer("size", 2048));
+  if (!flags.ok()) return 2;
+  if (threads < 1 || n < 1) return flags.fail("--threads and --size must be positive");
   openblas_set_num_threads(threads);
   std::vector<float> a(size_t(n) * n, 1.0f), b(size_t(n) * n, 0.5f), c(size_t(n) * n);
   double best = 0;

@@ -20,9 +20,15 @@
 #include "runtime/control/Flags.h"
 #include "data/Bpe.h"
 
+constexpr char kUsage[] =
+    "loom-generate: sample text from a trained model (a Hugging Face safetensors export).\n"
+    "  loom-generate --model CONFIG.pbtxt --weights MODEL.safetensors --vocab encoder.json\n"
+    "                --merges vocab.bpe [--prompt TEXT] [--tokens 40] [--temperature 0.8] [--top-k 40] [--seed 1]";
+
 int main(int argc, char **argv) {
   loom::Flags flags(argc, argv, "loom-generate",
                     {"model", "weights", "vocab", "merges", "prompt", "tokens", "temperature", "top-k", "seed"});
+  if (flags.help(kUsage)) return 0;
   if (!flags.ok()) return 2;
   for (const char *f : {"model", "weights", "vocab", "merges"})
     if (!flags.has(f)) return flags.fail(std::string("--") + f + " is required");

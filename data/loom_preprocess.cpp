@@ -20,10 +20,19 @@
 #include "data/IndexedDataset.h"
 #include "data/TextSources.h"
 
+constexpr char kUsage[] =
+    "loom-preprocess: text -> GPT-2 BPE token ids -> Megatron indexed dataset (PREFIX.bin/.idx).\n"
+    "  loom-preprocess --input PATH... --format text|jsonl|brown --vocab encoder.json\n"
+    "                  --merges vocab.bpe --output-prefix PREFIX [--json-key text]\n"
+    "  loom-preprocess --vocab encoder.json --merges vocab.bpe --encode TEXT | --decode \"ID ID ...\"\n"
+    "  loom-preprocess --unigram-entropy PREFIX\n"
+    "  loom-preprocess --reference-losses PREFIX [--valid-fraction 0.05]";
+
 int main(int argc, char **argv) {
   loom::Flags flags(argc, argv, "loom-preprocess",
                     {"input", "format", "vocab", "merges", "output-prefix", "json-key", "encode", "decode",
                      "unigram-entropy", "reference-losses", "valid-fraction"});
+  if (flags.help(kUsage)) return 0;
   if (!flags.ok()) return 2;
   if (flags.has("unigram-entropy")) {
     loom::IndexedDataset ds;

@@ -22,12 +22,21 @@
 #include "runtime/control/Flags.h"
 #include "runtime/control/Tls.h"
 
+constexpr char kUsage[] =
+    "loom-coord: a Loom job's control plane (registration, plan files, rendezvous, heartbeats).\n"
+    "  loom-coord --plans DIR [--bind 127.0.0.1] [--port 0] [--port-file F] [--token T]\n"
+    "             [--heartbeat-timeout 10] [--registration-timeout 120]\n"
+    "             [--tls-cert F --tls-key F [--tls-ca F]] [--insecure]\n"
+    "A reachable (non-loopback) address is served only over TLS unless --insecure is given.\n"
+    "Exits 0 once every rank finished successfully, 1 if the job was aborted.";
+
 int main(int argc, char **argv) {
   loom::control::silenceGrpcLogging();
   loom::Flags flags(argc, argv, "loom-coord",
                     {"plans", "bind", "port", "port-file", "token", "heartbeat-timeout", "registration-timeout", "tls-cert",
                      "tls-key", "tls-ca"},
                     {"insecure"});
+  if (flags.help(kUsage)) return 0;
   if (!flags.ok()) return 2;
   std::string planDir = flags.get("plans");
   if (planDir.empty()) return flags.fail("--plans DIR is required (a directory from `loomc compile`)");

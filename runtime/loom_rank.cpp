@@ -120,6 +120,20 @@ loom::Status fetchPlan(loom::control::CoordinatorClient &client, int rank, int w
 
 }  // namespace
 
+constexpr char kUsage[] =
+    "loom-rank: one rank of a Loom job (as a torchrun worker): fetches its plan from the coordinator,\n"
+    "connects its communicators and trains. The job token comes from $LOOM_TOKEN (or --token).\n"
+    "  loom-rank --coordinator HOST:PORT --rank R [--address IP] [--threads T] [--seed S]\n"
+    "    data:        [--data-prefix PREFIX] [--valid-fraction 0.05] [--eval-interval N] [--eval-iters K]\n"
+    "    recipe:      [--steps N] [--lr 3e-4] [--min-lr 3e-5] [--warmup N] [--decay-iters N] [--clip-grad 1.0]\n"
+    "                 [--weight-decay 0.1] [--adam-beta1 0.9] [--adam-beta2 0.95] [--adam-eps 1e-8] [--log-interval 1]\n"
+    "    checkpoints: [--save DIR] [--save-interval N] [--resume | --strict-resume] [--init-from HF.safetensors]\n"
+    "                 [--export MODEL.safetensors]\n"
+    "    device:      [--device cpu|cuda] [--precision fp32|bf16|fp16] [--gpu N] [--attention auto|unfused|flash]\n"
+    "    security:    [--tls-ca CA.pem] [--tls-cert RANK.pem --tls-key RANK.key]\n"
+    "    tests:       [--dump-grads DIR] [--dump-batches DIR] [--loss-log FILE] [--trace DIR]\n"
+    "                 [--connect-timeout 20] [--comm-timeout 30]";
+
 int main(int argc, char **argv) {
   loom::control::silenceGrpcLogging();
   loom::Flags flags(argc, argv, "loom-rank",
@@ -130,6 +144,7 @@ int main(int argc, char **argv) {
                      "export", "loss-log", "dump-batches", "device", "precision", "gpu", "attention", "trace", "tls-cert",
                      "tls-key", "tls-ca"},
                     {"resume", "strict-resume"});
+  if (flags.help(kUsage)) return 0;
   if (!flags.ok()) return 2;
   if (!flags.has("coordinator") || !flags.has("rank")) return flags.fail("--coordinator HOST:PORT and --rank R are required");
   int rank = int(flags.integer("rank", -1));

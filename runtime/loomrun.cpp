@@ -76,6 +76,17 @@ int main(int argc, char **argv) {
       }
       return argv[++i];
     };
+    if (a == "--help" || a == "-h") {
+      std::printf(
+          "loomrun: start a local Loom job, like torchrun: the coordinator and N rank processes.\n"
+          "  loomrun --nproc N --plans DIR [--bind 127.0.0.1] [--port 0]\n"
+          "          [--tls-cert F --tls-key F --tls-ca F | --insecure] [RANK FLAGS...]\n"
+          "The control plane is mutual TLS with a throwaway certificate unless one is given; every other\n"
+          "flag goes to each loom-rank (see loom-rank --help).\n\n"
+          "flags of loomrun:\n  --nproc N\n  --plans DIR\n  --bind ADDRESS\n  --port PORT\n  --tls-cert FILE\n"
+          "  --tls-key FILE\n  --tls-ca FILE\n  --insecure\n  --help\n");
+      return 0;
+    }
     if (a == "--nproc" || a.rfind("--nproc=", 0) == 0) nproc = std::atoi(value("--nproc").c_str());
     else if (a == "--plans" || a.rfind("--plans=", 0) == 0) plans = value("--plans");
     else if (a == "--bind" || a.rfind("--bind=", 0) == 0) bind = value("--bind");

@@ -1,5 +1,6 @@
 // A small --name value / --name=value command-line parser for the runtime's binaries (which
-// link neither LLVM nor absl). Unknown flags are a one-line error.
+// link neither LLVM nor absl). Unknown flags are a one-line error; --help (or -h) prints the
+// tool's usage and every flag it knows (see help()).
 #pragma once
 
 #include <cerrno>
@@ -16,9 +17,14 @@ namespace loom {
 class Flags {
  public:
   Flags(int argc, char **argv, std::string tool, std::set<std::string> known, std::set<std::string> switches = {})
-      : tool_(std::move(tool)) {
+      : tool_(std::move(tool)), known_(known), switches_(switches) {
     for (int i = 1; i < argc; ++i) {
       std::string a = argv[i];
+      if (a == "--help" || a == "-h") {
+        help_ = true;
+        error_.clear();
+        return;
+      }
       if (a == "--") {
         for (++i; i < argc; ++i) rest_.push_back(argv[i]);
         break;
@@ -46,6 +52,15 @@ class Flags {
     if (!error_.empty()) std::fprintf(stderr, "%s: error: %s\n", tool_.c_str(), error_.c_str());
   }
   bool ok() const { return error_.empty(); }
+  // With --help: prints `usage` and the flags on stdout and returns true (the tool exits 0).
+  bool help(const char *usage) const {
+    if (!help_) return false;
+    std::printf("%s\n\nflags of %s:\n", usage, tool_.c_str());
+    for (const std::string &f : known_) std::printf("  --%s VALUE\n", f.c_str());
+    for (const std::string &f : switches_) std::printf("  --%s\n", f.c_str());
+    std::printf("  --help\n");
+    return true;
+  }
   bool has(const std::string &name) const { return values_.count(name) > 0; }
   std::string get(const std::string &name, const std::string &dflt = "") const {
     auto it = values_.find(name);
@@ -85,6 +100,8 @@ class Flags {
   }
 
   std::string tool_, error_;
+  std::set<std::string> known_, switches_;
+  bool help_ = false;
   std::map<std::string, std::string> values_;
   std::vector<std::string> rest_;
 };

@@ -94,8 +94,14 @@ loom::Status bf16GemmRate(int n, int reps, double *rate) {
 
 }  // namespace
 
+constexpr char kUsage[] =
+    "loom-gpt-bench: Loom's side of the GPU check (the trainer on the CUDA backend, one GPU).\n"
+    "  loom-gpt-bench --plans DIR [--precision bf16] [--steps N] [--attention auto] [--lr LR]\n"
+    "                 [--gemm-size N] [--result FILE]";
+
 int main(int argc, char **argv) {
   loom::Flags flags(argc, argv, "loom-gpt-bench", {"plans", "precision", "steps", "gemm-size", "result", "lr", "attention"});
+  if (flags.help(kUsage)) return 0;
   if (!flags.ok()) return 2;
   if (!flags.has("plans")) return flags.fail("--plans DIR is required (loomc compile ... --out DIR for one GPU)");
   loom::cuda::Precision precision;
