@@ -131,6 +131,7 @@ constexpr char kUsage[] =
     "                 [--export MODEL.safetensors]\n"
     "    device:      [--device cpu|cuda] [--precision fp32|bf16|fp16] [--gpu N] [--attention auto|unfused|flash]\n"
     "    security:    [--tls-ca CA.pem] [--tls-cert RANK.pem --tls-key RANK.key]\n"
+    "    metrics:     [--tensorboard-dir DIR] [--metrics-file FILE.jsonl] (Megatron's scalar names)\n"
     "    tests:       [--dump-grads DIR] [--dump-batches DIR] [--loss-log FILE] [--trace DIR]\n"
     "                 [--connect-timeout 20] [--comm-timeout 30]";
 
@@ -142,7 +143,7 @@ int main(int argc, char **argv) {
                      "threads", "dump-grads", "token", "connect-timeout", "comm-timeout", "data-prefix",
                      "valid-fraction", "eval-interval", "eval-iters", "save", "save-interval", "init-from",
                      "export", "loss-log", "dump-batches", "device", "precision", "gpu", "attention", "trace", "tls-cert",
-                     "tls-key", "tls-ca"},
+                     "tls-key", "tls-ca", "tensorboard-dir", "metrics-file"},
                     {"resume", "strict-resume"});
   if (flags.help(kUsage)) return 0;
   if (!flags.ok()) return 2;
@@ -187,6 +188,8 @@ int main(int argc, char **argv) {
   lopt.dumpGrads = flags.get("dump-grads");
   lopt.exportPath = flags.get("export");
   lopt.lossLog = flags.get("loss-log");
+  lopt.tensorboardDir = flags.get("tensorboard-dir");
+  lopt.metricsFile = flags.get("metrics-file");
   if (!flags.ok()) return 2;
   if (lopt.trainIters < 0) return flags.fail("--steps must be >= 0");
   if (lopt.resume && lopt.save.empty()) return flags.fail("--resume and --strict-resume need --save DIR (where the checkpoints are)");

@@ -181,6 +181,7 @@ Status TrainingLoop::validate(int64_t iteration) {
                 "-----------------------------------------------------------------------------------------------\n",
                 (long long)iteration, loss, std::exp(loss));
     std::fflush(stdout);
+    LOOM_RETURN_IF_ERROR(writeScalars(iteration, {{"lm loss validation", loss}, {"lm loss validation ppl", std::exp(loss)}}));
   }
   return Status::ok();
 }
@@ -294,9 +295,17 @@ Status TrainingLoop::exportModel() {
   return Status::ok();
 }
 
+Status TrainingLoop::writeScalars(int64_t step, const std::map<std::string, double> &values) {
+  if (tensorboard_) LOOM_RETURN_IF_ERROR(tensorboard_->scalars(step, values));
+  if (metricsFile_) LOOM_RETURN_IF_ERROR(metricsFile_->scalars(step, values));
+  return Status::ok();
+}
+
 Status TrainingLoop::run() {
   const plan::RankPlan &p = trainer_.plan();
   int64_t start = 0;
+  if (logs() && !opt_.tensorboardDir.empty()) LOOM_RETURN_IF_ERROR(TensorBoardWriter::open(opt_.tensorboardDir, &tensorboard_));
+  if (logs() && !opt_.metricsFile.empty()) LOOM_RETURN_IF_ERROR(MetricsFileWriter::open(opt_.metricsFile, &metricsFile_));
   if (opt_.resume) LOOM_RETURN_IF_ERROR(loadCheckpoint(&start));
   double tokensPerStep = double(p.global_batch_size()) * p.seq_length();
   for (int64_t it = start + 1; it <= opt_.trainIters; ++it) {
@@ -351,6 +360,13 @@ Status TrainingLoop::run() {
                   (long long)it, (long long)opt_.trainIters, (long long)(it * p.global_batch_size()), seconds * 1000,
                   lr, p.global_batch_size(), r.loss, norm, tokensPerStep / seconds, 100 * mfu, peakMemoryMiB());
       std::fflush(stdout);
+      // Megatron-LM's TensorBoard scalars (throughput: model TFLOP/s per device).
+      std::map<std::string, double> scalars = {
+          {"lm loss", r.loss}, {"learning-rate", lr}, {"grad-norm", norm}, {"iteration-time", seconds},
+          {"throughput", modelFlopsPerStep(p) / (seconds * p.world_size()) / 1e12}, {"mem-peak", peakMemoryMiB()},
+          {"tokens-per-second", tokensPerStep / seconds}};
+      if (r.lossScale > 0) scalars["loss-scale"] = r.lossScale;
+      LOOM_RETURN_IF_ERROR(writeScalars(it, scalars));
     }
     if (it == start + 1) {  // every rank: what it holds against what its plan says
       double planned = double(p.memory().peak_bytes()), held = double(trainer_.allocatedBytes());

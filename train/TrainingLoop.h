@@ -4,10 +4,13 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
+#include <memory>
 #include <string>
 
 #include "data/DataSource.h"
 #include "runtime/control/CoordinatorClient.h"
+#include "train/MetricsWriters.h"
 #include "train/Trainer.h"
 
 namespace loom {
@@ -39,6 +42,8 @@ struct TrainingOptions {
   std::string dumpGrads;                    // write the first step's gradients (tests)
   std::string exportPath;                   // whole-model safetensors after training (HF GPT-2 names)
   std::string lossLog;                      // "iteration loss" lines, full precision (tests)
+  std::string tensorboardDir;               // TensorBoard event files ("" = none)
+  std::string metricsFile;                  // the same scalars as JSON lines ("" = none)
   int64_t baselineResidentBytes = -1;       // the process's resident memory before the trainer existed
 };
 
@@ -61,6 +66,10 @@ class TrainingLoop {
   TrainingOptions opt_;
   std::atomic<int64_t> *step_;
   int64_t skipped_ = 0;  // fp16 steps skipped so far (checkpointed)
+  // The logging rank's scalars, to each sink that is open.
+  Status writeScalars(int64_t step, const std::map<std::string, double> &values);
+  std::unique_ptr<TensorBoardWriter> tensorboard_;
+  std::unique_ptr<MetricsFileWriter> metricsFile_;
 };
 
 }  // namespace loom
