@@ -217,8 +217,9 @@ int main(int argc, char **argv) {
         ++failures;
         std::fprintf(stderr, "loomrun: rank %d %s\n", r, describe(status).c_str());
         // A rank that reported its own error already told the coordinator; telling it again
-        // is harmless, and covers ranks that died before registering.
-        (void)client.abort(-1, "rank " + std::to_string(r) + " " + describe(status));
+        // is harmless, and covers ranks that died before registering. Once, briefly: the
+        // coordinator may itself be stopped.
+        if (failures == 1) (void)client.abort(-1, "rank " + std::to_string(r) + " " + describe(status), 2);
         firstFailure = std::min(firstFailure, std::chrono::steady_clock::now());
       }
       continue;

@@ -148,12 +148,12 @@ Status CoordinatorClient::metrics(int rank, int64_t step, const std::map<std::st
   return translate(rpc_->ReportMetrics(ctx.get(), req, &rep), "metrics");
 }
 
-Status CoordinatorClient::abort(int rank, const std::string &reason) {
+Status CoordinatorClient::abort(int rank, const std::string &reason, double seconds) {
   AbortRequest req;
   req.set_rank(rank);
   req.set_reason(reason);
   Empty rep;
-  auto ctx = context(5);
+  auto ctx = context(seconds);
   return translate(rpc_->Abort(ctx.get(), req, &rep), "abort");
 }
 

@@ -32,7 +32,9 @@ class CoordinatorClient {
   };
   Status heartbeat(int rank, int64_t step, bool *aborted, std::string *reason, const RankProgress *progress = nullptr);
   Status metrics(int rank, int64_t step, const std::map<std::string, double> &values);
-  Status abort(int rank, const std::string &reason);
+  // `seconds`: how long to wait for the coordinator (a launcher reporting a dead child must not
+  // hang on a coordinator that is itself stopped).
+  Status abort(int rank, const std::string &reason, double seconds = 5);
   Status finish(int rank, int exitCode);
   const std::string &address() const { return address_; }
 
