@@ -99,21 +99,27 @@ def main():
         target = rng.choice(["rank 0", "rank 1", "rank 2", "rank 3", "coordinator"])
         sig = rng.choice([signal.SIGKILL, signal.SIGSTOP])
         during_save = rng.random() < 0.3
-        delay = rng.uniform(0.25, 0.8) * run_seconds
+        # The moment: after a random iteration (the loss log grows by one line per iteration),
+        # plus a random fraction of one; or, aimed at a save, the next save in progress after it.
+        after_iteration = rng.randint(2, STEPS - 4)
+        extra = rng.uniform(0, run_seconds / STEPS)
         out_path = os.path.join(work, "trial.out")
         with open(out_path, "w") as out:
             job = subprocess.Popen([loomrun, *common, "--save", save, "--loss-log", log], stdout=out,
                                    stderr=subprocess.STDOUT, start_new_session=True)
             started = time.time()
-            # Wait for the moment: a save in progress (a .partial directory) after the first fifth
-            # of the run, or the random delay; a save never caught by 85% of the run: now.
-            deadline = 0.85 * run_seconds if during_save else delay
-            while time.time() - started < deadline:
-                if during_save and time.time() - started > 0.2 * run_seconds and glob.glob(save + "/iter_*.partial"):
-                    break
-                if job.poll() is not None:
-                    break
-                time.sleep(0.001 if during_save else 0.01)
+            def iterations_done():
+                try:
+                    return sum(1 for _ in open(log))
+                except OSError:
+                    return 0
+            while job.poll() is None and iterations_done() < after_iteration and time.time() - started < 120:
+                time.sleep(0.005)
+            if during_save:
+                while job.poll() is None and not glob.glob(save + "/iter_*.partial") and time.time() - started < 120:
+                    time.sleep(0.0005)
+            else:
+                time.sleep(extra)
             pid = coord_pid(plans) if target == "coordinator" else rank_pid(save, int(target.split()[1]))
             saving = bool(glob.glob(save + "/iter_*.partial"))
             before = published(save)
