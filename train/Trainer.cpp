@@ -50,6 +50,7 @@ Status Trainer::create(plan::RankPlan plan, plan::ProgramSet programs, std::uniq
 }
 
 Status Trainer::computeGradients(int64_t step, StepResult *result) {
+  if (step < 0) return Status::error("data step " + std::to_string(step) + ": steps count from 0 (a caller bug)");
   float scale = opt_.lossScaling ? float(scaler_.scale()) : 1.0f;
   driver_.setLossScale(scale);
   result->lossScale = opt_.lossScaling ? scale : 0;

@@ -126,7 +126,7 @@ Status TrainingLoop::loadCheckpoint(int64_t *iteration) {
   std::vector<int64_t> candidates;
   std::string note;
   resumeCandidates(opt_.save, &candidates, &note);
-  *iteration = -1;
+  *iteration = 0;  // nothing to resume from: the run starts at iteration 1 (never at 0, batch -1)
   if (!note.empty()) {
     if (opt_.strictResume) return Status::error(note + " (--strict-resume)");
     if (logs()) std::fprintf(stderr, "warning: %s; resuming from the newest complete checkpoint\n", note.c_str());

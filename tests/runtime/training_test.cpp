@@ -145,6 +145,21 @@ TEST(Training, ResumeIsBitExactAndCorruptCheckpointsAreRefused) {
   EXPECT_NE(e.output.find("(--strict-resume)"), std::string::npos) << e.output;
 }
 
+// --resume with nothing to resume from (an empty --save directory, or a fault before the first
+// save) starts at iteration 1 like a run without it (it used to start at 0, on batch -1).
+TEST(Training, ResumeWithoutACheckpointStartsAtIterationOne) {
+  std::string plans = compile("brown_t2p2d1"), dir = tmp() + "/ckpt_none";
+  std::string plain = tmp() + "/none_plain.log", resumed = tmp() + "/none_resumed.log";
+  std::filesystem::remove_all(dir);
+  Result a = train(plans, 4, "--steps 3 --decay-iters 3 --loss-log " + plain);
+  ASSERT_EQ(a.exitCode, 0) << a.output;
+  Result b = train(plans, 4, "--steps 3 --decay-iters 3 --save " + dir + " --resume --loss-log " + resumed);
+  ASSERT_EQ(b.exitCode, 0) << b.output;
+  EXPECT_EQ(b.output.find("resumed from checkpoint"), std::string::npos) << b.output;
+  EXPECT_EQ(lines(plain), lines(resumed));
+  EXPECT_EQ(lines(resumed).size(), 3u);
+}
+
 // Saving the same iteration again (a rerun into the same --save directory) replaces it only
 // once the new copy is complete; the checkpoint stays loadable and no copy is left aside.
 TEST(Training, ReSavingAnIterationKeepsACompleteCheckpoint) {

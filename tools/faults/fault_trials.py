@@ -168,6 +168,9 @@ def main():
                   code, exit_seconds, len(left), len(lost), resumed_from, latest_before,
                   ", fell back" if fallback else "", "equal" if same else "DIFFER",
                   (errors[0] if errors else "no error line")[:160]), flush=True)
+        if resume.returncode != 0:
+            tail = (resume.stdout + resume.stderr).strip().splitlines()[-3:]
+            print("    the resumed run exited %d:\n%s" % (resume.returncode, "\n".join("    " + l for l in tail)), flush=True)
     good = [r for r in results if r["ok"]]
     exits = [r["exit"] for r in results if "exit" in r]
     print("summary: %d of %d trials ok; %d during a save; exit within %.1f s (max), processes left %d, "
