@@ -4,10 +4,11 @@ Each fuzzer starts from its committed seeds (fuzz/corpus/NAME) plus what earlier
 (out/fuzz/corpus/NAME), for SECONDS or --runs N executions; a crash, a sanitizer report, a
 leak, a timeout or an out-of-memory input is written to out/fuzz/artifacts and fails the run.
 Prints one line per fuzzer: executions, time, rate, coverage, crashes."""
-import argparse, os, re, shutil, subprocess, sys, time
+import argparse, glob, os, re, subprocess, sys, time
 
-FUZZERS = ["ir_fuzzer", "config_fuzzer", "plan_fuzzer", "safetensors_fuzzer", "checkpoint_fuzzer",
-           "indexed_dataset_fuzzer", "bpe_files_fuzzer", "bpe_encode_fuzzer", "control_fuzzer"]
+# Every harness is fuzz/NAME_fuzzer.cpp (fuzz/BUILD derives its list the same way).
+FUZZERS = sorted(os.path.basename(p)[:-len(".cpp")]
+                 for p in glob.glob(os.path.join(os.path.dirname(os.path.abspath(__file__)), "*_fuzzer.cpp")))
 
 
 def main():

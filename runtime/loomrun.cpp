@@ -76,6 +76,8 @@ int main(int argc, char **argv) {
       }
       return argv[++i];
     };
+    // --flag VALUE or --flag=VALUE
+    auto is = [&](const char *flag) { return a == flag || a.rfind(std::string(flag) + "=", 0) == 0; };
     if (a == "--help" || a == "-h") {
       std::printf(
           "loomrun: start a local Loom job, like torchrun: the coordinator and N rank processes.\n"
@@ -87,13 +89,13 @@ int main(int argc, char **argv) {
           "  --tls-key FILE\n  --tls-ca FILE\n  --insecure\n  --help\n");
       return 0;
     }
-    if (a == "--nproc" || a.rfind("--nproc=", 0) == 0) nproc = std::atoi(value("--nproc").c_str());
-    else if (a == "--plans" || a.rfind("--plans=", 0) == 0) plans = value("--plans");
-    else if (a == "--bind" || a.rfind("--bind=", 0) == 0) bind = value("--bind");
-    else if (a == "--port" || a.rfind("--port=", 0) == 0) port = value("--port");
-    else if (a == "--tls-cert" || a.rfind("--tls-cert=", 0) == 0) tlsFiles.cert = value("--tls-cert");
-    else if (a == "--tls-key" || a.rfind("--tls-key=", 0) == 0) tlsFiles.key = value("--tls-key");
-    else if (a == "--tls-ca" || a.rfind("--tls-ca=", 0) == 0) tlsFiles.ca = value("--tls-ca");
+    if (is("--nproc")) nproc = std::atoi(value("--nproc").c_str());
+    else if (is("--plans")) plans = value("--plans");
+    else if (is("--bind")) bind = value("--bind");
+    else if (is("--port")) port = value("--port");
+    else if (is("--tls-cert")) tlsFiles.cert = value("--tls-cert");
+    else if (is("--tls-key")) tlsFiles.key = value("--tls-key");
+    else if (is("--tls-ca")) tlsFiles.ca = value("--tls-ca");
     else if (a == "--insecure") insecure = true;
     else rankArgs.push_back(a);
   }

@@ -26,34 +26,27 @@ def loss_map(path):
     return out
 
 
+def processes():
+    """(pid, command line) of every process, from ps."""
+    out = subprocess.run(["ps", "-eo", "pid,args"], capture_output=True, text=True).stdout
+    for line in out.splitlines()[1:]:
+        pid, _, args = line.strip().partition(" ")
+        yield int(pid), args
+
+
 def job_processes(*tags):
     """PIDs of this trial's loomrun, loom-coord and loom-rank processes (matched by its plans
     directory, which loomrun and loom-coord carry, or its --save directory, which the ranks do)."""
-    out = subprocess.run(["ps", "-eo", "pid,args"], capture_output=True, text=True).stdout
-    pids = []
-    for line in out.splitlines()[1:]:
-        pid, _, args = line.strip().partition(" ")
-        if any(t in args for t in tags) and re.search(r"loom(run|-coord|-rank)", args):
-            pids.append(int(pid))
-    return pids
+    return [pid for pid, args in processes() if any(t in args for t in tags) and re.search(r"loom(run|-coord|-rank)", args)]
 
 
 def rank_pid(tag, rank):
-    out = subprocess.run(["ps", "-eo", "pid,args"], capture_output=True, text=True).stdout
-    for line in out.splitlines()[1:]:
-        pid, _, args = line.strip().partition(" ")
-        if "loom-rank" in args and tag in args and re.search(r"--rank %d(\s|$)" % rank, args):
-            return int(pid)
-    return None
+    return next((pid for pid, args in processes()
+                 if "loom-rank" in args and tag in args and re.search(r"--rank %d(\s|$)" % rank, args)), None)
 
 
 def coord_pid(tag):
-    out = subprocess.run(["ps", "-eo", "pid,args"], capture_output=True, text=True).stdout
-    for line in out.splitlines()[1:]:
-        pid, _, args = line.strip().partition(" ")
-        if "loom-coord" in args and tag in args:
-            return int(pid)
-    return None
+    return next((pid for pid, args in processes() if "loom-coord" in args and tag in args), None)
 
 
 def published(save):
