@@ -8,16 +8,25 @@
 #include <string>
 #include <vector>
 
-#include "runtime/control/Flags.h"
+#include "runtime/control/CommandLine.h"
+
+namespace cl = llvm::cl;
+
+cl::OptionCategory category("sgemm_peak options");
+cl::opt<int> threads("threads", cl::desc("OpenBLAS threads"), cl::value_desc("N"), cl::init(2), cl::cat(category));
+cl::opt<int> size("size", cl::desc("the matrices' order"), cl::value_desc("N"), cl::init(2048), cl::cat(category));
 
 int main(int argc, char **argv) {
-  loom::Flags flags(argc, argv, "sgemm_peak", {"threads", "size"});
-  if (flags.help("sgemm_peak: this machine's fp32 GEMM limit (OpenBLAS sgemm, square, best of 5; prints GFLOP/s)\n"
-                 "  sgemm_peak [--threads 2] [--size 2048]"))
-    return 0;
-  int threads = int(flags.integer("threads", 2)), n = int(flags.integer("size", 2048));
-  if (!flags.ok()) return 2;
-  if (threads < 1 || n < 1) return flags.fail("--threads and --size must be positive");
+  if (!loom::parseCommandLine(argc, argv,
+                              "sgemm_peak: this machine's fp32 GEMM limit (OpenBLAS sgemm, square, best of 5; prints "
+                              "GFLOP/s)\n  sgemm_peak [--threads 2] [--size 2048]\n",
+                              {&category}))
+    return 2;
+  int n = size;
+  if (threads < 1 || n < 1) {
+    std::fprintf(stderr, "sgemm_peak: error: --threads and --size must be positive\n");
+    return 1;
+  }
   openblas_set_num_threads(threads);
   std::vector<float> a(size_t(n) * n, 1.0f), b(size_t(n) * n, 0.5f), c(size_t(n) * n);
   double best = 0;

@@ -23,6 +23,7 @@
 #include "passes/Passes.h"
 #include "protos/plan.pb.h"
 #include "runtime/Checksum.h"
+#include "runtime/ProgressMeter.h"
 
 namespace loom {
 namespace {
@@ -115,11 +116,16 @@ llvm::Error compile(mlir::ModuleOp module, const config::ClusterSpec &cluster, c
     compiled.sets[s].SerializeToString(&bytes);
     if (llvm::Error e = writeFile(opt.outDir + "/programs/stage_" + std::to_string(s) + ".pb", bytes)) return e;
   }
+  ProgressMeter meter("loomc: writing rank plans", int64_t(compiled.plans.size()), "ranks", false,
+                      opt.progress ? stderr : nullptr);
   for (size_t rank = 0; rank < compiled.plans.size(); ++rank) {
+    meter.update(int64_t(rank));
     std::string bytes;
     compiled.plans[rank].SerializeToString(&bytes);
     if (llvm::Error e = writeFile(opt.outDir + "/rank_" + std::to_string(rank) + ".plan.pb", bytes)) return e;
   }
+  meter.update(int64_t(compiled.plans.size()));
+  meter.finish();
   double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
   std::string text = compiled.summaryHead +
                      llvm::formatv("wrote {0} rank plans and {1} program files to {2} in {3:F2} s\n",
@@ -215,7 +221,8 @@ llvm::Error compileInMemory(mlir::ModuleOp module, const config::ClusterSpec &cl
     checksums[s] = checksum64(programBytes[s]);
   }
 
-  PlanRequest request{cluster, *facts, modelName, paddedVocab, modelFlopsPerToken, kind, *schedule, m, layouts};
+  PlanRequest request{cluster,           *facts, modelName, paddedVocab, modelFlopsPerToken, kind, *schedule, m, layouts,
+                      opt.progress};
   llvm::Expected<std::vector<plan::RankPlan>> plans = assembleRankPlans(module, sets, programFiles, checksums, request);
   if (!plans) return plans.takeError();
   // The plans are proved to run together (compiler/PlanCheck.h) before anything is written.

@@ -21,6 +21,7 @@ struct CompileOptions {
   bool printIrAfterAll = false;  // dump the IR after each pass to stderr
   bool quiet = false;            // no summary on stdout
   std::string modelName;         // the model's name when the module has no symbol name
+  bool progress = false;         // progress lines on a terminal (runtime/ProgressMeter.h)
 };
 
 // Runs the pass pipeline on `module` (global train_step) for the cluster's parallel request.

@@ -1,5 +1,7 @@
+#include "runtime/ProgressMeter.h"
 #include "compiler/PlanAssembly.h"
 
+#include <optional>
 #include <algorithm>
 #include <map>
 
@@ -10,6 +12,7 @@
 #include "runtime/Collectives.h"
 #include "runtime/Executor.h"
 #include "runtime/PlanVersion.h"
+#include "runtime/ProgressMeter.h"
 #include "runtime/cuda/DeviceMemory.h"
 
 namespace loom {
@@ -73,7 +76,10 @@ llvm::Expected<std::vector<plan::RankPlan>> assembleRankPlans(mlir::ModuleOp mod
   ParallelLayout layout{t, p, d};
   int64_t vocab = facts.vocabSize;
   std::map<int, size_t> stageDone;  // stage -> index in `plans` of its first rank
+  std::optional<ProgressMeter> meter;
+  if (req.progress) meter.emplace("loomc: assembling rank plans", layout.world(), "ranks");
   for (int rank = 0; rank < layout.world(); ++rank) {
+    if (meter) meter->update(rank);
     plan::RankPlan rp;
     int stage = layout.ppOf(rank);
     rp.set_plan_version(kPlanVersion);
@@ -275,6 +281,7 @@ llvm::Expected<std::vector<plan::RankPlan>> assembleRankPlans(mlir::ModuleOp mod
     }
     plans.push_back(std::move(rp));
   }
+  if (meter) meter->update(layout.world());
   return plans;
 }
 

@@ -28,6 +28,7 @@ struct PlanRequest {
   const std::vector<StageSchedule> &schedule;
   int microBatches;
   const std::vector<StageLayout> &layouts;  // per pipeline stage: its flat parameter buffer
+  bool progress = false;                    // a progress line over the ranks on a terminal
 };
 
 // `sets[s]`, `programFiles[s]` and `checksums[s]`: pipeline stage s's programs, their file

@@ -11,8 +11,10 @@
 #include "compiler/CostModel.h"
 #include "compiler/Schedule.h"
 #include "compiler/Units.h"
+#include "llvm/ADT/ScopeExit.h"
 #include "llvm/Support/FormatVariadic.h"
 #include "llvm/Support/raw_ostream.h"
+#include "runtime/ProgressMeter.h"
 
 namespace loom {
 namespace {
@@ -167,8 +169,15 @@ llvm::Error searchConfigurations(const config::ModelConfig &model, const config:
   std::atomic<size_t> next{0};
   std::mutex mu;
   std::string failure;
+  ProgressMeter meter("loomc search: compiling and simulating candidates", int64_t(evaluate), "configurations", false,
+                      options.progress ? stderr : nullptr);
+  int64_t finished = 0;
   auto work = [&] {
     for (size_t i; (i = next++) < evaluate;) {
+      auto done = llvm::make_scope_exit([&] {
+        std::lock_guard<std::mutex> lock(mu);
+        meter.update(++finished);
+      });
       SearchCandidate &cand = candidates[i];
       config::ClusterSpec c = cluster;
       *c.mutable_parallel() = cand.parallel;
@@ -196,6 +205,7 @@ llvm::Error searchConfigurations(const config::ModelConfig &model, const config:
   std::vector<std::thread> threads;
   for (int k = 0; k < std::max(options.threads, 1); ++k) threads.emplace_back(work);
   for (std::thread &th : threads) th.join();
+  meter.finish();
   if (!failure.empty()) return error("a candidate failed to compile or simulate: " + failure);
   for (size_t i = 0; i < evaluate; ++i) {
     if (!candidates[i].refused.empty()) {

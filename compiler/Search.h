@@ -28,6 +28,7 @@ struct SearchOptions {
   int evaluate = 32;  // candidates compiled and simulated (the estimate's best)
   int threads = 2;
   std::string clusterPath;  // for errors
+  bool progress = false;    // a progress line over the evaluated candidates on a terminal
   // Compiles a model for a cluster into plans in memory (loomc's compileInMemory).
   std::function<llvm::Error(const config::ModelConfig &, const config::ClusterSpec &, CompiledPlans *)> compile;
 };

@@ -17,6 +17,7 @@
 #include "llvm/Support/CommandLine.h"
 #include "llvm/Support/FormatVariadic.h"
 #include "passes/ModelFacts.h"
+#include "runtime/control/CommandLine.h"
 
 namespace cl = llvm::cl;
 
@@ -108,8 +109,7 @@ std::string engineering(double v) {
 }  // namespace
 
 int main(int argc, char **argv) {
-  cl::HideUnrelatedOptions(dumpCategory);
-  if (!cl::ParseCommandLineOptions(argc, argv, "Loom IR and plan inspector\n", &llvm::errs())) return 1;
+  if (!loom::parseCommandLine(argc, argv, "Loom IR and plan inspector\n", {&dumpCategory})) return 2;
   if (std::filesystem::is_directory(std::string(input))) return dumpPlans();
   mlir::MLIRContext ctx;
   loom::registerLoomDialects(ctx);

@@ -42,6 +42,7 @@
 #include "mlir/Support/ToolUtilities.h"
 #include "mlir/Tools/mlir-opt/MlirOptMain.h"
 #include "passes/Passes.h"
+#include "runtime/control/CommandLine.h"
 #include "ir/LoomDialect.h"
 
 namespace cl = llvm::cl;
@@ -160,6 +161,7 @@ int runCompile() {
   llvm::Expected<loom::config::ClusterSpec> cluster = loom::loadClusterSpec(compileCluster);
   if (!cluster) return loom::reportError("loomc", cluster.takeError());
   loom::CompileOptions options{compileOut, compileIrAfterAll, compileQuiet};
+  options.progress = true;  // drawn only on a terminal
   llvm::StringRef path = compileModel;
   if (path.ends_with(".pbtxt")) {  // a config: built into IR, then the same compile
     llvm::Expected<loom::config::ModelConfig> model = loom::loadModelConfig(compileModel);
@@ -274,6 +276,7 @@ int runSearch() {
                                                               "search: --top and --evaluate must be >= 1"));
   loom::SearchOptions options;
   options.top = searchTop, options.evaluate = searchEvaluate, options.clusterPath = searchCluster;
+  options.progress = true;  // drawn only on a terminal
   options.compile = [](const loom::config::ModelConfig &m, const loom::config::ClusterSpec &c,
                        loom::CompiledPlans *plans) -> llvm::Error {
     mlir::MLIRContext ctx;
@@ -335,8 +338,7 @@ int runOpt(int argc, char **argv) {
 
 int main(int argc, char **argv) {
   if (argc > 1 && llvm::StringRef(argv[1]) == "opt") return runOpt(argc - 1, argv + 1);
-  cl::HideUnrelatedOptions(loomCategory);
-  if (!cl::ParseCommandLineOptions(argc, argv, "Loom compiler\n", &llvm::errs())) return 1;
+  if (!loom::parseCommandLine(argc, argv, "Loom compiler\n", {&loomCategory})) return 2;
   if (buildCmd) return runBuild();
   if (verifyCmd) return runVerify();
   if (compileCmd) return runCompile();

@@ -1,13 +1,14 @@
 #include "data/Bpe.h"
 
 #include <climits>
-#include <fstream>
 #include <sstream>
 
 #define PCRE2_CODE_UNIT_WIDTH 8
 #include <pcre2.h>
 
 #include <nlohmann/json.hpp>
+
+#include "runtime/FileIO.h"
 
 namespace loom {
 namespace {
@@ -40,15 +41,6 @@ std::vector<uint32_t> codePoints(const std::string &s, std::vector<std::string> 
   return out;
 }
 
-Status readFile(const std::string &path, std::string *out) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return Status::error(path + ": cannot open");
-  std::stringstream ss;
-  ss << in.rdbuf();
-  *out = ss.str();
-  return Status::ok();
-}
-
 // encoder.json: one flat object of token (a JSON string: escapes and surrogate pairs decoded
 // to UTF-8) -> id.
 Status parseEncoder(const std::string &path, const std::string &json, std::unordered_map<std::string, int32_t> *out) {
@@ -73,8 +65,8 @@ Status BpeTokenizer::load(const std::string &encoderPath, const std::string &voc
                           std::unique_ptr<BpeTokenizer> *out) {
   auto t = std::unique_ptr<BpeTokenizer>(new BpeTokenizer());
   std::string json, merges;
-  LOOM_RETURN_IF_ERROR(readFile(encoderPath, &json));
-  LOOM_RETURN_IF_ERROR(readFile(vocabPath, &merges));
+  LOOM_RETURN_IF_ERROR(readWholeFile(encoderPath, "the BPE encoder (encoder.json)", &json));
+  LOOM_RETURN_IF_ERROR(readWholeFile(vocabPath, "the BPE merges (vocab.bpe)", &merges));
   LOOM_RETURN_IF_ERROR(parseEncoder(encoderPath, json, &t->tokenToId_));
   t->idToToken_.resize(t->tokenToId_.size());
   for (auto &[tok, id] : t->tokenToId_) {

@@ -6,10 +6,9 @@
 #include <unistd.h>
 
 #include <cstring>
-#include <fstream>
-#include <sstream>
 
 #include "formats/Safetensors.h"
+#include "runtime/FileIO.h"
 
 namespace loom {
 namespace {
@@ -61,11 +60,8 @@ void IndexedDataset::release() {
 
 Status IndexedDataset::open(const std::string &prefix, IndexedDataset *out) {
   std::string idxPath = prefix + ".idx", binPath = prefix + ".bin";
-  std::ifstream in(idxPath, std::ios::binary);
-  if (!in) return Status::error(idxPath + ": cannot open (run loom-preprocess first)");
-  std::stringstream ss;
-  ss << in.rdbuf();
-  std::string idx = ss.str();
+  std::string idx;
+  LOOM_RETURN_IF_ERROR(readWholeFile(idxPath, "the dataset index (written by loom-preprocess)", &idx));
   size_t header = 9 + 8 + 1 + 8 + 8;
   if (idx.size() < header || std::memcmp(idx.data(), kMagic, 9) != 0)
     return Status::error(idxPath + ": not a Megatron indexed dataset (bad magic)");

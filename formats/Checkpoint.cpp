@@ -4,12 +4,12 @@
 #include <filesystem>
 #include <fstream>
 #include <set>
-#include <sstream>
 #include <vector>
 
 #include <nlohmann/json.hpp>
 
 #include "runtime/Checksum.h"
+#include "runtime/FileIO.h"
 #include "formats/Safetensors.h"
 
 namespace loom {
@@ -85,11 +85,10 @@ std::string resolvedCheckpointDir(const std::string &root, int64_t iteration) {
 
 Status readManifest(const std::string &dir, CheckpointManifest *manifest) {
   std::string path = dir + "/manifest.json";
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return Status::error(path + ": missing (an incomplete checkpoint)");
-  std::stringstream ss;
-  ss << in.rdbuf();
-  nlohmann::json m = nlohmann::json::parse(ss.str(), nullptr, /*allow_exceptions=*/false);
+  if (!fs::exists(path)) return Status::error(path + ": missing (an incomplete checkpoint)");
+  std::string text;
+  LOOM_RETURN_IF_ERROR(readWholeFile(path, "the checkpoint manifest", &text));
+  nlohmann::json m = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
   if (m.is_discarded()) return Status::error(path + ": corrupt (not JSON)");
   auto integer = [](const nlohmann::json &o, const char *key, int64_t *out) {
     auto it = o.find(key);

@@ -1,16 +1,23 @@
 #include "formats/HfConfig.h"
 
 #include <cstdio>
-#include <sstream>
+#include <cstdlib>
+
+#include <nlohmann/json.hpp>
 
 namespace loom {
 namespace {
 
-// A number as JSON, to the precision of the f32 attribute it came from.
-std::string number(double v) {
+// The plan's f32 attribute as the shortest decimal that reads back as the same f32, so that
+// config.json shows 1e-05 and 10000.0 rather than the f32's binary expansion.
+double f32Decimal(double v) {
+  float f = float(v);
   char buf[32];
-  std::snprintf(buf, sizeof buf, "%.7g", v);  // the values come from f32 attributes
-  return buf;
+  for (int digits = 1; digits <= 9; ++digits) {  // 9 significant digits always round-trip
+    std::snprintf(buf, sizeof buf, "%.*g", digits, double(f));
+    if (std::strtof(buf, nullptr) == f) break;
+  }
+  return std::strtod(buf, nullptr);
 }
 
 }  // namespace
@@ -22,31 +29,44 @@ HfModelClass hfModelClassOf(const plan::RankPlan &plan, bool hasGpt2Names, bool 
 }
 
 std::string hfConfigJson(const plan::RankPlan &p, HfModelClass cls) {
-  std::ostringstream os;
+  nlohmann::ordered_json c;  // keys in save_pretrained's order
   if (cls == HfModelClass::kGpt2) {
     // Keys of transformers' GPT2Config; GPT-2's tanh GeLU is "gelu_new".
-    os << "{\n  \"architectures\": [\"GPT2LMHeadModel\"],\n  \"model_type\": \"gpt2\",\n"
-       << "  \"vocab_size\": " << p.vocab_size() << ",\n  \"n_positions\": " << p.max_position_embeddings()
-       << ",\n  \"n_ctx\": " << p.max_position_embeddings() << ",\n  \"n_embd\": " << p.hidden_size()
-       << ",\n  \"n_layer\": " << p.num_layers() << ",\n  \"n_head\": " << p.num_attention_heads()
-       << ",\n  \"n_inner\": " << p.ffn_hidden_size() << ",\n  \"activation_function\": \"gelu_new\""
-       << ",\n  \"layer_norm_epsilon\": " << number(p.norm_epsilon())
-       << ",\n  \"tie_word_embeddings\": true,\n  \"torch_dtype\": \"float32\"\n}\n";
+    c = {{"architectures", nlohmann::ordered_json::array({"GPT2LMHeadModel"})},
+         {"model_type", "gpt2"},
+         {"vocab_size", p.vocab_size()},
+         {"n_positions", p.max_position_embeddings()},
+         {"n_ctx", p.max_position_embeddings()},
+         {"n_embd", p.hidden_size()},
+         {"n_layer", p.num_layers()},
+         {"n_head", p.num_attention_heads()},
+         {"n_inner", p.ffn_hidden_size()},
+         {"activation_function", "gelu_new"},
+         {"layer_norm_epsilon", f32Decimal(p.norm_epsilon())},
+         {"tie_word_embeddings", true},
+         {"torch_dtype", "float32"}};
   } else {
     // Keys of transformers' LlamaConfig.
     int64_t headDim = p.num_attention_heads() ? p.hidden_size() / p.num_attention_heads() : 0;
-    os << "{\n  \"architectures\": [\"LlamaForCausalLM\"],\n  \"model_type\": \"llama\",\n"
-       << "  \"vocab_size\": " << p.vocab_size() << ",\n  \"hidden_size\": " << p.hidden_size()
-       << ",\n  \"intermediate_size\": " << p.ffn_hidden_size() << ",\n  \"num_hidden_layers\": " << p.num_layers()
-       << ",\n  \"num_attention_heads\": " << p.num_attention_heads()
-       << ",\n  \"num_key_value_heads\": " << p.num_key_value_heads() << ",\n  \"head_dim\": " << headDim
-       << ",\n  \"max_position_embeddings\": " << p.seq_length() << ",\n  \"rms_norm_eps\": " << number(p.norm_epsilon())
-       << ",\n  \"rope_theta\": " << number(p.rope_theta()) << ",\n  \"hidden_act\": \"silu\""
-       << ",\n  \"attention_bias\": false,\n  \"mlp_bias\": false"
-       << ",\n  \"tie_word_embeddings\": " << (p.tie_word_embeddings() ? "true" : "false")
-       << ",\n  \"torch_dtype\": \"float32\"\n}\n";
+    c = {{"architectures", nlohmann::ordered_json::array({"LlamaForCausalLM"})},
+         {"model_type", "llama"},
+         {"vocab_size", p.vocab_size()},
+         {"hidden_size", p.hidden_size()},
+         {"intermediate_size", p.ffn_hidden_size()},
+         {"num_hidden_layers", p.num_layers()},
+         {"num_attention_heads", p.num_attention_heads()},
+         {"num_key_value_heads", p.num_key_value_heads()},
+         {"head_dim", headDim},
+         {"max_position_embeddings", p.seq_length()},
+         {"rms_norm_eps", f32Decimal(p.norm_epsilon())},
+         {"rope_theta", f32Decimal(p.rope_theta())},
+         {"hidden_act", "silu"},
+         {"attention_bias", false},
+         {"mlp_bias", false},
+         {"tie_word_embeddings", p.tie_word_embeddings()},
+         {"torch_dtype", "float32"}};
   }
-  return os.str();
+  return c.dump(2) + "\n";
 }
 
 }  // namespace loom

@@ -5,71 +5,80 @@
 
 #include <atomic>
 #include <cerrno>
+#include <cstdint>
 #include <cstdio>
 #include <cstring>
-#include <fstream>
-#include <sstream>
+
+#include <nlohmann/json.hpp>
+
+#include "runtime/FileIO.h"
 
 namespace loom {
 namespace {
 
-std::string jsonEscape(const std::string &s) {
-  std::string out;
-  for (char c : s) {
-    if (c == '"' || c == '\\') out += '\\';
-    out += c;
-  }
-  return out;
+using nlohmann::json;
+
+// A header string fit for a one-line message: JSON escapes, no quotes around it.
+std::string shown(const std::string &s) {
+  std::string q = json(s).dump(-1, ' ', false, json::error_handler_t::replace);
+  return q.substr(1, q.size() - 2);
 }
 
-// A minimal reader of the safetensors header: objects, strings, integers, arrays.
-class Json {
- public:
-  explicit Json(const std::string &s) : s_(s) {}
-  bool ok() const { return ok_; }
+// Sizes and offsets: JSON integers from 0 to INT64_MAX.
+bool toIndex(const json &v, int64_t *out) {
+  if (!v.is_number_unsigned() || v.get<uint64_t>() > uint64_t(INT64_MAX)) return false;
+  *out = int64_t(v.get<uint64_t>());
+  return true;
+}
 
-  void ws() {
-    while (i_ < s_.size() && isspace((unsigned char)s_[i_])) ++i_;
-  }
-  bool eat(char c) {
-    ws();
-    if (i_ < s_.size() && s_[i_] == c) return ++i_, true;
-    return false;
-  }
-  std::string str() {
-    ws();
-    std::string out;
-    if (!eat('"')) return ok_ = false, out;
-    while (i_ < s_.size() && s_[i_] != '"') {
-      if (s_[i_] == '\\' && i_ + 1 < s_.size()) ++i_;
-      out += s_[i_++];
-    }
-    if (!eat('"')) ok_ = false;
-    return out;
-  }
-  int64_t num() {
-    ws();
-    size_t start = i_;
-    while (i_ < s_.size() && isdigit((unsigned char)s_[i_])) ++i_;  // sizes and offsets: no sign
-    if (start == i_ || i_ - start > 18) return ok_ = false, 0;
-    return std::strtoll(s_.substr(start, i_ - start).c_str(), nullptr, 10);
-  }
-  void fail() { ok_ = false; }
-  std::vector<int64_t> nums() {
-    std::vector<int64_t> out;
-    if (!eat('[')) return ok_ = false, out;
-    if (eat(']')) return out;
-    do out.push_back(num());
-    while (ok_ && eat(','));
-    if (!eat(']')) ok_ = false;
-    return out;
-  }
+bool toIndices(const json &v, std::vector<int64_t> *out) {
+  if (!v.is_array()) return false;
+  out->resize(v.size());
+  for (size_t i = 0; i < v.size(); ++i)
+    if (!toIndex(v[i], &(*out)[i])) return false;
+  return true;
+}
 
- private:
-  const std::string &s_;
-  size_t i_ = 0;
-  bool ok_ = true;
-};
+// One tensor entry {"dtype", "shape", "data_offsets"} and its bytes among the file's data.
+Status readTensor(const std::string &path, const std::string &name, const json &entry, const char *data,
+                  size_t dataSize, HostTensor *t) {
+  std::string tensor = "tensor '" + shown(name) + "'", where = path + ": " + tensor;
+  auto corrupt = [&](const char *what) {
+    return Status::error(path + ": corrupt safetensors header: " + tensor + " " + what);
+  };
+  if (!entry.is_object()) return corrupt("is not an object");
+  auto dtype = entry.find("dtype"), shapeAt = entry.find("shape"), offsetsAt = entry.find("data_offsets");
+  if (dtype == entry.end() || !dtype->is_string()) return corrupt("has no dtype string");
+  std::vector<int64_t> shape, offsets;
+  if (shapeAt == entry.end() || !toIndices(*shapeAt, &shape))
+    return corrupt("has no shape of non-negative integers");
+  if (offsetsAt == entry.end() || !toIndices(*offsetsAt, &offsets) || offsets.size() != 2)
+    return corrupt("has no data_offsets of two non-negative integers");
+  const std::string &type = dtype->get_ref<const std::string &>();
+  if (type != "F32" && type != "I32") return Status::error(where + " has dtype " + shown(type) + " (Loom reads F32 and I32)");
+  // Element count without overflow: every dimension bounded by the data it must fit in.
+  int64_t numel = 1;
+  for (int64_t d : shape) {
+    if (d > 0 && numel > int64_t(dataSize) / 4 / d)
+      return Status::error(where + " has a shape larger than the file (corrupt)");
+    numel *= d;
+  }
+  int64_t bytesNeeded = numel * 4;
+  if (offsets[0] > offsets[1] || offsets[1] > int64_t(dataSize) || offsets[1] - offsets[0] != bytesNeeded)
+    return Status::error(where + " lies outside the file (truncated or corrupt)");
+  *t = HostTensor{std::move(shape)};
+  t->isInt = type == "I32";
+  char *to;
+  if (t->isInt) {
+    t->ints.resize(numel);
+    to = reinterpret_cast<char *>(t->ints.data());
+  } else {
+    t->data.resize(numel);
+    to = reinterpret_cast<char *>(t->data.data());
+  }
+  if (bytesNeeded > 0) std::memcpy(to, data + offsets[0], bytesNeeded);
+  return Status::ok();
+}
 
 }  // namespace
 
@@ -77,16 +86,21 @@ Status writeFileAtomically(const std::string &path, const std::string &bytes) {
   return writeFileAtomically(path, std::vector<std::pair<const char *, size_t>>{{bytes.data(), bytes.size()}});
 }
 
-Status writeFileAtomically(const std::string &path, const std::vector<std::pair<const char *, size_t>> &chunks) {
+Status writeFileAtomically(const std::string &path, const std::vector<std::pair<const char *, size_t>> &chunks,
+                           const ByteProgress &progress) {
   // Unique per process and call: writers of the same path never share a temporary file.
   static std::atomic<uint64_t> counter{0};
   std::string tmp = path + ".tmp." + std::to_string(::getpid()) + "." + std::to_string(counter++);
   int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
   if (fd < 0) return Status::error(tmp + ": cannot create: " + std::strerror(errno));
+  int64_t total = 0, written = 0;
+  for (auto [data, size] : chunks) total += int64_t(size);
+  constexpr size_t kPiece = size_t(64) << 20;  // progress at least every 64 MiB
   for (auto [data, size] : chunks) {
     size_t done = 0;
     while (done < size) {
-      ssize_t w = ::write(fd, data + done, size - done);
+      if (progress) progress(written, total);
+      ssize_t w = ::write(fd, data + done, std::min(size - done, kPiece));
       if (w < 0 && errno == EINTR) continue;
       if (w < 0) {
         ::close(fd);
@@ -94,8 +108,10 @@ Status writeFileAtomically(const std::string &path, const std::vector<std::pair<
         return Status::error(tmp + ": write failed: " + std::strerror(errno));
       }
       done += size_t(w);
+      written += w;
     }
   }
+  if (progress) progress(written, total);
   bool synced = ::fsync(fd) == 0;
   bool closed = ::close(fd) == 0;
   if (!synced || !closed) {
@@ -118,106 +134,64 @@ Status writeFileAtomically(const std::string &path, const std::vector<std::pair<
 // The header first (the offsets follow from the sizes), then each tensor's bytes straight from
 // the tensor: no second copy of the data in memory (a checkpoint shard's peak memory would
 // otherwise triple while it is written).
-Status writeSafetensors(const std::string &path, const SafetensorsFile &file) {
-  std::string header = "{";
-  bool first = true;
-  if (!file.metadata.empty()) {
-    header += "\"__metadata__\":{";
-    for (auto &[k, v] : file.metadata) {
-      header += (first ? "" : ",") + std::string("\"") + jsonEscape(k) + "\":\"" + jsonEscape(v) + "\"";
-      first = false;
-    }
-    header += "}";
-  }
+Status writeSafetensors(const std::string &path, const SafetensorsFile &file, const ByteProgress &progress) {
+  nlohmann::ordered_json header = nlohmann::ordered_json::object();  // keys in the order written
+  if (!file.metadata.empty()) header["__metadata__"] = file.metadata;
   std::vector<std::pair<const char *, size_t>> chunks(2);
   size_t offset = 0;
   for (auto &[name, t] : file.tensors) {
+    if (name == "__metadata__") return Status::error(path + ": a tensor cannot be named __metadata__");
     const char *data = t.isInt ? reinterpret_cast<const char *>(t.ints.data()) : reinterpret_cast<const char *>(t.data.data());
     size_t size = (t.isInt ? t.ints.size() : t.data.size()) * 4;
     chunks.push_back({data, size});
-    std::string shape;
-    for (int64_t d : t.shape) shape += (shape.empty() ? "" : ",") + std::to_string(d);
-    header += std::string(header.size() > 1 ? "," : "") + "\"" + jsonEscape(name) + "\":{\"dtype\":\"" +
-              (t.isInt ? "I32" : "F32") + "\",\"shape\":[" + shape + "],\"data_offsets\":[" + std::to_string(offset) +
-              "," + std::to_string(offset + size) + "]}";
+    header[name] = {{"dtype", t.isInt ? "I32" : "F32"},
+                    {"shape", t.shape},
+                    {"data_offsets", nlohmann::ordered_json::array({offset, offset + size})}};
     offset += size;
   }
-  header += "}";
-  while (header.size() % 8) header += ' ';
-  uint64_t len = header.size();
+  std::string text;
+  try {
+    text = header.dump();
+  } catch (const json::type_error &) {  // a name or value that is not UTF-8
+    return Status::error(path + ": cannot write: a tensor name or metadata entry is not valid UTF-8");
+  }
+  while (text.size() % 8) text += ' ';
+  uint64_t len = text.size();
   chunks[0] = {reinterpret_cast<const char *>(&len), 8};
-  chunks[1] = {header.data(), header.size()};
-  return writeFileAtomically(path, chunks);
+  chunks[1] = {text.data(), text.size()};
+  return writeFileAtomically(path, chunks, progress);
 }
 
-Status readSafetensors(const std::string &path, SafetensorsFile *file) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return Status::error(path + ": cannot open");
-  std::stringstream ss;
-  ss << in.rdbuf();
-  std::string bytes = ss.str();
+Status readSafetensors(const std::string &path, SafetensorsFile *file, const ByteProgress &progress) {
+  std::string bytes;
+  LOOM_RETURN_IF_ERROR(readWholeFile(path, "the safetensors file", &bytes, progress));
   if (bytes.size() < 8) return Status::error(path + ": truncated (no header)");
   uint64_t len;
   std::memcpy(&len, bytes.data(), 8);
   if (len > bytes.size() - 8) return Status::error(path + ": truncated or corrupt header length");
-  std::string header = bytes.substr(8, len);
-  const char *data = bytes.data() + 8 + len;
+  const char *begin = bytes.data() + 8, *data = begin + len;
   size_t dataSize = bytes.size() - 8 - len;
-  Json j(header);
-  Status corrupt = Status::error(path + ": corrupt safetensors header");
-  if (!j.eat('{')) return corrupt;
-  if (j.eat('}')) return Status::ok();
-  do {
-    std::string name = j.str();
-    if (!j.ok() || !j.eat(':')) return corrupt;
-    if (name == "__metadata__") {
-      if (!j.eat('{')) return corrupt;
-      if (!j.eat('}')) {
-        do {
-          std::string k = j.str();
-          if (!j.eat(':')) return corrupt;
-          file->metadata[k] = j.str();
-        } while (j.ok() && j.eat(','));
-        if (!j.ok() || !j.eat('}')) return corrupt;
+  std::string corrupt = path + ": corrupt safetensors header";
+  json header;
+  try {
+    header = json::parse(begin, data);
+  } catch (const json::parse_error &e) {
+    return Status::error(corrupt + ": not JSON (at byte " + std::to_string(e.byte) + ")");
+  }
+  if (!header.is_object()) return Status::error(corrupt + ": not a JSON object");
+  for (auto &[name, entry] : header.items()) {
+    if (name == "__metadata__") {  // free-form text: string values only
+      if (!entry.is_object()) return Status::error(corrupt + ": __metadata__ is not an object");
+      for (auto &[k, v] : entry.items()) {
+        if (!v.is_string()) return Status::error(corrupt + ": __metadata__ '" + shown(k) + "' is not a string");
+        file->metadata[k] = v.get<std::string>();
       }
       continue;
     }
-    if (!j.eat('{')) return corrupt;
-    std::string dtype;
-    std::vector<int64_t> shape, offsets;
-    do {
-      std::string key = j.str();
-      if (!j.eat(':')) return corrupt;
-      if (key == "dtype") dtype = j.str();
-      else if (key == "shape") shape = j.nums();
-      else if (key == "data_offsets") offsets = j.nums();
-      else j.str();
-    } while (j.ok() && j.eat(','));
-    if (!j.ok() || !j.eat('}') || offsets.size() != 2) return corrupt;
-    if (dtype != "F32" && dtype != "I32")
-      return Status::error(path + ": tensor '" + name + "' has dtype " + dtype + " (Loom reads F32 and I32)");
-    // Element count without overflow: every dimension bounded by the data it must fit in.
-    int64_t numel = 1;
-    for (int64_t d : shape) {
-      if (d < 0 || (d > 0 && numel > int64_t(dataSize) / 4 / d))
-        return Status::error(path + ": tensor '" + name + "' has a shape larger than the file (corrupt)");
-      numel *= d;
-    }
-    HostTensor t{shape};
-    int64_t bytesNeeded = numel * 4;
-    if (offsets[0] > offsets[1] || offsets[1] > int64_t(dataSize) || offsets[1] - offsets[0] != bytesNeeded)
-      return Status::error(path + ": tensor '" + name + "' lies outside the file (truncated or corrupt)");
-    t.isInt = dtype == "I32";
-    if (t.isInt) {
-      t.ints.resize(t.numel());
-      if (bytesNeeded > 0) std::memcpy(t.ints.data(), data + offsets[0], bytesNeeded);
-    } else {
-      t.data.resize(t.numel());
-      if (bytesNeeded > 0) std::memcpy(t.data.data(), data + offsets[0], bytesNeeded);
-    }
+    HostTensor t;
+    LOOM_RETURN_IF_ERROR(readTensor(path, name, entry, data, dataSize, &t));
     file->tensors[name] = std::move(t);
-  } while (j.ok() && j.eat(','));
-  if (!j.ok() || !j.eat('}')) return corrupt;
+  }
   return Status::ok();
 }
 

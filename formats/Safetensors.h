@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "runtime/FileIO.h"
 #include "runtime/Status.h"
 #include "runtime/Tensor.h"
 
@@ -18,12 +19,15 @@ struct SafetensorsFile {
   std::map<std::string, std::string> metadata;
 };
 
-Status writeSafetensors(const std::string &path, const SafetensorsFile &file);
-Status readSafetensors(const std::string &path, SafetensorsFile *file);
+// `progress` (optional): bytes written or read so far, of the file's size (a large
+// checkpoint's progress line).
+Status writeSafetensors(const std::string &path, const SafetensorsFile &file, const ByteProgress &progress = {});
+Status readSafetensors(const std::string &path, SafetensorsFile *file, const ByteProgress &progress = {});
 
 // Writes bytes to path through path.tmp, fsync and rename: a reader never sees half a file.
 Status writeFileAtomically(const std::string &path, const std::string &bytes);
 // The same for data in pieces (written in order, none copied).
-Status writeFileAtomically(const std::string &path, const std::vector<std::pair<const char *, size_t>> &chunks);
+Status writeFileAtomically(const std::string &path, const std::vector<std::pair<const char *, size_t>> &chunks,
+                           const ByteProgress &progress = {});
 
 }  // namespace loom

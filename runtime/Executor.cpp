@@ -97,6 +97,8 @@ class Run {
       if (ctx_.testStallOp && in.stream() == plan::COMPUTE && in.op() == ctx_.testStallOp)
         for (;;) std::this_thread::sleep_for(std::chrono::hours(1));  // a kernel that never returns
       Status st = instruction(in);
+      if (ctx_.testSlowdown > 0 && in.stream() == plan::COMPUTE && !planattr::isCommunication(in.op()))
+        std::this_thread::sleep_for((std::chrono::steady_clock::now() - start) * ctx_.testSlowdown);
       if (ctx_.progress) ctx_.progress->finished(prog_, i);
       if (ctx_.trace) ctx_.trace->record(prog_, in, ctx_.traceMicroBatch, start, std::chrono::steady_clock::now());
       std::lock_guard<std::mutex> lock(mu_);

@@ -46,6 +46,10 @@ struct ExecutionContext {
   // Fault injection for the hang tests: the first compute instruction with this op never
   // finishes (null: none).
   const char *testStallOp = nullptr;
+  // Fault injection for the straggler report: each compute-stream kernel is followed by a
+  // sleep of this many times its own duration (0: none), inside the instruction, so the rank
+  // is that much slower at its own work.
+  double testSlowdown = 0;
 };
 
 // One argument's storage, owned by the caller: fp32 (f) or int32 (i) elements, read, or

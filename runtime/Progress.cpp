@@ -13,7 +13,7 @@ int64_t Progress::callNumber(const plan::Instruction &in) {
 void Progress::started(const plan::Program &program, int mb, int index) {
   const plan::Instruction &in = program.instructions(index);
   std::lock_guard<std::mutex> lock(mu_);
-  stream_[int(in.stream()) & 3] = InFlight{&program, mb, index, callNumber(in)};
+  stream_[int(in.stream()) & 3] = InFlight{&program, mb, index, callNumber(in), std::chrono::steady_clock::now()};
 }
 
 void Progress::finished(const plan::Program &program, int index) {
@@ -21,7 +21,17 @@ void Progress::finished(const plan::Program &program, int index) {
   std::lock_guard<std::mutex> lock(mu_);
   ++completed_;
   InFlight &f = stream_[int(in.stream()) & 3];
-  if (f.program == &program && f.index == index) f.program = nullptr;
+  if (f.program == &program && f.index == index) {
+    if (!planattr::isCommunication(in.op()))
+      computeSeconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - f.start).count();
+    timed_ = true;
+    f.program = nullptr;
+  }
+}
+
+double Progress::computeSeconds() {
+  std::lock_guard<std::mutex> lock(mu_);
+  return timed_ ? computeSeconds_ : -1;
 }
 
 void Progress::issued(const plan::Program &program, int mb, int index, int64_t run, CompletionProbe *probe,

@@ -11,6 +11,7 @@
 // the previous run queued) or on an instruction of another stream (its wait_for).
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <deque>
 #include <map>
@@ -43,6 +44,11 @@ class Progress {
   // Between programs the rank may still wait on communication outside any instruction (the
   // end of a step waits for its pipeline sends to be delivered): `what` ("" when done).
   void waitingOutside(const std::string &what);
+  // Seconds spent so far in instructions reported through started/finished that are not
+  // communication (kernels, not collectives or send/recv waits): the rank's own work, which
+  // is what tells a slow rank from the ranks waiting for it (the straggler report). -1 when no
+  // instruction was timed (a backend that only reports issued instructions: CUDA).
+  double computeSeconds();
 
   struct Report {
     int64_t completed = 0;  // instructions finished since the start
@@ -58,6 +64,7 @@ class Progress {
     const plan::Program *program = nullptr;
     int mb = -1, index = -1;
     int64_t call = -1;  // a collective's number among its group's calls
+    std::chrono::steady_clock::time_point start;
   };
   struct Issued {
     InFlight at;
@@ -75,6 +82,8 @@ class Progress {
   std::deque<Issued> issued_[4];          // per stream, in issue order
   std::map<std::string, int64_t> calls_;  // group -> collectives started
   std::string outside_;                   // a wait between programs
+  double computeSeconds_ = 0;
+  bool timed_ = false;
 };
 
 }  // namespace loom

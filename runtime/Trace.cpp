@@ -1,9 +1,11 @@
 #include "runtime/Trace.h"
 
-#include <cstdio>
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <map>
+
+#include <nlohmann/json.hpp>
 
 #include "runtime/PlanAttributes.h"
 
@@ -19,15 +21,13 @@ const char *streamName(int s) {
   }
 }
 
-// Names in the trace are loom op, program and group names: letters, digits, '_' and '.'.
-std::string quoted(const std::string &s) {
-  std::string out = "\"";
-  for (char c : s) {
-    if (c == '"' || c == '\\') out += '\\';
-    out += c;
-  }
-  return out + "\"";
-}
+using Json = nlohmann::ordered_json;  // fields in the order written
+
+// Microseconds to the nanosecond: shorter lines than the double's full expansion.
+double micros(double us) { return std::round(us * 1000) / 1000; }
+
+// One compact line; a name that is not UTF-8 is written with U+FFFD rather than refused.
+std::string line(const Json &j) { return j.dump(-1, ' ', false, Json::error_handler_t::replace); }
 
 }  // namespace
 
@@ -57,34 +57,43 @@ Status TraceRecorder::write(const std::string &path, const plan::RankPlan &plan)
   std::error_code ec;
   std::filesystem::create_directories(std::filesystem::path(path).parent_path(), ec);
   std::string tmp = path + ".tmp";
+  Json other = {{"rank", plan.rank()}, {"plan_collectives_per_step", Json::object()}};
+  for (const plan::CollectiveTotal &c : plan.collectives())
+    other["plan_collectives_per_step"][c.kind()] = {{"count", c.count()}, {"bytes", c.bytes()}};
   {
+    // {"displayTimeUnit", "traceEvents": [...], "otherData"}, the events streamed one per line
+    // so that a long trace is never held a second time as JSON values.
     std::ofstream out(tmp);
-    out << "{\"displayTimeUnit\": \"ms\", \"traceEvents\": [\n";
+    out << "{\"displayTimeUnit\":\"ms\",\"traceEvents\":[\n";
     for (int s = 0; s < 4; ++s)  // stream threads named as the plan's streams
-      out << "{\"ph\": \"M\", \"name\": \"thread_name\", \"pid\": " << plan.rank() << ", \"tid\": " << s
-          << ", \"args\": {\"name\": \"" << streamName(s) << "\"}},\n";
+      out << line({{"ph", "M"}, {"name", "thread_name"}, {"pid", plan.rank()}, {"tid", s},
+                   {"args", {{"name", streamName(s)}}}})
+          << ",\n";
+    // One event value refilled for every instruction: building a fresh one per event costs
+    // about three times as much on a long trace.
+    Json event = {{"ph", "X"}, {"name", ""}, {"cat", ""}, {"pid", plan.rank()}, {"tid", 0}, {"ts", 0.0}, {"dur", 0.0},
+                  {"args", {{"program", ""}, {"micro_batch", 0}, {"layer", 0}, {"group", ""}, {"bytes", 0}}}};
+    Json &args = event["args"];
     std::lock_guard<std::mutex> lock(mu_);
-    char num[64];
     for (size_t i = 0; i < events_.size(); ++i) {
       const Event &e = events_[i];
       const plan::Instruction &in = *e.instruction;
       std::string group = planattr::str(in, "group");
       if (group.empty()) group = planattr::str(in, "vocab_parallel_group");
       int stream = int(in.stream());
-      std::snprintf(num, sizeof num, "%.3f, \"dur\": %.3f", e.startUs, e.durationUs);
-      out << "{\"ph\": \"X\", \"name\": " << quoted(in.op()) << ", \"cat\": \"" << streamName(stream)
-          << "\", \"pid\": " << plan.rank() << ", \"tid\": " << stream << ", \"ts\": " << num
-          << ", \"args\": {\"program\": " << quoted(e.program->name()) << ", \"micro_batch\": " << e.mb
-          << ", \"layer\": " << in.layer() << ", \"group\": " << quoted(group) << ", \"bytes\": " << in.bytes_moved()
-          << "}}"
-          << (i + 1 < events_.size() ? ",\n" : "\n");
+      event["name"] = in.op();
+      event["cat"] = streamName(stream);
+      event["tid"] = stream;
+      event["ts"] = micros(e.startUs);
+      event["dur"] = micros(e.durationUs);
+      args["program"] = e.program->name();
+      args["micro_batch"] = e.mb;
+      args["layer"] = in.layer();
+      args["group"] = std::move(group);
+      args["bytes"] = in.bytes_moved();
+      out << line(event) << (i + 1 < events_.size() ? ",\n" : "\n");
     }
-    out << "],\n\"otherData\": {\"rank\": " << plan.rank() << ", \"plan_collectives_per_step\": {";
-    for (int i = 0; i < plan.collectives_size(); ++i) {
-      const plan::CollectiveTotal &c = plan.collectives(i);
-      out << (i ? ", " : "") << quoted(c.kind()) << ": {\"count\": " << c.count() << ", \"bytes\": " << c.bytes() << "}";
-    }
-    out << "}}}\n";
+    out << "],\n\"otherData\":" << line(other) << "}\n";
     if (!out) return Status::error(path + ": cannot write the trace");
   }
   std::filesystem::rename(tmp, path, ec);

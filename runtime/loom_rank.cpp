@@ -31,6 +31,7 @@
 #include "formats/HfLlama.h"
 #include "runtime/PlanVersion.h"
 #include "runtime/CpuBackend.h"
+#include "runtime/RankFlags.h"
 #include "runtime/cuda/Precision.h"
 #ifdef LOOM_WITH_CUDA  // a build with the CUDA toolkit (third_party/cuda_configure.bzl)
 #include "runtime/cuda/CudaKernels.h"
@@ -39,7 +40,7 @@
 #include "runtime/cuda/PipelineLinks.h"
 #endif
 #include "runtime/control/CoordinatorClient.h"
-#include "runtime/control/Flags.h"
+#include "runtime/control/CommandLine.h"
 #include "data/GptDataset.h"
 #include "train/Trainer.h"
 #include "train/TrainingLoop.h"
@@ -88,7 +89,7 @@ void heartbeatLoop(RankJob *job, double deadSeconds) {
 
 #ifdef LOOM_WITH_CUDA
 // --gpu N, or the rank's turn among this machine's GPUs (rank % count, as one process per GPU).
-loom::Status selectGpu(loom::Flags &flags, int rank, int pipelineStages) {
+loom::Status selectGpu(int rank, int pipelineStages) {
   // Without pipeline stages: one hardware queue, so kernels start in the order they are issued
   // across streams, and the tensor-parallel collectives and the overlapped data-parallel
   // buckets reach the GPU in the same order on every rank, which concurrent NCCL communicators
@@ -100,8 +101,8 @@ loom::Status selectGpu(loom::Flags &flags, int rank, int pipelineStages) {
   if (!loom::cuda::deviceAvailable(&why)) return loom::Status::error(std::string("--device cuda: ") + why);
   int count = 0;
   cudaGetDeviceCount(&count);
-  int64_t gpu = flags.integer("gpu", rank % count);
-  if (!flags.ok() || gpu < 0 || gpu >= count)
+  int64_t gpu = loom::rankflags::gpu.getNumOccurrences() ? int64_t(loom::rankflags::gpu) : rank % count;
+  if (gpu < 0 || gpu >= count)
     return loom::Status::error("--gpu " + std::to_string(gpu) + ": this machine has " + std::to_string(count) + " GPUs");
   cudaError_t err = cudaSetDevice(int(gpu));
   if (err != cudaSuccess) return loom::Status::error("cudaSetDevice(" + std::to_string(gpu) + "): " + cudaGetErrorString(err));
@@ -133,86 +134,101 @@ constexpr char kUsage[] =
     "    security:    [--tls-ca CA.pem] [--tls-cert RANK.pem --tls-key RANK.key]\n"
     "    metrics:     [--tensorboard-dir DIR] [--metrics-file FILE.jsonl] (Megatron's scalar names)\n"
     "    tests:       [--dump-grads DIR] [--dump-batches DIR] [--loss-log FILE] [--trace DIR]\n"
-    "                 [--connect-timeout 20] [--comm-timeout 30]";
+    "                 [--connect-timeout 20] [--comm-timeout 30]\n";
+
+namespace rf = loom::rankflags;
+namespace cl = llvm::cl;
+
+// Which job and rank this process is: loomrun sets these for each rank it starts (the training
+// flags, which loomrun also accepts and passes on, are in runtime/RankFlags.cpp).
+cl::opt<std::string> coordinator("coordinator", cl::desc("the job's coordinator (loom-coord), required"),
+                                 cl::value_desc("HOST:PORT"), cl::cat(rf::category));
+cl::opt<int> rankFlag("rank", cl::desc("this process's rank in the job, required"), cl::value_desc("R"),
+                      cl::init(-1), cl::cat(rf::category));
+cl::opt<std::string> tokenFlag("token", cl::desc("the job token (default: $LOOM_TOKEN)"), cl::value_desc("T"),
+                               cl::cat(rf::category));
+cl::opt<std::string> tlsCert("tls-cert", cl::desc("this rank's certificate, for a mutual-TLS coordinator"),
+                             cl::value_desc("RANK.pem"), cl::cat(rf::category));
+cl::opt<std::string> tlsKey("tls-key", cl::desc("the key of --tls-cert"), cl::value_desc("RANK.key"),
+                            cl::cat(rf::category));
+cl::opt<std::string> tlsCa("tls-ca", cl::desc("the CA that signed the coordinator's certificate (a TLS coordinator)"),
+                           cl::value_desc("CA.pem"), cl::cat(rf::category));
 
 int main(int argc, char **argv) {
   loom::control::silenceGrpcLogging();
-  loom::Flags flags(argc, argv, "loom-rank",
-                    {"coordinator", "rank", "steps", "lr", "min-lr", "warmup", "decay-iters", "clip-grad",
-                     "weight-decay", "adam-beta1", "adam-beta2", "adam-eps", "log-interval", "seed", "address",
-                     "threads", "dump-grads", "token", "connect-timeout", "comm-timeout", "data-prefix",
-                     "valid-fraction", "eval-interval", "eval-iters", "save", "save-interval", "init-from",
-                     "export", "loss-log", "dump-batches", "device", "precision", "gpu", "attention", "trace", "tls-cert",
-                     "tls-key", "tls-ca", "tensorboard-dir", "metrics-file"},
-                    {"resume", "strict-resume"});
-  if (flags.help(kUsage)) return 0;
-  if (!flags.ok()) return 2;
-  if (!flags.has("coordinator") || !flags.has("rank")) return flags.fail("--coordinator HOST:PORT and --rank R are required");
-  int rank = int(flags.integer("rank", -1));
-  if (!flags.ok()) return 2;
-  std::string token = flags.get("token", std::getenv("LOOM_TOKEN") ? std::getenv("LOOM_TOKEN") : "");
-  if (token.empty()) return flags.fail("no job token: set LOOM_TOKEN (loom-coord prints it) or pass --token");
+  if (!loom::parseCommandLine(argc, argv, kUsage, {&rf::category})) return 2;
+  auto usageError = [](const std::string &msg) {
+    std::fprintf(stderr, "loom-rank: error: %s\n", msg.c_str());
+    return 1;
+  };
+  if (!coordinator.getNumOccurrences() || !rankFlag.getNumOccurrences())
+    return usageError("--coordinator HOST:PORT and --rank R are required");
+  int rank = rankFlag;
+  const char *envToken = std::getenv("LOOM_TOKEN");
+  std::string token = tokenFlag.getNumOccurrences() ? tokenFlag : std::string(envToken ? envToken : "");
+  if (token.empty()) return usageError("no job token: set LOOM_TOKEN (loom-coord prints it) or pass --token");
   std::string tool = "loom-rank " + std::to_string(rank);
-  if (flags.has("threads")) openblas_set_num_threads(int(flags.integer("threads", 1)));
+  if (rf::threads.getNumOccurrences()) openblas_set_num_threads(int(rf::threads));
 
   loom::control::TlsMaterial tls;
-  if (loom::Status s = loom::control::loadTls({flags.get("tls-cert"), flags.get("tls-key"), flags.get("tls-ca")}, &tls);
-      !s.isOk())
-    return flags.fail(s.message());
-  loom::control::CoordinatorClient client(flags.get("coordinator"), token, tls);
+  if (loom::Status s = loom::control::loadTls({tlsCert, tlsKey, tlsCa}, &tls); !s.isOk())
+    return usageError(s.message());
+  loom::control::CoordinatorClient client(coordinator, token, tls);
   loom::control::RegisterReply reg;
-  double connectTimeout = flags.number("connect-timeout", 20), commTimeout = flags.number("comm-timeout", 30);
-  uint64_t seed = uint64_t(flags.integer("seed", 1234));
-  double validFraction = flags.number("valid-fraction", 0.05);
-  loom::TrainerOptions topt{seed, {}, flags.get("dump-batches")};
+  double connectTimeout = rf::connectTimeout, commTimeout = rf::commTimeout;
+  uint64_t seed = uint64_t(int64_t(rf::seed));
+  double validFraction = rf::validFraction;
+  loom::TrainerOptions topt{seed, {}, rf::dumpBatches};
   loom::TraceRecorder trace;
-  if (flags.has("trace")) topt.trace = &trace;
-  topt.adam.beta1 = flags.number("adam-beta1", 0.9);
-  topt.adam.beta2 = flags.number("adam-beta2", 0.95);
-  topt.adam.eps = flags.number("adam-eps", 1e-8);
-  topt.adam.weightDecay = flags.number("weight-decay", 0.1);
+  if (rf::trace.getNumOccurrences()) topt.trace = &trace;
+  topt.adam.beta1 = rf::adamBeta1;
+  topt.adam.beta2 = rf::adamBeta2;
+  topt.adam.eps = rf::adamEps;
+  topt.adam.weightDecay = rf::weightDecay;
   loom::TrainingOptions lopt;
-  lopt.trainIters = flags.integer("steps", 1);
-  lopt.lr.maxLr = flags.number("lr", 3e-4);
-  lopt.lr.minLr = flags.number("min-lr", lopt.lr.maxLr / 10);
-  lopt.lr.warmupIters = flags.integer("warmup", 0);
-  lopt.lr.decayIters = flags.integer("decay-iters", 0);
-  lopt.clipGrad = flags.number("clip-grad", 1.0);
-  lopt.logInterval = std::max<int64_t>(1, flags.integer("log-interval", 1));
-  lopt.evalInterval = flags.integer("eval-interval", 0);
-  lopt.evalIters = std::max<int64_t>(1, flags.integer("eval-iters", 1));
-  lopt.save = flags.get("save");
-  lopt.saveInterval = flags.integer("save-interval", 0);
-  lopt.resume = flags.has("resume") || flags.has("strict-resume");
-  lopt.strictResume = flags.has("strict-resume");
-  lopt.dumpGrads = flags.get("dump-grads");
-  lopt.exportPath = flags.get("export");
-  lopt.lossLog = flags.get("loss-log");
-  lopt.tensorboardDir = flags.get("tensorboard-dir");
-  lopt.metricsFile = flags.get("metrics-file");
-  if (!flags.ok()) return 2;
-  if (lopt.trainIters < 0) return flags.fail("--steps must be >= 0");
-  if (lopt.resume && lopt.save.empty()) return flags.fail("--resume and --strict-resume need --save DIR (where the checkpoints are)");
+  lopt.trainIters = rf::steps;
+  lopt.lr.maxLr = rf::lr;
+  lopt.lr.minLr = rf::minLr.getNumOccurrences() ? double(rf::minLr) : lopt.lr.maxLr / 10;
+  lopt.lr.warmupIters = rf::warmup;
+  lopt.lr.decayIters = rf::decayIters;
+  lopt.clipGrad = rf::clipGrad;
+  lopt.logInterval = std::max<int64_t>(1, rf::logInterval);
+  lopt.evalInterval = rf::evalInterval;
+  lopt.evalIters = std::max<int64_t>(1, rf::evalIters);
+  lopt.save = rf::save;
+  lopt.saveInterval = rf::saveInterval;
+  lopt.resume = rf::resume || rf::strictResume;
+  lopt.strictResume = rf::strictResume;
+  lopt.dumpGrads = rf::dumpGrads;
+  lopt.exportPath = rf::exportPath;
+  lopt.lossLog = rf::lossLog;
+  lopt.tensorboardDir = rf::tensorboardDir;
+  lopt.metricsFile = rf::metricsFile;
+  if (lopt.trainIters < 0) return usageError("--steps must be >= 0");
+  if (lopt.resume && lopt.save.empty())
+    return usageError("--resume and --strict-resume need --save DIR (where the checkpoints are)");
   // --device cuda: the step on this rank's GPU (runtime/cuda/CudaBackend.h).
-  std::string device = flags.get("device", "cpu");
-  if (device != "cpu" && device != "cuda") return flags.fail("--device " + device + ": expected cpu or cuda");
-  std::string precision = flags.get("precision", device == "cuda" ? "bf16" : "fp32");
+  std::string device = rf::device;
+  if (device != "cpu" && device != "cuda") return usageError("--device " + device + ": expected cpu or cuda");
+  std::string precision = rf::precision.getNumOccurrences() ? std::string(rf::precision)
+                          : device == "cuda"                 ? "bf16"
+                                                             : "fp32";
   loom::cuda::Precision computePrecision;
   if (!loom::cuda::parsePrecision(precision, &computePrecision))
-    return flags.fail("--precision " + precision + ": expected fp32, bf16 or fp16");
+    return usageError("--precision " + precision + ": expected fp32, bf16 or fp16");
   if (device == "cpu" && computePrecision != loom::cuda::Precision::kFp32)
-    return flags.fail("--precision " + precision + ": the CPU backend computes in fp32 (use --device cuda)");
-  if (device == "cpu" && flags.has("gpu")) return flags.fail("--gpu needs --device cuda");
-  if (device == "cpu" && flags.has("attention")) return flags.fail("--attention needs --device cuda");
+    return usageError("--precision " + precision + ": the CPU backend computes in fp32 (use --device cuda)");
+  if (device == "cpu" && rf::gpu.getNumOccurrences()) return usageError("--gpu needs --device cuda");
+  if (device == "cpu" && rf::attention.getNumOccurrences()) return usageError("--attention needs --device cuda");
   topt.lossScaling = computePrecision == loom::cuda::Precision::kFp16;  // fp16: dynamic loss scaling
 #ifdef LOOM_WITH_CUDA
   loom::cuda::CudaExecutorOptions copt;
   copt.precision = computePrecision;
-  if (!loom::cuda::parseAttentionKernel(flags.get("attention", "auto"), &copt.attention))
-    return flags.fail("--attention " + flags.get("attention") + ": expected auto, unfused or flash");
+  if (!loom::cuda::parseAttentionKernel(rf::attention, &copt.attention))
+    return usageError("--attention " + rf::attention + ": expected auto, unfused or flash");
 #else
   if (device == "cuda")
-    return flags.fail("--device cuda: this loom-rank was built without the CUDA backend (no CUDA toolkit when it "
+    return usageError("--device cuda: this loom-rank was built without the CUDA backend (no CUDA toolkit when it "
                       "was built; install CUDA 13 at /usr/local/cuda and rebuild)");
 #endif
   loom::Status s = client.connect(rank, connectTimeout, &reg);
@@ -263,7 +279,7 @@ int main(int argc, char **argv) {
 
   loom::control::CoordinatorStore store(client);
   std::unique_ptr<loom::GlooCollectives> collectives;
-  if (s = loom::GlooCollectives::create(plan, store, flags.get("address", "127.0.0.1"), commTimeout, &collectives);
+  if (s = loom::GlooCollectives::create(plan, store, rf::address, commTimeout, &collectives);
       !s.isOk())
     return fail(s.message());
   if (s = client.barrier("ready", rank, 60000); !s.isOk()) return fail(s.message());
@@ -271,11 +287,11 @@ int main(int argc, char **argv) {
   // Training and validation samples: the indexed dataset's two splits, or synthetic tokens.
   std::unique_ptr<loom::DataSource> train, valid;
   loom::IndexedDataset corpus;
-  if (flags.has("data-prefix")) {
-    if (s = loom::IndexedDataset::open(flags.get("data-prefix"), &corpus); !s.isOk()) return fail(s.message());
+  if (rf::dataPrefix.getNumOccurrences()) {
+    if (s = loom::IndexedDataset::open(rf::dataPrefix, &corpus); !s.isOk()) return fail(s.message());
     double fraction = validFraction;
     auto t = std::make_unique<loom::GptDataset>(corpus, loom::GptDataset::Split::kTrain, fraction, plan.seq_length(), seed);
-    if (t->samplesPerEpoch() == 0) return fail(flags.get("data-prefix") + ": too few tokens for one sample");
+    if (t->samplesPerEpoch() == 0) return fail(rf::dataPrefix + ": too few tokens for one sample");
     train = std::move(t);
     valid = std::make_unique<loom::GptDataset>(corpus, loom::GptDataset::Split::kValidation, fraction,
                                                plan.seq_length(), seed);
@@ -290,7 +306,7 @@ int main(int argc, char **argv) {
   std::unique_ptr<loom::cuda::NcclGroups> nccl;
   std::unique_ptr<loom::cuda::PipelineLinks> links;
   if (device == "cuda") {
-    if (s = selectGpu(flags, rank, plan.p()); !s.isOk()) return fail(s.message());
+    if (s = selectGpu(rank, plan.p()); !s.isOk()) return fail(s.message());
     loom::ParallelLayout layout{plan.t(), plan.p(), plan.d()};
     if (s = loom::cuda::NcclGroups::create(&client, layout, rank, int64_t(commTimeout * 1000), &nccl); !s.isOk())
       return fail(s.message());
@@ -317,19 +333,26 @@ int main(int argc, char **argv) {
     long long stallStep = -1;
     if (std::sscanf(stall, "%d:%lld", &stallRank, &stallStep) == 2 && stallRank == rank) topt.stallStep = stallStep;
   }
+  // For the straggler report's test: LOOM_TEST_SLOW=RANK:X makes that rank's kernels take 1 + X
+  // times as long (CPU backend).
+  if (const char *slow = std::getenv("LOOM_TEST_SLOW")) {
+    int slowRank = -1;
+    double factor = 0;
+    if (std::sscanf(slow, "%d:%lf", &slowRank, &factor) == 2 && slowRank == rank && factor > 0) topt.slowdown = factor;
+  }
   std::unique_ptr<loom::Trainer> trainer;
   if (s = loom::Trainer::create(plan, programs, std::move(backend), collectives.get(), train.get(), topt, &trainer);
       !s.isOk())
     return fail(s.message());
-  if (flags.has("init-from")) {
+  if (rf::initFrom.getNumOccurrences()) {
     loom::SafetensorsFile hf;
     std::map<std::string, loom::HostTensor> global;
-    if (s = loom::readSafetensors(flags.get("init-from"), &hf); !s.isOk()) return fail(s.message());
+    if (s = loom::readSafetensors(rf::initFrom, &hf); !s.isOk()) return fail(s.message());
     s = plan.architecture() == "llama"
             ? loom::fromHuggingFaceLlama(hf.tensors, plan.padded_vocab_size(), plan.tie_word_embeddings(), &global)
             : loom::fromHuggingFaceGpt2(hf.tensors, plan.padded_vocab_size(), plan.num_attention_heads(), &global);
     if (!s.isOk() || !(s = trainer->loadGlobalParameters(global)).isOk())
-      return fail(flags.get("init-from") + ": " + s.message());
+      return fail(rf::initFrom + ": " + s.message());
   }
   loom::TrainingLoop loop(*trainer, client, valid.get(), lopt, &job.step);
   job.training = true;
@@ -337,8 +360,8 @@ int main(int argc, char **argv) {
     bool communication = s.message().find("group") != std::string::npos || s.message().find("recv") != std::string::npos;
     return communication ? failAfterVerdict(s.message()) : fail(s.message());
   }
-  if (flags.has("trace")) {
-    std::string path = flags.get("trace") + "/rank_" + std::to_string(rank) + ".json";
+  if (rf::trace.getNumOccurrences()) {
+    std::string path = rf::trace + "/rank_" + std::to_string(rank) + ".json";
     if (s = trace.write(path, plan); !s.isOk()) return fail(s.message());
   }
   // Heart-beating goes on while rank 0 finishes an export and everyone waits here.

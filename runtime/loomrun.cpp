@@ -1,7 +1,8 @@
 // loomrun: start a local Loom job, like torchrun: the coordinator and N rank processes.
 //   loomrun --nproc N --plans DIR [--bind 127.0.0.1] [--port 0]
 //           [--tls-cert F --tls-key F --tls-ca F | --insecure] [RANK FLAGS...]
-// Rank flags (--steps, --lr, --seed, --threads, --dump-grads, ...) go to every loom-rank.
+// Rank flags (--steps, --lr, --seed, --threads, --dump-grads, ...: runtime/RankFlags.h) are
+// checked here, then go to every loom-rank as they were given.
 // The control plane is TLS: with a throwaway self-signed certificate the launcher creates
 // (and removes) unless one is given; --insecure runs it in plaintext (loopback only).
 // Exits 0 when every rank succeeded; otherwise non-zero after naming the rank that failed.
@@ -25,7 +26,9 @@
 #include <vector>
 
 #include "runtime/PlanVersion.h"
+#include "runtime/RankFlags.h"
 #include "protos/plan.pb.h"
+#include "runtime/control/CommandLine.h"
 #include "runtime/control/CoordinatorClient.h"
 #include "runtime/control/Tls.h"
 
@@ -58,47 +61,41 @@ void forwardSignal(int sig) {
 
 }  // namespace
 
+namespace cl = llvm::cl;
+
+constexpr char kUsage[] =
+    "loomrun: start a local Loom job, like torchrun: the coordinator and N rank processes.\n"
+    "  loomrun --nproc N --plans DIR [--bind 127.0.0.1] [--port 0]\n"
+    "          [--tls-cert F --tls-key F --tls-ca F | --insecure] [RANK FLAGS...]\n"
+    "The control plane is mutual TLS with a throwaway certificate unless one is given; the loom-rank\n"
+    "options below go to every rank (see loom-rank --help).\n";
+
+cl::OptionCategory category("loomrun options");
+cl::opt<int> nprocFlag("nproc", cl::desc("rank processes to start (the plans' world size), required"),
+                       cl::value_desc("N"), cl::init(0), cl::cat(category));
+cl::opt<std::string> plansFlag("plans", cl::desc("the plan directory from `loomc compile`, required"),
+                               cl::value_desc("DIR"), cl::cat(category));
+cl::opt<std::string> bindFlag("bind", cl::desc("the coordinator's address"), cl::value_desc("ADDRESS"),
+                              cl::init("127.0.0.1"), cl::cat(category));
+cl::opt<std::string> portFlag("port", cl::desc("the coordinator's port (0: any free one)"), cl::value_desc("PORT"),
+                              cl::init("0"), cl::cat(category));
+cl::opt<std::string> tlsCert("tls-cert",
+                             cl::desc("the job's certificate (coordinator and ranks; default: a throwaway one)"),
+                             cl::value_desc("FILE"), cl::cat(category));
+cl::opt<std::string> tlsKey("tls-key", cl::desc("the key of --tls-cert"), cl::value_desc("FILE"), cl::cat(category));
+cl::opt<std::string> tlsCa("tls-ca", cl::desc("the CA that signed --tls-cert"), cl::value_desc("FILE"),
+                           cl::cat(category));
+cl::opt<bool> insecureFlag("insecure", cl::desc("a plaintext control plane (loopback only)"), cl::cat(category));
+
 int main(int argc, char **argv) {
   loom::control::silenceGrpcLogging();
-  int nproc = 0;
-  std::string plans, bind = "127.0.0.1", port = "0";
-  loom::control::TlsFiles tlsFiles;
-  bool insecure = false;
-  std::vector<std::string> rankArgs;
-  for (int i = 1; i < argc; ++i) {
-    std::string a = argv[i];
-    auto value = [&](const char *flag) -> std::string {
-      std::string prefix = std::string(flag) + "=";
-      if (a.rfind(prefix, 0) == 0) return a.substr(prefix.size());
-      if (i + 1 >= argc) {
-        std::fprintf(stderr, "loomrun: error: %s needs a value\n", flag);
-        std::exit(2);
-      }
-      return argv[++i];
-    };
-    // --flag VALUE or --flag=VALUE
-    auto is = [&](const char *flag) { return a == flag || a.rfind(std::string(flag) + "=", 0) == 0; };
-    if (a == "--help" || a == "-h") {
-      std::printf(
-          "loomrun: start a local Loom job, like torchrun: the coordinator and N rank processes.\n"
-          "  loomrun --nproc N --plans DIR [--bind 127.0.0.1] [--port 0]\n"
-          "          [--tls-cert F --tls-key F --tls-ca F | --insecure] [RANK FLAGS...]\n"
-          "The control plane is mutual TLS with a throwaway certificate unless one is given; every other\n"
-          "flag goes to each loom-rank (see loom-rank --help).\n\n"
-          "flags of loomrun:\n  --nproc N\n  --plans DIR\n  --bind ADDRESS\n  --port PORT\n  --tls-cert FILE\n"
-          "  --tls-key FILE\n  --tls-ca FILE\n  --insecure\n  --help\n");
-      return 0;
-    }
-    if (is("--nproc")) nproc = std::atoi(value("--nproc").c_str());
-    else if (is("--plans")) plans = value("--plans");
-    else if (is("--bind")) bind = value("--bind");
-    else if (is("--port")) port = value("--port");
-    else if (is("--tls-cert")) tlsFiles.cert = value("--tls-cert");
-    else if (is("--tls-key")) tlsFiles.key = value("--tls-key");
-    else if (is("--tls-ca")) tlsFiles.ca = value("--tls-ca");
-    else if (a == "--insecure") insecure = true;
-    else rankArgs.push_back(a);
-  }
+  // The rank flags are parsed (and so checked) here too; what set them goes to every rank.
+  if (!loom::parseCommandLine(argc, argv, kUsage, {&category, &loom::rankflags::category})) return 2;
+  int nproc = nprocFlag;
+  std::string plans = plansFlag, bind = bindFlag, port = portFlag;
+  loom::control::TlsFiles tlsFiles{tlsCert, tlsKey, tlsCa};
+  bool insecure = insecureFlag;
+  const std::vector<std::string> &rankArgs = loom::rankflags::forwardedArguments();
   if (nproc < 1 || plans.empty()) {
     std::fprintf(stderr, "loomrun: error: usage: loomrun --nproc N --plans DIR [rank flags]\n");
     return 2;

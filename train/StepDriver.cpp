@@ -165,6 +165,7 @@ Status StepDriver::runEntry(size_t entry, DataSource *data, int64_t step, bool e
   ctx.progress = progress_;
   ctx.microBatch = mb;
   if (!evaluate && step == stallStep_) ctx.testStallOp = stallOp_.c_str();
+  ctx.testSlowdown = slowdown_;
   if (!evaluate) ctx.trace = trace_, ctx.traceMicroBatch = mb;
   Status consumed;
   auto consume = [&](int i, const float *from, int64_t n) {

@@ -63,6 +63,8 @@ class StepDriver {
   void setProgress(Progress *progress) { progress_ = progress; }
   // Fault injection (the hang tests): in data step `step`, the first `op` instruction never ends.
   void stallForTest(int64_t step, const std::string &op) { stallStep_ = step, stallOp_ = op; }
+  void slowForTest(double factor) { slowdown_ = factor; }
+  Progress *progress() const { return progress_; }
   void setLossScale(float scale) { lossScale_ = scale; }
   // Every training micro-batch's inputs written here (the oracle reads them).
   void setDumpBatches(const std::string &dir) { dumpBatches_ = dir; }
@@ -83,6 +85,7 @@ class StepDriver {
   Progress *progress_ = nullptr;
   int64_t stallStep_ = -1;
   std::string stallOp_;
+  double slowdown_ = 0;
   float lossScale_ = 1.0f;
   std::string dumpBatches_;
   std::vector<const plan::Program *> entryProgram_;  // per schedule entry

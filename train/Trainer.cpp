@@ -7,6 +7,7 @@
 #include "train/ParamInit.h"
 #include "formats/Safetensors.h"
 #include "runtime/Checksum.h"
+#include "runtime/ProgressMeter.h"
 #include "runtime/Shards.h"
 
 namespace loom {
@@ -44,6 +45,7 @@ Status Trainer::create(plan::RankPlan plan, plan::ProgramSet programs, std::uniq
   t->driver_.setTrace(options.trace);
   t->driver_.setProgress(options.progress);
   if (options.stallStep >= 0) t->driver_.stallForTest(options.stallStep, "linear");
+  if (options.slowdown > 0) t->driver_.slowForTest(options.slowdown);
   t->driver_.setDumpBatches(options.dumpBatches);
   *out = std::move(t);
   return Status::ok();
@@ -106,7 +108,18 @@ Status Trainer::hostParameters(std::map<std::string, HostTensor> *out) {
 // The shard: param/NAME for every parameter; AdamW's moments as adam_m/NAME and adam_v/NAME
 // (slices of the flat state), or with ZeRO-1 this rank's flat shard as zero1/adam_m and
 // zero1/adam_v; fp16's loss scale and clean-step run in the metadata.
-Status Trainer::saveShard(const std::string &path, const std::map<std::string, std::string> &metadata) {
+namespace {
+// A progress line over a shard's bytes, drawn when `show` (and on a terminal).
+ByteProgress shardProgress(bool show, const char *what, std::unique_ptr<ProgressMeter> *meter) {
+  if (!show) return {};
+  return [=](int64_t done, int64_t total) {
+    if (!*meter) meter->reset(new ProgressMeter(what, total, "", /*bytes=*/true));
+    (*meter)->update(done);
+  };
+}
+}  // namespace
+
+Status Trainer::saveShard(const std::string &path, const std::map<std::string, std::string> &metadata, bool progress) {
   SafetensorsFile f;
   f.metadata = metadata;
   f.metadata["flat_layout"] = flatLayoutOf(plan_);
@@ -135,12 +148,14 @@ Status Trainer::saveShard(const std::string &path, const std::map<std::string, s
     f.metadata["fp16_loss_scale"] = scale;
     f.metadata["fp16_clean_steps"] = std::to_string(scaler_.cleanSteps());
   }
-  return writeSafetensors(path, f);
+  std::unique_ptr<ProgressMeter> meter;
+  return writeSafetensors(path, f, shardProgress(progress, "saving the checkpoint (this rank's shard)", &meter));
 }
 
-Status Trainer::loadShard(const std::string &path, std::map<std::string, std::string> *metadata) {
+Status Trainer::loadShard(const std::string &path, std::map<std::string, std::string> *metadata, bool progress) {
   SafetensorsFile f;
-  LOOM_RETURN_IF_ERROR(readSafetensors(path, &f));
+  std::unique_ptr<ProgressMeter> meter;
+  LOOM_RETURN_IF_ERROR(readSafetensors(path, &f, shardProgress(progress, "loading the checkpoint (this rank's shard)", &meter)));
   auto take = [&](const std::string &key, ArgumentView into) -> Status {
     auto it = f.tensors.find(key);
     if (it == f.tensors.end() || it->second.isInt || int64_t(it->second.data.size()) != into.count)

@@ -37,6 +37,7 @@ struct TrainerOptions {
   TraceRecorder *trace = nullptr;  // record every executed instruction (loom-rank --trace)
   Progress *progress = nullptr;    // where the rank is, for its heartbeat
   int64_t stallStep = -1;          // fault injection (hang tests): stall in this data step's first linear
+  double slowdown = 0;             // fault injection (straggler report): kernels take 1 + this times as long
   bool lossScaling = false;        // fp16: dynamic loss scaling (train/LossScaler.h)
   LossScalerConfig lossScaler;
 };
@@ -75,11 +76,15 @@ class Trainer {
   bool gradientsSynchronized() const { return !plan_.zero1() || plan_.d() == 1; }
   // What the backend holds for this rank (to compare with the plan's memory.peak_bytes).
   int64_t allocatedBytes() const { return backend_->allocatedBytes(); }
+  // Seconds this rank spent in its own kernels so far (runtime/Progress.h computeSeconds; -1:
+  // not measured, e.g. without a Progress or on CUDA).
+  double computeSeconds() const { return driver_.progress() ? driver_.progress()->computeSeconds() : -1; }
   // Parameters by name (host copies).
   Status hostParameters(std::map<std::string, HostTensor> *out);
   // Checkpoint shard of this rank: parameters and AdamW moments (and fp16's scale).
-  Status saveShard(const std::string &path, const std::map<std::string, std::string> &metadata);
-  Status loadShard(const std::string &path, std::map<std::string, std::string> *metadata);
+  // `progress`: a progress line on a terminal (runtime/ProgressMeter.h) while the file is written or read.
+  Status saveShard(const std::string &path, const std::map<std::string, std::string> &metadata, bool progress = false);
+  Status loadShard(const std::string &path, std::map<std::string, std::string> *metadata, bool progress = false);
   // Replaces the parameters by a whole-model file's tensors (global shapes, Loom names), each
   // rank taking its shard; the optimizer state restarts at zero.
   Status loadGlobalParameters(const std::map<std::string, HostTensor> &global);

@@ -3,6 +3,7 @@
 #include <sys/resource.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -110,7 +111,8 @@ Status TrainingLoop::saveCheckpoint(int64_t iteration) {
       meta["padding:" + param.name()] = std::to_string(param.padded_dim()) + "," + std::to_string(param.unpadded_size());
   }
   if (skipped_ > 0) meta["skipped_steps"] = std::to_string(skipped_);  // fp16: updates = iterations - skipped
-  LOOM_RETURN_IF_ERROR(trainer_.saveShard(checkpointFile(partial, p.rank()), meta));
+  // Every rank writes its shard at once; rank 0 draws its progress (one line on a shared terminal).
+  LOOM_RETURN_IF_ERROR(trainer_.saveShard(checkpointFile(partial, p.rank()), meta, p.rank() == 0));
   LOOM_RETURN_IF_ERROR(client_.barrier("save-" + std::to_string(iteration), p.rank(), 600000));
   if (p.rank() == 0) LOOM_RETURN_IF_ERROR(publishCheckpoint(opt_.save, iteration, p.world_size()));
   LOOM_RETURN_IF_ERROR(client_.barrier("saved-" + std::to_string(iteration), p.rank(), 600000));
@@ -157,7 +159,7 @@ Status TrainingLoop::loadCheckpoint(int64_t *iteration) {
   }
   std::map<std::string, std::string> meta;
   std::string file = checkpointFile(resolvedCheckpointDir(opt_.save, *iteration), p.rank());
-  LOOM_RETURN_IF_ERROR(trainer_.loadShard(file, &meta));
+  LOOM_RETURN_IF_ERROR(trainer_.loadShard(file, &meta, p.rank() == 0));
   std::string layout = layoutOf(p);
   if (meta["layout"] != layout || meta["model"] != p.model())
     return Status::error(file + ": written by model '" + meta["model"] + "' with (t,p,d,v) = (" + meta["layout"] +
@@ -295,6 +297,29 @@ Status TrainingLoop::exportModel() {
   return Status::ok();
 }
 
+// At a log iteration every rank reports its compute time per iteration since the last one (its
+// own kernels, not its waits) and its pipeline stage; the logging rank waits briefly for all of
+// them and gets the coordinator's straggler verdict (a rank more than 10% above the median of
+// its stage's ranks): " | straggler: rank R (...)" for its log line, or "".
+std::string TrainingLoop::reportMetrics(int64_t it, const StepResult &r, double norm, bool skipped) {
+  const plan::RankPlan &p = trainer_.plan();
+  std::map<std::string, double> values;
+  if (r.hasLoss && !skipped) values = {{"loss", r.loss}, {"grad_norm", norm}};
+  if (iterationsInInterval_ > 0) {
+    values["compute-seconds"] = computeInInterval_ / double(iterationsInInterval_);
+    values["pipeline-stage"] = p.pp_rank();
+  }
+  computeInInterval_ = 0, iterationsInInterval_ = 0;
+  bool waits = logs() && !skipped && values.count("compute-seconds");
+  control::MetricsReply reply;
+  if (!client_.metrics(p.rank(), it, values, waits ? kStragglerWaitMs : 0, &reply).isOk() || !reply.straggler())
+    return "";
+  char text[160];
+  std::snprintf(text, sizeof text, " | straggler: rank %d (compute %.1f ms per iteration, its stage's median %.1f ms)",
+                reply.slowest_rank(), reply.slowest_seconds() * 1000, reply.median_seconds() * 1000);
+  return text;
+}
+
 Status TrainingLoop::writeScalars(int64_t step, const std::map<std::string, double> &values) {
   if (tensorboard_) LOOM_RETURN_IF_ERROR(tensorboard_->scalars(step, values));
   if (metricsFile_) LOOM_RETURN_IF_ERROR(metricsFile_->scalars(step, values));
@@ -312,6 +337,7 @@ Status TrainingLoop::run() {
     *step_ = it;
     StepResult r;
     auto started = std::chrono::steady_clock::now();
+    double computeBefore = std::max(0.0, trainer_.computeSeconds());
     LOOM_RETURN_IF_ERROR(trainer_.computeGradients(it - 1, &r));
     if (it == 1 && !opt_.dumpGrads.empty()) {
       SafetensorsFile f;
@@ -343,6 +369,13 @@ Status TrainingLoop::run() {
     Status st = trainer_.optimizerStep(update, lr, opt_.clipGrad, &norm, &skipped);
     if (!st.isOk()) return Status::error(st.message() + " (iteration " + std::to_string(it) + ")");
     double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
+    if (double computeAfter = trainer_.computeSeconds(); computeAfter >= 0) {
+      computeInInterval_ += computeAfter - computeBefore;
+      ++iterationsInInterval_;
+    }
+    bool logIteration = it % opt_.logInterval == 0 || it == opt_.trainIters;
+    std::string straggler = logIteration ? reportMetrics(it, r, norm, skipped) : "";
+    if (!logIteration && r.hasLoss && !skipped) (void)client_.metrics(p.rank(), it, {{"loss", r.loss}, {"grad_norm", norm}});
     if (skipped) {
       // fp16 dynamic loss scaling: an inf/NaN gradient on some rank; every rank skipped the update.
       ++skipped_;
@@ -350,15 +383,16 @@ Status TrainingLoop::run() {
         std::printf(" iteration %8lld/%8lld | skipped: inf/NaN gradients at loss scale %.0f (halved)\n",
                     (long long)it, (long long)opt_.trainIters, r.lossScale);
     }
-    if (!skipped && logs() && (it % opt_.logInterval == 0 || it == opt_.trainIters)) {
+    if (!skipped && logs() && logIteration) {
       double mfu = p.device_peak_flops() > 0
                        ? modelFlopsPerStep(p) / (seconds * p.world_size() * p.device_peak_flops())
                        : 0;
       std::printf(" iteration %8lld/%8lld | consumed samples: %10lld | elapsed time per iteration (ms): %.1f | "
                   "learning rate: %.3E | global batch size: %5d | lm loss: %.6E | grad norm: %.3f | "
-                  "tokens per second: %.0f | MFU: %.1f%% | peak memory (MiB): %.1f\n",
+                  "tokens per second: %.0f | MFU: %.1f%% | peak memory (MiB): %.1f%s\n",
                   (long long)it, (long long)opt_.trainIters, (long long)(it * p.global_batch_size()), seconds * 1000,
-                  lr, p.global_batch_size(), r.loss, norm, tokensPerStep / seconds, 100 * mfu, peakMemoryMiB());
+                  lr, p.global_batch_size(), r.loss, norm, tokensPerStep / seconds, 100 * mfu, peakMemoryMiB(),
+                  straggler.c_str());
       std::fflush(stdout);
       // Megatron-LM's TensorBoard scalars (throughput: model TFLOP/s per device).
       std::map<std::string, double> scalars = {
@@ -382,7 +416,6 @@ Status TrainingLoop::run() {
                   growth.c_str());
       std::fflush(stdout);
     }
-    if (r.hasLoss && !skipped) (void)client_.metrics(p.rank(), it, {{"loss", r.loss}, {"grad_norm", norm}});
     if (logs() && !skipped && !opt_.lossLog.empty()) {
       FILE *f = std::fopen(opt_.lossLog.c_str(), "a");
       if (!f) return Status::error(opt_.lossLog + ": cannot append");

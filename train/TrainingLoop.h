@@ -59,6 +59,7 @@ class TrainingLoop {
   Status validate(int64_t iteration);
   Status exportModel();
   bool logs() const;
+  std::string reportMetrics(int64_t iteration, const StepResult &result, double norm, bool skipped);
 
   Trainer &trainer_;
   control::CoordinatorClient &client_;
@@ -66,6 +67,10 @@ class TrainingLoop {
   TrainingOptions opt_;
   std::atomic<int64_t> *step_;
   int64_t skipped_ = 0;  // fp16 steps skipped so far (checkpointed)
+  // The straggler report: this rank's kernel time since the last log iteration.
+  static constexpr int64_t kStragglerWaitMs = 2000;
+  double computeInInterval_ = 0;
+  int64_t iterationsInInterval_ = 0;
   // The logging rank's scalars, to each sink that is open.
   Status writeScalars(int64_t step, const std::map<std::string, double> &values);
   std::unique_ptr<TensorBoardWriter> tensorboard_;

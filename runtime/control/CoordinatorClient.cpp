@@ -138,14 +138,18 @@ Status CoordinatorClient::heartbeat(int rank, int64_t step, bool *aborted, std::
   return s;
 }
 
-Status CoordinatorClient::metrics(int rank, int64_t step, const std::map<std::string, double> &values) {
+Status CoordinatorClient::metrics(int rank, int64_t step, const std::map<std::string, double> &values, int64_t waitMs,
+                                  MetricsReply *reply) {
   MetricsRequest req;
   req.set_rank(rank);
   req.set_step(step);
+  req.set_wait_ms(waitMs);
   for (auto &[k, v] : values) (*req.mutable_values())[k] = v;
-  Empty rep;
-  auto ctx = context(10);
-  return translate(rpc_->ReportMetrics(ctx.get(), req, &rep), "metrics");
+  MetricsReply rep;
+  auto ctx = context(10 + double(waitMs) / 1000);
+  Status s = translate(rpc_->ReportMetrics(ctx.get(), req, &rep), "metrics");
+  if (reply) *reply = rep;
+  return s;
 }
 
 Status CoordinatorClient::abort(int rank, const std::string &reason, double seconds) {

@@ -31,7 +31,10 @@ class CoordinatorClient {
     std::string where;
   };
   Status heartbeat(int rank, int64_t step, bool *aborted, std::string *reason, const RankProgress *progress = nullptr);
-  Status metrics(int rank, int64_t step, const std::map<std::string, double> &values);
+  // `waitMs` > 0: wait that long for every rank's compute-seconds of `step`; `reply` (optional)
+  // gets the straggler report (MetricsReply.complete when every rank's report was in).
+  Status metrics(int rank, int64_t step, const std::map<std::string, double> &values, int64_t waitMs = 0,
+                 MetricsReply *reply = nullptr);
   // `seconds`: how long to wait for the coordinator (a launcher reporting a dead child must not
   // hang on a coordinator that is itself stopped).
   Status abort(int rank, const std::string &reason, double seconds = 5);

@@ -1,6 +1,7 @@
 #include "runtime/control/CoordinatorService.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <map>
 #include <vector>
@@ -147,8 +148,55 @@ grpc::Status CoordinatorService::Heartbeat(grpc::ServerContext *ctx, const Heart
   return grpc::Status::OK;
 }
 
-grpc::Status CoordinatorService::ReportMetrics(grpc::ServerContext *ctx, const MetricsRequest *, Empty *) {
+// Megatron-LM's straggler report: in a synchronous job every rank's step takes the same wall
+// time (the fast ones wait in collectives), so ranks are compared by the time they spend in
+// their own kernels, each against the ranks that run the same programs (its pipeline stage:
+// stages differ in work by design). The rank furthest above its stage's median is named when
+// that is more than 10%; a stage of one rank has nobody to be compared with.
+grpc::Status CoordinatorService::ReportMetrics(grpc::ServerContext *ctx, const MetricsRequest *req, MetricsReply *rep) {
   LOOM_CHECK_TOKEN();
+  if (auto st = checkRank(req->rank()); !st.ok()) return st;
+  constexpr int64_t kStepsKept = 64;
+  std::unique_lock<std::mutex> lock(mu_);
+  auto it = req->values().find("compute-seconds");
+  auto stage = req->values().find("pipeline-stage");
+  if (it != req->values().end() && std::isfinite(it->second) && it->second >= 0) {
+    int s = stage != req->values().end() && std::isfinite(stage->second) ? int(stage->second) : 0;
+    computeSeconds_[req->step()][req->rank()] = {it->second, s};
+    while (computeSeconds_.size() > size_t(kStepsKept)) computeSeconds_.erase(computeSeconds_.begin());
+    cv_.notify_all();
+  }
+  auto complete = [&] {
+    auto s = computeSeconds_.find(req->step());
+    return s != computeSeconds_.end() && int(s->second.size()) == opt_.worldSize;
+  };
+  if (req->wait_ms() > 0)
+    cv_.wait_for(lock, std::min(requestTimeout(req->wait_ms(), 0), std::chrono::milliseconds(60000)),
+                 [&] { return aborted_ || complete(); });
+  if (!complete()) return grpc::Status::OK;
+  rep->set_complete(true);
+  std::map<int, std::vector<double>> byStage;
+  for (auto &[rank, entry] : computeSeconds_[req->step()]) byStage[entry.second].push_back(entry.first);
+  std::map<int, double> medians;
+  for (auto &[s, values] : byStage) {
+    if (values.size() < 2) continue;
+    std::sort(values.begin(), values.end());
+    size_t n = values.size();
+    medians[s] = n % 2 ? values[n / 2] : 0.5 * (values[n / 2 - 1] + values[n / 2]);
+  }
+  double worst = 0;
+  for (auto &[rank, entry] : computeSeconds_[req->step()]) {
+    auto m = medians.find(entry.second);
+    if (m == medians.end() || m->second <= 0) continue;
+    double ratio = entry.first / m->second;
+    if (ratio <= worst) continue;
+    worst = ratio;
+    rep->set_slowest_rank(rank);
+    rep->set_slowest_seconds(entry.first);
+    rep->set_median_seconds(m->second);
+    rep->set_stage(entry.second);
+  }
+  rep->set_straggler(worst > 1.1);
   return grpc::Status::OK;
 }
 

@@ -37,7 +37,7 @@ class CoordinatorService final : public Coordinator::Service {
   grpc::Status KvGet(grpc::ServerContext *, const KvGetRequest *, KvGetReply *) override;
   grpc::Status Barrier(grpc::ServerContext *, const BarrierRequest *, Empty *) override;
   grpc::Status Heartbeat(grpc::ServerContext *, const HeartbeatRequest *, HeartbeatReply *) override;
-  grpc::Status ReportMetrics(grpc::ServerContext *, const MetricsRequest *, Empty *) override;
+  grpc::Status ReportMetrics(grpc::ServerContext *, const MetricsRequest *, MetricsReply *) override;
   grpc::Status Abort(grpc::ServerContext *, const AbortRequest *, Empty *) override;
   grpc::Status Finish(grpc::ServerContext *, const FinishRequest *, Empty *) override;
 
@@ -80,6 +80,9 @@ class CoordinatorService final : public Coordinator::Service {
   std::string abortReason_;
   std::chrono::steady_clock::time_point started_, abortedAt_;
   double longestStepSeconds_ = 0;  // measured from the ranks' step numbers
+  // The straggler report: each rank's compute-seconds and pipeline stage per recent step
+  // (step -> rank -> (seconds, stage)).
+  std::map<int64_t, std::map<int, std::pair<double, int>>> computeSeconds_;
 };
 
 }  // namespace loom::control

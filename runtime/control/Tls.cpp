@@ -10,19 +10,15 @@
 
 #include <cstdio>
 #include <ctime>
-#include <fstream>
-#include <sstream>
+
+#include "runtime/FileIO.h"
 
 namespace loom::control {
 
 namespace {
 
 Status readPem(const std::string &path, const char *what, std::string *pem) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return Status::error(path + ": cannot read the TLS " + std::string(what));
-  std::stringstream ss;
-  ss << in.rdbuf();
-  *pem = ss.str();
+  LOOM_RETURN_IF_ERROR(readWholeFile(path, ("the TLS " + std::string(what)).c_str(), pem));
   if (pem->find("-----BEGIN ") == std::string::npos)
     return Status::error(path + ": not a PEM file (expected the TLS " + std::string(what) + ")");
   return Status::ok();

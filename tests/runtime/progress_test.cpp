@@ -5,7 +5,9 @@
 
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <set>
+#include <thread>
 
 namespace loom {
 namespace {
@@ -112,6 +114,22 @@ TEST(Progress, ADetachedProbeReleasesItsTokensAndIsNoLongerAsked) {
   Progress::Report r = progress.report();  // would ask the destroyed probe if it were still held
   EXPECT_TRUE(r.idle);
   EXPECT_EQ(r.completed, 0);
+}
+
+// The straggler report's measure: time inside instructions that are not communication.
+TEST(Progress, ComputeSecondsCountKernelsNotCommunication) {
+  plan::Program p = forward();
+  Progress progress;
+  EXPECT_EQ(progress.computeSeconds(), -1);  // nothing timed yet
+  progress.started(p, 0, 0);                 // linear: 30 ms
+  std::this_thread::sleep_for(std::chrono::milliseconds(30));
+  progress.finished(p, 0);
+  progress.started(p, 0, 1);                 // all_reduce: 200 ms, not counted
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  progress.finished(p, 1);
+  double s = progress.computeSeconds();
+  EXPECT_GE(s, 0.030);
+  EXPECT_LT(s, 0.200);
 }
 
 }  // namespace

@@ -12,6 +12,8 @@
 #include <sstream>
 #include <thread>
 
+#include <nlohmann/json.hpp>
+
 #include "protos/plan.pb.h"
 #include "formats/Safetensors.h"
 #include "runtime/Checksum.h"
@@ -158,10 +160,14 @@ TEST(Runtime, ExportsCarryConfigJsonAndLoadBack) {
     if (!from) {
       Result e = run(job + " --steps 0 --export " + dir + "/model.safetensors");
       ASSERT_EQ(e.exitCode, 0) << e.output;
-      std::string config = readAll(dir + "/config.json");
-      EXPECT_NE(config.find("\"architectures\": [\"LlamaForCausalLM\"]"), std::string::npos) << config;
-      EXPECT_NE(config.find("\"num_key_value_heads\": 2"), std::string::npos) << config;
-      EXPECT_NE(config.find("\"tie_word_embeddings\": false"), std::string::npos) << config;
+      std::string text = readAll(dir + "/config.json");
+      nlohmann::json config = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
+      ASSERT_TRUE(config.is_object()) << text;
+      EXPECT_EQ(config["architectures"], nlohmann::json::array({"LlamaForCausalLM"})) << text;
+      EXPECT_EQ(config["num_key_value_heads"], 2) << text;
+      EXPECT_EQ(config["tie_word_embeddings"], false) << text;
+      // f32 attributes printed to their own precision (10000.0, not 10000.0000000001 or 1e+04).
+      EXPECT_NE(text.find("\"rope_theta\": 10000.0,"), std::string::npos) << text;
       SafetensorsFile f;
       ASSERT_TRUE(readSafetensors(dir + "/model.safetensors", &f).isOk());
       EXPECT_EQ(f.tensors.at("lm_head.weight").shape, (std::vector<int64_t>{1000, 64}));  // unpadded
@@ -183,10 +189,13 @@ TEST(Runtime, ExportsCarryConfigJsonAndLoadBack) {
   compile("t1p1d1.pbtxt", plans);
   Result e = run(loomrun() + " --nproc 1 --plans " + plans + " --steps 0 --export " + gptDir + "/model.safetensors");
   ASSERT_EQ(e.exitCode, 0) << e.output;
-  std::string config = readAll(gptDir + "/config.json");
-  EXPECT_NE(config.find("\"architectures\": [\"GPT2LMHeadModel\"]"), std::string::npos) << config;
-  EXPECT_NE(config.find("\"n_head\": 4"), std::string::npos) << config;
-  EXPECT_NE(config.find("\"vocab_size\": 1000"), std::string::npos) << config;
+  std::string text = readAll(gptDir + "/config.json");
+  nlohmann::json config = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
+  ASSERT_TRUE(config.is_object()) << text;
+  EXPECT_EQ(config["architectures"], nlohmann::json::array({"GPT2LMHeadModel"})) << text;
+  EXPECT_EQ(config["n_head"], 4) << text;
+  EXPECT_EQ(config["vocab_size"], 1000) << text;
+  EXPECT_NE(text.find("\"layer_norm_epsilon\": 1e-05,"), std::string::npos) << text;
 }
 
 // With dropout on (gpt-tiny's 0.1), a configuration and seed reproduce themselves bit for bit:
@@ -305,6 +314,28 @@ TEST(Runtime, ARankStuckInAKernelIsNamedWithWhatItsPeersWaitIn) {
   EXPECT_EQ(r.output.find("Timed out"), std::string::npos) << "Gloo's timeout came first:\n" << r.output;
 }
 
+// Megatron's straggler report: rank 1's kernels take 3x as long (LOOM_TEST_SLOW=1:2). In a
+// synchronous job both ranks' iterations take the same wall time (rank 0 waits in the
+// gradient all-reduce), so the coordinator compares the ranks' time in their own kernels: every
+// log line names rank 1, never rank 0.
+TEST(Runtime, TheLogLineNamesAStragglerByItsComputeTime) {
+  std::string plans = tmpdir() + "/plans_straggler";
+  compile("t1p1d2.pbtxt", plans);
+  Result r = run("LOOM_TEST_SLOW=1:2 " + loomrun() + " --nproc 2 --plans " + plans +
+                 " --steps 20 --log-interval 5 --threads 1");
+  ASSERT_EQ(r.exitCode, 0) << r.output;
+  int lines = 0, named = 0;
+  std::istringstream in(r.output);
+  for (std::string line; std::getline(in, line);) {
+    if (line.find(" iteration ") == std::string::npos || line.find("lm loss") == std::string::npos) continue;
+    ++lines;
+    if (line.find("| straggler: rank 1 (compute ") != std::string::npos) ++named;
+  }
+  EXPECT_EQ(lines, 4) << r.output;
+  EXPECT_EQ(named, lines) << r.output;
+  EXPECT_EQ(r.output.find("straggler: rank 0"), std::string::npos) << r.output;
+}
+
 // Alone, a rank stuck in a kernel has nobody waiting for it: the stall is still declared,
 // naming where it stopped. Step 200: late enough that the coordinator has measured steps (the
 // limit is then 10 s, not the first step's FLOPs-based one).
@@ -399,10 +430,10 @@ TEST(Runtime, AWrongTokenIsRefused) {
 TEST(Runtime, MalformedFlagsAreOneLineErrors) {
   Result r = run("LOOM_TOKEN=x " + runfile("runtime/loom-rank") + " --coordinator 127.0.0.1:9 --rank x");
   EXPECT_EQ(r.exitCode, 2);
-  EXPECT_EQ(r.output, "loom-rank: error: --rank must be an integer, got 'x'\n");
+  EXPECT_EQ(r.output, "loom-rank: for the --rank option: 'x' value invalid for integer argument!\n");
   r = run("LOOM_TOKEN=x " + runfile("runtime/loom-rank") + " --coordinator 127.0.0.1:9 --rank 0 --lr fast");
   EXPECT_EQ(r.exitCode, 2);
-  EXPECT_EQ(r.output, "loom-rank: error: --lr must be a number, got 'fast'\n");
+  EXPECT_EQ(r.output, "loom-rank: for the --lr option: 'fast' value invalid for floating point argument!\n");
   r = run("LOOM_TOKEN=x " + runfile("runtime/loom-rank") + " --coordinator 127.0.0.1:9 --rank 0 --device tpu");
   EXPECT_EQ(r.exitCode, 1);
   EXPECT_EQ(r.output, "loom-rank: error: --device tpu: expected cpu or cuda\n");
@@ -419,6 +450,10 @@ TEST(Runtime, MalformedFlagsAreOneLineErrors) {
   r = run("LOOM_TOKEN=x " + runfile("runtime/loom-rank") + " --coordinator 127.0.0.1:9 --rank 0 --gpu 1");
   EXPECT_EQ(r.exitCode, 1);
   EXPECT_EQ(r.output, "loom-rank: error: --gpu needs --device cuda\n");
+  // loomrun parses the rank flags too: a malformed one stops it before it starts anything.
+  r = run(loomrun() + " --nproc 2 --plans " + tmpdir() + "/no_such_plans --lr fast");
+  EXPECT_EQ(r.exitCode, 2);
+  EXPECT_EQ(r.output, "loomrun: for the --lr option: 'fast' value invalid for floating point argument!\n");
 }
 
 // Without a GPU (CI), --device cuda ends the job with one line naming why; with one, the

@@ -1,9 +1,13 @@
 // safetensors files round-trip, and corrupt ones (truncated, lying headers, absurd shapes,
-// bad JSON) are refused with a message naming the file, never a crash.
+// bad JSON, JSON of the wrong shape) are refused with a one-line message naming the file, never
+// a crash.
 #include <gtest/gtest.h>
 
 #include <cstdint>
+#include <cstring>
 #include <fstream>
+
+#include <nlohmann/json.hpp>
 
 #include "formats/Safetensors.h"
 
@@ -62,13 +66,45 @@ TEST(Safetensors, CorruptFilesAreRefused) {
       {"huge_number", R"({"w":{"dtype":"F32","shape":[99999999999999999999999],"data_offsets":[0,4]}})", 4,
        "corrupt safetensors header"},
   };
+  // Headers that are not the safetensors shape: each a one-line error naming the file.
+  std::string bad = "corrupt safetensors header";
+  std::vector<Case> malformed = {
+      {"not_json", "not json at all", 0, bad + ": not JSON"},
+      {"empty_header", "", 0, bad + ": not JSON"},
+      {"top_array", R"([{"dtype":"F32","shape":[1],"data_offsets":[0,4]}])", 4, bad + ": not a JSON object"},
+      {"top_string", R"("w")", 0, bad + ": not a JSON object"},
+      {"entry_number", R"({"w":5})", 0, "tensor 'w' is not an object"},
+      {"entry_array", R"({"w":["F32",[1],[0,4]]})", 4, "tensor 'w' is not an object"},
+      {"no_dtype", R"({"w":{"shape":[1],"data_offsets":[0,4]}})", 4, "tensor 'w' has no dtype"},
+      {"no_shape", R"({"w":{"dtype":"F32","data_offsets":[0,4]}})", 4, "tensor 'w' has no shape"},
+      {"no_offsets", R"({"w":{"dtype":"F32","shape":[1]}})", 4, "tensor 'w' has no data_offsets"},
+      {"dtype_number", R"({"w":{"dtype":32,"shape":[1],"data_offsets":[0,4]}})", 4, "has no dtype"},
+      {"shape_string", R"({"w":{"dtype":"F32","shape":"1","data_offsets":[0,4]}})", 4, "has no shape"},
+      {"shape_fraction", R"({"w":{"dtype":"F32","shape":[1.5],"data_offsets":[0,4]}})", 4, "has no shape"},
+      {"shape_float", R"({"w":{"dtype":"F32","shape":[1.0],"data_offsets":[0,4]}})", 4, "has no shape"},
+      {"shape_nested", R"({"w":{"dtype":"F32","shape":[[1]],"data_offsets":[0,4]}})", 4, "has no shape"},
+      {"offsets_one", R"({"w":{"dtype":"F32","shape":[1],"data_offsets":[4]}})", 4, "has no data_offsets"},
+      {"offsets_three", R"({"w":{"dtype":"F32","shape":[1],"data_offsets":[0,4,8]}})", 8, "has no data_offsets"},
+      {"offsets_negative", R"({"w":{"dtype":"F32","shape":[1],"data_offsets":[-4,0]}})", 4, "has no data_offsets"},
+      {"offsets_huge", R"({"w":{"dtype":"F32","shape":[1],"data_offsets":[0,18446744073709551615]}})", 4,
+       "has no data_offsets"},
+      {"offsets_null", R"({"w":{"dtype":"F32","shape":[1],"data_offsets":null}})", 4, "has no data_offsets"},
+      {"metadata_array", R"({"__metadata__":["pt"]})", 0, bad + ": __metadata__ is not an object"},
+      {"metadata_number", R"({"__metadata__":{"format":1}})", 0, "__metadata__ 'format' is not a string"},
+      {"metadata_nested", R"({"__metadata__":{"format":{"pt":"x"}}})", 0, "'format' is not a string"},
+      {"name_newline", R"({"a\nb":{"dtype":"F32"}})", 0, "tensor 'a\\nb' has no shape"},
+      {"dtype_newline", R"({"w":{"dtype":"F\n16","shape":[1],"data_offsets":[0,4]}})", 4, "has dtype F\\n16"},
+      {"bad_utf8", "{\"w\xff\":{}}", 0, bad + ": not JSON"},
+  };
+  cases.insert(cases.end(), malformed.begin(), malformed.end());
   for (const Case &c : cases) {
     std::string path = craft(c.name + ".safetensors", c.header, c.data);
     SafetensorsFile f;
     Status s = readSafetensors(path, &f);
     EXPECT_FALSE(s.isOk()) << c.name;
-    EXPECT_NE(s.message().find(path), std::string::npos) << c.name << ": " << s.message();
+    EXPECT_EQ(s.message().rfind(path + ": ", 0), 0u) << c.name << ": " << s.message();
     EXPECT_NE(s.message().find(c.expect), std::string::npos) << c.name << ": " << s.message();
+    EXPECT_EQ(s.message().find('\n'), std::string::npos) << c.name << ": " << s.message();
   }
   std::string shortFile = tmp("short.safetensors");
   std::ofstream(shortFile) << "abc";
@@ -77,6 +113,49 @@ TEST(Safetensors, CorruptFilesAreRefused) {
   std::string lying = tmp("lying.safetensors");
   std::ofstream(lying, std::ios::binary) << std::string("\xff\xff\xff\xff\x00\x00\x00\x00{}", 10);
   EXPECT_NE(readSafetensors(lying, &f).message().find("header length"), std::string::npos);
+}
+
+// __metadata__ (string to string, per the safetensors spec) survives a write and read with
+// characters JSON must escape; the header the writer produces is JSON of the spec's shape.
+TEST(Safetensors, MetadataRoundTrips) {
+  SafetensorsFile f;
+  f.metadata = {{"format", "pt"}, {"quote\"back\\slash", "line\nbreak\ttab"}, {"unicode", "\xc3\xa9\xe2\x82\xac"}, {"", ""}};
+  f.tensors["a.weight"] = HostTensor{{2}, {1.5f, -2}};
+  f.tensors["scalar"] = HostTensor{{}, {3}};
+  f.tensors["empty"] = HostTensor{{0, 4}};
+  std::string path = tmp("metadata.safetensors");
+  ASSERT_TRUE(writeSafetensors(path, f).isOk());
+  SafetensorsFile g;
+  Status s = readSafetensors(path, &g);
+  ASSERT_TRUE(s.isOk()) << s.message();
+  EXPECT_EQ(g.metadata, f.metadata);
+  ASSERT_EQ(g.tensors.size(), 3u);
+  EXPECT_EQ(g.tensors["a.weight"].data, f.tensors["a.weight"].data);
+  EXPECT_EQ(g.tensors["scalar"].shape, std::vector<int64_t>{});
+  EXPECT_EQ(g.tensors["scalar"].data, std::vector<float>{3});
+  EXPECT_EQ(g.tensors["empty"].shape, (std::vector<int64_t>{0, 4}));
+
+  std::ifstream in(path, std::ios::binary);
+  std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  uint64_t len;
+  std::memcpy(&len, bytes.data(), 8);
+  EXPECT_EQ(len % 8, 0u);
+  nlohmann::json header = nlohmann::json::parse(bytes.substr(8, len));
+  EXPECT_EQ(header["__metadata__"]["format"], "pt");
+  EXPECT_EQ(header["a.weight"]["dtype"], "F32");
+  EXPECT_EQ(header["a.weight"]["data_offsets"], nlohmann::json::array({0, 8}));
+  EXPECT_EQ(bytes.size(), 8 + len + 12);  // 2 floats, a scalar and nothing for the empty tensor
+}
+
+// Names the header cannot hold are refused, not written as a broken file.
+TEST(Safetensors, UnwritableNamesAreRefused) {
+  SafetensorsFile f;
+  f.tensors["__metadata__"] = HostTensor{{1}, {1}};
+  EXPECT_NE(writeSafetensors(tmp("reserved.safetensors"), f).message().find("__metadata__"), std::string::npos);
+  SafetensorsFile g;
+  g.tensors["w\xff"] = HostTensor{{1}, {1}};
+  Status s = writeSafetensors(tmp("not_utf8.safetensors"), g);
+  EXPECT_NE(s.message().find("not valid UTF-8"), std::string::npos) << s.message();
 }
 
 }  // namespace

@@ -26,7 +26,7 @@
 #include "runtime/Checksum.h"
 #include "runtime/ThreadCollectives.h"
 #include "train/TrainingLoop.h"
-#include "runtime/control/Flags.h"
+#include "runtime/control/CommandLine.h"
 #include "runtime/cuda/CudaKernels.h"
 #include "runtime/cuda/CudaBackend.h"
 #include "train/Trainer.h"
@@ -97,34 +97,52 @@ loom::Status bf16GemmRate(int n, int reps, double *rate) {
 constexpr char kUsage[] =
     "loom-gpt-bench: Loom's side of the GPU check (the trainer on the CUDA backend, one GPU).\n"
     "  loom-gpt-bench --plans DIR [--precision bf16] [--steps N] [--attention auto] [--lr LR]\n"
-    "                 [--gemm-size N] [--result FILE]";
+    "                 [--gemm-size N] [--result FILE]\n";
+
+namespace cl = llvm::cl;
+
+cl::OptionCategory category("loom-gpt-bench options");
+cl::opt<std::string> plansDir("plans", cl::desc("plans compiled for one GPU (loomc compile ... --out DIR), required"),
+                              cl::value_desc("DIR"), cl::cat(category));
+cl::opt<std::string> precisionFlag("precision", cl::desc("fp32, bf16 or fp16"), cl::value_desc("P"), cl::init("bf16"),
+                                   cl::cat(category));
+cl::opt<std::string> attentionFlag("attention", cl::desc("auto, unfused or flash"), cl::value_desc("KERNEL"),
+                                   cl::init("auto"), cl::cat(category));
+cl::opt<int64_t> stepsFlag("steps", cl::desc("iterations (at least 2: the first warms up)"), cl::value_desc("N"),
+                           cl::init(6), cl::cat(category));
+cl::opt<double> lrFlag("lr", cl::desc("learning rate"), cl::value_desc("LR"), cl::init(1e-4), cl::cat(category));
+cl::opt<int64_t> gemmSizeFlag("gemm-size", cl::desc("order of the bf16 GEMM that measures the peak"),
+                              cl::value_desc("N"), cl::init(8192), cl::cat(category));
+cl::opt<std::string> resultFile("result", cl::desc("write \"tokens_per_s <n>\" to FILE"), cl::value_desc("FILE"),
+                                cl::cat(category));
 
 int main(int argc, char **argv) {
-  loom::Flags flags(argc, argv, "loom-gpt-bench", {"plans", "precision", "steps", "gemm-size", "result", "lr", "attention"});
-  if (flags.help(kUsage)) return 0;
-  if (!flags.ok()) return 2;
-  if (!flags.has("plans")) return flags.fail("--plans DIR is required (loomc compile ... --out DIR for one GPU)");
+  if (!loom::parseCommandLine(argc, argv, kUsage, {&category})) return 2;
+  auto fail = [](const std::string &msg) {
+    std::fprintf(stderr, "loom-gpt-bench: error: %s\n", msg.c_str());
+    return 1;
+  };
+  if (!plansDir.getNumOccurrences()) return fail("--plans DIR is required (loomc compile ... --out DIR for one GPU)");
   loom::cuda::Precision precision;
-  if (!loom::cuda::parsePrecision(flags.get("precision", "bf16"), &precision))
-    return flags.fail("--precision " + flags.get("precision") + ": expected fp32, bf16 or fp16");
+  if (!loom::cuda::parsePrecision(precisionFlag, &precision))
+    return fail("--precision " + precisionFlag + ": expected fp32, bf16 or fp16");
   loom::cuda::AttentionKernel attention;
-  if (!loom::cuda::parseAttentionKernel(flags.get("attention", "auto"), &attention))
-    return flags.fail("--attention " + flags.get("attention") + ": expected auto, unfused or flash");
-  int64_t steps = flags.integer("steps", 6), gemmSize = flags.integer("gemm-size", 8192);
-  double lr = flags.number("lr", 1e-4);
-  if (!flags.ok()) return 2;
-  if (steps < 2) return flags.fail("--steps must be at least 2 (the first step warms up)");
+  if (!loom::cuda::parseAttentionKernel(attentionFlag, &attention))
+    return fail("--attention " + attentionFlag + ": expected auto, unfused or flash");
+  int64_t steps = stepsFlag, gemmSize = gemmSizeFlag;
+  double lr = lrFlag;
+  if (steps < 2) return fail("--steps must be at least 2 (the first step warms up)");
   const char *why = "";
-  if (!loom::cuda::deviceAvailable(&why)) return flags.fail(std::string("no CUDA device: ") + why);
+  if (!loom::cuda::deviceAvailable(&why)) return fail(std::string("no CUDA device: ") + why);
 
   loom::plan::RankPlan plan;
   loom::plan::ProgramSet programs;
-  loom::Status s = loadPlan(flags.get("plans"), &plan, &programs);
-  if (!s.isOk()) return flags.fail(s.message());
+  loom::Status s = loadPlan(plansDir, &plan, &programs);
+  if (!s.isOk()) return fail(s.message());
 
   double peak = 0;
   s = bf16GemmRate(int(gemmSize), 10, &peak);
-  if (!s.isOk()) return flags.fail(s.message());
+  if (!s.isOk()) return fail(s.message());
   cudaDeviceProp prop;
   cudaGetDeviceProperties(&prop, 0);
   std::printf("machine: %s; bf16 GEMM %lld^3: %.1f TFLOP/s (measured)\n", prop.name, (long long)gemmSize, peak / 1e12);
@@ -133,7 +151,7 @@ int main(int argc, char **argv) {
   std::unique_ptr<loom::Collectives> collectives = world.forRank(0);
   std::unique_ptr<loom::cuda::NcclGroups> groups;
   s = loom::cuda::NcclGroups::create(nullptr, loom::ParallelLayout{}, 0, 10000, &groups);
-  if (!s.isOk()) return flags.fail(s.message());
+  if (!s.isOk()) return fail(s.message());
   loom::SyntheticData data(plan.seq_length(), plan.vocab_size(), 1);
   loom::cuda::CudaExecutorOptions options;
   options.precision = precision;
@@ -141,12 +159,12 @@ int main(int argc, char **argv) {
   options.groups = groups.get();
   std::unique_ptr<loom::cuda::CudaBackend> backend;
   s = loom::cuda::CudaBackend::create(options, programs, &backend);
-  if (!s.isOk()) return flags.fail(s.message());
+  if (!s.isOk()) return fail(s.message());
   loom::TrainerOptions topt;
   topt.lossScaling = precision == loom::cuda::Precision::kFp16;
   std::unique_ptr<loom::Trainer> trainer;
   s = loom::Trainer::create(plan, programs, std::move(backend), collectives.get(), &data, topt, &trainer);
-  if (!s.isOk()) return flags.fail(s.message());
+  if (!s.isOk()) return fail(s.message());
 
   // The whole iteration (forward, backward, gradient sync, norm, clipping, AdamW), timed from
   // outside with the device drained, as the training loop times it.
@@ -159,7 +177,7 @@ int main(int argc, char **argv) {
     auto started = std::chrono::steady_clock::now();
     s = trainer->computeGradients(it - 1, &r);
     if (s.isOk()) s = trainer->optimizerStep(it - skipped, lr, 1.0, &norm, &skip);
-    if (!s.isOk()) return flags.fail("step " + std::to_string(it) + ": " + s.message());
+    if (!s.isOk()) return fail("step " + std::to_string(it) + ": " + s.message());
     double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
     skipped += skip;
     std::printf("step %lld: %.1f ms, loss %.4f, grad norm %.3f%s\n", (long long)it, elapsed * 1e3, r.loss, norm,
@@ -169,7 +187,7 @@ int main(int argc, char **argv) {
     losses.push_back(r.loss);
   }
   for (double l : losses)
-    if (!std::isfinite(l)) return flags.fail("the loss is not finite");
+    if (!std::isfinite(l)) return fail("the loss is not finite");
   double step = *std::min_element(seconds.begin() + 1, seconds.end());
   double tokensPerS = double(plan.global_batch_size()) * plan.seq_length() / step;
   double flops = loom::modelFlopsPerStep(plan) / step;
@@ -178,12 +196,12 @@ int main(int argc, char **argv) {
   std::printf("Loom GPT %.2fB params, seq %d, micro-batch %d, %s, %s attention: %.0f tokens/s, %.1f TFLOP/s, MFU %.1f%% of measured "
               "bf16 GEMM; loss %.3f -> %.3f; device memory in use %.1f GiB\n",
               plan.parameter_count() / 1e9, plan.seq_length(), plan.micro_batch_size(),
-              loom::cuda::precisionName(precision), flags.get("attention", "auto").c_str(), tokensPerS, flops / 1e12, 100 * flops / peak, losses.front(),
+              loom::cuda::precisionName(precision), attentionFlag.c_str(), tokensPerS, flops / 1e12, 100 * flops / peak, losses.front(),
               losses.back(), (totalBytes - freeBytes) / double(1 << 30));
-  if (flags.has("result")) {
-    std::ofstream out(flags.get("result"));
+  if (resultFile.getNumOccurrences()) {
+    std::ofstream out(resultFile);
     out << "tokens_per_s " << tokensPerS << "\n";
-    if (!out) return flags.fail(flags.get("result") + ": cannot write");
+    if (!out) return fail(resultFile + ": cannot write");
   }
   return 0;
 }
