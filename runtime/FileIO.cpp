@@ -31,6 +31,7 @@ Status readWholeFile(const std::string &path, const char *what, std::string *byt
     bytes->append(buf, size_t(n));
   }
   ::close(fd);
+  if (progress) progress(int64_t(bytes->size()), int64_t(bytes->size()));
   return Status::ok();
 }
 

@@ -27,7 +27,9 @@ std::string amount(double v, bool bytes) {
 
 std::string duration(double s) {
   char text[32];
-  if (s < 60)
+  if (s < 10)
+    std::snprintf(text, sizeof text, "%.1f s", s);
+  else if (s < 60)
     std::snprintf(text, sizeof text, "%.0f s", std::ceil(s));
   else if (s < 3600)
     std::snprintf(text, sizeof text, "%dm%02ds", int(s) / 60, int(s) % 60);
@@ -58,7 +60,9 @@ std::string ProgressMeter::format(const std::string &what, int64_t done, int64_t
   }
   if (seconds > 0 && done > 0) {
     double rate = double(done) / seconds;
-    line += ", " + amount(rate, bytes) + (bytes ? "/s" : " " + unit + "/s");
+    char slow[32];  // a count's rate under 10 per second keeps a decimal ("0.9 configurations/s")
+    std::snprintf(slow, sizeof slow, "%.1f", rate);
+    line += ", " + (bytes || rate >= 10 ? amount(rate, bytes) : std::string(slow)) + (bytes ? "/s" : " " + unit + "/s");
     if (total > 0 && done < total) line += ", ETA " + duration(double(total - done) / rate);
     if (total > 0 && done >= total) line += ", " + duration(seconds);
   }

@@ -29,7 +29,7 @@ class ProgressMeter {
   // Whether progress lines are drawn on `out` (a terminal, or LOOM_PROGRESS=always).
   static bool enabledFor(FILE *out);
   // The line for a state, without drawing (tests): e.g. "compiling plans: 512/1024 ranks (50%),
-  // 120 ranks/s, ETA 4 s".
+  // 120 ranks/s, ETA 4.3 s".
   static std::string format(const std::string &what, int64_t done, int64_t total, const std::string &unit,
                             bool bytes, double seconds);
 

@@ -115,6 +115,7 @@ ByteProgress shardProgress(bool show, const char *what, std::unique_ptr<Progress
   return [=](int64_t done, int64_t total) {
     if (!*meter) meter->reset(new ProgressMeter(what, total, "", /*bytes=*/true));
     (*meter)->update(done);
+    if (total > 0 && done >= total) (*meter)->finish();  // the file is done (the rest is memory work)
   };
 }
 }  // namespace
