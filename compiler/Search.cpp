@@ -246,30 +246,27 @@ std::string searchText(const SearchResult &r, const config::ClusterSpec &cluster
   return s;
 }
 
+// A JSON list, one configuration per line: the parallel fields named as in cluster.proto, then
+// the simulate keys (predictionJson's).
 std::string searchJson(const SearchResult &r, int top) {
-  std::string s;
-  llvm::raw_string_ostream os(s);
-  os << "[";
+  std::string s = "[";
   for (size_t i = 0; i < r.ranked.size() && int(i) < top; ++i) {
     const config::ParallelConfig &c = r.ranked[i].parallel;
-    const StepPrediction &p = r.ranked[i].prediction;
-    const char *schedule = c.schedule() == config::GPIPE                     ? "GPIPE"
-                           : c.schedule() == config::INTERLEAVED_ONE_F_ONE_B ? "INTERLEAVED_ONE_F_ONE_B"
-                                                                             : "ONE_F_ONE_B";
-    os << (i ? ",\n " : "")
-       << llvm::formatv("{{\"tensor_parallel_size\": {0}, \"pipeline_parallel_size\": {1}, \"data_parallel_size\": {2}, "
-                        "\"virtual_pipeline_size\": {3}, \"micro_batch_size\": {4}, \"global_batch_size\": {5}, "
-                        "\"recompute\": \"{6}\", \"sequence_parallel\": {7}, \"zero1\": {8}, \"schedule\": \"{9}\", "
-                        "\"step_time_s\": {10:E6}, \"tflops_per_device\": {11:F4}, \"mfu\": {12:F5}, \"bubble\": "
-                        "{13:F5}, \"peak_memory_bytes\": {14}}",
-                        c.tensor_parallel_size(), c.pipeline_parallel_size(), c.data_parallel_size(),
-                        c.virtual_pipeline_size(), c.micro_batch_size(), c.global_batch_size(),
-                        c.recompute() == config::RECOMPUTE_FULL ? "RECOMPUTE_FULL" : "RECOMPUTE_NONE",
-                        c.sequence_parallel() ? "true" : "false", c.zero1() ? "true" : "false", schedule, p.stepSeconds,
-                        p.modelTflopsPerDevice, p.mfu, p.bubble, p.peakMemoryBytes);
+    nlohmann::ordered_json j = {{"tensor_parallel_size", c.tensor_parallel_size()},
+                                {"pipeline_parallel_size", c.pipeline_parallel_size()},
+                                {"data_parallel_size", c.data_parallel_size()},
+                                {"virtual_pipeline_size", c.virtual_pipeline_size()},
+                                {"micro_batch_size", c.micro_batch_size()},
+                                {"global_batch_size", c.global_batch_size()},
+                                {"recompute", config::RecomputeMode_Name(c.recompute())},
+                                {"sequence_parallel", c.sequence_parallel()},
+                                {"zero1", c.zero1()},
+                                {"schedule", config::PipelineSchedule_Name(c.schedule())}};
+    nlohmann::ordered_json prediction = predictionObject(r.ranked[i].prediction);
+    for (auto &[key, value] : prediction.items()) j[key] = value;
+    s += (i ? ",\n " : "") + j.dump();
   }
-  os << "]\n";
-  return s;
+  return s + "]\n";
 }
 
 }  // namespace loom

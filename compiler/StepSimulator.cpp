@@ -409,31 +409,30 @@ llvm::Error simulateStep(const std::vector<RankPrograms> &ranks, const SimulateO
   return llvm::Error::success();
 }
 
-std::string predictionJson(const StepPrediction &p) {
-  std::string s;
-  llvm::raw_string_ostream os(s);
-  os << llvm::formatv("{{\"step_time_s\": {0:E6}, \"tflops_per_device\": {1:F4}, \"tflops_per_device_with_recompute\": "
-                      "{2:F4}, \"mfu\": {3:F5}, \"bubble\": {4:F5}, \"peak_memory_bytes\": {5}, \"world_size\": {6}, "
-                      "\"simulated_ranks\": {7}, \"exposed_communication_s\": {{",
-                      p.stepSeconds, p.modelTflopsPerDevice, p.hardwareTflopsPerDevice, p.mfu, p.bubble,
-                      p.peakMemoryBytes, p.worldSize, p.simulatedRanks);
-  bool first = true;
-  for (auto &[kind, seconds] : p.exposedByKind)
-    os << (first ? "" : ", ") << llvm::formatv("\"{0}\": {1:E4}", kind, seconds), first = false;
-  os << "}, \"warnings\": [";
-  for (size_t i = 0; i < p.warnings.size(); ++i) os << (i ? ", " : "") << "\"" << p.warnings[i] << "\"";
-  os << "], \"ranks\": [";
-  for (size_t i = 0; i < p.ranks.size(); ++i) {
-    const RankPrediction &r = p.ranks[i];
-    os << (i ? ", " : "")
-       << llvm::formatv("{{\"rank\": {0}, \"stage\": {1}, \"compute_s\": {2:E4}, \"exposed_communication_s\": {3:E4}, "
-                        "\"idle_s\": {4:E4}, \"peak_memory_bytes\": {5}}",
-                        r.rank, r.stage, r.computeSeconds, r.exposedCommunicationSeconds, r.idleSeconds,
-                        r.peakMemoryBytes);
-  }
-  os << "]}\n";
-  return s;
+nlohmann::ordered_json predictionObject(const StepPrediction &p) {
+  nlohmann::ordered_json j = {{"step_time_s", p.stepSeconds},
+                              {"tflops_per_device", p.modelTflopsPerDevice},
+                              {"tflops_per_device_with_recompute", p.hardwareTflopsPerDevice},
+                              {"mfu", p.mfu},
+                              {"bubble", p.bubble},
+                              {"peak_memory_bytes", p.peakMemoryBytes},
+                              {"world_size", p.worldSize},
+                              {"simulated_ranks", p.simulatedRanks}};
+  j["exposed_communication_s"] = nlohmann::ordered_json::object();
+  for (auto &[kind, seconds] : p.exposedByKind) j["exposed_communication_s"][kind] = seconds;
+  j["warnings"] = p.warnings;
+  j["ranks"] = nlohmann::ordered_json::array();
+  for (const RankPrediction &r : p.ranks)
+    j["ranks"].push_back({{"rank", r.rank},
+                          {"stage", r.stage},
+                          {"compute_s", r.computeSeconds},
+                          {"exposed_communication_s", r.exposedCommunicationSeconds},
+                          {"idle_s", r.idleSeconds},
+                          {"peak_memory_bytes", r.peakMemoryBytes}});
+  return j;
 }
+
+std::string predictionJson(const StepPrediction &p) { return predictionObject(p).dump() + "\n"; }
 
 std::string predictionText(const StepPrediction &p) {
   std::string s;

@@ -16,6 +16,8 @@
 #include <string>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
 #include "compiler/CostModel.h"
 #include "compiler/PlanCheck.h"
 #include "llvm/Support/Error.h"
@@ -76,6 +78,8 @@ std::string predictionTimelineSvg(const std::vector<RankPrograms> &ranks, const 
 
 // The prediction as one JSON object (the keys documented in the README).
 std::string predictionJson(const StepPrediction &prediction);
+// The same as a JSON object (search's --json adds these keys to each configuration).
+nlohmann::ordered_json predictionObject(const StepPrediction &prediction);
 std::string predictionText(const StepPrediction &prediction);
 
 }  // namespace loom

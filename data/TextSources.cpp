@@ -5,49 +5,14 @@
 #include <fstream>
 #include <sstream>
 
+#include <nlohmann/json.hpp>
+
 namespace loom {
 namespace {
 
 bool isBrownFile(const std::string &name) {
   return name.size() == 4 && name[0] == 'c' && isalpha((unsigned char)name[1]) && isdigit((unsigned char)name[2]) &&
          isdigit((unsigned char)name[3]);
-}
-
-// The string value of `key` in a one-line JSON object (escapes decoded, \uXXXX as UTF-8).
-bool jsonField(const std::string &line, const std::string &key, std::string *out) {
-  size_t k = line.find("\"" + key + "\"");
-  if (k == std::string::npos) return false;
-  size_t i = line.find(':', k + key.size() + 2);
-  if (i == std::string::npos) return false;
-  i = line.find('"', i);
-  if (i == std::string::npos) return false;
-  out->clear();
-  for (++i; i < line.size() && line[i] != '"'; ++i) {
-    if (line[i] != '\\') {
-      *out += line[i];
-      continue;
-    }
-    char e = line[++i];
-    if (e == 'n') *out += '\n';
-    else if (e == 't') *out += '\t';
-    else if (e == 'r') *out += '\r';
-    else if (e == 'u' && i + 4 < line.size()) {
-      uint32_t cp = std::stoul(line.substr(i + 1, 4), nullptr, 16);
-      i += 4;
-      if (cp >= 0xD800 && cp < 0xDC00 && line.compare(i + 1, 2, "\\u") == 0) {
-        cp = 0x10000 + ((cp - 0xD800) << 10) + (std::stoul(line.substr(i + 3, 4), nullptr, 16) - 0xDC00);
-        i += 6;
-      }
-      if (cp < 0x80) *out += char(cp);
-      else if (cp < 0x800) *out += char(0xC0 | (cp >> 6)), *out += char(0x80 | (cp & 0x3F));
-      else if (cp < 0x10000)
-        *out += char(0xE0 | (cp >> 12)), *out += char(0x80 | ((cp >> 6) & 0x3F)), *out += char(0x80 | (cp & 0x3F));
-      else
-        *out += char(0xF0 | (cp >> 18)), *out += char(0x80 | ((cp >> 12) & 0x3F)),
-            *out += char(0x80 | ((cp >> 6) & 0x3F)), *out += char(0x80 | (cp & 0x3F));
-    } else *out += e;
-  }
-  return i < line.size();
 }
 
 }  // namespace
@@ -111,14 +76,17 @@ Status readDocuments(const std::string &path, const std::string &format, const s
   std::ifstream in(path, std::ios::binary);
   if (!in) return Status::error(path + ": cannot open");
   if (format == "jsonl") {
-    std::string line, text;
+    std::string line;
     int64_t n = 0;
     while (std::getline(in, line)) {
       ++n;
       if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
-      if (!jsonField(line, jsonKey, &text))
+      nlohmann::json record = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
+      if (record.is_discarded()) return Status::error(path + ":" + std::to_string(n) + ": not JSON");
+      auto field = record.is_object() ? record.find(jsonKey) : record.end();
+      if (!record.is_object() || field == record.end() || !field->is_string())
         return Status::error(path + ":" + std::to_string(n) + ": no string field \"" + jsonKey + "\"");
-      docs->push_back(text);
+      docs->push_back(field->get<std::string>());
     }
     return Status::ok();
   }

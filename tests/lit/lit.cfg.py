@@ -15,3 +15,4 @@ params = lit_config.params
 tool_dirs = [params["loom_bin"], "/usr/lib/llvm-19/bin"]
 config.environment["PATH"] = os.pathsep.join(tool_dirs + [config.environment.get("PATH", os.environ["PATH"])])
 config.substitutions.append(("%examples", params["examples"]))
+config.substitutions.append(("%bpe", "--vocab {0}/encoder.json --merges {0}/vocab.bpe".format(params["bpe"])))
