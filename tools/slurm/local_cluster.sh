@@ -26,14 +26,19 @@ stop() {
   done
 }
 
-wait_for() {  # wait_for SECONDS WHAT COMMAND...
+wait_for() {  # wait_for SECONDS WHAT COMMAND...: each try at most 5 s, all of them at most SECONDS
   local limit=$1 what=$2; shift 2
-  for _ in $(seq $((limit * 10))); do "$@" >/dev/null 2>&1 && return 0; sleep 0.1; done
+  local deadline=$((SECONDS + limit))
+  while ((SECONDS < deadline)); do
+    timeout 5 "$@" >/dev/null 2>&1 && return 0
+    sleep 0.2
+  done
   die "$what did not come up within ${limit} s (logs in $dir)"
 }
 
 start() {
   [[ $(id -u) -eq 0 ]] || die "needs root (slurmd starts the job's processes as the job's user)"
+  getent hosts "$node" >/dev/null || die "this machine's name '$node' does not resolve (getent hosts): Slurm addresses nodes by name"
   local b
   for b in munged slurmctld slurmd sbatch scontrol sinfo; do
     command -v "$b" >/dev/null || die "$b not found (apt-get install slurmctld slurmd slurm-client munge)"
@@ -78,9 +83,9 @@ NodeName=$node CPUs=$cpus State=UNKNOWN
 PartitionName=local Nodes=$node Default=YES MaxTime=INFINITE State=UP
 CONF
   export SLURM_CONF=$conf
-  slurmctld -f "$conf"
+  timeout 20 slurmctld -f "$conf" || die "slurmctld did not start (logs in $dir)"
   wait_for 20 slurmctld scontrol ping
-  slurmd -f "$conf"
+  timeout 20 slurmd -f "$conf" || die "slurmd did not start (logs in $dir)"
   wait_for 20 "slurmd on $node" bash -c "sinfo -h -N -o %t | grep -qE '^(idle|mix|alloc)'"
   echo "local_cluster: one-node Slurm up on $node ($cpus CPUs); export SLURM_CONF=$conf"
 }
