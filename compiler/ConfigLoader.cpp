@@ -130,7 +130,7 @@ llvm::Expected<config::DeviceFile> loadDeviceFile(const std::string &path) {
                          std::pair{"intra_node.bandwidth_bytes_per_s", f.intra_node().bandwidth_bytes_per_s()},
                          std::pair{"inter_node.bandwidth_bytes_per_s", f.inter_node().bandwidth_bytes_per_s()}})
     if (v < 0) return fieldError(path, name, llvm::formatv("must be >= 0, got {0}", v));
-  for (auto *points : {&d.gemm_efficiency(), &d.attention_efficiency()})
+  for (auto *points : {&d.gemm_efficiency(), &d.attention_efficiency(), &d.attention_dropout_efficiency()})
     for (const config::EfficiencyPoint &pt : *points)
       if (pt.flops() <= 0 || pt.efficiency() <= 0 || pt.efficiency() > 1)
         return fieldError(path, "device.gemm_efficiency",

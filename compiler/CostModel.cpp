@@ -67,14 +67,17 @@ double CostModel::compute(const plan::Program &program, const plan::Instruction 
         if (!planattr::isCommunication(i.op())) it->second += i.flops();
     return it->second > 0 ? units * in.flops() / it->second : 0;
   }
-  return computeSeconds(in.op(), in.flops(), isGemmOp(in.op()) || isAttentionOp(in.op()) ? 0 : instructionBytes(program, in));
+  return computeSeconds(in.op(), in.flops(), isGemmOp(in.op()) || isAttentionOp(in.op()) ? 0 : instructionBytes(program, in),
+                        isAttentionOp(in.op()) && planattr::f64(in, "dropout") > 0);
 }
 
-double CostModel::computeSeconds(const std::string &op, double flops, double bytes) const {
+double CostModel::computeSeconds(const std::string &op, double flops, double bytes, bool dropout) const {
   double seconds = device_.launch_overhead_s();
   if (isGemmOp(op) || isAttentionOp(op)) {
-    const auto &curve = isAttentionOp(op) && !device_.attention_efficiency().empty() ? device_.attention_efficiency()
-                                                                                    : device_.gemm_efficiency();
+    const auto &curve = !isAttentionOp(op)                                             ? device_.gemm_efficiency()
+                        : dropout && !device_.attention_dropout_efficiency().empty() ? device_.attention_dropout_efficiency()
+                        : !device_.attention_efficiency().empty()                     ? device_.attention_efficiency()
+                                                                                      : device_.gemm_efficiency();
     if (gemmPeak_ > 0) seconds += flops / (gemmPeak_ * efficiency(curve, flops));
     return seconds;
   }

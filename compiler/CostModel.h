@@ -38,7 +38,9 @@ class CostModel {
   int nodeOf(int rank) const { return int(rank / devicesPerNode_); }
   // The same model for an op known by its name, FLOPs and bytes (the global IR's ops, before
   // lowering: the stage balancer's costs).
-  double computeSeconds(const std::string &op, double flops, double bytes) const;
+  // `dropout`: an attention op with attention dropout (its own efficiency curve when the
+  // device has one).
+  double computeSeconds(const std::string &op, double flops, double bytes, bool dropout = false) const;
   bool unitCost() const { return unitCost_; }
 
  private:
