@@ -137,7 +137,12 @@ config::OpRate fitRate(const std::string &op, const std::vector<Sample> &samples
   return r;
 }
 
-llvm::Error measureKernels(const CalibrateOptions &options, config::DeviceFile *out, llvm::raw_ostream &log) {
+// `slowdown`: what every core busy costs a kernel (measureContention). The t = 2 models run
+// their two ranks at once, so their samples are scaled back to a kernel's time alone by the
+// share of the cores they kept busy.
+llvm::Error measureKernels(const CalibrateOptions &options, double slowdown, config::DeviceFile *out,
+                           llvm::raw_ostream &log) {
+  int cores = int(std::thread::hardware_concurrency());
   std::vector<Sample> gemm, attention, attentionDropout;  // attention with and without attention dropout
   std::map<std::string, std::vector<Sample>> others;
   config::ClusterSpec cluster;
@@ -200,7 +205,9 @@ llvm::Error measureKernels(const CalibrateOptions &options, config::DeviceFile *
           if (in.stream() != plan::COMPUTE || in.op() == "identity" || tm.seconds.empty()) continue;
           std::vector<double> runs = tm.seconds;  // the median run: an interrupted one does not count
           std::nth_element(runs.begin(), runs.begin() + long(runs.size() / 2), runs.end());
-          Sample smp{in.flops(), instructionBytes(*tm.program, in), runs[runs.size() / 2]};
+          int busy = std::min(cores, t * options.threads);
+          double contention = cores > 1 ? 1 + (slowdown - 1) * double(busy - 1) / double(cores - 1) : 1.0;
+          Sample smp{in.flops(), instructionBytes(*tm.program, in), runs[runs.size() / 2] / contention};
           bool dropout = planattr::f64(in, "dropout") > 0;
           (isGemmOp(in.op())          ? gemm
            : !isAttentionOp(in.op()) ? others[in.op()]
@@ -346,10 +353,58 @@ int runGlooWorker(int rank, const std::string &dir) {
   return 0;
 }
 
+// Seconds per work unit (a GEMM and an AdamW-like pass over memory, as a training step mixes
+// them) on each of `threads` threads running at once, averaged over the threads.
+double contentionUnitSeconds(int threads) {
+  constexpr int m = 256, k = 1024, n = 256, kReps = 6;
+  constexpr size_t kStream = size_t(2) << 20;  // floats per array: 4 arrays of 8 MB
+  std::vector<double> seconds(static_cast<size_t>(threads));
+  std::vector<std::thread> pool;
+  for (int t = 0; t < threads; ++t)
+    pool.emplace_back([&, t] {
+      std::vector<float> a(size_t(m) * k, 0.5f), b(size_t(k) * n, 0.25f), c(size_t(m) * n);
+      std::vector<float> p(kStream, 1.0f), g(kStream, 0.01f), mo(kStream, 0.0f), v(kStream, 0.0f);
+      auto unit = [&] {
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, m, n, k, 1.0f, a.data(), k, b.data(), n, 0.0f, c.data(), n);
+        for (size_t i = 0; i < kStream; ++i) {
+          mo[i] = 0.9f * mo[i] + 0.1f * g[i], v[i] = 0.95f * v[i] + 0.05f * g[i] * g[i];
+          p[i] -= 1e-4f * mo[i] / (std::sqrt(v[i]) + 1e-8f);
+        }
+      };
+      unit();  // warm: pages touched, caches
+      auto t0 = std::chrono::steady_clock::now();
+      for (int r = 0; r < kReps; ++r) unit();
+      seconds[size_t(t)] = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() / kReps;
+    });
+  for (std::thread &th : pool) th.join();
+  double sum = 0;
+  for (double s : seconds) sum += s;
+  return sum / threads;
+}
+
+// How much slower a rank's kernels run when every core of the node is busy than alone: the
+// median of three alternations of the unit alone and on every core.
+double measureContention(int cores, llvm::raw_ostream &log) {
+  if (cores < 2) return 1.0;
+  std::vector<double> ratios;
+  for (int round = 0; round < 3; ++round) {
+    double alone = contentionUnitSeconds(1), all = contentionUnitSeconds(cores);
+    ratios.push_back(all / alone);
+  }
+  std::sort(ratios.begin(), ratios.end());
+  double slowdown = std::max(1.0, ratios[1]);
+  log << llvm::formatv("  a kernel with all {0} cores busy: {1:F2}x its time alone\n", cores, slowdown);
+  return slowdown;
+}
+
 llvm::Error calibrate(const CalibrateOptions &options, config::DeviceFile *out, llvm::raw_ostream &log) {
   openblas_set_num_threads(options.threads);
+  log << "contention (a GEMM and a pass over memory, alone and on every core):\n";
+  int cores = int(std::thread::hardware_concurrency());
+  double slowdown = measureContention(cores, log);
   log << "kernels (CPU executor, traced):\n";
-  if (llvm::Error e = measureKernels(options, out, log)) return e;
+  if (llvm::Error e = measureKernels(options, slowdown, out, log)) return e;
+  out->mutable_device()->set_all_cores_busy_slowdown(slowdown);
   log << "communication (Gloo over loopback, 2 processes):\n";
   return measureLoopback(options, out, log);
 }

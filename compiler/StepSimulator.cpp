@@ -58,9 +58,9 @@ double uncovered(std::vector<Interval> spans, std::vector<Interval> cover) {
 class Engine {
  public:
   Engine(const std::vector<RankPrograms> &ranks, std::vector<bool> simulated, CostModel &cost, int coresPerNode,
-         int threadsPerRank)
+         int threadsPerRank, double allCoresBusySlowdown)
       : ranks_(ranks), simulated_(std::move(simulated)), cost_(cost), state_(ranks.size()), cores_(coresPerNode),
-        threads_(std::max(threadsPerRank, 1)) {}
+        threads_(std::max(threadsPerRank, 1)), slowdown_(std::max(1.0, allCoresBusySlowdown)) {}
 
   llvm::Error run() {
     for (size_t r = 0; r < ranks_.size(); ++r)
@@ -145,8 +145,14 @@ class Engine {
     int rank, index;
   };
 
+  // Work per second of a compute task while `running` tasks share the node's cores: each gets
+  // its share of the cores, at the speed a core has with that many of them busy (1 alone, the
+  // device's all_cores_busy_slowdown with all busy, linear between).
   double rate(size_t running) const {
-    return cores_ > 0 ? std::min(1.0, double(cores_) / double(running * size_t(threads_))) : 1.0;
+    if (cores_ <= 0) return 1.0;
+    double demand = double(running * size_t(threads_)), busy = std::min(double(cores_), demand);
+    double contention = cores_ > 1 ? 1 + (slowdown_ - 1) * (busy - 1) / double(cores_ - 1) : 1.0;
+    return std::min(1.0, double(cores_) / demand) / contention;
   }
 
   llvm::Error prepare(int r) {
@@ -317,6 +323,7 @@ class Engine {
   CostModel &cost_;
   std::vector<RankState> state_;
   int cores_, threads_;
+  double slowdown_;
   double now_ = 0;
   int64_t executed_ = 0;
   std::priority_queue<Event> events_;
@@ -352,7 +359,7 @@ llvm::Error simulateStep(const std::vector<RankPrograms> &ranks, const SimulateO
   bool onePerStage = false;
   std::vector<bool> simulated = representativeRanks(ranks, &onePerStage);
   if (cores > 0) simulated.assign(ranks.size(), true);  // sharing the cores depends on every rank's timing
-  Engine engine(ranks, simulated, cost, cores, device.threads_per_rank());
+  Engine engine(ranks, simulated, cost, cores, device.threads_per_rank(), device.all_cores_busy_slowdown());
   if (llvm::Error e = engine.run()) return e;
 
   StepPrediction p;

@@ -46,12 +46,14 @@ struct Coordinator {
   Result result;
   std::thread thread;
   std::string port;
-  Coordinator(const std::string &flags) {
+  // The coordinator gives up (and exits) `registrationSeconds` after it starts: long enough
+  // for every rank the test starts, each of which may retry for its --connect-timeout.
+  Coordinator(const std::string &flags, int registrationSeconds = 6) {
     std::string portFile = tmpdir() + "/control.port";
     std::remove(portFile.c_str());
-    thread = std::thread([this, flags, portFile] {
+    thread = std::thread([this, flags, portFile, registrationSeconds] {
       result = run(runfile("runtime/loom-coord") + " --plans " + plans() + " --token right --port-file " + portFile +
-                   " --registration-timeout 6 " + flags);
+                   " --registration-timeout " + std::to_string(registrationSeconds) + " " + flags);
     });
     for (int i = 0; i < 100 && port.empty(); ++i) {
       std::this_thread::sleep_for(std::chrono::milliseconds(100));
@@ -96,7 +98,9 @@ TEST(ControlPlane, ThrowawayKeysAreTheOwnersOnly) {
 
 TEST(ControlPlane, ATlsCoordinatorTurnsAwayWhomItShould) {
   control::TlsFiles job = certificate("cert_job"), other = certificate("cert_other");
-  Coordinator coord(tlsFlags(job, job));
+  // Five refused ranks, three of them retrying for up to 3 s: 6 s was too short on a loaded
+  // machine (the last rank found the coordinator gone).
+  Coordinator coord(tlsFlags(job, job), 20);
   ASSERT_FALSE(coord.port.empty()) << coord.result.output;
   std::string where = "loom-rank 0: error: cannot reach the coordinator at 127.0.0.1:" + coord.port;
 
