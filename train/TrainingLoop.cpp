@@ -297,14 +297,19 @@ Status TrainingLoop::exportModel() {
   return Status::ok();
 }
 
-// At a log iteration every rank reports its compute time per iteration since the last one (its
-// own kernels, not its waits) and its pipeline stage; the logging rank waits briefly for all of
-// them and gets the coordinator's straggler verdict (a rank more than 10% above the median of
-// its stage's ranks): " | straggler: rank R (...)" for its log line, or "".
-std::string TrainingLoop::reportMetrics(int64_t it, const StepResult &r, double norm, bool skipped) {
+// Every iteration the loss ranks report their loss. At a log iteration every rank also reports
+// its compute time per iteration since the last one (its own kernels, not its waits) and its
+// pipeline stage; the logging rank waits briefly for all of them and gets the coordinator's
+// straggler verdict (a rank more than 10% above the median of its stage's ranks): " |
+// straggler: rank R (...)" for its log line, or "".
+std::string TrainingLoop::reportMetrics(int64_t it, const StepResult &r, double norm, bool skipped, bool logIteration) {
   const plan::RankPlan &p = trainer_.plan();
   std::map<std::string, double> values;
   if (r.hasLoss && !skipped) values = {{"loss", r.loss}, {"grad_norm", norm}};
+  if (!logIteration) {
+    if (!values.empty()) (void)client_.metrics(p.rank(), it, values);
+    return "";
+  }
   if (iterationsInInterval_ > 0) {
     values["compute-seconds"] = computeInInterval_ / double(iterationsInInterval_);
     values["pipeline-stage"] = p.pp_rank();
@@ -374,8 +379,7 @@ Status TrainingLoop::run() {
       ++iterationsInInterval_;
     }
     bool logIteration = it % opt_.logInterval == 0 || it == opt_.trainIters;
-    std::string straggler = logIteration ? reportMetrics(it, r, norm, skipped) : "";
-    if (!logIteration && r.hasLoss && !skipped) (void)client_.metrics(p.rank(), it, {{"loss", r.loss}, {"grad_norm", norm}});
+    std::string straggler = reportMetrics(it, r, norm, skipped, logIteration);
     if (skipped) {
       // fp16 dynamic loss scaling: an inf/NaN gradient on some rank; every rank skipped the update.
       ++skipped_;

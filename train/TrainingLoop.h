@@ -59,7 +59,7 @@ class TrainingLoop {
   Status validate(int64_t iteration);
   Status exportModel();
   bool logs() const;
-  std::string reportMetrics(int64_t iteration, const StepResult &result, double norm, bool skipped);
+  std::string reportMetrics(int64_t iteration, const StepResult &result, double norm, bool skipped, bool logIteration);
 
   Trainer &trainer_;
   control::CoordinatorClient &client_;
