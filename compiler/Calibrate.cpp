@@ -5,6 +5,8 @@
 
 #include <algorithm>
 #include <chrono>
+#include <condition_variable>
+#include <mutex>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
@@ -137,6 +139,54 @@ config::OpRate fitRate(const std::string &op, const std::vector<Sample> &samples
   return r;
 }
 
+// A compiled calibration model's rank `rank`: its schedule's programs and their arguments.
+struct ScheduledRank {
+  std::vector<const plan::Program *> programs;
+  std::vector<std::vector<HostTensor>> args;
+  std::vector<float> workspace, scratch;  // kept across steps, as the CPU backend keeps them
+};
+
+llvm::Error scheduleOf(const PlanDirectory &plans, int rank, int64_t vocab, std::mt19937 &rng, ScheduledRank *out) {
+  for (const plan::ScheduleEntry &e : plans.ranks[size_t(rank)].schedule()) {
+    const plan::Program *program = plans.program(rank, e.program());
+    if (!program) return error("calibration plan lacks program " + e.program());
+    out->programs.push_back(program);
+    out->args.push_back(argumentsFor(*program, vocab, rng));
+  }
+  return llvm::Error::success();
+}
+
+// Runs the schedule `steps` times as training runs it, step after step (each program between
+// the others, on one workspace and scratch as the CPU backend keeps them), not a program
+// repeated on caches it has just warmed. Steps from `traceFrom` on are traced.
+Status runSteps(ScheduledRank &rank, Collectives *collectives, int steps, int traceFrom, TraceRecorder *trace) {
+  for (int step = 0; step < steps; ++step)
+    for (size_t k = 0; k < rank.programs.size(); ++k) {
+      std::vector<const HostTensor *> pointers;
+      for (const HostTensor &a : rank.args[k]) pointers.push_back(&a);
+      ExecutionContext ctx;
+      ctx.collectives = collectives;
+      ctx.workspace = &rank.workspace;
+      ctx.scratch = &rank.scratch;
+      ctx.trace = step >= traceFrom ? trace : nullptr;
+      std::vector<HostTensor> results;
+      if (Status s = executeProgram(*rank.programs[k], pointers, results, ctx); !s.isOk())
+        return Status::error(rank.programs[k]->name() + ": " + s.message());
+    }
+  return Status::ok();
+}
+
+config::ClusterSpec calibrationCluster(const config::ModelConfig &model, int t) {
+  config::ClusterSpec c;
+  c.set_name("calibrate"), c.set_nodes(1), c.set_devices_per_node(t);
+  c.mutable_device()->set_kind(config::CPU), c.mutable_device()->set_peak_flops(1e11);
+  config::ParallelConfig &par = *c.mutable_parallel();
+  par.set_micro_batch_size(model.micro_batch_size()), par.set_global_batch_size(model.micro_batch_size());
+  par.set_tensor_parallel_size(t), par.set_pipeline_parallel_size(1), par.set_data_parallel_size(1);
+  par.set_virtual_pipeline_size(1), par.set_dp_bucket_size_bytes(25000000);
+  return c;
+}
+
 // `slowdown`: what every core busy costs a kernel (measureContention). The t = 2 models run
 // their two ranks at once, so their samples are scaled back to a kernel's time alone by the
 // share of the cores they kept busy.
@@ -145,18 +195,10 @@ llvm::Error measureKernels(const CalibrateOptions &options, double slowdown, con
   int cores = int(std::thread::hardware_concurrency());
   std::vector<Sample> gemm, attention, attentionDropout;  // attention with and without attention dropout
   std::map<std::string, std::vector<Sample>> others;
-  config::ClusterSpec cluster;
-  cluster.set_name("calibrate"), cluster.set_nodes(1), cluster.set_devices_per_node(1);
-  cluster.mutable_device()->set_kind(config::CPU), cluster.mutable_device()->set_peak_flops(1e11);
   for (config::ModelConfig &model : calibrationModels())
     for (int t : {1, 2}) {  // t = 2: the vocab-parallel cross-entropy's steps and the sharded shapes
       if (t == 2 && (model.num_attention_heads() % 2 != 0 || model.hidden_size() > 512)) continue;
-      config::ClusterSpec c = cluster;
-      c.set_devices_per_node(t);
-      config::ParallelConfig &par = *c.mutable_parallel();
-      par.set_micro_batch_size(model.micro_batch_size()), par.set_global_batch_size(model.micro_batch_size());
-      par.set_tensor_parallel_size(t), par.set_pipeline_parallel_size(1), par.set_data_parallel_size(1);
-      par.set_virtual_pipeline_size(1), par.set_dp_bucket_size_bytes(25000000);
+      config::ClusterSpec c = calibrationCluster(model, t);
       std::string dir = options.workDir + "/" + model.name() + "-t" + std::to_string(t);
       if (llvm::Error e = options.compile(model, c, dir)) return e;
       llvm::Expected<PlanDirectory> plans = readPlanDirectory(dir);
@@ -172,29 +214,14 @@ llvm::Error measureKernels(const CalibrateOptions &options, double slowdown, con
         threads.emplace_back([&, r] {
           std::unique_ptr<Collectives> collectives = world.forRank(r);
           std::mt19937 rng(7 + r);
-          for (const plan::ScheduleEntry &e : plans->ranks[size_t(r)].schedule()) {
-            const plan::Program *program = plans->program(r, e.program());
-            if (!program) {
-              failures[size_t(r)] = "calibration plan lacks program " + e.program();
-              return;
-            }
-            std::vector<HostTensor> args = argumentsFor(*program, model.vocab_size(), rng);
-            std::vector<const HostTensor *> pointers;
-            for (const HostTensor &a : args) pointers.push_back(&a);
-            std::vector<float> workspace, scratch;  // kept across runs, as the CPU backend keeps them
-            for (int run = 0; run <= options.repeats; ++run) {
-              ExecutionContext ctx;
-              ctx.collectives = collectives.get();
-              ctx.workspace = &workspace;
-              ctx.scratch = &scratch;
-              ctx.trace = run > 0 ? &traces[size_t(r)] : nullptr;  // the first run warms caches and the arena
-              std::vector<HostTensor> results;
-              if (Status s = executeProgram(*program, pointers, results, ctx); !s.isOk()) {
-                failures[size_t(r)] = model.name() + " " + program->name() + ": " + s.message();
-                return;
-              }
-            }
+          ScheduledRank rank;
+          if (llvm::Error e = scheduleOf(*plans, r, model.vocab_size(), rng, &rank)) {
+            failures[size_t(r)] = llvm::toString(std::move(e));
+            return;
           }
+          // The first step warms pages, caches and the arena.
+          if (Status s = runSteps(rank, collectives.get(), options.repeats + 1, 1, &traces[size_t(r)]); !s.isOk())
+            failures[size_t(r)] = model.name() + " " + s.message();
         });
       for (std::thread &th : threads) th.join();
       for (const std::string &f : failures)
@@ -353,55 +380,88 @@ int runGlooWorker(int rank, const std::string &dir) {
   return 0;
 }
 
-// Seconds per work unit (a GEMM and an AdamW-like pass over memory, as a training step mixes
-// them) on each of `threads` threads running at once, averaged over the threads.
-double contentionUnitSeconds(int threads) {
-  constexpr int m = 256, k = 1024, n = 256, kReps = 6;
-  constexpr size_t kStream = size_t(2) << 20;  // floats per array: 4 arrays of 8 MB
-  std::vector<double> seconds(static_cast<size_t>(threads));
+// Seconds per training step of `copies` copies of one rank's schedule running at once, each
+// on its own thread with its own arguments (the mean over the copies of their timed steps,
+// which all begin together after every copy's warm-up step).
+llvm::Expected<double> concurrentStepSeconds(const PlanDirectory &plans, int64_t vocab, int copies, int steps) {
+  std::vector<ScheduledRank> ranks(static_cast<size_t>(copies));
+  for (int c = 0; c < copies; ++c) {
+    std::mt19937 rng(11 + c);
+    if (llvm::Error e = scheduleOf(plans, 0, vocab, rng, &ranks[size_t(c)])) return std::move(e);
+  }
+  std::vector<double> seconds(static_cast<size_t>(copies));
+  std::vector<std::string> failures(static_cast<size_t>(copies));
+  std::mutex mu;
+  std::condition_variable cv;
+  int warm = 0;
   std::vector<std::thread> pool;
-  for (int t = 0; t < threads; ++t)
-    pool.emplace_back([&, t] {
-      std::vector<float> a(size_t(m) * k, 0.5f), b(size_t(k) * n, 0.25f), c(size_t(m) * n);
-      std::vector<float> p(kStream, 1.0f), g(kStream, 0.01f), mo(kStream, 0.0f), v(kStream, 0.0f);
-      auto unit = [&] {
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, m, n, k, 1.0f, a.data(), k, b.data(), n, 0.0f, c.data(), n);
-        for (size_t i = 0; i < kStream; ++i) {
-          mo[i] = 0.9f * mo[i] + 0.1f * g[i], v[i] = 0.95f * v[i] + 0.05f * g[i] * g[i];
-          p[i] -= 1e-4f * mo[i] / (std::sqrt(v[i]) + 1e-8f);
-        }
-      };
-      unit();  // warm: pages touched, caches
+  for (int c = 0; c < copies; ++c)
+    pool.emplace_back([&, c] {
+      ThreadWorld world(ParallelLayout{1, 1, 1});
+      std::unique_ptr<Collectives> collectives = world.forRank(0);
+      Status s = runSteps(ranks[size_t(c)], collectives.get(), 1, 1, nullptr);
+      {
+        std::unique_lock<std::mutex> lock(mu);
+        ++warm;
+        cv.notify_all();
+        cv.wait(lock, [&] { return warm == copies; });
+      }
       auto t0 = std::chrono::steady_clock::now();
-      for (int r = 0; r < kReps; ++r) unit();
-      seconds[size_t(t)] = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() / kReps;
+      if (s.isOk()) s = runSteps(ranks[size_t(c)], collectives.get(), steps, steps, nullptr);
+      seconds[size_t(c)] = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() / steps;
+      if (!s.isOk()) failures[size_t(c)] = s.message();
     });
   for (std::thread &th : pool) th.join();
+  for (const std::string &f : failures)
+    if (!f.empty()) return error("contention model: " + f);
   double sum = 0;
-  for (double s : seconds) sum += s;
-  return sum / threads;
+  for (double x : seconds) sum += x;
+  return sum / copies;
 }
 
-// How much slower a rank's kernels run when every core of the node is busy than alone: the
-// median of three alternations of the unit alone and on every core.
-double measureContention(int cores, llvm::raw_ostream &log) {
+// How much slower a rank's kernels run when every core of the node is busy than alone,
+// measured on a training step's own mix (GEMMs, attention, elementwise ops, AdamW) of a
+// mid-sized calibration model: the median of five alternations of one copy alone and one copy
+// per core at once. (A synthetic unit mixes compute and memory traffic in proportions training
+// does not have: a GEMM and a streaming pass measured 1.0x to 1.6x from one run to the next.)
+llvm::Expected<double> measureContention(const CalibrateOptions &options, int cores, llvm::raw_ostream &log) {
   if (cores < 2) return 1.0;
+  config::ModelConfig model;
+  for (const config::ModelConfig &m : calibrationModels())
+    if (m.name() == "calibrate-gpt-1x256-s256-b2-nodropout") model = m;
+  std::string dir = options.workDir + "/contention";
+  if (llvm::Error e = options.compile(model, calibrationCluster(model, 1), dir)) return std::move(e);
+  llvm::Expected<PlanDirectory> plans = readPlanDirectory(dir);
+  if (!plans) return plans.takeError();
+  // The process's first steps run about 2x slower than later ones (first use of the BLAS
+  // buffers and of the allocator's arenas by new threads): one round warms them, not counted.
+  if (llvm::Expected<double> warm = concurrentStepSeconds(*plans, model.vocab_size(), cores, 1); !warm)
+    return warm.takeError();
   std::vector<double> ratios;
-  for (int round = 0; round < 3; ++round) {
-    double alone = contentionUnitSeconds(1), all = contentionUnitSeconds(cores);
-    ratios.push_back(all / alone);
+  for (int round = 0; round < 5; ++round) {
+    llvm::Expected<double> alone = concurrentStepSeconds(*plans, model.vocab_size(), 1, 3);
+    if (!alone) return alone.takeError();
+    llvm::Expected<double> all = concurrentStepSeconds(*plans, model.vocab_size(), cores, 3);
+    if (!all) return all.takeError();
+    ratios.push_back(*all / *alone);
   }
+  std::string rounds;
+  for (double r : ratios) rounds += llvm::formatv("{0}{1:F2}", rounds.empty() ? "" : " ", r).str();
   std::sort(ratios.begin(), ratios.end());
-  double slowdown = std::max(1.0, ratios[1]);
-  log << llvm::formatv("  a kernel with all {0} cores busy: {1:F2}x its time alone\n", cores, slowdown);
+  double slowdown = std::max(1.0, ratios[ratios.size() / 2]);
+  log << llvm::formatv("  a training step's kernels with all {0} cores busy: {1:F2}x their time alone (the median of "
+                       "rounds {2})\n",
+                       cores, slowdown, rounds);
   return slowdown;
 }
 
 llvm::Error calibrate(const CalibrateOptions &options, config::DeviceFile *out, llvm::raw_ostream &log) {
   openblas_set_num_threads(options.threads);
-  log << "contention (a GEMM and a pass over memory, alone and on every core):\n";
+  log << "contention (a calibration model's training step alone and on every core):\n";
   int cores = int(std::thread::hardware_concurrency());
-  double slowdown = measureContention(cores, log);
+  llvm::Expected<double> contention = measureContention(options, cores, log);
+  if (!contention) return contention.takeError();
+  double slowdown = *contention;
   log << "kernels (CPU executor, traced):\n";
   if (llvm::Error e = measureKernels(options, slowdown, out, log)) return e;
   out->mutable_device()->set_all_cores_busy_slowdown(slowdown);

@@ -73,10 +73,12 @@ class Engine {
     while (true) {
       double next = events_.empty() ? kInf : events_.top().time;
       for (auto &[node, tasks] : shared_)
-        for (const SharedTask &t : tasks) next = std::min(next, now_ + t.work / rate(tasks.size()));
+        for (const SharedTask &t : tasks) next = std::min(next, now_ + t.work / rate(tasks));
       if (next == kInf) break;
-      for (auto &[node, tasks] : shared_)
-        for (SharedTask &t : tasks) t.work -= (next - now_) * rate(tasks.size());
+      for (auto &[node, tasks] : shared_) {
+        double speed = rate(tasks);
+        for (SharedTask &t : tasks) t.work -= (next - now_) * speed;
+      }
       now_ = next;
       std::set<int> touched;
       while (!events_.empty() && events_.top().time <= now_) {
@@ -86,12 +88,11 @@ class Engine {
       }
       for (auto &[node, tasks] : shared_) {
         std::vector<SharedTask> still;
+        std::vector<SharedTask> finished;
         for (const SharedTask &t : tasks)
-          if (t.work <= 1e-12 * std::max(1.0, now_))
-            complete(t.rank, t.index), touched.insert(t.rank);
-          else
-            still.push_back(t);
+          (t.work <= 1e-12 * std::max(1.0, now_) ? finished : still).push_back(t);
         tasks.swap(still);
+        for (const SharedTask &t : finished) finish(t, &touched);
       }
       while (!touched.empty()) {
         std::set<int> more;
@@ -134,25 +135,74 @@ class Engine {
     int rank, index;
     bool operator<(const Event &o) const { return time > o.time; }  // earliest first
   };
-  struct SharedTask {
-    int rank, index;
-    double work;  // seconds left at the full rate
-  };
   struct Message {
     double sent, arrival;  // the transfer's start and end
   };
   struct Waiter {
     int rank, index;
   };
+  // Work on a CPU node's shared cores: a kernel (on the rank's BLAS threads), or a rank's part
+  // of moving a message or a collective's data (one thread: on CPU the copies through the
+  // loopback socket and the reductions run on the ranks' own cores).
+  enum class TaskKind { kKernel, kSend, kCollective };
+  struct SharedTask {
+    int rank, index;
+    double work;  // seconds left at the full rate
+    TaskKind kind = TaskKind::kKernel;
+    int peer = -1;           // kSend: the receiving rank
+    int64_t collective = 0;  // kCollective: the call it is a part of (collectives_)
+  };
+  // A collective call whose members are moving its data: done when every member's part is.
+  struct CollectiveCall {
+    std::vector<Waiter> members;
+    size_t partsLeft = 0;
+    double start = 0;
+    std::string kind;
+  };
 
-  // Work per second of a compute task while `running` tasks share the node's cores: each gets
-  // its share of the cores, at the speed a core has with that many of them busy (1 alone, the
-  // device's all_cores_busy_slowdown with all busy, linear between).
-  double rate(size_t running) const {
+  // Work per second of each task while `tasks` share the node's cores: each gets its share of
+  // the cores, at the speed a core has with that many of them busy (1 alone, the device's
+  // all_cores_busy_slowdown with all busy, linear between).
+  double rate(const std::vector<SharedTask> &tasks) const {
     if (cores_ <= 0) return 1.0;
-    double demand = double(running * size_t(threads_)), busy = std::min(double(cores_), demand);
-    double contention = cores_ > 1 ? 1 + (slowdown_ - 1) * (busy - 1) / double(cores_ - 1) : 1.0;
+    double demand = 0;
+    for (const SharedTask &t : tasks) demand += t.kind == TaskKind::kKernel ? double(threads_) : 1.0;
+    double busy = std::min(double(cores_), demand);
+    double contention = cores_ > 1 ? 1 + (slowdown_ - 1) * std::max(0.0, busy - 1) / double(cores_ - 1) : 1.0;
     return std::min(1.0, double(cores_) / demand) / contention;
+  }
+
+  // A task on the shared cores has done its work.
+  void finish(const SharedTask &t, std::set<int> *touched) {
+    touched->insert(t.rank);
+    if (t.kind == TaskKind::kKernel) return complete(t.rank, t.index);
+    if (t.kind == TaskKind::kSend) {
+      RankState &s = state_[size_t(t.rank)];
+      double sent = s.startAt[size_t(t.index)];
+      s.communication.push_back({kindOf(program(t.rank).instructions(t.index)), {sent, now_}});
+      deliver(t.rank, t.peer, {sent, now_}, touched);
+      return complete(t.rank, t.index);
+    }
+    auto it = collectives_.find(t.collective);
+    if (--it->second.partsLeft > 0) return;  // this member waits (without a core) for the others
+    for (const Waiter &w : it->second.members) {
+      state_[size_t(w.rank)].communication.push_back({it->second.kind, {it->second.start, now_}});
+      complete(w.rank, w.index), touched->insert(w.rank);
+    }
+    collectives_.erase(it);
+  }
+
+  // A message from `from` to `to` has arrived: a waiting receive takes it, or it waits.
+  void deliver(int from, int to, const Message &m, std::set<int> *touched) {
+    auto &waiting = receivers_[{from, to}];
+    if (!waiting.empty()) {  // the receiver already waits
+      Waiter w = waiting.front();
+      waiting.pop_front();
+      receive(w, m);
+      if (touched) touched->insert(w.rank);
+    } else {
+      messages_[{from, to}].push_back(m);
+    }
   }
 
   llvm::Error prepare(int r) {
@@ -259,17 +309,14 @@ class Engine {
       std::vector<int> pair{r, peer};
       double seconds = cost_.communication(prog, in, pair);
       if (op == "send") {
+        if (cores_ > 0 && seconds > 0) {  // the sender's core moves it: delivered when done
+          SharedTask t{r, i, seconds, TaskKind::kSend, peer};
+          shared_[cost_.nodeOf(r)].push_back(t);
+          return;
+        }
         schedule(r, i, now_ + seconds);
         s.communication.push_back({kindOf(in), {now_, now_ + seconds}});
-        auto &waiting = receivers_[{r, peer}];
-        if (!waiting.empty()) {  // the receiver already waits
-          Waiter w = waiting.front();
-          waiting.pop_front();
-          receive(w, {now_, now_ + seconds});
-          if (touched) touched->insert(w.rank);
-        } else {
-          messages_[{r, peer}].push_back({now_, now_ + seconds});
-        }
+        deliver(r, peer, {now_, now_ + seconds}, touched);
         return;
       }
       auto &queue = messages_[{peer, r}];
@@ -292,7 +339,17 @@ class Engine {
       size_t expected = 0;
       for (int m : members) expected += simulated_[size_t(m)];
       if (arrived.size() >= expected) {
-        double end = now_ + cost_.communication(prog, in, members);
+        double seconds = cost_.communication(prog, in, members);
+        if (cores_ > 0 && seconds > 0) {  // every member's cores move its part of the data
+          int64_t id = nextCollective_++;
+          CollectiveCall &call = collectives_[id];
+          call.members = arrived, call.partsLeft = arrived.size(), call.start = now_, call.kind = kindOf(in);
+          for (const Waiter &w : arrived)
+            shared_[cost_.nodeOf(w.rank)].push_back({w.rank, w.index, seconds, TaskKind::kCollective, -1, id});
+          pending_.erase({comm, seq});
+          return;
+        }
+        double end = now_ + seconds;
         for (const Waiter &w : arrived) {
           schedule(w.rank, w.index, end);
           state_[size_t(w.rank)].communication.push_back({kindOf(in), {now_, end}});
@@ -332,6 +389,8 @@ class Engine {
   std::map<std::pair<int, int>, std::deque<Waiter>> receivers_;  // (from, to): receives waiting
   std::map<std::string, int> communicators_;
   std::map<std::pair<int, int64_t>, std::vector<Waiter>> pending_;  // (communicator, call #) -> entered
+  std::map<int64_t, CollectiveCall> collectives_;  // calls whose data is moving on shared cores
+  int64_t nextCollective_ = 0;
 };
 
 }  // namespace

@@ -45,6 +45,19 @@ class Run {
           return Status::error(prog_.name() + ": buffer outside the workspace (corrupt plan)");
         ptr_[b.id()] = base + b.offset() / 4;
       }
+    if (ctx_.resultSlots) {
+      if (int(ctx_.resultSlots->size()) != prog_.results_size())
+        return Status::error(prog_.name() + ": " + std::to_string(ctx_.resultSlots->size()) + " result slots for " +
+                             std::to_string(prog_.results_size()) + " results");
+      std::vector<bool> placed(prog_.buffers_size(), false);
+      for (int i = 0; i < prog_.results_size(); ++i) {
+        const plan::Buffer &b = prog_.buffers(prog_.results(i).buffer());
+        float *slot = (*ctx_.resultSlots)[size_t(i)];
+        // A result also bound as another result keeps its first slot (the second is copied).
+        if (slot && b.kind() == plan::Buffer::ACTIVATION && b.dtype() == plan::F32 && !placed[b.id()])
+          ptr_[b.id()] = slot, placed[b.id()] = true;
+      }
+    }
     for (int i = 0; i < prog_.arguments_size(); ++i) {
       const plan::Buffer &b = prog_.buffers(prog_.arguments(i).buffer());
       LOOM_RETURN_IF_ERROR(checkArgument(prog_, i, args[i]));

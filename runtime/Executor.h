@@ -33,6 +33,10 @@ struct ExecutionContext {
   std::vector<float> *workspace = nullptr;
   // The CPU kernels' scratch (cpuScratchFloats), likewise kept across runs; null: a temporary.
   std::vector<float> *scratch = nullptr;
+  // Where each result is to be kept (one entry per program.results(), null: none): a result the
+  // workspace would hold is computed there directly, so the caller's consume finds it in place
+  // (no copy out of the workspace); others are handed over from where they are.
+  const std::vector<float *> *resultSlots = nullptr;
   // When set, every executed instruction is recorded (loom-rank --trace), with this
   // micro-batch (-1: none).
   TraceRecorder *trace = nullptr;

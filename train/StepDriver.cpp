@@ -167,20 +167,27 @@ Status StepDriver::runEntry(size_t entry, DataSource *data, int64_t step, bool e
   if (!evaluate && step == stallStep_) ctx.testStallOp = stallOp_.c_str();
   ctx.testSlowdown = slowdown_;
   if (!evaluate) ctx.trace = trace_, ctx.traceMicroBatch = mb;
-  Status consumed;
-  auto consume = [&](int i, const float *from, int64_t n) {
+  // Each result's slot, known before the run: the backend may compute a result straight into
+  // it (the CPU backend does), and consume then finds it in place.
+  std::vector<ArgumentView> resultSlots(size_t(prog.results_size()));
+  std::vector<float *> resultPointers(size_t(prog.results_size()), nullptr);
+  for (int i = 0; i < prog.results_size(); ++i) {
     const plan::Binding &r = prog.results(i);
-    ArgumentView to;
-    Status st;
     if (r.role() == plan::Binding::STASH) {
       std::string pool = "stash/" + std::to_string(prog.virtual_stage());
-      st = slot(pool + "/" + r.name() + "/" + std::to_string(pools_[pool].acquire(mb)), prog.buffers(r.buffer()), &to);
+      LOOM_RETURN_IF_ERROR(slot(pool + "/" + r.name() + "/" + std::to_string(pools_[pool].acquire(mb)),
+                                prog.buffers(r.buffer()), &resultSlots[size_t(i)]));
+    } else if (r.role() == plan::Binding::METRIC) {
+      LOOM_RETURN_IF_ERROR(slot("metric/" + r.name(), prog.buffers(r.buffer()), &resultSlots[size_t(i)]));
+    } else {
+      return Status::error(prog.name() + ": result '" + r.name() + "' has no place in the step (corrupt plan)");
     }
-    else if (r.role() == plan::Binding::METRIC)
-      st = slot("metric/" + r.name(), prog.buffers(r.buffer()), &to);
-    else
-      st = Status::error(prog.name() + ": result '" + r.name() + "' has no place in the step (corrupt plan)");
-    if (st.isOk()) st = backend_.copy(from, n, to.f);
+    resultPointers[size_t(i)] = resultSlots[size_t(i)].f;
+  }
+  ctx.resultSlots = &resultPointers;
+  Status consumed;
+  auto consume = [&](int i, const float *from, int64_t n) {
+    Status st = backend_.copy(from, n, resultSlots[size_t(i)].f);
     if (!st.isOk() && consumed.isOk()) consumed = st;
   };
   LOOM_RETURN_IF_ERROR(backend_.run(prog, args, consume, ctx));

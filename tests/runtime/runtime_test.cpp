@@ -265,7 +265,9 @@ TEST(Runtime, AKilledRankEndsTheJobNamingIt) {
   EXPECT_NE(r.exitCode, 0);
   EXPECT_LT(seconds, 30.0) << r.output;
   EXPECT_NE(r.output.find("was killed by signal 9"), std::string::npos) << r.output;
-  EXPECT_NE(r.output.find("error: job aborted: rank"), std::string::npos) << r.output;
+  // The peers name it too: "job aborted: rank R ..." in training, "the job was aborted: rank R
+  // ..." when the kill lands while they still connect (a loaded machine is slow to start).
+  EXPECT_NE(r.output.find("aborted: rank"), std::string::npos) << r.output;
 }
 
 TEST(Runtime, ARankThatStopsHeartBeatingIsDeclaredDead) {
