@@ -331,6 +331,52 @@ llvm::Error measureLoopback(const CalibrateOptions &options, config::DeviceFile 
   return llvm::Error::success();
 }
 
+// `calls` rounds of a GEMM of a training layer's size (512 x 256 by 256 x 768) on the compute
+// stream, an all-reduce of `floats` over "dp" on the TP stream once the GEMM is done (when
+// `allReduce`), and a scale of the all-reduced data on the compute stream after it.
+plan::Program handOffProgram(int64_t floats, int calls, bool allReduce) {
+  plan::Program p;
+  p.set_name(allReduce ? "calibrate_all_reduce" : "calibrate_compute");
+  int64_t offset = 0;
+  auto buffer = [&](std::vector<int64_t> shape) {
+    plan::Buffer *b = p.add_buffers();
+    b->set_id(p.buffers_size() - 1);
+    int64_t n = 1;
+    for (int64_t d : shape) b->add_shape(d), n *= d;
+    b->set_dtype(plan::F32), b->set_bytes(n * 4), b->set_kind(plan::Buffer::ACTIVATION);
+    b->set_offset(offset), offset += (n * 4 + 255) / 256 * 256;
+    return b->id();
+  };
+  int x = buffer({512, 256}), w = buffer({256, 768}), h = buffer({512, 768}), data = buffer({floats}),
+      scaled = buffer({floats});
+  int previous = -1;
+  for (int c = 0; c < calls; ++c) {
+    plan::Instruction *gemm = p.add_instructions();
+    gemm->set_op("linear"), gemm->set_stream(plan::COMPUTE);
+    gemm->add_inputs(x), gemm->add_inputs(w), gemm->add_outputs(h);
+    if (previous >= 0) gemm->add_wait_for(previous);
+    int gemmIndex = p.instructions_size() - 1;
+    plan::Instruction *scale = nullptr;
+    if (allReduce) {
+      plan::Instruction *ar = p.add_instructions();
+      ar->set_op("all_reduce"), ar->set_stream(plan::TP);
+      ar->add_inputs(data), ar->add_outputs(data), ar->add_wait_for(gemmIndex);
+      plan::Attribute *g = ar->add_attributes();
+      g->set_name("group"), g->set_s("dp");
+      scale = p.add_instructions();
+      scale->add_wait_for(p.instructions_size() - 2);
+    } else {
+      scale = p.add_instructions();
+      scale->add_wait_for(gemmIndex);
+    }
+    scale->set_op("scale"), scale->set_stream(plan::COMPUTE);
+    scale->add_inputs(data), scale->add_outputs(scaled);
+    previous = p.instructions_size() - 1;
+  }
+  p.set_workspace_bytes(offset);
+  return p;
+}
+
 }  // namespace
 
 int runGlooWorker(int rank, const std::string &dir) {
@@ -346,31 +392,34 @@ int runGlooWorker(int rank, const std::string &dir) {
   }
   std::ofstream out;
   if (rank == 0) out.open(dir + "/allreduce.txt");
-  // As in training, each all-reduce follows a stretch of compute on both ranks (a small GEMM),
-  // so what is timed includes the wake-ups after compute. The sweep over sizes runs five times;
-  // each size's time is the median of its sweeps' means (a sweep's mean counts the share of
-  // calls that wait for a scheduler tick; the median over sweeps drops a disturbed sweep).
-  const int side = 192;
-  std::vector<float> a(size_t(side) * side, 0.5f), b(size_t(side) * side, 0.25f), c(size_t(side) * side, 0.0f);
+  // Measured as the runtime issues it: the executor's compute stream runs a GEMM, the TP
+  // stream's thread takes the all-reduce when the GEMM is done, and the next compute op waits
+  // for it. What a collective costs the step is then its transfer, the hand-offs between the
+  // threads and the ranks' arrival skew after a GEMM each: the program with the all-reduces
+  // minus the same program without them, per call. The sweep over sizes runs five times; each
+  // size's time is the median of its sweeps (a disturbed sweep does not count).
   const std::vector<int64_t> sizes = {256, 1024, 4096, 16384, 65536, 131072, 262144, 524288, 1048576, 4194304};
+  const int calls = 8;
   std::vector<std::vector<double>> means(sizes.size());
-  for (int sweep = 0; sweep < 5; ++sweep)
+  std::vector<float> workspace, scratch;
+  auto seconds = [&](const plan::Program &program, double *out) {
+    ExecutionContext ctx;
+    ctx.collectives = gloo.get();
+    ctx.workspace = &workspace;
+    ctx.scratch = &scratch;
+    auto t0 = std::chrono::steady_clock::now();
+    std::vector<HostTensor> results;
+    Status st = executeProgram(program, std::vector<const HostTensor *>{}, results, ctx);
+    *out = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    if (!st.isOk()) std::fprintf(stderr, "loomc calibrate: Gloo worker %d: %s\n", rank, st.message().c_str());
+    return st.isOk();
+  };
+  for (int sweep = 0; sweep <= 5; ++sweep)  // sweep 0 warms the threads, buffers and connections
     for (size_t k = 0; k < sizes.size(); ++k) {
-      int64_t n = sizes[k];
-      std::vector<float> data(size_t(n), 1.0f);
-      int reps = n >= 4194304 ? 6 : 20;
-      double total = 0;
-      for (int r = 0; r <= reps; ++r) {
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, side, side, side, 1.0f, a.data(), side, b.data(), side,
-                    0.0f, c.data(), side);
-        auto t0 = std::chrono::steady_clock::now();
-        if (Status s = gloo->allReduce("dp", data.data(), n, ReduceOp::kSum); !s.isOk()) {
-          std::fprintf(stderr, "loomc calibrate: Gloo worker %d: %s\n", rank, s.message().c_str());
-          return 1;
-        }
-        if (r > 0) total += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-      }
-      means[k].push_back(total / reps);
+      plan::Program with = handOffProgram(sizes[k], calls, true), without = handOffProgram(sizes[k], calls, false);
+      double a = 0, b = 0;
+      if (!seconds(with, &a) || !seconds(without, &b)) return 1;
+      if (sweep > 0) means[k].push_back(std::max(0.0, a - b) / calls);
     }
   for (size_t k = 0; k < sizes.size(); ++k) {
     std::vector<double> &m = means[k];
