@@ -1,12 +1,11 @@
 #include "compiler/PlanViews.h"
 
 #include <filesystem>
-#include <fstream>
-#include <sstream>
 
 #include "compiler/Units.h"
 #include "runtime/PlanAttributes.h"
 #include "runtime/Checksum.h"
+#include "runtime/FileIO.h"
 #include "runtime/PlanVersion.h"
 #include "llvm/Support/FormatVariadic.h"
 
@@ -15,12 +14,10 @@ namespace {
 
 llvm::Error error(const llvm::Twine &msg) { return llvm::createStringError(llvm::inconvertibleErrorCode(), msg.str()); }
 
-llvm::Expected<std::string> readAll(const std::string &path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return error(path + ": cannot open file");
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
+llvm::Expected<std::string> readAll(const std::string &path, const char *what) {
+  std::string bytes;
+  if (Status s = readWholeFile(path, what, &bytes); !s.isOk()) return error(s.message());
+  return bytes;
 }
 
 const char *streamName(plan::Stream s) {
@@ -53,7 +50,7 @@ llvm::Expected<PlanDirectory> readPlanDirectory(const std::string &dir) {
   for (int rank = 0;; ++rank) {
     std::string path = dir + "/rank_" + std::to_string(rank) + ".plan.pb";
     if (!std::filesystem::exists(path)) break;
-    auto bytes = readAll(path);
+    auto bytes = readAll(path, "the rank plan");
     if (!bytes) return bytes.takeError();
     plan::RankPlan rp;
     if (!rp.ParseFromString(*bytes)) return error(path + ": not a valid rank plan (corrupt file)");
@@ -61,7 +58,7 @@ llvm::Expected<PlanDirectory> readPlanDirectory(const std::string &dir) {
     if (rp.rank() != rank) return error(path + llvm::formatv(": holds the plan of rank {0}", rp.rank()));
     if (!out.programFiles.count(rp.programs_file())) {
       std::string ppath = dir + "/" + rp.programs_file();
-      auto pbytes = readAll(ppath);
+      auto pbytes = readAll(ppath, "the program file");
       if (!pbytes) return pbytes.takeError();
       if (checksum64(*pbytes) != rp.programs_checksum())
         return error(ppath + ": checksum mismatch (corrupt or from another compile)");

@@ -5,9 +5,9 @@
 #include <cstdio>
 #include <map>
 #include <vector>
-#include <fstream>
-#include <sstream>
+#include <filesystem>
 
+#include "runtime/FileIO.h"
 #include "runtime/control/Tls.h"
 
 namespace loom::control {
@@ -79,11 +79,11 @@ grpc::Status CoordinatorService::GetFile(grpc::ServerContext *ctx, const GetFile
   const std::string &name = req->name();
   if (name.empty() || name[0] == '/' || name.find("..") != std::string::npos)
     return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "bad file name '" + name + "'");
-  std::ifstream in(opt_.planDir + "/" + name, std::ios::binary);
-  if (!in) return grpc::Status(grpc::StatusCode::NOT_FOUND, opt_.planDir + "/" + name + ": no such plan file");
-  std::stringstream ss;
-  ss << in.rdbuf();
-  rep->set_content(ss.str());
+  std::string path = opt_.planDir + "/" + name;
+  std::error_code ec;
+  if (!std::filesystem::exists(path, ec)) return grpc::Status(grpc::StatusCode::NOT_FOUND, path + ": no such plan file");
+  if (Status s = readWholeFile(path, "the plan file", rep->mutable_content()); !s.isOk())
+    return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION, s.message());
   return grpc::Status::OK;
 }
 
