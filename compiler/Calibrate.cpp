@@ -318,7 +318,7 @@ llvm::Error measureLoopback(const CalibrateOptions &options, config::DeviceFile 
   for (size_t i = 0; i < samples.size(); ++i) {
     config::TransferPoint *pt = link.add_step_times();
     pt->set_bytes(samples[i].bytes / 2), pt->set_seconds(fitted[i] / 2);
-    log << llvm::formatv("  Gloo all-reduce of {0,9} bytes between 2 processes: {1:F1} us (mean; fitted {2:F1} us)\n",
+    log << llvm::formatv("  Gloo all-reduce of {0,9} bytes between 2 processes: {1:F1} us per call in the executor (median of sweeps; fitted {2:F1} us)\n",
                          samples[i].bytes, samples[i].seconds * 1e6, fitted[i] * 1e6);
   }
   const Sample &big = samples.back(), &less = samples[samples.size() - 2];

@@ -1,14 +1,19 @@
 // `loomc calibrate`: measures this machine's CPU kernels and Gloo's loopback collectives into
 // a device file (protos/cluster.proto DeviceFile) for `loomc simulate --device`.
 //
-// Kernels: small GPT and LLaMA models of growing size are compiled for one rank and each of
-// their programs runs on the CPU executor with its trace on; every executed instruction is a
-// sample (op, FLOPs, bytes, seconds). GEMMs (linear, weight_grad) and attention give the
-// efficiency curves against the best GEMM rate seen (the device's fp32 peak here); every other
-// op gets a fitted rate: seconds = overhead + bytes / rate (least squares over its samples).
+// Kernels: small GPT and LLaMA models of growing size are compiled for one rank (and two, for
+// the tensor-parallel ops and shapes); each rank's schedule runs step after step on the CPU
+// executor with its trace on, and every executed instruction is a sample (op, FLOPs, bytes,
+// seconds). GEMMs (linear, weight_grad) and attention give the efficiency curves against the
+// best GEMM rate seen (the device's fp32 peak here); every other op gets a fitted rate:
+// seconds = overhead + bytes / rate (least squares over its samples).
+// Contention: one calibration model's training step alone against one copy per core at once
+// gives the all-cores-busy slowdown (the simulator's processor sharing uses it; the two-rank
+// samples are scaled back to a kernel alone by it).
 // Communication: two worker processes (this binary again) connect through Gloo over loopback
-// with a file store and time all-reduces of growing size; the fit t = 2 latency + bytes / bw
-// (the ring over two ranks) gives the intra-node link.
+// with a file store and run all-reduces of growing size as the executor issues them (on the TP
+// stream's thread after a GEMM on the compute stream); the cost per call gives the intra-node
+// link's measured step times (a ring over two ranks: two steps of half the bytes).
 #pragma once
 
 #include <functional>
