@@ -1,13 +1,12 @@
 #include "compiler/ConfigLoader.h"
 
-#include <fstream>
-#include <sstream>
 
 #include "google/protobuf/io/tokenizer.h"
 #include "google/protobuf/text_format.h"
 #include "llvm/ADT/SmallString.h"
 #include "llvm/Support/FormatVariadic.h"
 #include "llvm/Support/Path.h"
+#include "runtime/FileIO.h"
 
 namespace loom {
 namespace {
@@ -33,14 +32,14 @@ class FirstErrorCollector : public google::protobuf::io::ErrorCollector {
 };
 
 llvm::Error parseTextProto(const std::string &path, google::protobuf::Message &msg) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return error(path + ": error: cannot open file");
-  std::stringstream text;
-  text << in.rdbuf();
+  std::string text;
+  std::string what = "the " + msg.GetDescriptor()->name();
+  if (Status s = readWholeFile(path, what.c_str(), &text); !s.isOk())  // "PATH: cannot read ..."
+    return error(path + ": error: " + s.message().substr(path.size() + 2));
   FirstErrorCollector errors(path);
   google::protobuf::TextFormat::Parser parser;
   parser.RecordErrorsTo(&errors);
-  if (!parser.ParseFromString(text.str(), &msg))
+  if (!parser.ParseFromString(text, &msg))
     return error(errors.first().empty() ? path + ": error: cannot parse " + msg.GetTypeName()
                                         : errors.first());
   return llvm::Error::success();
