@@ -70,16 +70,8 @@ class Run {
   }
 
   Status execute() {
-    // One thread per stream that has instructions; the first of them runs on the calling
-    // thread (a program of compute only, as every program of a 1-rank plan, starts none).
-    bool used[4] = {};
-    for (const plan::Instruction &in : prog_.instructions()) used[int(in.stream()) & 3] = true;
-    std::vector<int> active;
-    for (int s = 0; s < 4; ++s)
-      if (used[s]) active.push_back(s);
     std::vector<std::thread> streams;
-    for (size_t k = 1; k < active.size(); ++k) streams.emplace_back([this, s = active[k]] { runStream(s); });
-    if (!active.empty()) runStream(active[0]);
+    for (int s = 0; s < 4; ++s) streams.emplace_back([this, s] { runStream(s); });
     for (auto &t : streams) t.join();
     std::lock_guard<std::mutex> lock(mu_);
     return failure_.empty() ? Status::ok() : Status::error(failure_);
