@@ -96,6 +96,14 @@ double CostModel::communication(const plan::Program &program, const plan::Instru
   return transferSeconds(oneNode, p2p ? 1 : ringSteps(in.op(), int(members.size())), double(in.bytes_moved()));
 }
 
+double CostModel::communicationLatency(const plan::Instruction &in, const std::vector<int> &members) const {
+  if (unitCost_ || members.size() < 2) return 0;
+  bool oneNode = true;
+  for (int m : members) oneNode &= nodeOf(m) == nodeOf(members[0]);
+  bool p2p = in.op() == "send" || in.op() == "recv";
+  return transferSeconds(oneNode, p2p ? 1 : ringSteps(in.op(), int(members.size())), 0.0);
+}
+
 double CostModel::transferSeconds(bool oneNode, int steps, double bytes) const {
   const config::Link &link = oneNode ? intra_ : inter_;
   if (!link.step_times().empty()) return steps * stepSeconds(link, bytes / std::max(steps, 1));

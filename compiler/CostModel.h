@@ -32,6 +32,9 @@ class CostModel {
   double compute(const plan::Program &program, const plan::Instruction &in);
   // Seconds for a collective, send or recv among `members` (global ranks).
   double communication(const plan::Program &program, const plan::Instruction &in, const std::vector<int> &members) const;
+  // The part of communication() that does not grow with the bytes (the link's per-step
+  // latency: wake-ups and hand-offs, waiting rather than moving data).
+  double communicationLatency(const plan::Instruction &in, const std::vector<int> &members) const;
   // `steps` ring steps moving `bytes` per rank in all over the intra-node link (oneNode) or
   // the inter-node one: per step a latency, or the link's measured step time.
   double transferSeconds(bool oneNode, int steps, double bytes) const;

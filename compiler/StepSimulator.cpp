@@ -156,7 +156,7 @@ class Engine {
   struct CollectiveCall {
     std::vector<Waiter> members;
     size_t partsLeft = 0;
-    double start = 0;
+    double start = 0, latency = 0;
     std::string kind;
   };
 
@@ -185,9 +185,10 @@ class Engine {
     }
     auto it = collectives_.find(t.collective);
     if (--it->second.partsLeft > 0) return;  // this member waits (without a core) for the others
+    double end = now_ + it->second.latency;
     for (const Waiter &w : it->second.members) {
-      state_[size_t(w.rank)].communication.push_back({it->second.kind, {it->second.start, now_}});
-      complete(w.rank, w.index), touched->insert(w.rank);
+      state_[size_t(w.rank)].communication.push_back({it->second.kind, {it->second.start, end}});
+      schedule(w.rank, w.index, end);
     }
     collectives_.erase(it);
   }
@@ -344,8 +345,11 @@ class Engine {
           int64_t id = nextCollective_++;
           CollectiveCall &call = collectives_[id];
           call.members = arrived, call.partsLeft = arrived.size(), call.start = now_, call.kind = kindOf(in);
+          // The latency part (wake-ups, hand-offs) takes no core; the rest moves bytes on them.
+          call.latency = std::min(seconds, cost_.communicationLatency(in, members));
           for (const Waiter &w : arrived)
-            shared_[cost_.nodeOf(w.rank)].push_back({w.rank, w.index, seconds, TaskKind::kCollective, -1, id});
+            shared_[cost_.nodeOf(w.rank)].push_back(
+                {w.rank, w.index, std::max(seconds - call.latency, 1e-12), TaskKind::kCollective, -1, id});
           pending_.erase({comm, seq});
           return;
         }
