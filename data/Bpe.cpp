@@ -57,9 +57,36 @@ Status parseEncoder(const std::string &path, const std::string &json, std::unord
 
 }  // namespace
 
-BpeTokenizer::~BpeTokenizer() {
+const std::array<std::string, 256> &byteLevelAlphabet() {
+  static const std::array<std::string, 256> alphabet = [] {
+    std::array<std::string, 256> a;
+    int next = 0;
+    for (int b = 0; b < 256; ++b) {
+      bool printable = (b >= '!' && b <= '~') || (b >= 0xA1 && b <= 0xAC) || (b >= 0xAE && b <= 0xFF);
+      appendUtf8(a[b], printable ? uint32_t(b) : uint32_t(256 + next++));
+    }
+    return a;
+  }();
+  return alphabet;
+}
+
+Status Gpt2PreTokenizer::create(std::unique_ptr<Gpt2PreTokenizer> *out) {
+  auto t = std::unique_ptr<Gpt2PreTokenizer>(new Gpt2PreTokenizer());
+  const char *pat = "'s|'t|'re|'ve|'m|'ll|'d| ?\\p{L}+| ?\\p{N}+| ?[^\\s\\p{L}\\p{N}]+|\\s+(?!\\S)|\\s+";
+  int err;
+  PCRE2_SIZE offset;
+  t->pattern_ = pcre2_compile(reinterpret_cast<PCRE2_SPTR>(pat), PCRE2_ZERO_TERMINATED, PCRE2_UTF | PCRE2_UCP, &err,
+                              &offset, nullptr);
+  if (!t->pattern_) return Status::error("cannot compile GPT-2's pre-tokenizer pattern");
+  *out = std::move(t);
+  return Status::ok();
+}
+
+Gpt2PreTokenizer::~Gpt2PreTokenizer() {
   if (pattern_) pcre2_code_free(static_cast<pcre2_code *>(pattern_));
 }
+
+BpeTokenizer::~BpeTokenizer() = default;
 
 Status BpeTokenizer::load(const std::string &encoderPath, const std::string &vocabPath,
                           std::unique_ptr<BpeTokenizer> *out) {
@@ -85,20 +112,8 @@ Status BpeTokenizer::load(const std::string &encoderPath, const std::string &voc
     if (sp == std::string::npos) return Status::error(vocabPath + ": malformed merge line '" + line + "'");
     t->ranks_[{line.substr(0, sp), line.substr(sp + 1)}] = rank++;
   }
-  // bytes_to_unicode: printable bytes map to themselves, the others to 256, 257, ...
-  int next = 0;
-  for (int b = 0; b < 256; ++b) {
-    bool printable = (b >= '!' && b <= '~') || (b >= 0xA1 && b <= 0xAC) || (b >= 0xAE && b <= 0xFF);
-    uint32_t cp = printable ? uint32_t(b) : uint32_t(256 + next++);
-    appendUtf8(t->byteToUnicode_[b], cp);
-    t->unicodeToByte_[cp] = uint8_t(b);
-  }
-  const char *pat = "'s|'t|'re|'ve|'m|'ll|'d| ?\\p{L}+| ?\\p{N}+| ?[^\\s\\p{L}\\p{N}]+|\\s+(?!\\S)|\\s+";
-  int err;
-  PCRE2_SIZE offset;
-  t->pattern_ = pcre2_compile(reinterpret_cast<PCRE2_SPTR>(pat), PCRE2_ZERO_TERMINATED, PCRE2_UTF | PCRE2_UCP, &err,
-                              &offset, nullptr);
-  if (!t->pattern_) return Status::error("cannot compile GPT-2's pre-tokenizer pattern");
+  for (int b = 0; b < 256; ++b) t->unicodeToByte_[codePoints(byteLevelAlphabet()[b])[0]] = uint8_t(b);
+  LOOM_RETURN_IF_ERROR(Gpt2PreTokenizer::create(&t->preTokenizer_));
   *out = std::move(t);
   return Status::ok();
 }
@@ -160,7 +175,7 @@ const std::vector<int32_t> &BpeTokenizer::encodePiece(const std::string &piece) 
   if (cached == cache_.end()) {
     if (cache_.size() >= kMaxCachedPieces) cache_.clear();  // bounded memory on any input
     std::string encoded;
-    for (unsigned char c : piece) encoded += byteToUnicode_[c];
+    for (unsigned char c : piece) encoded += byteLevelAlphabet()[c];
     std::vector<int32_t> pieceIds;
     for (const std::string &sym : bpe(encoded)) {
       auto it = tokenToId_.find(sym);
@@ -175,14 +190,9 @@ const std::vector<int32_t> &BpeTokenizer::encodePiece(const std::string &piece) 
 // pattern cannot match) is a piece of its own, so byte-level BPE keeps every byte:
 // decode(encode(bytes)) == bytes for any input, where OpenAI's Python encoder, reading str,
 // would have refused the file.
-std::vector<int32_t> BpeTokenizer::encode(const std::string &text) {
-  std::vector<int32_t> ids;
+void Gpt2PreTokenizer::split(const std::string &text, const std::function<void(const std::string &)> &append) const {
   auto *code = static_cast<pcre2_code *>(pattern_);
   pcre2_match_data *match = pcre2_match_data_create_from_pattern(code, nullptr);
-  auto append = [&](const std::string &piece) {
-    const std::vector<int32_t> &p = encodePiece(piece);
-    ids.insert(ids.end(), p.begin(), p.end());
-  };
   for (size_t runStart = 0; runStart < text.size();) {
     size_t runEnd = runStart;
     while (runEnd < text.size()) {
@@ -212,6 +222,14 @@ std::vector<int32_t> BpeTokenizer::encode(const std::string &text) {
     runStart = runEnd + (runEnd < text.size() ? 1 : 0);
   }
   pcre2_match_data_free(match);
+}
+
+std::vector<int32_t> BpeTokenizer::encode(const std::string &text) {
+  std::vector<int32_t> ids;
+  preTokenizer_->split(text, [&](const std::string &piece) {
+    const std::vector<int32_t> &p = encodePiece(piece);
+    ids.insert(ids.end(), p.begin(), p.end());
+  });
   return ids;
 }
 

