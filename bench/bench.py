@@ -61,6 +61,12 @@ def shape_of(name):
             field(cluster, "global_batch_size"))
 
 
+def demo_layout():
+    cluster = open(os.path.join(ROOT, "examples", "clusters", "cpu-4-demo.pbtxt")).read()
+    size = lambda k: (re.search(rf"\b{k}_parallel_size: (\d+)", cluster) or [None, "1"])[1]  # noqa: E731
+    return f"t={size('tensor')}, p={size('pipeline')}, d={size('data')}"
+
+
 def flops_per_token(shape):
     # PTD-P section 5.1 generalised: 3 x (2 x GEMM weights + 4 s h per layer + 2 h V), no recomputation.
     arch, layers, h, heads, kv, ffn, seq, vocab = shape[:8]
@@ -75,7 +81,7 @@ def flops_per_step(layers, hidden, seq, vocab, batch):
 
 def describe(name, shape, threads):
     arch, layers, h, heads, kv, ffn, seq, vocab, mb, gb = shape
-    where = "4 ranks (t=2, p=2, 1 thread each) on examples/clusters/cpu-4-demo.pbtxt" if name == DEMO else \
+    where = f"4 ranks ({demo_layout()}, 1 thread each) on examples/clusters/cpu-4-demo.pbtxt" if name == DEMO else \
         f"1 rank, {threads} threads"
     kvs = f", {kv} KV heads, ffn {ffn}" if arch == "LLAMA" else ""
     return (f"{name}: {arch} {layers} layers, hidden {h}, {heads} heads{kvs}, seq {seq}, vocabulary {vocab}, "

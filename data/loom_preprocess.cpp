@@ -6,6 +6,8 @@
 //   loom-preprocess --unigram-entropy PREFIX   (entropy of the dataset's token frequencies, nats:
 //                                               the loss of the best model that ignores context)
 //   loom-preprocess --reference-losses PREFIX [--valid-fraction 0.05]
+//                   [--vocab encoder.json --merges vocab.bpe [--model-loss NATS]]
+//     (with the dataset's tokenizer, also per byte of held-out text)
 //   loom-preprocess --input PATH... --format text|jsonl|brown --train-bpe N --vocab-out encoder.json
 //                   --merges-out vocab.bpe [--valid-fraction 0.05]
 //     (a byte-level BPE of N tokens learned from the training split's documents only: the
@@ -33,7 +35,8 @@ constexpr char kUsage[] =
     "                  --merges vocab.bpe --output-prefix PREFIX [--json-key text]\n"
     "  loom-preprocess --vocab encoder.json --merges vocab.bpe --encode TEXT | --decode \"ID ID ...\"\n"
     "  loom-preprocess --unigram-entropy PREFIX\n"
-    "  loom-preprocess --reference-losses PREFIX [--valid-fraction 0.05]\n"
+    "  loom-preprocess --reference-losses PREFIX [--valid-fraction 0.05] [--vocab encoder.json --merges vocab.bpe\n"
+    "                  [--model-loss NATS]]\n"
     "  loom-preprocess --input PATH... --format text|jsonl|brown --train-bpe N --vocab-out encoder.json\n"
     "                  --merges-out vocab.bpe [--valid-fraction 0.05]\n";
 
@@ -71,6 +74,10 @@ cl::opt<std::string> vocabOut("vocab-out", cl::desc("where --train-bpe writes it
                               cl::value_desc("encoder.json"), cl::cat(category));
 cl::opt<std::string> mergesOut("merges-out", cl::desc("where --train-bpe writes its vocab.bpe"),
                                cl::value_desc("vocab.bpe"), cl::cat(category));
+cl::opt<double> modelLoss("model-loss",
+                          cl::desc("with --reference-losses and the tokenizer: a model's validation loss "
+                                   "(nats per token), also printed per byte of held-out text"),
+                          cl::value_desc("NATS"), cl::cat(category));
 cl::opt<double> validFraction("valid-fraction",
                               cl::desc("the share of documents held out (with --reference-losses and --train-bpe)"),
                               cl::value_desc("F"), cl::init(0.05), cl::cat(category));
@@ -102,6 +109,30 @@ int main(int argc, char **argv) {
     std::printf("held-out cross-entropy of count models from the training split (%lld tokens; %lld held out): "
                 "unigram %.3f nats, bigram %.3f nats\n",
                 (long long)r.trainTokens, (long long)r.validTokens, r.unigram, r.bigram);
+    if (!vocab.getNumOccurrences() && !modelLoss.getNumOccurrences()) return 0;
+    if (!vocab.getNumOccurrences() || !merges.getNumOccurrences())
+      return fail("--model-loss needs the dataset's tokenizer (--vocab encoder.json --merges vocab.bpe)");
+    // Per byte of held-out text, the units that do not depend on the tokenizer: a loss per
+    // token times the held-out tokens (each document's <|endoftext|> included, as the losses
+    // count it) over the held-out text's bytes.
+    std::unique_ptr<loom::BpeTokenizer> bpe;
+    if (loom::Status s = loom::BpeTokenizer::load(vocab, merges, &bpe); !s.isOk()) return fail(s.message());
+    std::vector<bool> held = loom::validationDocuments(ds.documents(), validFraction);
+    int64_t bytes = 0;
+    for (int64_t d = 0; d < ds.documents(); ++d) {
+      if (!held[size_t(d)]) continue;
+      std::vector<int32_t> ids;
+      for (int64_t i = 0; i < ds.documentLength(d); ++i)
+        if (ds.token(d, i) != bpe->endOfText()) ids.push_back(ds.token(d, i));
+      bytes += int64_t(bpe->decode(ids).size());
+    }
+    if (bytes == 0) return fail(referenceLosses + ": the held-out documents have no text");
+    double perByte = double(r.validTokens) / double(bytes);
+    std::printf("per byte of held-out text (%lld bytes, %.4f tokens per byte): unigram %.4f, bigram %.4f",
+                (long long)bytes, perByte, r.unigram * perByte, r.bigram * perByte);
+    if (modelLoss.getNumOccurrences())
+      std::printf(", the model's %.4f nats per token = %.4f", double(modelLoss), modelLoss * perByte);
+    std::printf(" nats per byte\n");
     return 0;
   }
   std::vector<std::string> inputs{input};
