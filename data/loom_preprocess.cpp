@@ -7,13 +7,14 @@
 //                                               the loss of the best model that ignores context)
 //   loom-preprocess --reference-losses PREFIX [--valid-fraction 0.05]
 //                   [--vocab encoder.json --merges vocab.bpe [--model-loss NATS]]
-//     (with the dataset's tokenizer, also per byte of held-out text)
+//                                              (held-out cross-entropy of unigram and bigram count
+//                                               models from the training split: yardsticks; with
+//                                               the dataset's tokenizer also per byte of held-out
+//                                               text, a model's loss beside them)
 //   loom-preprocess --input PATH... --format text|jsonl|brown --train-bpe N --vocab-out encoder.json
 //                   --merges-out vocab.bpe [--valid-fraction 0.05]
-//     (a byte-level BPE of N tokens learned from the training split's documents only: the
-//     documents GptDataset holds out for validation at that fraction are left out)
-//                                              (held-out cross-entropy of unigram and bigram count
-//                                               models from the training split: yardsticks)
+//                                              (a byte-level BPE of N tokens learned from the
+//                                               training split's documents only)
 // Every document ends with <|endoftext|> (Megatron's --append-eod).
 #include <cmath>
 #include <cstdio>
