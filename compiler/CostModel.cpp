@@ -88,20 +88,22 @@ double CostModel::computeSeconds(const std::string &op, double flops, double byt
 
 double CostModel::communication(const plan::Program &program, const plan::Instruction &in,
                                 const std::vector<int> &members) const {
-  if (unitCost_ || members.size() < 2) return 0;
-  bool oneNode = true;
-  for (int m : members) oneNode &= nodeOf(m) == nodeOf(members[0]);
-  bool p2p = in.op() == "send" || in.op() == "recv";
   (void)program;
-  return transferSeconds(oneNode, p2p ? 1 : ringSteps(in.op(), int(members.size())), double(in.bytes_moved()));
+  return transferAmong(in, members, double(in.bytes_moved()));
 }
 
 double CostModel::communicationLatency(const plan::Instruction &in, const std::vector<int> &members) const {
+  return transferAmong(in, members, 0.0);
+}
+
+// `in` moving `bytes` among `members`: one step for a send or recv, the op's ring steps for a
+// collective, over the intra-node link when every member shares a node.
+double CostModel::transferAmong(const plan::Instruction &in, const std::vector<int> &members, double bytes) const {
   if (unitCost_ || members.size() < 2) return 0;
   bool oneNode = true;
   for (int m : members) oneNode &= nodeOf(m) == nodeOf(members[0]);
   bool p2p = in.op() == "send" || in.op() == "recv";
-  return transferSeconds(oneNode, p2p ? 1 : ringSteps(in.op(), int(members.size())), 0.0);
+  return transferSeconds(oneNode, p2p ? 1 : ringSteps(in.op(), int(members.size())), bytes);
 }
 
 double CostModel::transferSeconds(bool oneNode, int steps, double bytes) const {

@@ -49,6 +49,7 @@ class CostModel {
  private:
   double efficiency(const google::protobuf::RepeatedPtrField<config::EfficiencyPoint> &curve, double flops) const;
   double stepSeconds(const config::Link &link, double bytes) const;  // from the link's measured step times
+  double transferAmong(const plan::Instruction &in, const std::vector<int> &members, double bytes) const;
 
   config::Device device_;
   config::Link intra_, inter_;

@@ -57,14 +57,23 @@ Status parseEncoder(const std::string &path, const std::string &json, std::unord
 
 }  // namespace
 
+uint32_t byteLevelCodePoint(uint8_t byte) {
+  static const std::array<uint32_t, 256> codePoint = [] {
+    std::array<uint32_t, 256> c;
+    uint32_t next = 256;
+    for (int b = 0; b < 256; ++b) {
+      bool printable = (b >= '!' && b <= '~') || (b >= 0xA1 && b <= 0xAC) || (b >= 0xAE && b <= 0xFF);
+      c[b] = printable ? uint32_t(b) : next++;
+    }
+    return c;
+  }();
+  return codePoint[byte];
+}
+
 const std::array<std::string, 256> &byteLevelAlphabet() {
   static const std::array<std::string, 256> alphabet = [] {
     std::array<std::string, 256> a;
-    int next = 0;
-    for (int b = 0; b < 256; ++b) {
-      bool printable = (b >= '!' && b <= '~') || (b >= 0xA1 && b <= 0xAC) || (b >= 0xAE && b <= 0xFF);
-      appendUtf8(a[b], printable ? uint32_t(b) : uint32_t(256 + next++));
-    }
+    for (int b = 0; b < 256; ++b) appendUtf8(a[b], byteLevelCodePoint(uint8_t(b)));
     return a;
   }();
   return alphabet;
@@ -112,7 +121,7 @@ Status BpeTokenizer::load(const std::string &encoderPath, const std::string &voc
     if (sp == std::string::npos) return Status::error(vocabPath + ": malformed merge line '" + line + "'");
     t->ranks_[{line.substr(0, sp), line.substr(sp + 1)}] = rank++;
   }
-  for (int b = 0; b < 256; ++b) t->unicodeToByte_[codePoints(byteLevelAlphabet()[b])[0]] = uint8_t(b);
+  for (int b = 0; b < 256; ++b) t->unicodeToByte_[byteLevelCodePoint(uint8_t(b))] = uint8_t(b);
   LOOM_RETURN_IF_ERROR(Gpt2PreTokenizer::create(&t->preTokenizer_));
   *out = std::move(t);
   return Status::ok();

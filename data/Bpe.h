@@ -32,8 +32,9 @@ class Gpt2PreTokenizer {
   void *pattern_ = nullptr;  // pcre2_code_8
 };
 
-// Step 2: bytes_to_unicode, byte b -> the UTF-8 of its printable code point (printable ASCII
-// and Latin-1 bytes map to themselves, the others to U+0100, U+0101, ... in byte order).
+// Step 2: bytes_to_unicode, byte b -> a printable code point (printable ASCII and Latin-1
+// bytes map to themselves, the others to U+0100, U+0101, ... in byte order), and its UTF-8.
+uint32_t byteLevelCodePoint(uint8_t byte);
 const std::array<std::string, 256> &byteLevelAlphabet();
 
 class BpeTokenizer {

@@ -143,17 +143,12 @@ Status trainByteLevelBpe(const std::vector<std::string> &documents, int64_t voca
   // The 256 byte symbols by code point (GPT-2's encoder.json starts with them in this order).
   std::vector<int> bytesByCodePoint(256);
   for (int b = 0; b < 256; ++b) bytesByCodePoint[b] = b;
-  const auto &alphabet = byteLevelAlphabet();
-  auto codePoint = [&](int b) {
-    const std::string &s = alphabet[b];
-    return s.size() == 1 ? uint32_t((unsigned char)s[0])
-                         : (uint32_t((unsigned char)s[0]) & 0x1F) << 6 | (uint32_t((unsigned char)s[1]) & 0x3F);
-  };
-  std::sort(bytesByCodePoint.begin(), bytesByCodePoint.end(), [&](int x, int y) { return codePoint(x) < codePoint(y); });
+  std::sort(bytesByCodePoint.begin(), bytesByCodePoint.end(),
+            [](int x, int y) { return byteLevelCodePoint(uint8_t(x)) < byteLevelCodePoint(uint8_t(y)); });
   int32_t idOfByte[256];
   for (int k = 0; k < 256; ++k) {
     idOfByte[bytesByCodePoint[k]] = k;
-    bpe.tokens.push_back(alphabet[bytesByCodePoint[k]]);
+    bpe.tokens.push_back(byteLevelAlphabet()[bytesByCodePoint[k]]);
   }
 
   std::vector<std::vector<int32_t>> words;
