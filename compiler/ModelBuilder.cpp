@@ -124,7 +124,7 @@ class TrainStepBuilder {
     int64_t ffn = cfg_.ffn_hidden_size();
     Value h = layerNorm(x, prefix + ".ln_1");
     Value qkv = linear(h, prefix + ".attn.c_attn", hidden_, 3 * hidden_, std);
-    Value attn = op<AttentionOp>(tensor({batch_, seq_, hidden_}), qkv, keyMask,
+    Value attn = op<AttentionOp>(tensor({batch_, seq_, hidden_}), /*lse=*/mlir::Type(), qkv, keyMask,
                                  b_.getI64IntegerAttr(cfg_.num_attention_heads()),
                                  causal ? b_.getUnitAttr() : nullptr,
                                  b_.getF32FloatAttr(cfg_.attention_dropout()),
@@ -187,7 +187,7 @@ class TrainStepBuilder {
     Value v = linearOutIn(h, prefix + ".self_attn.v_proj", hidden_, kvHeads * hd, std);
     q = op<RotaryOp>(q.getType(), q, b_.getI64IntegerAttr(hd), b_.getF32FloatAttr(cfg_.rope_theta()), nullptr);
     k = op<RotaryOp>(k.getType(), k, b_.getI64IntegerAttr(hd), b_.getF32FloatAttr(cfg_.rope_theta()), nullptr);
-    Value a = op<GroupedAttentionOp>(q.getType(), q, k, v, b_.getI64IntegerAttr(heads), b_.getI64IntegerAttr(kvHeads),
+    Value a = op<GroupedAttentionOp>(q.getType(), /*lse=*/mlir::Type(), q, k, v, b_.getI64IntegerAttr(heads), b_.getI64IntegerAttr(kvHeads),
                                      b_.getUnitAttr(), b_.getF32FloatAttr(cfg_.attention_dropout()),
                                      b_.getI64IntegerAttr(cfg_.attention_dropout() > 0 ? nextStream_++ : 0),
                                      /*rank_distinct_dropout=*/nullptr, /*kv_replicated_group=*/nullptr,

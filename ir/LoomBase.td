@@ -25,6 +25,9 @@ class Loom_Op<string mnemonic, list<Trait> traits = []>
 
 // Floating-point activations and weights.
 def Loom_FloatTensor : RankedTensorOf<[F32, BF16, F16]>;
+// Per-row statistics kept for a backward (attention's log-sum-exp): fp32 whatever the
+// activations' type.
+def Loom_StatsTensor : RankedTensorOf<[F32]>;
 // Token ids, labels and positions.
 def Loom_IndexTensor : RankedTensorOf<[I32, I64]>;
 // Masks: 0/1 per token (loss mask) or per key position (attention padding mask).

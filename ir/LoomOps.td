@@ -87,13 +87,19 @@ def Loom_AttentionOp : Loom_Op<"attention", [Pure]> {
     dropout's random stream; with `rank_distinct_dropout` the stream also depends on the
     rank's tensor-parallel position (dropout inside a parallel region, Megatron-LM paper
     section 3).
+
+    The optional result `lse` `[batch, heads, seq]` (f32) keeps the softmax statistics for
+    the backward (FlashAttention, Dao et al. 2022, section 3.1): row i's log-sum-exp of its
+    scaled, masked scores, so that `attention_grad` recomputes the probabilities as
+    `exp(s - lse)` in one pass instead of the softmax's max, sum and scale. A row whose keys
+    are all masked has `lse = +inf` (its probabilities are 0). loom-autodiff adds it.
   }];
   let arguments = (ins Loom_FloatTensor:$qkv, Optional<Loom_MaskTensor>:$key_mask,
                        I64Attr:$num_heads, UnitAttr:$causal,
                        DefaultValuedAttr<F32Attr, "0.0">:$dropout,
                        DefaultValuedAttr<I64Attr, "0">:$stream,
                        UnitAttr:$rank_distinct_dropout);
-  let results = (outs Loom_FloatTensor:$result);
+  let results = (outs Loom_FloatTensor:$result, Optional<Loom_StatsTensor>:$lse);
   let assemblyFormat = [{
     $qkv (`,` $key_mask^)? attr-dict `:` functional-type(operands, results)
   }];
@@ -199,7 +205,9 @@ def Loom_GroupedAttentionOp : Loom_Op<"grouped_attention", [Pure]> {
     probabilities from stream `stream` (rank-distinct with `rank_distinct_dropout`). The
     result is `[batch, seq, num_heads * head_dim]`. With `kv_replicated_group` (tensor
     parallelism with more ranks than KV heads), `q` holds this rank's slice of the query heads
-    (block `rank_in_group` of `group_size`) while `k` and `v` hold all KV heads.
+    (block `rank_in_group` of `group_size`) while `k` and `v` hold all KV heads. The optional
+    result `lse` `[batch, num_heads, seq]` keeps the softmax statistics for the backward, as
+    `loom.attention`'s.
   }];
   let arguments = (ins Loom_FloatTensor:$q, Loom_FloatTensor:$k, Loom_FloatTensor:$v,
                        I64Attr:$num_heads, I64Attr:$num_kv_heads, UnitAttr:$causal,
@@ -208,7 +216,7 @@ def Loom_GroupedAttentionOp : Loom_Op<"grouped_attention", [Pure]> {
                        UnitAttr:$rank_distinct_dropout,
                        OptionalAttr<StrAttr>:$kv_replicated_group,
                        DefaultValuedAttr<I64Attr, "1">:$group_size);
-  let results = (outs Loom_FloatTensor:$result);
+  let results = (outs Loom_FloatTensor:$result, Optional<Loom_StatsTensor>:$lse);
   let assemblyFormat = [{
     $q `,` $k `,` $v attr-dict `:` functional-type(operands, results)
   }];
@@ -338,12 +346,13 @@ def Loom_GeluGradOp : Loom_Op<"gelu_grad", [Pure, SameOperandsAndResultType]> {
 }
 
 def Loom_AttentionGradOp : Loom_Op<"attention_grad", [Pure]> {
-  let summary = "gradient of the attention core w.r.t. qkv (probabilities recomputed)";
+  let summary = "gradient of the attention core w.r.t. qkv (probabilities from the forward's statistics)";
   let description = [{
-    Same attributes as the forward `loom.attention`, so the softmax and the dropout mask are
-    recomputed exactly (the dropout mask comes from the counter-based generator).
+    Same attributes as the forward `loom.attention`, whose `lse` result it takes: the scores
+    are recomputed (Q K^T) and the probabilities are `exp(s - lse)`; the dropout mask is
+    regenerated from the counter-based generator.
   }];
-  let arguments = (ins Loom_FloatTensor:$qkv, Loom_FloatTensor:$grad,
+  let arguments = (ins Loom_FloatTensor:$qkv, Loom_FloatTensor:$grad, Loom_StatsTensor:$lse,
                        Optional<Loom_MaskTensor>:$key_mask,
                        I64Attr:$num_heads, UnitAttr:$causal,
                        DefaultValuedAttr<F32Attr, "0.0">:$dropout,
@@ -351,8 +360,9 @@ def Loom_AttentionGradOp : Loom_Op<"attention_grad", [Pure]> {
                        UnitAttr:$rank_distinct_dropout);
   let results = (outs Loom_FloatTensor:$result);
   let assemblyFormat = [{
-    $qkv `,` $grad (`,` $key_mask^)? attr-dict `:` functional-type(operands, results)
+    $qkv `,` $grad `,` $lse (`,` $key_mask^)? attr-dict `:` functional-type(operands, results)
   }];
+  let hasVerifier = 1;
 }
 
 def Loom_EmbeddingGradOp : Loom_Op<"embedding_grad", [Pure]> {
@@ -411,13 +421,15 @@ def Loom_SwigluGradOp : Loom_Op<"swiglu_grad", [Pure]> {
 }
 
 def Loom_GroupedAttentionGradOp : Loom_Op<"grouped_attention_grad", [Pure]> {
-  let summary = "gradients of grouped_attention w.r.t. q, k and v (probabilities recomputed)";
+  let summary = "gradients of grouped_attention w.r.t. q, k and v (probabilities from the forward's statistics)";
   let description = [{
-    Same attributes as the forward op. A KV head's gradients sum over the query heads that
+    Same attributes as the forward op, whose `lse` result it takes (as `loom.attention_grad`
+    does). A KV head's gradients sum over the query heads that
     share it; with `kv_replicated_group` they cover only this rank's query heads (partial
     sums, completed over the group).
   }];
   let arguments = (ins Loom_FloatTensor:$q, Loom_FloatTensor:$k, Loom_FloatTensor:$v, Loom_FloatTensor:$grad,
+                       Loom_StatsTensor:$lse,
                        I64Attr:$num_heads, I64Attr:$num_kv_heads, UnitAttr:$causal,
                        DefaultValuedAttr<F32Attr, "0.0">:$dropout,
                        DefaultValuedAttr<I64Attr, "0">:$stream,
@@ -426,8 +438,9 @@ def Loom_GroupedAttentionGradOp : Loom_Op<"grouped_attention_grad", [Pure]> {
                        DefaultValuedAttr<I64Attr, "1">:$group_size);
   let results = (outs Loom_FloatTensor:$grad_q, Loom_FloatTensor:$grad_k, Loom_FloatTensor:$grad_v);
   let assemblyFormat = [{
-    $q `,` $k `,` $v `,` $grad attr-dict `:` functional-type(operands, results)
+    $q `,` $k `,` $v `,` $grad `,` $lse attr-dict `:` functional-type(operands, results)
   }];
+  let hasVerifier = 1;
 }
 
 def Loom_AddBiasOp : Loom_Op<"add_bias", [Pure]> {

@@ -53,6 +53,19 @@ LogicalResult requireGroup(mlir::Operation *op, llvm::StringRef group, int64_t g
   return mlir::success();
 }
 
+// Attention's softmax statistics: `lse` is [batch, heads, seq] for queries [batch, seq, ...].
+LogicalResult requireStatistics(mlir::Operation *op, Value lse, Value queries, int64_t heads) {
+  if (!lse) return mlir::success();
+  if (failed(requireRank(op, lse, "lse", 3))) return mlir::failure();
+  auto q = tensorOf(queries).getShape();
+  auto l = tensorOf(lse).getShape();
+  if (failed(requireDim(op, "lse", 0, l[0], q[0], "batch")) ||
+      failed(requireDim(op, "lse", 1, l[1], heads, "num_heads")) ||
+      failed(requireDim(op, "lse", 2, l[2], q[1], "sequence")))
+    return mlir::failure();
+  return mlir::success();
+}
+
 }  // namespace
 
 LogicalResult EmbeddingOp::verify() {
@@ -158,7 +171,15 @@ LogicalResult AttentionOp::verify() {
   }
   float p = getDropout().convertToFloat();
   if (!(p >= 0 && p < 1)) return emitOpError() << "dropout must be in [0, 1), got " << p;
-  return mlir::success();
+  return requireStatistics(*this, getLse(), getQkv(), heads);
+}
+
+LogicalResult AttentionGradOp::verify() {
+  if (failed(requireRank(*this, getQkv(), "qkv", 3))) return mlir::failure();
+  if (getNumHeads() < 1) return emitOpError() << "num_heads must be >= 1, got " << getNumHeads();
+  if (getResult().getType() != getQkv().getType())
+    return emitOpError() << "result type " << getResult().getType() << " must equal qkv's type " << getQkv().getType();
+  return requireStatistics(*this, getLse(), getQkv(), getNumHeads());
 }
 
 LogicalResult RmsNormOp::verify() {
@@ -209,7 +230,13 @@ LogicalResult GroupedAttentionOp::verify() {
     return emitOpError() << "result type " << getResult().getType() << " must equal q's type " << getQ().getType();
   float p = getDropout().convertToFloat();
   if (!(p >= 0 && p < 1)) return emitOpError() << "dropout must be in [0, 1), got " << p;
-  return mlir::success();
+  return requireStatistics(*this, getLse(), getQ(), heads);
+}
+
+LogicalResult GroupedAttentionGradOp::verify() {
+  if (failed(requireRank(*this, getQ(), "q", 3))) return mlir::failure();
+  if (getNumHeads() < 1) return emitOpError() << "num_heads must be >= 1, got " << getNumHeads();
+  return requireStatistics(*this, getLse(), getQ(), getNumHeads());
 }
 
 LogicalResult DropoutOp::verify() {

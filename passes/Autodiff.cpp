@@ -12,9 +12,31 @@ namespace loom {
 
 namespace {
 
+// Gives every attention core its softmax statistics result (the per-row log-sum-exp, see
+// loom.attention), so that its gradient rule hands them to the backward instead of the
+// backward recomputing the softmax (FlashAttention, Dao et al. 2022, section 3.1).
+template <typename Attention>
+void keepSoftmaxStatistics(mlir::func::FuncOp f) {
+  llvm::SmallVector<Attention> cores;
+  f.walk([&](Attention a) {
+    if (!a.getLse()) cores.push_back(a);
+  });
+  for (Attention a : cores) {
+    auto queries = mlir::cast<mlir::RankedTensorType>(a.getResult().getType()).getShape();
+    mlir::OpBuilder b(a);
+    auto lse = mlir::RankedTensorType::get({queries[0], int64_t(a.getNumHeads()), queries[1]}, b.getF32Type());
+    auto kept = b.create<Attention>(a.getLoc(), mlir::TypeRange{a.getResult().getType(), lse}, a->getOperands(),
+                                    a->getAttrs());
+    a.getResult().replaceAllUsesWith(kept.getResult());
+    a.erase();
+  }
+}
+
 // Differentiates `f`, whose single result is the scalar loss, appending a gradient result for
 // every parameter argument.
 mlir::LogicalResult differentiate(mlir::func::FuncOp f) {
+  keepSoftmaxStatistics<AttentionOp>(f);
+  keepSoftmaxStatistics<GroupedAttentionOp>(f);
   auto ret = mlir::cast<mlir::func::ReturnOp>(f.getBody().front().getTerminator());
   if (ret.getNumOperands() != 1 || !ret.getOperand(0).getDefiningOp<CrossEntropyOp>())
     return f.emitError() << "loom-autodiff: @" << f.getName()

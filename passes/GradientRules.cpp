@@ -57,7 +57,8 @@ mlir::FailureOr<Grads> gradientOf(mlir::OpBuilder &b, mlir::Operation *op, llvm:
       })
       .Case([&](AttentionOp o) -> mlir::FailureOr<Grads> {
         Grads d = none;
-        d[0] = b.create<AttentionGradOp>(loc, o.getQkv().getType(), o.getQkv(), g, o.getKeyMask(),
+        if (!o.getLse()) return o.emitOpError() << "has no softmax statistics (lse) result to differentiate with";
+        d[0] = b.create<AttentionGradOp>(loc, o.getQkv().getType(), o.getQkv(), g, o.getLse(), o.getKeyMask(),
                                          o.getNumHeadsAttr(), o.getCausalAttr(), o.getDropoutAttr(),
                                          o.getStreamAttr(), o.getRankDistinctDropoutAttr());
         return d;
@@ -77,8 +78,10 @@ mlir::FailureOr<Grads> gradientOf(mlir::OpBuilder &b, mlir::Operation *op, llvm:
         return Grads{sg.getGradGate(), sg.getGradUp()};
       })
       .Case([&](GroupedAttentionOp o) -> mlir::FailureOr<Grads> {
+        if (!o.getLse()) return o.emitOpError() << "has no softmax statistics (lse) result to differentiate with";
         auto ag = b.create<GroupedAttentionGradOp>(
             loc, o.getQ().getType(), o.getK().getType(), o.getV().getType(), o.getQ(), o.getK(), o.getV(), g,
+            o.getLse(),
             o.getNumHeadsAttr(), o.getNumKvHeadsAttr(), o.getCausalAttr(), o.getDropoutAttr(), o.getStreamAttr(),
             o.getRankDistinctDropoutAttr(), o.getKvReplicatedGroupAttr(), o.getGroupSizeAttr());
         return Grads{ag.getGradQ(), ag.getGradK(), ag.getGradV()};

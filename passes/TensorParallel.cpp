@@ -398,12 +398,18 @@ class Sharder {
       mid->getResult(0).setType(withDim(mid->getResult(0).getType(), -1, dimOf(mid->getResult(0), -1) / t_));
       // Dropout inside the parallel region: distinct streams per rank (Megatron-LM paper,
       // section 3: the model-parallel random state).
+      // Softmax statistics (when the IR already has them) follow the local heads.
+      auto splitStatistics = [&](mlir::Value lse) {
+        if (lse) lse.setType(withDim(lse.getType(), 1, dimOf(lse, 1) / t_));
+      };
       if (auto a = mlir::dyn_cast<AttentionOp>(mid)) {
         a.setNumHeads(a.getNumHeads() / t_);
+        splitStatistics(a.getLse());
         if (a.getDropout().convertToFloat() > 0) a.setRankDistinctDropout(true);
       }
       if (auto a = mlir::dyn_cast<GroupedAttentionOp>(mid)) {
         a.setNumHeads(a.getNumHeads() / t_);
+        splitStatistics(a.getLse());
         if (!a.getKvReplicatedGroup()) a.setNumKvHeads(a.getNumKvHeads() / t_);
         if (a.getDropout().convertToFloat() > 0) a.setRankDistinctDropout(true);
       }

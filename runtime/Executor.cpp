@@ -215,7 +215,8 @@ class Run {
       cpu::geluForward(f(inp(0)), f(out()), numel(inp(0)));
     } else if (op == "attention" || op == "attention_grad") {
       bool fwd = op == "attention";
-      int qkv = inp(0), mask = optionalInput(in, fwd ? 1 : 2);
+      if (!fwd && in.inputs_size() < 3) return Status::error("attention_grad: no softmax statistics input (corrupt plan)");
+      int qkv = inp(0), mask = optionalInput(in, fwd ? 1 : 3);
       int64_t heads = i64(in, "num_heads");
       if (heads < 1 || dim(qkv, 2) % (3 * heads) != 0) return Status::error("attention: bad num_heads (corrupt plan)");
       cpu::AttentionShape s{dim(qkv, 0),
@@ -227,9 +228,10 @@ class Run {
                             ctx_.seed,
                             dropoutStream(i64(in, "stream"), flag(in, "rank_distinct_dropout"))};
       if (fwd)
-        cpu::attentionForward(f(qkv), mask >= 0 ? f(mask) : nullptr, f(out()), s, scratchBase_);
+        cpu::attentionForward(f(qkv), mask >= 0 ? f(mask) : nullptr, f(out()),
+                              in.outputs_size() > 1 ? f(out(1)) : nullptr, s, scratchBase_);
       else
-        cpu::attentionBackward(f(qkv), mask >= 0 ? f(mask) : nullptr, f(inp(1)), f(out()), s, scratchBase_);
+        cpu::attentionBackward(f(qkv), mask >= 0 ? f(mask) : nullptr, f(inp(1)), f(inp(2)), f(out()), s, scratchBase_);
     } else if (op == "grouped_attention" || op == "grouped_attention_grad") {
       cpu::GroupedAttentionShape s;
       LOOM_RETURN_IF_ERROR(loom::groupedAttentionShape(
@@ -238,10 +240,13 @@ class Run {
       s.seed = ctx_.seed;
       s.stream = dropoutStream(i64(in, "stream"), flag(in, "rank_distinct_dropout"));
       if (op == "grouped_attention")
-        cpu::groupedAttentionForward(f(inp(0)), f(inp(1)), f(inp(2)), f(out()), s, scratchBase_);
+        cpu::groupedAttentionForward(f(inp(0)), f(inp(1)), f(inp(2)), f(out()),
+                                     in.outputs_size() > 1 ? f(out(1)) : nullptr, s, scratchBase_);
+      else if (in.inputs_size() < 5)
+        return Status::error("grouped_attention_grad: no softmax statistics input (corrupt plan)");
       else
-        cpu::groupedAttentionBackward(f(inp(0)), f(inp(1)), f(inp(2)), f(inp(3)), f(out(0)), f(out(1)), f(out(2)), s,
-                                      scratchBase_);
+        cpu::groupedAttentionBackward(f(inp(0)), f(inp(1)), f(inp(2)), f(inp(3)), f(inp(4)), f(out(0)), f(out(1)),
+                                      f(out(2)), s, scratchBase_);
     } else if (op == "rms_norm") {
       int64_t n = dim(inp(0), -1);
       cpu::rmsNormForward(f(inp(0)), f(inp(1)), f(out()), numel(inp(0)) / n, n, float(f64(in, "epsilon", 1e-6)));

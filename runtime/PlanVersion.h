@@ -11,7 +11,9 @@ namespace loom {
 // 2: the first versioned format (model facts from the IR, vocabulary padding per parameter).
 // 3: the whole step in the plan: gradients accumulated and synchronised inside the backward
 //    (last_micro_batch), flat parameter/gradient buffers, the loss and optimizer programs.
-inline constexpr uint32_t kPlanVersion = 3;
+// 4: attention keeps its softmax statistics: attention / grouped_attention may have a second
+//    output (lse), and attention_grad / grouped_attention_grad read it after the gradient.
+inline constexpr uint32_t kPlanVersion = 4;
 
 // "" when `version` is this build's; otherwise why `what` (a plan file) cannot be read.
 inline std::string planVersionError(uint32_t version, const std::string &what) {

@@ -247,12 +247,15 @@ struct Head {
   int64_t keysOf(int64_t i) const { return causal ? i + 1 : S; }
   // Columns the block of queries starting at i0 needs.
   int64_t blockKeys(int64_t i0) const { return causal ? std::min(S, i0 + kBlock) : S; }
+  // Columns of row i that its block's products read: the row's keys, then zeros up to here.
+  int64_t rowColumns(int64_t i) const { return blockKeys(i - i % kBlock); }
 };
 
-// row[0, n) = softmax(row[0, n)) in place (max and sum in 8 lanes); false when every entry
-// is -inf (a fully masked row).
+// row[0, n) = softmax(row[0, n)) in place (max and sum in 8 lanes); returns the row's
+// log-sum-exp (max + log(sum)), or +inf when every entry is -inf (a fully masked row, left
+// for the caller to zero).
 LOOM_VECTOR_CLONES
-bool softmaxRow(float *row, int64_t n) {
+float softmaxRow(float *row, int64_t n) {
   const float ninf = -std::numeric_limits<float>::infinity();
   float lanes[8] = {ninf, ninf, ninf, ninf, ninf, ninf, ninf, ninf};
   int64_t j = 0;
@@ -261,7 +264,7 @@ bool softmaxRow(float *row, int64_t n) {
   float mx = ninf;
   for (int k = 0; k < 8; ++k) mx = lanes[k] > mx ? lanes[k] : mx;
   for (; j < n; ++j) mx = row[j] > mx ? row[j] : mx;
-  if (mx == ninf) return false;
+  if (mx == ninf) return std::numeric_limits<float>::infinity();
   float sums[8] = {0, 0, 0, 0, 0, 0, 0, 0};
   for (j = 0; j + 8 <= n; j += 8)
     for (int k = 0; k < 8; ++k) sums[k] += (row[j + k] = fastExp(row[j + k] - mx));
@@ -270,7 +273,14 @@ bool softmaxRow(float *row, int64_t n) {
   for (; j < n; ++j) sum += (row[j] = fastExp(row[j] - mx));
   float inv = 1.0f / sum;
   for (j = 0; j < n; ++j) row[j] *= inv;
-  return true;
+  return mx + std::log(sum);
+}
+
+// row[0, n) = exp(row - lse): the probabilities from the forward's statistics in one pass
+// (masked keys, -inf, give 0; a fully masked row has lse = +inf and gives 0 throughout).
+LOOM_VECTOR_CLONES
+void probabilitiesRow(float *row, int64_t n, float lse) {
+  for (int64_t j = 0; j < n; ++j) row[j] = fastExp(row[j] - lse);
 }
 
 // r[0, n) = p * (r - sum(p * r)): the softmax's backward over one row (the sum by laneDot).
@@ -280,27 +290,52 @@ void softmaxGradRow(const float *p, float *r, int64_t n) {
   for (int64_t j = 0; j < n; ++j) r[j] = p[j] * (r[j] - dot);
 }
 
-// P = softmax(q k^T / sqrt(hd) + masks), computed over each row's visible keys (the rest 0).
-void headProbs(const Head &h, float *p) {
+// Scores s = q k^T / sqrt(hd) over each query block's keys, the key mask's -inf applied to
+// each row's visible keys.
+void headScores(const Head &h, float *p) {
   float scale = 1.0f / std::sqrt(float(h.hd));
-  const float ninf = -std::numeric_limits<float>::infinity();
   for (int64_t i0 = 0; i0 < h.S; i0 += kBlock) {
     int64_t rows = std::min(kBlock, h.S - i0), cols = h.blockKeys(i0);
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, rows, cols, h.hd, scale, h.q + i0 * h.ldq, h.ldq, h.k, h.ldk,
                 0.0f, p + i0 * h.S, h.S);
   }
+}
+
+void maskKeys(const Head &h, float *row, int64_t n) {
+  const float ninf = -std::numeric_limits<float>::infinity();
+  if (h.keyMask)
+    for (int64_t j = 0; j < n; ++j)
+      if (h.keyMask[j] == 0.0f) row[j] = ninf;
+}
+
+// P = softmax(q k^T / sqrt(hd) + masks), computed over each row's visible keys (then 0 up to
+// the row's block width); lse[i] (when not null) = row i's log-sum-exp, the statistics the
+// backward reads.
+void headProbs(const Head &h, float *p, float *lse) {
+  headScores(h, p);
   parallelRows(h.S, [&](int64_t begin, int64_t end) {
     for (int64_t i = begin; i < end; ++i) {
       float *row = p + i * h.S;
       int64_t n = h.keysOf(i);
-      if (h.keyMask)
-        for (int64_t j = 0; j < n; ++j)
-          if (h.keyMask[j] == 0.0f) row[j] = ninf;
-      if (!softmaxRow(row, n)) {  // every key masked: the row attends to nothing
-        std::fill(row, row + h.S, 0.0f);
-        continue;
-      }
-      std::fill(row + n, row + h.S, 0.0f);
+      maskKeys(h, row, n);
+      float rowLse = softmaxRow(row, n);
+      if (lse) lse[i] = rowLse;
+      std::fill(row + (std::isinf(rowLse) ? 0 : n), row + h.rowColumns(i), 0.0f);  // fully masked: attends to nothing
+    }
+  });
+}
+
+// P again in the backward: the scores, then exp(s - lse) per row (FlashAttention's backward,
+// Dao et al. 2022, section 3.1) instead of the softmax's max, sum and scale.
+void headProbsFromStatistics(const Head &h, float *p, const float *lse) {
+  headScores(h, p);
+  parallelRows(h.S, [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) {
+      float *row = p + i * h.S;
+      int64_t n = h.keysOf(i);
+      maskKeys(h, row, n);
+      probabilitiesRow(row, n, lse[i]);
+      std::fill(row + n, row + h.rowColumns(i), 0.0f);
     }
   });
 }
@@ -321,9 +356,17 @@ void headDropout(const Head &h, float *x) {
   });
 }
 
-// out = dropout(P) v.
-void headForward(const Head &h, float *out, int64_t ldo, float *p) {
-  headProbs(h, p);
+// dP = dD * keep / (1 - rate) over one row, the keep mask read from D = P * keep / (1 - rate)
+// instead of regenerated from the counters: where P != 0, D != 0 exactly when kept (the scale
+// is >= 1, so nothing underflows); where P == 0 the softmax backward gives 0 whatever dP is.
+LOOM_VECTOR_CLONES
+void keptRow(const float *d, float *dp, int64_t n, float scale) {
+  for (int64_t j = 0; j < n; ++j) dp[j] = d[j] != 0.0f ? dp[j] * scale : 0.0f;
+}
+
+// out = dropout(P) v; lse (nullable): the head's [S] softmax statistics.
+void headForward(const Head &h, float *out, int64_t ldo, float *lse, float *p) {
+  headProbs(h, p, lse);
   headDropout(h, p);
   for (int64_t i0 = 0; i0 < h.S; i0 += kBlock) {
     int64_t rows = std::min(kBlock, h.S - i0), cols = h.blockKeys(i0);
@@ -332,16 +375,20 @@ void headForward(const Head &h, float *out, int64_t ldo, float *p) {
   }
 }
 
-// With P the probabilities and D = P * keep / (1 - rate):
+// With P the probabilities (from the forward's statistics `lse`) and D = P * keep / (1 - rate):
 //   dV += D^T g, dD = g V^T, dP = dD * keep / (1 - rate), dS = P * (dP - rowsum(P * dP)),
 //   dQ = dS K / sqrt(hd), dK += dS^T Q / sqrt(hd).
-// dq is written; dk and dv are added to (the caller zeroes them).
-void headBackward(const Head &h, const float *g, int64_t ldg, float *dq, float *dk, float *dv, int64_t ldd,
-                  int64_t ldkv, float *p, float *d, float *dp) {
+// dq is written; dk and dv are added to (the caller zeroes them). Without dropout D is P.
+void headBackward(const Head &h, const float *g, int64_t ldg, const float *lse, float *dq, float *dk, float *dv,
+                  int64_t ldd, int64_t ldkv, float *p, float *d, float *dp) {
   float scale = 1.0f / std::sqrt(float(h.hd));
-  headProbs(h, p);
-  std::copy(p, p + h.S * h.S, d);
-  headDropout(h, d);
+  headProbsFromStatistics(h, p, lse);
+  if (h.dropout > 0) {
+    for (int64_t i = 0; i < h.S; ++i) std::copy(p + i * h.S, p + i * h.S + h.rowColumns(i), d + i * h.S);
+    headDropout(h, d);
+  } else {
+    d = p;
+  }
   for (int64_t i0 = 0; i0 < h.S; i0 += kBlock) {
     int64_t rows = std::min(kBlock, h.S - i0), cols = h.blockKeys(i0);
     const float *gi = g + i0 * ldg;
@@ -350,14 +397,14 @@ void headBackward(const Head &h, const float *g, int64_t ldg, float *dq, float *
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, rows, cols, h.hd, 1.0f, gi, ldg, h.v, h.ldv, 0.0f,
                 dp + i0 * h.S, h.S);
   }
-  headDropout(h, dp);  // dD -> dP: the same mask, from the counters
   parallelRows(h.S, [&](int64_t begin, int64_t end) {
     for (int64_t i = begin; i < end; ++i) {
       const float *pr = p + i * h.S;
       float *r = dp + i * h.S;
       int64_t n = h.keysOf(i);
+      if (h.dropout > 0) keptRow(d + i * h.S, r, n, 1.0f / (1.0f - h.dropout));  // dD -> dP
       softmaxGradRow(pr, r, n);
-      std::fill(r + n, r + h.S, 0.0f);
+      std::fill(r + n, r + h.rowColumns(i), 0.0f);
     }
   });
   for (int64_t i0 = 0; i0 < h.S; i0 += kBlock) {
@@ -385,14 +432,16 @@ Head attentionHead(const float *qkv, const float *keyMask, const AttentionShape 
 
 int64_t attentionScratchFloats(int64_t seq, bool backward) { return (backward ? 3 : 1) * seq * seq; }
 
-void attentionForward(const float *qkv, const float *keyMask, float *out, const AttentionShape &s, float *scratch) {
+void attentionForward(const float *qkv, const float *keyMask, float *out, float *lse, const AttentionShape &s,
+                      float *scratch) {
   int64_t H = s.heads * s.headDim, S = s.seq;
   for (int64_t b = 0; b < s.batch; ++b)
     for (int64_t h = 0; h < s.heads; ++h)
-      headForward(attentionHead(qkv, keyMask, s, b, h), out + b * S * H + h * s.headDim, H, scratch);
+      headForward(attentionHead(qkv, keyMask, s, b, h), out + b * S * H + h * s.headDim, H,
+                  lse ? lse + (b * s.heads + h) * S : nullptr, scratch);
 }
 
-void attentionBackward(const float *qkv, const float *keyMask, const float *g, float *dqkv,
+void attentionBackward(const float *qkv, const float *keyMask, const float *g, const float *lse, float *dqkv,
                        const AttentionShape &s, float *scratch) {
   int64_t hd = s.headDim, ld = 3 * s.heads * hd, H = s.heads * hd, S = s.seq;
   float *p = scratch, *d = p + S * S, *dp = d + S * S;
@@ -400,7 +449,8 @@ void attentionBackward(const float *qkv, const float *keyMask, const float *g, f
     for (int64_t h = 0; h < s.heads; ++h) {
       float *dq = dqkv + b * S * ld + h * 3 * hd, *dk = dq + hd, *dv = dq + 2 * hd;
       zeroRows(dk, S, hd, ld), zeroRows(dv, S, hd, ld);
-      headBackward(attentionHead(qkv, keyMask, s, b, h), g + b * S * H + h * hd, H, dq, dk, dv, ld, ld, p, d, dp);
+      headBackward(attentionHead(qkv, keyMask, s, b, h), g + b * S * H + h * hd, H, lse + (b * s.heads + h) * S, dq, dk,
+                   dv, ld, ld, p, d, dp);
     }
 }
 
@@ -414,17 +464,18 @@ Head groupedHead(const float *q, const float *k, const float *v, const GroupedAt
 }
 }  // namespace
 
-void groupedAttentionForward(const float *q, const float *k, const float *v, float *out,
+void groupedAttentionForward(const float *q, const float *k, const float *v, float *out, float *lse,
                              const GroupedAttentionShape &s, float *scratch) {
   int64_t S = s.seq, ldq = s.heads * s.headDim;
   for (int64_t b = 0; b < s.batch; ++b)
     for (int64_t h = 0; h < s.heads; ++h)
-      headForward(groupedHead(q, k, v, s, b, h), out + b * S * ldq + h * s.headDim, ldq, scratch);
+      headForward(groupedHead(q, k, v, s, b, h), out + b * S * ldq + h * s.headDim, ldq,
+                  lse ? lse + (b * s.heads + h) * S : nullptr, scratch);
 }
 
 // As attentionBackward, per query head; a KV head's dK and dV sum over its query heads.
-void groupedAttentionBackward(const float *q, const float *k, const float *v, const float *g, float *dq, float *dk,
-                              float *dv, const GroupedAttentionShape &s, float *scratch) {
+void groupedAttentionBackward(const float *q, const float *k, const float *v, const float *g, const float *lse,
+                              float *dq, float *dk, float *dv, const GroupedAttentionShape &s, float *scratch) {
   int64_t hd = s.headDim, S = s.seq, ldq = s.heads * hd, ldkv = s.kvHeads * hd;
   std::fill(dk, dk + s.batch * S * ldkv, 0.0f);
   std::fill(dv, dv + s.batch * S * ldkv, 0.0f);
@@ -432,7 +483,8 @@ void groupedAttentionBackward(const float *q, const float *k, const float *v, co
   for (int64_t b = 0; b < s.batch; ++b)
     for (int64_t h = 0; h < s.heads; ++h) {
       int64_t qo = b * S * ldq + h * hd, kvo = b * S * ldkv + s.kvHeadOf(h) * hd;
-      headBackward(groupedHead(q, k, v, s, b, h), g + qo, ldq, dq + qo, dk + kvo, dv + kvo, ldq, ldkv, p, d, dp);
+      headBackward(groupedHead(q, k, v, s, b, h), g + qo, ldq, lse + (b * s.heads + h) * S, dq + qo, dk + kvo, dv + kvo,
+                   ldq, ldkv, p, d, dp);
     }
 }
 

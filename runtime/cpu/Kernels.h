@@ -40,9 +40,13 @@ struct AttentionShape {
 };
 // `scratch`: attentionScratchFloats(seq, backward) floats the caller provides (a head's
 // probabilities, and backward two more S x S blocks), so the kernels allocate nothing.
+// `lse` [B,heads,S]: the softmax statistics (loom.attention's lse result), each query row's
+// log-sum-exp of its scaled, masked scores (+inf when every key is masked); the forward
+// writes them when `lse` is not null, the backward computes the probabilities from them.
 int64_t attentionScratchFloats(int64_t seq, bool backward);
-void attentionForward(const float *qkv, const float *keyMask, float *out, const AttentionShape &s, float *scratch);
-void attentionBackward(const float *qkv, const float *keyMask, const float *g, float *dqkv,
+void attentionForward(const float *qkv, const float *keyMask, float *out, float *lse, const AttentionShape &s,
+                      float *scratch);
+void attentionBackward(const float *qkv, const float *keyMask, const float *g, const float *lse, float *dqkv,
                        const AttentionShape &s, float *scratch);
 
 // Grouped-query attention over q [B,S,heads*hd] and k, v [B,S,kvHeads*hd]: local query head h
@@ -57,10 +61,11 @@ struct GroupedAttentionShape {
   uint64_t seed, stream;
   int64_t kvHeadOf(int64_t h) const;
 };
-void groupedAttentionForward(const float *q, const float *k, const float *v, float *out,
+// lse [B,heads,S] as attentionForward/Backward's.
+void groupedAttentionForward(const float *q, const float *k, const float *v, float *out, float *lse,
                              const GroupedAttentionShape &s, float *scratch);
-void groupedAttentionBackward(const float *q, const float *k, const float *v, const float *g, float *dq, float *dk,
-                              float *dv, const GroupedAttentionShape &s, float *scratch);
+void groupedAttentionBackward(const float *q, const float *k, const float *v, const float *g, const float *lse,
+                              float *dq, float *dk, float *dv, const GroupedAttentionShape &s, float *scratch);
 
 // RMS norm over rows of length n: y = x / sqrt(mean(x^2) + eps) * gamma; the backward
 // recomputes the statistic.

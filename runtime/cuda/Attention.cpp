@@ -85,7 +85,8 @@ size_t groupedAttentionScratchBytes(const cpu::GroupedAttentionShape &shape, Pre
 // Per batch item: S = Q K^T / sqrt(hd) as one batched GEMM per run of query heads sharing a
 // KV head (the K operand's batch stride 0), the softmax over all local heads, O = D V alike.
 Status groupedAttentionForward(cublasHandle_t blas, Precision p, const float *q, const float *k, const float *v,
-                               float *out, const cpu::GroupedAttentionShape &s, void *scratch, cudaStream_t stream) {
+                               float *out, float *lse, const cpu::GroupedAttentionShape &s, void *scratch,
+                               cudaStream_t stream) {
   cpu::AttentionShape sm = softmaxShapeOf(s);
   LOOM_RETURN_IF_ERROR(begin(blas, sm, stream));
   GroupedAttentionScratch w = carveGroupedAttention(s, p, false, scratch);
@@ -99,7 +100,7 @@ Status groupedAttentionForward(cublasHandle_t blas, Precision p, const float *q,
       LOOM_RETURN_IF_ERROR(batchedGemm(blas, p, S, S, hd, scale, {offset(qx, b * S * ldq + r.first * hd, p), ldq, hd, false},
                                        {offset(kx, b * S * ldkv + r.kv * hd, p), ldkv, 0, true},
                                        w.scores + r.first * S * S, S, S * S, r.count));
-    attentionSoftmaxForward(w.scores, w.dropped, p, nullptr, b, sm, stream);
+    attentionSoftmaxForward(w.scores, w.dropped, p, nullptr, b, sm, lse, nullptr, stream);
     for (const HeadRun &r : runs)
       LOOM_RETURN_IF_ERROR(batchedGemm(blas, p, S, hd, S, 1.0f, {offset(w.dropped, r.first * S * S, p), S, S * S, false},
                                        {offset(vx, b * S * ldkv + r.kv * hd, p), ldkv, 0, false},
@@ -111,8 +112,8 @@ Status groupedAttentionForward(cublasHandle_t blas, Precision p, const float *q,
 // As attentionBackward; a KV head's dK and dV sum over its query heads (GEMMs with beta 1
 // into zeroed outputs, one query head at a time).
 Status groupedAttentionBackward(cublasHandle_t blas, Precision p, const float *q, const float *k, const float *v,
-                                const float *g, float *dq, float *dk, float *dv, const cpu::GroupedAttentionShape &s,
-                                void *scratch, cudaStream_t stream) {
+                                const float *g, const float *lse, float *dq, float *dk, float *dv,
+                                const cpu::GroupedAttentionShape &s, void *scratch, cudaStream_t stream) {
   cpu::AttentionShape sm = softmaxShapeOf(s);
   LOOM_RETURN_IF_ERROR(begin(blas, sm, stream));
   GroupedAttentionScratch w = carveGroupedAttention(s, p, true, scratch);
@@ -129,7 +130,7 @@ Status groupedAttentionBackward(cublasHandle_t blas, Precision p, const float *q
       LOOM_RETURN_IF_ERROR(batchedGemm(blas, p, S, S, hd, scale, {offset(qx, qb + r.first * hd, p), ldq, hd, false},
                                        {offset(kx, kvb + r.kv * hd, p), ldkv, 0, true}, w.scores + r.first * S * S, S,
                                        S * S, r.count));
-    attentionSoftmaxForward(w.scores, w.dropped, p, nullptr, b, sm, stream);
+    attentionSoftmaxForward(w.scores, w.dropped, p, nullptr, b, sm, nullptr, lse, stream);
     for (int64_t h = 0; h < s.heads; ++h)  // dV += D^T g
       LOOM_RETURN_IF_ERROR(batchedGemm(blas, p, S, hd, S, 1.0f, {offset(w.dropped, h * S * S, p), S, S * S, true},
                                        {offset(gx, qb + h * hd, p), ldq, hd, false}, dv + kvb + s.kvHeadOf(h) * hd,
@@ -156,7 +157,7 @@ size_t attentionScratchBytes(const cpu::AttentionShape &shape, Precision p, bool
 }
 
 Status attentionForward(cublasHandle_t blas, Precision p, const float *qkv, const float *keyMask, float *out,
-                        const cpu::AttentionShape &s, void *scratch, cudaStream_t stream) {
+                        float *lse, const cpu::AttentionShape &s, void *scratch, cudaStream_t stream) {
   LOOM_RETURN_IF_ERROR(begin(blas, s, stream));
   AttentionScratch w = carveAttention(s, p, false, scratch);
   int64_t S = s.seq, hd = s.headDim, ld = 3 * s.heads * hd, width = s.heads * hd;
@@ -166,7 +167,7 @@ Status attentionForward(cublasHandle_t blas, Precision p, const float *qkv, cons
     const void *q = offset(x, b * S * ld, p), *k = offset(q, hd, p), *v = offset(q, 2 * hd, p);
     LOOM_RETURN_IF_ERROR(batchedGemm(blas, p, S, S, hd, scale, {q, ld, 3 * hd, false}, {k, ld, 3 * hd, true},
                                      w.scores, S, S * S, s.heads));
-    attentionSoftmaxForward(w.scores, w.dropped, p, keyMask, b, s, stream);
+    attentionSoftmaxForward(w.scores, w.dropped, p, keyMask, b, s, lse, nullptr, stream);
     LOOM_RETURN_IF_ERROR(batchedGemm(blas, p, S, hd, S, 1.0f, {w.dropped, S, S * S, false}, {v, ld, 3 * hd, false},
                                      out + b * S * width, width, hd, s.heads));
   }
@@ -175,7 +176,8 @@ Status attentionForward(cublasHandle_t blas, Precision p, const float *qkv, cons
 
 // dV = D^T g, dD = g V^T, dS from the softmax backward (with 1/sqrt(hd)), dQ = dS K, dK = dS^T Q.
 Status attentionBackward(cublasHandle_t blas, Precision p, const float *qkv, const float *keyMask, const float *g,
-                         float *dqkv, const cpu::AttentionShape &s, void *scratch, cudaStream_t stream) {
+                         const float *lse, float *dqkv, const cpu::AttentionShape &s, void *scratch,
+                         cudaStream_t stream) {
   LOOM_RETURN_IF_ERROR(begin(blas, s, stream));
   AttentionScratch w = carveAttention(s, p, true, scratch);
   int64_t S = s.seq, hd = s.headDim, ld = 3 * s.heads * hd, width = s.heads * hd;
@@ -188,7 +190,7 @@ Status attentionBackward(cublasHandle_t blas, Precision p, const float *qkv, con
     float *dq = dqkv + b * S * ld, *dk = dq + hd, *dv = dq + 2 * hd;
     LOOM_RETURN_IF_ERROR(batchedGemm(blas, p, S, S, hd, scale, {q, ld, 3 * hd, false}, {k, ld, 3 * hd, true},
                                      w.scores, S, S * S, s.heads));
-    attentionSoftmaxForward(w.scores, w.dropped, p, keyMask, b, s, stream);
+    attentionSoftmaxForward(w.scores, w.dropped, p, keyMask, b, s, nullptr, lse, stream);
     LOOM_RETURN_IF_ERROR(batchedGemm(blas, p, S, hd, S, 1.0f, {w.dropped, S, S * S, true}, {gb, width, hd, false}, dv,
                                      ld, 3 * hd, s.heads));
     LOOM_RETURN_IF_ERROR(batchedGemm(blas, p, S, S, hd, 1.0f, {gb, width, hd, false}, {v, ld, 3 * hd, true},

@@ -5,7 +5,9 @@
 // (runtime/cuda/AttentionSoftmax.h). Layout and math are cpu::attentionForward/Backward's
 // (runtime/cpu/Kernels.h): qkv [B,S,3*heads*hd] with each head's [3,hd] together, out
 // [B,S,heads*hd], optional key mask [B,S], causal masking, the same dropout counter.
-// The backward recomputes the probabilities, as the CPU backend does.
+// The forward writes each query row's log-sum-exp (`lse` [B,heads,S], loom.attention's
+// statistics) and the backward recomputes the scores and takes the probabilities as
+// exp(s - lse), as the CPU backend does.
 //
 // The S x S scores of one batch item live in a caller-provided scratch (attentionScratchBytes),
 // so memory grows with heads * S^2, not batch * heads * S^2; a tiled flash-style kernel (Dao et
@@ -27,18 +29,21 @@ namespace loom::cuda {
 size_t attentionScratchBytes(const cpu::AttentionShape &shape, Precision p, bool backward);
 
 // `blas` is bound to stream s here. qkv, keyMask, g are fp32; out and dqkv are written whole.
+// lse: nullable in the forward, required in the backward.
 Status attentionForward(cublasHandle_t blas, Precision p, const float *qkv, const float *keyMask, float *out,
-                        const cpu::AttentionShape &shape, void *scratch, cudaStream_t s);
+                        float *lse, const cpu::AttentionShape &shape, void *scratch, cudaStream_t s);
 Status attentionBackward(cublasHandle_t blas, Precision p, const float *qkv, const float *keyMask, const float *g,
-                         float *dqkv, const cpu::AttentionShape &shape, void *scratch, cudaStream_t s);
+                         const float *lse, float *dqkv, const cpu::AttentionShape &shape, void *scratch,
+                         cudaStream_t s);
 
 // Grouped-query attention (cpu::groupedAttentionForward/Backward's layout and math): q
 // [B,S,heads*hd], k and v [B,S,kvHeads*hd]; dk and dv are zeroed and accumulated here.
 size_t groupedAttentionScratchBytes(const cpu::GroupedAttentionShape &shape, Precision p, bool backward);
 Status groupedAttentionForward(cublasHandle_t blas, Precision p, const float *q, const float *k, const float *v,
-                               float *out, const cpu::GroupedAttentionShape &shape, void *scratch, cudaStream_t s);
+                               float *out, float *lse, const cpu::GroupedAttentionShape &shape, void *scratch,
+                               cudaStream_t s);
 Status groupedAttentionBackward(cublasHandle_t blas, Precision p, const float *q, const float *k, const float *v,
-                                const float *g, float *dq, float *dk, float *dv, const cpu::GroupedAttentionShape &shape,
-                                void *scratch, cudaStream_t s);
+                                const float *g, const float *lse, float *dq, float *dk, float *dv,
+                                const cpu::GroupedAttentionShape &shape, void *scratch, cudaStream_t s);
 
 }  // namespace loom::cuda

@@ -33,25 +33,40 @@ __device__ float keepScale(const cpu::AttentionShape &s, const RowOf &r, int64_t
   return philoxUniform(s.seed, s.stream, r.dropBase + uint64_t(j)) >= s.dropout ? 1.0f / (1.0f - s.dropout) : 0.0f;
 }
 
+// lseOut (nullable): where this batch item's rows' log-sum-exp go; with lseIn the
+// probabilities are exp(s - lse) from those statistics (the backward), without reductions.
 template <typename T>
 __global__ void softmaxForwardKernel(float *scores, T *dropped, const float *keyMask, int64_t b,
-                                     cpu::AttentionShape s) {
+                                     cpu::AttentionShape s, float *lseOut, const float *lseIn) {
   __shared__ float shared[kThreads];
   RowOf r = rowOf(s, b, keyMask);
   float *x = scores + int64_t(blockIdx.x) * r.S;
   T *d = dropped + int64_t(blockIdx.x) * r.S;
   auto masked = [&](int64_t j) { return (s.causal && j > r.i) || (r.keyMask && r.keyMask[j] == 0.0f); };
+  int64_t row = b * s.heads * r.S + blockIdx.x;  // [B, heads, S]
+  if (lseIn) {  // +inf for a row with every key masked: all zeros
+    float lse = lseIn[row];
+    for (int64_t j = threadIdx.x; j < r.S; j += kThreads) {
+      float p = masked(j) ? 0.0f : expf(x[j] - lse);
+      x[j] = p;
+      d[j] = store<T>(p * keepScale(s, r, j));
+    }
+    return;
+  }
   float mx = -INFINITY;
   for (int64_t j = threadIdx.x; j < r.S; j += kThreads)
     if (!masked(j)) mx = fmaxf(mx, x[j]);
   mx = blockMax(mx, shared);
   if (mx == -INFINITY) {  // every key masked: the row attends to nothing (uniform across the block)
     for (int64_t j = threadIdx.x; j < r.S; j += kThreads) x[j] = 0.0f, d[j] = store<T>(0.0f);
+    if (lseOut && threadIdx.x == 0) lseOut[row] = INFINITY;
     return;
   }
   float sum = 0;
   for (int64_t j = threadIdx.x; j < r.S; j += kThreads) sum += (x[j] = masked(j) ? 0.0f : expf(x[j] - mx));
-  float inv = 1.0f / blockSum(sum, shared);
+  sum = blockSum(sum, shared);
+  if (lseOut && threadIdx.x == 0) lseOut[row] = mx + logf(sum);
+  float inv = 1.0f / sum;
   for (int64_t j = threadIdx.x; j < r.S; j += kThreads) {
     float p = x[j] * inv;
     x[j] = p;
@@ -81,15 +96,17 @@ int rows(const cpu::AttentionShape &s) { return int(s.heads * s.seq); }
 }  // namespace
 
 void attentionSoftmaxForward(float *scores, void *dropped, Precision p, const float *keyMask, int64_t b,
-                             const cpu::AttentionShape &shape, cudaStream_t s) {
+                             const cpu::AttentionShape &shape, float *lseOut, const float *lseIn, cudaStream_t s) {
   if (rows(shape) == 0) return;
   if (p == Precision::kFp32)
-    softmaxForwardKernel<<<rows(shape), kThreads, 0, s>>>(scores, static_cast<float *>(dropped), keyMask, b, shape);
+    softmaxForwardKernel<<<rows(shape), kThreads, 0, s>>>(scores, static_cast<float *>(dropped), keyMask, b, shape,
+                                                           lseOut, lseIn);
   else if (p == Precision::kBf16)
     softmaxForwardKernel<<<rows(shape), kThreads, 0, s>>>(scores, static_cast<__nv_bfloat16 *>(dropped), keyMask, b,
-                                                           shape);
+                                                           shape, lseOut, lseIn);
   else
-    softmaxForwardKernel<<<rows(shape), kThreads, 0, s>>>(scores, static_cast<__half *>(dropped), keyMask, b, shape);
+    softmaxForwardKernel<<<rows(shape), kThreads, 0, s>>>(scores, static_cast<__half *>(dropped), keyMask, b, shape,
+                                                           lseOut, lseIn);
 }
 
 void attentionSoftmaxBackward(const float *probs, float *dDropped, void *ds, Precision p, int64_t b,

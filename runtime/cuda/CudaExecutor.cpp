@@ -338,7 +338,9 @@ class DeviceRun {
       geluBackward(f(inp(0)), f(inp(1)), f(out()), numel(inp(0)), st_);
     } else if (op == "attention" || op == "attention_grad") {
       bool fwd = op == "attention";
-      int qkv = inp(0), mask = optionalInput(in, fwd ? 1 : 2);
+      if (!fwd && in.inputs_size() < 3) return Status::error("attention_grad: no softmax statistics input (corrupt plan)");
+      int qkv = inp(0), mask = optionalInput(in, fwd ? 1 : 3);
+      float *lse = fwd ? (in.outputs_size() > 1 ? f(out(1)) : nullptr) : f(inp(2));
       cpu::AttentionShape shape = attentionShapeOf(prog_, in);
       if (shape.heads < 1 || dim(qkv, 2) % (3 * shape.heads) != 0)
         return Status::error("attention: bad num_heads (corrupt plan)");
@@ -347,10 +349,11 @@ class DeviceRun {
       shape.stream = dropoutStream(i64(in, "stream"), flag(in, "rank_distinct_dropout"));
       const float *m = mask >= 0 ? f(mask) : nullptr;
       if (useFlash(shape, precision(), e_.options_.attention))
-        return fwd ? flashAttentionForward(f(qkv), m, f(out()), shape, st_)
+        return fwd ? flashAttentionForward(f(qkv), m, f(out()), lse, shape, st_)
                    : flashAttentionBackward(f(qkv), m, f(inp(1)), f(out()), shape, scratch_[0], st_);
-      return fwd ? attentionForward(e_.blas_, precision(), f(qkv), m, f(out()), shape, scratch_[0], st_)
-                 : attentionBackward(e_.blas_, precision(), f(qkv), m, f(inp(1)), f(out()), shape, scratch_[0], st_);
+      return fwd ? attentionForward(e_.blas_, precision(), f(qkv), m, f(out()), lse, shape, scratch_[0], st_)
+                 : attentionBackward(e_.blas_, precision(), f(qkv), m, f(inp(1)), lse, f(out()), shape, scratch_[0],
+                                     st_);
     } else if (op == "grouped_attention" || op == "grouped_attention_grad") {
       cpu::GroupedAttentionShape shape;
       LOOM_RETURN_IF_ERROR(groupedAttentionShape(
@@ -359,10 +362,12 @@ class DeviceRun {
       shape.seed = ctx_.seed;
       shape.stream = dropoutStream(i64(in, "stream"), flag(in, "rank_distinct_dropout"));
       if (op == "grouped_attention")
-        return groupedAttentionForward(e_.blas_, precision(), f(inp(0)), f(inp(1)), f(inp(2)), f(out()), shape,
-                                       scratch_[0], st_);
-      return groupedAttentionBackward(e_.blas_, precision(), f(inp(0)), f(inp(1)), f(inp(2)), f(inp(3)), f(out(0)),
-                                      f(out(1)), f(out(2)), shape, scratch_[0], st_);
+        return groupedAttentionForward(e_.blas_, precision(), f(inp(0)), f(inp(1)), f(inp(2)), f(out()),
+                                       in.outputs_size() > 1 ? f(out(1)) : nullptr, shape, scratch_[0], st_);
+      if (in.inputs_size() < 5)
+        return Status::error("grouped_attention_grad: no softmax statistics input (corrupt plan)");
+      return groupedAttentionBackward(e_.blas_, precision(), f(inp(0)), f(inp(1)), f(inp(2)), f(inp(3)), f(inp(4)),
+                                      f(out(0)), f(out(1)), f(out(2)), shape, scratch_[0], st_);
     } else if (op == "rms_norm") {
       int64_t n = dim(inp(0), -1);
       rmsNormForward(f(inp(0)), f(inp(1)), f(out()), numel(inp(0)) / n, n, float(f64(in, "epsilon", 1e-6)), st_);

@@ -98,10 +98,11 @@ __device__ void accumulateTile(float (&acc)[kPerLane], float w, const float *til
   }
 }
 
-// The forward over query rows. With `stats` (backward), writes m, l and Delta = g . out per
-// row instead of out.
-__global__ void forwardKernel(const float *qkv, const float *keyMask, const float *g, float *out, float *stats,
-                              cpu::AttentionShape s) {
+// The forward over query rows, with lse (nullable) each row's log-sum-exp m + log l at
+// [b, h, i] (+inf when every key is masked). With `stats` (backward), writes m, l and
+// Delta = g . out per row instead of out.
+__global__ void forwardKernel(const float *qkv, const float *keyMask, const float *g, float *out, float *lse,
+                              float *stats, cpu::AttentionShape s) {
   extern __shared__ float smem[];
   Head x = headOf(qkv, g, s);
   int64_t hd = x.hd, pitch = hd + 1;
@@ -140,7 +141,10 @@ __global__ void forwardKernel(const float *qkv, const float *keyMask, const floa
     else
       out[(x.b * x.S + i) * x.width + x.h * hd + d] = o;
   }
-  if (!stats) return;
+  if (!stats) {
+    if (lse && lane == 0) lse[int64_t(blockIdx.y) * x.S + i] = l > 0 ? m + logf(l) : INFINITY;
+    return;
+  }
   delta = warpSum(delta);
   if (lane == 0) {
     int64_t rowsAll = int64_t(gridDim.y) * x.S, r = int64_t(blockIdx.y) * x.S + i;
@@ -273,11 +277,11 @@ Status launched(const char *what) {
 
 }  // namespace
 
-Status flashAttentionForward(const float *qkv, const float *keyMask, float *out, const cpu::AttentionShape &shape,
-                             cudaStream_t s) {
+Status flashAttentionForward(const float *qkv, const float *keyMask, float *out, float *lse,
+                             const cpu::AttentionShape &shape, cudaStream_t s) {
   LOOM_RETURN_IF_ERROR(checkShape(shape));
-  forwardKernel<<<gridOf(shape), kRows * 32, sharedBytes(shape, 2, 0, 1), s>>>(qkv, keyMask, nullptr, out, nullptr,
-                                                                               shape);
+  forwardKernel<<<gridOf(shape), kRows * 32, sharedBytes(shape, 2, 0, 1), s>>>(qkv, keyMask, nullptr, out, lse,
+                                                                               nullptr, shape);
   return launched("forward");
 }
 
@@ -285,7 +289,8 @@ Status flashAttentionBackward(const float *qkv, const float *keyMask, const floa
                               const cpu::AttentionShape &shape, void *scratch, cudaStream_t s) {
   LOOM_RETURN_IF_ERROR(checkShape(shape));
   float *stats = static_cast<float *>(scratch);
-  forwardKernel<<<gridOf(shape), kRows * 32, sharedBytes(shape, 2, 0, 1), s>>>(qkv, keyMask, g, nullptr, stats, shape);
+  forwardKernel<<<gridOf(shape), kRows * 32, sharedBytes(shape, 2, 0, 1), s>>>(qkv, keyMask, g, nullptr, nullptr,
+                                                                               stats, shape);
   LOOM_RETURN_IF_ERROR(launched("backward statistics"));
   queryGradKernel<<<gridOf(shape), kRows * 32, sharedBytes(shape, 2, 0, 2), s>>>(qkv, keyMask, g, stats, dqkv, shape);
   LOOM_RETURN_IF_ERROR(launched("backward (queries)"));

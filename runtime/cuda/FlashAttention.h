@@ -25,8 +25,11 @@ namespace loom::cuda {
 // The backward's scratch: flashAttentionScratchBytes (runtime/cuda/ScratchLayout.h: 3 floats
 // per query row of every head: max, sum, and rowsum(P dP)); the forward needs none.
 
-Status flashAttentionForward(const float *qkv, const float *keyMask, float *out, const cpu::AttentionShape &shape,
-                             cudaStream_t s);
+// lse (nullable): each query row's log-sum-exp (loom.attention's statistics, [B,heads,S]). The
+// backward does not read them: its statistics pass also needs Delta = g . out, and
+// attention_grad is not given the output, so it recomputes m, l and Delta together.
+Status flashAttentionForward(const float *qkv, const float *keyMask, float *out, float *lse,
+                             const cpu::AttentionShape &shape, cudaStream_t s);
 // dqkv is written whole.
 Status flashAttentionBackward(const float *qkv, const float *keyMask, const float *g, float *dqkv,
                               const cpu::AttentionShape &shape, void *scratch, cudaStream_t s);

@@ -2,13 +2,16 @@
 // not, with a key mask, with dropout (the same counter, so the same entries dropped), and a
 // row whose keys are all masked; in fp32 (relative L2 error < 1e-5 on out and dqkv), bf16 and
 // fp16 operands (within their rounding: 3e-2 and 5e-3); the tiled (flash) kernel in fp32 at
-// three head sizes. An empty shape, and a head too wide for the tiled kernel, are refused with
+// three head sizes; each forward's softmax statistics (lse) against the CPU's, and each backward
+// reads the statistics its own forward wrote. An empty shape, and a head too wide for the tiled kernel, are refused with
 // a message (that case runs everywhere). The rest skips, with a message saying so, where no GPU
 // is present (CI); the GPU check script runs it.
 #include <gtest/gtest.h>
 
 #include <cublas_v2.h>
 
+#include <algorithm>
+#include <cmath>
 #include <string>
 #include <tuple>
 #include <vector>
@@ -30,22 +33,35 @@ struct Case {
 // A case's inputs and the CPU's results on them. Key mask: batch 0's tail from 60% of the
 // sequence masked (padding); without causal masking, batch 1 has nothing to attend to.
 struct Reference {
-  std::vector<float> qkv, g, mask, out, dqkv;
+  std::vector<float> qkv, g, mask, out, dqkv, lse;
 };
+
+// The statistics within `tolerance`; rows with every key masked are +inf in both.
+void expectStatistics(std::vector<float> got, std::vector<float> want, double tolerance, const std::string &what) {
+  ASSERT_EQ(got.size(), want.size());
+  for (size_t i = 0; i < want.size(); ++i)
+    if (std::isinf(want[i])) {
+      EXPECT_TRUE(std::isinf(got[i]) && got[i] > 0) << what << ": lse row " << i << " is " << got[i] << ", not +inf";
+      got[i] = want[i] = 0.0f;
+    }
+  double err = 0, norm = 0;
+  for (size_t i = 0; i < want.size(); ++i) err += double(got[i] - want[i]) * (got[i] - want[i]), norm += double(want[i]) * want[i];
+  EXPECT_LT(std::sqrt(err / std::max(norm, 1e-30)), tolerance) << what << ": lse";
+}
 
 Reference reference(const Case &c, const cpu::AttentionShape &shape, std::vector<float> qkv, std::vector<float> g) {
   int64_t tokens = shape.batch * shape.seq, S = shape.seq;
-  Reference r{std::move(qkv), std::move(g), std::vector<float>(tokens, 1.0f), {}, {}};
+  Reference r{std::move(qkv), std::move(g), std::vector<float>(tokens, 1.0f), {}, {}, {}};
   if (c.keyMask) {
     for (int64_t j = S * 3 / 5; j < S; ++j) r.mask[j] = 0.0f;
     if (!c.causal)
       for (int64_t j = 0; j < S; ++j) r.mask[S + j] = 0.0f;
   }
   const float *mask = c.keyMask ? r.mask.data() : nullptr;
-  r.out.resize(r.g.size()), r.dqkv.resize(r.qkv.size());
+  r.out.resize(r.g.size()), r.dqkv.resize(r.qkv.size()), r.lse.resize(size_t(shape.batch * shape.heads * S));
   std::vector<float> scratch(size_t(cpu::attentionScratchFloats(shape.seq, true)));
-  cpu::attentionForward(r.qkv.data(), mask, r.out.data(), shape, scratch.data());
-  cpu::attentionBackward(r.qkv.data(), mask, r.g.data(), r.dqkv.data(), shape, scratch.data());
+  cpu::attentionForward(r.qkv.data(), mask, r.out.data(), r.lse.data(), shape, scratch.data());
+  cpu::attentionBackward(r.qkv.data(), mask, r.g.data(), r.lse.data(), r.dqkv.data(), shape, scratch.data());
   return r;
 }
 
@@ -68,15 +84,16 @@ TEST_P(CudaAttention, MatchesCpuForwardAndBackward) {
   Reference r = reference(c, shape, random(shape.batch * shape.seq * 3 * shape.heads * shape.headDim),
                           random(shape.batch * shape.seq * shape.heads * shape.headDim));
   const std::vector<float> &qkv = r.qkv, &g = r.g, &out = r.out, &dqkv = r.dqkv;
-  float *dOut = zeros(out.size()), *dDqkv = zeros(dqkv.size());
+  float *dOut = zeros(out.size()), *dDqkv = zeros(dqkv.size()), *dLse = zeros(r.lse.size());
   const float *devMask = c.keyMask ? up(r.mask) : nullptr;
   ASSERT_EQ(cublasCreate(&blas_), CUBLAS_STATUS_SUCCESS);
   void *scratch = alloc(cuda::attentionScratchBytes(shape, precision, /*backward=*/true));
   ASSERT_LE(cuda::attentionScratchBytes(shape, precision, false), cuda::attentionScratchBytes(shape, precision, true));
-  Status s = cuda::attentionForward(blas_, precision, up(qkv), devMask, dOut, shape, scratch, nullptr);
+  Status s = cuda::attentionForward(blas_, precision, up(qkv), devMask, dOut, dLse, shape, scratch, nullptr);
   ASSERT_TRUE(s.isOk()) << s.message();
-  s = cuda::attentionBackward(blas_, precision, up(qkv), devMask, up(g), dDqkv, shape, scratch, nullptr);
+  s = cuda::attentionBackward(blas_, precision, up(qkv), devMask, up(g), dLse, dDqkv, shape, scratch, nullptr);
   ASSERT_TRUE(s.isOk()) << s.message();
+  expectStatistics(down(dLse, r.lse.size()), r.lse, tolerance(precision), c.name);
   EXPECT_LT(relErr(down(dOut, out.size()), out), tolerance(precision)) << c.name;
   EXPECT_LT(relErr(down(dDqkv, dqkv.size()), dqkv), tolerance(precision)) << c.name;
 }
@@ -103,14 +120,15 @@ TEST_P(FlashAttention, MatchesCpuForwardAndBackward) {
     Reference r = reference(c, shape, random(shape.batch * seq * 3 * heads * headDim),
                             random(shape.batch * seq * heads * headDim));
     const std::vector<float> &qkv = r.qkv, &g = r.g, &out = r.out, &dqkv = r.dqkv;
-    float *dOut = zeros(out.size()), *dDqkv = zeros(dqkv.size());
+    float *dOut = zeros(out.size()), *dDqkv = zeros(dqkv.size()), *dLse = zeros(r.lse.size());
     const float *devMask = c.keyMask ? up(r.mask) : nullptr;
     void *scratch = alloc(cuda::flashAttentionScratchBytes(shape));
-    Status s = cuda::flashAttentionForward(up(qkv), devMask, dOut, shape, nullptr);
+    Status s = cuda::flashAttentionForward(up(qkv), devMask, dOut, dLse, shape, nullptr);
     ASSERT_TRUE(s.isOk()) << s.message();
     s = cuda::flashAttentionBackward(up(qkv), devMask, up(g), dDqkv, shape, scratch, nullptr);
     ASSERT_TRUE(s.isOk()) << s.message();
     EXPECT_LT(relErr(down(dOut, out.size()), out), 1e-5) << c.name << " hd " << headDim;
+    expectStatistics(down(dLse, r.lse.size()), r.lse, 1e-5, std::string(c.name) + " hd " + std::to_string(headDim));
     EXPECT_LT(relErr(down(dDqkv, dqkv.size()), dqkv), 1e-5) << c.name << " hd " << headDim;
   }
 }
@@ -143,20 +161,22 @@ TEST_P(GroupedAttention, MatchesCpuForwardAndBackward) {
     cpu::GroupedAttentionShape shape{2, 67, heads, kvHeads, 16, first, perKv, true, dropout, 99, 5};
     int64_t qn = shape.batch * shape.seq * heads * 16, kvn = shape.batch * shape.seq * kvHeads * 16;
     auto q = random(qn), k = random(kvn), v = random(kvn), g = random(qn);
-    std::vector<float> out(qn), dq(qn), dk(kvn), dv(kvn);
+    int64_t rows = shape.batch * heads * shape.seq;
+    std::vector<float> out(qn), dq(qn), dk(kvn), dv(kvn), lse(rows);
     std::vector<float> cpuScratch(size_t(cpu::attentionScratchFloats(shape.seq, true)));
-    cpu::groupedAttentionForward(q.data(), k.data(), v.data(), out.data(), shape, cpuScratch.data());
-    cpu::groupedAttentionBackward(q.data(), k.data(), v.data(), g.data(), dq.data(), dk.data(), dv.data(), shape,
-                                  cpuScratch.data());
-    float *dOut = zeros(qn), *ddq = zeros(qn), *ddk = zeros(kvn), *ddv = zeros(kvn);
+    cpu::groupedAttentionForward(q.data(), k.data(), v.data(), out.data(), lse.data(), shape, cpuScratch.data());
+    cpu::groupedAttentionBackward(q.data(), k.data(), v.data(), g.data(), lse.data(), dq.data(), dk.data(), dv.data(),
+                                  shape, cpuScratch.data());
+    float *dOut = zeros(qn), *ddq = zeros(qn), *ddk = zeros(kvn), *ddv = zeros(kvn), *dLse = zeros(rows);
     void *scratch = alloc(cuda::groupedAttentionScratchBytes(shape, precision, /*backward=*/true));
-    Status s = cuda::groupedAttentionForward(blas_, precision, up(q), up(k), up(v), dOut, shape, scratch, nullptr);
+    Status s = cuda::groupedAttentionForward(blas_, precision, up(q), up(k), up(v), dOut, dLse, shape, scratch, nullptr);
     ASSERT_TRUE(s.isOk()) << s.message();
-    s = cuda::groupedAttentionBackward(blas_, precision, up(q), up(k), up(v), up(g), ddq, ddk, ddv, shape, scratch,
+    s = cuda::groupedAttentionBackward(blas_, precision, up(q), up(k), up(v), up(g), dLse, ddq, ddk, ddv, shape, scratch,
                                        nullptr);
     ASSERT_TRUE(s.isOk()) << s.message();
     std::string what = std::to_string(heads) + " heads / " + std::to_string(kvHeads) + " KV from " + std::to_string(first);
     EXPECT_LT(relErr(down(dOut, qn), out), tolerance(precision)) << what;
+    expectStatistics(down(dLse, rows), lse, tolerance(precision), what);
     EXPECT_LT(relErr(down(ddq, qn), dq), tolerance(precision)) << what;
     EXPECT_LT(relErr(down(ddk, kvn), dk), tolerance(precision)) << what;
     EXPECT_LT(relErr(down(ddv, kvn), dv), tolerance(precision)) << what;
@@ -170,11 +190,12 @@ INSTANTIATE_TEST_SUITE_P(Precisions, GroupedAttention,
 // Refused before anything reaches the device: runs without a GPU too.
 TEST(CudaAttentionLimits, AnEmptyShapeIsRefusedWithAMessage) {
   cpu::AttentionShape shape{1, 0, 1, 8, true, 0.0f, 1, 1};
-  Status s = cuda::attentionForward(nullptr, cuda::Precision::kBf16, nullptr, nullptr, nullptr, shape, nullptr, nullptr);
+  Status s = cuda::attentionForward(nullptr, cuda::Precision::kBf16, nullptr, nullptr, nullptr, nullptr, shape, nullptr,
+                                    nullptr);
   ASSERT_FALSE(s.isOk());
   EXPECT_NE(s.message().find("empty shape"), std::string::npos) << s.message();
   cpu::AttentionShape wide{1, 8, 1, 256, true, 0.0f, 1, 1};
-  s = cuda::flashAttentionForward(nullptr, nullptr, nullptr, wide, nullptr);
+  s = cuda::flashAttentionForward(nullptr, nullptr, nullptr, nullptr, wide, nullptr);
   ASSERT_FALSE(s.isOk());
   EXPECT_NE(s.message().find("head size 256"), std::string::npos) << s.message();
 }

@@ -59,10 +59,11 @@ int main(int argc, char **argv) {
     int64_t heads = int64_t(meta("heads"));
     loom::cpu::AttentionShape s{qkv.shape[0], qkv.shape[1], heads, qkv.shape[2] / (3 * heads), meta("causal") != 0,
                                 0.0f, 0, 0};
-    O["y"] = like(g), O["dqkv"] = like(qkv);
+    O["y"] = like(g), O["dqkv"] = like(qkv), O["lse"] = HostTensor::zeros({s.batch, heads, s.seq});
     std::vector<float> scratch(size_t(loom::cpu::attentionScratchFloats(s.seq, true)));
-    loom::cpu::attentionForward(qkv.data.data(), mask, O["y"].data.data(), s, scratch.data());
-    loom::cpu::attentionBackward(qkv.data.data(), mask, g.data.data(), O["dqkv"].data.data(), s, scratch.data());
+    loom::cpu::attentionForward(qkv.data.data(), mask, O["y"].data.data(), O["lse"].data.data(), s, scratch.data());
+    loom::cpu::attentionBackward(qkv.data.data(), mask, g.data.data(), O["lse"].data.data(), O["dqkv"].data.data(), s,
+                                 scratch.data());
   } else if (op == "rms_norm") {
     HostTensor &x = T["x"], &gamma = T["gamma"], &g = T["g"];
     int64_t n = last(x), rows = x.numel() / n;
@@ -90,12 +91,13 @@ int main(int argc, char **argv) {
     loom::cpu::GroupedAttentionShape s{q.shape[0], q.shape[1], heads, kvHeads, q.shape[2] / heads, 0,
                                        heads / kvHeads, meta("causal") != 0, 0.0f, 0, 0};
     O["y"] = like(q), O["dq"] = like(q), O["dk"] = like(k), O["dv"] = like(v);
+    O["lse"] = HostTensor::zeros({s.batch, heads, s.seq});
     std::vector<float> scratch(size_t(loom::cpu::attentionScratchFloats(s.seq, true)));
-    loom::cpu::groupedAttentionForward(q.data.data(), k.data.data(), v.data.data(), O["y"].data.data(), s,
-                                       scratch.data());
+    loom::cpu::groupedAttentionForward(q.data.data(), k.data.data(), v.data.data(), O["y"].data.data(),
+                                       O["lse"].data.data(), s, scratch.data());
     loom::cpu::groupedAttentionBackward(q.data.data(), k.data.data(), v.data.data(), g.data.data(),
-                                        O["dq"].data.data(), O["dk"].data.data(), O["dv"].data.data(), s,
-                                        scratch.data());
+                                        O["lse"].data.data(), O["dq"].data.data(), O["dk"].data.data(),
+                                        O["dv"].data.data(), s, scratch.data());
   } else if (op == "embedding") {
     HostTensor &tok = T["tokens"], &word = T["word"], &pos = T["position"], &g = T["g"];
     int64_t hidden = word.shape[1];

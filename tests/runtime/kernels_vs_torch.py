@@ -148,6 +148,8 @@ for causal, kv_heads, S in ((1, 2, 9), (0, 1, 9), (1, 4, 9), (1, 2, 150), (0, 2,
     r = probe("grouped_attention", dict(q=q, k=k, v=v, g=g), heads=H, kv_heads=kv_heads, causal=causal)
     for name, want in zip(("y", "dq", "dk", "dv"), (y, *grads(y, g, (q, k, v)))):
         check(f"grouped_attention[kv={kv_heads},causal={causal},S={S}].{name}", r[name], want)
+    # the softmax statistics the forward keeps for the backward: each row's log-sum-exp
+    check(f"grouped_attention[kv={kv_heads},causal={causal},S={S}].lse", r["lse"], scores.logsumexp(-1))
 
 # attention core: qkv laid out [heads, 3, head_dim] per token
 for causal, masked, S in ((1, False, 9), (0, True, 9), (1, False, 150), (1, True, 150), (0, True, 150)):
@@ -169,6 +171,7 @@ for causal, masked, S in ((1, False, 9), (0, True, 9), (1, False, 150), (1, True
     r = probe("attention", tensors, heads=H, causal=causal)
     check(f"attention[causal={causal},masked={masked},S={S}].y", r["y"], y)
     check(f"attention[causal={causal},masked={masked},S={S}].dqkv", r["dqkv"], grads(y, g, (qkv,))[0])
+    check(f"attention[causal={causal},masked={masked},S={S}].lse", r["lse"], scores.logsumexp(-1))
 
 # token + position embedding
 word = torch.randn(50, 16, requires_grad=True)

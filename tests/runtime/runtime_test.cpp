@@ -29,6 +29,11 @@ std::string tmpdir() { return std::getenv("TEST_TMPDIR") ? std::getenv("TEST_TMP
 std::string loomc() { return runfile("compiler/loomc"); }
 std::string loomrun() { return runfile("runtime/loomrun"); }
 std::string input(const std::string &name) { return runfile("tests/runtime/Inputs/" + name); }
+// Bytes in `path`, 0 when it does not exist (yet).
+int64_t fileSize(const std::string &path) {
+  std::ifstream in(path, std::ios::binary | std::ios::ate);
+  return in ? int64_t(in.tellg()) : 0;
+}
 
 // Compiles gpt-tiny (no dropout) for `cluster` into `dir`.
 void compile(const std::string &cluster, const std::string &dir) {
@@ -271,11 +276,13 @@ TEST(Runtime, AKilledRankEndsTheJobNamingIt) {
 }
 
 TEST(Runtime, ARankThatStopsHeartBeatingIsDeclaredDead) {
-  std::string plans = tmpdir() + "/plans_stop";
+  std::string plans = tmpdir() + "/plans_stop", losses = tmpdir() + "/stop_losses.txt";
   compile("t1p2d1.pbtxt", plans);
+  std::remove(losses.c_str());
   Result r;
   std::thread job([&] {
-    r = run(loomrun() + " --nproc 2 --plans " + plans + " --steps 1000000 --threads 1 --seed 86420");
+    r = run(loomrun() + " --nproc 2 --plans " + plans + " --steps 1000000 --threads 1 --seed 86420 --loss-log " +
+            losses);
   });
   std::vector<pid_t> pids;
   for (int i = 0; i < 200 && pids.size() < 2; ++i) {
@@ -283,7 +290,8 @@ TEST(Runtime, ARankThatStopsHeartBeatingIsDeclaredDead) {
     pids = rankPids("86420");
   }
   ASSERT_EQ(pids.size(), 2u);
-  std::this_thread::sleep_for(std::chrono::seconds(2));
+  // Training, not still connecting (a loaded machine takes a while): its first steps are logged.
+  for (int i = 0; i < 600 && fileSize(losses) == 0; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(100));
   auto stopped = std::chrono::steady_clock::now();
   kill(pids[0], SIGSTOP);  // alive but silent: no heartbeats, no traffic
   job.join();

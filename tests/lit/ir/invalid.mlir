@@ -114,6 +114,30 @@ func.func @attention_mask(%qkv: tensor<2x8x48xf32>, %m: tensor<2x4xf32>) {
 
 // -----
 
+func.func @attention_statistics(%qkv: tensor<2x8x48xf32>) {
+  // expected-error @+1 {{'loom.attention' op lse dim 1 is 3 but must be 2 (num_heads)}}
+  %0:2 = loom.attention %qkv {num_heads = 2} : (tensor<2x8x48xf32>) -> (tensor<2x8x16xf32>, tensor<2x3x8xf32>)
+  return
+}
+
+// -----
+
+func.func @attention_statistics_type(%qkv: tensor<2x8x48xf32>) {
+  // expected-error @+1 {{'loom.attention' op result #1 must be ranked tensor of 32-bit float values, but got 'tensor<2x2x8xbf16>'}}
+  %0:2 = loom.attention %qkv {num_heads = 2} : (tensor<2x8x48xf32>) -> (tensor<2x8x16xf32>, tensor<2x2x8xbf16>)
+  return
+}
+
+// -----
+
+func.func @attention_grad_statistics(%qkv: tensor<2x8x48xf32>, %g: tensor<2x8x16xf32>, %lse: tensor<2x2x4xf32>) {
+  // expected-error @+1 {{'loom.attention_grad' op lse dim 2 is 4 but must be 8 (sequence)}}
+  %0 = loom.attention_grad %qkv, %g, %lse {num_heads = 2} : (tensor<2x8x48xf32>, tensor<2x8x16xf32>, tensor<2x2x4xf32>) -> tensor<2x8x48xf32>
+  return
+}
+
+// -----
+
 func.func @attention_dropout(%qkv: tensor<2x8x48xf32>) {
   // expected-error @+1 {{'loom.attention' op dropout must be in [0, 1), got 1.000000e+00}}
   %0 = loom.attention %qkv {num_heads = 2, dropout = 1.0 : f32} : (tensor<2x8x48xf32>) -> tensor<2x8x16xf32>

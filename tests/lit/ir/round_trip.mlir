@@ -26,6 +26,11 @@ func.func @all_ops(%wte: tensor<128x16xf32> {loom.param = "wte", loom.init = "no
   %qkv = loom.linear %n, %wqkv : (tensor<2x8x16xf32>, tensor<16x48xf32>) -> tensor<2x8x48xf32>
   // CHECK: loom.attention %{{.*}}, %{{.*}} {causal, num_heads = 2 : i64}
   %a = loom.attention %qkv, %mask {num_heads = 2, causal} : (tensor<2x8x48xf32>, tensor<2x8xf32>) -> tensor<2x8x16xf32>
+  // With its softmax statistics, and their use by the gradient:
+  // CHECK: %[[R:.*]], %[[L:.*]] = loom.attention %{{.*}} {causal, num_heads = 2 : i64} : (tensor<2x8x48xf32>) -> (tensor<2x8x16xf32>, tensor<2x2x8xf32>)
+  %st:2 = loom.attention %qkv {num_heads = 2, causal} : (tensor<2x8x48xf32>) -> (tensor<2x8x16xf32>, tensor<2x2x8xf32>)
+  // CHECK: loom.attention_grad %{{.*}}, %[[R]], %[[L]], %{{.*}} {causal, num_heads = 2 : i64} : (tensor<2x8x48xf32>, tensor<2x8x16xf32>, tensor<2x2x8xf32>, tensor<2x8xf32>) -> tensor<2x8x48xf32>
+  %agrad = loom.attention_grad %qkv, %st#0, %st#1, %mask {num_heads = 2, causal} : (tensor<2x8x48xf32>, tensor<2x8x16xf32>, tensor<2x2x8xf32>, tensor<2x8xf32>) -> tensor<2x8x48xf32>
   // CHECK: loom.gelu
   %ge = loom.gelu %a : tensor<2x8x16xf32>
   // CHECK: loom.add
