@@ -15,7 +15,8 @@ not hidden behind compute, and idle time, per step and rank. A benchmark, not a 
 
 PyTorch 1.13 (Debian 12's) has no fused attention on CPU: its attention is the oracle's
 matmul-softmax-matmul over the full S x S (the causal half included), as a user of that
-version would write it.
+version would write it. Both run without dropout (the configs bench.py writes for Loom have none,
+nor has the demo's; the oracle's models have none). Both run under MALLOC_ENV (below).
 
 usage: bench.py --bin DIR --sgemm-peak BIN [--threads 2] [--models a,b] [--quick]
 """
@@ -46,7 +47,7 @@ MODELS = {
 }
 DEMO = "demo"  # the README demo's model on its 4-rank cluster (examples/)
 # (warm-up, timed) iterations per model size
-ITERATIONS = {"small": (3, 20), "large": (1, 4)}
+ITERATIONS = {"small": (3, 20), "large": (2, 6)}
 
 
 def shape_of(name):
@@ -229,7 +230,19 @@ def breakdown(trace_files, warmup, timed):
     return {p: v * scale for p, v in sums.items()}
 
 
+# glibc hands every freed block above its mmap threshold (at most 32 MiB) back to the kernel,
+# so each new tensor of that size page-faults all over again. PyTorch allocates its activations
+# op by op: on this VM that alone made its GPT-2 small step 2-3x slower (aten::div over the
+# 12 x 1024 x 1024 scores: 128 ms, 58 ms with the setting below). PyTorch's CPU performance
+# guide has users preload jemalloc or tcmalloc for this; glibc's own thresholds do the same.
+# Both systems run under it (Loom allocates nothing inside its step, so it changes nothing
+# there): the comparison is against a PyTorch set up as its guide says.
+MALLOC_ENV = {"MALLOC_MMAP_THRESHOLD_": str(2 ** 32), "MALLOC_TRIM_THRESHOLD_": str(2 ** 36)}
+
+
 def main():
+    if any(os.environ.get(k) != v for k, v in MALLOC_ENV.items()):
+        os.execve(sys.executable, [sys.executable] + sys.argv, {**os.environ, **MALLOC_ENV})
     ap = argparse.ArgumentParser()
     ap.add_argument("--bin", required=True)
     ap.add_argument("--sgemm-peak", required=True)
