@@ -309,33 +309,24 @@ void maskKeys(const Head &h, float *row, int64_t n) {
 }
 
 // P = softmax(q k^T / sqrt(hd) + masks), computed over each row's visible keys (then 0 up to
-// the row's block width); lse[i] (when not null) = row i's log-sum-exp, the statistics the
-// backward reads.
-void headProbs(const Head &h, float *p, float *lse) {
+// the row's block width). In the forward (statistics null) by the softmax, writing each row's
+// log-sum-exp to `lse` when it is not null; in the backward from the forward's statistics,
+// P = exp(s - lse) in one pass (FlashAttention's backward, Dao et al. 2022, section 3.1).
+void headProbs(const Head &h, float *p, float *lse, const float *statistics) {
   headScores(h, p);
   parallelRows(h.S, [&](int64_t begin, int64_t end) {
     for (int64_t i = begin; i < end; ++i) {
       float *row = p + i * h.S;
-      int64_t n = h.keysOf(i);
+      int64_t n = h.keysOf(i), zeroFrom = n;
       maskKeys(h, row, n);
-      float rowLse = softmaxRow(row, n);
-      if (lse) lse[i] = rowLse;
-      std::fill(row + (std::isinf(rowLse) ? 0 : n), row + h.rowColumns(i), 0.0f);  // fully masked: attends to nothing
-    }
-  });
-}
-
-// P again in the backward: the scores, then exp(s - lse) per row (FlashAttention's backward,
-// Dao et al. 2022, section 3.1) instead of the softmax's max, sum and scale.
-void headProbsFromStatistics(const Head &h, float *p, const float *lse) {
-  headScores(h, p);
-  parallelRows(h.S, [&](int64_t begin, int64_t end) {
-    for (int64_t i = begin; i < end; ++i) {
-      float *row = p + i * h.S;
-      int64_t n = h.keysOf(i);
-      maskKeys(h, row, n);
-      probabilitiesRow(row, n, lse[i]);
-      std::fill(row + n, row + h.rowColumns(i), 0.0f);
+      if (statistics) {
+        probabilitiesRow(row, n, statistics[i]);
+      } else {
+        float rowLse = softmaxRow(row, n);
+        if (lse) lse[i] = rowLse;
+        if (std::isinf(rowLse)) zeroFrom = 0;  // fully masked: the row attends to nothing
+      }
+      std::fill(row + zeroFrom, row + h.rowColumns(i), 0.0f);
     }
   });
 }
@@ -366,7 +357,7 @@ void keptRow(const float *d, float *dp, int64_t n, float scale) {
 
 // out = dropout(P) v; lse (nullable): the head's [S] softmax statistics.
 void headForward(const Head &h, float *out, int64_t ldo, float *lse, float *p) {
-  headProbs(h, p, lse);
+  headProbs(h, p, lse, nullptr);
   headDropout(h, p);
   for (int64_t i0 = 0; i0 < h.S; i0 += kBlock) {
     int64_t rows = std::min(kBlock, h.S - i0), cols = h.blockKeys(i0);
@@ -382,7 +373,7 @@ void headForward(const Head &h, float *out, int64_t ldo, float *lse, float *p) {
 void headBackward(const Head &h, const float *g, int64_t ldg, const float *lse, float *dq, float *dk, float *dv,
                   int64_t ldd, int64_t ldkv, float *p, float *d, float *dp) {
   float scale = 1.0f / std::sqrt(float(h.hd));
-  headProbsFromStatistics(h, p, lse);
+  headProbs(h, p, nullptr, lse);
   if (h.dropout > 0) {
     for (int64_t i = 0; i < h.S; ++i) std::copy(p + i * h.S, p + i * h.S + h.rowColumns(i), d + i * h.S);
     headDropout(h, d);
