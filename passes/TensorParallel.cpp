@@ -396,9 +396,9 @@ class Sharder {
     }
     for (mlir::Operation *mid : r.mids) {
       mid->getResult(0).setType(withDim(mid->getResult(0).getType(), -1, dimOf(mid->getResult(0), -1) / t_));
-      // Dropout inside the parallel region: distinct streams per rank (Megatron-LM paper,
-      // section 3: the model-parallel random state).
-      // Softmax statistics (when the IR already has them) follow the local heads.
+      // Softmax statistics (when the IR already has them) follow the local heads. Dropout
+      // inside the parallel region: distinct streams per rank (Megatron-LM paper, section 3:
+      // the model-parallel random state).
       auto splitStatistics = [&](mlir::Value lse) {
         if (lse) lse.setType(withDim(lse.getType(), 1, dimOf(lse, 1) / t_));
       };
