@@ -70,15 +70,8 @@ class Run {
   }
 
   Status execute() {
-    // A thread per stream that has instructions (a compute-only program, as every program of a
-    // 1-rank plan, starts one instead of four). The compute stream stays off the calling thread:
-    // running it there made loomc calibrate's memory-bound ops measure ~5x slower (issue 16's
-    // notes; not explained), and the simulator's times come from that calibration.
-    bool used[4] = {};
-    for (const plan::Instruction &in : prog_.instructions()) used[int(in.stream()) & 3] = true;
     std::vector<std::thread> streams;
-    for (int s = 0; s < 4; ++s)
-      if (used[s]) streams.emplace_back([this, s] { runStream(s); });
+    for (int s = 0; s < 4; ++s) streams.emplace_back([this, s] { runStream(s); });
     for (auto &t : streams) t.join();
     std::lock_guard<std::mutex> lock(mu_);
     return failure_.empty() ? Status::ok() : Status::error(failure_);
