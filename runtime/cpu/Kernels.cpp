@@ -290,8 +290,8 @@ void softmaxGradRow(const float *p, float *r, int64_t n) {
   for (int64_t j = 0; j < n; ++j) r[j] = p[j] * (r[j] - dot);
 }
 
-// Scores s = q k^T / sqrt(hd) over each query block's keys, the key mask's -inf applied to
-// each row's visible keys.
+// Scores s = q k^T / sqrt(hd) over each query block's keys (masks are applied per row by
+// maskKeys and the causal bound).
 void headScores(const Head &h, float *p) {
   float scale = 1.0f / std::sqrt(float(h.hd));
   for (int64_t i0 = 0; i0 < h.S; i0 += kBlock) {
@@ -301,6 +301,7 @@ void headScores(const Head &h, float *p) {
   }
 }
 
+// The key mask's -inf on row[0, n).
 void maskKeys(const Head &h, float *row, int64_t n) {
   const float ninf = -std::numeric_limits<float>::infinity();
   if (h.keyMask)
