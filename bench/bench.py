@@ -5,7 +5,8 @@ the demo's 4 ranks on the demo's cluster) and PyTorch (Debian's python3-torch, T
 trains the same model on the same global batch, in the same run: the oracle's independent
 GPT-2 and LLaMA (tests/oracle), PyTorch's AdamW, gradient clipping at 1.0. Both sides time the
 whole iteration (forward, backward, gradient sync, clipping, optimizer; Loom's logged
-"elapsed time per iteration" also covers its logging), several iterations after a warm-up;
+"elapsed time per iteration" is Megatron's interval time, the wall time from one log line to
+the next, so it also covers data, reports and logging), several iterations after a warm-up;
 printed: the shapes, tokens/s (median over the timed iterations, with the slowest and fastest),
 model FLOP/s (the PTD-P count: 6 N + attention per token, no recomputation), MFU against the
 OpenBLAS sgemm peak (measured before and after the models, the better of the two: this VM's

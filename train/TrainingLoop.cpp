@@ -297,32 +297,17 @@ Status TrainingLoop::exportModel() {
   return Status::ok();
 }
 
-// Every iteration the loss ranks report their loss. At a log iteration every rank also reports
-// its compute time per iteration since the last one (its own kernels, not its waits) and its
-// pipeline stage; the logging rank waits briefly for all of them and gets the coordinator's
-// straggler verdict (a rank more than 10% above the median of its stage's ranks): " |
-// straggler: rank R (...)" for its log line, or "".
-std::string TrainingLoop::reportMetrics(int64_t it, const StepResult &r, double norm, bool skipped, bool logIteration) {
-  const plan::RankPlan &p = trainer_.plan();
-  std::map<std::string, double> values;
-  if (r.hasLoss && !skipped) values = {{"loss", r.loss}, {"grad_norm", norm}};
-  if (!logIteration) {
-    if (!values.empty()) (void)client_.metrics(p.rank(), it, values);
-    return "";
-  }
-  if (iterationsInInterval_ > 0) {
-    values["compute-seconds"] = computeInInterval_ / double(iterationsInInterval_);
-    values["pipeline-stage"] = p.pp_rank();
-  }
+// At a log iteration every rank reports its compute time per iteration since the last one (its
+// own kernels, not its waits) and its pipeline stage, through the reporter thread; the logging
+// rank's line gets the newest straggler verdict that has arrived (a rank more than 10% above
+// the median of its stage's ranks), or "".
+std::string TrainingLoop::reportMetrics(int64_t it, bool skipped, bool logIteration) {
+  if (!logIteration) return "";
+  if (iterationsInInterval_ > 0)
+    reporter_->report(it, computeInInterval_ / double(iterationsInInterval_), trainer_.plan().pp_rank(),
+                      logs() && !skipped);
   computeInInterval_ = 0, iterationsInInterval_ = 0;
-  bool waits = logs() && !skipped && values.count("compute-seconds");
-  control::MetricsReply reply;
-  if (!client_.metrics(p.rank(), it, values, waits ? kStragglerWaitMs : 0, &reply).isOk() || !reply.straggler())
-    return "";
-  char text[160];
-  std::snprintf(text, sizeof text, " | straggler: rank %d (compute %.1f ms per iteration, its stage's median %.1f ms)",
-                reply.slowest_rank(), reply.slowest_seconds() * 1000, reply.median_seconds() * 1000);
-  return text;
+  return reporter_->takeVerdict();
 }
 
 Status TrainingLoop::writeScalars(int64_t step, const std::map<std::string, double> &values) {
@@ -338,10 +323,14 @@ Status TrainingLoop::run() {
   if (logs() && !opt_.metricsFile.empty()) LOOM_RETURN_IF_ERROR(MetricsFileWriter::open(opt_.metricsFile, &metricsFile_));
   if (opt_.resume) LOOM_RETURN_IF_ERROR(loadCheckpoint(&start));
   double tokensPerStep = double(p.global_batch_size()) * p.seq_length();
+  reporter_ = std::make_unique<StragglerReporter>(client_, p.rank(), logs() ? kStragglerWaitMs : 0);
+  // Megatron's interval time: the wall time from one log line to the next, all of it (data,
+  // the step, reports, logging) but validation and checkpoint saves, per iteration.
+  auto intervalStart = std::chrono::steady_clock::now();
+  int64_t intervalIterations = 0;
   for (int64_t it = start + 1; it <= opt_.trainIters; ++it) {
     *step_ = it;
     StepResult r;
-    auto started = std::chrono::steady_clock::now();
     double computeBefore = std::max(0.0, trainer_.computeSeconds());
     LOOM_RETURN_IF_ERROR(trainer_.computeGradients(it - 1, &r));
     if (it == 1 && !opt_.dumpGrads.empty()) {
@@ -373,13 +362,19 @@ Status TrainingLoop::run() {
     bool skipped = false;
     Status st = trainer_.optimizerStep(update, lr, opt_.clipGrad, &norm, &skipped);
     if (!st.isOk()) return Status::error(st.message() + " (iteration " + std::to_string(it) + ")");
-    double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
     if (double computeAfter = trainer_.computeSeconds(); computeAfter >= 0) {
       computeInInterval_ += computeAfter - computeBefore;
       ++iterationsInInterval_;
     }
     bool logIteration = it % opt_.logInterval == 0 || it == opt_.trainIters;
-    std::string straggler = reportMetrics(it, r, norm, skipped, logIteration);
+    std::string straggler = reportMetrics(it, skipped, logIteration);
+    ++intervalIterations;
+    double seconds = 0;
+    if (logIteration) {
+      auto now = std::chrono::steady_clock::now();
+      seconds = std::chrono::duration<double>(now - intervalStart).count() / double(intervalIterations);
+      intervalStart = now, intervalIterations = 0;
+    }
     if (skipped) {
       // fp16 dynamic loss scaling: an inf/NaN gradient on some rank; every rank skipped the update.
       ++skipped_;
@@ -426,10 +421,12 @@ Status TrainingLoop::run() {
       std::fprintf(f, "%lld %.9g %.9g\n", (long long)it, r.loss, norm);
       std::fclose(f);
     }
+    auto pause = std::chrono::steady_clock::now();  // validation and saves are not iteration time
     if (validation_ && opt_.evalInterval > 0 && (it % opt_.evalInterval == 0 || it == opt_.trainIters))
       LOOM_RETURN_IF_ERROR(validate(it));
     if (!opt_.save.empty() && ((opt_.saveInterval > 0 && it % opt_.saveInterval == 0) || it == opt_.trainIters))
       LOOM_RETURN_IF_ERROR(saveCheckpoint(it));
+    intervalStart += std::chrono::steady_clock::now() - pause;
   }
   if (!opt_.exportPath.empty()) LOOM_RETURN_IF_ERROR(exportModel());
   return Status::ok();

@@ -11,6 +11,7 @@
 #include "data/DataSource.h"
 #include "runtime/control/CoordinatorClient.h"
 #include "train/MetricsWriters.h"
+#include "train/StragglerReporter.h"
 #include "train/Trainer.h"
 
 namespace loom {
@@ -59,7 +60,7 @@ class TrainingLoop {
   Status validate(int64_t iteration);
   Status exportModel();
   bool logs() const;
-  std::string reportMetrics(int64_t iteration, const StepResult &result, double norm, bool skipped, bool logIteration);
+  std::string reportMetrics(int64_t iteration, bool skipped, bool logIteration);
 
   Trainer &trainer_;
   control::CoordinatorClient &client_;
@@ -71,6 +72,7 @@ class TrainingLoop {
   static constexpr int64_t kStragglerWaitMs = 2000;
   double computeInInterval_ = 0;
   int64_t iterationsInInterval_ = 0;
+  std::unique_ptr<StragglerReporter> reporter_;
   // The logging rank's scalars, to each sink that is open.
   Status writeScalars(int64_t step, const std::map<std::string, double> &values);
   std::unique_ptr<TensorBoardWriter> tensorboard_;

@@ -129,6 +129,41 @@ void layerNormForward(const float *x, const float *gamma, const float *beta, flo
 }
 
 // dx = rstd (dy - mean(dy) - xhat mean(dy xhat)), dy = g gamma; dgamma = sum g xhat, dbeta = sum g.
+namespace {
+// One row of the layer-norm backward: dx, and the row's terms added to the chunk's dgamma and
+// dbeta sums. Restrict pointers and 8 float lanes so both loops vectorise (the lane order is
+// fixed: every ISA variant gives the same bits).
+LOOM_VECTOR_CLONES
+void layerNormGradRow(const float *__restrict xr, const float *__restrict gamma, const float *__restrict gr,
+                      float *__restrict dxr, float *__restrict pg, float *__restrict pb, float *__restrict xhat,
+                      int64_t n, float mean, float rstd) {
+  float lanesDy[8] = {0, 0, 0, 0, 0, 0, 0, 0}, lanesDyXhat[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8)
+    for (int k = 0; k < 8; ++k) {
+      float xh = (xr[i + k] - mean) * rstd, dy = gr[i + k] * gamma[i + k];
+      xhat[i + k] = xh;
+      lanesDy[k] += dy;
+      lanesDyXhat[k] += dy * xh;
+    }
+  double sumDy = 0, sumDyXhat = 0;
+  for (int k = 0; k < 8; ++k) sumDy += lanesDy[k], sumDyXhat += lanesDyXhat[k];
+  for (; i < n; ++i) {
+    float xh = (xr[i] - mean) * rstd, dy = gr[i] * gamma[i];
+    xhat[i] = xh;
+    sumDy += dy;
+    sumDyXhat += double(dy) * xh;
+  }
+  float meanDy = float(sumDy / n), meanDyXhat = float(sumDyXhat / n);
+  for (int64_t j = 0; j < n; ++j) {
+    float xh = xhat[j];
+    pg[j] += gr[j] * xh;
+    pb[j] += gr[j];
+    dxr[j] = rstd * (gr[j] * gamma[j] - meanDy - xh * meanDyXhat);
+  }
+}
+}  // namespace
+
 void layerNormBackward(const float *x, const float *gamma, const float *g, float *dx, float *dgamma,
                        float *dbeta, int64_t rows, int64_t n, float eps) {
   static thread_local std::vector<float> partialBuffer;
@@ -136,37 +171,12 @@ void layerNormBackward(const float *x, const float *gamma, const float *g, float
   float *partial = scratch(partialBuffer, size_t(chunks * 2 * n));  // per chunk: dgamma then dbeta
   parallelChunks(rows, kRowChunk, [&](int64_t c, int64_t r0, int64_t r1) {
     static thread_local std::vector<float> xhatBuffer;
-    float *pg = partial + c * 2 * n, *pb = pg + n;
+    float *pg = partial + c * 2 * n, *pb = pg + n, *xhat = scratch(xhatBuffer, size_t(n));
     std::fill(pg, pg + 2 * n, 0.0f);
     for (int64_t r = r0; r < r1; ++r) {
-      const float *xr = x + r * n, *gr = g + r * n;
       float mean, rstd;
-      rowStatistics(xr, n, eps, &mean, &rstd);
-      float *dxr = dx + r * n, *xhat = scratch(xhatBuffer, size_t(n));
-      float lanesDy[8] = {0, 0, 0, 0, 0, 0, 0, 0}, lanesDyXhat[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-      int64_t i = 0;
-      for (; i + 8 <= n; i += 8)
-        for (int k = 0; k < 8; ++k) {
-          float xh = (xr[i + k] - mean) * rstd, dy = gr[i + k] * gamma[i + k];
-          xhat[i + k] = xh;
-          lanesDy[k] += dy;
-          lanesDyXhat[k] += dy * xh;
-        }
-      double sumDy = 0, sumDyXhat = 0;
-      for (int k = 0; k < 8; ++k) sumDy += lanesDy[k], sumDyXhat += lanesDyXhat[k];
-      for (; i < n; ++i) {
-        float xh = (xr[i] - mean) * rstd, dy = gr[i] * gamma[i];
-        xhat[i] = xh;
-        sumDy += dy;
-        sumDyXhat += double(dy) * xh;
-      }
-      float meanDy = float(sumDy / n), meanDyXhat = float(sumDyXhat / n);
-      for (int64_t j = 0; j < n; ++j) {
-        float xh = xhat[j];
-        pg[j] += gr[j] * xh;
-        pb[j] += gr[j];
-        dxr[j] = rstd * (gr[j] * gamma[j] - meanDy - xh * meanDyXhat);
-      }
+      rowStatistics(x + r * n, n, eps, &mean, &rstd);
+      layerNormGradRow(x + r * n, gamma, g + r * n, dx + r * n, pg, pb, xhat, n, mean, rstd);
     }
   }, n);
   addChunks(partial, chunks, 2 * n, n, dgamma);
@@ -492,6 +502,22 @@ void rmsNormForward(const float *x, const float *gamma, float *y, int64_t rows, 
 }
 
 // dx = rstd (g gamma - x rstd mean(g gamma x rstd)), dgamma = sum g x rstd.
+namespace {
+// One row of the RMSNorm backward (restrict pointers: the loops vectorise; elementwise, and
+// laneDot's fixed lane order, so every ISA variant gives the same bits).
+LOOM_VECTOR_CLONES
+void rmsNormGradRow(const float *__restrict xr, const float *__restrict gamma, const float *__restrict gr,
+                    float *__restrict dxr, float *__restrict pg, float *__restrict dy, int64_t n, float eps) {
+  float rstd = 1.0f / std::sqrt(laneDot(xr, xr, n) / float(n) + eps);
+  for (int64_t i = 0; i < n; ++i) dy[i] = gr[i] * gamma[i];
+  float mean = laneDot(dy, xr, n) * rstd / float(n);
+  for (int64_t i = 0; i < n; ++i) {
+    pg[i] += gr[i] * xr[i] * rstd;
+    dxr[i] = rstd * (dy[i] - xr[i] * rstd * mean);
+  }
+}
+}  // namespace
+
 void rmsNormBackward(const float *x, const float *gamma, const float *g, float *dx, float *dgamma, int64_t rows,
                      int64_t n, float eps) {
   static thread_local std::vector<float> partialBuffer;
@@ -501,17 +527,7 @@ void rmsNormBackward(const float *x, const float *gamma, const float *g, float *
     static thread_local std::vector<float> dyBuffer;
     float *pg = partial + c * n, *dy = scratch(dyBuffer, size_t(n));
     std::fill(pg, pg + n, 0.0f);
-    for (int64_t r = r0; r < r1; ++r) {
-      const float *xr = x + r * n, *gr = g + r * n;
-      float rstd = 1.0f / std::sqrt(laneDot(xr, xr, n) / float(n) + eps);
-      for (int64_t i = 0; i < n; ++i) dy[i] = gr[i] * gamma[i];
-      float mean = laneDot(dy, xr, n) * rstd / float(n);
-      float *dxr = dx + r * n;
-      for (int64_t i = 0; i < n; ++i) {
-        pg[i] += gr[i] * xr[i] * rstd;
-        dxr[i] = rstd * (dy[i] - xr[i] * rstd * mean);
-      }
-    }
+    for (int64_t r = r0; r < r1; ++r) rmsNormGradRow(x + r * n, gamma, g + r * n, dx + r * n, pg, dy, n, eps);
   }, n);
   addChunks(partial, chunks, n, n, dgamma);
 }
