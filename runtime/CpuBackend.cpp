@@ -47,6 +47,7 @@ Status CpuBackend::run(const plan::Program &program, const std::vector<ArgumentV
   ExecutionContext c = ctx;
   c.workspace = &workspace_;
   c.scratch = &scratch_;
+  c.computeOnCallingThread = true;
   return executeProgram(program, args, consume, c);
 }
 

@@ -47,6 +47,13 @@ struct ExecutionContext {
   // Where the rank is, for its heartbeat (null: not reported), and this run's micro-batch.
   Progress *progress = nullptr;
   int microBatch = -1;
+  // The compute stream on the calling thread, and a thread only for each other stream with
+  // instructions (the CPU backend's training runs). Otherwise every stream gets a fresh
+  // thread per run, as loomc calibrate measures kernels: run on its long-lived rank threads,
+  // its memory-bound ops timed 2-5x slower (accumulate, adamw, sum_squares, the gradient
+  // embeddings) while training's own got faster, not explained; its device files, and so the
+  // simulator's predictions, stay those of the thread-per-stream executor (docs/progress.md).
+  bool computeOnCallingThread = false;
   // Fault injection for the hang tests: the first compute instruction with this op never
   // finishes (null: none).
   const char *testStallOp = nullptr;

@@ -356,13 +356,14 @@ TEST(Runtime, TheLogLineNamesAStragglerByItsComputeTime) {
 }
 
 // Alone, a rank stuck in a kernel has nobody waiting for it: the stall is still declared,
-// naming where it stopped. Step 200: late enough that the coordinator has measured steps (the
-// limit is then 10 s, not the first step's FLOPs-based one).
+// naming where it stopped. Step 1500: seconds into the run (~3.5 ms a step), after several
+// heartbeats (one a second), so the coordinator has measured steps (the limit is then 10 s,
+// not the first step's FLOPs-based one). Step 200 was ~0.7 s in, before the second heartbeat.
 TEST(Runtime, ALoneRankStuckInAKernelIsNamed) {
   std::string plans = tmpdir() + "/plans_stall_alone";
   compile("t1p1d1.pbtxt", plans);
   auto started = std::chrono::steady_clock::now();
-  Result r = run("LOOM_TEST_STALL=0:200 " + loomrun() + " --nproc 1 --plans " + plans + " --steps 1000 --threads 1");
+  Result r = run("LOOM_TEST_STALL=0:1500 " + loomrun() + " --nproc 1 --plans " + plans + " --steps 3000 --threads 1");
   double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
   EXPECT_NE(r.exitCode, 0);
   EXPECT_LT(seconds, 40.0) << r.output;
