@@ -532,27 +532,51 @@ void rmsNormBackward(const float *x, const float *gamma, const float *g, float *
   addChunks(partial, chunks, n, n, dgamma);
 }
 
-void rotary(const float *x, float *y, int64_t batch, int64_t seq, int64_t heads, int64_t headDim, float theta,
-            bool inverse) {
-  int64_t half = headDim / 2, width = heads * headDim;
-  std::vector<float> cosT(seq * half), sinT(seq * half);
+namespace {
+// RoPE's cos and sin of s * theta^(-2j / headDim), computed once per shape and thread (a call
+// used to recompute seq x headDim / 2 of each, with std::pow, and allocate two tables).
+struct RotaryTables {
+  int64_t seq = -1, headDim = -1;
+  float theta = 0;
+  std::vector<float> cosT, sinT;
+};
+const RotaryTables &rotaryTables(int64_t seq, int64_t headDim, float theta) {
+  static thread_local RotaryTables t;
+  if (t.seq == seq && t.headDim == headDim && t.theta == theta) return t;
+  int64_t half = headDim / 2;
+  t.seq = seq, t.headDim = headDim, t.theta = theta;
+  t.cosT.resize(size_t(seq * half)), t.sinT.resize(size_t(seq * half));
   for (int64_t s = 0; s < seq; ++s)
     for (int64_t j = 0; j < half; ++j) {
       double angle = double(s) * std::pow(double(theta), -2.0 * double(j) / double(headDim));
-      cosT[s * half + j] = float(std::cos(angle));
-      sinT[s * half + j] = float(inverse ? -std::sin(angle) : std::sin(angle));
+      t.cosT[s * half + j] = float(std::cos(angle));
+      t.sinT[s * half + j] = float(std::sin(angle));
     }
-  for (int64_t b = 0; b < batch; ++b)
-    for (int64_t s = 0; s < seq; ++s)
+  return t;
+}
+}  // namespace
+
+void rotary(const float *x, float *y, int64_t batch, int64_t seq, int64_t heads, int64_t headDim, float theta,
+            bool inverse) {
+  int64_t half = headDim / 2, width = heads * headDim;
+  const RotaryTables &t = rotaryTables(seq, headDim, theta);
+  const float *cosT = t.cosT.data(), *sinT = t.sinT.data();
+  // Rows (batch, position) split over the threads: elementwise, the same bits for any split.
+  parallelFor(batch * seq, grainFor(width), [&](int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; ++r) {
+      int64_t s = r % seq;
       for (int64_t h = 0; h < heads; ++h) {
-        const float *xr = x + (b * seq + s) * width + h * headDim;
-        float *yr = y + (b * seq + s) * width + h * headDim;
+        const float *xr = x + r * width + h * headDim;
+        float *yr = y + r * width + h * headDim;
         for (int64_t j = 0; j < half; ++j) {
-          float c = cosT[s * half + j], sn = sinT[s * half + j], x1 = xr[j], x2 = xr[j + half];
+          float c = cosT[s * half + j], sn = inverse ? -sinT[s * half + j] : sinT[s * half + j];
+          float x1 = xr[j], x2 = xr[j + half];
           yr[j] = x1 * c - x2 * sn;
           yr[j + half] = x2 * c + x1 * sn;
         }
       }
+    }
+  });
 }
 
 // sigmoid through fastExp (its clamp keeps 1 / (1 + e) finite: sigmoid(-inf side) ~ 5e-39).

@@ -91,6 +91,19 @@ TEST(ThreadCount, ElementwiseBiasAndEmbedding) {
   });
 }
 
+TEST(ThreadCount, Rotary) {
+  // 2 x 150 rows of 4 heads of 64: rows split over the threads; the tables are per thread.
+  constexpr int64_t batch = 2, seq = 150, heads = 4, headDim = 64;
+  auto x = randomVector(batch * seq * heads * headDim, 9);
+  expectSameAtEveryThreadCount("rotary", [&] {
+    std::vector<float> y(x.size()), back(x.size());
+    rotary(x.data(), y.data(), batch, seq, heads, headDim, 10000.0f, false);
+    rotary(y.data(), back.data(), batch, seq, heads, headDim, 10000.0f, true);
+    y.insert(y.end(), back.begin(), back.end());
+    return y;
+  });
+}
+
 TEST(ThreadCount, CrossEntropy) {
   const int64_t tokens = 70, cols = 1000, valid = 990;
   auto logits = randomVector(tokens * cols, 8, 3.0f);
