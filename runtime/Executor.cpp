@@ -72,10 +72,9 @@ class Run {
   Status execute() {
     std::vector<std::thread> streams;
     if (ctx_.computeOnCallingThread) {
-      // A fresh compute thread per run made the kernels themselves slower, not only the start
-      // (gpt-tiny: GEMMs ~100 -> ~53 us each on the calling thread, the step 11.2 -> 7.2 ms).
-      // A GEMM on a fresh thread alone is not slower; likely where the scheduler puts each
-      // new thread against OpenBLAS's spinning worker (not proven). The per-thread kernel
+      // No fresh compute thread per run: gpt-tiny's step went 10.3-10.6 -> 8.4-10.0 ms (A/B of
+      // two builds alternated, medians), more than the thread starts alone (a GEMM on a fresh
+      // thread is not slower by itself; the cause is not proven). The per-thread kernel
       // scratch (thread_local) also lives on instead of being allocated every run.
       bool used[4] = {};
       for (const plan::Instruction &in : prog_.instructions()) used[int(in.stream()) & 3] = true;
