@@ -154,8 +154,8 @@ llvm::Expected<plan::Program> lowerProgram(mlir::func::FuncOp f) {
 
   // Vocab-parallel cross-entropy (Megatron's VocabParallelCrossEntropy) as its visible steps:
   // local max -> all-reduce (max) over the group -> local sums of exponentials (and the
-  // target logit) -> all-reduce (sum) -> the loss, or the gradient. The collectives run on the
-  // tp stream like every tp collective; the math stays in the fused steps.
+  // target logit) -> all-reduce (sum) -> the loss and the kept log-sum-exp. The collectives run
+  // on the tp stream like every tp collective; the math stays in the fused steps.
   auto scratch = [&](std::vector<int64_t> shape, plan::DType dtype, int firstUse) {
     plan::Buffer *b = prog.add_buffers();
     b->set_id(prog.buffers_size() - 1);
@@ -192,24 +192,17 @@ llvm::Expected<plan::Program> lowerProgram(mlir::func::FuncOp f) {
     streamOfInstr.push_back(stream);
     return in;
   };
-  auto isVocabParallelCrossEntropy = [](mlir::Operation *op) {
-    if (auto c = mlir::dyn_cast<CrossEntropyOp>(op)) return bool(c.getVocabParallelGroup());
-    if (auto c = mlir::dyn_cast<CrossEntropyGradOp>(op)) return bool(c.getVocabParallelGroup());
-    return false;
-  };
   auto attr = [](plan::Instruction *in, const std::string &name) {
     plan::Attribute *a = in->add_attributes();
     a->set_name(name);
     return a;
   };
-  auto expandCrossEntropy = [&](mlir::Operation *op) {
-    auto fwd = mlir::dyn_cast<CrossEntropyOp>(op);
-    auto bwd = mlir::dyn_cast<CrossEntropyGradOp>(op);
-    mlir::Value logits = fwd ? fwd.getLogits() : bwd.getLogits(), labels = fwd ? fwd.getLabels() : bwd.getLabels();
-    std::string group = (fwd ? *fwd.getVocabParallelGroup() : *bwd.getVocabParallelGroup()).str();
-    int64_t valid = fwd ? fwd.getValidVocab() : bwd.getValidVocab(), tokens = numel(labels);
-    int64_t t = tensorParallelOf(op);
-    auto layerAttr = op->getAttrOfType<mlir::IntegerAttr>(attr::kLayer);
+  auto expandCrossEntropy = [&](CrossEntropyOp fwd) {
+    mlir::Value logits = fwd.getLogits(), labels = fwd.getLabels();
+    std::string group = fwd.getVocabParallelGroup()->str();
+    int64_t valid = fwd.getValidVocab(), tokens = numel(labels);
+    int64_t t = tensorParallelOf(fwd);
+    auto layerAttr = fwd->getAttrOfType<mlir::IntegerAttr>(attr::kLayer);
     int layer = layerAttr ? int(layerAttr.getInt()) : -1;
     auto local = [&](plan::Instruction *in) {
       attr(in, "valid_vocab")->set_i(valid);
@@ -231,29 +224,15 @@ llvm::Expected<plan::Program> lowerProgram(mlir::func::FuncOp f) {
     int rowMax = scratch({tokens}, plan::F32, prog.instructions_size());
     local(emit("cross_entropy_max", plan::COMPUTE, {lg}, {rowMax}, layer));
     rowMax = allReduce(rowMax, "max");
-    if (fwd) {
-      int stats = scratch({2, tokens}, plan::F32, prog.instructions_size());  // sums of exponentials, target logits
-      local(emit("cross_entropy_sums", plan::COMPUTE, {lg, lb, rowMax}, {stats}, layer));
-      stats = allReduce(stats, "sum");
-      std::vector<int> in = {rowMax, stats};
-      if (fwd.getLossMask()) in.push_back(bufferOf.lookup(fwd.getLossMask()));
-      int loss = addBuffer(fwd.getResult(), plan::Buffer::ACTIVATION, prog.instructions_size());
-      emit("cross_entropy_loss", plan::COMPUTE, in, {loss}, layer);
-      return;
-    }
-    // The backward needs only the sums; the CPU keeps exp(logit - max) in the gradient's buffer
-    // for the last step (the CUDA backend recomputes it there).
-    int sums = scratch({1, tokens}, plan::F32, prog.instructions_size());
-    int grad = addBuffer(bwd.getResult(), plan::Buffer::ACTIVATION, prog.instructions_size());
-    local(emit("cross_entropy_sums", plan::COMPUTE, {lg, lb, rowMax}, {sums, grad}, layer));
-    sums = allReduce(sums, "sum");
-    std::vector<int> in = {lg, lb, rowMax, sums};
-    if (bwd.getGrad()) in.push_back(bufferOf.lookup(bwd.getGrad()));
-    if (bwd.getLossMask()) in.push_back(bufferOf.lookup(bwd.getLossMask()));
-    plan::Instruction *finish = emit("cross_entropy_logits_grad", plan::COMPUTE, in, {grad}, layer);
-    local(finish);
-    attr(finish, "loss_scale")->set_f(bwd.getLossScale().convertToDouble());
-    attr(finish, "exps_in_output")->set_flag(true);
+    int stats = scratch({2, tokens}, plan::F32, prog.instructions_size());  // sums of exponentials, target logits
+    local(emit("cross_entropy_sums", plan::COMPUTE, {lg, lb, rowMax}, {stats}, layer));
+    stats = allReduce(stats, "sum");
+    std::vector<int> in = {rowMax, stats};
+    if (fwd.getLossMask()) in.push_back(bufferOf.lookup(fwd.getLossMask()));
+    std::vector<int> out = {addBuffer(fwd.getLoss(), plan::Buffer::ACTIVATION, prog.instructions_size())};
+    // The log-sum-exp kept for the backward (max + log of the summed exponentials).
+    if (fwd.getLse()) out.push_back(addBuffer(fwd.getLse(), plan::Buffer::ACTIVATION, prog.instructions_size()));
+    emit("cross_entropy_loss", plan::COMPUTE, in, out, layer);
   };
   for (mlir::Operation &op : f.getBody().front()) {
     std::vector<mlir::Operation *> members{&op};
@@ -282,8 +261,10 @@ llvm::Expected<plan::Program> lowerProgram(mlir::func::FuncOp f) {
       }
       break;
     }
-    if (isVocabParallelCrossEntropy(&op)) {
-      expandCrossEntropy(&op);
+    // The backward (cross_entropy_grad) needs no expansion: with the kept log-sum-exp it is
+    // local to the shard.
+    if (auto c = mlir::dyn_cast<CrossEntropyOp>(op); c && c.getVocabParallelGroup()) {
+      expandCrossEntropy(c);
       continue;
     }
     // Megatron's f is the identity forward (its gradient rule made the backward all-reduce):

@@ -227,7 +227,7 @@ class TrainStepBuilder {
   }
 
   Value crossEntropy(Value logits, Value labels, Value lossMask) {
-    return op<CrossEntropyOp>(tensor({}, b_.getF32Type()), logits, labels, lossMask,
+    return op<CrossEntropyOp>(tensor({}, b_.getF32Type()), /*lse=*/mlir::Type(), logits, labels, lossMask,
                               b_.getI64IntegerAttr(vocab_), /*vocab_parallel_group=*/nullptr);
   }
 

@@ -138,13 +138,18 @@ def Loom_CrossEntropyOp : Loom_Op<"cross_entropy", [Pure]> {
     loss. With `vocab_parallel_group`, `logits` holds this rank's vocab shard (first column
     `rank_in_group * columns`) and the op is Megatron's vocab-parallel cross-entropy: it
     all-reduces only the per-token max, sum of exponentials and target logit over the
-    group (three `[batch, seq]` all-reduces), never the logits.
+    group (`[batch, seq]` all-reduces), never the logits.
+
+    The optional result `lse` `[batch, seq]` (f32) keeps each token's log-sum-exp over the
+    whole (valid) vocabulary for the backward, so that `cross_entropy_grad` computes the
+    softmax as `exp(logit - lse)` in one pass, with no max, no sums and, vocab-parallel, no
+    collective (as attention keeps its statistics). loom-autodiff adds it.
   }];
   let arguments = (ins Loom_FloatTensor:$logits, Loom_IndexTensor:$labels,
                        Optional<Loom_MaskTensor>:$loss_mask,
                        I64Attr:$valid_vocab,
                        OptionalAttr<StrAttr>:$vocab_parallel_group);
-  let results = (outs Loom_Scalar:$loss);
+  let results = (outs Loom_Scalar:$loss, Optional<Loom_StatsTensor>:$lse);
   let assemblyFormat = [{
     $logits `,` $labels (`,` $loss_mask^)? attr-dict `:` functional-type(operands, results)
   }];
@@ -383,19 +388,20 @@ def Loom_PositionGradOp : Loom_Op<"position_grad", [Pure]> {
 def Loom_CrossEntropyGradOp : Loom_Op<"cross_entropy_grad", [Pure, AttrSizedOperandSegments]> {
   let summary = "gradient of cross_entropy w.r.t. the logits: `(softmax - onehot) * mask / count * g`";
   let description = [{
-    Same attributes as the forward op. `grad` is the loss's incoming gradient; without it
-    the loss is the function's result and `grad` is `loss_scale` (1 unless the optimizer
-    scales the loss). With `vocab_parallel_group` the max and the sum of exponentials are
-    recomputed with two `[batch, seq]` all-reduces over the group.
+    Same attributes as the forward op, whose `lse` result it takes: the softmax is
+    `exp(logit - lse)`, so a vocab-parallel backward is local to each rank's shard (no
+    collective). `grad` is the loss's incoming gradient; without it the loss is the
+    function's result and `grad` is `loss_scale` (1 unless the optimizer scales the loss).
   }];
-  let arguments = (ins Loom_FloatTensor:$logits, Loom_IndexTensor:$labels,
+  let arguments = (ins Loom_FloatTensor:$logits, Loom_IndexTensor:$labels, Loom_StatsTensor:$lse,
                        Optional<Loom_Scalar>:$grad, Optional<Loom_MaskTensor>:$loss_mask,
                        I64Attr:$valid_vocab, OptionalAttr<StrAttr>:$vocab_parallel_group,
                        DefaultValuedAttr<F32Attr, "1.0">:$loss_scale);
   let results = (outs Loom_FloatTensor:$result);
   let assemblyFormat = [{
-    $logits `,` $labels (`grad` $grad^)? (`mask` $loss_mask^)? attr-dict `:` functional-type(operands, results)
+    $logits `,` $labels `,` $lse (`grad` $grad^)? (`mask` $loss_mask^)? attr-dict `:` functional-type(operands, results)
   }];
+  let hasVerifier = 1;
 }
 
 def Loom_RmsNormGradOp : Loom_Op<"rms_norm_grad", [Pure]> {

@@ -66,6 +66,18 @@ LogicalResult requireStatistics(mlir::Operation *op, Value lse, Value queries, i
   return mlir::success();
 }
 
+// Cross-entropy's softmax statistics: `lse` is [batch, seq] for logits [batch, seq, vocab].
+LogicalResult requireTokenStatistics(mlir::Operation *op, Value lse, Value logits) {
+  if (!lse) return mlir::success();
+  if (failed(requireRank(op, lse, "lse", 2))) return mlir::failure();
+  auto x = tensorOf(logits).getShape();
+  auto l = tensorOf(lse).getShape();
+  if (failed(requireDim(op, "lse", 0, l[0], x[0], "batch of logits")) ||
+      failed(requireDim(op, "lse", 1, l[1], x[1], "sequence of logits")))
+    return mlir::failure();
+  return mlir::success();
+}
+
 }  // namespace
 
 LogicalResult EmbeddingOp::verify() {
@@ -264,7 +276,15 @@ LogicalResult CrossEntropyOp::verify() {
   if (!getVocabParallelGroup() && getValidVocab() > logits[2])
     return emitOpError() << "valid_vocab (" << getValidVocab() << ") exceeds logits dim 2 ("
                          << logits[2] << ")";
-  return mlir::success();
+  return requireTokenStatistics(*this, getLse(), getLogits());
+}
+
+LogicalResult CrossEntropyGradOp::verify() {
+  if (failed(requireRank(*this, getLogits(), "logits", 3))) return mlir::failure();
+  if (getResult().getType() != getLogits().getType())
+    return emitOpError() << "result type " << getResult().getType() << " must equal logits' type "
+                         << getLogits().getType();
+  return requireTokenStatistics(*this, getLse(), getLogits());
 }
 
 LogicalResult AllReduceOp::verify() {

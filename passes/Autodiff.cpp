@@ -32,11 +32,31 @@ void keepSoftmaxStatistics(mlir::func::FuncOp f) {
   }
 }
 
+// Gives the loss its per-token log-sum-exp result (see loom.cross_entropy), which its gradient
+// rule hands to the backward: the softmax over the vocabulary is exp(logit - lse), one pass
+// and, vocab-parallel, no collective.
+void keepLossStatistics(mlir::func::FuncOp f) {
+  llvm::SmallVector<CrossEntropyOp> losses;
+  f.walk([&](CrossEntropyOp c) {
+    if (!c.getLse()) losses.push_back(c);
+  });
+  for (CrossEntropyOp c : losses) {
+    auto logits = mlir::cast<mlir::RankedTensorType>(c.getLogits().getType()).getShape();
+    mlir::OpBuilder b(c);
+    auto lse = mlir::RankedTensorType::get({logits[0], logits[1]}, b.getF32Type());
+    auto kept = b.create<CrossEntropyOp>(c.getLoc(), mlir::TypeRange{c.getLoss().getType(), lse}, c->getOperands(),
+                                         c->getAttrs());
+    c.getLoss().replaceAllUsesWith(kept.getLoss());
+    c.erase();
+  }
+}
+
 // Differentiates `f`, whose single result is the scalar loss, appending a gradient result for
 // every parameter argument.
 mlir::LogicalResult differentiate(mlir::func::FuncOp f) {
   keepSoftmaxStatistics<AttentionOp>(f);
   keepSoftmaxStatistics<GroupedAttentionOp>(f);
+  keepLossStatistics(f);
   auto ret = mlir::cast<mlir::func::ReturnOp>(f.getBody().front().getTerminator());
   if (ret.getNumOperands() != 1 || !ret.getOperand(0).getDefiningOp<CrossEntropyOp>())
     return f.emitError() << "loom-autodiff: @" << f.getName()

@@ -94,8 +94,9 @@ mlir::FailureOr<Grads> gradientOf(mlir::OpBuilder &b, mlir::Operation *op, llvm:
       .Case([&](AddOp) -> mlir::FailureOr<Grads> { return Grads{g, g}; })
       .Case([&](CrossEntropyOp o) -> mlir::FailureOr<Grads> {
         // A null g means this loss is the function's result: its gradient is 1.
+        if (!o.getLse()) return o.emitOpError() << "has no softmax statistics (lse) result to differentiate with";
         Grads d = none;
-        d[0] = b.create<CrossEntropyGradOp>(loc, o.getLogits().getType(), o.getLogits(), o.getLabels(), g,
+        d[0] = b.create<CrossEntropyGradOp>(loc, o.getLogits().getType(), o.getLogits(), o.getLabels(), o.getLse(), g,
                                             o.getLossMask(), o.getValidVocabAttr(),
                                             o.getVocabParallelGroupAttr(), b.getF32FloatAttr(1.0f));
         return d;

@@ -158,7 +158,7 @@ class Run {
   // vocab-parallel cross-entropy comes as its steps, cross_entropy_max ... with visible
   // all-reduces).
   Status crossEntropyStats(const plan::Instruction &in, std::vector<float> &mx, std::vector<float> &sum,
-                           std::vector<float> &target, int64_t &colStart, float *exps = nullptr) {
+                           std::vector<float> &target, int64_t &colStart) {
     int logits = in.inputs(0), labels = in.inputs(1);
     int64_t cols = dim(logits, -1), tokens = numel(logits) / cols, valid = i64(in, "valid_vocab");
     if (!str(in, "vocab_parallel_group").empty())
@@ -167,7 +167,7 @@ class Run {
     mx.assign(tokens, 0), sum.assign(tokens, 0), target.assign(tokens, 0);
     cpu::crossEntropyLocalMax(f(logits), mx.data(), tokens, cols, colStart, valid);
     cpu::crossEntropyLocalSums(f(logits), ints(labels), mx.data(), sum.data(), target.data(), tokens, cols, colStart,
-                               valid, exps);
+                               valid);
     return Status::ok();
   }
 
@@ -283,54 +283,41 @@ class Run {
       for (int64_t i = 0, n = numel(inp(0)); i < n; ++i) y[i] = a[i] + b[i];
     } else if (op == "identity") {
       std::memcpy(f(out()), f(inp(0)), numel(inp(0)) * sizeof(float));
-    } else if (op == "cross_entropy") {
+    } else if (op == "cross_entropy") {  // -> loss[, lse]
       std::vector<float> mx, sum, target;
       int64_t colStart;
       LOOM_RETURN_IF_ERROR(crossEntropyStats(in, mx, sum, target, colStart));
       int mask = optionalInput(in, 2);
       f(out())[0] = cpu::crossEntropyLoss(mx.data(), sum.data(), target.data(), mask >= 0 ? f(mask) : nullptr,
                                           int64_t(mx.size()));
+      if (in.outputs_size() > 1) cpu::crossEntropyLogSumExp(mx.data(), sum.data(), f(out(1)), int64_t(mx.size()));
     } else if (op == "cross_entropy_grad") {
-      std::vector<float> mx, sum, target;
-      int64_t colStart;
-      // The statistics pass leaves exp(logit - max) in the output; the backward scales it.
-      LOOM_RETURN_IF_ERROR(crossEntropyStats(in, mx, sum, target, colStart, f(out())));
-      // Operands: logits, labels, then the optional grad and mask, told apart by shape.
+      // (logits, labels, lse, then the optional grad and mask, told apart by shape) -> dlogits;
+      // vocab-parallel, this rank's shard of them.
+      if (in.inputs_size() < 3) return Status::error("cross_entropy_grad: no lse operand (corrupt plan)");
+      int64_t cols = dim(inp(0), -1), tokens = numel(inp(0)) / cols;
+      if (numel(inp(2)) != tokens) return Status::error("cross_entropy_grad: wrong lse (corrupt plan)");
       int grad = -1, mask = -1;
-      for (int k = 2; k < in.inputs_size(); ++k) (buf(inp(k)).shape_size() == 0 ? grad : mask) = inp(k);
+      for (int k = 3; k < in.inputs_size(); ++k) (buf(inp(k)).shape_size() == 0 ? grad : mask) = inp(k);
       float g = (grad >= 0 ? f(grad)[0] : float(f64(in, "loss_scale", 1.0))) * ctx_.lossScale;
-      cpu::crossEntropyBackwardFromExps(ints(inp(1)), mask >= 0 ? f(mask) : nullptr, sum.data(), g, f(out()),
-                                        int64_t(mx.size()), dim(inp(0), -1), colStart, i64(in, "valid_vocab"));
+      std::string group = str(in, "vocab_parallel_group");
+      cpu::crossEntropyBackward(f(inp(0)), ints(inp(1)), mask >= 0 ? f(mask) : nullptr, f(inp(2)), g, f(out()), tokens,
+                                cols, group.empty() ? 0 : shardStart(group, cols), i64(in, "valid_vocab"));
     } else if (op == "cross_entropy_max") {  // vocab-parallel cross-entropy, step by step (see Lowering)
       int64_t cols = dim(inp(0), -1), tokens = numel(inp(0)) / cols;
       if (numel(out()) != tokens) return Status::error("cross_entropy_max: wrong output (corrupt plan)");
       cpu::crossEntropyLocalMax(f(inp(0)), f(out()), tokens, cols, shardStart(str(in, "vocab_parallel_group"), cols),
                                 i64(in, "valid_vocab"));
-    } else if (op == "cross_entropy_sums") {
-      // (logits, labels, max) -> sums [2, tokens] (exponentials, target logit), or [1, tokens]
-      // and exp(logit - max) in the second output (the backward's).
+    } else if (op == "cross_entropy_sums") {  // (logits, labels, max) -> [2, tokens]: exponentials, target logit
       int64_t cols = dim(inp(0), -1), tokens = numel(inp(0)) / cols;
-      bool withTarget = dim(out(0), 0) == 2;
-      if (numel(out(0)) != (withTarget ? 2 : 1) * tokens) return Status::error("cross_entropy_sums: wrong output (corrupt plan)");
-      std::vector<float> target;
-      if (!withTarget) target.resize(size_t(tokens));
-      cpu::crossEntropyLocalSums(f(inp(0)), ints(inp(1)), f(inp(2)), f(out(0)), withTarget ? f(out(0)) + tokens : target.data(),
-                                 tokens, cols, shardStart(str(in, "vocab_parallel_group"), cols), i64(in, "valid_vocab"),
-                                 in.outputs_size() > 1 ? f(out(1)) : nullptr);
-    } else if (op == "cross_entropy_loss") {  // (max, sums[, mask]) -> the mean loss
+      if (numel(out(0)) != 2 * tokens) return Status::error("cross_entropy_sums: wrong output (corrupt plan)");
+      cpu::crossEntropyLocalSums(f(inp(0)), ints(inp(1)), f(inp(2)), f(out(0)), f(out(0)) + tokens, tokens, cols,
+                                 shardStart(str(in, "vocab_parallel_group"), cols), i64(in, "valid_vocab"));
+    } else if (op == "cross_entropy_loss") {  // (max, sums[, mask]) -> the mean loss[, lse]
       int64_t tokens = numel(inp(0));
       int mask = optionalInput(in, 2);
       f(out())[0] = cpu::crossEntropyLoss(f(inp(0)), f(inp(1)), f(inp(1)) + tokens, mask >= 0 ? f(mask) : nullptr, tokens);
-    } else if (op == "cross_entropy_logits_grad") {
-      // (logits, labels, max, sums[, grad][, mask]) -> dlogits, which holds exp(logit - max) from
-      // cross_entropy_sums (exps_in_output).
-      if (!flag(in, "exps_in_output")) return Status::error("cross_entropy_logits_grad: the CPU needs exps_in_output (corrupt plan)");
-      int grad = -1, mask = -1;
-      for (int k = 4; k < in.inputs_size(); ++k) (buf(inp(k)).shape_size() == 0 ? grad : mask) = inp(k);
-      float g = (grad >= 0 ? f(grad)[0] : float(f64(in, "loss_scale", 1.0))) * ctx_.lossScale;
-      int64_t cols = dim(inp(0), -1), tokens = numel(inp(0)) / cols;
-      cpu::crossEntropyBackwardFromExps(ints(inp(1)), mask >= 0 ? f(mask) : nullptr, f(inp(3)), g, f(out()), tokens, cols,
-                                        shardStart(str(in, "vocab_parallel_group"), cols), i64(in, "valid_vocab"));
+      if (in.outputs_size() > 1) cpu::crossEntropyLogSumExp(f(inp(0)), f(inp(1)), f(out(1)), tokens);
     } else if (op == "weight_grad") {
       int64_t k = dim(inp(0), -1), n = dim(inp(1), -1);
       cpu::linearWeightGrad(f(inp(0)), f(inp(1)), f(out()), numel(inp(0)) / k, k, n, flag(in, "transpose_weight"));

@@ -13,7 +13,10 @@ namespace loom {
 //    (last_micro_batch), flat parameter/gradient buffers, the loss and optimizer programs.
 // 4: attention keeps its softmax statistics: attention / grouped_attention may have a second
 //    output (lse), and attention_grad / grouped_attention_grad read it after the gradient.
-inline constexpr uint32_t kPlanVersion = 4;
+// 5: cross-entropy keeps its log-sum-exp: cross_entropy / cross_entropy_loss may have a second
+//    output (lse), cross_entropy_grad reads it as its third input (vocab-parallel too: no
+//    collective and no cross_entropy_logits_grad in the backward).
+inline constexpr uint32_t kPlanVersion = 5;
 
 // "" when `version` is this build's; otherwise why `what` (a plan file) cannot be read.
 inline std::string planVersionError(uint32_t version, const std::string &what) {

@@ -666,42 +666,35 @@ void localMaxRows(const float *logits, float *rowMax, int64_t t0, int64_t t1, in
   }
 }
 
-// The sums by laneSum (8 float lanes combined in double). `e` holds a row's exps: the caller's
-// `exps` rows, or one scratch row.
+// The sums by laneSum (8 float lanes combined in double) over a scratch row of exps.
 LOOM_VECTOR_CLONES
 void localSumRows(const float *logits, const int32_t *labels, const float *rowMax, float *sumExp, float *target,
-                  int64_t t0, int64_t t1, int64_t cols, int64_t colStart, int64_t valid, float *exps, float *row1) {
+                  int64_t t0, int64_t t1, int64_t cols, int64_t colStart, int64_t valid, float *e) {
   for (int64_t t = t0; t < t1; ++t) {
     const float *row = logits + t * cols;
-    float *e = exps ? exps + t * cols : row1;
     float m = rowMax[t];
     for (int64_t j = 0; j < valid; ++j) e[j] = fastExp(row[j] - m);
-    for (int64_t j = valid; j < cols; ++j) e[j] = 0.0f;
     sumExp[t] = laneSum(e, valid);
     int64_t col = int64_t(labels[t]) - colStart;
     target[t] = col >= 0 && col < valid ? row[col] : 0.0f;
   }
 }
 
+// dlogits rows = w_t * (exp(logit - lse_t) - onehot(label_t)), padding columns 0, with
+// w_t = gradLoss * mask_t / count: one pass over the logits.
 LOOM_VECTOR_CLONES
-void scaleRows(const int32_t *labels, const float *mask, const float *sumExp, float gradLoss, double count,
-               float *dlogits, int64_t t0, int64_t t1, int64_t cols, int64_t colStart, int64_t valid) {
+void gradRowsFromLse(const float *logits, const int32_t *labels, const float *mask, const float *lse, float gradLoss,
+                     double count, float *dlogits, int64_t t0, int64_t t1, int64_t cols, int64_t colStart,
+                     int64_t valid) {
   for (int64_t t = t0; t < t1; ++t) {
     float w = count > 0 ? float(gradLoss * (mask ? mask[t] : 1.0f) / count) : 0.0f;
-    float scale = w / sumExp[t];
+    const float *row = logits + t * cols;
     float *d = dlogits + t * cols;
-    for (int64_t j = 0; j < cols; ++j) d[j] *= scale;  // padding columns hold 0
+    float l = lse[t];
+    for (int64_t j = 0; j < valid; ++j) d[j] = w * fastExp(row[j] - l);
+    for (int64_t j = valid; j < cols; ++j) d[j] = 0.0f;
     int64_t col = int64_t(labels[t]) - colStart;
     if (col >= 0 && col < valid) d[col] -= w;
-  }
-}
-
-LOOM_VECTOR_CLONES
-void expRows(const float *logits, const float *rowMax, float *out, int64_t t0, int64_t t1, int64_t cols,
-             int64_t valid) {
-  for (int64_t t = t0; t < t1; ++t) {
-    for (int64_t j = 0; j < valid; ++j) out[t * cols + j] = fastExp(logits[t * cols + j] - rowMax[t]);
-    for (int64_t j = valid; j < cols; ++j) out[t * cols + j] = 0.0f;
   }
 }
 
@@ -718,12 +711,12 @@ void crossEntropyLocalMax(const float *logits, float *rowMax, int64_t tokens, in
 
 void crossEntropyLocalSums(const float *logits, const int32_t *labels, const float *rowMax,
                            float *sumExp, float *target, int64_t tokens, int64_t cols,
-                           int64_t colStart, int64_t validVocab, float *exps) {
+                           int64_t colStart, int64_t validVocab) {
   int64_t valid = validColumns(cols, colStart, validVocab);
   parallelFor(tokens, grainFor(cols), [&](int64_t t0, int64_t t1) {
     static thread_local std::vector<float> rowBuffer;
-    float *row1 = exps ? nullptr : scratch(rowBuffer, size_t(cols));
-    localSumRows(logits, labels, rowMax, sumExp, target, t0, t1, cols, colStart, valid, exps, row1);
+    localSumRows(logits, labels, rowMax, sumExp, target, t0, t1, cols, colStart, valid,
+                 scratch(rowBuffer, size_t(cols)));
   });
 }
 
@@ -738,23 +731,19 @@ float crossEntropyLoss(const float *rowMax, const float *sumExp, const float *ta
   return count > 0 ? float(total / count) : 0.0f;
 }
 
-void crossEntropyBackwardFromExps(const int32_t *labels, const float *mask, const float *sumExp,
-                                  float gradLoss, float *dlogits, int64_t tokens, int64_t cols,
-                                  int64_t colStart, int64_t validVocab) {
+void crossEntropyLogSumExp(const float *rowMax, const float *sumExp, float *lse, int64_t tokens) {
+  for (int64_t t = 0; t < tokens; ++t) lse[t] = float(double(rowMax[t]) + std::log(double(sumExp[t])));
+}
+
+void crossEntropyBackward(const float *logits, const int32_t *labels, const float *mask, const float *lse,
+                          float gradLoss, float *dlogits, int64_t tokens, int64_t cols, int64_t colStart,
+                          int64_t validVocab) {
   int64_t valid = validColumns(cols, colStart, validVocab);
   double count = 0;
   for (int64_t t = 0; t < tokens; ++t) count += mask ? mask[t] : 1.0f;
   parallelFor(tokens, grainFor(cols), [&](int64_t t0, int64_t t1) {
-    scaleRows(labels, mask, sumExp, gradLoss, count, dlogits, t0, t1, cols, colStart, valid);
+    gradRowsFromLse(logits, labels, mask, lse, gradLoss, count, dlogits, t0, t1, cols, colStart, valid);
   });
-}
-
-void crossEntropyBackward(const float *logits, const int32_t *labels, const float *mask,
-                          const float *rowMax, const float *sumExp, float gradLoss, float *dlogits,
-                          int64_t tokens, int64_t cols, int64_t colStart, int64_t validVocab) {
-  int64_t valid = validColumns(cols, colStart, validVocab);
-  parallelFor(tokens, grainFor(cols), [&](int64_t t0, int64_t t1) { expRows(logits, rowMax, dlogits, t0, t1, cols, valid); });
-  crossEntropyBackwardFromExps(labels, mask, sumExp, gradLoss, dlogits, tokens, cols, colStart, validVocab);
 }
 
 }  // namespace loom::cpu

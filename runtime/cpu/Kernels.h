@@ -102,21 +102,18 @@ void addPositionForward(const float *x, const float *position, float *out, int64
 void crossEntropyLocalMax(const float *logits, float *rowMax, int64_t tokens, int64_t cols,
                           int64_t colStart, int64_t validVocab);
 // sumExp[t] = sum_j exp(logit_j - max[t]); target[t] = logit of the label if held here, else 0.
-// With `exps`, exp(logit_j - max[t]) is also stored there (0 for padding columns), for the
-// backward pass to reuse.
 void crossEntropyLocalSums(const float *logits, const int32_t *labels, const float *rowMax,
                            float *sumExp, float *target, int64_t tokens, int64_t cols,
-                           int64_t colStart, int64_t validVocab, float *exps = nullptr);
+                           int64_t colStart, int64_t validVocab);
 // loss = sum_t mask_t (log sumExp_t + max_t - target_t) / sum_t mask_t (mask nullable: ones).
 float crossEntropyLoss(const float *rowMax, const float *sumExp, const float *target,
                        const float *mask, int64_t tokens);
-// dlogits = g * mask_t / sum(mask) * (softmax - onehot(label)), padding columns 0.
+// lse[t] = max[t] + log sumExp[t]: the statistics the backward keeps (loom.cross_entropy's lse).
+void crossEntropyLogSumExp(const float *rowMax, const float *sumExp, float *lse, int64_t tokens);
+// dlogits = g * mask_t / sum(mask) * (exp(logit - lse_t) - onehot(label)), padding columns 0:
+// the softmax from the kept log-sum-exp, one pass over this shard's logits.
 void crossEntropyBackward(const float *logits, const int32_t *labels, const float *mask,
-                          const float *rowMax, const float *sumExp, float gradLoss, float *dlogits,
-                          int64_t tokens, int64_t cols, int64_t colStart, int64_t validVocab);
-// The same from the exps crossEntropyLocalSums stored in dlogits (in place): one pass less.
-void crossEntropyBackwardFromExps(const int32_t *labels, const float *mask, const float *sumExp,
-                                  float gradLoss, float *dlogits, int64_t tokens, int64_t cols,
-                                  int64_t colStart, int64_t validVocab);
+                          const float *lse, float gradLoss, float *dlogits, int64_t tokens,
+                          int64_t cols, int64_t colStart, int64_t validVocab);
 
 }  // namespace loom::cpu

@@ -253,6 +253,24 @@ class DeviceRun {
     return Status::ok();
   }
 
+  // A cross-entropy's outputs from its per-token statistics (host copies): the mean loss and,
+  // when the plan keeps it for the backward, the log-sum-exp.
+  Status lossAndStatistics(const plan::Instruction &in, const float *mx, const float *sums, const float *target,
+                           const float *mask, int64_t tokens) {
+    float loss = cpu::crossEntropyLoss(mx, sums, target, mask, tokens);
+    LOOM_RETURN_IF_ERROR(
+        cudaStatus(cudaMemcpyAsync(f(in.outputs(0)), &loss, sizeof(float), cudaMemcpyHostToDevice, st_), "copy loss"));
+    std::vector<float> lse;
+    if (in.outputs_size() > 1) {
+      lse.resize(size_t(tokens));
+      cpu::crossEntropyLogSumExp(mx, sums, lse.data(), tokens);
+      LOOM_RETURN_IF_ERROR(cudaStatus(
+          cudaMemcpyAsync(f(in.outputs(1)), lse.data(), tokens * sizeof(float), cudaMemcpyHostToDevice, st_),
+          "copy lse"));
+    }
+    return cudaStatus(cudaStreamSynchronize(st_), "copy loss");  // `loss` and `lse` live on this stack frame
+  }
+
   // The loss gradient per counted token of a cross-entropy backward: its optional operands from
   // `first` on (the incoming gradient, a scalar, and the loss mask, told apart by shape); g is
   // the gradient (or the loss_scale attribute) times fp16's loss scale over the mask's count.
@@ -390,7 +408,7 @@ class DeviceRun {
     } else if (op == "identity") {
       return cudaStatus(
           cudaMemcpyAsync(f(out()), f(inp(0)), numel(inp(0)) * sizeof(float), cudaMemcpyDeviceToDevice, st_), "copy");
-    } else if (op == "cross_entropy") {
+    } else if (op == "cross_entropy") {  // -> loss[, lse]
       int64_t colStart, tokens = numel(inp(0)) / dim(inp(0), -1);
       LOOM_RETURN_IF_ERROR(crossEntropyStats(in, &colStart));
       const float *stats = reinterpret_cast<const float *>(scratch_[0]);
@@ -398,54 +416,38 @@ class DeviceRun {
       LOOM_RETURN_IF_ERROR(toHost(host, stats, 3 * tokens));
       int maskId = optionalInput(in, 2);
       if (maskId >= 0) LOOM_RETURN_IF_ERROR(toHost(mask, f(maskId), tokens));
-      float loss = cpu::crossEntropyLoss(host.data(), host.data() + tokens, host.data() + 2 * tokens,
-                                         maskId >= 0 ? mask.data() : nullptr, tokens);
-      LOOM_RETURN_IF_ERROR(
-          cudaStatus(cudaMemcpyAsync(f(out()), &loss, sizeof(float), cudaMemcpyHostToDevice, st_), "copy loss"));
-      return cudaStatus(cudaStreamSynchronize(st_), "copy loss");  // `loss` lives on this stack frame
+      return lossAndStatistics(in, host.data(), host.data() + tokens, host.data() + 2 * tokens,
+                               maskId >= 0 ? mask.data() : nullptr, tokens);
     } else if (op == "cross_entropy_grad") {
-      int64_t colStart, cols = dim(inp(0), -1), tokens = numel(inp(0)) / cols;
-      LOOM_RETURN_IF_ERROR(crossEntropyStats(in, &colStart));
-      const float *stats = reinterpret_cast<const float *>(scratch_[0]);
+      // (logits, labels, lse, then the optional grad and mask): the softmax from the kept lse.
+      if (in.inputs_size() < 3) return Status::error("cross_entropy_grad: no lse operand (corrupt plan)");
+      int64_t cols = dim(inp(0), -1), tokens = numel(inp(0)) / cols;
+      if (numel(inp(2)) != tokens) return Status::error("cross_entropy_grad: wrong lse (corrupt plan)");
       int mask = -1;
       float gradOverCount = 0;
-      LOOM_RETURN_IF_ERROR(lossGradient(in, 2, tokens, &mask, &gradOverCount));
-      crossEntropyBackward(f(inp(0)), ints(inp(1)), mask >= 0 ? f(mask) : nullptr, stats, stats + tokens,
-                           gradOverCount, f(out()), tokens, cols, colStart, i64(in, "valid_vocab"), st_);
+      LOOM_RETURN_IF_ERROR(lossGradient(in, 3, tokens, &mask, &gradOverCount));
+      std::string group = str(in, "vocab_parallel_group");
+      crossEntropyBackward(f(inp(0)), ints(inp(1)), mask >= 0 ? f(mask) : nullptr, f(inp(2)), gradOverCount, f(out()),
+                           tokens, cols, group.empty() ? 0 : shardStart(group, cols), i64(in, "valid_vocab"), st_);
     } else if (op == "cross_entropy_max") {  // vocab-parallel cross-entropy, step by step (see Lowering)
       int64_t cols = dim(inp(0), -1), tokens = numel(inp(0)) / cols;
       if (numel(out()) != tokens) return Status::error("cross_entropy_max: wrong output (corrupt plan)");
       crossEntropyLocalMax(f(inp(0)), f(out()), tokens, cols, shardStart(str(in, "vocab_parallel_group"), cols),
                            i64(in, "valid_vocab"), st_);
-    } else if (op == "cross_entropy_sums") {
-      // The second output (the CPU's exp(logit - max)) is left alone: the gradient step
-      // recomputes the exponentials from the logits.
+    } else if (op == "cross_entropy_sums") {  // (logits, labels, max) -> [2, tokens]: exponentials, target logit
       int64_t cols = dim(inp(0), -1), tokens = numel(inp(0)) / cols;
-      bool withTarget = dim(out(0), 0) == 2;
-      if (numel(out(0)) != (withTarget ? 2 : 1) * tokens) return Status::error("cross_entropy_sums: wrong output (corrupt plan)");
-      float *target = withTarget ? f(out(0)) + tokens : reinterpret_cast<float *>(scratch_[0]);
-      crossEntropyLocalSums(f(inp(0)), ints(inp(1)), f(inp(2)), f(out(0)), target, tokens, cols,
+      if (numel(out(0)) != 2 * tokens) return Status::error("cross_entropy_sums: wrong output (corrupt plan)");
+      crossEntropyLocalSums(f(inp(0)), ints(inp(1)), f(inp(2)), f(out(0)), f(out(0)) + tokens, tokens, cols,
                             shardStart(str(in, "vocab_parallel_group"), cols), i64(in, "valid_vocab"), st_);
-    } else if (op == "cross_entropy_loss") {
+    } else if (op == "cross_entropy_loss") {  // (max, sums[, mask]) -> the mean loss[, lse]
       int64_t tokens = numel(inp(0));
       std::vector<float> mx, sums, mask;
       LOOM_RETURN_IF_ERROR(toHost(mx, f(inp(0)), tokens));
       LOOM_RETURN_IF_ERROR(toHost(sums, f(inp(1)), 2 * tokens));
       int maskId = optionalInput(in, 2);
       if (maskId >= 0) LOOM_RETURN_IF_ERROR(toHost(mask, f(maskId), tokens));
-      float loss = cpu::crossEntropyLoss(mx.data(), sums.data(), sums.data() + tokens, maskId >= 0 ? mask.data() : nullptr,
-                                         tokens);
-      LOOM_RETURN_IF_ERROR(
-          cudaStatus(cudaMemcpyAsync(f(out()), &loss, sizeof(float), cudaMemcpyHostToDevice, st_), "copy loss"));
-      return cudaStatus(cudaStreamSynchronize(st_), "copy loss");  // `loss` lives on this stack frame
-    } else if (op == "cross_entropy_logits_grad") {
-      int64_t cols = dim(inp(0), -1), tokens = numel(inp(0)) / cols;
-      int mask = -1;
-      float gradOverCount = 0;
-      LOOM_RETURN_IF_ERROR(lossGradient(in, 4, tokens, &mask, &gradOverCount));
-      crossEntropyBackward(f(inp(0)), ints(inp(1)), mask >= 0 ? f(mask) : nullptr, f(inp(2)), f(inp(3)), gradOverCount,
-                           f(out()), tokens, cols, shardStart(str(in, "vocab_parallel_group"), cols),
-                           i64(in, "valid_vocab"), st_);
+      return lossAndStatistics(in, mx.data(), sums.data(), sums.data() + tokens, maskId >= 0 ? mask.data() : nullptr,
+                               tokens);
     } else if (op == "weight_grad") {
       return weightGrad(in);
     } else if (op == "bias_grad") {

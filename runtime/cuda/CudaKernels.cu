@@ -230,13 +230,13 @@ __global__ void crossEntropySumsKernel(const float *logits, const int32_t *label
 }
 
 __global__ void crossEntropyBackwardKernel(const float *logits, const int32_t *labels, const float *mask,
-                                           const float *rowMax, const float *sumExp, float gradOverCount,
-                                           float *dlogits, int64_t cols, int64_t colStart, int64_t validVocab) {
+                                           const float *lse, float gradOverCount, float *dlogits, int64_t cols,
+                                           int64_t colStart, int64_t validVocab) {
   int64_t valid = validColumns(validVocab, colStart, cols), t = blockIdx.x;
-  float w = gradOverCount * (mask ? mask[t] : 1.0f), inv = 1.0f / sumExp[t];
+  float w = gradOverCount * (mask ? mask[t] : 1.0f);
   int64_t label = int64_t(labels[t]) - colStart;
   for (int64_t j = threadIdx.x; j < cols; j += blockDim.x) {
-    float d = j < valid ? w * expf(logits[t * cols + j] - rowMax[t]) * inv : 0.0f;
+    float d = j < valid ? w * expf(logits[t * cols + j] - lse[t]) : 0.0f;
     if (j == label && j < valid) d -= w;
     dlogits[t * cols + j] = d;
   }
@@ -377,12 +377,12 @@ void crossEntropyLocalSums(const float *logits, const int32_t *labels, const flo
                                                           validVocab);
 }
 
-void crossEntropyBackward(const float *logits, const int32_t *labels, const float *mask, const float *rowMax,
-                          const float *sumExp, float gradOverCount, float *dlogits, int64_t tokens, int64_t cols,
-                          int64_t colStart, int64_t validVocab, cudaStream_t s) {
+void crossEntropyBackward(const float *logits, const int32_t *labels, const float *mask, const float *lse,
+                          float gradOverCount, float *dlogits, int64_t tokens, int64_t cols, int64_t colStart,
+                          int64_t validVocab, cudaStream_t s) {
   if (tokens <= 0) return;  // an empty grid is a launch error
-  crossEntropyBackwardKernel<<<int(tokens), kThreads, 0, s>>>(logits, labels, mask, rowMax, sumExp, gradOverCount,
-                                                              dlogits, cols, colStart, validVocab);
+  crossEntropyBackwardKernel<<<int(tokens), kThreads, 0, s>>>(logits, labels, mask, lse, gradOverCount, dlogits, cols,
+                                                              colStart, validVocab);
 }
 
 void adamwUpdate(float *param, const float *grad, float *m, float *v, int64_t n, float lr, float beta1, float beta2,

@@ -44,9 +44,10 @@ void crossEntropyLocalMax(const float *logits, float *rowMax, int64_t tokens, in
 void crossEntropyLocalSums(const float *logits, const int32_t *labels, const float *rowMax, float *sumExp,
                            float *target, int64_t tokens, int64_t cols, int64_t colStart, int64_t validVocab,
                            cudaStream_t s);
-void crossEntropyBackward(const float *logits, const int32_t *labels, const float *mask, const float *rowMax,
-                          const float *sumExp, float gradOverCount, float *dlogits, int64_t tokens, int64_t cols,
-                          int64_t colStart, int64_t validVocab, cudaStream_t s);
+// dlogits = gradOverCount * mask_t * (exp(logit - lse_t) - onehot(label)), padding columns 0.
+void crossEntropyBackward(const float *logits, const int32_t *labels, const float *mask, const float *lse,
+                          float gradOverCount, float *dlogits, int64_t tokens, int64_t cols, int64_t colStart,
+                          int64_t validVocab, cudaStream_t s);
 void adamwUpdate(float *param, const float *grad, float *m, float *v, int64_t n, float lr, float beta1, float beta2,
                  float eps, float weightDecay, int64_t step, bool decay, cudaStream_t s);
 // *sumOfSquares += sum of x[i]^2 (accumulated in double: the global gradient norm); with a

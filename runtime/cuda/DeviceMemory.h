@@ -45,9 +45,7 @@ inline ScratchPlan scratchFor(const plan::Program &p, Precision precision, Atten
     auto n = [&](int k) { return size_t(planattr::numel(p.buffers(in.inputs(k)))); };
     size_t need = 0;
     const std::string &op = in.op();
-    if (op == "cross_entropy_sums") {  // the backward's target logits, unused
-      need = size_t(planattr::numel(p.buffers(in.inputs(1)))) * sizeof(float);
-    } else if (op == "cross_entropy" || op == "cross_entropy_grad") {
+    if (op == "cross_entropy") {
       const plan::Buffer &logits = p.buffers(in.inputs(0));
       need = 3 * size_t(planattr::numel(logits) / planattr::dim(logits, -1)) * sizeof(float);
     } else if ((op == "linear" || op == "weight_grad") && precision != Precision::kFp32) {

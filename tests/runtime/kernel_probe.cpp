@@ -117,8 +117,10 @@ int main(int argc, char **argv) {
                                      tokens, cols, 0, valid);
     O["loss"] = HostTensor::zeros({});
     O["loss"].data = {loom::cpu::crossEntropyLoss(mx.data(), sum.data(), target.data(), mask.data.data(), tokens)};
+    O["lse"] = HostTensor::zeros({labels.shape[0], labels.shape[1]});
+    loom::cpu::crossEntropyLogSumExp(mx.data(), sum.data(), O["lse"].data.data(), tokens);
     O["dlogits"] = like(logits);
-    loom::cpu::crossEntropyBackward(logits.data.data(), labels.ints.data(), mask.data.data(), mx.data(), sum.data(),
+    loom::cpu::crossEntropyBackward(logits.data.data(), labels.ints.data(), mask.data.data(), O["lse"].data.data(),
                                     float(meta("grad")), O["dlogits"].data.data(), tokens, cols, 0, valid);
   } else if (op == "adamw") {
     // The optimizer program's kernel over one decayed segment (the whole tensor).

@@ -194,6 +194,7 @@ nll = -logp.gather(-1, labels[..., None])[..., 0]
 loss = (nll * mask).sum() / mask.sum()
 r = probe("cross_entropy", dict(logits=logits, labels=labels, mask=mask), valid_vocab=37, grad=0.5)
 check("cross_entropy.loss", r["loss"], loss.reshape([]))
+check("cross_entropy.lse", r["lse"], torch.logsumexp(logits[..., :37], -1))
 check("cross_entropy.dlogits", r["dlogits"], torch.autograd.grad(loss * 0.5, logits)[0])
 
 # AdamW against torch.optim.AdamW, three steps

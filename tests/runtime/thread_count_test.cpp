@@ -110,12 +110,11 @@ TEST(ThreadCount, CrossEntropy) {
   std::vector<int32_t> labels(tokens);
   for (int64_t t = 0; t < tokens; ++t) labels[size_t(t)] = int32_t((t * 131) % valid);
   expectSameAtEveryThreadCount("cross-entropy", [&] {
-    std::vector<float> mx(tokens), sum(tokens), target(tokens), d(tokens * cols);
+    std::vector<float> mx(tokens), sum(tokens), target(tokens), lse(tokens), d(tokens * cols);
     crossEntropyLocalMax(logits.data(), mx.data(), tokens, cols, 0, valid);
-    crossEntropyLocalSums(logits.data(), labels.data(), mx.data(), sum.data(), target.data(), tokens, cols, 0, valid,
-                          nullptr);
-    crossEntropyBackward(logits.data(), labels.data(), nullptr, mx.data(), sum.data(), 1.0f, d.data(), tokens, cols,
-                         0, valid);
+    crossEntropyLocalSums(logits.data(), labels.data(), mx.data(), sum.data(), target.data(), tokens, cols, 0, valid);
+    crossEntropyLogSumExp(mx.data(), sum.data(), lse.data(), tokens);
+    crossEntropyBackward(logits.data(), labels.data(), nullptr, lse.data(), 1.0f, d.data(), tokens, cols, 0, valid);
     d.push_back(crossEntropyLoss(mx.data(), sum.data(), target.data(), nullptr, tokens));
     return d;
   });

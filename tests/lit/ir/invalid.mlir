@@ -186,6 +186,22 @@ func.func @cross_entropy_mask(%l: tensor<2x8x128xf32>, %y: tensor<2x8xi32>, %m: 
 
 // -----
 
+func.func @cross_entropy_statistics(%l: tensor<2x8x128xf32>, %y: tensor<2x8xi32>) {
+  // expected-error @+1 {{'loom.cross_entropy' op lse dim 1 is 4 but must be 8 (sequence of logits)}}
+  %0, %1 = loom.cross_entropy %l, %y {valid_vocab = 100} : (tensor<2x8x128xf32>, tensor<2x8xi32>) -> (tensor<f32>, tensor<2x4xf32>)
+  return
+}
+
+// -----
+
+func.func @cross_entropy_grad_statistics(%l: tensor<2x8x128xf32>, %y: tensor<2x8xi32>, %lse: tensor<8xf32>) {
+  // expected-error @+1 {{'loom.cross_entropy_grad' op lse must have rank 2}}
+  %0 = loom.cross_entropy_grad %l, %y, %lse {valid_vocab = 100} : (tensor<2x8x128xf32>, tensor<2x8xi32>, tensor<8xf32>) -> tensor<2x8x128xf32>
+  return
+}
+
+// -----
+
 func.func @cross_entropy_vocab(%l: tensor<2x8x128xf32>, %y: tensor<2x8xi32>) {
   // expected-error @+1 {{'loom.cross_entropy' op valid_vocab must be >= 1}}
   %0 = loom.cross_entropy %l, %y {valid_vocab = 0} : (tensor<2x8x128xf32>, tensor<2x8xi32>) -> tensor<f32>

@@ -51,6 +51,10 @@ func.func @all_ops(%wte: tensor<128x16xf32> {loom.param = "wte", loom.init = "no
   %logits = loom.linear %rv, %wte {transpose_weight} : (tensor<2x8x16xf32>, tensor<128x16xf32>) -> tensor<2x8x128xf32>
   // CHECK: loom.cross_entropy %{{.*}}, %{{.*}}, %{{.*}} {valid_vocab = 100 : i64}
   %loss = loom.cross_entropy %logits, %labels, %mask {valid_vocab = 100} : (tensor<2x8x128xf32>, tensor<2x8xi32>, tensor<2x8xf32>) -> tensor<f32>
+  // CHECK: %{{.*}}, %[[LSE:.*]] = loom.cross_entropy %{{.*}} -> (tensor<f32>, tensor<2x8xf32>)
+  %kept, %lse = loom.cross_entropy %logits, %labels {valid_vocab = 100} : (tensor<2x8x128xf32>, tensor<2x8xi32>) -> (tensor<f32>, tensor<2x8xf32>)
+  // CHECK: loom.cross_entropy_grad %{{.*}}, %{{.*}}, %[[LSE]] mask %{{.*}} {loss_scale = 5.000000e-01 : f32, valid_vocab = 100 : i64}
+  %dl = loom.cross_entropy_grad %logits, %labels, %lse mask %mask {valid_vocab = 100, loss_scale = 0.5 : f32} : (tensor<2x8x128xf32>, tensor<2x8xi32>, tensor<2x8xf32>, tensor<2x8xf32>) -> tensor<2x8x128xf32>
   return %loss : tensor<f32>
 }
 
