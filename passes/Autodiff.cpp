@@ -12,51 +12,46 @@ namespace loom {
 
 namespace {
 
-// Gives every attention core its softmax statistics result (the per-row log-sum-exp, see
-// loom.attention), so that its gradient rule hands them to the backward instead of the
-// backward recomputing the softmax (FlashAttention, Dao et al. 2022, section 3.1).
-template <typename Attention>
-void keepSoftmaxStatistics(mlir::func::FuncOp f) {
-  llvm::SmallVector<Attention> cores;
-  f.walk([&](Attention a) {
-    if (!a.getLse()) cores.push_back(a);
+// Gives every `Op` without it its optional statistics result `lse` (of the type `statistics`
+// gives), so that its gradient rule hands the forward's statistics to the backward instead of
+// the backward recomputing the softmax. Result 0, the op's value, keeps its users.
+template <typename Op>
+void keepStatistics(mlir::func::FuncOp f, llvm::function_ref<mlir::RankedTensorType(Op, mlir::Type)> statistics) {
+  llvm::SmallVector<Op> ops;
+  f.walk([&](Op op) {
+    if (!op.getLse()) ops.push_back(op);
   });
-  for (Attention a : cores) {
-    auto queries = mlir::cast<mlir::RankedTensorType>(a.getResult().getType()).getShape();
-    mlir::OpBuilder b(a);
-    auto lse = mlir::RankedTensorType::get({queries[0], int64_t(a.getNumHeads()), queries[1]}, b.getF32Type());
-    auto kept = b.create<Attention>(a.getLoc(), mlir::TypeRange{a.getResult().getType(), lse}, a->getOperands(),
-                                    a->getAttrs());
-    a.getResult().replaceAllUsesWith(kept.getResult());
-    a.erase();
+  for (Op op : ops) {
+    mlir::OpBuilder b(op);
+    mlir::Value value = op->getResult(0);
+    auto kept = b.create<Op>(op.getLoc(), mlir::TypeRange{value.getType(), statistics(op, b.getF32Type())},
+                             op->getOperands(), op->getAttrs());
+    value.replaceAllUsesWith(kept->getResult(0));
+    op.erase();
   }
 }
 
-// Gives the loss its per-token log-sum-exp result (see loom.cross_entropy), which its gradient
-// rule hands to the backward: the softmax over the vocabulary is exp(logit - lse), one pass
-// and, vocab-parallel, no collective.
-void keepLossStatistics(mlir::func::FuncOp f) {
-  llvm::SmallVector<CrossEntropyOp> losses;
-  f.walk([&](CrossEntropyOp c) {
-    if (!c.getLse()) losses.push_back(c);
-  });
-  for (CrossEntropyOp c : losses) {
-    auto logits = mlir::cast<mlir::RankedTensorType>(c.getLogits().getType()).getShape();
-    mlir::OpBuilder b(c);
-    auto lse = mlir::RankedTensorType::get({logits[0], logits[1]}, b.getF32Type());
-    auto kept = b.create<CrossEntropyOp>(c.getLoc(), mlir::TypeRange{c.getLoss().getType(), lse}, c->getOperands(),
-                                         c->getAttrs());
-    c.getLoss().replaceAllUsesWith(kept.getLoss());
-    c.erase();
-  }
+// Attention: each query row's log-sum-exp, [batch, heads, seq] (see loom.attention;
+// FlashAttention, Dao et al. 2022, section 3.1).
+template <typename Attention>
+mlir::RankedTensorType attentionStatistics(Attention a, mlir::Type f32) {
+  auto queries = mlir::cast<mlir::RankedTensorType>(a.getResult().getType()).getShape();
+  return mlir::RankedTensorType::get({queries[0], int64_t(a.getNumHeads()), queries[1]}, f32);
+}
+
+// The loss: each token's log-sum-exp over the vocabulary, [batch, seq] (see loom.cross_entropy):
+// the backward's softmax is exp(logit - lse), one pass and, vocab-parallel, no collective.
+mlir::RankedTensorType lossStatistics(CrossEntropyOp c, mlir::Type f32) {
+  auto logits = mlir::cast<mlir::RankedTensorType>(c.getLogits().getType()).getShape();
+  return mlir::RankedTensorType::get({logits[0], logits[1]}, f32);
 }
 
 // Differentiates `f`, whose single result is the scalar loss, appending a gradient result for
 // every parameter argument.
 mlir::LogicalResult differentiate(mlir::func::FuncOp f) {
-  keepSoftmaxStatistics<AttentionOp>(f);
-  keepSoftmaxStatistics<GroupedAttentionOp>(f);
-  keepLossStatistics(f);
+  keepStatistics<AttentionOp>(f, attentionStatistics<AttentionOp>);
+  keepStatistics<GroupedAttentionOp>(f, attentionStatistics<GroupedAttentionOp>);
+  keepStatistics<CrossEntropyOp>(f, lossStatistics);
   auto ret = mlir::cast<mlir::func::ReturnOp>(f.getBody().front().getTerminator());
   if (ret.getNumOperands() != 1 || !ret.getOperand(0).getDefiningOp<CrossEntropyOp>())
     return f.emitError() << "loom-autodiff: @" << f.getName()
