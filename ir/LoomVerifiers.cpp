@@ -53,29 +53,28 @@ LogicalResult requireGroup(mlir::Operation *op, llvm::StringRef group, int64_t g
   return mlir::success();
 }
 
+// A statistics result or operand `lse` (optional: null passes): `expected` gives each dim's
+// size and why.
+LogicalResult requireStatisticsShape(mlir::Operation *op, Value lse,
+                                     llvm::ArrayRef<std::pair<int64_t, llvm::StringRef>> expected) {
+  if (!lse) return mlir::success();
+  if (failed(requireRank(op, lse, "lse", int64_t(expected.size())))) return mlir::failure();
+  auto l = tensorOf(lse).getShape();
+  for (auto [d, dim] : llvm::enumerate(expected))
+    if (failed(requireDim(op, "lse", int64_t(d), l[d], dim.first, dim.second))) return mlir::failure();
+  return mlir::success();
+}
+
 // Attention's softmax statistics: `lse` is [batch, heads, seq] for queries [batch, seq, ...].
 LogicalResult requireStatistics(mlir::Operation *op, Value lse, Value queries, int64_t heads) {
-  if (!lse) return mlir::success();
-  if (failed(requireRank(op, lse, "lse", 3))) return mlir::failure();
   auto q = tensorOf(queries).getShape();
-  auto l = tensorOf(lse).getShape();
-  if (failed(requireDim(op, "lse", 0, l[0], q[0], "batch")) ||
-      failed(requireDim(op, "lse", 1, l[1], heads, "num_heads")) ||
-      failed(requireDim(op, "lse", 2, l[2], q[1], "sequence")))
-    return mlir::failure();
-  return mlir::success();
+  return requireStatisticsShape(op, lse, {{q[0], "batch"}, {heads, "num_heads"}, {q[1], "sequence"}});
 }
 
 // Cross-entropy's softmax statistics: `lse` is [batch, seq] for logits [batch, seq, vocab].
 LogicalResult requireTokenStatistics(mlir::Operation *op, Value lse, Value logits) {
-  if (!lse) return mlir::success();
-  if (failed(requireRank(op, lse, "lse", 2))) return mlir::failure();
   auto x = tensorOf(logits).getShape();
-  auto l = tensorOf(lse).getShape();
-  if (failed(requireDim(op, "lse", 0, l[0], x[0], "batch of logits")) ||
-      failed(requireDim(op, "lse", 1, l[1], x[1], "sequence of logits")))
-    return mlir::failure();
-  return mlir::success();
+  return requireStatisticsShape(op, lse, {{x[0], "batch of logits"}, {x[1], "sequence of logits"}});
 }
 
 }  // namespace

@@ -300,9 +300,8 @@ class Run {
       int grad = -1, mask = -1;
       for (int k = 3; k < in.inputs_size(); ++k) (buf(inp(k)).shape_size() == 0 ? grad : mask) = inp(k);
       float g = (grad >= 0 ? f(grad)[0] : float(f64(in, "loss_scale", 1.0))) * ctx_.lossScale;
-      std::string group = str(in, "vocab_parallel_group");
       cpu::crossEntropyBackward(f(inp(0)), ints(inp(1)), mask >= 0 ? f(mask) : nullptr, f(inp(2)), g, f(out()), tokens,
-                                cols, group.empty() ? 0 : shardStart(group, cols), i64(in, "valid_vocab"));
+                                cols, shardStart(str(in, "vocab_parallel_group"), cols), i64(in, "valid_vocab"));
     } else if (op == "cross_entropy_max") {  // vocab-parallel cross-entropy, step by step (see Lowering)
       int64_t cols = dim(inp(0), -1), tokens = numel(inp(0)) / cols;
       if (numel(out()) != tokens) return Status::error("cross_entropy_max: wrong output (corrupt plan)");

@@ -426,9 +426,8 @@ class DeviceRun {
       int mask = -1;
       float gradOverCount = 0;
       LOOM_RETURN_IF_ERROR(lossGradient(in, 3, tokens, &mask, &gradOverCount));
-      std::string group = str(in, "vocab_parallel_group");
       crossEntropyBackward(f(inp(0)), ints(inp(1)), mask >= 0 ? f(mask) : nullptr, f(inp(2)), gradOverCount, f(out()),
-                           tokens, cols, group.empty() ? 0 : shardStart(group, cols), i64(in, "valid_vocab"), st_);
+                           tokens, cols, shardStart(str(in, "vocab_parallel_group"), cols), i64(in, "valid_vocab"), st_);
     } else if (op == "cross_entropy_max") {  // vocab-parallel cross-entropy, step by step (see Lowering)
       int64_t cols = dim(inp(0), -1), tokens = numel(inp(0)) / cols;
       if (numel(out()) != tokens) return Status::error("cross_entropy_max: wrong output (corrupt plan)");
