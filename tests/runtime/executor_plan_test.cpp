@@ -1,0 +1,77 @@
+// The CPU executor on hand-built one-instruction programs: a cross_entropy_grad that a plan of
+// another format (or a corrupt one) gives without its log-sum-exp, or with one of the wrong
+// size, is refused with a one-line error naming the op, instead of reading past a buffer.
+#include <gtest/gtest.h>
+
+#include <cmath>
+
+#include "protos/plan.pb.h"
+#include "runtime/Executor.h"
+
+namespace loom {
+namespace {
+
+int addBuffer(plan::Program &p, std::vector<int64_t> shape, plan::DType dtype, int firstUse) {
+  plan::Buffer *b = p.add_buffers();
+  b->set_id(p.buffers_size() - 1);
+  int64_t n = 1;
+  for (int64_t d : shape) b->add_shape(d), n *= d;
+  b->set_dtype(dtype);
+  b->set_bytes(4 * n);
+  b->set_kind(firstUse < 0 ? plan::Buffer::ARGUMENT : plan::Buffer::ACTIVATION);
+  b->set_first_use(firstUse);
+  b->set_last_use(0);
+  return b->id();
+}
+
+// cross_entropy_grad over zero logits [2, 3, 5] (every label 1), with an lse of `lseTokens`
+// values log 5 (the true one for 6 tokens), as an operand or left out.
+Status runGrad(int64_t lseTokens, bool withLse, std::vector<HostTensor> *results = nullptr) {
+  plan::Program p;
+  p.set_name("backward_0");
+  int logits = addBuffer(p, {2, 3, 5}, plan::F32, -1), labels = addBuffer(p, {2, 3}, plan::I32, -1);
+  int lse = addBuffer(p, {lseTokens}, plan::F32, -1), out = addBuffer(p, {2, 3, 5}, plan::F32, 0);
+  std::vector<int> args = {logits, labels, lse};
+  for (int a : args) p.add_arguments()->set_buffer(a);
+  p.add_results()->set_buffer(out);
+  p.set_workspace_bytes(p.buffers(out).bytes());
+  plan::Instruction *in = p.add_instructions();
+  in->set_op("cross_entropy_grad");
+  in->set_stream(plan::COMPUTE);
+  in->add_inputs(logits), in->add_inputs(labels);
+  if (withLse) in->add_inputs(lse);
+  in->add_outputs(out);
+  plan::Attribute *valid = in->add_attributes();
+  valid->set_name("valid_vocab");
+  valid->set_i(5);
+  HostTensor l = HostTensor::zeros({2, 3, 5}), y{{2, 3}}, s{{lseTokens}};
+  y.isInt = true, y.ints.assign(6, 1);
+  s.data.assign(size_t(lseTokens), std::log(5.0f));
+  std::vector<HostTensor> own;
+  return executeProgram(p, {&l, &y, &s}, results ? *results : own, ExecutionContext{});
+}
+
+TEST(ExecutorPlan, CrossEntropyGradReadsTheKeptLogSumExp) {
+  std::vector<HostTensor> results;
+  Status s = runGrad(6, true, &results);
+  ASSERT_TRUE(s.isOk()) << s.message();
+  // (softmax - onehot) / tokens: (1/5 - [label == 1]) / 6.
+  ASSERT_EQ(results.size(), 1u);
+  for (int64_t i = 0; i < 30; ++i)
+    EXPECT_NEAR(results[0].data[size_t(i)], (0.2f - (i % 5 == 1 ? 1.0f : 0.0f)) / 6.0f, 1e-6) << i;
+}
+
+TEST(ExecutorPlan, CrossEntropyGradWithoutItsLogSumExpIsRefused) {
+  Status s = runGrad(6, false);
+  ASSERT_FALSE(s.isOk());
+  EXPECT_NE(s.message().find("cross_entropy_grad: no lse operand (corrupt plan)"), std::string::npos) << s.message();
+}
+
+TEST(ExecutorPlan, CrossEntropyGradWithAWrongSizedLogSumExpIsRefused) {
+  Status s = runGrad(4, true);
+  ASSERT_FALSE(s.isOk());
+  EXPECT_NE(s.message().find("cross_entropy_grad: wrong lse (corrupt plan)"), std::string::npos) << s.message();
+}
+
+}  // namespace
+}  // namespace loom
