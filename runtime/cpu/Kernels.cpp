@@ -1,7 +1,5 @@
 #include "runtime/cpu/Kernels.h"
 
-#include <cblas.h>
-
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -9,6 +7,7 @@
 #include <vector>
 
 #include "runtime/cpu/FastExp.h"
+#include "runtime/cpu/Gemm.h"
 #include "runtime/cpu/Parallel.h"
 #include "runtime/cpu/Philox.h"
 
@@ -25,7 +24,7 @@ void linearForward(const float *x, const float *w, const float *bias, float *y, 
   if (bias) {
     for (int64_t r = 0; r < m; ++r) std::memcpy(y + r * n, bias, n * sizeof(float));
   }
-  cblas_sgemm(CblasRowMajor, CblasNoTrans, transposeW ? CblasTrans : CblasNoTrans, m, n, k, 1.0f, x, k,
+  gemm(false, transposeW, m, n, k, 1.0f, x, k,
               w, transposeW ? k : n, bias ? 1.0f : 0.0f, y, n);
 }
 
@@ -33,9 +32,9 @@ void linearWeightGrad(const float *x, const float *g, float *dw, int64_t m, int6
                       bool transposeW, bool accumulate) {
   float beta = accumulate ? 1.0f : 0.0f;
   if (transposeW)  // dW[N,K] = g^T x
-    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, n, k, m, 1.0f, g, n, x, k, beta, dw, k);
+    gemm(true, false, n, k, m, 1.0f, g, n, x, k, beta, dw, k);
   else  // dW[K,N] = x^T g
-    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, k, n, m, 1.0f, x, k, g, n, beta, dw, n);
+    gemm(true, false, k, n, m, 1.0f, x, k, g, n, beta, dw, n);
 }
 
 // Each thread sums its own columns over every row in row order: the same sums whatever the split.
@@ -306,7 +305,7 @@ void headScores(const Head &h, float *p) {
   float scale = 1.0f / std::sqrt(float(h.hd));
   for (int64_t i0 = 0; i0 < h.S; i0 += kBlock) {
     int64_t rows = std::min(kBlock, h.S - i0), cols = h.blockKeys(i0);
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, rows, cols, h.hd, scale, h.q + i0 * h.ldq, h.ldq, h.k, h.ldk,
+    gemm(false, true, rows, cols, h.hd, scale, h.q + i0 * h.ldq, h.ldq, h.k, h.ldk,
                 0.0f, p + i0 * h.S, h.S);
   }
 }
@@ -372,7 +371,7 @@ void headForward(const Head &h, float *out, int64_t ldo, float *lse, float *p) {
   headDropout(h, p);
   for (int64_t i0 = 0; i0 < h.S; i0 += kBlock) {
     int64_t rows = std::min(kBlock, h.S - i0), cols = h.blockKeys(i0);
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, rows, h.hd, cols, 1.0f, p + i0 * h.S, h.S, h.v, h.ldv, 0.0f,
+    gemm(false, false, rows, h.hd, cols, 1.0f, p + i0 * h.S, h.S, h.v, h.ldv, 0.0f,
                 out + i0 * ldo, ldo);
   }
 }
@@ -394,9 +393,9 @@ void headBackward(const Head &h, const float *g, int64_t ldg, const float *lse, 
   for (int64_t i0 = 0; i0 < h.S; i0 += kBlock) {
     int64_t rows = std::min(kBlock, h.S - i0), cols = h.blockKeys(i0);
     const float *gi = g + i0 * ldg;
-    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, cols, h.hd, rows, 1.0f, d + i0 * h.S, h.S, gi, ldg, 1.0f, dv,
+    gemm(true, false, cols, h.hd, rows, 1.0f, d + i0 * h.S, h.S, gi, ldg, 1.0f, dv,
                 ldkv);
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, rows, cols, h.hd, 1.0f, gi, ldg, h.v, h.ldv, 0.0f,
+    gemm(false, true, rows, cols, h.hd, 1.0f, gi, ldg, h.v, h.ldv, 0.0f,
                 dp + i0 * h.S, h.S);
   }
   parallelRows(h.S, [&](int64_t begin, int64_t end) {
@@ -411,9 +410,9 @@ void headBackward(const Head &h, const float *g, int64_t ldg, const float *lse, 
   });
   for (int64_t i0 = 0; i0 < h.S; i0 += kBlock) {
     int64_t rows = std::min(kBlock, h.S - i0), cols = h.blockKeys(i0);
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, rows, h.hd, cols, scale, dp + i0 * h.S, h.S, h.k, h.ldk, 0.0f,
+    gemm(false, false, rows, h.hd, cols, scale, dp + i0 * h.S, h.S, h.k, h.ldk, 0.0f,
                 dq + i0 * ldd, ldd);
-    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, cols, h.hd, rows, scale, dp + i0 * h.S, h.S, h.q + i0 * h.ldq,
+    gemm(true, false, cols, h.hd, rows, scale, dp + i0 * h.S, h.S, h.q + i0 * h.ldq,
                 h.ldq, 1.0f, dk, ldkv);
   }
 }
