@@ -650,6 +650,7 @@ namespace {
 // Tokens [t0, t1) of each loop below; the public functions split the tokens over the threads
 // (rows independent: the same bits for any thread count).
 LOOM_VECTOR_CLONES
+LOOM_VECTOR_CLONES
 void localMaxRows(const float *logits, float *rowMax, int64_t t0, int64_t t1, int64_t cols, int64_t valid) {
   for (int64_t t = t0; t < t1; ++t) {
     const float *row = logits + t * cols;

@@ -4,6 +4,7 @@
 #include <cblas.h>
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <cstring>
 #include <functional>
 #include <random>
@@ -102,6 +103,41 @@ TEST(ThreadCount, Rotary) {
     y.insert(y.end(), back.begin(), back.end());
     return y;
   });
+}
+
+// The GEMMs (oneDNN's, runtime/cpu/Gemm) at shapes of the demo's output layer (its forward, dX
+// and dW, trimmed) and of a layer, each checked against a double-precision product too.
+TEST(ThreadCount, GemmLinearAndWeightGrad) {
+  const int64_t m = 96, k = 128, n = 3000;
+  auto x = randomVector(m * k, 10), w = randomVector(n * k, 11, 0.02f), bias = randomVector(n, 12),
+       g = randomVector(m * n, 13);
+  std::vector<float> first;
+  expectSameAtEveryThreadCount("linear, its dX and dW", [&] {
+    std::vector<float> y(m * n), dx(m * k), dw(n * k);
+    linearForward(x.data(), w.data(), bias.data(), y.data(), m, k, n, /*transposeW=*/true);
+    linearForward(g.data(), w.data(), nullptr, dx.data(), m, n, k, /*transposeW=*/false);  // dX = g W
+    linearWeightGrad(x.data(), g.data(), dw.data(), m, k, n, /*transposeW=*/true, /*accumulate=*/false);
+    y.insert(y.end(), dx.begin(), dx.end());
+    y.insert(y.end(), dw.begin(), dw.end());
+    if (first.empty()) first = y;
+    return y;
+  });
+  // y = x W^T + b, dx = g W, dW = g^T x, against double sums (relative to the terms' size).
+  auto expectClose = [&](const char *what, int64_t rows, int64_t cols, int64_t inner, size_t offset,
+                         const std::function<double(int64_t, int64_t, int64_t)> &term, const float *add) {
+    for (int64_t r = 0; r < rows; r += 7)
+      for (int64_t c = 0; c < cols; c += 5) {
+        double sum = add ? add[c] : 0.0, scale = 0;
+        for (int64_t i = 0; i < inner; ++i) sum += term(r, c, i), scale += std::abs(term(r, c, i));
+        ASSERT_NEAR(first[offset + r * cols + c], sum, 1e-5 * (scale + 1)) << what << " [" << r << ", " << c << "]";
+      }
+  };
+  expectClose("y", m, n, k, 0, [&](int64_t r, int64_t c, int64_t i) { return double(x[r * k + i]) * w[c * k + i]; },
+              bias.data());
+  expectClose("dx", m, k, n, m * n, [&](int64_t r, int64_t c, int64_t i) { return double(g[r * n + i]) * w[i * k + c]; },
+              nullptr);
+  expectClose("dW", n, k, m, m * n + m * k,
+              [&](int64_t r, int64_t c, int64_t i) { return double(g[i * n + r]) * x[i * k + c]; }, nullptr);
 }
 
 TEST(ThreadCount, CrossEntropy) {

@@ -27,7 +27,7 @@ bazel-bin/compiler/loomc compile examples/models/llama-tiny.pbtxt \
   --cluster tests/runtime/Inputs/t1p1d1.pbtxt --out gpu-pack/plans-llama --quiet
 bazel-bin/compiler/loomc compile examples/models/gpt-1.3b.pbtxt \
   --cluster examples/clusters/h200-1.pbtxt --out gpu-pack/plans-1.3b --quiet
-# The libraries go compressed (OpenBLAS alone is 35 MB) to stay under the 64 MiB carry limit;
+# The libraries go compressed (OpenBLAS and oneDNN are ~35-40 MB each) to stay under the 64 MiB carry limit;
 # check.sh unpacks them on the GPU machine.
 tar -C gpu-pack -czf gpu-pack/lib.tar.gz lib && rm -rf gpu-pack/lib
 cp tools/gpu/check.sh gpu-pack/
