@@ -1,13 +1,16 @@
 #include "runtime/cpu/Gemm.h"
 
 #include <oneapi/dnnl/dnnl.h>
-#include <omp.h>
 
 #include <cstdio>
 #include <cstdlib>
-#include <string>
 
 #include "runtime/cpu/Parallel.h"
+
+// OpenMP's runtime calls, declared here rather than through <omp.h>: GCC ships that header,
+// clang only with libomp-dev, and the library that answers is libgomp either way (oneDNN's).
+extern "C" int omp_get_max_threads(void);
+extern "C" void omp_set_num_threads(int);
 
 namespace loom::cpu {
 
@@ -26,14 +29,6 @@ void gemm(bool transposeA, bool transposeB, int64_t m, int64_t n, int64_t k, flo
                  (long long)m, (long long)n, (long long)k, int(status));
     std::abort();
   }
-}
-
-const char *gemmLibrary() {
-  static const std::string name = [] {
-    const dnnl_version_t *v = dnnl_version();
-    return "oneDNN " + std::to_string(v->major) + "." + std::to_string(v->minor) + "." + std::to_string(v->patch);
-  }();
-  return name.c_str();
 }
 
 }  // namespace loom::cpu

@@ -17,7 +17,4 @@ namespace loom::cpu {
 void gemm(bool transposeA, bool transposeB, int64_t m, int64_t n, int64_t k, float alpha, const float *a,
           int64_t lda, const float *b, int64_t ldb, float beta, float *c, int64_t ldc);
 
-// The library behind gemm, for benchmarks and logs ("oneDNN 2.6.3").
-const char *gemmLibrary();
-
 }  // namespace loom::cpu

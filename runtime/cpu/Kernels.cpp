@@ -24,8 +24,7 @@ void linearForward(const float *x, const float *w, const float *bias, float *y, 
   if (bias) {
     for (int64_t r = 0; r < m; ++r) std::memcpy(y + r * n, bias, n * sizeof(float));
   }
-  gemm(false, transposeW, m, n, k, 1.0f, x, k,
-              w, transposeW ? k : n, bias ? 1.0f : 0.0f, y, n);
+  gemm(false, transposeW, m, n, k, 1.0f, x, k, w, transposeW ? k : n, bias ? 1.0f : 0.0f, y, n);
 }
 
 void linearWeightGrad(const float *x, const float *g, float *dw, int64_t m, int64_t k, int64_t n,
@@ -305,8 +304,7 @@ void headScores(const Head &h, float *p) {
   float scale = 1.0f / std::sqrt(float(h.hd));
   for (int64_t i0 = 0; i0 < h.S; i0 += kBlock) {
     int64_t rows = std::min(kBlock, h.S - i0), cols = h.blockKeys(i0);
-    gemm(false, true, rows, cols, h.hd, scale, h.q + i0 * h.ldq, h.ldq, h.k, h.ldk,
-                0.0f, p + i0 * h.S, h.S);
+    gemm(false, true, rows, cols, h.hd, scale, h.q + i0 * h.ldq, h.ldq, h.k, h.ldk, 0.0f, p + i0 * h.S, h.S);
   }
 }
 
@@ -371,8 +369,7 @@ void headForward(const Head &h, float *out, int64_t ldo, float *lse, float *p) {
   headDropout(h, p);
   for (int64_t i0 = 0; i0 < h.S; i0 += kBlock) {
     int64_t rows = std::min(kBlock, h.S - i0), cols = h.blockKeys(i0);
-    gemm(false, false, rows, h.hd, cols, 1.0f, p + i0 * h.S, h.S, h.v, h.ldv, 0.0f,
-                out + i0 * ldo, ldo);
+    gemm(false, false, rows, h.hd, cols, 1.0f, p + i0 * h.S, h.S, h.v, h.ldv, 0.0f, out + i0 * ldo, ldo);
   }
 }
 
@@ -393,10 +390,8 @@ void headBackward(const Head &h, const float *g, int64_t ldg, const float *lse, 
   for (int64_t i0 = 0; i0 < h.S; i0 += kBlock) {
     int64_t rows = std::min(kBlock, h.S - i0), cols = h.blockKeys(i0);
     const float *gi = g + i0 * ldg;
-    gemm(true, false, cols, h.hd, rows, 1.0f, d + i0 * h.S, h.S, gi, ldg, 1.0f, dv,
-                ldkv);
-    gemm(false, true, rows, cols, h.hd, 1.0f, gi, ldg, h.v, h.ldv, 0.0f,
-                dp + i0 * h.S, h.S);
+    gemm(true, false, cols, h.hd, rows, 1.0f, d + i0 * h.S, h.S, gi, ldg, 1.0f, dv, ldkv);
+    gemm(false, true, rows, cols, h.hd, 1.0f, gi, ldg, h.v, h.ldv, 0.0f, dp + i0 * h.S, h.S);
   }
   parallelRows(h.S, [&](int64_t begin, int64_t end) {
     for (int64_t i = begin; i < end; ++i) {
@@ -410,10 +405,8 @@ void headBackward(const Head &h, const float *g, int64_t ldg, const float *lse, 
   });
   for (int64_t i0 = 0; i0 < h.S; i0 += kBlock) {
     int64_t rows = std::min(kBlock, h.S - i0), cols = h.blockKeys(i0);
-    gemm(false, false, rows, h.hd, cols, scale, dp + i0 * h.S, h.S, h.k, h.ldk, 0.0f,
-                dq + i0 * ldd, ldd);
-    gemm(true, false, cols, h.hd, rows, scale, dp + i0 * h.S, h.S, h.q + i0 * h.ldq,
-                h.ldq, 1.0f, dk, ldkv);
+    gemm(false, false, rows, h.hd, cols, scale, dp + i0 * h.S, h.S, h.k, h.ldk, 0.0f, dq + i0 * ldd, ldd);
+    gemm(true, false, cols, h.hd, rows, scale, dp + i0 * h.S, h.S, h.q + i0 * h.ldq, h.ldq, 1.0f, dk, ldkv);
   }
 }
 
@@ -649,7 +642,6 @@ void addPositionForward(const float *x, const float *position, float *out, int64
 namespace {
 // Tokens [t0, t1) of each loop below; the public functions split the tokens over the threads
 // (rows independent: the same bits for any thread count).
-LOOM_VECTOR_CLONES
 LOOM_VECTOR_CLONES
 void localMaxRows(const float *logits, float *rowMax, int64_t t0, int64_t t1, int64_t cols, int64_t valid) {
   for (int64_t t = t0; t < t1; ++t) {
