@@ -3,8 +3,9 @@
 // oneDNN's sgemm (libdnnl, the library PyTorch's CPU backend is built on) rather than OpenBLAS's:
 // measured on the 2-core development machine it runs the model's shapes 1.6-2x faster (it
 // dispatches AVX-512 itself, while OpenBLAS follows OPENBLAS_CORETYPE, which that machine's
-// image pins to Haswell's AVX2 kernel; with OpenBLAS choosing its own kernel oneDNN still
-// measured 1.0-1.4x faster). Its results do not depend on the thread count (checked bit for bit
+// image pins to Haswell's AVX2 kernel; with OpenBLAS choosing its own kernel, one thread,
+// oneDNN measured 0.93-1.4x: ahead on three of four shapes, 7% behind on the demo's output-layer
+// dW). Its results do not depend on the thread count (checked bit for bit
 // by thread_count_test and the runtime's 1-vs-2-thread reproducibility test).
 #pragma once
 

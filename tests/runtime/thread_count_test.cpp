@@ -105,8 +105,8 @@ TEST(ThreadCount, Rotary) {
   });
 }
 
-// The GEMMs (oneDNN's, runtime/cpu/Gemm) at shapes of the demo's output layer (its forward, dX
-// and dW, trimmed) and of a layer, each checked against a double-precision product too.
+// The GEMMs (oneDNN's, runtime/cpu/Gemm) at the demo's output-layer shapes, trimmed (its
+// forward, dX and dW), each also checked against a double-precision product.
 TEST(ThreadCount, GemmLinearAndWeightGrad) {
   const int64_t m = 96, k = 128, n = 3000;
   auto x = randomVector(m * k, 10), w = randomVector(n * k, 11, 0.02f), bias = randomVector(n, 12),
