@@ -8,6 +8,7 @@
 
 #include "ir/LoomDialect.h"
 #include "ir/ParamAttrs.h"
+#include "plan/InstructionSet.h"
 #include "llvm/ADT/TypeSwitch.h"
 #include "mlir/IR/BuiltinOps.h"
 
@@ -32,20 +33,6 @@ int64_t bytesOf(mlir::Value v) {
   return numel(v) * width;
 }
 
-plan::Stream streamOf(mlir::Operation *op) {
-  auto groupStream = [](llvm::StringRef g) {
-    if (g == "tp") return plan::TP;
-    if (g == "pp") return plan::PP;
-    return plan::DP;
-  };
-  if (auto a = mlir::dyn_cast<AllReduceOp>(op)) return groupStream(a.getGroup());
-  if (auto a = mlir::dyn_cast<AllGatherOp>(op)) return groupStream(a.getGroup());
-  if (auto a = mlir::dyn_cast<ReduceScatterOp>(op)) return groupStream(a.getGroup());
-  if (mlir::isa<SendOp, RecvOp>(op)) return plan::PP;
-  return plan::COMPUTE;
-}
-
-
 int64_t tensorParallelOf(mlir::Operation *op) {
   auto m = op->getParentOfType<mlir::ModuleOp>();
   auto t = m ? m->getAttrOfType<mlir::IntegerAttr>(attr::kTensorParallel) : nullptr;
@@ -54,38 +41,33 @@ int64_t tensorParallelOf(mlir::Operation *op) {
 
 }  // namespace
 
+// The declaration of an IR op's plan instruction (null: none, e.g. func.return).
+const isa::OpDecl *declOf(mlir::Operation *op) {
+  if (op->getName().getDialectNamespace() != "loom") return nullptr;
+  return isa::find(op->getName().stripDialect());
+}
+
 double flopsOf(mlir::Operation *op) {
-  return llvm::TypeSwitch<mlir::Operation *, double>(op)
-      .Case([](LinearOp o) { return 2.0 * numel(o.getResult()) * lastDim(o.getInput()); })
-      .Case([](WeightGradOp o) { return 2.0 * numel(o.getResult()) * (numel(o.getInput()) / lastDim(o.getInput())); })
-      .Case([](AttentionOp o) {
-        auto s = mlir::cast<mlir::RankedTensorType>(o.getResult().getType()).getShape();
-        return 4.0 * numel(o.getResult()) * s[1];
-      })
-      .Case([](GroupedAttentionOp o) {
-        auto s = mlir::cast<mlir::RankedTensorType>(o.getResult().getType()).getShape();
-        return 4.0 * numel(o.getResult()) * s[1];
-      })
-      .Case([](GroupedAttentionGradOp o) {
-        auto s = mlir::cast<mlir::RankedTensorType>(o.getGrad().getType()).getShape();
-        return 10.0 * numel(o.getGrad()) * s[1];
-      })
-      .Case([](AttentionGradOp o) {  // QK^T recomputed, then dV, dP, dQ, dK: 5 GEMMs of 2 b s^2 h
-        auto s = mlir::cast<mlir::RankedTensorType>(o.getGrad().getType()).getShape();
-        return 10.0 * numel(o.getGrad()) * s[1];
-      })
-      .Default([](mlir::Operation *) { return 0.0; });
+  const isa::OpDecl *d = declOf(op);
+  if (!d || !d->flops) return 0.0;
+  std::vector<isa::Shape> inputs, outputs;
+  for (mlir::Value v : op->getOperands()) {
+    auto s = mlir::cast<mlir::RankedTensorType>(v.getType()).getShape();
+    inputs.emplace_back(s.begin(), s.end());
+  }
+  for (mlir::Value v : op->getResults()) {
+    auto s = mlir::cast<mlir::RankedTensorType>(v.getType()).getShape();
+    outputs.emplace_back(s.begin(), s.end());
+  }
+  return isa::flopsOf(*d, inputs, outputs);
 }
 
 int64_t bytesMovedOf(mlir::Operation *op) {
-  auto ring = ringBytesPerRank;
-  return llvm::TypeSwitch<mlir::Operation *, int64_t>(op)
-      .Case([&](AllReduceOp o) { return ring(bytesOf(o.getInput()), o.getGroupSize(), 2); })
-      .Case([&](AllGatherOp o) { return ring(bytesOf(o.getResult()), o.getGroupSize(), 1); })
-      .Case([&](ReduceScatterOp o) { return ring(bytesOf(o.getInput()), o.getGroupSize(), 1); })
-      .Case([&](SendOp o) { return bytesOf(o.getInput()); })
-      .Case([&](RecvOp o) { return bytesOf(o.getResult()); })
-      .Default([](mlir::Operation *) { return int64_t(0); });
+  const isa::OpDecl *d = declOf(op);
+  if (!d || !d->bytesMoved) return 0;
+  auto size = op->getAttrOfType<mlir::IntegerAttr>("group_size");
+  int64_t in = op->getNumOperands() ? bytesOf(op->getOperand(0)) : 0, out = op->getNumResults() ? bytesOf(op->getResult(0)) : 0;
+  return d->bytesMoved(in, out, size ? size.getInt() : 1);
 }
 
 llvm::Expected<plan::Program> lowerProgram(mlir::func::FuncOp f) {
@@ -168,23 +150,25 @@ llvm::Expected<plan::Program> lowerProgram(mlir::func::FuncOp f) {
     b->set_last_use(firstUse);
     return b->id();
   };
-  auto emit = [&](const std::string &opName, plan::Stream stream, const std::vector<int> &inputs,
-                  const std::vector<int> &outputs, int layer) -> plan::Instruction * {
+  // An instruction built by operand name (plan/InstructionSet.h), on its declared stream.
+  auto emit = [&](const isa::InstructionBuilder &built, int layer) -> plan::Instruction * {
     int index = prog.instructions_size();
     plan::Instruction *in = prog.add_instructions();
-    in->set_op(opName);
+    built.writeTo(in);
+    std::string group;
+    for (const plan::Attribute &a : in->attributes())
+      if (a.name() == "group") group = a.s();
+    plan::Stream stream = isa::streamOf(built.declaration(), group);
     in->set_stream(stream);
     in->set_layer(layer);
     std::set<int> waits;
-    for (int b : inputs) {
-      in->add_inputs(b);
+    for (int b : in->inputs()) {
       prog.mutable_buffers(b)->set_last_use(index);
       auto it = producer.find(b);
       if (it != producer.end() && streamOfInstr[it->second] != stream) waits.insert(it->second);
     }
     for (int w : waits) in->add_wait_for(w);
-    for (int b : outputs) {
-      in->add_outputs(b);
+    for (int b : in->outputs()) {
       if (!producer.count(b)) prog.mutable_buffers(b)->set_first_use(index);
       prog.mutable_buffers(b)->set_last_use(index);
       producer[b] = index;
@@ -192,47 +176,47 @@ llvm::Expected<plan::Program> lowerProgram(mlir::func::FuncOp f) {
     streamOfInstr.push_back(stream);
     return in;
   };
-  auto attr = [](plan::Instruction *in, const std::string &name) {
-    plan::Attribute *a = in->add_attributes();
-    a->set_name(name);
-    return a;
-  };
   auto expandCrossEntropy = [&](CrossEntropyOp fwd) {
+    using isa::InstructionBuilder;
+    using isa::OpId;
     mlir::Value logits = fwd.getLogits(), labels = fwd.getLabels();
     std::string group = fwd.getVocabParallelGroup()->str();
     int64_t valid = fwd.getValidVocab(), tokens = numel(labels);
     int64_t t = tensorParallelOf(fwd);
     auto layerAttr = fwd->getAttrOfType<mlir::IntegerAttr>(attr::kLayer);
     int layer = layerAttr ? int(layerAttr.getInt()) : -1;
-    auto local = [&](plan::Instruction *in) {
-      attr(in, "valid_vocab")->set_i(valid);
-      attr(in, "vocab_parallel_group")->set_s(group);
+    auto local = [&](InstructionBuilder b) {
+      emit(b.attr("valid_vocab", valid).attr("vocab_parallel_group", group), layer);
     };
     auto allReduce = [&](int input, const char *reduce) {
       int index = prog.instructions_size();
       const plan::Buffer &like = prog.buffers(input);
       int out = scratch({like.shape().begin(), like.shape().end()}, plan::F32, index);
-      plan::Instruction *in = emit("all_reduce", plan::TP, {input}, {out}, layer);
-      attr(in, "group")->set_s(group);
-      attr(in, "group_size")->set_i(t);
-      attr(in, "reduce")->set_s(reduce);
+      plan::Instruction *in = emit(InstructionBuilder(OpId::kAllReduce)
+                                       .in("input", input)
+                                       .out("result", out)
+                                       .attr("group", group)
+                                       .attr("group_size", t)
+                                       .attr("reduce", reduce),
+                                   layer);
       int64_t bytes = prog.buffers(input).bytes();
-      in->set_bytes_moved(ringBytesPerRank(bytes, t, 2));
+      in->set_bytes_moved(isa::decl(OpId::kAllReduce).bytesMoved(bytes, bytes, t));
       return out;
     };
     int lg = bufferOf.lookup(logits), lb = bufferOf.lookup(labels);
     int rowMax = scratch({tokens}, plan::F32, prog.instructions_size());
-    local(emit("cross_entropy_max", plan::COMPUTE, {lg}, {rowMax}, layer));
+    local(InstructionBuilder(OpId::kCrossEntropyMax).in("logits", lg).out("max", rowMax));
     rowMax = allReduce(rowMax, "max");
     int stats = scratch({2, tokens}, plan::F32, prog.instructions_size());  // sums of exponentials, target logits
-    local(emit("cross_entropy_sums", plan::COMPUTE, {lg, lb, rowMax}, {stats}, layer));
+    local(InstructionBuilder(OpId::kCrossEntropySums).in("logits", lg).in("labels", lb).in("max", rowMax).out("sums", stats));
     stats = allReduce(stats, "sum");
-    std::vector<int> in = {rowMax, stats};
-    if (fwd.getLossMask()) in.push_back(bufferOf.lookup(fwd.getLossMask()));
-    std::vector<int> out = {addBuffer(fwd.getLoss(), plan::Buffer::ACTIVATION, prog.instructions_size())};
+    InstructionBuilder loss(OpId::kCrossEntropyLoss);
+    loss.in("max", rowMax).in("sums", stats);
+    if (fwd.getLossMask()) loss.in("loss_mask", bufferOf.lookup(fwd.getLossMask()));
+    loss.out("loss", addBuffer(fwd.getLoss(), plan::Buffer::ACTIVATION, prog.instructions_size()));
     // The log-sum-exp kept for the backward (max + log of the summed exponentials).
-    if (fwd.getLse()) out.push_back(addBuffer(fwd.getLse(), plan::Buffer::ACTIVATION, prog.instructions_size()));
-    emit("cross_entropy_loss", plan::COMPUTE, in, out, layer);
+    if (fwd.getLse()) loss.out("lse", addBuffer(fwd.getLse(), plan::Buffer::ACTIVATION, prog.instructions_size()));
+    emit(loss, layer);
   };
   for (mlir::Operation &op : f.getBody().front()) {
     std::vector<mlir::Operation *> members{&op};
@@ -274,10 +258,15 @@ llvm::Expected<plan::Program> lowerProgram(mlir::func::FuncOp f) {
       bufferOf[id.getResult()] = bufferOf.lookup(id.getInput());
       continue;
     }
+    const isa::OpDecl *decl = declOf(&op);
+    if (!decl)
+      return llvm::createStringError(llvm::inconvertibleErrorCode(), "%s: op %s has no plan instruction declared",
+                                     name.str().c_str(), op.getName().getStringRef().str().c_str());
     int index = prog.instructions_size();
     plan::Instruction *in = prog.add_instructions();
-    in->set_op(op.getName().stripDialect().str());
-    in->set_stream(streamOf(&op));
+    in->set_op(decl->name);
+    auto group = op.getAttrOfType<mlir::StringAttr>("group");
+    in->set_stream(isa::streamOf(*decl, group ? group.getValue() : llvm::StringRef()));
     in->set_flops(flopsOf(&op));
     int64_t moved = 0;
     for (mlir::Operation *m : members) moved += bytesMovedOf(m);
@@ -324,6 +313,10 @@ llvm::Expected<plan::Program> lowerProgram(mlir::func::FuncOp f) {
     }
   }
 
+  // Every instruction as its declaration has it (an attribute the IR carries that the plan
+  // does not declare, an operand of the wrong type: a compiler bug, named here).
+  if (auto e = isa::verifyProgram(prog))
+    return llvm::createStringError(llvm::inconvertibleErrorCode(), "%s", e->c_str());
   planWorkspace(prog);
   return prog;
 }

@@ -18,11 +18,10 @@ llvm::Expected<plan::Program> lowerProgram(mlir::func::FuncOp f);
 void planWorkspace(plan::Program &prog);
 
 // FLOPs of one op (GEMMs and attention; elementwise ops counted as zero, as the PTD-P paper
-// does) and the bytes a collective moves per rank (ring algorithms).
+// does) and the bytes a collective moves per rank (ring algorithms): the declaration's
+// (plan/InstructionSet.h), from the op's operand shapes.
 double flopsOf(mlir::Operation *op);
 int64_t bytesMovedOf(mlir::Operation *op);
-// A ring collective's bytes per rank over a group of g: factor x bytes x (g - 1) / g (2 for an
-// all-reduce, 1 for an all-gather or reduce-scatter); 0 for one member.
-inline int64_t ringBytesPerRank(int64_t bytes, int64_t g, int64_t factor) { return g <= 1 ? 0 : factor * bytes * (g - 1) / g; }
+
 
 }  // namespace loom

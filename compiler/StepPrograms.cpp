@@ -7,6 +7,7 @@
 #include "compiler/Lowering.h"
 #include "ir/ParamAttrs.h"
 #include "mlir/Dialect/Func/IR/FuncOps.h"
+#include "plan/InstructionSet.h"
 #include "runtime/PlanAttributes.h"
 
 namespace loom {
@@ -24,22 +25,8 @@ int64_t elementsOf(const std::vector<int64_t> &shape) {
   return n;
 }
 
-void setAttr(plan::Instruction &in, const std::string &name, int64_t v) {
-  plan::Attribute *a = in.add_attributes();
-  a->set_name(name), a->set_i(v);
-}
-void setAttr(plan::Instruction &in, const std::string &name, double v) {
-  plan::Attribute *a = in.add_attributes();
-  a->set_name(name), a->set_f(v);
-}
-void setAttr(plan::Instruction &in, const std::string &name, const std::string &v) {
-  plan::Attribute *a = in.add_attributes();
-  a->set_name(name), a->set_s(v);
-}
-
-plan::Stream streamOfGroup(const std::string &group) {
-  return group == "tp" ? plan::TP : group == "pp" ? plan::PP : plan::DP;
-}
+using isa::InstructionBuilder;
+using isa::OpId;
 
 // Builds a small program instruction by instruction; each instruction waits on the last
 // writer of every buffer it touches and, for the buffers it writes, on their readers since,
@@ -59,6 +46,18 @@ class ProgramBuilder {
   }
   int activation(std::vector<int64_t> shape) { return buffer(shape, plan::Buffer::ACTIVATION); }
 
+  // An instruction built by operand name (plan/InstructionSet.h), on its declared stream.
+  plan::Instruction &emit(const InstructionBuilder &built) {
+    std::string group;
+    plan::Instruction staged;
+    built.writeTo(&staged);
+    for (const plan::Attribute &a : staged.attributes())
+      if (a.name() == "group") group = a.s();
+    plan::Instruction &in = emit(staged.op(), isa::streamOf(built.declaration(), group), built.inputs(), built.outputs());
+    *in.mutable_attributes() = staged.attributes();
+    return in;
+  }
+  // A copy of an instruction the lowering built (its op, stream and operands as given).
   plan::Instruction &emit(const std::string &op, plan::Stream stream, std::vector<int> inputs, std::vector<int> outputs) {
     int index = prog_.instructions_size();
     plan::Instruction *in = prog_.add_instructions();
@@ -129,14 +128,14 @@ class ProgramBuilder {
 };
 
 // A collective over `group` of `size` members on its stream, with the plan's attributes.
-plan::Instruction &collective(ProgramBuilder &b, const std::string &op, const std::string &group, int64_t size,
-                              int input, int output, int64_t bytes, const std::string &reduce = "") {
-  plan::Instruction &in = b.emit(op, streamOfGroup(group), {input}, {output});
-  setAttr(in, "group", group);
-  setAttr(in, "group_size", size);
-  if (!reduce.empty()) setAttr(in, "reduce", reduce);
-  if (op != "all_reduce") setAttr(in, "dim", int64_t(0));
-  in.set_bytes_moved(ringBytesPerRank(bytes, size, op == "all_reduce" ? 2 : 1));
+plan::Instruction &collective(ProgramBuilder &b, OpId op, const std::string &group, int64_t size, int input,
+                              int output, int64_t bytes, const std::string &reduce = "") {
+  InstructionBuilder built(op);
+  built.in("input", input).out("result", output).attr("group", group).attr("group_size", size);
+  if (!reduce.empty()) built.attr("reduce", reduce);
+  if (op != OpId::kAllReduce) built.attr("dim", int64_t(0));
+  plan::Instruction &in = b.emit(built);
+  in.set_bytes_moved(isa::decl(op).bytesMoved(bytes, bytes, size));
   return in;
 }
 
@@ -194,11 +193,9 @@ void insertAccumulations(plan::Program &prog, const std::map<int, int> &into, st
     auto it = producer.find(result);
     int from = it == producer.end() ? -1 : it->second;
     plan::Instruction acc;
-    acc.set_op("accumulate");
+    InstructionBuilder(OpId::kAccumulate).in("input", result).out("accumulator", arg).writeTo(&acc);
     acc.set_stream(plan::COMPUTE);
     acc.set_layer(from >= 0 ? nodes[from].layer() : -1);
-    acc.add_inputs(result);
-    acc.add_outputs(arg);
     if (from >= 0 && nodes[from].stream() != plan::COMPUTE) acc.add_wait_for(from);
     int id = addNode(std::move(acc), from + 1);
     producer[arg] = id;
@@ -396,13 +393,13 @@ plan::Program lossProgram(int microBatches, int d) {
   ProgramBuilder b("loss", plan::Program::LOSS);
   int sum = b.argument(plan::Binding::LOSS, "loss_sum", {}, /*inout=*/true);
   int mean = b.activation({});
-  setAttr(b.emit("scale", plan::COMPUTE, {sum}, {mean}), "factor", 1.0 / microBatches);
+  b.emit(InstructionBuilder(OpId::kScale).in("input", sum).out("output", mean).attr("factor", 1.0 / microBatches));
   int reduced = mean;
   if (d > 1) {
     reduced = b.activation({});
-    collective(b, "all_reduce", "dp", d, mean, reduced, 4, "avg");
+    collective(b, OpId::kAllReduce, "dp", d, mean, reduced, 4, "avg");
   }
-  setAttr(b.emit("fill", plan::COMPUTE, {}, {sum}), "value", 0.0);
+  b.emit(InstructionBuilder(OpId::kFill).out("output", sum).attr("value", 0.0));
   b.result(plan::Binding::METRIC, "loss", reduced);
   return b.finish();
 }
@@ -449,36 +446,42 @@ plan::Program optimizerProgram(const StageLayout &layout, int t, int p, int d, b
   int g = grads;
   if (sharded) {
     g = b.activation({shard});
-    collective(b, "reduce_scatter", "dp", d, grads, g, 4 * flat, "avg");
+    collective(b, OpId::kReduceScatter, "dp", d, grads, g, 4 * flat, "avg");
   }
   int squares = b.activation({});
-  plan::Instruction &sq = b.emit("sum_squares", plan::COMPUTE, {g}, {squares});
-  setAttr(sq, "segments", segmentText);
-  if (sharded) setAttr(sq, "shard_group", std::string("dp"));
+  InstructionBuilder sq(OpId::kSumSquares);
+  sq.in("grads", g).out("squares", squares).attr("segments", segmentText);
+  if (sharded) sq.attr("shard_group", "dp");
+  b.emit(sq);
   // The global norm: every rank's share summed over the groups that hold other shares.
   std::vector<std::pair<std::string, int>> groups = {{"tp", t}, {"pp", p}};
   if (sharded) groups.insert(groups.begin(), {"dp", d});
   for (auto [group, size] : groups) {
     if (size <= 1) continue;
     int next = b.activation({});
-    collective(b, "all_reduce", group, size, squares, next, 4, "sum");
+    collective(b, OpId::kAllReduce, group, size, squares, next, 4, "sum");
     squares = next;
   }
   int norm = b.activation({}), factor = b.activation({});
   // norm of the unscaled gradients; factor = clipping / loss_scale, or 0 when the norm is not
   // finite (the update is skipped: fp16 dynamic loss scaling, or the recipe stops).
-  b.emit("grad_norm", plan::COMPUTE, {squares, hyper["clip_grad"], hyper["loss_scale"]}, {norm, factor});
-  std::vector<int> adamIn = {params, g, m, v, factor};
-  for (const char *name : {"learning_rate", "adam_step", "weight_decay", "adam_beta1", "adam_beta2", "adam_eps"})
-    adamIn.push_back(hyper[name]);
+  b.emit(InstructionBuilder(OpId::kGradNorm)
+             .in("squares", squares)
+             .in("clip_grad", hyper["clip_grad"])
+             .in("loss_scale", hyper["loss_scale"])
+             .out("norm", norm)
+             .out("factor", factor));
   int updated = sharded ? b.activation({shard}) : params;
-  plan::Instruction &adam = b.emit("adamw", plan::COMPUTE, adamIn, {updated, m, v});
-  setAttr(adam, "segments", segmentText);
-  if (sharded) {
-    setAttr(adam, "shard_group", std::string("dp"));
-    collective(b, "all_gather", "dp", d, updated, params, 4 * flat);
-  }
-  setAttr(b.emit("fill", plan::COMPUTE, {}, {grads}), "value", 0.0);  // zero_grad for the next step
+  InstructionBuilder adam(OpId::kAdamw);
+  adam.in("params", params).in("grads", g).in("adam_m", m).in("adam_v", v).in("grad_scale", factor);
+  // The hyperparameter arguments bound to the inputs of the same names.
+  for (const char *name : {"learning_rate", "adam_step", "weight_decay", "adam_beta1", "adam_beta2", "adam_eps"})
+    adam.in(name, hyper[name]);
+  adam.out("updated", updated).out("adam_m", m).out("adam_v", v).attr("segments", segmentText);
+  if (sharded) adam.attr("shard_group", "dp");
+  b.emit(adam);
+  if (sharded) collective(b, OpId::kAllGather, "dp", d, updated, params, 4 * flat);
+  b.emit(InstructionBuilder(OpId::kFill).out("output", grads).attr("value", 0.0));  // zero_grad for the next step
   b.result(plan::Binding::METRIC, "grad_norm", norm);
   return b.finish();
 }

@@ -181,11 +181,13 @@ std::vector<OpDecl> declare() {
       make(kAdamw, "adamw", false,
        {fl("params"), fl("grads"), fl("adam_m"), fl("adam_v"), fl("grad_scale"), fl("learning_rate"), fl("adam_step"),
         fl("weight_decay"), fl("adam_beta1"), fl("adam_beta2"), fl("adam_eps")},
-       {fl("params"), fl("adam_m"), fl("adam_v")}, {req("segments", kS), optStr("shard_group")}, kC, kNo, kMem, 0,
-       "AdamW with decoupled weight decay over the flat buffer (or its shard), segment by segment"),
+       {fl("updated"), fl("adam_m"), fl("adam_v")}, {req("segments", kS), optStr("shard_group")}, kC, kNo, kMem, 0,
+       "AdamW with decoupled weight decay over the flat buffer (or its shard), segment by segment: updated is "
+       "params (or its shard), the moments updated in place"),
   };
   for (size_t k = 0; k < ops.size(); ++k)
-    if (int(ops[k].id) != int(k)) {
+    if (int(ops[k].id) != int(k) || ops[k].inputs.size() > size_t(kMaxOperands) ||
+        ops[k].outputs.size() > size_t(kMaxOperands)) {
       std::fprintf(stderr, "loom: the instruction set's table is out of OpId order at %s\n", ops[k].name);
       std::abort();
     }
@@ -194,6 +196,13 @@ std::vector<OpDecl> declare() {
     std::abort();
   }
   return ops;
+}
+
+// Attributes any instruction may carry: markers the passes leave on the IR's ops, which the
+// lowering copies (loom-dump shows them; no kernel reads them).
+const std::vector<A> &commonAttributes() {
+  static const std::vector<A> common = {flagA("loom.recomputed")};  // a forward op re-run in the backward
+  return common;
 }
 
 [[noreturn]] void bug(const OpDecl &d, std::string_view what, std::string_view name) {
@@ -222,37 +231,36 @@ bool hasType(const plan::Attribute &a, AttrType t) {
   return false;
 }
 
-// Matches operand ids (with their ranks) to declared slots. Required slots take the next
-// operand; an optional slot takes it when the rank fits and enough operands remain for the
-// required slots after it; a variadic slot (the only slot) takes them all.
-std::optional<std::string> bindList(const char *what, const std::vector<O> &slots, const std::vector<int> &ids,
-                                    const std::vector<int> &ranks, std::vector<int> *bound, std::vector<int> *rest) {
-  bound->assign(slots.size(), -1);
+// Matches operand ids to declared slots. Required slots take the next operand; an optional
+// slot takes it when its rank fits and enough operands remain for the required slots after
+// it; a variadic slot (the only slot) takes them all.
+std::optional<std::string> bindList(const char *what, const std::vector<O> &slots,
+                                    const google::protobuf::RepeatedField<int32_t> &ids, const plan::Program &program,
+                                    int *bound, std::vector<int> *rest) {
+  for (size_t k = 0; k < slots.size(); ++k) bound[k] = -1;
   rest->clear();
   if (slots.size() == 1 && slots[0].arity == O::kVariadic) {
     if (ids.empty()) return std::string("no ") + what + " '" + slots[0].name + "'";
-    (*bound)[0] = ids[0];
+    bound[0] = ids[0];
     rest->assign(ids.begin() + 1, ids.end());
     return std::nullopt;
   }
-  size_t at = 0;
+  auto rankOf = [&](int b) { return b >= 0 && b < program.buffers_size() ? program.buffers(b).shape_size() : -1; };
+  int at = 0, n = ids.size();
   for (size_t k = 0; k < slots.size(); ++k) {
-    size_t requiredAfter = 0;
+    int requiredAfter = 0;
     for (size_t j = k + 1; j < slots.size(); ++j) requiredAfter += slots[j].arity == O::kOne;
     if (slots[k].arity == O::kOne) {
-      if (at >= ids.size()) return std::string("no ") + what + " '" + slots[k].name + "'";
-      (*bound)[k] = ids[at++];
-    } else if (at < ids.size() && ids.size() - at > requiredAfter &&
-               (slots[k].rank < 0 || ranks[at] == slots[k].rank)) {
-      (*bound)[k] = ids[at++];
+      if (at >= n) return std::string("no ") + what + " '" + slots[k].name + "'";
+      bound[k] = ids[at++];
+    } else if (at < n && n - at > requiredAfter && (slots[k].rank < 0 || rankOf(ids[at]) == slots[k].rank)) {
+      bound[k] = ids[at++];
     }
   }
-  if (at != ids.size())
-    return std::to_string(ids.size()) + " " + what + "s, more than the " + std::to_string(slots.size()) + " declared";
+  if (at != n)
+    return std::to_string(n) + " " + what + "s, more than the " + std::to_string(slots.size()) + " declared";
   return std::nullopt;
 }
-
-std::vector<int> toVector(const google::protobuf::RepeatedField<int32_t> &f) { return {f.begin(), f.end()}; }
 
 }  // namespace
 
@@ -318,15 +326,9 @@ double flopsOf(const OpDecl &d, const plan::Program &program, const plan::Instru
 
 std::optional<std::string> bindOperands(const OpDecl &d, const plan::Program &program, const plan::Instruction &in,
                                         BoundOperands *bound) {
-  auto ranksOf = [&](const std::vector<int> &ids) {
-    std::vector<int> r;
-    for (int b : ids) r.push_back(b >= 0 && b < program.buffers_size() ? program.buffers(b).shape_size() : -1);
-    return r;
-  };
-  std::vector<int> ins = toVector(in.inputs()), outs = toVector(in.outputs());
-  if (auto e = bindList("input", d.inputs, ins, ranksOf(ins), &bound->inputs, &bound->variadicInputs)) return e;
-  if (auto e = bindList("output", d.outputs, outs, ranksOf(outs), &bound->outputs, &bound->variadicOutputs)) return e;
-  return std::nullopt;
+  if (auto e = bindList("input", d.inputs, in.inputs(), program, bound->inputs.data(), &bound->variadicInputs))
+    return e;
+  return bindList("output", d.outputs, in.outputs(), program, bound->outputs.data(), &bound->variadicOutputs);
 }
 
 int inputSlot(const OpDecl &d, std::string_view name) {
@@ -359,7 +361,7 @@ std::optional<std::string> verifyInstruction(const plan::Program &program, int i
   if (d->inputs.size() == 1 && d->inputs[0].arity == O::kVariadic && d->outputs.size() == 1 &&
       in.inputs_size() != in.outputs_size())
     return where + std::to_string(in.inputs_size()) + " inputs but " + std::to_string(in.outputs_size()) + " outputs";
-  auto checkTypes = [&](const std::vector<O> &slots, const std::vector<int> &ids, const std::vector<int> &rest,
+  auto checkTypes = [&](const std::vector<O> &slots, const std::array<int, kMaxOperands> &ids, const std::vector<int> &rest,
                         const char *what) -> std::optional<std::string> {
     for (size_t k = 0; k < slots.size(); ++k) {
       std::vector<int> all = {ids[k]};
@@ -379,6 +381,8 @@ std::optional<std::string> verifyInstruction(const plan::Program &program, int i
   for (const plan::Attribute &a : in.attributes()) {
     const AttrDecl *decl = nullptr;
     for (const AttrDecl &x : d->attributes)
+      if (a.name() == x.name) decl = &x;
+    for (const AttrDecl &x : commonAttributes())
       if (a.name() == x.name) decl = &x;
     if (!decl) return where + "unknown attribute '" + a.name() + "'";
     if (!hasType(a, decl->type)) return where + "attribute '" + a.name() + "' is not " + attrTypeName(decl->type);

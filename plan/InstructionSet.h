@@ -10,6 +10,7 @@
 // model ask it what an op is.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -132,8 +133,9 @@ int64_t ringBytesPerRank(int64_t bytes, int64_t members, int factor);
 // An instruction's operands matched to their declared slots: slot k of the inputs (outputs)
 // holds the buffer id, or -1 for an absent optional operand; a variadic slot holds its first
 // buffer, the rest follow in `variadicInputs` / `variadicOutputs`.
+constexpr int kMaxOperands = 12;  // the most declared slots of any op (adamw: 11 inputs)
 struct BoundOperands {
-  std::vector<int> inputs, outputs;
+  std::array<int, kMaxOperands> inputs{}, outputs{};
   std::vector<int> variadicInputs, variadicOutputs;
 };
 // Matches `in`'s operands against `d` (arity, the optional operands' ranks). An error text

@@ -81,7 +81,10 @@ struct ArgumentView {
 
 // What every executor checks of a plan read from a file before running it: streams, event
 // order and buffer ids (a one-line error naming the program otherwise).
+// Every instruction is also checked against its declaration (plan/InstructionSet.h).
 Status checkProgram(const plan::Program &program);
+// Every op of `program` has a CPU kernel (a one-line error naming op and backend otherwise).
+Status checkCpuKernels(const plan::Program &program);
 // Floats of scratch the CPU kernels of `program` need at once (its largest attention's S x S
 // probabilities, and backward two more blocks): the CPU backend keeps one such buffer, and the
 // memory plan counts it (MemoryPlan.scratch_bytes), so the kernels allocate nothing in the step.

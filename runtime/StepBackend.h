@@ -26,6 +26,9 @@ class StepBackend {
   virtual Status download(ArgumentView from, std::vector<float> *to) = 0;
   // Runs `program` over `args`; consume(i, data, count) gets result i in backend memory (valid
   // during the call), where the driver may only copy() from it.
+  // Every op of `program` has a kernel in this backend (checked when the plans are loaded: a
+  // one-line error naming the op and the backend).
+  virtual Status checkKernels(const plan::Program &program) const = 0;
   virtual Status run(const plan::Program &program, const std::vector<ArgumentView> &args,
                      const ResultConsumer &consume, const ExecutionContext &ctx) = 0;
   virtual Status copy(const float *from, int64_t count, float *to) = 0;

@@ -39,6 +39,9 @@ Status Trainer::create(plan::RankPlan plan, plan::ProgramSet programs, std::uniq
                        Collectives *collectives, DataSource *data, const TrainerOptions &options,
                        std::unique_ptr<Trainer> *out) {
   if (options.lossScaling) LOOM_RETURN_IF_ERROR(LossScaler::validate(options.lossScaler));
+  for (const plan::Program &p : programs.programs())
+    if (Status s = backend->checkKernels(p); !s.isOk())
+      return Status::error(plan.programs_file() + ": " + s.message());
   std::unique_ptr<Trainer> t(
       new Trainer(std::move(plan), std::move(programs), std::move(backend), collectives, data, options));
   LOOM_RETURN_IF_ERROR(t->driver_.init(initParameters(t->plan_, options.seed)));

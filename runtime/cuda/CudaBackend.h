@@ -28,6 +28,7 @@ class CudaBackend : public StepBackend {
   Status storage(const std::string &key, int64_t count, bool isInt, ArgumentView *out) override;
   Status upload(const HostTensor &from, ArgumentView to) override;
   Status download(ArgumentView from, std::vector<float> *to) override;
+  Status checkKernels(const plan::Program &program) const override { return checkCudaKernels(program); }
   Status run(const plan::Program &program, const std::vector<ArgumentView> &args, const ResultConsumer &consume,
              const ExecutionContext &ctx) override;
   Status copy(const float *from, int64_t count, float *to) override;

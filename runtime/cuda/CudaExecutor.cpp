@@ -4,6 +4,8 @@
 #include <chrono>
 #include <string>
 
+#include "plan/InstructionSet.h"
+#include "runtime/KernelRegistry.h"
 #include "runtime/PlanAttributes.h"
 #include "runtime/cpu/Kernels.h"
 #include "runtime/cpu/Optimizer.h"
@@ -27,9 +29,15 @@ using planattr::str;
 
 }  // namespace
 
+class DeviceRun;
+// The CUDA backend's kernels by declared op (DeviceRun::registerKernels).
+const KernelRegistry<DeviceRun> &cudaKernels();
+
 // One program invocation on the device: the buffers' addresses, the streams' ordering and
 // the op dispatch.
 class DeviceRun {
+  friend const KernelRegistry<DeviceRun> &cudaKernels();
+
  public:
   DeviceRun(CudaExecutor &e, const plan::Program &p, const ExecutionContext &c, char *scratch, const ScratchPlan &sp)
       : e_(e), prog_(p), ctx_(c), ptr_(p.buffers_size()), parameter_(p.buffers_size(), false) {
@@ -134,6 +142,7 @@ class DeviceRun {
  private:
   Precision precision() const { return e_.options_.precision; }
   float *f(int id) { return static_cast<float *>(ptr_[id]); }
+  float *fOrNull(int id) { return id < 0 ? nullptr : f(id); }  // an optional operand (-1: absent)
   int32_t *ints(int id) { return static_cast<int32_t *>(ptr_[id]); }
   int64_t numel(int id) { return planattr::numel(prog_.buffers(id)); }
   int64_t dim(int id, int k) { return planattr::dim(prog_.buffers(id), k); }
@@ -182,10 +191,10 @@ class DeviceRun {
     return *out = copy.data, Status::ok();
   }
 
-  Status linear(const plan::Instruction &in) {
-    int x = in.inputs(0), w = in.inputs(1), bias = optionalInput(in, 2), y = in.outputs(0);
+  Status linear(const KernelCall &call) {
+    int x = call.in("input"), w = call.in("weight"), bias = call.in("bias"), y = call.out("result");
     int64_t k = dim(x, -1), n = dim(y, -1), m = numel(x) / k;
-    bool transposeW = flag(in, "transpose_weight");
+    bool transposeW = call.flag("transpose_weight");
     if (precision() == Precision::kFp32) {
       LOOM_RETURN_IF_ERROR(sgemm(m, k, n, f(x), false, f(w), transposeW, f(y)));
       if (bias >= 0) addBroadcast(f(y), f(bias), f(y), m * n, n, st_);
@@ -200,10 +209,10 @@ class DeviceRun {
   }
 
   // dW = x^T g ([K,N]), or g^T x ([N,K]) for a transposed weight.
-  Status weightGrad(const plan::Instruction &in) {
-    int x = in.inputs(0), g = in.inputs(1), dw = in.outputs(0);
+  Status weightGrad(const KernelCall &call) {
+    int x = call.in("input"), g = call.in("grad"), dw = call.out("result");
     int64_t k = dim(x, -1), n = dim(g, -1), m = numel(x) / k;
-    bool transposeW = flag(in, "transpose_weight");
+    bool transposeW = call.flag("transpose_weight");
     if (precision() == Precision::kFp32)
       return transposeW ? sgemm(n, m, k, f(g), true, f(x), false, f(dw)) : sgemm(k, m, n, f(x), true, f(g), false, f(dw));
     const void *x16, *g16;
@@ -215,8 +224,8 @@ class DeviceRun {
 
   // db[N] = the column sums of g[M,N], as g^T 1 by cuBLAS SGEMV (column-major g^T is [N,M]):
   // a few wide columns over many rows, which one thread per column would leave to a few SMs.
-  Status biasGrad(const plan::Instruction &in) {
-    int g = in.inputs(0);
+  Status biasGrad(const KernelCall &call) {
+    int g = call.in("grad");
     int64_t n = dim(g, -1), m = numel(g) / n;
     LOOM_RETURN_IF_ERROR(e_.reserve(&e_.ones_, &e_.onesBytes_, size_t(m) * sizeof(float)));
     if (e_.onesFilled_ != e_.onesBytes_) {  // filled once per allocation
@@ -226,7 +235,7 @@ class DeviceRun {
     float alpha = 1.0f, beta = 0.0f;
     LOOM_RETURN_IF_ERROR(blasStatus(cublasSetStream(e_.blas_, st_), "set stream"));
     return blasStatus(cublasSgemv(e_.blas_, CUBLAS_OP_N, int(n), int(m), &alpha, f(g), int(n),
-                                  static_cast<const float *>(e_.ones_), 1, &beta, f(in.outputs(0)), 1),
+                                  static_cast<const float *>(e_.ones_), 1, &beta, f(call.out("result")), 1),
                       "sgemv (bias gradient)");
   }
 
@@ -240,53 +249,49 @@ class DeviceRun {
 
   // Per-token max, sum of exponentials and target logit in the scratch (3 x tokens) over a
   // whole vocabulary (a vocab-parallel cross-entropy comes as its steps, cross_entropy_max ...).
-  Status crossEntropyStats(const plan::Instruction &in, int64_t *colStart) {
-    int logits = in.inputs(0), labels = in.inputs(1);
+  Status crossEntropyStats(const KernelCall &call) {
+    int logits = call.in("logits"), labels = call.in("labels");
     int64_t cols = dim(logits, -1), tokens = numel(logits) / cols;
-    if (!str(in, "vocab_parallel_group").empty())
-      return Status::error(in.op() + " over a vocab-parallel group: a plan of another version (corrupt plan)");
-    *colStart = 0;
+    if (!call.str("vocab_parallel_group").empty())
+      return Status::error("cross_entropy over a vocab-parallel group: a plan of another version (corrupt plan)");
     float *stats = reinterpret_cast<float *>(scratch_[0]);
-    crossEntropyLocalMax(f(logits), stats, tokens, cols, 0, i64(in, "valid_vocab"), st_);
+    crossEntropyLocalMax(f(logits), stats, tokens, cols, 0, call.i64("valid_vocab"), st_);
     crossEntropyLocalSums(f(logits), ints(labels), stats, stats + tokens, stats + 2 * tokens, tokens, cols, 0,
-                          i64(in, "valid_vocab"), st_);
+                          call.i64("valid_vocab"), st_);
     return Status::ok();
   }
 
   // A cross-entropy's outputs from its per-token statistics (host copies): the mean loss and,
   // when the plan keeps it for the backward, the log-sum-exp.
-  Status lossAndStatistics(const plan::Instruction &in, const float *mx, const float *sums, const float *target,
+  Status lossAndStatistics(const KernelCall &call, const float *mx, const float *sums, const float *target,
                            const float *mask, int64_t tokens) {
     float loss = cpu::crossEntropyLoss(mx, sums, target, mask, tokens);
     LOOM_RETURN_IF_ERROR(
-        cudaStatus(cudaMemcpyAsync(f(in.outputs(0)), &loss, sizeof(float), cudaMemcpyHostToDevice, st_), "copy loss"));
+        cudaStatus(cudaMemcpyAsync(f(call.out("loss")), &loss, sizeof(float), cudaMemcpyHostToDevice, st_), "copy loss"));
     std::vector<float> lse;
-    if (in.outputs_size() > 1) {
+    if (call.out("lse") >= 0) {
       lse.resize(size_t(tokens));
       cpu::crossEntropyLogSumExp(mx, sums, lse.data(), tokens);
       LOOM_RETURN_IF_ERROR(cudaStatus(
-          cudaMemcpyAsync(f(in.outputs(1)), lse.data(), tokens * sizeof(float), cudaMemcpyHostToDevice, st_),
+          cudaMemcpyAsync(f(call.out("lse")), lse.data(), tokens * sizeof(float), cudaMemcpyHostToDevice, st_),
           "copy lse"));
     }
     return cudaStatus(cudaStreamSynchronize(st_), "copy loss");  // `loss` and `lse` live on this stack frame
   }
 
-  // The loss gradient per counted token of a cross-entropy backward: its optional operands from
-  // `first` on (the incoming gradient, a scalar, and the loss mask, told apart by shape); g is
-  // the gradient (or the loss_scale attribute) times fp16's loss scale over the mask's count.
-  Status lossGradient(const plan::Instruction &in, int first, int64_t tokens, int *mask, float *gradOverCount) {
-    int grad = -1;
-    *mask = -1;
-    for (int k = first; k < in.inputs_size(); ++k) (prog_.buffers(in.inputs(k)).shape_size() == 0 ? grad : *mask) = in.inputs(k);
-    float g = float(f64(in, "loss_scale", 1.0));
+  // The loss gradient per counted token of a cross-entropy backward: the incoming gradient
+  // (or the loss_scale attribute) times fp16's loss scale over the loss mask's count.
+  Status lossGradient(const KernelCall &call, int64_t tokens, float *gradOverCount) {
+    int grad = call.in("grad"), mask = call.in("loss_mask");
+    float g = float(call.f64("loss_scale"));
     std::vector<float> host;
     if (grad >= 0) {
       LOOM_RETURN_IF_ERROR(toHost(host, f(grad), 1));
       g = host[0];
     }
     double count = double(tokens);
-    if (*mask >= 0) {
-      LOOM_RETURN_IF_ERROR(toHost(host, f(*mask), tokens));
+    if (mask >= 0) {
+      LOOM_RETURN_IF_ERROR(toHost(host, f(mask), tokens));
       count = 0;
       for (float m : host) count += m;
     }
@@ -296,14 +301,14 @@ class DeviceRun {
 
   // Sequence parallelism's all-gather / reduce-scatter along `dim` (runtime/Executor.cpp has
   // the same layout on the CPU): member r's block is slice r of the large tensor along dim.
-  Status gatherOrScatter(const plan::Instruction &in, int stream) {
-    bool gather = in.op() == "all_gather";
-    int small = gather ? in.inputs(0) : in.outputs(0), large = gather ? in.outputs(0) : in.inputs(0);
+  Status gatherOrScatter(const KernelCall &call) {
+    bool gather = call.decl.id == isa::OpId::kAllGather;
+    int small = gather ? call.in("input") : call.out("result"), large = gather ? call.out("result") : call.in("input");
     NcclGroup *comm;
-    LOOM_RETURN_IF_ERROR(group(str(in, "group"), &comm));
-    int64_t g = i64(in, "group_size"), d = i64(in, "dim"), n = numel(small);
+    LOOM_RETURN_IF_ERROR(group(call.str("group"), &comm));
+    int64_t g = call.i64("group_size"), d = call.i64("dim"), n = numel(small);
     if (g != comm->size())
-      return Status::error("group_size " + std::to_string(g) + " of group " + str(in, "group") +
+      return Status::error("group_size " + std::to_string(g) + " of group " + call.str("group") +
                            " but the communicator has " + std::to_string(comm->size()) +
                            " members (a plan for another layout)");
     int64_t outer = 1, inner = 1;
@@ -312,10 +317,10 @@ class DeviceRun {
     if (outer == 1) {  // the blocks are already contiguous in rank order
       if (gather) return comm->allGather(f(small), f(large), n, st_);
       LOOM_RETURN_IF_ERROR(comm->reduceScatterSum(f(large), f(small), n, st_));
-      if (str(in, "reduce") == "avg") scaleInPlace(f(small), n, 1.0f / float(g), st_);
+      if (call.str("reduce") == "avg") scaleInPlace(f(small), n, 1.0f / float(g), st_);
       return Status::ok();
     }
-    float *blocks = reinterpret_cast<float *>(scratch_[stream]);
+    float *blocks = reinterpret_cast<float *>(scratch_[stream_]);
     size_t row = size_t(inner) * sizeof(float), wide = size_t(g) * row;
     if (gather) LOOM_RETURN_IF_ERROR(comm->allGather(f(small), blocks, n, st_));
     for (int64_t r = 0; r < g; ++r) {
@@ -328,195 +333,301 @@ class DeviceRun {
     return gather ? Status::ok() : comm->reduceScatterSum(blocks, f(small), n, st_);
   }
 
+  // Through the CUDA backend's kernel registry (cudaKernels(), below).
   Status instruction(const plan::Instruction &in, int stream) {
-    const std::string &op = in.op();
-    auto out = [&](int k = 0) { return in.outputs(k); };
-    auto inp = [&](int k) { return in.inputs(k); };
-    if (op == "embedding") {
-      int tok = inp(0), w = inp(1), pos = optionalInput(in, 2);
-      int64_t rows = dim(w, 0), hidden = dim(w, 1);
-      embeddingForward(ints(tok), f(w), pos >= 0 ? f(pos) : nullptr, f(out()), numel(tok), dim(tok, 1), hidden,
-                       shardStart(str(in, "vocab_parallel_group"), rows), rows, st_);
-    } else if (op == "add_position") {
-      int64_t first = shardStart(str(in, "sequence_parallel_group"), dim(inp(0), 1)), hidden = dim(inp(0), 2);
-      addBroadcast(f(inp(0)), f(inp(1)) + first * hidden, f(out()), numel(inp(0)), dim(inp(0), 1) * hidden, st_);
-    } else if (op == "layer_norm") {
-      int64_t n = dim(inp(0), -1);
-      layerNormForward(f(inp(0)), f(inp(1)), f(inp(2)), f(out()), numel(inp(0)) / n, n, float(f64(in, "epsilon", 1e-5)),
-                       st_);
-    } else if (op == "linear") {
-      return linear(in);
-    } else if (op == "add_bias") {
-      addBroadcast(f(inp(0)), f(inp(1)), f(out()), numel(inp(0)), numel(inp(1)), st_);
-    } else if (op == "add") {
-      addBroadcast(f(inp(0)), f(inp(1)), f(out()), numel(inp(0)), numel(inp(0)), st_);
-    } else if (op == "gelu") {
-      geluForward(f(inp(0)), f(out()), numel(inp(0)), st_);
-    } else if (op == "gelu_grad") {
-      geluBackward(f(inp(0)), f(inp(1)), f(out()), numel(inp(0)), st_);
-    } else if (op == "attention" || op == "attention_grad") {
-      bool fwd = op == "attention";
-      if (!fwd && in.inputs_size() < 3) return Status::error("attention_grad: no softmax statistics input (corrupt plan)");
-      int qkv = inp(0), mask = optionalInput(in, fwd ? 1 : 3);
-      float *lse = fwd ? (in.outputs_size() > 1 ? f(out(1)) : nullptr) : f(inp(2));
-      cpu::AttentionShape shape = attentionShapeOf(prog_, in);
-      if (shape.heads < 1 || dim(qkv, 2) % (3 * shape.heads) != 0)
-        return Status::error("attention: bad num_heads (corrupt plan)");
-      shape.dropout = ctx_.training ? float(f64(in, "dropout")) : 0.0f;
-      shape.seed = ctx_.seed;
-      shape.stream = dropoutStream(i64(in, "stream"), flag(in, "rank_distinct_dropout"));
-      const float *m = mask >= 0 ? f(mask) : nullptr;
-      if (useFlash(shape, precision(), e_.options_.attention))
-        return fwd ? flashAttentionForward(f(qkv), m, f(out()), lse, shape, st_)
-                   : flashAttentionBackward(f(qkv), m, f(inp(1)), f(out()), shape, scratch_[0], st_);
-      return fwd ? attentionForward(e_.blas_, precision(), f(qkv), m, f(out()), lse, shape, scratch_[0], st_)
-                 : attentionBackward(e_.blas_, precision(), f(qkv), m, f(inp(1)), lse, f(out()), shape, scratch_[0],
-                                     st_);
-    } else if (op == "grouped_attention" || op == "grouped_attention_grad") {
-      cpu::GroupedAttentionShape shape;
-      LOOM_RETURN_IF_ERROR(groupedAttentionShape(
-          prog_, in, [&](const std::string &g, int64_t rows) { return shardStart(g, rows); }, &shape));
-      shape.dropout = ctx_.training ? float(f64(in, "dropout")) : 0.0f;
-      shape.seed = ctx_.seed;
-      shape.stream = dropoutStream(i64(in, "stream"), flag(in, "rank_distinct_dropout"));
-      if (op == "grouped_attention")
-        return groupedAttentionForward(e_.blas_, precision(), f(inp(0)), f(inp(1)), f(inp(2)), f(out()),
-                                       in.outputs_size() > 1 ? f(out(1)) : nullptr, shape, scratch_[0], st_);
-      if (in.inputs_size() < 5)
-        return Status::error("grouped_attention_grad: no softmax statistics input (corrupt plan)");
-      return groupedAttentionBackward(e_.blas_, precision(), f(inp(0)), f(inp(1)), f(inp(2)), f(inp(3)), f(inp(4)),
-                                      f(out(0)), f(out(1)), f(out(2)), shape, scratch_[0], st_);
-    } else if (op == "rms_norm") {
-      int64_t n = dim(inp(0), -1);
-      rmsNormForward(f(inp(0)), f(inp(1)), f(out()), numel(inp(0)) / n, n, float(f64(in, "epsilon", 1e-6)), st_);
-    } else if (op == "rms_norm_grad") {
-      int64_t n = dim(inp(0), -1);
-      rmsNormBackward(f(inp(0)), f(inp(1)), f(inp(2)), f(out(0)), f(out(1)), numel(inp(0)) / n, n,
-                      float(f64(in, "epsilon", 1e-6)), st_);
-    } else if (op == "rotary") {
-      int64_t hd = i64(in, "head_dim");
-      if (hd < 2 || hd % 2 || dim(inp(0), 2) % hd) return Status::error("rotary: bad head_dim (corrupt plan)");
-      rotary(f(inp(0)), f(out()), dim(inp(0), 0), dim(inp(0), 1), dim(inp(0), 2) / hd, hd, float(f64(in, "theta")),
-             flag(in, "inverse"), st_);
-    } else if (op == "swiglu") {
-      swigluForward(f(inp(0)), f(inp(1)), f(out()), numel(inp(0)), st_);
-    } else if (op == "swiglu_grad") {
-      swigluBackward(f(inp(0)), f(inp(1)), f(inp(2)), f(out(0)), f(out(1)), numel(inp(0)), st_);
-    } else if (op == "dropout") {
-      dropoutForward(f(inp(0)), f(out()), numel(inp(0)), ctx_.training ? float(f64(in, "rate")) : 0.0f, ctx_.seed,
-                     dropoutStream(i64(in, "stream"), flag(in, "rank_distinct")), st_);
-    } else if (op == "identity") {
-      return cudaStatus(
-          cudaMemcpyAsync(f(out()), f(inp(0)), numel(inp(0)) * sizeof(float), cudaMemcpyDeviceToDevice, st_), "copy");
-    } else if (op == "cross_entropy") {  // -> loss[, lse]
-      int64_t colStart, tokens = numel(inp(0)) / dim(inp(0), -1);
-      LOOM_RETURN_IF_ERROR(crossEntropyStats(in, &colStart));
-      const float *stats = reinterpret_cast<const float *>(scratch_[0]);
-      std::vector<float> host, mask;
-      LOOM_RETURN_IF_ERROR(toHost(host, stats, 3 * tokens));
-      int maskId = optionalInput(in, 2);
-      if (maskId >= 0) LOOM_RETURN_IF_ERROR(toHost(mask, f(maskId), tokens));
-      return lossAndStatistics(in, host.data(), host.data() + tokens, host.data() + 2 * tokens,
-                               maskId >= 0 ? mask.data() : nullptr, tokens);
-    } else if (op == "cross_entropy_grad") {
-      // (logits, labels, lse, then the optional grad and mask): the softmax from the kept lse.
-      if (in.inputs_size() < 3) return Status::error("cross_entropy_grad: no lse operand (corrupt plan)");
-      int64_t cols = dim(inp(0), -1), tokens = numel(inp(0)) / cols;
-      if (numel(inp(2)) != tokens) return Status::error("cross_entropy_grad: wrong lse (corrupt plan)");
-      int mask = -1;
-      float gradOverCount = 0;
-      LOOM_RETURN_IF_ERROR(lossGradient(in, 3, tokens, &mask, &gradOverCount));
-      crossEntropyBackward(f(inp(0)), ints(inp(1)), mask >= 0 ? f(mask) : nullptr, f(inp(2)), gradOverCount, f(out()),
-                           tokens, cols, shardStart(str(in, "vocab_parallel_group"), cols), i64(in, "valid_vocab"), st_);
-    } else if (op == "cross_entropy_max") {  // vocab-parallel cross-entropy, step by step (see Lowering)
-      int64_t cols = dim(inp(0), -1), tokens = numel(inp(0)) / cols;
-      if (numel(out()) != tokens) return Status::error("cross_entropy_max: wrong output (corrupt plan)");
-      crossEntropyLocalMax(f(inp(0)), f(out()), tokens, cols, shardStart(str(in, "vocab_parallel_group"), cols),
-                           i64(in, "valid_vocab"), st_);
-    } else if (op == "cross_entropy_sums") {  // (logits, labels, max) -> [2, tokens]: exponentials, target logit
-      int64_t cols = dim(inp(0), -1), tokens = numel(inp(0)) / cols;
-      if (numel(out(0)) != 2 * tokens) return Status::error("cross_entropy_sums: wrong output (corrupt plan)");
-      crossEntropyLocalSums(f(inp(0)), ints(inp(1)), f(inp(2)), f(out(0)), f(out(0)) + tokens, tokens, cols,
-                            shardStart(str(in, "vocab_parallel_group"), cols), i64(in, "valid_vocab"), st_);
-    } else if (op == "cross_entropy_loss") {  // (max, sums[, mask]) -> the mean loss[, lse]
-      int64_t tokens = numel(inp(0));
-      std::vector<float> mx, sums, mask;
-      LOOM_RETURN_IF_ERROR(toHost(mx, f(inp(0)), tokens));
-      LOOM_RETURN_IF_ERROR(toHost(sums, f(inp(1)), 2 * tokens));
-      int maskId = optionalInput(in, 2);
-      if (maskId >= 0) LOOM_RETURN_IF_ERROR(toHost(mask, f(maskId), tokens));
-      return lossAndStatistics(in, mx.data(), sums.data(), sums.data() + tokens, maskId >= 0 ? mask.data() : nullptr,
-                               tokens);
-    } else if (op == "weight_grad") {
-      return weightGrad(in);
-    } else if (op == "bias_grad") {
-      return biasGrad(in);
-    } else if (op == "layer_norm_grad") {
-      int64_t n = dim(inp(0), -1);
-      layerNormBackward(f(inp(0)), f(inp(1)), f(inp(2)), f(out(0)), f(out(1)), f(out(2)), numel(inp(0)) / n, n,
-                        float(f64(in, "epsilon", 1e-5)), st_);
-    } else if (op == "embedding_grad") {
-      int64_t rows = dim(out(), 0), hidden = dim(out(), 1);
-      embeddingBackward(ints(inp(0)), f(inp(1)), f(out()), numel(inp(0)), hidden,
-                        shardStart(str(in, "vocab_parallel_group"), rows), rows, st_);
-    } else if (op == "position_grad") {
-      int64_t first = shardStart(str(in, "sequence_parallel_group"), dim(inp(0), 1)), hidden = dim(inp(0), 2);
-      LOOM_RETURN_IF_ERROR(
-          cudaStatus(cudaMemsetAsync(f(out()), 0, numel(out()) * sizeof(float), st_), "zero the position gradient"));
-      sumRows(f(inp(0)), f(out()) + first * hidden, dim(inp(0), 0), dim(inp(0), 1) * hidden, st_);
-    } else if (op == "all_reduce") {
-      if (in.inputs_size() != in.outputs_size()) return Status::error("all_reduce: inputs and outputs differ (corrupt plan)");
-      NcclGroup *comm;
-      LOOM_RETURN_IF_ERROR(group(str(in, "group"), &comm));
-      std::vector<NcclGroup::Part> parts;  // a data-parallel bucket: one grouped call, no packing
-      for (int k = 0; k < in.inputs_size(); ++k) parts.push_back({f(inp(k)), f(out(k)), numel(inp(k))});
-      return comm->allReduce(parts, reduceOpOf(str(in, "reduce")), st_);
-    } else if (op == "all_gather" || op == "reduce_scatter") {
-      return gatherOrScatter(in, stream);
-    } else if (op == "send" || op == "recv") {
-      PipelineLinks *links = e_.options_.links;
-      if (!links) return Status::error("a pipeline message but the CUDA executor has no pipeline links");
-      int peer = int(i64(in, "peer"));
-      return op == "send" ? links->send(peer, f(inp(0)), numel(inp(0)), st_)
-                          : links->recv(peer, f(out()), numel(out()), st_);
-    } else if (op == "accumulate") {  // gradient or loss accumulation, in place
-      addBroadcast(f(out()), f(inp(0)), f(out()), numel(out()), numel(out()), st_);
-    } else if (op == "fill") {
-      fillValue(f(out()), numel(out()), float(f64(in, "value")), st_);
-    } else if (op == "scale") {
-      if (f(out()) != f(inp(0)))
-        LOOM_RETURN_IF_ERROR(cudaStatus(
-            cudaMemcpyAsync(f(out()), f(inp(0)), numel(out()) * sizeof(float), cudaMemcpyDeviceToDevice, st_), "copy"));
-      scaleInPlace(f(out()), numel(out()), float(f64(in, "factor", 1.0)), st_);
-    } else if (op == "sum_squares" || op == "adamw") {
-      return optimizerOp(in);
-    } else if (op == "grad_norm") {
-      if (in.inputs_size() != 3 || in.outputs_size() != 2) return Status::error("grad_norm: wrong operands (corrupt plan)");
-      std::vector<float> squares, clip, scale;
-      LOOM_RETURN_IF_ERROR(toHost(squares, f(inp(0)), 1));
-      LOOM_RETURN_IF_ERROR(toHost(clip, f(inp(1)), 1));
-      LOOM_RETURN_IF_ERROR(toHost(scale, f(inp(2)), 1));
-      float result[2];
-      cpu::gradNorm(squares[0], clip[0], scale[0], &result[0], &result[1]);
-      for (int k = 0; k < 2; ++k)
-        LOOM_RETURN_IF_ERROR(cudaStatus(
-            cudaMemcpyAsync(f(out(k)), &result[k], sizeof(float), cudaMemcpyHostToDevice, st_), "copy the norm"));
-      return cudaStatus(cudaStreamSynchronize(st_), "copy the norm");  // `result` lives on this stack frame
-    } else {
-      return Status::error("the CUDA backend has no kernel for op '" + op + "'");
-    }
+    stream_ = stream;
+    return cudaKernels().run(*this, prog_, in);
+  }
+
+  // The CUDA kernels by declared op: each reads its operands by their declared names and its
+  // attributes with their declared defaults (plan/InstructionSet.cpp).
+  static void registerKernels(KernelRegistry<DeviceRun> &r) {
+    using isa::OpId;
+#define LOOM_KERNEL(op, member) r.add(OpId::op, [](DeviceRun &d, const KernelCall &k) { return d.member(k); })
+    LOOM_KERNEL(kEmbedding, embedding);
+    LOOM_KERNEL(kAddPosition, addPosition);
+    LOOM_KERNEL(kLayerNorm, layerNorm);
+    LOOM_KERNEL(kLinear, linear);
+    LOOM_KERNEL(kAddBias, addBias);
+    LOOM_KERNEL(kAdd, add);
+    LOOM_KERNEL(kGelu, gelu);
+    LOOM_KERNEL(kGeluGrad, geluGrad);
+    LOOM_KERNEL(kAttention, attention);
+    LOOM_KERNEL(kAttentionGrad, attention);
+    LOOM_KERNEL(kGroupedAttention, groupedAttention);
+    LOOM_KERNEL(kGroupedAttentionGrad, groupedAttention);
+    LOOM_KERNEL(kRmsNorm, rmsNorm);
+    LOOM_KERNEL(kRmsNormGrad, rmsNormGrad);
+    LOOM_KERNEL(kRotary, rotaryKernel);
+    LOOM_KERNEL(kSwiglu, swiglu);
+    LOOM_KERNEL(kSwigluGrad, swigluGrad);
+    LOOM_KERNEL(kDropout, dropout);
+    LOOM_KERNEL(kIdentity, identity);
+    LOOM_KERNEL(kCrossEntropy, crossEntropy);
+    LOOM_KERNEL(kCrossEntropyGrad, crossEntropyGrad);
+    LOOM_KERNEL(kCrossEntropyMax, crossEntropyMax);
+    LOOM_KERNEL(kCrossEntropySums, crossEntropySums);
+    LOOM_KERNEL(kCrossEntropyLoss, crossEntropyLoss);
+    LOOM_KERNEL(kWeightGrad, weightGrad);
+    LOOM_KERNEL(kBiasGrad, biasGrad);
+    LOOM_KERNEL(kLayerNormGrad, layerNormGrad);
+    LOOM_KERNEL(kEmbeddingGrad, embeddingGrad);
+    LOOM_KERNEL(kPositionGrad, positionGrad);
+    LOOM_KERNEL(kAllReduce, allReduce);
+    LOOM_KERNEL(kAllGather, gatherOrScatter);
+    LOOM_KERNEL(kReduceScatter, gatherOrScatter);
+    LOOM_KERNEL(kSend, message);
+    LOOM_KERNEL(kRecv, message);
+    LOOM_KERNEL(kAccumulate, accumulate);
+    LOOM_KERNEL(kFill, fill);
+    LOOM_KERNEL(kScale, scale);
+    LOOM_KERNEL(kSumSquares, optimizerOp);
+    LOOM_KERNEL(kAdamw, optimizerOp);
+    LOOM_KERNEL(kGradNorm, gradNorm);
+#undef LOOM_KERNEL
+  }
+
+  Status embedding(const KernelCall &k) {
+    int tok = k.in("tokens"), w = k.in("word");
+    int64_t rows = k.dim(w, 0), hidden = k.dim(w, 1);
+    embeddingForward(ints(tok), f(w), fOrNull(k.in("position")), f(k.out("result")), k.numel(tok), k.dim(tok, 1),
+                     hidden, shardStart(k.str("vocab_parallel_group"), rows), rows, st_);
     return Status::ok();
+  }
+  Status addPosition(const KernelCall &k) {
+    int x = k.in("input");
+    int64_t first = shardStart(k.str("sequence_parallel_group"), k.dim(x, 1)), hidden = k.dim(x, 2);
+    addBroadcast(f(x), f(k.in("position")) + first * hidden, f(k.out("result")), k.numel(x), k.dim(x, 1) * hidden, st_);
+    return Status::ok();
+  }
+  Status layerNorm(const KernelCall &k) {
+    int x = k.in("input");
+    int64_t n = k.dim(x, -1);
+    layerNormForward(f(x), f(k.in("gamma")), f(k.in("beta")), f(k.out("result")), k.numel(x) / n, n,
+                     float(k.f64("epsilon")), st_);
+    return Status::ok();
+  }
+  Status addBias(const KernelCall &k) {
+    addBroadcast(f(k.in("input")), f(k.in("bias")), f(k.out("result")), k.numel(k.in("input")), k.numel(k.in("bias")),
+                 st_);
+    return Status::ok();
+  }
+  Status add(const KernelCall &k) {
+    int64_t n = k.numel(k.in("lhs"));
+    addBroadcast(f(k.in("lhs")), f(k.in("rhs")), f(k.out("result")), n, n, st_);
+    return Status::ok();
+  }
+  Status gelu(const KernelCall &k) {
+    geluForward(f(k.in("input")), f(k.out("result")), k.numel(k.in("input")), st_);
+    return Status::ok();
+  }
+  Status geluGrad(const KernelCall &k) {
+    geluBackward(f(k.in("input")), f(k.in("grad")), f(k.out("result")), k.numel(k.in("input")), st_);
+    return Status::ok();
+  }
+  // attention and attention_grad.
+  Status attention(const KernelCall &k) {
+    bool fwd = k.decl.id == isa::OpId::kAttention;
+    int qkv = k.in("qkv");
+    float *lse = fwd ? fOrNull(k.out("lse")) : f(k.in("lse"));
+    cpu::AttentionShape shape = attentionShapeOf(prog_, k.instruction);
+    if (shape.heads < 1 || k.dim(qkv, 2) % (3 * shape.heads) != 0)
+      return Status::error("attention: bad num_heads (corrupt plan)");
+    shape.dropout = ctx_.training ? float(k.f64("dropout")) : 0.0f;
+    shape.seed = ctx_.seed;
+    shape.stream = dropoutStream(k.i64("stream"), k.flag("rank_distinct_dropout"));
+    const float *m = fOrNull(k.in("key_mask"));
+    int y = k.out("result");
+    if (useFlash(shape, precision(), e_.options_.attention))
+      return fwd ? flashAttentionForward(f(qkv), m, f(y), lse, shape, st_)
+                 : flashAttentionBackward(f(qkv), m, f(k.in("grad")), f(y), shape, scratch_[0], st_);
+    return fwd ? attentionForward(e_.blas_, precision(), f(qkv), m, f(y), lse, shape, scratch_[0], st_)
+               : attentionBackward(e_.blas_, precision(), f(qkv), m, f(k.in("grad")), lse, f(y), shape, scratch_[0],
+                                   st_);
+  }
+  // grouped_attention and grouped_attention_grad.
+  Status groupedAttention(const KernelCall &k) {
+    cpu::GroupedAttentionShape shape;
+    LOOM_RETURN_IF_ERROR(groupedAttentionShape(
+        prog_, k.instruction, [&](const std::string &g, int64_t rows) { return shardStart(g, rows); }, &shape));
+    shape.dropout = ctx_.training ? float(k.f64("dropout")) : 0.0f;
+    shape.seed = ctx_.seed;
+    shape.stream = dropoutStream(k.i64("stream"), k.flag("rank_distinct_dropout"));
+    if (k.decl.id == isa::OpId::kGroupedAttention)
+      return groupedAttentionForward(e_.blas_, precision(), f(k.in("q")), f(k.in("k")), f(k.in("v")), f(k.out("result")),
+                                     fOrNull(k.out("lse")), shape, scratch_[0], st_);
+    return groupedAttentionBackward(e_.blas_, precision(), f(k.in("q")), f(k.in("k")), f(k.in("v")), f(k.in("grad")),
+                                    f(k.in("lse")), f(k.out("grad_q")), f(k.out("grad_k")), f(k.out("grad_v")), shape,
+                                    scratch_[0], st_);
+  }
+  Status rmsNorm(const KernelCall &k) {
+    int x = k.in("input");
+    int64_t n = k.dim(x, -1);
+    rmsNormForward(f(x), f(k.in("gamma")), f(k.out("result")), k.numel(x) / n, n, float(k.f64("epsilon")), st_);
+    return Status::ok();
+  }
+  Status rmsNormGrad(const KernelCall &k) {
+    int x = k.in("input");
+    int64_t n = k.dim(x, -1);
+    rmsNormBackward(f(x), f(k.in("gamma")), f(k.in("grad")), f(k.out("grad_input")), f(k.out("grad_gamma")),
+                    k.numel(x) / n, n, float(k.f64("epsilon")), st_);
+    return Status::ok();
+  }
+  Status rotaryKernel(const KernelCall &k) {
+    int x = k.in("input");
+    int64_t hd = k.i64("head_dim");
+    if (hd < 2 || hd % 2 || k.dim(x, 2) % hd) return Status::error("rotary: bad head_dim (corrupt plan)");
+    rotary(f(x), f(k.out("result")), k.dim(x, 0), k.dim(x, 1), k.dim(x, 2) / hd, hd, float(k.f64("theta")),
+           k.flag("inverse"), st_);
+    return Status::ok();
+  }
+  Status swiglu(const KernelCall &k) {
+    swigluForward(f(k.in("gate")), f(k.in("up")), f(k.out("result")), k.numel(k.in("gate")), st_);
+    return Status::ok();
+  }
+  Status swigluGrad(const KernelCall &k) {
+    swigluBackward(f(k.in("gate")), f(k.in("up")), f(k.in("grad")), f(k.out("grad_gate")), f(k.out("grad_up")),
+                   k.numel(k.in("gate")), st_);
+    return Status::ok();
+  }
+  Status dropout(const KernelCall &k) {
+    dropoutForward(f(k.in("input")), f(k.out("result")), k.numel(k.in("input")),
+                   ctx_.training ? float(k.f64("rate")) : 0.0f, ctx_.seed,
+                   dropoutStream(k.i64("stream"), k.flag("rank_distinct")), st_);
+    return Status::ok();
+  }
+  Status identity(const KernelCall &k) {
+    int x = k.in("input");
+    return cudaStatus(
+        cudaMemcpyAsync(f(k.out("result")), f(x), k.numel(x) * sizeof(float), cudaMemcpyDeviceToDevice, st_), "copy");
+  }
+  Status crossEntropy(const KernelCall &k) {  // -> loss[, lse]
+    int64_t tokens = k.numel(k.in("logits")) / k.dim(k.in("logits"), -1);
+    LOOM_RETURN_IF_ERROR(crossEntropyStats(k));
+    const float *stats = reinterpret_cast<const float *>(scratch_[0]);
+    std::vector<float> host, mask;
+    LOOM_RETURN_IF_ERROR(toHost(host, stats, 3 * tokens));
+    int maskId = k.in("loss_mask");
+    if (maskId >= 0) LOOM_RETURN_IF_ERROR(toHost(mask, f(maskId), tokens));
+    return lossAndStatistics(k, host.data(), host.data() + tokens, host.data() + 2 * tokens,
+                             maskId >= 0 ? mask.data() : nullptr, tokens);
+  }
+  // (logits, labels, lse[, grad][, mask]): the softmax from the kept lse.
+  Status crossEntropyGrad(const KernelCall &k) {
+    int logits = k.in("logits");
+    int64_t cols = k.dim(logits, -1), tokens = k.numel(logits) / cols;
+    if (k.numel(k.in("lse")) != tokens) return Status::error("cross_entropy_grad: wrong lse (corrupt plan)");
+    float gradOverCount = 0;
+    LOOM_RETURN_IF_ERROR(lossGradient(k, tokens, &gradOverCount));
+    crossEntropyBackward(f(logits), ints(k.in("labels")), fOrNull(k.in("loss_mask")), f(k.in("lse")), gradOverCount,
+                         f(k.out("result")), tokens, cols, shardStart(k.str("vocab_parallel_group"), cols),
+                         k.i64("valid_vocab"), st_);
+    return Status::ok();
+  }
+  Status crossEntropyMax(const KernelCall &k) {  // vocab-parallel cross-entropy, step by step (see Lowering)
+    int logits = k.in("logits"), mx = k.out("max");
+    int64_t cols = k.dim(logits, -1), tokens = k.numel(logits) / cols;
+    if (k.numel(mx) != tokens) return Status::error("cross_entropy_max: wrong output (corrupt plan)");
+    crossEntropyLocalMax(f(logits), f(mx), tokens, cols, shardStart(k.str("vocab_parallel_group"), cols),
+                         k.i64("valid_vocab"), st_);
+    return Status::ok();
+  }
+  Status crossEntropySums(const KernelCall &k) {  // (logits, labels, max) -> [2, tokens]
+    int logits = k.in("logits"), sums = k.out("sums");
+    int64_t cols = k.dim(logits, -1), tokens = k.numel(logits) / cols;
+    if (k.numel(sums) != 2 * tokens) return Status::error("cross_entropy_sums: wrong output (corrupt plan)");
+    crossEntropyLocalSums(f(logits), ints(k.in("labels")), f(k.in("max")), f(sums), f(sums) + tokens, tokens, cols,
+                          shardStart(k.str("vocab_parallel_group"), cols), k.i64("valid_vocab"), st_);
+    return Status::ok();
+  }
+  Status crossEntropyLoss(const KernelCall &k) {  // (max, sums[, mask]) -> the mean loss[, lse]
+    int64_t tokens = k.numel(k.in("max"));
+    std::vector<float> mx, sums, mask;
+    LOOM_RETURN_IF_ERROR(toHost(mx, f(k.in("max")), tokens));
+    LOOM_RETURN_IF_ERROR(toHost(sums, f(k.in("sums")), 2 * tokens));
+    int maskId = k.in("loss_mask");
+    if (maskId >= 0) LOOM_RETURN_IF_ERROR(toHost(mask, f(maskId), tokens));
+    return lossAndStatistics(k, mx.data(), sums.data(), sums.data() + tokens, maskId >= 0 ? mask.data() : nullptr,
+                             tokens);
+  }
+  Status layerNormGrad(const KernelCall &k) {
+    int x = k.in("input");
+    int64_t n = k.dim(x, -1);
+    layerNormBackward(f(x), f(k.in("gamma")), f(k.in("grad")), f(k.out("grad_input")), f(k.out("grad_gamma")),
+                      f(k.out("grad_beta")), k.numel(x) / n, n, float(k.f64("epsilon")), st_);
+    return Status::ok();
+  }
+  Status embeddingGrad(const KernelCall &k) {
+    int y = k.out("result"), tok = k.in("tokens");
+    int64_t rows = k.dim(y, 0), hidden = k.dim(y, 1);
+    embeddingBackward(ints(tok), f(k.in("grad")), f(y), k.numel(tok), hidden,
+                      shardStart(k.str("vocab_parallel_group"), rows), rows, st_);
+    return Status::ok();
+  }
+  Status positionGrad(const KernelCall &k) {
+    int g = k.in("grad"), y = k.out("result");
+    int64_t first = shardStart(k.str("sequence_parallel_group"), k.dim(g, 1)), hidden = k.dim(g, 2);
+    LOOM_RETURN_IF_ERROR(
+        cudaStatus(cudaMemsetAsync(f(y), 0, k.numel(y) * sizeof(float), st_), "zero the position gradient"));
+    sumRows(f(g), f(y) + first * hidden, k.dim(g, 0), k.dim(g, 1) * hidden, st_);
+    return Status::ok();
+  }
+  Status allReduce(const KernelCall &k) {
+    const plan::Instruction &in = k.instruction;
+    NcclGroup *comm;
+    LOOM_RETURN_IF_ERROR(group(k.str("group"), &comm));
+    std::vector<NcclGroup::Part> parts;  // a data-parallel bucket: one grouped call, no packing
+    for (int j = 0; j < in.inputs_size(); ++j) parts.push_back({f(in.inputs(j)), f(in.outputs(j)), k.numel(in.inputs(j))});
+    return comm->allReduce(parts, reduceOpOf(k.str("reduce")), st_);
+  }
+  Status message(const KernelCall &k) {  // send or recv
+    PipelineLinks *links = e_.options_.links;
+    if (!links) return Status::error("a pipeline message but the CUDA executor has no pipeline links");
+    int peer = int(k.i64("peer"));
+    if (k.decl.id == isa::OpId::kSend) return links->send(peer, f(k.in("input")), k.numel(k.in("input")), st_);
+    return links->recv(peer, f(k.out("result")), k.numel(k.out("result")), st_);
+  }
+  Status accumulate(const KernelCall &k) {  // gradient or loss accumulation, in place
+    int y = k.out("accumulator");
+    addBroadcast(f(y), f(k.in("input")), f(y), k.numel(y), k.numel(y), st_);
+    return Status::ok();
+  }
+  Status fill(const KernelCall &k) {
+    fillValue(f(k.out("output")), k.numel(k.out("output")), float(k.f64("value")), st_);
+    return Status::ok();
+  }
+  Status scale(const KernelCall &k) {
+    int x = k.in("input"), y = k.out("output");
+    if (f(y) != f(x))
+      LOOM_RETURN_IF_ERROR(
+          cudaStatus(cudaMemcpyAsync(f(y), f(x), k.numel(y) * sizeof(float), cudaMemcpyDeviceToDevice, st_), "copy"));
+    scaleInPlace(f(y), k.numel(y), float(k.f64("factor")), st_);
+    return Status::ok();
+  }
+  Status gradNorm(const KernelCall &k) {
+    std::vector<float> squares, clip, scale;
+    LOOM_RETURN_IF_ERROR(toHost(squares, f(k.in("squares")), 1));
+    LOOM_RETURN_IF_ERROR(toHost(clip, f(k.in("clip_grad")), 1));
+    LOOM_RETURN_IF_ERROR(toHost(scale, f(k.in("loss_scale")), 1));
+    float result[2];
+    cpu::gradNorm(squares[0], clip[0], scale[0], &result[0], &result[1]);
+    int outs[2] = {k.out("norm"), k.out("factor")};
+    for (int j = 0; j < 2; ++j)
+      LOOM_RETURN_IF_ERROR(cudaStatus(
+          cudaMemcpyAsync(f(outs[j]), &result[j], sizeof(float), cudaMemcpyHostToDevice, st_), "copy the norm"));
+    return cudaStatus(cudaStreamSynchronize(st_), "copy the norm");  // `result` lives on this stack frame
   }
 
   // The optimizer over the flat buffer, segment by segment (as the CPU executor's): the sum of
   // squares in double on the device, AdamW per segment with its decay flag.
-  Status optimizerOp(const plan::Instruction &in) {
+  // sum_squares and adamw.
+  Status optimizerOp(const KernelCall &call) {
     std::vector<planattr::FlatSegment> segments;
-    if (!planattr::decodeSegments(str(in, "segments"), &segments))
-      return Status::error(in.op() + ": malformed segments attribute (corrupt plan)");
-    std::string shardGroup = str(in, "shard_group");
-    bool adam = in.op() == "adamw";
-    int64_t shard = numel(adam ? in.inputs(1) : in.inputs(0));
+    if (!planattr::decodeSegments(call.str("segments"), &segments))
+      return Status::error(std::string(call.decl.name) + ": malformed segments attribute (corrupt plan)");
+    std::string shardGroup = call.str("shard_group");
+    bool adam = call.decl.id == isa::OpId::kAdamw;
+    int64_t shard = numel(call.in("grads"));  // the shard (ZeRO-1) or the whole flat buffer
     int64_t begin = shardGroup.empty() ? 0 : shardStart(shardGroup, shard), end = begin + shard;
     auto forEach = [&](auto body) {  // body(local offset, elements, segment)
       planattr::forEachSegmentIn(segments, begin, shard, [&](int64_t lo, int64_t hi, const planattr::FlatSegment &sg) {
@@ -527,7 +638,7 @@ class DeviceRun {
       bool countReplicated = !ctx_.collectives || ctx_.collectives->rankIn("tp") == 0;
       double *sum = reinterpret_cast<double *>(scratch_[0]);
       LOOM_RETURN_IF_ERROR(cudaStatus(cudaMemsetAsync(sum, 0, sizeof(double), st_), "zero the sum of squares"));
-      const float *g = f(in.inputs(0));
+      const float *g = f(call.in("grads"));
       forEach([&](int64_t at, int64_t n, const planattr::FlatSegment &sg) {
         if (sg.norm || (sg.normAtTp0 && countReplicated)) accumulateSquares(g + at, n, sum, st_);
       });
@@ -535,26 +646,27 @@ class DeviceRun {
       LOOM_RETURN_IF_ERROR(toHost(host, sum, 1));
       float value = float(host[0]);
       LOOM_RETURN_IF_ERROR(cudaStatus(
-          cudaMemcpyAsync(f(in.outputs(0)), &value, sizeof(float), cudaMemcpyHostToDevice, st_), "copy the squares"));
+          cudaMemcpyAsync(f(call.out("squares")), &value, sizeof(float), cudaMemcpyHostToDevice, st_), "copy the squares"));
       return cudaStatus(cudaStreamSynchronize(st_), "copy the squares");
     }
-    // adamw(params, grads, m, v, grad_scale, lr, step, weight_decay, beta1, beta2, eps)
-    if (in.inputs_size() != 11 || in.outputs_size() != 3) return Status::error("adamw: wrong operands (corrupt plan)");
-    if (numel(in.inputs(0)) < end) return Status::error("adamw: shard outside the parameters (corrupt plan)");
+    if (numel(call.in("params")) < end) return Status::error("adamw: shard outside the parameters (corrupt plan)");
+    // The hyperparameters: grad_scale, learning_rate, adam_step, weight_decay, beta1, beta2, eps.
     float h[7];
+    const char *hyper[7] = {"grad_scale", "learning_rate", "adam_step", "weight_decay", "adam_beta1", "adam_beta2",
+                            "adam_eps"};
     for (int k = 0; k < 7; ++k) {
       std::vector<float> v;
-      LOOM_RETURN_IF_ERROR(toHost(v, f(in.inputs(4 + k)), 1));
+      LOOM_RETURN_IF_ERROR(toHost(v, f(call.in(hyper[k])), 1));
       h[k] = v[0];
     }
-    float *param = f(in.inputs(0)) + begin, *grad = f(in.inputs(1)), *out = f(in.outputs(0));
+    float *param = f(call.in("params")) + begin, *grad = f(call.in("grads")), *out = f(call.out("updated"));
     if (out != param)
       LOOM_RETURN_IF_ERROR(cudaStatus(
           cudaMemcpyAsync(out, param, size_t(shard) * sizeof(float), cudaMemcpyDeviceToDevice, st_), "copy the shard"));
     if (h[0] == 0.0f) return Status::ok();      // skipped: non-finite gradients
     if (h[0] != 1.0f) scaleInPlace(grad, shard, h[0], st_);  // clipping and loss-scale removal
     forEach([&](int64_t at, int64_t n, const planattr::FlatSegment &sg) {
-      adamwUpdate(out + at, grad + at, f(in.inputs(2)) + at, f(in.inputs(3)) + at, n, h[1], h[4], h[5], h[6], h[3],
+      adamwUpdate(out + at, grad + at, f(call.in("adam_m")) + at, f(call.in("adam_v")) + at, n, h[1], h[4], h[5], h[6], h[3],
                   int64_t(h[2]), sg.decay, st_);
     });
     e_.parametersChanged();  // the 16-bit copies are remade on next use
@@ -565,10 +677,22 @@ class DeviceRun {
   const plan::Program &prog_;
   const ExecutionContext &ctx_;
   cudaStream_t st_ = nullptr;  // the current instruction's stream
+  int stream_ = 0;             // and its index
   char *scratch_[4] = {};
   std::vector<void *> ptr_;
   std::vector<bool> parameter_;
 };
+
+const KernelRegistry<DeviceRun> &cudaKernels() {
+  static const KernelRegistry<DeviceRun> registry = [] {
+    KernelRegistry<DeviceRun> r("CUDA");
+    DeviceRun::registerKernels(r);
+    return r;
+  }();
+  return registry;
+}
+
+Status checkCudaKernels(const plan::Program &program) { return cudaKernels().covers(program); }
 
 bool parseAttentionKernel(const std::string &name, AttentionKernel *out) {
   if (name == "auto") return *out = AttentionKernel::kAuto, true;

@@ -43,6 +43,8 @@ class PipelineLinks;
 class ProgressEvents;
 
 bool parseAttentionKernel(const std::string &name, AttentionKernel *out);
+// Every op of `program` has a CUDA kernel (a one-line error naming op and backend otherwise).
+Status checkCudaKernels(const plan::Program &program);
 
 struct CudaExecutorOptions {
   Precision precision = Precision::kFp32;

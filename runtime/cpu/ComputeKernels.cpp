@@ -1,0 +1,301 @@
+// The CPU kernels of the model's ops (the loom dialect's compute ops and the vocab-parallel
+// cross-entropy's steps), registered by declared op: each reads its operands by their
+// declared names and its attributes with their declared defaults (plan/InstructionSet.cpp).
+#include <algorithm>
+#include <cstring>
+
+#include "runtime/cpu/CpuKernelContext.h"
+#include "runtime/cpu/Kernels.h"
+
+namespace loom::cpu {
+namespace {
+
+using isa::OpId;
+
+Status embedding(CpuKernelContext &c, const KernelCall &k) {
+  int tok = k.in("tokens"), w = k.in("word");
+  int64_t rows = k.dim(w, 0), hidden = k.dim(w, 1);
+  embeddingForward(c.i(tok), c.f(w), c.f(k.in("position")), c.f(k.out("result")), k.numel(tok), k.dim(tok, 1), hidden,
+                   c.shardStart(k.str("vocab_parallel_group"), rows), rows);
+  return Status::ok();
+}
+
+// A sequence-parallel slice starts at its rank's offset of the positions.
+Status addPosition(CpuKernelContext &c, const KernelCall &k) {
+  int x = k.in("input");
+  int64_t first = c.shardStart(k.str("sequence_parallel_group"), k.dim(x, 1));
+  addPositionForward(c.f(x), c.f(k.in("position")) + first * k.dim(x, 2), c.f(k.out("result")), k.dim(x, 0),
+                     k.dim(x, 1), k.dim(x, 2));
+  return Status::ok();
+}
+
+Status layerNorm(CpuKernelContext &c, const KernelCall &k) {
+  int x = k.in("input");
+  int64_t n = k.dim(x, -1);
+  layerNormForward(c.f(x), c.f(k.in("gamma")), c.f(k.in("beta")), c.f(k.out("result")), k.numel(x) / n, n,
+                   float(k.f64("epsilon")));
+  return Status::ok();
+}
+
+Status linear(CpuKernelContext &c, const KernelCall &k) {
+  int x = k.in("input"), y = k.out("result");
+  int64_t kk = k.dim(x, -1), n = k.dim(y, -1);
+  linearForward(c.f(x), c.f(k.in("weight")), c.f(k.in("bias")), c.f(y), k.numel(x) / kk, kk, n,
+                k.flag("transpose_weight"));
+  return Status::ok();
+}
+
+Status addBias(CpuKernelContext &c, const KernelCall &k) {
+  int x = k.in("input"), b = k.in("bias");
+  int64_t n = k.numel(b), total = k.numel(x);
+  const float *xs = c.f(x), *bs = c.f(b);
+  float *y = c.f(k.out("result"));
+  for (int64_t i = 0; i < total; ++i) y[i] = xs[i] + bs[i % n];
+  return Status::ok();
+}
+
+Status gelu(CpuKernelContext &c, const KernelCall &k) {
+  geluForward(c.f(k.in("input")), c.f(k.out("result")), k.numel(k.in("input")));
+  return Status::ok();
+}
+
+Status add(CpuKernelContext &c, const KernelCall &k) {
+  const float *a = c.f(k.in("lhs")), *b = c.f(k.in("rhs"));
+  float *y = c.f(k.out("result"));
+  for (int64_t i = 0, n = k.numel(k.in("lhs")); i < n; ++i) y[i] = a[i] + b[i];
+  return Status::ok();
+}
+
+Status identity(CpuKernelContext &c, const KernelCall &k) {
+  std::memcpy(c.f(k.out("result")), c.f(k.in("input")), size_t(k.numel(k.in("input"))) * sizeof(float));
+  return Status::ok();
+}
+
+Status dropout(CpuKernelContext &c, const KernelCall &k) {
+  dropoutForward(c.f(k.in("input")), c.f(k.out("result")), k.numel(k.in("input")), c.dropout(k.f64("rate")),
+                 c.run->seed, c.dropoutStream(k.i64("stream"), k.flag("rank_distinct")));
+  return Status::ok();
+}
+
+AttentionShape attentionShape(CpuKernelContext &c, const KernelCall &k, int qkv, int64_t heads) {
+  return {k.dim(qkv, 0),
+          k.dim(qkv, 1),
+          heads,
+          k.dim(qkv, 2) / (3 * heads),
+          k.flag("causal"),
+          c.dropout(k.f64("dropout")),
+          c.run->seed,
+          c.dropoutStream(k.i64("stream"), k.flag("rank_distinct_dropout"))};
+}
+
+Status attention(CpuKernelContext &c, const KernelCall &k) {
+  int qkv = k.in("qkv");
+  int64_t heads = k.i64("num_heads");
+  if (heads < 1 || k.dim(qkv, 2) % (3 * heads) != 0) return Status::error("attention: bad num_heads (corrupt plan)");
+  attentionForward(c.f(qkv), c.f(k.in("key_mask")), c.f(k.out("result")), c.f(k.out("lse")),
+                   attentionShape(c, k, qkv, heads), c.scratch);
+  return Status::ok();
+}
+
+Status attentionGrad(CpuKernelContext &c, const KernelCall &k) {
+  int qkv = k.in("qkv");
+  int64_t heads = k.i64("num_heads");
+  if (heads < 1 || k.dim(qkv, 2) % (3 * heads) != 0) return Status::error("attention: bad num_heads (corrupt plan)");
+  attentionBackward(c.f(qkv), c.f(k.in("key_mask")), c.f(k.in("grad")), c.f(k.in("lse")), c.f(k.out("result")),
+                    attentionShape(c, k, qkv, heads), c.scratch);
+  return Status::ok();
+}
+
+Status groupedShape(CpuKernelContext &c, const KernelCall &k, GroupedAttentionShape *s) {
+  LOOM_RETURN_IF_ERROR(loom::groupedAttentionShape(
+      k.program, k.instruction, [&](const std::string &g, int64_t rows) { return c.shardStart(g, rows); }, s));
+  s->dropout = c.dropout(k.f64("dropout"));
+  s->seed = c.run->seed;
+  s->stream = c.dropoutStream(k.i64("stream"), k.flag("rank_distinct_dropout"));
+  return Status::ok();
+}
+
+Status groupedAttention(CpuKernelContext &c, const KernelCall &k) {
+  GroupedAttentionShape s;
+  LOOM_RETURN_IF_ERROR(groupedShape(c, k, &s));
+  groupedAttentionForward(c.f(k.in("q")), c.f(k.in("k")), c.f(k.in("v")), c.f(k.out("result")), c.f(k.out("lse")), s,
+                          c.scratch);
+  return Status::ok();
+}
+
+Status groupedAttentionGrad(CpuKernelContext &c, const KernelCall &k) {
+  GroupedAttentionShape s;
+  LOOM_RETURN_IF_ERROR(groupedShape(c, k, &s));
+  groupedAttentionBackward(c.f(k.in("q")), c.f(k.in("k")), c.f(k.in("v")), c.f(k.in("grad")), c.f(k.in("lse")),
+                           c.f(k.out("grad_q")), c.f(k.out("grad_k")), c.f(k.out("grad_v")), s, c.scratch);
+  return Status::ok();
+}
+
+Status rmsNorm(CpuKernelContext &c, const KernelCall &k) {
+  int x = k.in("input");
+  int64_t n = k.dim(x, -1);
+  rmsNormForward(c.f(x), c.f(k.in("gamma")), c.f(k.out("result")), k.numel(x) / n, n, float(k.f64("epsilon")));
+  return Status::ok();
+}
+
+Status rmsNormGrad(CpuKernelContext &c, const KernelCall &k) {
+  int x = k.in("input");
+  int64_t n = k.dim(x, -1);
+  rmsNormBackward(c.f(x), c.f(k.in("gamma")), c.f(k.in("grad")), c.f(k.out("grad_input")), c.f(k.out("grad_gamma")),
+                  k.numel(x) / n, n, float(k.f64("epsilon")));
+  return Status::ok();
+}
+
+Status rotaryKernel(CpuKernelContext &c, const KernelCall &k) {
+  int x = k.in("input");
+  int64_t hd = k.i64("head_dim");
+  if (hd < 2 || hd % 2 || k.dim(x, 2) % hd) return Status::error("rotary: bad head_dim (corrupt plan)");
+  rotary(c.f(x), c.f(k.out("result")), k.dim(x, 0), k.dim(x, 1), k.dim(x, 2) / hd, hd, float(k.f64("theta")),
+         k.flag("inverse"));
+  return Status::ok();
+}
+
+Status swiglu(CpuKernelContext &c, const KernelCall &k) {
+  swigluForward(c.f(k.in("gate")), c.f(k.in("up")), c.f(k.out("result")), k.numel(k.in("gate")));
+  return Status::ok();
+}
+
+Status swigluGrad(CpuKernelContext &c, const KernelCall &k) {
+  swigluBackward(c.f(k.in("gate")), c.f(k.in("up")), c.f(k.in("grad")), c.f(k.out("grad_gate")), c.f(k.out("grad_up")),
+                 k.numel(k.in("gate")));
+  return Status::ok();
+}
+
+Status weightGrad(CpuKernelContext &c, const KernelCall &k) {
+  int x = k.in("input"), g = k.in("grad");
+  int64_t kk = k.dim(x, -1), n = k.dim(g, -1);
+  linearWeightGrad(c.f(x), c.f(g), c.f(k.out("result")), k.numel(x) / kk, kk, n, k.flag("transpose_weight"));
+  return Status::ok();
+}
+
+Status biasGradKernel(CpuKernelContext &c, const KernelCall &k) {
+  int g = k.in("grad");
+  int64_t n = k.dim(g, -1);
+  biasGrad(c.f(g), c.f(k.out("result")), k.numel(g) / n, n);
+  return Status::ok();
+}
+
+Status layerNormGrad(CpuKernelContext &c, const KernelCall &k) {
+  int x = k.in("input");
+  int64_t n = k.dim(x, -1);
+  layerNormBackward(c.f(x), c.f(k.in("gamma")), c.f(k.in("grad")), c.f(k.out("grad_input")), c.f(k.out("grad_gamma")),
+                    c.f(k.out("grad_beta")), k.numel(x) / n, n, float(k.f64("epsilon")));
+  return Status::ok();
+}
+
+Status geluGrad(CpuKernelContext &c, const KernelCall &k) {
+  geluBackward(c.f(k.in("input")), c.f(k.in("grad")), c.f(k.out("result")), k.numel(k.in("input")));
+  return Status::ok();
+}
+
+Status embeddingGrad(CpuKernelContext &c, const KernelCall &k) {
+  int y = k.out("result"), tok = k.in("tokens");
+  int64_t rows = k.dim(y, 0), hidden = k.dim(y, 1);
+  embeddingBackward(c.i(tok), c.f(k.in("grad")), c.f(y), k.numel(tok), hidden,
+                    c.shardStart(k.str("vocab_parallel_group"), rows), rows);
+  return Status::ok();
+}
+
+Status positionGrad(CpuKernelContext &c, const KernelCall &k) {
+  int g = k.in("grad"), y = k.out("result");
+  int64_t first = c.shardStart(k.str("sequence_parallel_group"), k.dim(g, 1)), hidden = k.dim(g, 2);
+  std::fill_n(c.f(y), k.numel(y), 0.0f);
+  positionBackward(c.f(g), c.f(y) + first * hidden, k.dim(g, 0), k.dim(g, 1), hidden, k.dim(y, 0) - first);
+  return Status::ok();
+}
+
+// A whole-vocabulary cross-entropy (a vocab-parallel one comes as its steps, below, with
+// visible all-reduces): per-token max, sums of exponentials and target logits, then the loss.
+Status crossEntropy(CpuKernelContext &c, const KernelCall &k) {
+  int logits = k.in("logits"), labels = k.in("labels");
+  if (!k.str("vocab_parallel_group").empty())
+    return Status::error("cross_entropy over a vocab-parallel group: a plan of another version (corrupt plan)");
+  int64_t cols = k.dim(logits, -1), tokens = k.numel(logits) / cols, valid = k.i64("valid_vocab");
+  std::vector<float> mx(size_t(tokens), 0), sum(size_t(tokens), 0), target(size_t(tokens), 0);
+  crossEntropyLocalMax(c.f(logits), mx.data(), tokens, cols, 0, valid);
+  crossEntropyLocalSums(c.f(logits), c.i(labels), mx.data(), sum.data(), target.data(), tokens, cols, 0, valid);
+  c.f(k.out("loss"))[0] = crossEntropyLoss(mx.data(), sum.data(), target.data(), c.f(k.in("loss_mask")), tokens);
+  if (int lse = k.out("lse"); lse >= 0) crossEntropyLogSumExp(mx.data(), sum.data(), c.f(lse), tokens);
+  return Status::ok();
+}
+
+// (logits, labels, lse[, grad][, mask]) -> dlogits; vocab-parallel, this rank's shard of them.
+Status crossEntropyGrad(CpuKernelContext &c, const KernelCall &k) {
+  int logits = k.in("logits"), grad = k.in("grad");
+  int64_t cols = k.dim(logits, -1), tokens = k.numel(logits) / cols;
+  if (k.numel(k.in("lse")) != tokens) return Status::error("cross_entropy_grad: wrong lse (corrupt plan)");
+  float g = (grad >= 0 ? c.f(grad)[0] : float(k.f64("loss_scale"))) * c.run->lossScale;
+  crossEntropyBackward(c.f(logits), c.i(k.in("labels")), c.f(k.in("loss_mask")), c.f(k.in("lse")), g,
+                       c.f(k.out("result")), tokens, cols, c.shardStart(k.str("vocab_parallel_group"), cols),
+                       k.i64("valid_vocab"));
+  return Status::ok();
+}
+
+Status crossEntropyMax(CpuKernelContext &c, const KernelCall &k) {
+  int logits = k.in("logits"), mx = k.out("max");
+  int64_t cols = k.dim(logits, -1), tokens = k.numel(logits) / cols;
+  if (k.numel(mx) != tokens) return Status::error("cross_entropy_max: wrong output (corrupt plan)");
+  crossEntropyLocalMax(c.f(logits), c.f(mx), tokens, cols, c.shardStart(k.str("vocab_parallel_group"), cols),
+                       k.i64("valid_vocab"));
+  return Status::ok();
+}
+
+// (logits, labels, max) -> [2, tokens]: sums of exponentials, then target logits.
+Status crossEntropySums(CpuKernelContext &c, const KernelCall &k) {
+  int logits = k.in("logits"), sums = k.out("sums");
+  int64_t cols = k.dim(logits, -1), tokens = k.numel(logits) / cols;
+  if (k.numel(sums) != 2 * tokens) return Status::error("cross_entropy_sums: wrong output (corrupt plan)");
+  crossEntropyLocalSums(c.f(logits), c.i(k.in("labels")), c.f(k.in("max")), c.f(sums), c.f(sums) + tokens, tokens,
+                        cols, c.shardStart(k.str("vocab_parallel_group"), cols), k.i64("valid_vocab"));
+  return Status::ok();
+}
+
+// (max, sums[, mask]) -> the mean loss[, lse]
+Status crossEntropyLossKernel(CpuKernelContext &c, const KernelCall &k) {
+  int mx = k.in("max"), sums = k.in("sums");
+  int64_t tokens = k.numel(mx);
+  c.f(k.out("loss"))[0] = crossEntropyLoss(c.f(mx), c.f(sums), c.f(sums) + tokens, c.f(k.in("loss_mask")), tokens);
+  if (int lse = k.out("lse"); lse >= 0) crossEntropyLogSumExp(c.f(mx), c.f(sums), c.f(lse), tokens);
+  return Status::ok();
+}
+
+}  // namespace
+
+void registerComputeKernels(CpuKernelRegistry &r) {
+  r.add(OpId::kEmbedding, embedding);
+  r.add(OpId::kAddPosition, addPosition);
+  r.add(OpId::kLayerNorm, layerNorm);
+  r.add(OpId::kLinear, linear);
+  r.add(OpId::kAddBias, addBias);
+  r.add(OpId::kGelu, gelu);
+  r.add(OpId::kAttention, attention);
+  r.add(OpId::kDropout, dropout);
+  r.add(OpId::kAdd, add);
+  r.add(OpId::kIdentity, identity);
+  r.add(OpId::kCrossEntropy, crossEntropy);
+  r.add(OpId::kRmsNorm, rmsNorm);
+  r.add(OpId::kRotary, rotaryKernel);
+  r.add(OpId::kSwiglu, swiglu);
+  r.add(OpId::kGroupedAttention, groupedAttention);
+  r.add(OpId::kWeightGrad, weightGrad);
+  r.add(OpId::kBiasGrad, biasGradKernel);
+  r.add(OpId::kLayerNormGrad, layerNormGrad);
+  r.add(OpId::kGeluGrad, geluGrad);
+  r.add(OpId::kAttentionGrad, attentionGrad);
+  r.add(OpId::kEmbeddingGrad, embeddingGrad);
+  r.add(OpId::kPositionGrad, positionGrad);
+  r.add(OpId::kCrossEntropyGrad, crossEntropyGrad);
+  r.add(OpId::kRmsNormGrad, rmsNormGrad);
+  r.add(OpId::kSwigluGrad, swigluGrad);
+  r.add(OpId::kGroupedAttentionGrad, groupedAttentionGrad);
+  r.add(OpId::kCrossEntropyMax, crossEntropyMax);
+  r.add(OpId::kCrossEntropySums, crossEntropySums);
+  r.add(OpId::kCrossEntropyLoss, crossEntropyLossKernel);
+}
+
+}  // namespace loom::cpu
