@@ -169,7 +169,6 @@ uint64_t dropoutStream(const Collectives *collectives, int64_t stream, bool rank
   return uint64_t(stream) | (uint64_t(collectives->rankIn("tp") + 1) << 32);
 }
 
-int optionalInput(const plan::Instruction &in, int fixed) { return in.inputs_size() > fixed ? in.inputs(fixed) : -1; }
 
 Status groupedAttentionShape(const plan::Program &prog, const plan::Instruction &in,
                              const std::function<int64_t(const std::string &, int64_t)> &shardStartOf,

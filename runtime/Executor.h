@@ -108,8 +108,6 @@ Status groupedAttentionShape(const plan::Program &program, const plan::Instructi
                              cpu::GroupedAttentionShape *shape);
 // A collective's "reduce" attribute ("sum" when absent).
 ReduceOp reduceOpOf(const std::string &name);
-// The position in the operand list of an optional operand, from the op's fixed arity (-1: absent).
-int optionalInput(const plan::Instruction &in, int fixed);
 
 // `args` follow program.arguments(); on success `results` follow program.results().
 Status executeProgram(const plan::Program &program, const std::vector<const HostTensor *> &args,

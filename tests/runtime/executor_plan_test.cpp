@@ -7,6 +7,7 @@
 
 #include "protos/plan.pb.h"
 #include "runtime/Executor.h"
+#include "runtime/cpu/CpuKernelContext.h"
 
 namespace loom {
 namespace {
@@ -64,13 +65,38 @@ TEST(ExecutorPlan, CrossEntropyGradReadsTheKeptLogSumExp) {
 TEST(ExecutorPlan, CrossEntropyGradWithoutItsLogSumExpIsRefused) {
   Status s = runGrad(6, false);
   ASSERT_FALSE(s.isOk());
-  EXPECT_NE(s.message().find("cross_entropy_grad: no lse operand (corrupt plan)"), std::string::npos) << s.message();
+  EXPECT_NE(s.message().find("backward_0: instruction 0 (cross_entropy_grad): no input 'lse' (corrupt plan)"), std::string::npos) << s.message();
 }
 
 TEST(ExecutorPlan, CrossEntropyGradWithAWrongSizedLogSumExpIsRefused) {
   Status s = runGrad(4, true);
   ASSERT_FALSE(s.isOk());
   EXPECT_NE(s.message().find("cross_entropy_grad: wrong lse (corrupt plan)"), std::string::npos) << s.message();
+}
+
+}  // namespace
+}  // namespace loom
+
+namespace loom {
+namespace {
+
+// The CPU backend has a kernel for every declared op; a backend without one refuses the plan
+// at load in one line naming the op and the backend.
+TEST(KernelRegistry, TheCpuBackendCoversTheInstructionSet) {
+  for (const isa::OpDecl &d : isa::instructionSet())
+    EXPECT_NE(cpu::cpuKernels().find(d.id), nullptr) << "no CPU kernel for " << d.name;
+}
+
+TEST(KernelRegistry, AMissingKernelIsRefusedAtLoad) {
+  plan::Program p;
+  p.set_name("forward_0");
+  p.add_instructions()->set_op("gelu");
+  cpu::CpuKernelRegistry partial("CPU");
+  cpu::registerStepKernels(partial);
+  Status s = partial.covers(p);
+  EXPECT_EQ(s.message(), "forward_0: instruction 0: the CPU backend has no kernel for op 'gelu'");
+  p.mutable_instructions(0)->set_op("matmul");
+  EXPECT_EQ(cpu::cpuKernels().covers(p).message(), "forward_0: instruction 0: unknown op 'matmul'");
 }
 
 }  // namespace
