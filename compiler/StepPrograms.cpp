@@ -452,6 +452,9 @@ plan::Program optimizerProgram(const StageLayout &layout, int t, int p, int d, b
   InstructionBuilder sq(OpId::kSumSquares);
   sq.in("grads", g).out("squares", squares).attr("segments", segmentText);
   if (sharded) sq.attr("shard_group", "dp");
+  // Parameters replicated across tp are counted by the group's first member only (the plan
+  // names the group; the executor reads its position from the rank's plan).
+  if (t > 1) sq.attr("replicated_group", "tp");
   b.emit(sq);
   // The global norm: every rank's share summed over the groups that hold other shares.
   std::vector<std::pair<std::string, int>> groups = {{"tp", t}, {"pp", p}};

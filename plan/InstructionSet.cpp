@@ -173,9 +173,9 @@ std::vector<OpDecl> declare() {
       // segments: planattr::FlatSegment's encoding; shard_group: ZeRO-1's, the instruction sees
       // this rank's shard of the flat buffer.
       make(kSumSquares, "sum_squares", false, {fl("grads")}, {fl("squares")},
-       {req("segments", kS), optStr("shard_group")}, kC, kNo, kMem, 0,
-       "the sum of squares of the gradients the norm counts on this rank (those replicated across tp at its "
-       "position 0 only)"),
+       {req("segments", kS), optStr("shard_group"), optStr("replicated_group")}, kC, kNo, kMem, 0,
+       "the sum of squares of the gradients the norm counts on this rank: segments flagged r (replicated across "
+       "replicated_group) only on the group's first member, so the sum over the group counts them once"),
       make(kGradNorm, "grad_norm", false, {fl("squares"), fl("clip_grad"), fl("loss_scale")}, {fl("norm"), fl("factor")},
        {}, kC, kNo, kMem, 0, "norm = sqrt(squares) / loss_scale; factor = the clipping and unscaling factor"),
       make(kAdamw, "adamw", false,

@@ -51,7 +51,7 @@ namespace loom::planattr {
 // The optimizer program's view of the flat parameter/gradient buffer (the "segments"
 // attribute of sum_squares and adamw): one segment per parameter in flat order, written
 // "offset:count:flags;..." with the flags n (counted in the gradient norm on every rank),
-// r (counted only at position 0 of the tp group: a parameter replicated across tp) and d
+// r (counted only at position 0 of sum_squares's replicated_group: a parameter replicated across tp) and d
 // (AdamW decays it). Padding between segments is in no segment.
 struct FlatSegment {
   int64_t offset = 0, count = 0;

@@ -16,7 +16,10 @@ namespace loom {
 // 5: cross-entropy keeps its log-sum-exp: cross_entropy / cross_entropy_loss may have a second
 //    output (lse), cross_entropy_grad reads it as its third input (vocab-parallel too: no
 //    collective and no cross_entropy_logits_grad in the backward).
-inline constexpr uint32_t kPlanVersion = 5;
+// 6: the instruction set is declared once (plan/InstructionSet.cpp) and every instruction is
+//    verified against it; sum_squares names the group across which flagged (r) segments are
+//    replicated (replicated_group), instead of the executors assuming tp.
+inline constexpr uint32_t kPlanVersion = 6;
 
 // "" when `version` is this build's; otherwise why `what` (a plan file) cannot be read.
 inline std::string planVersionError(uint32_t version, const std::string &what) {

@@ -307,14 +307,17 @@ int main(int argc, char **argv) {
   std::unique_ptr<loom::cuda::PipelineLinks> links;
   if (device == "cuda") {
     if (s = selectGpu(rank, plan.p()); !s.isOk()) return fail(s.message());
-    loom::ParallelLayout layout{plan.t(), plan.p(), plan.d()};
-    if (s = loom::cuda::NcclGroups::create(&client, layout, rank, int64_t(commTimeout * 1000), &nccl); !s.isOk())
+    if (s = loom::cuda::NcclGroups::create(&client, plan, int64_t(commTimeout * 1000), &nccl); !s.isOk())
       return fail(s.message());
     copt.groups = nccl.get();
     if (plan.p() > 1) {  // messages between pipeline stages: one NCCL link per direction and peer
       std::vector<loom::cuda::PipelineLinks::Need> needs;
       if (s = loom::cuda::pipelineNeeds(plan, programs, &needs); !s.isOk()) return fail(s.message());
-      s = loom::cuda::PipelineLinks::create(&client, loom::groupMembers(layout, "pp", rank), plan.pp_rank(), needs,
+      const loom::plan::Group *pp = nullptr;  // the pipeline group, as the plan has it
+      for (const loom::plan::Group &g : plan.groups())
+        if (g.name() == "pp") pp = &g;
+      if (!pp) return fail("rank_" + std::to_string(rank) + ".plan.pb: no pp group (corrupt plan)");
+      s = loom::cuda::PipelineLinks::create(&client, {pp->ranks().begin(), pp->ranks().end()}, pp->position(), needs,
                                             int64_t(commTimeout * 1000), &links);
       if (!s.isOk()) return fail(s.message());
       copt.links = links.get();

@@ -46,7 +46,8 @@ Status sumSquaresKernel(CpuKernelContext &c, const KernelCall &k) {
   std::vector<planattr::FlatSegment> segments;
   FlatRange range;
   LOOM_RETURN_IF_ERROR(flatRange(c, k, k.numel(g), &segments, &range));
-  bool countReplicated = !c.run->collectives || c.run->collectives->rankIn("tp") == 0;
+  std::string replicated = k.str("replicated_group");
+  bool countReplicated = replicated.empty() || !c.run->collectives || c.run->collectives->rankIn(replicated) == 0;
   c.f(k.out("squares"))[0] = sumSquares(c.f(g), segments, range, countReplicated);
   return Status::ok();
 }

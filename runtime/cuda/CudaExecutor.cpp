@@ -635,7 +635,8 @@ class DeviceRun {
       });
     };
     if (!adam) {
-      bool countReplicated = !ctx_.collectives || ctx_.collectives->rankIn("tp") == 0;
+      std::string replicated = call.str("replicated_group");
+      bool countReplicated = replicated.empty() || !ctx_.collectives || ctx_.collectives->rankIn(replicated) == 0;
       double *sum = reinterpret_cast<double *>(scratch_[0]);
       LOOM_RETURN_IF_ERROR(cudaStatus(cudaMemsetAsync(sum, 0, sizeof(double), st_), "zero the sum of squares"));
       const float *g = f(call.in("grads"));

@@ -96,15 +96,17 @@ Status NcclGroup::exchange(const std::vector<Transfer> &transfers, cudaStream_t 
   return first.isOk() ? end : first;
 }
 
-Status NcclGroups::create(control::CoordinatorClient *client, const ParallelLayout &layout, int rank,
-                          int64_t timeoutMs, std::unique_ptr<NcclGroups> *out) {
+Status NcclGroups::create(control::CoordinatorClient *client, const plan::RankPlan &plan, int64_t timeoutMs,
+                          std::unique_ptr<NcclGroups> *out) {
   std::unique_ptr<NcclGroups> groups(new NcclGroups());
-  for (const char *group : {"tp", "dp", "embedding"}) {  // pp messages: PipelineLinks
-    std::vector<int> members = groupMembers(layout, group, rank);
-    int position = -1;
-    for (size_t i = 0; i < members.size(); ++i)
-      if (members[i] == rank) position = int(i);
-    if (position < 0) continue;  // not a member (the embedding group of a middle stage)
+  for (const plan::Group &g : plan.groups()) {
+    const std::string &group = g.name();
+    if (group == "pp") continue;  // pipeline messages: PipelineLinks
+    std::vector<int> members(g.ranks().begin(), g.ranks().end());
+    int position = g.position();
+    if (position < 0 || position >= int(members.size()) || members[size_t(position)] != plan.rank())
+      return Status::error("group " + group + " of rank " + std::to_string(plan.rank()) +
+                           ": its position is not the rank's (corrupt plan)");
     // The name lists the members: unique in the job, the same on every member.
     std::string name = group;
     for (int m : members) name += "/" + std::to_string(m);

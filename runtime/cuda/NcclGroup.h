@@ -3,6 +3,8 @@
 // key-value store; the others wait for it there; then every member calls ncclCommInitRank.
 #pragma once
 
+#include "protos/plan.pb.h"
+
 #include <cuda_runtime.h>
 #include <nccl.h>
 
@@ -73,14 +75,15 @@ class NcclGroup {
   ncclComm_t comm_ = nullptr;
 };
 
-// The communicators of one rank: one per collective group of its layout ("tp", "dp",
-// "embedding"; pipeline messages use PipelineLinks), created together in that fixed order (every rank creates its groups in the
-// same order, so no two ranks wait on each other's second group). A group of one member gets a
+// The communicators of one rank: one per collective group of its plan (RankPlan.groups: "tp",
+// "dp", "embedding"; pipeline messages use PipelineLinks), created together in the plan's
+// order (every rank's plan lists its groups in the same order, so no two ranks wait on each
+// other's second group). A group of one member gets a
 // communicator too (NCCL's all-reduce over one rank is a copy), so programs need no special case.
 class NcclGroups {
  public:
   // `client` exchanges the ids of groups with more than one member (null: a world of one).
-  static Status create(control::CoordinatorClient *client, const ParallelLayout &layout, int rank, int64_t timeoutMs,
+  static Status create(control::CoordinatorClient *client, const plan::RankPlan &plan, int64_t timeoutMs,
                        std::unique_ptr<NcclGroups> *out);
   // The communicator of `group`, or an error naming it.
   Status find(const std::string &group, NcclGroup **out) const;

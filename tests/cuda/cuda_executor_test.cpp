@@ -117,7 +117,7 @@ TEST_P(CudaExecutorPrecision, MatchesTheCpuExecutorOnEveryProgramOfGptTiny) {
 
   // Communicators for a world of one (the grad-sync program's all-reduces run through NCCL).
   std::unique_ptr<cuda::NcclGroups> groups;
-  Status s = cuda::NcclGroups::create(nullptr, ParallelLayout{}, 0, 1000, &groups);
+  Status s = cuda::NcclGroups::create(nullptr, rank, 1000, &groups);
   ASSERT_TRUE(s.isOk()) << s.message();
   std::unique_ptr<cuda::CudaExecutor> executor;
   cuda::CudaExecutorOptions options;

@@ -54,7 +54,7 @@ TEST_P(CudaTrainerPrecision, ThreeStepsMatchTheCpuBackend) {
   const double lr = 1e-3, clip = 1.0;
 
   std::unique_ptr<cuda::NcclGroups> groups;
-  Status s = cuda::NcclGroups::create(nullptr, ParallelLayout{}, 0, 1000, &groups);
+  Status s = cuda::NcclGroups::create(nullptr, rank, 1000, &groups);
   ASSERT_TRUE(s.isOk()) << s.message();
   cuda::CudaExecutorOptions eopt;
   eopt.precision = precision;

@@ -150,7 +150,7 @@ int main(int argc, char **argv) {
   loom::ThreadWorld world(loom::ParallelLayout{});
   std::unique_ptr<loom::Collectives> collectives = world.forRank(0);
   std::unique_ptr<loom::cuda::NcclGroups> groups;
-  s = loom::cuda::NcclGroups::create(nullptr, loom::ParallelLayout{}, 0, 10000, &groups);
+  s = loom::cuda::NcclGroups::create(nullptr, plan, 10000, &groups);
   if (!s.isOk()) return fail(s.message());
   loom::SyntheticData data(plan.seq_length(), plan.vocab_size(), 1);
   loom::cuda::CudaExecutorOptions options;
