@@ -70,77 +70,96 @@ int64_t bytesMovedOf(mlir::Operation *op) {
   return d->bytesMoved(in, out, size ? size.getInt() : 1);
 }
 
-llvm::Expected<plan::Program> lowerProgram(mlir::func::FuncOp f) {
-  plan::Program prog;
-  prog.set_name(f.getName().str());
-  if (auto s = f->getAttrOfType<mlir::IntegerAttr>(attr::kStage)) prog.set_virtual_stage(s.getInt());
-  llvm::StringRef name = f.getName();
-  // The kind loom-pipeline-partition gave it; a function it did not make (train_step for the
-  // reference interpreter, forward_logits for generation) runs whole, as one forward program.
-  auto kind = f->getAttrOfType<mlir::StringAttr>(attr::kProgramKind);
-  llvm::StringRef k = kind ? kind.getValue() : "forward";
-  // A gradient-sync function lowers as a backward program; foldGradientSync
-  // (compiler/StepPrograms.h) then moves its instructions into its chunk's backward.
-  prog.set_kind(k == "backward" || k == "grad_sync" ? plan::Program::BACKWARD : plan::Program::FORWARD);
+namespace {
 
-  llvm::DenseMap<mlir::Value, int> bufferOf;
-  auto addBuffer = [&](mlir::Value v, plan::Buffer::Kind kind, int firstUse) {
-    plan::Buffer *b = prog.add_buffers();
-    b->set_id(prog.buffers_size() - 1);
+llvm::Error lowerError(const llvm::Twine &msg) {
+  return llvm::createStringError(llvm::inconvertibleErrorCode(), "%s", msg.str().c_str());
+}
+
+// One function's lowering: a buffer per SSA value, an instruction per op (data-parallel
+// buckets merged, the vocab-parallel cross-entropy expanded into its steps, f elided), the
+// events between streams from each buffer's producer.
+class ProgramLowering {
+ public:
+  explicit ProgramLowering(mlir::func::FuncOp f) : f_(f), name_(f.getName().str()) {}
+
+  llvm::Expected<plan::Program> run() {
+    prog_.set_name(name_);
+    if (auto s = f_->getAttrOfType<mlir::IntegerAttr>(attr::kStage)) prog_.set_virtual_stage(s.getInt());
+    // The kind loom-pipeline-partition gave it; a function it did not make (train_step for the
+    // reference interpreter, forward_logits for generation) runs whole, as one forward program.
+    // A gradient-sync function lowers as a backward program; foldGradientSync
+    // (compiler/StepPrograms.h) then moves its instructions into its chunk's backward.
+    auto kind = f_->getAttrOfType<mlir::StringAttr>(attr::kProgramKind);
+    llvm::StringRef k = kind ? kind.getValue() : "forward";
+    prog_.set_kind(k == "backward" || k == "grad_sync" ? plan::Program::BACKWARD : plan::Program::FORWARD);
+    if (llvm::Error e = bindArguments()) return std::move(e);
+    findBuckets();
+    for (mlir::Operation &op : f_.getBody().front()) {
+      std::vector<mlir::Operation *> members{&op};
+      if (auto key = bucketOf(&op)) {
+        pendingOfBucket_[*key].push_back(&op);
+        if (lastOfBucket_[*key] != &op) continue;
+        members = pendingOfBucket_[*key];
+      }
+      if (auto ret = mlir::dyn_cast<mlir::func::ReturnOp>(op)) {
+        bindResults(ret);
+        break;
+      }
+      // The backward (cross_entropy_grad) needs no expansion: with the kept log-sum-exp it is
+      // local to the shard.
+      if (auto c = mlir::dyn_cast<CrossEntropyOp>(op); c && c.getVocabParallelGroup()) {
+        expandCrossEntropy(c);
+        continue;
+      }
+      // Megatron's f is the identity forward (its gradient rule made the backward all-reduce):
+      // no instruction and no copy, its result is its operand's buffer, whose lifetime the
+      // result's readers extend.
+      if (auto id = mlir::dyn_cast<IdentityOp>(op)) {
+        bufferOf_[id.getResult()] = bufferOf_.lookup(id.getInput());
+        continue;
+      }
+      if (llvm::Error e = lowerOp(op, members)) return std::move(e);
+    }
+    // Every instruction as its declaration has it (an attribute the IR carries that the plan
+    // does not declare, an operand of the wrong type: a compiler bug, named here).
+    if (auto e = isa::verifyProgram(prog_)) return lowerError(*e);
+    planWorkspace(prog_);
+    return std::move(prog_);
+  }
+
+ private:
+  // Data-parallel buckets: the all-reduces of one bucket (same group and reduction) become a
+  // single collective over their concatenated buffers, issued where the bucket's last member
+  // stood (every member's input exists by then; the members' results feed only the return).
+  using BucketKey = std::tuple<std::string, std::string, int64_t>;
+  static std::optional<BucketKey> bucketOf(mlir::Operation *op) {
+    auto ar = mlir::dyn_cast<AllReduceOp>(op);
+    auto bucket = op->getAttrOfType<mlir::IntegerAttr>(attr::kBucket);
+    if (!ar || !bucket) return std::nullopt;
+    return BucketKey{ar.getGroup().str(), ar.getReduce().str(), bucket.getInt()};
+  }
+  void findBuckets() {
+    for (mlir::Operation &op : f_.getBody().front())
+      if (auto key = bucketOf(&op)) lastOfBucket_[*key] = &op;
+  }
+
+  int addBuffer(mlir::Value v, plan::Buffer::Kind kind, int firstUse) {
+    plan::Buffer *b = prog_.add_buffers();
+    b->set_id(prog_.buffers_size() - 1);
     for (int64_t d : mlir::cast<mlir::RankedTensorType>(v.getType()).getShape()) b->add_shape(d);
     b->set_dtype(dtypeOf(v.getType()));
     b->set_bytes(bytesOf(v));
     b->set_kind(kind);
     b->set_first_use(firstUse);
     b->set_last_use(firstUse);
-    bufferOf[v] = b->id();
+    bufferOf_[v] = b->id();
     return b->id();
-  };
-
-  for (mlir::BlockArgument arg : f.getArguments()) {
-    int id = addBuffer(arg, plan::Buffer::ARGUMENT, -1);
-    plan::Binding *bind = prog.add_arguments();
-    bind->set_buffer(id);
-    unsigned i = arg.getArgNumber();
-    if (auto n = f.getArgAttrOfType<mlir::StringAttr>(i, attr::kParam)) {
-      bind->set_role(plan::Binding::PARAMETER);
-      bind->set_name(n.str());
-    } else if (auto n = f.getArgAttrOfType<mlir::StringAttr>(i, attr::kInput)) {
-      bind->set_role(plan::Binding::INPUT);
-      bind->set_name(n.str());
-    } else if (auto n = f.getArgAttrOfType<mlir::StringAttr>(i, "loom.stash")) {
-      bind->set_role(plan::Binding::STASH);
-      bind->set_name(n.str());
-    } else {
-      return llvm::createStringError(llvm::inconvertibleErrorCode(), "%s: argument %u has no role",
-                                     name.str().c_str(), i);
-    }
   }
-
-  std::vector<plan::Stream> streamOfInstr;
-  llvm::DenseMap<int, int> producer;  // buffer -> instruction
-  // Data-parallel buckets: the all-reduces of one bucket (same group and reduction) become a
-  // single collective over their concatenated buffers, issued where the bucket's last member
-  // stood (every member's input exists by then; the members' results feed only the return).
-  using BucketKey = std::tuple<std::string, std::string, int64_t>;
-  auto bucketOf = [](mlir::Operation *op) -> std::optional<BucketKey> {
-    auto ar = mlir::dyn_cast<AllReduceOp>(op);
-    auto bucket = op->getAttrOfType<mlir::IntegerAttr>(attr::kBucket);
-    if (!ar || !bucket) return std::nullopt;
-    return BucketKey{ar.getGroup().str(), ar.getReduce().str(), bucket.getInt()};
-  };
-  std::map<BucketKey, mlir::Operation *> lastOfBucket;
-  std::map<BucketKey, std::vector<mlir::Operation *>> pendingOfBucket;
-  for (mlir::Operation &op : f.getBody().front())
-    if (auto key = bucketOf(&op)) lastOfBucket[*key] = &op;
-
-  // Vocab-parallel cross-entropy (Megatron's VocabParallelCrossEntropy) as its visible steps:
-  // local max -> all-reduce (max) over the group -> local sums of exponentials (and the
-  // target logit) -> all-reduce (sum) -> the loss and the kept log-sum-exp. The collectives run
-  // on the tp stream like every tp collective; the math stays in the fused steps.
-  auto scratch = [&](std::vector<int64_t> shape, plan::DType dtype, int firstUse) {
-    plan::Buffer *b = prog.add_buffers();
-    b->set_id(prog.buffers_size() - 1);
+  // A buffer of the plan's own (the cross-entropy's statistics), not an SSA value.
+  int scratch(std::vector<int64_t> shape, plan::DType dtype, int firstUse) {
+    plan::Buffer *b = prog_.add_buffers();
+    b->set_id(prog_.buffers_size() - 1);
     int64_t n = 1;
     for (int64_t d : shape) b->add_shape(d), n *= d;
     b->set_dtype(dtype);
@@ -149,11 +168,54 @@ llvm::Expected<plan::Program> lowerProgram(mlir::func::FuncOp f) {
     b->set_first_use(firstUse);
     b->set_last_use(firstUse);
     return b->id();
-  };
+  }
+
+  llvm::Error bindArguments() {
+    for (mlir::BlockArgument arg : f_.getArguments()) {
+      int id = addBuffer(arg, plan::Buffer::ARGUMENT, -1);
+      plan::Binding *bind = prog_.add_arguments();
+      bind->set_buffer(id);
+      unsigned i = arg.getArgNumber();
+      if (auto n = f_.getArgAttrOfType<mlir::StringAttr>(i, attr::kParam)) {
+        bind->set_role(plan::Binding::PARAMETER);
+        bind->set_name(n.str());
+      } else if (auto n = f_.getArgAttrOfType<mlir::StringAttr>(i, attr::kInput)) {
+        bind->set_role(plan::Binding::INPUT);
+        bind->set_name(n.str());
+      } else if (auto n = f_.getArgAttrOfType<mlir::StringAttr>(i, "loom.stash")) {
+        bind->set_role(plan::Binding::STASH);
+        bind->set_name(n.str());
+      } else {
+        return lowerError(name_ + ": argument " + llvm::Twine(i) + " has no role");
+      }
+    }
+    return llvm::Error::success();
+  }
+
+  void bindResults(mlir::func::ReturnOp ret) {
+    int end = prog_.instructions_size();
+    for (auto [i, v] : llvm::enumerate(ret.getOperands())) {
+      plan::Binding *bind = prog_.add_results();
+      bind->set_buffer(bufferOf_.lookup(v));
+      prog_.mutable_buffers(bufferOf_.lookup(v))->set_last_use(end);
+      if (auto n = f_.getResultAttrOfType<mlir::StringAttr>(i, attr::kGradOf)) {
+        bind->set_role(plan::Binding::GRADIENT);
+        bind->set_name(n.str());
+      } else if (auto n = f_.getResultAttrOfType<mlir::StringAttr>(i, "loom.stash")) {
+        bind->set_role(plan::Binding::STASH);
+        bind->set_name(n.str());
+        prog_.set_stash_bytes(prog_.stash_bytes() + bytesOf(v));
+      } else {
+        bind->set_role(plan::Binding::LOSS);
+        bind->set_name("loss");
+      }
+    }
+  }
+
   // An instruction built by operand name (plan/InstructionSet.h), on its declared stream.
-  auto emit = [&](const isa::InstructionBuilder &built, int layer) -> plan::Instruction * {
-    int index = prog.instructions_size();
-    plan::Instruction *in = prog.add_instructions();
+  plan::Instruction *emit(const isa::InstructionBuilder &built, int layer) {
+    int index = prog_.instructions_size();
+    plan::Instruction *in = prog_.add_instructions();
     built.writeTo(in);
     std::string group;
     for (const plan::Attribute &a : in->attributes())
@@ -163,20 +225,25 @@ llvm::Expected<plan::Program> lowerProgram(mlir::func::FuncOp f) {
     in->set_layer(layer);
     std::set<int> waits;
     for (int b : in->inputs()) {
-      prog.mutable_buffers(b)->set_last_use(index);
-      auto it = producer.find(b);
-      if (it != producer.end() && streamOfInstr[it->second] != stream) waits.insert(it->second);
+      prog_.mutable_buffers(b)->set_last_use(index);
+      auto it = producer_.find(b);
+      if (it != producer_.end() && streamOfInstr_[size_t(it->second)] != stream) waits.insert(it->second);
     }
     for (int w : waits) in->add_wait_for(w);
     for (int b : in->outputs()) {
-      if (!producer.count(b)) prog.mutable_buffers(b)->set_first_use(index);
-      prog.mutable_buffers(b)->set_last_use(index);
-      producer[b] = index;
+      if (!producer_.count(b)) prog_.mutable_buffers(b)->set_first_use(index);
+      prog_.mutable_buffers(b)->set_last_use(index);
+      producer_[b] = index;
     }
-    streamOfInstr.push_back(stream);
+    streamOfInstr_.push_back(stream);
     return in;
-  };
-  auto expandCrossEntropy = [&](CrossEntropyOp fwd) {
+  }
+
+  // Vocab-parallel cross-entropy (Megatron's VocabParallelCrossEntropy) as its visible steps:
+  // local max -> all-reduce (max) over the group -> local sums of exponentials (and the
+  // target logit) -> all-reduce (sum) -> the loss and the kept log-sum-exp. The collectives run
+  // on the tp stream like every tp collective; the math stays in the fused steps.
+  void expandCrossEntropy(CrossEntropyOp fwd) {
     using isa::InstructionBuilder;
     using isa::OpId;
     mlir::Value logits = fwd.getLogits(), labels = fwd.getLabels();
@@ -189,8 +256,8 @@ llvm::Expected<plan::Program> lowerProgram(mlir::func::FuncOp f) {
       emit(b.attr("valid_vocab", valid).attr("vocab_parallel_group", group), layer);
     };
     auto allReduce = [&](int input, const char *reduce) {
-      int index = prog.instructions_size();
-      const plan::Buffer &like = prog.buffers(input);
+      int index = prog_.instructions_size();
+      const plan::Buffer &like = prog_.buffers(input);
       int out = scratch({like.shape().begin(), like.shape().end()}, plan::F32, index);
       plan::Instruction *in = emit(InstructionBuilder(OpId::kAllReduce)
                                        .in("input", input)
@@ -199,71 +266,33 @@ llvm::Expected<plan::Program> lowerProgram(mlir::func::FuncOp f) {
                                        .attr("group_size", t)
                                        .attr("reduce", reduce),
                                    layer);
-      int64_t bytes = prog.buffers(input).bytes();
+      int64_t bytes = prog_.buffers(input).bytes();
       in->set_bytes_moved(isa::decl(OpId::kAllReduce).bytesMoved(bytes, bytes, t));
       return out;
     };
-    int lg = bufferOf.lookup(logits), lb = bufferOf.lookup(labels);
-    int rowMax = scratch({tokens}, plan::F32, prog.instructions_size());
+    int lg = bufferOf_.lookup(logits), lb = bufferOf_.lookup(labels);
+    int rowMax = scratch({tokens}, plan::F32, prog_.instructions_size());
     local(InstructionBuilder(OpId::kCrossEntropyMax).in("logits", lg).out("max", rowMax));
     rowMax = allReduce(rowMax, "max");
-    int stats = scratch({2, tokens}, plan::F32, prog.instructions_size());  // sums of exponentials, target logits
+    int stats = scratch({2, tokens}, plan::F32, prog_.instructions_size());  // sums of exponentials, target logits
     local(InstructionBuilder(OpId::kCrossEntropySums).in("logits", lg).in("labels", lb).in("max", rowMax).out("sums", stats));
     stats = allReduce(stats, "sum");
     InstructionBuilder loss(OpId::kCrossEntropyLoss);
     loss.in("max", rowMax).in("sums", stats);
-    if (fwd.getLossMask()) loss.in("loss_mask", bufferOf.lookup(fwd.getLossMask()));
-    loss.out("loss", addBuffer(fwd.getLoss(), plan::Buffer::ACTIVATION, prog.instructions_size()));
+    if (fwd.getLossMask()) loss.in("loss_mask", bufferOf_.lookup(fwd.getLossMask()));
+    loss.out("loss", addBuffer(fwd.getLoss(), plan::Buffer::ACTIVATION, prog_.instructions_size()));
     // The log-sum-exp kept for the backward (max + log of the summed exponentials).
-    if (fwd.getLse()) loss.out("lse", addBuffer(fwd.getLse(), plan::Buffer::ACTIVATION, prog.instructions_size()));
+    if (fwd.getLse()) loss.out("lse", addBuffer(fwd.getLse(), plan::Buffer::ACTIVATION, prog_.instructions_size()));
     emit(loss, layer);
-  };
-  for (mlir::Operation &op : f.getBody().front()) {
-    std::vector<mlir::Operation *> members{&op};
-    if (auto key = bucketOf(&op)) {
-      pendingOfBucket[*key].push_back(&op);
-      if (lastOfBucket[*key] != &op) continue;
-      members = pendingOfBucket[*key];
-    }
-    if (auto ret = mlir::dyn_cast<mlir::func::ReturnOp>(op)) {
-      int end = prog.instructions_size();
-      for (auto [i, v] : llvm::enumerate(ret.getOperands())) {
-        plan::Binding *bind = prog.add_results();
-        bind->set_buffer(bufferOf.lookup(v));
-        prog.mutable_buffers(bufferOf.lookup(v))->set_last_use(end);
-        if (auto n = f.getResultAttrOfType<mlir::StringAttr>(i, attr::kGradOf)) {
-          bind->set_role(plan::Binding::GRADIENT);
-          bind->set_name(n.str());
-        } else if (auto n = f.getResultAttrOfType<mlir::StringAttr>(i, "loom.stash")) {
-          bind->set_role(plan::Binding::STASH);
-          bind->set_name(n.str());
-          prog.set_stash_bytes(prog.stash_bytes() + bytesOf(v));
-        } else {
-          bind->set_role(plan::Binding::LOSS);
-          bind->set_name("loss");
-        }
-      }
-      break;
-    }
-    // The backward (cross_entropy_grad) needs no expansion: with the kept log-sum-exp it is
-    // local to the shard.
-    if (auto c = mlir::dyn_cast<CrossEntropyOp>(op); c && c.getVocabParallelGroup()) {
-      expandCrossEntropy(c);
-      continue;
-    }
-    // Megatron's f is the identity forward (its gradient rule made the backward all-reduce):
-    // no instruction and no copy, its result is its operand's buffer, whose lifetime the
-    // result's readers extend.
-    if (auto id = mlir::dyn_cast<IdentityOp>(op)) {
-      bufferOf[id.getResult()] = bufferOf.lookup(id.getInput());
-      continue;
-    }
+  }
+
+  // An IR op (or a data-parallel bucket of all-reduces) as one instruction of its declared op,
+  // with the op's attributes.
+  llvm::Error lowerOp(mlir::Operation &op, const std::vector<mlir::Operation *> &members) {
     const isa::OpDecl *decl = declOf(&op);
-    if (!decl)
-      return llvm::createStringError(llvm::inconvertibleErrorCode(), "%s: op %s has no plan instruction declared",
-                                     name.str().c_str(), op.getName().getStringRef().str().c_str());
-    int index = prog.instructions_size();
-    plan::Instruction *in = prog.add_instructions();
+    if (!decl) return lowerError(name_ + ": op " + op.getName().getStringRef() + " has no plan instruction declared");
+    int index = prog_.instructions_size();
+    plan::Instruction *in = prog_.add_instructions();
     in->set_op(decl->name);
     auto group = op.getAttrOfType<mlir::StringAttr>("group");
     in->set_stream(isa::streamOf(*decl, group ? group.getValue() : llvm::StringRef()));
@@ -273,30 +302,37 @@ llvm::Expected<plan::Program> lowerProgram(mlir::func::FuncOp f) {
     in->set_bytes_moved(moved);
     // Pipeline tags live in one micro-batch's range of the runtime (4096 channels).
     if (auto t = op.getAttrOfType<mlir::IntegerAttr>("tag"); t && (t.getInt() < 0 || t.getInt() >= 4096))
-      return llvm::createStringError(llvm::inconvertibleErrorCode(), "%s: pipeline tag %lld outside 0..4095",
-                                     name.str().c_str(), (long long)t.getInt());
+      return lowerError(name_ + ": pipeline tag " + llvm::Twine(t.getInt()) + " outside 0..4095");
     auto layer = op.getAttrOfType<mlir::IntegerAttr>(attr::kLayer);
     in->set_layer(layer ? layer.getInt() : -1);
     std::set<int> waits;
     for (mlir::Operation *m : members)
       for (mlir::Value v : m->getOperands()) {
-        int b = bufferOf.lookup(v);
+        int b = bufferOf_.lookup(v);
         in->add_inputs(b);
-        prog.mutable_buffers(b)->set_last_use(index);
-        auto it = producer.find(b);
-        if (it != producer.end() && streamOfInstr[it->second] != in->stream()) waits.insert(it->second);
+        prog_.mutable_buffers(b)->set_last_use(index);
+        auto it = producer_.find(b);
+        if (it != producer_.end() && streamOfInstr_[size_t(it->second)] != in->stream()) waits.insert(it->second);
       }
     for (int w : waits) in->add_wait_for(w);
     for (mlir::Operation *m : members)
       for (mlir::Value r : m->getResults()) {
         int b = addBuffer(r, plan::Buffer::ACTIVATION, index);
         in->add_outputs(b);
-        producer[b] = index;
+        producer_[b] = index;
       }
-    streamOfInstr.push_back(in->stream());
+    streamOfInstr_.push_back(in->stream());
+    return copyAttributes(op, in);
+  }
+
+  // The op's attributes, less the passes' bookkeeping (layer, stage, backward and grad-sync
+  // marks, replication opt-outs).
+  llvm::Error copyAttributes(mlir::Operation &op, plan::Instruction *in) {
     for (mlir::NamedAttribute a : op.getAttrs()) {
       llvm::StringRef n = a.getName().strref();
-      if (n == attr::kLayer || n == attr::kStage || n == attr::kBackward || n == attr::kGradSync || n == attr::kReplicated || n == "operandSegmentSizes") continue;
+      if (n == attr::kLayer || n == attr::kStage || n == attr::kBackward || n == attr::kGradSync ||
+          n == attr::kReplicated || n == "operandSegmentSizes")
+        continue;
       plan::Attribute *pa = in->add_attributes();
       pa->set_name(n.str());
       if (auto i = mlir::dyn_cast<mlir::IntegerAttr>(a.getValue()))
@@ -308,18 +344,24 @@ llvm::Expected<plan::Program> lowerProgram(mlir::func::FuncOp f) {
       else if (mlir::isa<mlir::UnitAttr>(a.getValue()))
         pa->set_flag(true);
       else
-        return llvm::createStringError(llvm::inconvertibleErrorCode(), "%s: unsupported attribute %s on %s",
-                                       name.str().c_str(), n.str().c_str(), in->op().c_str());
+        return lowerError(name_ + ": unsupported attribute " + n + " on " + in->op());
     }
+    return llvm::Error::success();
   }
 
-  // Every instruction as its declaration has it (an attribute the IR carries that the plan
-  // does not declare, an operand of the wrong type: a compiler bug, named here).
-  if (auto e = isa::verifyProgram(prog))
-    return llvm::createStringError(llvm::inconvertibleErrorCode(), "%s", e->c_str());
-  planWorkspace(prog);
-  return prog;
-}
+  mlir::func::FuncOp f_;
+  std::string name_;
+  plan::Program prog_;
+  llvm::DenseMap<mlir::Value, int> bufferOf_;
+  std::vector<plan::Stream> streamOfInstr_;
+  llvm::DenseMap<int, int> producer_;  // buffer -> instruction
+  std::map<BucketKey, mlir::Operation *> lastOfBucket_;
+  std::map<BucketKey, std::vector<mlir::Operation *>> pendingOfBucket_;
+};
+
+}  // namespace
+
+llvm::Expected<plan::Program> lowerProgram(mlir::func::FuncOp f) { return ProgramLowering(f).run(); }
 
 void planWorkspace(plan::Program &prog) {
   // Memory plan: activations whose producer and readers all run on the compute stream and
