@@ -7,10 +7,12 @@
 #include <queue>
 #include <set>
 
+#include "compiler/StepSemantics.h"
 #include "compiler/Units.h"
 #include "llvm/ADT/StringExtras.h"
 #include "llvm/Support/FormatVariadic.h"
 #include "llvm/Support/raw_ostream.h"
+#include "plan/InstructionSet.h"
 #include "runtime/Executor.h"
 #include "runtime/PlanAttributes.h"
 
@@ -55,21 +57,24 @@ double uncovered(std::vector<Interval> spans, std::vector<Interval> cover) {
   return total;
 }
 
-class Engine {
+// The simulator's driver of the plan semantics (compiler/StepSemantics.h), in time: compute
+// takes the cost model's seconds (on a CPU node, a share of its cores), a send's transfer
+// starts at once and delivers its message when done, a receive finishes when its message has
+// arrived, a collective starts when its last member enters and ends for all together.
+class Engine : public StepSemantics::Driver {
  public:
   Engine(const std::vector<RankPrograms> &ranks, std::vector<bool> simulated, CostModel &cost, int coresPerNode,
          int threadsPerRank, double allCoresBusySlowdown)
-      : ranks_(ranks), simulated_(std::move(simulated)), cost_(cost), state_(ranks.size()), cores_(coresPerNode),
+      : sem_(ranks, std::move(simulated), *this), cost_(cost), state_(ranks.size()), cores_(coresPerNode),
         threads_(std::max(threadsPerRank, 1)), slowdown_(std::max(1.0, allCoresBusySlowdown)) {}
 
   llvm::Error run() {
-    for (size_t r = 0; r < ranks_.size(); ++r)
-      if (simulated_[r])
-        if (llvm::Error e = prepare(int(r))) return e;
-    for (size_t r = 0; r < ranks_.size(); ++r)
-      if (simulated_[r]) beginRun(int(r));
-    for (size_t r = 0; r < ranks_.size(); ++r)
-      if (simulated_[r]) start(int(r));
+    for (int r = 0; r < sem_.ranks(); ++r)
+      if (sem_.executed(r))
+        if (llvm::Error e = sem_.prepare(r)) return e;
+    for (int r = 0; r < sem_.ranks(); ++r)
+      if (sem_.executed(r))
+        if (llvm::Error e = start(r, nullptr)) return e;
     while (true) {
       double next = events_.empty() ? kInf : events_.top().time;
       for (auto &[node, tasks] : shared_)
@@ -84,7 +89,7 @@ class Engine {
       while (!events_.empty() && events_.top().time <= now_) {
         Event e = events_.top();
         events_.pop();
-        complete(e.rank, e.index), touched.insert(e.rank);
+        sem_.complete(e.rank, e.index), touched.insert(e.rank);
       }
       for (auto &[node, tasks] : shared_) {
         std::vector<SharedTask> still;
@@ -96,30 +101,23 @@ class Engine {
       }
       while (!touched.empty()) {
         std::set<int> more;
-        for (int r : touched) start(r, &more);
+        for (int r : touched)
+          if (llvm::Error e = start(r, &more)) return e;
         touched.swap(more);
       }
     }
     std::vector<std::string> stuck;
-    for (size_t r = 0; r < ranks_.size(); ++r)
-      if (simulated_[r] && state_[r].cur < state_[r].runs.size()) stuck.push_back(std::to_string(r));
+    for (int r = 0; r < sem_.ranks(); ++r)
+      if (sem_.executed(r) && !sem_.finished(r)) stuck.push_back(std::to_string(r));
     if (!stuck.empty())
       return error("the step cannot finish on ranks " + llvm::join(stuck, ", ") +
                    " (run `loomc check` on the plans: it names the deadlock)");
     return llvm::Error::success();
   }
 
+  // What the prediction reads of a simulated rank.
   struct RankState {
-    std::vector<ProgramRun> runs;
-    size_t cur = 0;
-    std::vector<char> done;
-    std::vector<double> startAt;
-    int next[4] = {};
-    bool busy[4] = {};
-    int remaining = 0;
-    std::map<std::string, std::vector<int>> groups;
-    std::map<std::string, int> communicatorOf;
-    std::map<int, int64_t> calls;
+    std::vector<double> startAt;  // per instruction of the current run
     std::vector<Interval> compute;
     std::map<std::string, double> computeByOp;
     std::vector<std::pair<std::string, Interval>> communication;  // kind -> when data moves
@@ -127,7 +125,7 @@ class Engine {
     double runStart = 0, firstCompute = kInf, lastCompute = 0, end = 0;
   };
   const std::vector<RankState> &states() const { return state_; }
-  int64_t instructions() const { return executed_; }
+  int64_t instructions() const { return sem_.instructionsRun(); }
 
  private:
   struct Event {
@@ -135,12 +133,7 @@ class Engine {
     int rank, index;
     bool operator<(const Event &o) const { return time > o.time; }  // earliest first
   };
-  struct Message {
-    double sent, arrival;  // the transfer's start and end
-  };
-  struct Waiter {
-    int rank, index;
-  };
+  using Waiter = StepSemantics::Entry;
   // Work on a CPU node's shared cores: a kernel (on the rank's BLAS threads), or a rank's part
   // of moving a message or a collective's data (one thread: on CPU the copies through the
   // loopback socket and the reductions run on the ranks' own cores).
@@ -175,13 +168,13 @@ class Engine {
   // A task on the shared cores has done its work.
   void finish(const SharedTask &t, std::set<int> *touched) {
     touched->insert(t.rank);
-    if (t.kind == TaskKind::kKernel) return complete(t.rank, t.index);
+    if (t.kind == TaskKind::kKernel) return sem_.complete(t.rank, t.index);
     if (t.kind == TaskKind::kSend) {
       RankState &s = state_[size_t(t.rank)];
       double sent = s.startAt[size_t(t.index)];
-      s.communication.push_back({kindOf(program(t.rank).instructions(t.index)), {sent, now_}});
-      deliver(t.rank, t.peer, {sent, now_}, touched);
-      return complete(t.rank, t.index);
+      s.communication.push_back({kindOf(sem_.instruction(t.rank, t.index)), {sent, now_}});
+      deliver(t.rank, t.peer, sent, now_, touched);
+      return sem_.complete(t.rank, t.index);
     }
     auto it = collectives_.find(t.collective);
     if (--it->second.partsLeft > 0) return;  // this member waits (without a core) for the others
@@ -194,7 +187,9 @@ class Engine {
   }
 
   // A message from `from` to `to` has arrived: a waiting receive takes it, or it waits.
-  void deliver(int from, int to, const Message &m, std::set<int> *touched) {
+  void deliver(int from, int to, double sent, double arrival, std::set<int> *touched) {
+    StepSemantics::Message m;
+    m.sent = sent, m.arrival = arrival;
     auto &waiting = receivers_[{from, to}];
     if (!waiting.empty()) {  // the receiver already waits
       Waiter w = waiting.front();
@@ -202,197 +197,139 @@ class Engine {
       receive(w, m);
       if (touched) touched->insert(w.rank);
     } else {
-      messages_[{from, to}].push_back(m);
+      sem_.link(from, to).push_back(m);
     }
   }
 
-  llvm::Error prepare(int r) {
-    RankState &s = state_[r];
-    if (llvm::Error e = programRunsOf(ranks_[r], r, &s.runs)) return e;
-    for (const plan::Group &g : ranks_[r].plan->groups()) {
-      s.groups[g.name()].assign(g.ranks().begin(), g.ranks().end());
-      std::string key = g.name() + ":";
-      for (int m : g.ranks()) key += std::to_string(m) + ",";
-      auto [it, fresh] = communicators_.try_emplace(key, int(communicators_.size()));
-      s.communicatorOf[g.name()] = it->second;
-    }
-    return llvm::Error::success();
-  }
-
-  void beginRun(int r) {
-    RankState &s = state_[r];
-    for (int k = 0; k < 4; ++k) s.next[k] = 0, s.busy[k] = false;
+  void runBegan(int r) override {
+    RankState &s = state_[size_t(r)];
     s.runStart = now_, s.firstCompute = kInf, s.lastCompute = now_;
-    if (s.cur >= s.runs.size()) {
+    if (sem_.finished(r)) {
       s.end = now_;
       return;
     }
-    int n = s.runs[s.cur].prog->instructions_size();
-    s.done.assign(size_t(n), 0), s.startAt.assign(size_t(n), 0.0);
-    s.remaining = n;
-    if (n == 0) endRun(r);
+    s.startAt.assign(size_t(sem_.program(r).instructions_size()), 0.0);
   }
 
-  void endRun(int r) {
-    RankState &s = state_[r];
-    const ProgramRun &run = s.runs[s.cur];
+  void runEnded(int r) override {
+    RankState &s = state_[size_t(r)];
+    const ProgramRun &run = sem_.run(r);
     ProgramSpan span{run.prog->name(), run.prog->kind(), run.mb, run.prog->virtual_stage(),
                      s.firstCompute < kInf ? s.firstCompute : s.runStart, std::max(s.lastCompute, s.runStart)};
     s.spans.push_back(span);
-    ++s.cur;
-    beginRun(r);
   }
 
-  const plan::Program &program(int r) const { return *state_[r].runs[state_[r].cur].prog; }
+  void passedOver(int r, int i) override { state_[size_t(r)].startAt[size_t(i)] = now_; }
 
-  void complete(int r, int i) {
-    RankState &s = state_[r];
-    const plan::Instruction &in = program(r).instructions(i);
-    s.done[size_t(i)] = 1;
-    ++executed_;
-    int k = int(in.stream()) & 3;
-    s.busy[k] = false;
-    if (!planattr::isCommunication(in.op()) && in.op() != "identity") {
+  void completed(int r, int i) override {
+    RankState &s = state_[size_t(r)];
+    const plan::Instruction &in = sem_.instruction(r, i);
+    if (!isa::isCommunication(in.op()) && in.op() != "identity") {
       s.compute.push_back({s.startAt[size_t(i)], now_});
       s.computeByOp[in.op()] += now_ - s.startAt[size_t(i)];
       s.firstCompute = std::min(s.firstCompute, s.startAt[size_t(i)]);
       s.lastCompute = std::max(s.lastCompute, now_);
     }
-    if (--s.remaining == 0) endRun(r);
   }
 
   void schedule(int r, int i, double at) { events_.push({at, r, i}); }
 
   std::string kindOf(const plan::Instruction &in) const { return in.op() + "@" + planattr::str(in, "group"); }
 
-  int peerOf(int r, const plan::Instruction &in) const {
-    const auto &members = state_[r].groups.at(planattr::str(in, "group"));
-    int64_t peer = planattr::i64(in, "peer");
-    return peer >= 0 && peer < int64_t(members.size()) ? members[size_t(peer)] : -1;
-  }
-
   // Starts what rank r's streams can start now; ranks whose state it changes go to `touched`.
-  void start(int r, std::set<int> *touched = nullptr) {
-    RankState &s = state_[r];
-    for (bool moved = true; moved && s.cur < s.runs.size();) {
-      moved = false;
-      size_t run = s.cur;
-      const plan::Program &prog = program(r);
-      for (int k = 0; k < 4 && s.cur == run; ++k) {
-        while (!s.busy[k] && s.next[k] < prog.instructions_size() && s.cur == run) {
-          int i = s.next[k];
-          const plan::Instruction &in = prog.instructions(i);
-          if (in.stream() != k || s.done[size_t(i)]) {
-            ++s.next[k];
-            continue;
-          }
-          if (in.last_micro_batch() && !s.runs[s.cur].last) {  // passed over in this run
-            ++s.next[k], s.startAt[size_t(i)] = now_, moved = true;
-            complete(r, i);
-            continue;
-          }
-          bool ready = true;
-          for (int w : in.wait_for()) ready &= s.done[size_t(w)] != 0;
-          if (!ready) break;
-          s.busy[k] = true, s.startAt[size_t(i)] = now_, ++s.next[k], moved = true;
-          issue(r, i, in, touched);
-        }
-      }
-    }
+  llvm::Error start(int r, std::set<int> *touched) {
+    touched_ = touched;
+    llvm::Expected<bool> moved = sem_.start(r, /*untilStable=*/true);
+    touched_ = nullptr;
+    return moved ? llvm::Error::success() : moved.takeError();
   }
 
-  void issue(int r, int i, const plan::Instruction &in, std::set<int> *touched) {
-    RankState &s = state_[r];
-    const plan::Program &prog = program(r);
+  llvm::Expected<bool> issue(int r, int i) override {
+    RankState &s = state_[size_t(r)];
+    s.startAt[size_t(i)] = now_;
+    const plan::Program &prog = sem_.program(r);
+    const plan::Instruction &in = prog.instructions(i);
     const std::string &op = in.op();
     if (op == "send" || op == "recv") {
-      int peer = peerOf(r, in);
+      int peer = sem_.peerOf(r, in);
       std::vector<int> pair{r, peer};
       double seconds = cost_.communication(prog, in, pair);
       if (op == "send") {
         if (cores_ > 0 && seconds > 0) {  // the sender's core moves it: delivered when done
           SharedTask t{r, i, seconds, TaskKind::kSend, peer};
           shared_[cost_.nodeOf(r)].push_back(t);
-          return;
+          return true;
         }
         schedule(r, i, now_ + seconds);
         s.communication.push_back({kindOf(in), {now_, now_ + seconds}});
-        deliver(r, peer, {now_, now_ + seconds}, touched);
-        return;
+        deliver(r, peer, now_, now_ + seconds, touched_);
+        return true;
       }
-      auto &queue = messages_[{peer, r}];
+      auto &queue = sem_.link(peer, r);
       if (!queue.empty()) {
-        Message m = queue.front();
+        StepSemantics::Message m = queue.front();
         queue.pop_front();
         receive({r, i}, m);
       } else {
         receivers_[{peer, r}].push_back({r, i});
       }
-      return;
+      return true;
     }
-    if (planattr::isCollective(op)) {
-      std::string group = planattr::str(in, "group");
-      int comm = s.communicatorOf.at(group);
-      int64_t seq = s.calls[comm]++;
-      auto &arrived = pending_[{comm, seq}];
-      arrived.push_back({r, i});
-      const std::vector<int> &members = s.groups.at(group);
-      size_t expected = 0;
-      for (int m : members) expected += simulated_[size_t(m)];
-      if (arrived.size() >= expected) {
-        double seconds = cost_.communication(prog, in, members);
-        if (cores_ > 0 && seconds > 0) {  // every member's cores move its part of the data
-          int64_t id = nextCollective_++;
-          CollectiveCall &call = collectives_[id];
-          call.members = arrived, call.partsLeft = arrived.size(), call.start = now_, call.kind = kindOf(in);
-          // The latency part (wake-ups, hand-offs) takes no core; the rest moves bytes on them.
-          call.latency = std::min(seconds, cost_.communicationLatency(in, members));
-          for (const Waiter &w : arrived)
-            shared_[cost_.nodeOf(w.rank)].push_back(
-                {w.rank, w.index, std::max(seconds - call.latency, 1e-12), TaskKind::kCollective, -1, id});
-          pending_.erase({comm, seq});
-          return;
-        }
-        double end = now_ + seconds;
-        for (const Waiter &w : arrived) {
-          schedule(w.rank, w.index, end);
-          state_[size_t(w.rank)].communication.push_back({kindOf(in), {now_, end}});
-          if (touched) touched->insert(w.rank);
-        }
-        pending_.erase({comm, seq});
+    if (isa::isCollective(op)) {
+      StepSemantics::CallKey key;
+      bool complete = false;
+      if (llvm::Error e = sem_.enterCollective(r, i, &key, &complete)) return std::move(e);
+      if (!complete) return true;
+      std::vector<Waiter> arrived = sem_.entries(key);
+      sem_.forgetCall(key);
+      const std::vector<int> &members = sem_.members(r, planattr::str(in, "group"));
+      double seconds = cost_.communication(prog, in, members);
+      if (cores_ > 0 && seconds > 0) {  // every member's cores move its part of the data
+        int64_t id = nextCollective_++;
+        CollectiveCall &call = collectives_[id];
+        call.members = arrived, call.partsLeft = arrived.size(), call.start = now_, call.kind = kindOf(in);
+        // The latency part (wake-ups, hand-offs) takes no core; the rest moves bytes on them.
+        call.latency = std::min(seconds, cost_.communicationLatency(in, members));
+        for (const Waiter &w : arrived)
+          shared_[cost_.nodeOf(w.rank)].push_back(
+              {w.rank, w.index, std::max(seconds - call.latency, 1e-12), TaskKind::kCollective, -1, id});
+        return true;
       }
-      return;
+      double end = now_ + seconds;
+      for (const Waiter &w : arrived) {
+        schedule(w.rank, w.index, end);
+        state_[size_t(w.rank)].communication.push_back({kindOf(in), {now_, end}});
+        if (touched_) touched_->insert(w.rank);
+      }
+      return true;
     }
     double seconds = cost_.compute(prog, in);
     if (cores_ > 0 && seconds > 0)
       shared_[cost_.nodeOf(r)].push_back({r, i, seconds});
     else
       schedule(r, i, now_ + seconds);
+    return true;
   }
 
   // A receive meets its message: done when the message has arrived (or now, if it already has).
-  void receive(const Waiter &w, const Message &m) {
+  void receive(const Waiter &w, const StepSemantics::Message &m) {
     RankState &s = state_[size_t(w.rank)];
-    const plan::Instruction &in = program(w.rank).instructions(w.index);
+    const plan::Instruction &in = sem_.instruction(w.rank, w.index);
     double at = std::max(now_, m.arrival);
     schedule(w.rank, w.index, at);
     s.communication.push_back({kindOf(in), {std::max(s.startAt[size_t(w.index)], m.sent), at}});
   }
 
-  const std::vector<RankPrograms> &ranks_;
-  std::vector<bool> simulated_;
+  StepSemantics sem_;
   CostModel &cost_;
   std::vector<RankState> state_;
   int cores_, threads_;
   double slowdown_;
   double now_ = 0;
-  int64_t executed_ = 0;
+  std::set<int> *touched_ = nullptr;  // during start(): ranks whose state an issue changes
   std::priority_queue<Event> events_;
   std::map<int, std::vector<SharedTask>> shared_;  // node -> compute running on its shared cores
-  std::map<std::pair<int, int>, std::deque<Message>> messages_;  // (from, to): sent, not yet received
   std::map<std::pair<int, int>, std::deque<Waiter>> receivers_;  // (from, to): receives waiting
-  std::map<std::string, int> communicators_;
-  std::map<std::pair<int, int64_t>, std::vector<Waiter>> pending_;  // (communicator, call #) -> entered
   std::map<int64_t, CollectiveCall> collectives_;  // calls whose data is moving on shared cores
   int64_t nextCollective_ = 0;
 };
