@@ -25,6 +25,7 @@
 #include "compiler/PlanCheck.h"
 #include "compiler/PlanViews.h"
 #include "compiler/Search.h"
+#include "compiler/TraceCheck.h"
 #include "compiler/StepSimulator.h"
 #include "compiler/ConfigLoader.h"
 #include "compiler/ModelBuilder.h"
@@ -74,6 +75,11 @@ cl::SubCommand checkCmd("check", "Prove a plan directory's ranks can run their s
                                   "matched collectives and messages)");
 cl::opt<std::string> checkDir(cl::Positional, cl::Required, cl::desc("<plan directory>"), cl::sub(checkCmd),
                               cl::cat(loomCategory));
+cl::opt<std::string> checkTrace("trace",
+                                cl::desc("also check the traces in this folder (loom-rank --trace: rank_R.json) "
+                                         "against the plans: each stream ran the plan's instructions in its order, "
+                                         "every event respected"),
+                                cl::value_desc("dir"), cl::sub(checkCmd), cl::cat(loomCategory));
 
 cl::SubCommand simulateCmd("simulate", "Predict a plan directory's step time, throughput, bubble, communication and "
                                         "memory on its cluster's device and link model");
@@ -229,6 +235,11 @@ int runCheck() {
     return loom::reportError("loomc", llvm::createStringError(llvm::inconvertibleErrorCode(),
                                                               checkDir + ": " + llvm::toString(std::move(e))));
   llvm::outs() << checkDir << ": " << summary.summary << "\n";
+  if (!checkTrace.empty()) {
+    std::string traced;
+    if (llvm::Error e = loom::checkTraces(ranks, checkTrace, &traced)) return loom::reportError("loomc", std::move(e));
+    llvm::outs() << checkTrace << ": " << traced << "\n";
+  }
   return 0;
 }
 

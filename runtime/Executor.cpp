@@ -126,7 +126,7 @@ class Run {
       if (ctx_.testSlowdown > 0 && in.stream() == plan::COMPUTE && !planattr::isCommunication(in.op()))
         std::this_thread::sleep_for((std::chrono::steady_clock::now() - start) * ctx_.testSlowdown);
       if (ctx_.progress) ctx_.progress->finished(prog_, i);
-      if (ctx_.trace) ctx_.trace->record(prog_, in, ctx_.traceMicroBatch, start, std::chrono::steady_clock::now());
+      if (ctx_.trace) ctx_.trace->record(prog_, i, ctx_.traceMicroBatch, start, std::chrono::steady_clock::now());
       std::lock_guard<std::mutex> lock(mu_);
       if (!st.isOk() && failure_.empty()) failure_ = prog_.name() + " instruction " + std::to_string(i) + " (" + in.op() + "): " + st.message();
       done_[i] = true;

@@ -33,9 +33,9 @@ std::string line(const Json &j) { return j.dump(-1, ' ', false, Json::error_hand
 
 TraceRecorder::TraceRecorder() : epoch_(std::chrono::steady_clock::now()) {}
 
-void TraceRecorder::record(const plan::Program &program, const plan::Instruction &in, int mb,
-                           std::chrono::steady_clock::time_point start, std::chrono::steady_clock::time_point end) {
-  Event e{&program, &in, mb, std::chrono::duration<double, std::micro>(start - epoch_).count(),
+void TraceRecorder::record(const plan::Program &program, int index, int mb, std::chrono::steady_clock::time_point start,
+                           std::chrono::steady_clock::time_point end) {
+  Event e{&program, &program.instructions(index), index, mb, std::chrono::duration<double, std::micro>(start - epoch_).count(),
           std::chrono::duration<double, std::micro>(end - start).count()};
   std::lock_guard<std::mutex> lock(mu_);
   events_.push_back(e);
@@ -72,7 +72,7 @@ Status TraceRecorder::write(const std::string &path, const plan::RankPlan &plan)
     // One event value refilled for every instruction: building a fresh one per event costs
     // about three times as much on a long trace.
     Json event = {{"ph", "X"}, {"name", ""}, {"cat", ""}, {"pid", plan.rank()}, {"tid", 0}, {"ts", 0.0}, {"dur", 0.0},
-                  {"args", {{"program", ""}, {"micro_batch", 0}, {"layer", 0}, {"group", ""}, {"bytes", 0}}}};
+                  {"args", {{"program", ""}, {"micro_batch", 0}, {"instruction", 0}, {"layer", 0}, {"group", ""}, {"bytes", 0}}}};
     Json &args = event["args"];
     std::lock_guard<std::mutex> lock(mu_);
     for (size_t i = 0; i < events_.size(); ++i) {
@@ -88,6 +88,7 @@ Status TraceRecorder::write(const std::string &path, const plan::RankPlan &plan)
       event["dur"] = micros(e.durationUs);
       args["program"] = e.program->name();
       args["micro_batch"] = e.mb;
+      args["instruction"] = e.index;
       args["layer"] = in.layer();
       args["group"] = std::move(group);
       args["bytes"] = in.bytes_moved();

@@ -18,11 +18,11 @@ class TraceRecorder {
  public:
   TraceRecorder();
 
-  // One executed instruction of `program` (micro-batch mb, -1 outside micro-batches),
+  // One executed instruction (number `index`) of `program` (micro-batch mb, -1 outside micro-batches),
   // between `start` and `end`. Thread-safe: each stream thread records its own. The recorder
   // keeps pointers to the program and instruction: they must outlive its write() and timings().
-  void record(const plan::Program &program, const plan::Instruction &in, int mb,
-              std::chrono::steady_clock::time_point start, std::chrono::steady_clock::time_point end);
+  void record(const plan::Program &program, int index, int mb, std::chrono::steady_clock::time_point start,
+              std::chrono::steady_clock::time_point end);
 
   // DIR/rank_N.json: the events, and under "otherData" the rank and the plan's per-step
   // collective totals (what the compiler says the rank does, to compare with the events).
@@ -41,7 +41,7 @@ class TraceRecorder {
   struct Event {
     const plan::Program *program;
     const plan::Instruction *instruction;  // its op, stream, layer, group and bytes
-    int mb;
+    int index, mb;
     double startUs, durationUs;
   };
   std::chrono::steady_clock::time_point epoch_;

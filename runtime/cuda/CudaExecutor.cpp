@@ -133,7 +133,7 @@ class DeviceRun {
                                     std::chrono::duration<double, std::milli>(startMs));
         auto end = start + std::chrono::duration_cast<std::chrono::steady_clock::duration>(
                                std::chrono::duration<double, std::milli>(durationMs));
-        ctx_.trace->record(prog_, prog_.instructions(i), ctx_.traceMicroBatch, start, end);
+        ctx_.trace->record(prog_, i, ctx_.traceMicroBatch, start, end);
       }
     }
     return Status::ok();

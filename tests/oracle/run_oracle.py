@@ -192,6 +192,32 @@ def trace_problems(trace_dir, world, steps):
     return problems
 
 
+def trace_order_problems(loomc, plans, trace_dir):
+    """loomc check --trace: every rank's streams ran the plan's instructions in the order the plan
+    semantics gives, events respected; and the check refuses the same trace with rank 0's first two
+    compute instructions swapped (so it can fail)."""
+    r = subprocess.run([loomc, "check", plans, "--trace", trace_dir], stdout=subprocess.PIPE,
+                       stderr=subprocess.STDOUT, text=True)
+    if r.returncode != 0:
+        return [f"loomc check --trace: {r.stdout.strip()}"]
+    swapped = trace_dir + "-swapped"
+    shutil.rmtree(swapped, ignore_errors=True)
+    shutil.copytree(trace_dir, swapped)
+    path = os.path.join(swapped, "rank_0.json")
+    with open(path) as f:
+        trace = json.load(f)
+    compute = [e for e in trace["traceEvents"] if e.get("ph") == "X" and e.get("tid") == 0]
+    a, b = compute[0]["args"], compute[1]["args"]
+    a["instruction"], b["instruction"] = b["instruction"], a["instruction"]
+    with open(path, "w") as f:
+        json.dump(trace, f)
+    r = subprocess.run([loomc, "check", plans, "--trace", swapped], stdout=subprocess.PIPE,
+                       stderr=subprocess.STDOUT, text=True)
+    if r.returncode == 0 or "where the plan runs" not in r.stdout:
+        return [f"loomc check --trace accepted a trace with two instructions swapped: {r.stdout.strip()}"]
+    return []
+
+
 def rel(a, b):
     return ((a - b).norm() / b.norm().clamp_min(1e-30)).item()
 
@@ -241,6 +267,7 @@ def check_config(args, name, cfg, failures):
                             lr=LR, betas=(0.9, 0.95), eps=ADAM_EPS)
     loom_losses = [float(line.split()[1]) for line in open(os.path.join(work, "loss.log"))]
     problems = trace_problems(os.path.join(work, "trace"), world, args.steps)
+    problems += trace_order_problems(os.path.join(args.bin, "loomc"), plans, os.path.join(work, "trace"))
     for step in range(args.steps):
         batches = sorted(glob.glob(os.path.join(work, "batches", f"batch_step{step:05d}_*.safetensors")))
         if len(batches) != d * m:
