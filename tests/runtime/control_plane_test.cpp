@@ -52,7 +52,7 @@ struct Coordinator {
     std::string portFile = tmpdir() + "/control.port";
     std::remove(portFile.c_str());
     thread = std::thread([this, flags, portFile, registrationSeconds] {
-      result = run(runfile("runtime/loom-coord") + " --plans " + plans() + " --token right --port-file " + portFile +
+      result = run(runfile("apps/loom-coord") + " --plans " + plans() + " --token right --port-file " + portFile +
                    " --registration-timeout " + std::to_string(registrationSeconds) + " " + flags);
     });
     for (int i = 0; i < 100 && port.empty(); ++i) {
@@ -64,7 +64,7 @@ struct Coordinator {
 };
 
 Result rank(const std::string &port, const std::string &flags, const std::string &token = "right") {
-  return run("LOOM_TOKEN=" + token + " " + runfile("runtime/loom-rank") + " --coordinator 127.0.0.1:" + port +
+  return run("LOOM_TOKEN=" + token + " " + runfile("apps/loom-rank") + " --coordinator 127.0.0.1:" + port +
              " --rank 0 --connect-timeout 3 " + flags);
 }
 
@@ -77,11 +77,11 @@ TEST(ControlPlane, ALocalJobRunsOverMutualTlsAndRemovesItsKey) {
   std::string jobTmp = tmpdir() + "/loomrun_tmp";
   fs::remove_all(jobTmp);
   fs::create_directories(jobTmp);
-  Result r = run("TMPDIR=" + jobTmp + " " + runfile("runtime/loomrun") + " --nproc 1 --plans " + plans() + " --steps 1");
+  Result r = run("TMPDIR=" + jobTmp + " " + runfile("apps/loomrun") + " --nproc 1 --plans " + plans() + " --steps 1");
   ASSERT_EQ(r.exitCode, 0) << r.output;
   EXPECT_NE(r.output.find("(mutual TLS)"), std::string::npos) << r.output;
   EXPECT_TRUE(fs::is_empty(jobTmp)) << "loomrun left " << fs::directory_iterator(jobTmp)->path();
-  Result plain = run(runfile("runtime/loomrun") + " --nproc 1 --plans " + plans() + " --steps 1 --insecure");
+  Result plain = run(runfile("apps/loomrun") + " --nproc 1 --plans " + plans() + " --steps 1 --insecure");
   ASSERT_EQ(plain.exitCode, 0) << plain.output;
   EXPECT_NE(plain.output.find("(plaintext)"), std::string::npos) << plain.output;
 }
@@ -133,22 +133,22 @@ TEST(ControlPlane, ATlsCoordinatorTurnsAwayWhomItShould) {
 }
 
 TEST(ControlPlane, PlaintextOnAReachableAddressNeedsInsecure) {
-  Result refused = run(runfile("runtime/loom-coord") + " --plans " + plans() + " --token t --bind 0.0.0.0");
+  Result refused = run(runfile("apps/loom-coord") + " --plans " + plans() + " --token t --bind 0.0.0.0");
   EXPECT_EQ(refused.exitCode, 1);
   EXPECT_NE(refused.output.find("loom-coord: error: refusing to serve the job token in plaintext on 0.0.0.0"),
             std::string::npos)
       << refused.output;
   Coordinator insecure("--bind 0.0.0.0 --insecure --registration-timeout 1");
   EXPECT_FALSE(insecure.port.empty()) << "--insecure did not start the coordinator";
-  Result contradiction = run(runfile("runtime/loom-coord") + " --plans " + plans() + " --token t --insecure --tls-ca x");
+  Result contradiction = run(runfile("apps/loom-coord") + " --plans " + plans() + " --token t --insecure --tls-ca x");
   EXPECT_EQ(contradiction.exitCode, 1);
   EXPECT_NE(contradiction.output.find("--insecure and --tls-* contradict each other"), std::string::npos)
       << contradiction.output;
-  Result halfPair = run(runfile("runtime/loom-coord") + " --plans " + plans() + " --token t --tls-cert x.pem");
+  Result halfPair = run(runfile("apps/loom-coord") + " --plans " + plans() + " --token t --tls-cert x.pem");
   EXPECT_NE(halfPair.output.find("--tls-cert and --tls-key go together"), std::string::npos) << halfPair.output;
   control::TlsFiles f = certificate("cert_notpem");
   std::ofstream(f.key) << "not a key";
-  Result notPem = run(runfile("runtime/loom-coord") + " --plans " + plans() + " --token t --tls-cert " + f.cert +
+  Result notPem = run(runfile("apps/loom-coord") + " --plans " + plans() + " --token t --tls-cert " + f.cert +
                       " --tls-key " + f.key);
   EXPECT_NE(notPem.output.find(f.key + ": not a PEM file"), std::string::npos) << notPem.output;
 }

@@ -9,7 +9,7 @@ rm -rf "$work" && mkdir -p "$work/py"
 /usr/bin/protoc --proto_path="$root/protos" --python_out="$work/py" "$root/protos/tensorboard.proto"
 "$root/compiler/loomc" compile "$root/tests/runtime/Inputs/gpt-tiny-nodropout.pbtxt" \
   --cluster "$root/tests/runtime/Inputs/t1p2d1.pbtxt" --out "$work/plans" --quiet
-"$root/runtime/loomrun" --nproc 2 --plans "$work/plans" --steps 6 --eval-interval 3 --loss-log "$work/loss.log" \
+"$root/apps/loomrun" --nproc 2 --plans "$work/plans" --steps 6 --eval-interval 3 --loss-log "$work/loss.log" \
   --tensorboard-dir "$work/tb" --metrics-file "$work/metrics.jsonl" > "$work/run.log" 2>&1 || {
   cat "$work/run.log"; exit 1; }
 files=("$work"/tb/events.out.tfevents.*)

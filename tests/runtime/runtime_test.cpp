@@ -27,7 +27,7 @@ namespace {
 
 std::string tmpdir() { return std::getenv("TEST_TMPDIR") ? std::getenv("TEST_TMPDIR") : "/tmp"; }
 std::string loomc() { return runfile("compiler/loomc"); }
-std::string loomrun() { return runfile("runtime/loomrun"); }
+std::string loomrun() { return runfile("apps/loomrun"); }
 std::string input(const std::string &name) { return runfile("tests/runtime/Inputs/" + name); }
 // Bytes in `path`, 0 when it does not exist (yet).
 int64_t fileSize(const std::string &path) {
@@ -429,7 +429,7 @@ TEST(Runtime, AWrongTokenIsRefused) {
   std::remove(portFile.c_str());
   Result coord;
   std::thread c([&] {
-    coord = run(runfile("runtime/loom-coord") + " --plans " + plans + " --token right --port-file " + portFile +
+    coord = run(runfile("apps/loom-coord") + " --plans " + plans + " --token right --port-file " + portFile +
                 " --registration-timeout 8");
   });
   std::string port;
@@ -437,7 +437,7 @@ TEST(Runtime, AWrongTokenIsRefused) {
     std::this_thread::sleep_for(std::chrono::milliseconds(100));
     std::ifstream(portFile) >> port;
   }
-  Result r = run("LOOM_TOKEN=wrong " + runfile("runtime/loom-rank") + " --coordinator 127.0.0.1:" + port + " --rank 0");
+  Result r = run("LOOM_TOKEN=wrong " + runfile("apps/loom-rank") + " --coordinator 127.0.0.1:" + port + " --rank 0");
   EXPECT_EQ(r.exitCode, 1);
   EXPECT_NE(r.output.find("loom-rank 0: error: the coordinator at 127.0.0.1:" + port + " refused the job token"),
             std::string::npos)
@@ -448,26 +448,26 @@ TEST(Runtime, AWrongTokenIsRefused) {
 }
 
 TEST(Runtime, MalformedFlagsAreOneLineErrors) {
-  Result r = run("LOOM_TOKEN=x " + runfile("runtime/loom-rank") + " --coordinator 127.0.0.1:9 --rank x");
+  Result r = run("LOOM_TOKEN=x " + runfile("apps/loom-rank") + " --coordinator 127.0.0.1:9 --rank x");
   EXPECT_EQ(r.exitCode, 2);
   EXPECT_EQ(r.output, "loom-rank: for the --rank option: 'x' value invalid for integer argument!\n");
-  r = run("LOOM_TOKEN=x " + runfile("runtime/loom-rank") + " --coordinator 127.0.0.1:9 --rank 0 --lr fast");
+  r = run("LOOM_TOKEN=x " + runfile("apps/loom-rank") + " --coordinator 127.0.0.1:9 --rank 0 --lr fast");
   EXPECT_EQ(r.exitCode, 2);
   EXPECT_EQ(r.output, "loom-rank: for the --lr option: 'fast' value invalid for floating point argument!\n");
-  r = run("LOOM_TOKEN=x " + runfile("runtime/loom-rank") + " --coordinator 127.0.0.1:9 --rank 0 --device tpu");
+  r = run("LOOM_TOKEN=x " + runfile("apps/loom-rank") + " --coordinator 127.0.0.1:9 --rank 0 --device tpu");
   EXPECT_EQ(r.exitCode, 1);
   EXPECT_EQ(r.output, "loom-rank: error: --device tpu: expected cpu or cuda\n");
-  r = run("LOOM_TOKEN=x " + runfile("runtime/loom-rank") + " --coordinator 127.0.0.1:9 --rank 0 --precision bf16");
+  r = run("LOOM_TOKEN=x " + runfile("apps/loom-rank") + " --coordinator 127.0.0.1:9 --rank 0 --precision bf16");
   EXPECT_EQ(r.exitCode, 1);
   EXPECT_EQ(r.output, "loom-rank: error: --precision bf16: the CPU backend computes in fp32 (use --device cuda)\n");
-  r = run("LOOM_TOKEN=x " + runfile("runtime/loom-rank") +
+  r = run("LOOM_TOKEN=x " + runfile("apps/loom-rank") +
           " --coordinator 127.0.0.1:9 --rank 0 --device cuda --precision fp8");
   EXPECT_EQ(r.exitCode, 1);
   EXPECT_EQ(r.output, "loom-rank: error: --precision fp8: expected fp32, bf16 or fp16\n");
-  r = run("LOOM_TOKEN=x " + runfile("runtime/loom-rank") + " --coordinator 127.0.0.1:9 --rank 0 --attention flash");
+  r = run("LOOM_TOKEN=x " + runfile("apps/loom-rank") + " --coordinator 127.0.0.1:9 --rank 0 --attention flash");
   EXPECT_EQ(r.exitCode, 1);
   EXPECT_EQ(r.output, "loom-rank: error: --attention needs --device cuda\n");
-  r = run("LOOM_TOKEN=x " + runfile("runtime/loom-rank") + " --coordinator 127.0.0.1:9 --rank 0 --gpu 1");
+  r = run("LOOM_TOKEN=x " + runfile("apps/loom-rank") + " --coordinator 127.0.0.1:9 --rank 0 --gpu 1");
   EXPECT_EQ(r.exitCode, 1);
   EXPECT_EQ(r.output, "loom-rank: error: --gpu needs --device cuda\n");
   // loomrun parses the rank flags too: a malformed one stops it before it starts anything.
@@ -495,7 +495,7 @@ TEST(Runtime, DeviceCudaWithoutAGpuIsOneLineError) {
 }
 
 TEST(Runtime, AnUnreachableCoordinatorIsRetriedThenReported) {
-  Result r = run("LOOM_TOKEN=x " + runfile("runtime/loom-rank") +
+  Result r = run("LOOM_TOKEN=x " + runfile("apps/loom-rank") +
                  " --coordinator 127.0.0.1:9 --rank 0 --connect-timeout 2");
   EXPECT_EQ(r.exitCode, 1);
   EXPECT_NE(r.output.find("loom-rank 0: error: cannot reach the coordinator at 127.0.0.1:9 after"), std::string::npos)

@@ -41,7 +41,7 @@ std::string compile(const std::string &cluster, const std::string &model = "gpt-
 }
 
 Result train(const std::string &plans, int nproc, const std::string &flags) {
-  return run(runfile("runtime/loomrun") + " --nproc " + std::to_string(nproc) + " --plans " + plans +
+  return run(runfile("apps/loomrun") + " --nproc " + std::to_string(nproc) + " --plans " + plans +
              " --data-prefix " + dataset() + " --lr 3e-3 --warmup 2 --seed 7 " + flags);
 }
 

@@ -41,8 +41,8 @@ export SLURM_CONF=$cluster/slurm.conf
 
 # The job directory: what the README's script expects to find (bazel-bin/, plans/).
 job="$work/job"
-mkdir -p "$job/bazel-bin/runtime"
-ln -s "$root/runtime/loom-coord" "$root/runtime/loom-rank" "$job/bazel-bin/runtime/"
+mkdir -p "$job/bazel-bin/apps"
+ln -s "$root/apps/loom-coord" "$root/apps/loom-rank" "$job/bazel-bin/apps/"
 "$root/compiler/loomc" compile "$root/examples/models/gpt-tiny.pbtxt" --cluster "$root/examples/clusters/cpu-4.pbtxt" \
   --out "$job/plans" --quiet || { echo "FAIL: loomc compile"; exit 1; }
 

@@ -14,9 +14,9 @@ cases=(
   "compiler/loom-dump|plans --rank one"
   "compiler/loom-generate|--tokens many"
   "data/loom-preprocess|--valid-fraction half"
-  "runtime/loomrun|--nproc four"
-  "runtime/loom-rank|--coordinator 127.0.0.1:9 --rank 0 --steps 1e"
-  "runtime/loom-coord|--plans p --heartbeat-timeout 10s"
+  "apps/loomrun|--nproc four"
+  "apps/loom-rank|--coordinator 127.0.0.1:9 --rank 0 --steps 1e"
+  "apps/loom-coord|--plans p --heartbeat-timeout 10s"
   "bench/sgemm_peak|--size=big"
   "tools/gpu/loom-gpt-bench|--plans p --gemm-size 8k"
 )

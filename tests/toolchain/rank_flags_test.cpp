@@ -1,6 +1,6 @@
-// loom-rank's training flags as loomrun sees them (runtime/RankFlags.h): parsed and checked by
+// loom-rank's training flags as loomrun sees them (apps/RankFlags.h): parsed and checked by
 // llvm::cl, and passed on to the ranks exactly as they were given.
-#include "runtime/RankFlags.h"
+#include "apps/RankFlags.h"
 
 #include <gtest/gtest.h>
 

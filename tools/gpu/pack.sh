@@ -5,9 +5,9 @@
 # they stay behind. usage: tools/gpu/pack.sh
 set -euo pipefail
 cd "$(dirname "$0")/../.."
-bazel-4 build //tests/cuda:cuda_kernels_test //tests/cuda:lt_linear_test //tests/cuda:nccl_group_test //tests/cuda:attention_test //tests/cuda:cuda_executor_test //tests/cuda:cuda_trainer_test //tools/gpu:loom-gpt-bench //runtime:loomrun //runtime:loom-coord //runtime:loom-rank //compiler:loomc //tests/toolchain:cuda_deps_test
+bazel-4 build //tests/cuda:cuda_kernels_test //tests/cuda:lt_linear_test //tests/cuda:nccl_group_test //tests/cuda:attention_test //tests/cuda:cuda_executor_test //tests/cuda:cuda_trainer_test //tools/gpu:loom-gpt-bench //apps:loomrun //apps:loom-coord //apps:loom-rank //compiler:loomc //tests/toolchain:cuda_deps_test
 rm -rf gpu-pack && mkdir -p gpu-pack/bin gpu-pack/lib
-for t in tests/cuda/cuda_kernels_test tests/cuda/lt_linear_test tests/cuda/nccl_group_test tests/cuda/attention_test tests/cuda/cuda_executor_test tests/cuda/cuda_trainer_test tools/gpu/loom-gpt-bench runtime/loomrun runtime/loom-coord runtime/loom-rank tests/toolchain/cuda_deps_test; do
+for t in tests/cuda/cuda_kernels_test tests/cuda/lt_linear_test tests/cuda/nccl_group_test tests/cuda/attention_test tests/cuda/cuda_executor_test tests/cuda/cuda_trainer_test tools/gpu/loom-gpt-bench apps/loomrun apps/loom-coord apps/loom-rank tests/toolchain/cuda_deps_test; do
   cp -L "bazel-bin/$t" gpu-pack/bin/
   ldd "bazel-bin/$t" | awk '/=> \// {print $3}' | while read -r lib; do
     case "$(basename "$lib")" in

@@ -3,7 +3,7 @@
 // command line, refuses a malformed one before it starts anything, lists them in its --help,
 // and passes to every loom-rank the arguments that set them, as they were given
 // (forwardedArguments()). The flags that say which job and rank a process is (--coordinator,
-// --rank, --token, --tls-*) are loom-rank's alone (runtime/loom_rank.cpp): loomrun sets those.
+// --rank, --token, --tls-*) are loom-rank's alone (apps/loom_rank.cpp): loomrun sets those.
 #pragma once
 
 #include <cstdint>

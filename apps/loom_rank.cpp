@@ -31,7 +31,7 @@
 #include "formats/HfLlama.h"
 #include "runtime/PlanVersion.h"
 #include "runtime/CpuBackend.h"
-#include "runtime/RankFlags.h"
+#include "apps/RankFlags.h"
 #include "runtime/cuda/Precision.h"
 #ifdef LOOM_WITH_CUDA  // a build with the CUDA toolkit (third_party/cuda_configure.bzl)
 #include "runtime/cuda/CudaKernels.h"
@@ -140,7 +140,7 @@ namespace rf = loom::rankflags;
 namespace cl = llvm::cl;
 
 // Which job and rank this process is: loomrun sets these for each rank it starts (the training
-// flags, which loomrun also accepts and passes on, are in runtime/RankFlags.cpp).
+// flags, which loomrun also accepts and passes on, are in apps/RankFlags.cpp).
 cl::opt<std::string> coordinator("coordinator", cl::desc("the job's coordinator (loom-coord), required"),
                                  cl::value_desc("HOST:PORT"), cl::cat(rf::category));
 cl::opt<int> rankFlag("rank", cl::desc("this process's rank in the job, required"), cl::value_desc("R"),

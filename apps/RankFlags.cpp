@@ -1,4 +1,4 @@
-#include "runtime/RankFlags.h"
+#include "apps/RankFlags.h"
 
 namespace loom::rankflags {
 

@@ -1,7 +1,7 @@
 // loomrun: start a local Loom job, like torchrun: the coordinator and N rank processes.
 //   loomrun --nproc N --plans DIR [--bind 127.0.0.1] [--port 0]
 //           [--tls-cert F --tls-key F --tls-ca F | --insecure] [RANK FLAGS...]
-// Rank flags (--steps, --lr, --seed, --threads, --dump-grads, ...: runtime/RankFlags.h) are
+// Rank flags (--steps, --lr, --seed, --threads, --dump-grads, ...: apps/RankFlags.h) are
 // checked here, then go to every loom-rank as they were given.
 // The control plane is TLS: with a throwaway self-signed certificate the launcher creates
 // (and removes) unless one is given; --insecure runs it in plaintext (loopback only).
@@ -26,7 +26,7 @@
 #include <vector>
 
 #include "runtime/PlanVersion.h"
-#include "runtime/RankFlags.h"
+#include "apps/RankFlags.h"
 #include "protos/plan.pb.h"
 #include "runtime/control/CommandLine.h"
 #include "runtime/control/CoordinatorClient.h"
