@@ -19,7 +19,7 @@
 #include "runtime/PlanVersion.h"
 #include "protos/plan.pb.h"
 #include "runtime/control/CoordinatorService.h"
-#include "runtime/control/CommandLine.h"
+#include "support/CommandLine.h"
 #include "runtime/control/Tls.h"
 
 constexpr char kUsage[] =

@@ -40,7 +40,7 @@
 #include "runtime/cuda/PipelineLinks.h"
 #endif
 #include "runtime/control/CoordinatorClient.h"
-#include "runtime/control/CommandLine.h"
+#include "support/CommandLine.h"
 #include "data/GptDataset.h"
 #include "train/Trainer.h"
 #include "train/TrainingLoop.h"

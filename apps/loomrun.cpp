@@ -28,7 +28,7 @@
 #include "runtime/PlanVersion.h"
 #include "apps/RankFlags.h"
 #include "protos/plan.pb.h"
-#include "runtime/control/CommandLine.h"
+#include "support/CommandLine.h"
 #include "runtime/control/CoordinatorClient.h"
 #include "runtime/control/Tls.h"
 

@@ -14,7 +14,7 @@
 #include <string>
 #include <vector>
 
-#include "runtime/control/CommandLine.h"
+#include "support/CommandLine.h"
 
 namespace cl = llvm::cl;
 

@@ -22,8 +22,8 @@
 #include "passes/ModelFacts.h"
 #include "passes/Passes.h"
 #include "protos/plan.pb.h"
-#include "runtime/Checksum.h"
-#include "runtime/ProgressMeter.h"
+#include "support/Checksum.h"
+#include "support/ProgressMeter.h"
 
 namespace loom {
 namespace {

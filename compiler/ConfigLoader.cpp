@@ -6,7 +6,7 @@
 #include "llvm/ADT/SmallString.h"
 #include "llvm/Support/FormatVariadic.h"
 #include "llvm/Support/Path.h"
-#include "runtime/FileIO.h"
+#include "support/FileIO.h"
 
 namespace loom {
 namespace {

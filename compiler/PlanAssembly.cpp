@@ -1,4 +1,4 @@
-#include "runtime/ProgressMeter.h"
+#include "support/ProgressMeter.h"
 #include "compiler/PlanAssembly.h"
 
 #include <optional>
@@ -12,7 +12,7 @@
 #include "runtime/Collectives.h"
 #include "runtime/Executor.h"
 #include "runtime/PlanVersion.h"
-#include "runtime/ProgressMeter.h"
+#include "support/ProgressMeter.h"
 #include "runtime/cuda/DeviceMemory.h"
 
 namespace loom {

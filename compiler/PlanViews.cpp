@@ -4,8 +4,8 @@
 
 #include "compiler/Units.h"
 #include "runtime/PlanAttributes.h"
-#include "runtime/Checksum.h"
-#include "runtime/FileIO.h"
+#include "support/Checksum.h"
+#include "support/FileIO.h"
 #include "runtime/PlanVersion.h"
 #include "llvm/Support/FormatVariadic.h"
 

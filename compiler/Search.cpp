@@ -14,7 +14,7 @@
 #include "llvm/ADT/ScopeExit.h"
 #include "llvm/Support/FormatVariadic.h"
 #include "llvm/Support/raw_ostream.h"
-#include "runtime/ProgressMeter.h"
+#include "support/ProgressMeter.h"
 
 namespace loom {
 namespace {

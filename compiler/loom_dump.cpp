@@ -17,7 +17,7 @@
 #include "llvm/Support/CommandLine.h"
 #include "llvm/Support/FormatVariadic.h"
 #include "passes/ModelFacts.h"
-#include "runtime/control/CommandLine.h"
+#include "support/CommandLine.h"
 
 namespace cl = llvm::cl;
 

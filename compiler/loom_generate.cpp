@@ -17,7 +17,7 @@
 #include "formats/HfGpt2.h"
 #include "formats/HfLlama.h"
 #include "formats/Safetensors.h"
-#include "runtime/control/CommandLine.h"
+#include "support/CommandLine.h"
 #include "data/Bpe.h"
 
 constexpr char kUsage[] =

@@ -43,7 +43,7 @@
 #include "mlir/Support/ToolUtilities.h"
 #include "mlir/Tools/mlir-opt/MlirOptMain.h"
 #include "passes/Passes.h"
-#include "runtime/control/CommandLine.h"
+#include "support/CommandLine.h"
 #include "ir/LoomDialect.h"
 
 namespace cl = llvm::cl;

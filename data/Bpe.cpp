@@ -8,7 +8,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "runtime/FileIO.h"
+#include "support/FileIO.h"
 
 namespace loom {
 namespace {

@@ -15,7 +15,7 @@
 #include <unordered_map>
 #include <vector>
 
-#include "runtime/Status.h"
+#include "support/Status.h"
 
 namespace loom {
 

@@ -8,7 +8,7 @@
 #include <cstring>
 
 #include "formats/Safetensors.h"
-#include "runtime/FileIO.h"
+#include "support/FileIO.h"
 
 namespace loom {
 namespace {

@@ -10,7 +10,7 @@
 #include <string>
 #include <vector>
 
-#include "runtime/Status.h"
+#include "support/Status.h"
 
 namespace loom {
 

@@ -22,13 +22,13 @@
 #include <map>
 #include <sstream>
 
-#include "runtime/control/CommandLine.h"
+#include "support/CommandLine.h"
 #include "data/Bpe.h"
 #include "data/BpeTrainer.h"
 #include "data/GptDataset.h"
 #include "data/IndexedDataset.h"
 #include "data/TextSources.h"
-#include "runtime/ProgressMeter.h"
+#include "support/ProgressMeter.h"
 
 constexpr char kUsage[] =
     "loom-preprocess: text -> GPT-2 BPE token ids -> Megatron indexed dataset (PREFIX.bin/.idx).\n"

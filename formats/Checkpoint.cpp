@@ -8,8 +8,8 @@
 
 #include <nlohmann/json.hpp>
 
-#include "runtime/Checksum.h"
-#include "runtime/FileIO.h"
+#include "support/Checksum.h"
+#include "support/FileIO.h"
 #include "formats/Safetensors.h"
 
 namespace loom {

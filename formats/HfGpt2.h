@@ -10,7 +10,7 @@
 #include <map>
 #include <string>
 
-#include "runtime/Status.h"
+#include "support/Status.h"
 #include "runtime/Tensor.h"
 
 namespace loom {

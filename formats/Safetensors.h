@@ -8,8 +8,8 @@
 #include <string>
 #include <vector>
 
-#include "runtime/FileIO.h"
-#include "runtime/Status.h"
+#include "support/FileIO.h"
+#include "support/Status.h"
 #include "runtime/Tensor.h"
 
 namespace loom {

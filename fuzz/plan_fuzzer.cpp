@@ -2,7 +2,7 @@
 // checks loom-rank applies before executing anything (runtime/PlanFiles.h). The program
 // file's checksum gate is set to the input's own, or mutations would never get past it.
 #include "fuzz/FuzzSupport.h"
-#include "runtime/Checksum.h"
+#include "support/Checksum.h"
 #include "runtime/Executor.h"
 #include "runtime/PlanFiles.h"
 

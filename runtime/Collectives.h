@@ -7,7 +7,7 @@
 #include <string>
 #include <vector>
 
-#include "runtime/Status.h"
+#include "support/Status.h"
 
 namespace loom {
 

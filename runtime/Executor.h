@@ -13,7 +13,7 @@
 #include "protos/plan.pb.h"
 #include "runtime/Collectives.h"
 #include "runtime/Progress.h"
-#include "runtime/Status.h"
+#include "support/Status.h"
 #include "runtime/Tensor.h"
 #include "runtime/Trace.h"
 

@@ -10,7 +10,7 @@
 
 #include "plan/InstructionSet.h"
 #include "protos/plan.pb.h"
-#include "runtime/Status.h"
+#include "support/Status.h"
 
 namespace loom {
 

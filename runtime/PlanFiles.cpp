@@ -1,6 +1,6 @@
 #include "runtime/PlanFiles.h"
 
-#include "runtime/Checksum.h"
+#include "support/Checksum.h"
 #include "runtime/Executor.h"
 #include "runtime/PlanVersion.h"
 

@@ -8,7 +8,7 @@
 #include <string>
 
 #include "protos/plan.pb.h"
-#include "runtime/Status.h"
+#include "support/Status.h"
 
 namespace loom {
 

@@ -10,7 +10,7 @@
 #include <vector>
 
 #include "protos/plan.pb.h"
-#include "runtime/Status.h"
+#include "support/Status.h"
 
 namespace loom {
 

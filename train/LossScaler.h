@@ -7,7 +7,7 @@
 
 #include <cstdint>
 
-#include "runtime/Status.h"
+#include "support/Status.h"
 
 namespace loom {
 

@@ -5,7 +5,7 @@
 #include <cmath>
 #include <thread>
 
-#include "runtime/Checksum.h"
+#include "support/Checksum.h"
 #include "runtime/cpu/Philox.h"
 
 namespace loom {

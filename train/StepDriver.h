@@ -15,7 +15,7 @@
 #include "data/DataSource.h"
 #include "runtime/Executor.h"
 #include "runtime/StepBackend.h"
-#include "runtime/Status.h"
+#include "support/Status.h"
 #include "runtime/Tensor.h"
 #include "runtime/Trace.h"
 

@@ -6,8 +6,8 @@
 
 #include "train/ParamInit.h"
 #include "formats/Safetensors.h"
-#include "runtime/Checksum.h"
-#include "runtime/ProgressMeter.h"
+#include "support/Checksum.h"
+#include "support/ProgressMeter.h"
 #include "runtime/Shards.h"
 
 namespace loom {

@@ -7,7 +7,7 @@
 
 #include "gloo/rendezvous/store.h"
 #include "protos/control.grpc.pb.h"
-#include "runtime/Status.h"
+#include "support/Status.h"
 #include "runtime/control/Tls.h"
 
 namespace loom::control {

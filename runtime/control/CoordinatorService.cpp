@@ -7,7 +7,7 @@
 #include <vector>
 #include <filesystem>
 
-#include "runtime/FileIO.h"
+#include "support/FileIO.h"
 #include "runtime/control/Tls.h"
 
 namespace loom::control {

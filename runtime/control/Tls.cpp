@@ -11,7 +11,7 @@
 #include <cstdio>
 #include <ctime>
 
-#include "runtime/FileIO.h"
+#include "support/FileIO.h"
 
 namespace loom::control {
 

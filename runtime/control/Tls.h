@@ -10,7 +10,7 @@
 #include <memory>
 #include <string>
 
-#include "runtime/Status.h"
+#include "support/Status.h"
 
 namespace loom::control {
 

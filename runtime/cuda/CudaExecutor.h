@@ -31,7 +31,7 @@
 
 #include "protos/plan.pb.h"
 #include "runtime/Executor.h"
-#include "runtime/Status.h"
+#include "support/Status.h"
 #include "runtime/Tensor.h"
 #include "runtime/cuda/HalfPrecision.h"
 

@@ -6,7 +6,7 @@
 
 #include <string>
 
-#include "runtime/Status.h"
+#include "support/Status.h"
 
 namespace loom::cuda {
 

@@ -16,7 +16,7 @@
 
 #include <cstddef>
 
-#include "runtime/Status.h"
+#include "support/Status.h"
 #include "runtime/cpu/Kernels.h"
 #include "runtime/cuda/ScratchLayout.h"
 

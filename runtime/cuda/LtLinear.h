@@ -12,7 +12,7 @@
 #include <cstdint>
 #include <memory>
 
-#include "runtime/Status.h"
+#include "support/Status.h"
 #include "runtime/cuda/HalfPrecision.h"
 
 namespace loom::cuda {

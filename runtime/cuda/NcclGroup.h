@@ -14,7 +14,7 @@
 #include <vector>
 
 #include "runtime/Collectives.h"
-#include "runtime/Status.h"
+#include "support/Status.h"
 #include "runtime/control/CoordinatorClient.h"
 
 namespace loom::cuda {

@@ -29,7 +29,7 @@
 #include <vector>
 
 #include "protos/plan.pb.h"
-#include "runtime/Status.h"
+#include "support/Status.h"
 #include "runtime/control/CoordinatorClient.h"
 
 namespace loom::cuda {

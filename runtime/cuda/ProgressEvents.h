@@ -10,7 +10,7 @@
 #include <vector>
 
 #include "runtime/Progress.h"
-#include "runtime/Status.h"
+#include "support/Status.h"
 
 namespace loom::cuda {
 

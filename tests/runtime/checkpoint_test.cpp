@@ -8,7 +8,7 @@
 
 #include "formats/Checkpoint.h"
 #include "formats/Safetensors.h"
-#include "runtime/Checksum.h"
+#include "support/Checksum.h"
 
 namespace loom {
 namespace {

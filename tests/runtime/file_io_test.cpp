@@ -4,7 +4,7 @@
 #include <fstream>
 
 #include "formats/Safetensors.h"
-#include "runtime/FileIO.h"
+#include "support/FileIO.h"
 
 namespace loom {
 namespace {

@@ -1,5 +1,5 @@
 // The progress line's text (runtime/ProgressMeter.h), and its silence off a terminal.
-#include "runtime/ProgressMeter.h"
+#include "support/ProgressMeter.h"
 
 #include <gtest/gtest.h>
 

@@ -16,7 +16,7 @@
 
 #include "protos/plan.pb.h"
 #include "formats/Safetensors.h"
-#include "runtime/Checksum.h"
+#include "support/Checksum.h"
 #ifdef LOOM_WITH_CUDA
 #include "runtime/cuda/CudaKernels.h"
 #endif

@@ -7,7 +7,7 @@
 #include <string>
 #include <vector>
 
-#include "runtime/control/CommandLine.h"
+#include "support/CommandLine.h"
 
 namespace loom::rankflags {
 namespace {

@@ -5,7 +5,7 @@
 #include <functional>
 #include <string>
 
-#include "runtime/Status.h"
+#include "support/Status.h"
 
 namespace loom {
 

@@ -1,4 +1,4 @@
-#include "runtime/ProgressMeter.h"
+#include "support/ProgressMeter.h"
 
 #include <unistd.h>
 

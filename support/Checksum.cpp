@@ -1,4 +1,4 @@
-#include "runtime/Checksum.h"
+#include "support/Checksum.h"
 
 #include <cstdio>
 

@@ -1,4 +1,4 @@
-#include "runtime/FileIO.h"
+#include "support/FileIO.h"
 
 #include <fcntl.h>
 #include <sys/stat.h>
