@@ -16,7 +16,7 @@
 #include <random>
 #include <thread>
 
-#include "runtime/PlanVersion.h"
+#include "plan/PlanVersion.h"
 #include "protos/plan.pb.h"
 #include "runtime/control/CoordinatorService.h"
 #include "support/CommandLine.h"

@@ -29,7 +29,7 @@
 #include "formats/Safetensors.h"
 #include "formats/HfGpt2.h"
 #include "formats/HfLlama.h"
-#include "runtime/PlanVersion.h"
+#include "plan/PlanVersion.h"
 #include "runtime/CpuBackend.h"
 #include "apps/RankFlags.h"
 #include "runtime/cuda/Precision.h"

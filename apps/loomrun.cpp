@@ -25,7 +25,7 @@
 #include <thread>
 #include <vector>
 
-#include "runtime/PlanVersion.h"
+#include "plan/PlanVersion.h"
 #include "apps/RankFlags.h"
 #include "protos/plan.pb.h"
 #include "support/CommandLine.h"

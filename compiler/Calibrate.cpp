@@ -23,7 +23,7 @@
 #include "llvm/Support/FormatVariadic.h"
 #include "runtime/Executor.h"
 #include "runtime/GlooCollectives.h"
-#include "runtime/PlanAttributes.h"
+#include "plan/PlanAttributes.h"
 #include "runtime/ThreadCollectives.h"
 
 extern char **environ;

@@ -3,7 +3,7 @@
 #include <algorithm>
 #include <cmath>
 
-#include "runtime/PlanAttributes.h"
+#include "plan/PlanAttributes.h"
 
 namespace loom {
 namespace {

@@ -9,9 +9,9 @@
 #include "ir/ParamAttrs.h"
 #include "llvm/Support/FormatVariadic.h"
 #include "mlir/Dialect/Func/IR/FuncOps.h"
-#include "runtime/Collectives.h"
+#include "plan/Layout.h"
 #include "runtime/Executor.h"
-#include "runtime/PlanVersion.h"
+#include "plan/PlanVersion.h"
 #include "support/ProgressMeter.h"
 #include "runtime/cuda/DeviceMemory.h"
 

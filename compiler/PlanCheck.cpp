@@ -7,8 +7,8 @@
 #include "compiler/StepSemantics.h"
 #include "llvm/Support/FormatVariadic.h"
 #include "plan/InstructionSet.h"
-#include "runtime/Executor.h"
-#include "runtime/PlanAttributes.h"
+#include "plan/ProgramCheck.h"
+#include "plan/PlanAttributes.h"
 
 namespace loom {
 namespace {

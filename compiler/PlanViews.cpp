@@ -3,10 +3,10 @@
 #include <filesystem>
 
 #include "compiler/Units.h"
-#include "runtime/PlanAttributes.h"
+#include "plan/PlanAttributes.h"
 #include "support/Checksum.h"
 #include "support/FileIO.h"
-#include "runtime/PlanVersion.h"
+#include "plan/PlanVersion.h"
 #include "llvm/Support/FormatVariadic.h"
 
 namespace loom {

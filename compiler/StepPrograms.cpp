@@ -8,7 +8,7 @@
 #include "ir/ParamAttrs.h"
 #include "mlir/Dialect/Func/IR/FuncOps.h"
 #include "plan/InstructionSet.h"
-#include "runtime/PlanAttributes.h"
+#include "plan/PlanAttributes.h"
 
 namespace loom {
 namespace {

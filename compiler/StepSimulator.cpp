@@ -13,8 +13,8 @@
 #include "llvm/Support/FormatVariadic.h"
 #include "llvm/Support/raw_ostream.h"
 #include "plan/InstructionSet.h"
-#include "runtime/Executor.h"
-#include "runtime/PlanAttributes.h"
+#include "plan/ProgramCheck.h"
+#include "plan/PlanAttributes.h"
 
 namespace loom {
 namespace {

@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "plan/Layout.h"
 #include "support/Status.h"
 
 namespace loom {
@@ -31,20 +32,5 @@ class Collectives {
   // Waits until this rank's sends were delivered (at the end of a step).
   virtual Status flush() { return Status::ok(); }
 };
-
-// Rank order as in Megatron-Core: tensor-parallel fastest, then data, then pipeline:
-// rank = tp + t * (dp + d * pp).
-struct ParallelLayout {
-  int t = 1, p = 1, d = 1;
-  int world() const { return t * p * d; }
-  int tpOf(int rank) const { return rank % t; }
-  int dpOf(int rank) const { return (rank / t) % d; }
-  int ppOf(int rank) const { return rank / (t * d); }
-  int rankOf(int tp, int dp, int pp) const { return tp + t * (dp + d * pp); }
-};
-
-// Global ranks, in group order, of `group` ("tp", "dp", "pp", "embedding" = the first and last
-// pipeline stage, "world") containing `rank`; empty for an unknown group.
-std::vector<int> groupMembers(const ParallelLayout &layout, const std::string &group, int rank);
 
 }  // namespace loom

@@ -10,6 +10,7 @@
 #include "runtime/cpu/Kernels.h"
 #include <vector>
 
+#include "plan/ProgramCheck.h"
 #include "protos/plan.pb.h"
 #include "runtime/Collectives.h"
 #include "runtime/Progress.h"
@@ -19,8 +20,6 @@
 
 namespace loom {
 
-// Pipeline messages of micro-batch mb use their own tag range: messageTag = mb * this.
-constexpr int64_t kTagsPerMicroBatch = 1 << 12;
 
 struct ExecutionContext {
   Collectives *collectives = nullptr;  // required by programs with communication
@@ -79,10 +78,6 @@ struct ArgumentView {
   }
 };
 
-// What every executor checks of a plan read from a file before running it: streams, event
-// order and buffer ids (a one-line error naming the program otherwise).
-// Every instruction is also checked against its declaration (plan/InstructionSet.h).
-Status checkProgram(const plan::Program &program);
 // Every op of `program` has a CPU kernel (a one-line error naming op and backend otherwise).
 Status checkCpuKernels(const plan::Program &program);
 // Floats of scratch the CPU kernels of `program` need at once (its largest attention's S x S

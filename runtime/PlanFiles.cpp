@@ -2,7 +2,7 @@
 
 #include "support/Checksum.h"
 #include "runtime/Executor.h"
-#include "runtime/PlanVersion.h"
+#include "plan/PlanVersion.h"
 
 namespace loom {
 

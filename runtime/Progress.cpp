@@ -3,7 +3,7 @@
 #include <algorithm>
 #include <climits>
 
-#include "runtime/PlanAttributes.h"
+#include "plan/PlanAttributes.h"
 
 namespace loom {
 int64_t Progress::callNumber(const plan::Instruction &in) {

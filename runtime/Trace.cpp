@@ -7,7 +7,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "runtime/PlanAttributes.h"
+#include "plan/PlanAttributes.h"
 
 namespace loom {
 namespace {

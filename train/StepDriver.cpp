@@ -3,7 +3,7 @@
 #include <cmath>
 #include <cstdio>
 
-#include "runtime/PlanAttributes.h"
+#include "plan/PlanAttributes.h"
 #include "formats/Safetensors.h"
 
 namespace loom {

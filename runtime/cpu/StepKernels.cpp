@@ -2,7 +2,7 @@
 // the loss, and the optimizer over the flat buffers, registered by declared op.
 #include <algorithm>
 
-#include "runtime/PlanAttributes.h"
+#include "plan/PlanAttributes.h"
 #include "runtime/cpu/CpuKernelContext.h"
 #include "runtime/cpu/Optimizer.h"
 

@@ -6,7 +6,7 @@
 
 #include "plan/InstructionSet.h"
 #include "runtime/KernelRegistry.h"
-#include "runtime/PlanAttributes.h"
+#include "plan/PlanAttributes.h"
 #include "runtime/cpu/Kernels.h"
 #include "runtime/cpu/Optimizer.h"
 #include "runtime/cuda/Attention.h"

@@ -13,7 +13,7 @@
 
 #include "protos/plan.pb.h"
 #include "runtime/Executor.h"
-#include "runtime/PlanAttributes.h"
+#include "plan/PlanAttributes.h"
 #include "runtime/cuda/ScratchLayout.h"
 
 namespace loom::cuda {

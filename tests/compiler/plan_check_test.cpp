@@ -12,7 +12,7 @@
 
 #include "compiler/PlanCheck.h"
 #include "compiler/PlanViews.h"
-#include "runtime/PlanAttributes.h"
+#include "plan/PlanAttributes.h"
 
 namespace loom {
 namespace {

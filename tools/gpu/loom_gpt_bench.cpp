@@ -20,7 +20,7 @@
 #include <string>
 #include <vector>
 
-#include "runtime/PlanVersion.h"
+#include "plan/PlanVersion.h"
 #include "protos/plan.pb.h"
 #include "data/DataSource.h"
 #include "support/Checksum.h"

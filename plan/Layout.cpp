@@ -1,0 +1,23 @@
+#include "plan/Layout.h"
+
+namespace loom {
+
+std::vector<int> groupMembers(const ParallelLayout &l, const std::string &group, int rank) {
+  int tp = l.tpOf(rank), dp = l.dpOf(rank), pp = l.ppOf(rank);
+  std::vector<int> out;
+  if (group == "tp")
+    for (int i = 0; i < l.t; ++i) out.push_back(l.rankOf(i, dp, pp));
+  else if (group == "dp")
+    for (int i = 0; i < l.d; ++i) out.push_back(l.rankOf(tp, i, pp));
+  else if (group == "pp")
+    for (int i = 0; i < l.p; ++i) out.push_back(l.rankOf(tp, dp, i));
+  else if (group == "embedding") {  // first and last pipeline stage; a middle stage is alone
+    if (pp != 0 && pp != l.p - 1) return {rank};
+    out.push_back(l.rankOf(tp, dp, 0));
+    if (l.p > 1) out.push_back(l.rankOf(tp, dp, l.p - 1));
+  } else if (group == "world")
+    for (int i = 0; i < l.world(); ++i) out.push_back(i);
+  return out;
+}
+
+}  // namespace loom
