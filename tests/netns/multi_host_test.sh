@@ -9,8 +9,8 @@
 # with a message without.
 set -uo pipefail
 root="${TEST_SRCDIR:-$PWD}/${TEST_WORKSPACE:-loom}"
-[[ -d $root/runtime ]] || root="$PWD"
-bin="$root/runtime" loomc="$root/compiler/loomc"
+[[ -d $root/apps ]] || root="$PWD"
+bin="$root/apps" loomc="$root/compiler/loomc"
 work="${TEST_TMPDIR:-$(mktemp -d)}/netns"
 rm -rf "$work" && mkdir -p "$work"
 

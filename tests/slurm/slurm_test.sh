@@ -6,7 +6,7 @@
 # the coordinator reports all 4 ranks finished. Skips (saying why) without root or Slurm.
 set -uo pipefail
 root="${TEST_SRCDIR:-$PWD}/${TEST_WORKSPACE:-loom}"
-[[ -d $root/runtime ]] || root="$PWD"
+[[ -d $root/apps ]] || root="$PWD"
 work="${TEST_TMPDIR:-$(mktemp -d)}/slurm"
 rm -rf "$work" && mkdir -p "$work"
 
