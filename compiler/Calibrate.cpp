@@ -16,7 +16,7 @@
 
 #include <cblas.h>
 
-#include "compiler/CostModel.h"
+#include "analysis/CostModel.h"
 #include "compiler/ConfigLoader.h"
 #include "compiler/PlanViews.h"
 #include "gloo/rendezvous/file_store.h"

@@ -10,7 +10,7 @@
 #include "compiler/ModelBuilder.h"
 #include "compiler/ModelStats.h"
 #include "compiler/PlanAssembly.h"
-#include "compiler/PlanCheck.h"
+#include "analysis/PlanCheck.h"
 #include "compiler/StageBalance.h"
 #include "compiler/Schedule.h"
 #include "compiler/StepPrograms.h"

@@ -5,7 +5,7 @@
 #include <algorithm>
 #include <map>
 
-#include "compiler/Units.h"
+#include "analysis/Units.h"
 #include "ir/ParamAttrs.h"
 #include "llvm/Support/FormatVariadic.h"
 #include "mlir/Dialect/Func/IR/FuncOps.h"

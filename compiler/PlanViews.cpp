@@ -2,7 +2,7 @@
 
 #include <filesystem>
 
-#include "compiler/Units.h"
+#include "analysis/Units.h"
 #include "plan/PlanAttributes.h"
 #include "support/Checksum.h"
 #include "support/FileIO.h"

@@ -6,7 +6,7 @@
 #include <string>
 #include <vector>
 
-#include "compiler/PlanCheck.h"
+#include "analysis/PlanCheck.h"
 #include "llvm/Support/Error.h"
 #include "protos/plan.pb.h"
 

@@ -8,9 +8,9 @@
 #include <thread>
 
 #include "compiler/ConfigLoader.h"
-#include "compiler/CostModel.h"
+#include "analysis/CostModel.h"
 #include "compiler/Schedule.h"
-#include "compiler/Units.h"
+#include "analysis/Units.h"
 #include "llvm/ADT/ScopeExit.h"
 #include "llvm/Support/FormatVariadic.h"
 #include "llvm/Support/raw_ostream.h"

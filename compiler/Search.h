@@ -16,7 +16,7 @@
 #include <vector>
 
 #include "compiler/CompiledPlans.h"
-#include "compiler/StepSimulator.h"
+#include "analysis/StepSimulator.h"
 #include "llvm/Support/Error.h"
 #include "protos/cluster.pb.h"
 #include "protos/model.pb.h"

@@ -3,7 +3,7 @@
 #include <algorithm>
 #include <limits>
 
-#include "compiler/CostModel.h"
+#include "analysis/CostModel.h"
 #include "compiler/Lowering.h"
 #include "ir/LoomDialect.h"
 #include "ir/ParamAttrs.h"

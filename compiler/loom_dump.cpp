@@ -11,7 +11,7 @@
 #include "compiler/ModelBuilder.h"
 #include "compiler/ModelStats.h"
 #include "compiler/PlanViews.h"
-#include "compiler/StepSimulator.h"
+#include "analysis/StepSimulator.h"
 #include "compiler/ToolSupport.h"
 #include "ir/ParamAttrs.h"
 #include "llvm/Support/CommandLine.h"

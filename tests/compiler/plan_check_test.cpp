@@ -10,7 +10,7 @@
 #include <fstream>
 #include <string>
 
-#include "compiler/PlanCheck.h"
+#include "analysis/PlanCheck.h"
 #include "compiler/PlanViews.h"
 #include "plan/PlanAttributes.h"
 

@@ -1,4 +1,4 @@
-#include "compiler/StepSemantics.h"
+#include "analysis/StepSemantics.h"
 
 #include "llvm/Support/FormatVariadic.h"
 #include "plan/InstructionSet.h"

@@ -1,10 +1,10 @@
-#include "compiler/TraceCheck.h"
+#include "analysis/TraceCheck.h"
 
 #include <fstream>
 #include <map>
 #include <nlohmann/json.hpp>
 
-#include "compiler/StepSemantics.h"
+#include "analysis/StepSemantics.h"
 #include "llvm/Support/FormatVariadic.h"
 #include "plan/InstructionSet.h"
 

@@ -1,10 +1,10 @@
-#include "compiler/PlanCheck.h"
+#include "analysis/PlanCheck.h"
 
 #include <deque>
 #include <map>
 #include <set>
 
-#include "compiler/StepSemantics.h"
+#include "analysis/StepSemantics.h"
 #include "llvm/Support/FormatVariadic.h"
 #include "plan/InstructionSet.h"
 #include "plan/ProgramCheck.h"

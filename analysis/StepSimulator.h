@@ -18,8 +18,8 @@
 
 #include <nlohmann/json.hpp>
 
-#include "compiler/CostModel.h"
-#include "compiler/PlanCheck.h"
+#include "analysis/CostModel.h"
+#include "analysis/PlanCheck.h"
 #include "llvm/Support/Error.h"
 #include "protos/plan.pb.h"
 

@@ -10,7 +10,7 @@
 #include <string>
 #include <vector>
 
-#include "compiler/PlanCheck.h"
+#include "analysis/PlanCheck.h"
 #include "llvm/Support/Error.h"
 
 namespace loom {

@@ -1,4 +1,4 @@
-#include "compiler/StepSimulator.h"
+#include "analysis/StepSimulator.h"
 
 #include <algorithm>
 #include <cmath>
@@ -7,8 +7,8 @@
 #include <queue>
 #include <set>
 
-#include "compiler/StepSemantics.h"
-#include "compiler/Units.h"
+#include "analysis/StepSemantics.h"
+#include "analysis/Units.h"
 #include "llvm/ADT/StringExtras.h"
 #include "llvm/Support/FormatVariadic.h"
 #include "llvm/Support/raw_ostream.h"

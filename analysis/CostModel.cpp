@@ -1,4 +1,4 @@
-#include "compiler/CostModel.h"
+#include "analysis/CostModel.h"
 
 #include <algorithm>
 #include <cmath>
