@@ -154,6 +154,162 @@ cl::opt<std::string> tlsKey("tls-key", cl::desc("the key of --tls-cert"), cl::va
 cl::opt<std::string> tlsCa("tls-ca", cl::desc("the CA that signed the coordinator's certificate (a TLS coordinator)"),
                            cl::value_desc("CA.pem"), cl::cat(rf::category));
 
+// The training recipe and the trainer's options, from the flags.
+loom::Status recipeFromFlags(loom::TrainerOptions *topt, loom::TrainingOptions *lopt) {
+  topt->adam.beta1 = rf::adamBeta1;
+  topt->adam.beta2 = rf::adamBeta2;
+  topt->adam.eps = rf::adamEps;
+  topt->adam.weightDecay = rf::weightDecay;
+  lopt->trainIters = rf::steps;
+  lopt->lr.maxLr = rf::lr;
+  lopt->lr.minLr = rf::minLr.getNumOccurrences() ? double(rf::minLr) : lopt->lr.maxLr / 10;
+  lopt->lr.warmupIters = rf::warmup;
+  lopt->lr.decayIters = rf::decayIters;
+  lopt->clipGrad = rf::clipGrad;
+  lopt->logInterval = std::max<int64_t>(1, rf::logInterval);
+  lopt->evalInterval = rf::evalInterval;
+  lopt->evalIters = std::max<int64_t>(1, rf::evalIters);
+  lopt->save = rf::save;
+  lopt->saveInterval = rf::saveInterval;
+  lopt->resume = rf::resume || rf::strictResume;
+  lopt->strictResume = rf::strictResume;
+  lopt->dumpGrads = rf::dumpGrads;
+  lopt->exportPath = rf::exportPath;
+  lopt->lossLog = rf::lossLog;
+  lopt->tensorboardDir = rf::tensorboardDir;
+  lopt->metricsFile = rf::metricsFile;
+  if (lopt->trainIters < 0) return loom::Status::error("--steps must be >= 0");
+  if (lopt->resume && lopt->save.empty())
+    return loom::Status::error("--resume and --strict-resume need --save DIR (where the checkpoints are)");
+  return loom::Status::ok();
+}
+
+// --device cuda: the step on this rank's GPU (runtime/cuda/CudaBackend.h).
+struct DeviceChoice {
+  std::string device;
+#ifdef LOOM_WITH_CUDA
+  loom::cuda::CudaExecutorOptions cuda;
+#endif
+};
+
+loom::Status deviceFromFlags(DeviceChoice *choice, loom::TrainerOptions *topt) {
+  std::string device = rf::device;
+  choice->device = device;
+  if (device != "cpu" && device != "cuda") return loom::Status::error("--device " + device + ": expected cpu or cuda");
+  std::string precision = rf::precision.getNumOccurrences() ? std::string(rf::precision)
+                          : device == "cuda"                 ? "bf16"
+                                                             : "fp32";
+  loom::cuda::Precision computePrecision;
+  if (!loom::cuda::parsePrecision(precision, &computePrecision))
+    return loom::Status::error("--precision " + precision + ": expected fp32, bf16 or fp16");
+  if (device == "cpu" && computePrecision != loom::cuda::Precision::kFp32)
+    return loom::Status::error("--precision " + precision + ": the CPU backend computes in fp32 (use --device cuda)");
+  if (device == "cpu" && rf::gpu.getNumOccurrences()) return loom::Status::error("--gpu needs --device cuda");
+  if (device == "cpu" && rf::attention.getNumOccurrences())
+    return loom::Status::error("--attention needs --device cuda");
+  topt->lossScaling = computePrecision == loom::cuda::Precision::kFp16;  // fp16: dynamic loss scaling
+#ifdef LOOM_WITH_CUDA
+  choice->cuda.precision = computePrecision;
+  if (!loom::cuda::parseAttentionKernel(rf::attention, &choice->cuda.attention))
+    return loom::Status::error("--attention " + rf::attention + ": expected auto, unfused or flash");
+#else
+  if (device == "cuda")
+    return loom::Status::error("--device cuda: this loom-rank was built without the CUDA backend (no CUDA toolkit "
+                               "when it was built; install CUDA 13 at /usr/local/cuda and rebuild)");
+#endif
+  return loom::Status::ok();
+}
+
+// Training and validation samples: the indexed dataset's two splits, or synthetic tokens.
+loom::Status openData(const loom::plan::RankPlan &plan, uint64_t seed, double fraction, loom::IndexedDataset *corpus,
+                      std::unique_ptr<loom::DataSource> *train, std::unique_ptr<loom::DataSource> *valid) {
+  if (!rf::dataPrefix.getNumOccurrences()) {
+    *train = std::make_unique<loom::SyntheticData>(plan.seq_length(), plan.vocab_size(), seed + 1);
+    *valid = std::make_unique<loom::SyntheticData>(plan.seq_length(), plan.vocab_size(), seed + 2);
+    return loom::Status::ok();
+  }
+  LOOM_RETURN_IF_ERROR(loom::IndexedDataset::open(rf::dataPrefix, corpus));
+  auto t = std::make_unique<loom::GptDataset>(*corpus, loom::GptDataset::Split::kTrain, fraction, plan.seq_length(), seed);
+  if (t->samplesPerEpoch() == 0) return loom::Status::error(rf::dataPrefix + ": too few tokens for one sample");
+  *train = std::move(t);
+  *valid = std::make_unique<loom::GptDataset>(*corpus, loom::GptDataset::Split::kValidation, fraction,
+                                              plan.seq_length(), seed);
+  return loom::Status::ok();
+}
+
+// The CUDA backend's communicators, kept as long as the backend.
+struct DeviceLinks {
+#ifdef LOOM_WITH_CUDA
+  std::unique_ptr<loom::cuda::NcclGroups> nccl;
+  std::unique_ptr<loom::cuda::PipelineLinks> links;
+#endif
+};
+
+// The step backend: the CUDA one with its NCCL groups and pipeline links (from the plan's
+// groups), or the CPU one.
+loom::Status makeBackend(DeviceChoice &device, loom::control::CoordinatorClient &client,
+                         const loom::plan::RankPlan &plan, const loom::plan::ProgramSet &programs, int rank,
+                         double commTimeout, DeviceLinks *kept, std::unique_ptr<loom::StepBackend> *backend) {
+#ifdef LOOM_WITH_CUDA
+  if (device.device == "cuda") {
+    loom::cuda::CudaExecutorOptions &copt = device.cuda;
+    LOOM_RETURN_IF_ERROR(selectGpu(rank, plan.p()));
+    LOOM_RETURN_IF_ERROR(loom::cuda::NcclGroups::create(&client, plan, int64_t(commTimeout * 1000), &kept->nccl));
+    copt.groups = kept->nccl.get();
+    if (plan.p() > 1) {  // messages between pipeline stages: one NCCL link per direction and peer
+      std::vector<loom::cuda::PipelineLinks::Need> needs;
+      LOOM_RETURN_IF_ERROR(loom::cuda::pipelineNeeds(plan, programs, &needs));
+      const loom::plan::Group *pp = nullptr;  // the pipeline group, as the plan has it
+      for (const loom::plan::Group &g : plan.groups())
+        if (g.name() == "pp") pp = &g;
+      if (!pp) return loom::Status::error("rank_" + std::to_string(rank) + ".plan.pb: no pp group (corrupt plan)");
+      LOOM_RETURN_IF_ERROR(loom::cuda::PipelineLinks::create(&client, {pp->ranks().begin(), pp->ranks().end()},
+                                                             pp->position(), needs, int64_t(commTimeout * 1000),
+                                                             &kept->links));
+      copt.links = kept->links.get();
+    }
+    std::unique_ptr<loom::cuda::CudaBackend> gpu;
+    LOOM_RETURN_IF_ERROR(loom::cuda::CudaBackend::create(copt, programs, &gpu));
+    *backend = std::move(gpu);
+    return loom::Status::ok();
+  }
+#else
+  (void)device, (void)client, (void)programs, (void)rank, (void)commTimeout, (void)kept;
+#endif
+  *backend = std::make_unique<loom::CpuBackend>();
+  return loom::Status::ok();
+}
+
+// Fault injection for the tests: LOOM_TEST_STALL=RANK:STEP stalls that rank in the first linear
+// of that (0-based) data step (the hang tests); LOOM_TEST_SLOW=RANK:X makes that rank's kernels
+// take 1 + X times as long (CPU backend; the straggler report's test).
+void testFaultsFromEnvironment(int rank, loom::TrainerOptions *topt) {
+  if (const char *stall = std::getenv("LOOM_TEST_STALL")) {
+    int stallRank = -1;
+    long long stallStep = -1;
+    if (std::sscanf(stall, "%d:%lld", &stallRank, &stallStep) == 2 && stallRank == rank) topt->stallStep = stallStep;
+  }
+  if (const char *slow = std::getenv("LOOM_TEST_SLOW")) {
+    int slowRank = -1;
+    double factor = 0;
+    if (std::sscanf(slow, "%d:%lf", &slowRank, &factor) == 2 && slowRank == rank && factor > 0) topt->slowdown = factor;
+  }
+}
+
+// --init-from: a Hugging Face checkpoint of the plan's family as the initial parameters.
+loom::Status initFromHuggingFace(const loom::plan::RankPlan &plan, loom::Trainer *trainer) {
+  loom::SafetensorsFile hf;
+  std::map<std::string, loom::HostTensor> global;
+  LOOM_RETURN_IF_ERROR(loom::readSafetensors(rf::initFrom, &hf));
+  loom::Status s =
+      plan.architecture() == "llama"
+          ? loom::fromHuggingFaceLlama(hf.tensors, plan.padded_vocab_size(), plan.tie_word_embeddings(), &global)
+          : loom::fromHuggingFaceGpt2(hf.tensors, plan.padded_vocab_size(), plan.num_attention_heads(), &global);
+  if (!s.isOk() || !(s = trainer->loadGlobalParameters(global)).isOk())
+    return loom::Status::error(rf::initFrom + ": " + s.message());
+  return loom::Status::ok();
+}
+
 int main(int argc, char **argv) {
   loom::control::silenceGrpcLogging();
   if (!loom::parseCommandLine(argc, argv, kUsage, {&rf::category})) return 2;
@@ -181,56 +337,10 @@ int main(int argc, char **argv) {
   loom::TrainerOptions topt{seed, {}, rf::dumpBatches};
   loom::TraceRecorder trace;
   if (rf::trace.getNumOccurrences()) topt.trace = &trace;
-  topt.adam.beta1 = rf::adamBeta1;
-  topt.adam.beta2 = rf::adamBeta2;
-  topt.adam.eps = rf::adamEps;
-  topt.adam.weightDecay = rf::weightDecay;
   loom::TrainingOptions lopt;
-  lopt.trainIters = rf::steps;
-  lopt.lr.maxLr = rf::lr;
-  lopt.lr.minLr = rf::minLr.getNumOccurrences() ? double(rf::minLr) : lopt.lr.maxLr / 10;
-  lopt.lr.warmupIters = rf::warmup;
-  lopt.lr.decayIters = rf::decayIters;
-  lopt.clipGrad = rf::clipGrad;
-  lopt.logInterval = std::max<int64_t>(1, rf::logInterval);
-  lopt.evalInterval = rf::evalInterval;
-  lopt.evalIters = std::max<int64_t>(1, rf::evalIters);
-  lopt.save = rf::save;
-  lopt.saveInterval = rf::saveInterval;
-  lopt.resume = rf::resume || rf::strictResume;
-  lopt.strictResume = rf::strictResume;
-  lopt.dumpGrads = rf::dumpGrads;
-  lopt.exportPath = rf::exportPath;
-  lopt.lossLog = rf::lossLog;
-  lopt.tensorboardDir = rf::tensorboardDir;
-  lopt.metricsFile = rf::metricsFile;
-  if (lopt.trainIters < 0) return usageError("--steps must be >= 0");
-  if (lopt.resume && lopt.save.empty())
-    return usageError("--resume and --strict-resume need --save DIR (where the checkpoints are)");
-  // --device cuda: the step on this rank's GPU (runtime/cuda/CudaBackend.h).
-  std::string device = rf::device;
-  if (device != "cpu" && device != "cuda") return usageError("--device " + device + ": expected cpu or cuda");
-  std::string precision = rf::precision.getNumOccurrences() ? std::string(rf::precision)
-                          : device == "cuda"                 ? "bf16"
-                                                             : "fp32";
-  loom::cuda::Precision computePrecision;
-  if (!loom::cuda::parsePrecision(precision, &computePrecision))
-    return usageError("--precision " + precision + ": expected fp32, bf16 or fp16");
-  if (device == "cpu" && computePrecision != loom::cuda::Precision::kFp32)
-    return usageError("--precision " + precision + ": the CPU backend computes in fp32 (use --device cuda)");
-  if (device == "cpu" && rf::gpu.getNumOccurrences()) return usageError("--gpu needs --device cuda");
-  if (device == "cpu" && rf::attention.getNumOccurrences()) return usageError("--attention needs --device cuda");
-  topt.lossScaling = computePrecision == loom::cuda::Precision::kFp16;  // fp16: dynamic loss scaling
-#ifdef LOOM_WITH_CUDA
-  loom::cuda::CudaExecutorOptions copt;
-  copt.precision = computePrecision;
-  if (!loom::cuda::parseAttentionKernel(rf::attention, &copt.attention))
-    return usageError("--attention " + rf::attention + ": expected auto, unfused or flash");
-#else
-  if (device == "cuda")
-    return usageError("--device cuda: this loom-rank was built without the CUDA backend (no CUDA toolkit when it "
-                      "was built; install CUDA 13 at /usr/local/cuda and rebuild)");
-#endif
+  if (loom::Status st = recipeFromFlags(&topt, &lopt); !st.isOk()) return usageError(st.message());
+  DeviceChoice device;
+  if (loom::Status st = deviceFromFlags(&device, &topt); !st.isOk()) return usageError(st.message());
   loom::Status s = client.connect(rank, connectTimeout, &reg);
   if (!s.isOk()) {
     std::fprintf(stderr, "%s: error: %s\n", tool.c_str(), s.message().c_str());
@@ -284,79 +394,24 @@ int main(int argc, char **argv) {
     return fail(s.message());
   if (s = client.barrier("ready", rank, 60000); !s.isOk()) return fail(s.message());
 
-  // Training and validation samples: the indexed dataset's two splits, or synthetic tokens.
   std::unique_ptr<loom::DataSource> train, valid;
   loom::IndexedDataset corpus;
-  if (rf::dataPrefix.getNumOccurrences()) {
-    if (s = loom::IndexedDataset::open(rf::dataPrefix, &corpus); !s.isOk()) return fail(s.message());
-    double fraction = validFraction;
-    auto t = std::make_unique<loom::GptDataset>(corpus, loom::GptDataset::Split::kTrain, fraction, plan.seq_length(), seed);
-    if (t->samplesPerEpoch() == 0) return fail(rf::dataPrefix + ": too few tokens for one sample");
-    train = std::move(t);
-    valid = std::make_unique<loom::GptDataset>(corpus, loom::GptDataset::Split::kValidation, fraction,
-                                               plan.seq_length(), seed);
-  } else {
-    train = std::make_unique<loom::SyntheticData>(plan.seq_length(), plan.vocab_size(), seed + 1);
-    valid = std::make_unique<loom::SyntheticData>(plan.seq_length(), plan.vocab_size(), seed + 2);
-  }
+  if (s = openData(plan, seed, validFraction, &corpus, &train, &valid); !s.isOk()) return fail(s.message());
   if (!topt.dumpBatches.empty()) std::filesystem::create_directories(topt.dumpBatches);
   lopt.baselineResidentBytes = loom::residentBytes();  // the trainer's memory is measured from here
   std::unique_ptr<loom::StepBackend> backend;
-#ifdef LOOM_WITH_CUDA
-  std::unique_ptr<loom::cuda::NcclGroups> nccl;
-  std::unique_ptr<loom::cuda::PipelineLinks> links;
-  if (device == "cuda") {
-    if (s = selectGpu(rank, plan.p()); !s.isOk()) return fail(s.message());
-    if (s = loom::cuda::NcclGroups::create(&client, plan, int64_t(commTimeout * 1000), &nccl); !s.isOk())
-      return fail(s.message());
-    copt.groups = nccl.get();
-    if (plan.p() > 1) {  // messages between pipeline stages: one NCCL link per direction and peer
-      std::vector<loom::cuda::PipelineLinks::Need> needs;
-      if (s = loom::cuda::pipelineNeeds(plan, programs, &needs); !s.isOk()) return fail(s.message());
-      const loom::plan::Group *pp = nullptr;  // the pipeline group, as the plan has it
-      for (const loom::plan::Group &g : plan.groups())
-        if (g.name() == "pp") pp = &g;
-      if (!pp) return fail("rank_" + std::to_string(rank) + ".plan.pb: no pp group (corrupt plan)");
-      s = loom::cuda::PipelineLinks::create(&client, {pp->ranks().begin(), pp->ranks().end()}, pp->position(), needs,
-                                            int64_t(commTimeout * 1000), &links);
-      if (!s.isOk()) return fail(s.message());
-      copt.links = links.get();
-    }
-    std::unique_ptr<loom::cuda::CudaBackend> gpu;
-    if (s = loom::cuda::CudaBackend::create(copt, programs, &gpu); !s.isOk()) return fail(s.message());
-    backend = std::move(gpu);
-  }
-#endif
+  DeviceLinks links;
+  if (s = makeBackend(device, client, plan, programs, rank, commTimeout, &links, &backend); !s.isOk())
+    return fail(s.message());
   if (!backend) backend = std::make_unique<loom::CpuBackend>();
   topt.progress = &job.progress;
-  // Fault injection for the hang tests: LOOM_TEST_STALL=RANK:STEP stalls that rank in the first
-  // linear of that (0-based) data step.
-  if (const char *stall = std::getenv("LOOM_TEST_STALL")) {
-    int stallRank = -1;
-    long long stallStep = -1;
-    if (std::sscanf(stall, "%d:%lld", &stallRank, &stallStep) == 2 && stallRank == rank) topt.stallStep = stallStep;
-  }
-  // For the straggler report's test: LOOM_TEST_SLOW=RANK:X makes that rank's kernels take 1 + X
-  // times as long (CPU backend).
-  if (const char *slow = std::getenv("LOOM_TEST_SLOW")) {
-    int slowRank = -1;
-    double factor = 0;
-    if (std::sscanf(slow, "%d:%lf", &slowRank, &factor) == 2 && slowRank == rank && factor > 0) topt.slowdown = factor;
-  }
+  testFaultsFromEnvironment(rank, &topt);
   std::unique_ptr<loom::Trainer> trainer;
   if (s = loom::Trainer::create(plan, programs, std::move(backend), collectives.get(), train.get(), topt, &trainer);
       !s.isOk())
     return fail(s.message());
-  if (rf::initFrom.getNumOccurrences()) {
-    loom::SafetensorsFile hf;
-    std::map<std::string, loom::HostTensor> global;
-    if (s = loom::readSafetensors(rf::initFrom, &hf); !s.isOk()) return fail(s.message());
-    s = plan.architecture() == "llama"
-            ? loom::fromHuggingFaceLlama(hf.tensors, plan.padded_vocab_size(), plan.tie_word_embeddings(), &global)
-            : loom::fromHuggingFaceGpt2(hf.tensors, plan.padded_vocab_size(), plan.num_attention_heads(), &global);
-    if (!s.isOk() || !(s = trainer->loadGlobalParameters(global)).isOk())
-      return fail(rf::initFrom + ": " + s.message());
-  }
+  if (rf::initFrom.getNumOccurrences())
+    if (s = initFromHuggingFace(plan, trainer.get()); !s.isOk()) return fail(s.message());
   loom::TrainingLoop loop(*trainer, client, valid.get(), lopt, &job.step);
   job.training = true;
   if (s = loop.run(); !s.isOk()) {

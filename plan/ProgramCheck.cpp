@@ -4,7 +4,7 @@
 
 namespace loom {
 
-Status checkProgram(const plan::Program &prog) {
+Status checkProgramStructure(const plan::Program &prog) {
   for (int i = 0; i < prog.instructions_size(); ++i) {
     const plan::Instruction &in = prog.instructions(i);
     if (in.stream() < plan::COMPUTE || in.stream() > plan::DP)
@@ -37,6 +37,11 @@ Status checkProgram(const plan::Program &prog) {
   for (const plan::Binding &b : prog.results())
     if (b.buffer() < 0 || b.buffer() >= prog.buffers_size())
       return Status::error(prog.name() + ": result buffer id out of range (corrupt plan)");
+  return Status::ok();
+}
+
+Status checkProgram(const plan::Program &prog) {
+  LOOM_RETURN_IF_ERROR(checkProgramStructure(prog));
   // Every instruction as the instruction set declares it (plan/InstructionSet.h).
   if (auto e = isa::verifyProgram(prog)) return Status::error(*e + " (corrupt plan)");
   return Status::ok();

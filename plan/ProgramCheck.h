@@ -15,5 +15,9 @@ namespace loom {
 constexpr int64_t kTagsPerMicroBatch = 1 << 12;
 
 Status checkProgram(const plan::Program &program);
+// The structure alone (streams, events, buffer ids, inout writes), without the declarations:
+// what an executor checks on every run of a program it was given already checked (each
+// instruction's operands are still bound to their declared slots when it runs).
+Status checkProgramStructure(const plan::Program &program);
 
 }  // namespace loom

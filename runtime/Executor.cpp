@@ -27,7 +27,7 @@ class Run {
     if (int(args.size()) != prog_.arguments_size())
       return Status::error(prog_.name() + ": expected " + std::to_string(prog_.arguments_size()) + " arguments, got " +
                            std::to_string(args.size()));
-    LOOM_RETURN_IF_ERROR(checkProgram(prog_));
+    LOOM_RETURN_IF_ERROR(checkProgramStructure(prog_));
     size_t floats = prog_.workspace_bytes() / 4 + 16;
     std::vector<float> &arena = ctx_.workspace ? *ctx_.workspace : arena_;
     if (arena.size() < floats) arena.resize(floats);

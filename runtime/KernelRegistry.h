@@ -25,7 +25,7 @@ class KernelCall {
   // declaration (a corrupt plan).
   Status bind() {
     if (auto e = isa::bindOperands(decl, program, instruction, &bound))
-      return Status::error(decl.name + std::string(": ") + *e + " (corrupt plan)");
+      return Status::error(*e + " (corrupt plan)");
     return Status::ok();
   }
   int in(std::string_view name) const { return bound.inputs[size_t(isa::inputSlot(decl, name))]; }

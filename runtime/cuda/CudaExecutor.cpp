@@ -797,7 +797,7 @@ Status CudaExecutor::prepare(const plan::ProgramSet &programs) {
 
 Status CudaExecutor::runOnDevice(const plan::Program &program, const std::vector<const void *> &args,
                                  const DeviceResultConsumer &consume, const ExecutionContext &ctx) {
-  LOOM_RETURN_IF_ERROR(checkProgram(program));
+  LOOM_RETURN_IF_ERROR(checkProgramStructure(program));
   if (int(args.size()) != program.arguments_size())
     return Status::error(program.name() + ": expected " + std::to_string(program.arguments_size()) + " arguments, got " +
                          std::to_string(args.size()));
@@ -826,7 +826,7 @@ Status CudaExecutor::runOnDevice(const plan::Program &program, const std::vector
 
 Status CudaExecutor::run(const plan::Program &program, const std::vector<const HostTensor *> &args,
                          std::vector<HostTensor> &results, const ExecutionContext &ctx) {
-  LOOM_RETURN_IF_ERROR(checkProgram(program));
+  LOOM_RETURN_IF_ERROR(checkProgramStructure(program));
   if (int(args.size()) != program.arguments_size())
     return Status::error(program.name() + ": expected " + std::to_string(program.arguments_size()) + " arguments, got " +
                          std::to_string(args.size()));

@@ -65,7 +65,7 @@ TEST(ExecutorPlan, CrossEntropyGradReadsTheKeptLogSumExp) {
 TEST(ExecutorPlan, CrossEntropyGradWithoutItsLogSumExpIsRefused) {
   Status s = runGrad(6, false);
   ASSERT_FALSE(s.isOk());
-  EXPECT_NE(s.message().find("backward_0: instruction 0 (cross_entropy_grad): no input 'lse' (corrupt plan)"), std::string::npos) << s.message();
+  EXPECT_NE(s.message().find("backward_0 instruction 0 (cross_entropy_grad): no input 'lse' (corrupt plan)"), std::string::npos) << s.message();
 }
 
 TEST(ExecutorPlan, CrossEntropyGradWithAWrongSizedLogSumExpIsRefused) {
