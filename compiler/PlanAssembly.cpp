@@ -55,33 +55,57 @@ std::string recomputeName(config::RecomputeMode r) {
   }
 }
 
-llvm::Expected<std::vector<plan::RankPlan>> assembleRankPlans(mlir::ModuleOp module,
-                                                             const std::vector<plan::ProgramSet> &sets,
-                                                             const std::vector<std::string> &programFiles,
-                                                             const std::vector<uint64_t> &checksums,
-                                                             const PlanRequest &req) {
-  const config::ClusterSpec &cluster = req.cluster;
-  const config::ParallelConfig &par = cluster.parallel();
-  const ModelFacts &facts = req.facts;
-  const std::string &modelName = req.modelName;
-  int64_t paddedVocab = req.paddedVocab;
-  double modelFlopsPerToken = req.modelFlopsPerToken;
-  ScheduleKind kind = req.kind;
-  int t = par.tensor_parallel_size(), p = par.pipeline_parallel_size(), d = par.data_parallel_size(),
-      v = par.virtual_pipeline_size(), b = par.micro_batch_size(), m = req.microBatches;
-  std::map<std::string, const plan::Program *> byName;
-  for (const plan::ProgramSet &set : sets)
-    for (const plan::Program &prog : set.programs()) byName[prog.name()] = &prog;
-  std::vector<plan::RankPlan> plans;
-  ParallelLayout layout{t, p, d};
-  int64_t vocab = facts.vocabSize;
-  std::map<int, size_t> stageDone;  // stage -> index in `plans` of its first rank
-  std::optional<ProgressMeter> meter;
-  if (req.progress) meter.emplace("loomc: assembling rank plans", layout.world(), "ranks");
-  for (int rank = 0; rank < layout.world(); ++rank) {
-    if (meter) meter->update(rank);
-    plan::RankPlan rp;
-    int stage = layout.ppOf(rank);
+namespace {
+
+// Every rank's plan from the stages' programs: its identity, groups and model facts, its
+// parameters, and its stage's schedule, memory plan and collective totals (computed for the
+// stage's first rank and copied to the others).
+class RankPlanAssembler {
+ public:
+  RankPlanAssembler(mlir::ModuleOp module, const std::vector<plan::ProgramSet> &sets,
+                    const std::vector<std::string> &programFiles, const std::vector<uint64_t> &checksums,
+                    const PlanRequest &req)
+      : module(module), sets(sets), programFiles(programFiles), checksums(checksums), req(req), cluster(req.cluster),
+        par(cluster.parallel()), facts(req.facts), modelName(req.modelName), paddedVocab(req.paddedVocab),
+        modelFlopsPerToken(req.modelFlopsPerToken), kind(req.kind), t(par.tensor_parallel_size()),
+        p(par.pipeline_parallel_size()), d(par.data_parallel_size()), v(par.virtual_pipeline_size()),
+        b(par.micro_batch_size()), m(req.microBatches), layout{t, p, d}, vocab(facts.vocabSize) {
+    for (const plan::ProgramSet &set : sets)
+      for (const plan::Program &prog : set.programs()) byName[prog.name()] = &prog;
+  }
+
+  std::vector<plan::RankPlan> run() {
+    std::vector<plan::RankPlan> plans;
+    std::map<int, size_t> stageDone;  // stage -> index in `plans` of its first rank
+    std::optional<ProgressMeter> meter;
+    if (req.progress) meter.emplace("loomc: assembling rank plans", layout.world(), "ranks");
+    for (int rank = 0; rank < layout.world(); ++rank) {
+      if (meter) meter->update(rank);
+      plan::RankPlan rp;
+      int stage = layout.ppOf(rank);
+      identity(rank, stage, &rp);
+      int64_t paramCount = parameters(rank, stage, &rp);
+      // The schedule, collective totals and memory plan are the stage's: computed for its first
+      // rank and copied to the others (3072 ranks would repeat the same walk 48 times).
+      if (const plan::RankPlan *like = stageDone.count(stage) ? &plans[stageDone[stage]] : nullptr) {
+        *rp.mutable_schedule() = like->schedule();
+        *rp.mutable_memory() = like->memory();
+        rp.set_flops_per_step(like->flops_per_step());
+        *rp.mutable_collectives() = like->collectives();
+      } else {
+        stageDone[stage] = plans.size();
+        stagePlan(stage, paramCount, rp);
+      }
+      plans.push_back(std::move(rp));
+    }
+    if (meter) meter->update(layout.world());
+    return plans;
+  }
+
+ private:
+  // Who the rank is, its groups, the job's and the model's facts.
+  void identity(int rank, int stage, plan::RankPlan *out) {
+    plan::RankPlan &rp = *out;
     rp.set_plan_version(kPlanVersion);
     rp.set_rank(rank);
     rp.set_world_size(layout.world());
@@ -121,7 +145,11 @@ llvm::Expected<std::vector<plan::RankPlan>> assembleRankPlans(mlir::ModuleOp mod
     rp.set_rope_theta(facts.ropeTheta);
     rp.set_tie_word_embeddings(facts.tiedEmbeddings);
     rp.set_model_flops_per_token(modelFlopsPerToken);
+  }
 
+  // The parameters the rank holds, in its stage's flat-buffer order; their count.
+  int64_t parameters(int rank, int stage, plan::RankPlan *out) {
+    plan::RankPlan &rp = *out;
     // Parameters this rank holds, in its stage's flat-buffer order.
     const StageLayout &flat = req.layouts[stage];
     int64_t paramCount = 0;
@@ -135,7 +163,6 @@ llvm::Expected<std::vector<plan::RankPlan>> assembleRankPlans(mlir::ModuleOp mod
       paramCount += sp.elements;
     }
     rp.set_flat_elements(flat.flatElements);
-    int64_t paramBytes = 4 * flat.flatElements;
     // Shard and initializer facts come from the IR's argument attributes.
     for (auto f : module.getOps<mlir::func::FuncOp>())
       for (unsigned i = 0; i < f.getNumArguments(); ++i) {
@@ -159,130 +186,155 @@ llvm::Expected<std::vector<plan::RankPlan>> assembleRankPlans(mlir::ModuleOp mod
         }
       }
     rp.set_parameter_count(paramCount);
-
-    // The schedule, collective totals and memory plan are the stage's: computed for its first
-    // rank and copied to the others (3072 ranks would repeat the same walk 48 times).
-    if (const plan::RankPlan *like = stageDone.count(stage) ? &plans[stageDone[stage]] : nullptr) {
-      *rp.mutable_schedule() = like->schedule();
-      *rp.mutable_memory() = like->memory();
-      rp.set_flops_per_step(like->flops_per_step());
-      *rp.mutable_collectives() = like->collectives();
-    } else {
-      stageDone[stage] = plans.size();
-      // Schedule: the stage's forward/backward list, then the loss (last stage) and the optimizer.
-      std::map<std::string, std::pair<int64_t, int64_t>> collectives;  // kind -> count, bytes
-      double flops = 0;
-      // lastRun: the step's last run of the program (its last_micro_batch instructions run).
-      auto account = [&](const plan::Program &prog, bool lastRun) {
-        for (const plan::Instruction &in : prog.instructions()) {
-          if (in.last_micro_batch() && !lastRun) continue;
-          flops += in.flops();
-          if (in.bytes_moved() == 0 && in.stream() == plan::COMPUTE) continue;
-          std::string group;
-          for (const plan::Attribute &a : in.attributes())
-            if (a.name() == "group" || a.name() == "vocab_parallel_group") group = a.s();
-          if (group.empty()) continue;
-          auto &c = collectives[in.op() + "@" + group];
-          c.first += 1, c.second += in.bytes_moved();
-        }
-      };
-      int64_t stash = 0, peakStash = 0, maxWorkspace = 0;
-      for (const plan::Program &prog : sets[stage].programs()) maxWorkspace = std::max(maxWorkspace, prog.workspace_bytes());
-      // Parameters and gradients (the flat buffers), AdamW's two fp32 moments (over the dp shard with ZeRO-1).
-      int64_t optimizerBytes = 2 * 4 * flat.flatElements / (par.zero1() ? d : 1);
-      int64_t persistent = paramBytes * 2 + optimizerBytes;
-      plan::MemoryPlan *mem = rp.mutable_memory();
-      if (cluster.device().kind() == config::CUDA) {  // what the CUDA backend adds, all step long
-        const cuda::Precision planned = cuda::Precision::kBf16;
-        int64_t scratch = 0, ones = 0;
-        for (const plan::Program &prog : sets[stage].programs()) {
-          scratch = std::max<int64_t>(scratch, int64_t(cuda::scratchFor(prog, planned, cuda::AttentionKernel::kAuto).total()));
-          for (const plan::Instruction &in : prog.instructions())
-            if (in.op() == "bias_grad") {
-              const plan::Buffer &g = prog.buffers(in.inputs(0));
-              ones = std::max<int64_t>(ones, 4 * planattr::numel(g) / std::max<int64_t>(1, planattr::dim(g, -1)));
-            }
-        }
-        mem->set_half_weight_bytes(cuda::halfWeightBytes(paramCount, planned));
-        mem->set_scratch_bytes(scratch + ones + int64_t(cuda::kLtWorkspaceBytes));
-        persistent += mem->half_weight_bytes() + mem->scratch_bytes();  // + pipeline slots: finishPlans
-      } else {  // the CPU kernels' scratch (attention probabilities), kept all step
-        int64_t scratch = 0;
-        for (const plan::Program &prog : sets[stage].programs()) scratch = std::max(scratch, 4 * cpuScratchFloats(prog));
-        mem->set_scratch_bytes(scratch);
-        persistent += scratch;
-      }
-      std::map<std::string, size_t> lastEntry;  // program -> its last schedule entry
-      const StageSchedule &tasks = req.schedule[stage];
-      auto programOf = [&](const Task &task) {
-        return (task.type == Task::kForward ? "forward_" : "backward_") + std::to_string(task.chunk * p + stage);
-      };
-      // A micro-batch's inputs are held from its first program to its last (the step driver's slots).
-      std::map<std::string, int64_t> inputBytes;  // input name -> bytes per micro-batch
-      for (const plan::Program &prog : sets[stage].programs())
-        for (const plan::Binding &a : prog.arguments())
-          if (a.role() == plan::Binding::INPUT) inputBytes[a.name()] = prog.buffers(a.buffer()).bytes();
-      int64_t inputsPerMicroBatch = 0;
-      for (auto &[name, bytes] : inputBytes) inputsPerMicroBatch += bytes;
-      std::map<int, std::pair<size_t, size_t>> spanOf;  // micro-batch -> (first, last) entry
-      for (size_t k = 0; k < tasks.size(); ++k) {
-        lastEntry[programOf(tasks[k])] = k;
-        auto [it, fresh] = spanOf.try_emplace(tasks[k].microBatch, std::make_pair(k, k));
-        it->second.second = k;
-      }
-      int64_t peak = 0, peakInputs = 0;
-      for (size_t k = 0; k < tasks.size(); ++k) {
-        const Task &task = tasks[k];
-        int vs = task.chunk * p + stage;
-        std::string name = programOf(task);
-        plan::ScheduleEntry *e = rp.add_schedule();
-        e->set_program(name);
-        e->set_micro_batch(task.microBatch);
-        const plan::Program *prog = byName.at(name);
-        account(*prog, lastEntry[name] == k);
-        const plan::Program *fwd = byName.at("forward_" + std::to_string(vs));
-        int64_t inFlight = 0;
-        for (auto &[mb, span] : spanOf) inFlight += span.first <= k && k <= span.second;
-        // During the entry: its stash is held (made by a forward, read by a backward).
-        if (task.type == Task::kForward) stash += fwd->stash_bytes();
-        int64_t held = persistent + stash + inFlight * inputsPerMicroBatch + maxWorkspace;
-        if (task.type == Task::kBackward) stash -= fwd->stash_bytes();
-        peakStash = std::max(peakStash, stash + (task.type == Task::kBackward ? fwd->stash_bytes() : 0));
-        peakInputs = std::max(peakInputs, inFlight * inputsPerMicroBatch);
-        peak = std::max(peak, held);
-        mem->add_timeline_bytes(held);
-      }
-      for (plan::Program::Kind once : {plan::Program::LOSS, plan::Program::OPTIMIZER}) {
-        const plan::Program *prog = nullptr;  // the stage's own (every stage has an optimizer)
-        for (const plan::Program &candidate : sets[stage].programs())
-          if (candidate.kind() == once) prog = &candidate;
-        if (!prog) continue;
-        plan::ScheduleEntry *e = rp.add_schedule();
-        e->set_program(prog->name());
-        e->set_micro_batch(-1);
-        account(*prog, true);
-        mem->add_timeline_bytes(persistent + maxWorkspace);
-        peak = std::max(peak, persistent + maxWorkspace);
-      }
-      mem->set_peak_input_bytes(peakInputs);
-      mem->set_parameter_bytes(paramBytes);
-      mem->set_gradient_bytes(paramBytes);
-      mem->set_optimizer_bytes(optimizerBytes);
-      mem->set_peak_stash_bytes(peakStash);
-      mem->set_max_workspace_bytes(maxWorkspace);
-      mem->set_peak_bytes(peak);
-      rp.set_flops_per_step(flops);
-      for (auto &[k, c] : collectives) {
-        plan::CollectiveTotal *ct = rp.add_collectives();
-        ct->set_kind(k);
-        ct->set_count(c.first);
-        ct->set_bytes(c.second);
-      }
-    }
-    plans.push_back(std::move(rp));
+    return paramCount;
   }
-  if (meter) meter->update(layout.world());
-  return plans;
+
+  // What the backend holds beyond the plan's buffers, all step long (in `mem`); its bytes.
+  int64_t backendScratch(int stage, int64_t paramCount, plan::MemoryPlan *mem) {
+    if (cluster.device().kind() == config::CUDA) {  // what the CUDA backend adds, all step long
+      const cuda::Precision planned = cuda::Precision::kBf16;
+      int64_t scratch = 0, ones = 0;
+      for (const plan::Program &prog : sets[stage].programs()) {
+        scratch = std::max<int64_t>(scratch, int64_t(cuda::scratchFor(prog, planned, cuda::AttentionKernel::kAuto).total()));
+        for (const plan::Instruction &in : prog.instructions())
+          if (in.op() == "bias_grad") {
+            const plan::Buffer &g = prog.buffers(in.inputs(0));
+            ones = std::max<int64_t>(ones, 4 * planattr::numel(g) / std::max<int64_t>(1, planattr::dim(g, -1)));
+          }
+      }
+      mem->set_half_weight_bytes(cuda::halfWeightBytes(paramCount, planned));
+      mem->set_scratch_bytes(scratch + ones + int64_t(cuda::kLtWorkspaceBytes));
+      return mem->half_weight_bytes() + mem->scratch_bytes();  // + pipeline slots: finishPlans
+    } else {  // the CPU kernels' scratch (attention probabilities), kept all step
+      int64_t scratch = 0;
+      for (const plan::Program &prog : sets[stage].programs()) scratch = std::max(scratch, 4 * cpuScratchFloats(prog));
+      mem->set_scratch_bytes(scratch);
+      return scratch;
+    }
+  }
+
+  // The stage's schedule, memory plan and collective totals.
+  void stagePlan(int stage, int64_t paramCount, plan::RankPlan &rp) {
+    const StageLayout &flat = req.layouts[stage];
+    int64_t paramBytes = 4 * flat.flatElements;
+    // Schedule: the stage's forward/backward list, then the loss (last stage) and the optimizer.
+    std::map<std::string, std::pair<int64_t, int64_t>> collectives;  // kind -> count, bytes
+    double flops = 0;
+    // lastRun: the step's last run of the program (its last_micro_batch instructions run).
+    auto account = [&](const plan::Program &prog, bool lastRun) {
+      for (const plan::Instruction &in : prog.instructions()) {
+        if (in.last_micro_batch() && !lastRun) continue;
+        flops += in.flops();
+        if (in.bytes_moved() == 0 && in.stream() == plan::COMPUTE) continue;
+        std::string group;
+        for (const plan::Attribute &a : in.attributes())
+          if (a.name() == "group" || a.name() == "vocab_parallel_group") group = a.s();
+        if (group.empty()) continue;
+        auto &c = collectives[in.op() + "@" + group];
+        c.first += 1, c.second += in.bytes_moved();
+      }
+    };
+    int64_t stash = 0, peakStash = 0, maxWorkspace = 0;
+    for (const plan::Program &prog : sets[stage].programs()) maxWorkspace = std::max(maxWorkspace, prog.workspace_bytes());
+    // Parameters and gradients (the flat buffers), AdamW's two fp32 moments (over the dp shard with ZeRO-1).
+    int64_t optimizerBytes = 2 * 4 * flat.flatElements / (par.zero1() ? d : 1);
+    int64_t persistent = paramBytes * 2 + optimizerBytes;
+    plan::MemoryPlan *mem = rp.mutable_memory();
+    persistent += backendScratch(stage, paramCount, mem);
+    std::map<std::string, size_t> lastEntry;  // program -> its last schedule entry
+    const StageSchedule &tasks = req.schedule[stage];
+    auto programOf = [&](const Task &task) {
+      return (task.type == Task::kForward ? "forward_" : "backward_") + std::to_string(task.chunk * p + stage);
+    };
+    // A micro-batch's inputs are held from its first program to its last (the step driver's slots).
+    std::map<std::string, int64_t> inputBytes;  // input name -> bytes per micro-batch
+    for (const plan::Program &prog : sets[stage].programs())
+      for (const plan::Binding &a : prog.arguments())
+        if (a.role() == plan::Binding::INPUT) inputBytes[a.name()] = prog.buffers(a.buffer()).bytes();
+    int64_t inputsPerMicroBatch = 0;
+    for (auto &[name, bytes] : inputBytes) inputsPerMicroBatch += bytes;
+    std::map<int, std::pair<size_t, size_t>> spanOf;  // micro-batch -> (first, last) entry
+    for (size_t k = 0; k < tasks.size(); ++k) {
+      lastEntry[programOf(tasks[k])] = k;
+      auto [it, fresh] = spanOf.try_emplace(tasks[k].microBatch, std::make_pair(k, k));
+      it->second.second = k;
+    }
+    int64_t peak = 0, peakInputs = 0;
+    for (size_t k = 0; k < tasks.size(); ++k) {
+      const Task &task = tasks[k];
+      int vs = task.chunk * p + stage;
+      std::string name = programOf(task);
+      plan::ScheduleEntry *e = rp.add_schedule();
+      e->set_program(name);
+      e->set_micro_batch(task.microBatch);
+      const plan::Program *prog = byName.at(name);
+      account(*prog, lastEntry[name] == k);
+      const plan::Program *fwd = byName.at("forward_" + std::to_string(vs));
+      int64_t inFlight = 0;
+      for (auto &[mb, span] : spanOf) inFlight += span.first <= k && k <= span.second;
+      // During the entry: its stash is held (made by a forward, read by a backward).
+      if (task.type == Task::kForward) stash += fwd->stash_bytes();
+      int64_t held = persistent + stash + inFlight * inputsPerMicroBatch + maxWorkspace;
+      if (task.type == Task::kBackward) stash -= fwd->stash_bytes();
+      peakStash = std::max(peakStash, stash + (task.type == Task::kBackward ? fwd->stash_bytes() : 0));
+      peakInputs = std::max(peakInputs, inFlight * inputsPerMicroBatch);
+      peak = std::max(peak, held);
+      mem->add_timeline_bytes(held);
+    }
+    for (plan::Program::Kind once : {plan::Program::LOSS, plan::Program::OPTIMIZER}) {
+      const plan::Program *prog = nullptr;  // the stage's own (every stage has an optimizer)
+      for (const plan::Program &candidate : sets[stage].programs())
+        if (candidate.kind() == once) prog = &candidate;
+      if (!prog) continue;
+      plan::ScheduleEntry *e = rp.add_schedule();
+      e->set_program(prog->name());
+      e->set_micro_batch(-1);
+      account(*prog, true);
+      mem->add_timeline_bytes(persistent + maxWorkspace);
+      peak = std::max(peak, persistent + maxWorkspace);
+    }
+    mem->set_peak_input_bytes(peakInputs);
+    mem->set_parameter_bytes(paramBytes);
+    mem->set_gradient_bytes(paramBytes);
+    mem->set_optimizer_bytes(optimizerBytes);
+    mem->set_peak_stash_bytes(peakStash);
+    mem->set_max_workspace_bytes(maxWorkspace);
+    mem->set_peak_bytes(peak);
+    rp.set_flops_per_step(flops);
+    for (auto &[k, c] : collectives) {
+      plan::CollectiveTotal *ct = rp.add_collectives();
+      ct->set_kind(k);
+      ct->set_count(c.first);
+      ct->set_bytes(c.second);
+    }
+  }
+
+  mlir::ModuleOp module;
+  const std::vector<plan::ProgramSet> &sets;
+  const std::vector<std::string> &programFiles;
+  const std::vector<uint64_t> &checksums;
+  const PlanRequest &req;
+  const config::ClusterSpec &cluster;
+  const config::ParallelConfig &par;
+  const ModelFacts &facts;
+  const std::string &modelName;
+  int64_t paddedVocab;
+  double modelFlopsPerToken;
+  ScheduleKind kind;
+  int t, p, d, v, b, m;
+  ParallelLayout layout;
+  int64_t vocab;
+  std::map<std::string, const plan::Program *> byName;
+};
+
+}  // namespace
+
+llvm::Expected<std::vector<plan::RankPlan>> assembleRankPlans(mlir::ModuleOp module,
+                                                             const std::vector<plan::ProgramSet> &sets,
+                                                             const std::vector<std::string> &programFiles,
+                                                             const std::vector<uint64_t> &checksums,
+                                                             const PlanRequest &req) {
+  return RankPlanAssembler(module, sets, programFiles, checksums, req).run();
 }
 
 llvm::Error finishPlans(std::vector<plan::RankPlan> &plans, const std::vector<plan::ProgramSet> &sets,
