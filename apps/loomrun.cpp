@@ -87,6 +87,74 @@ cl::opt<std::string> tlsCa("tls-ca", cl::desc("the CA that signed --tls-cert"), 
                            cl::cat(category));
 cl::opt<bool> insecureFlag("insecure", cl::desc("a plaintext control plane (loopback only)"), cl::cat(category));
 
+// Why the plans in `plans` cannot run on `nproc` ranks ("" when they can).
+std::string planError(const std::string &plans, int nproc) {
+  std::ifstream in(plans + "/rank_0.plan.pb", std::ios::binary);
+  loom::plan::RankPlan plan0;
+  if (!in || !plan0.ParseFromIstream(&in))
+    return plans + "/rank_0.plan.pb: missing or corrupt (compile with `loomc compile`)";
+  if (std::string why = loom::planVersionError(plan0.plan_version(), plans + "/rank_0.plan.pb"); !why.empty())
+    return why;
+  if (plan0.world_size() != nproc)
+    return "the plans in " + plans + " are for " + std::to_string(plan0.world_size()) + " ranks but --nproc is " +
+           std::to_string(nproc);
+  return "";
+}
+
+// Waits (up to 10 s) for the coordinator to write the port it listens on; why not ("": it did).
+std::string awaitCoordinator(pid_t coord, const std::string &portFile, std::string *port) {
+  for (int waited = 0; waited < 200 && port->empty(); ++waited) {
+    int status;
+    if (waitpid(coord, &status, WNOHANG) == coord)
+      return "the coordinator " + describe(status) + " before it started listening";
+    std::ifstream(portFile) >> *port;
+    if (port->empty()) std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  if (!port->empty()) return "";
+  kill(coord, SIGKILL);
+  return "the coordinator did not start within 10 s";
+}
+
+// The job's private directory (its path in *tmpOut) and its control plane's TLS: the files
+// given, or a throwaway certificate made there; the TLS flags for the coordinator and the
+// ranks. 0, or the exit code after a one-line error.
+int prepareJob(bool insecure, loom::control::TlsFiles tlsFiles, std::string *tmpOut, loom::control::TlsMaterial *tls,
+               std::vector<std::string> *tlsArgs) {
+  // The job's private directory (mode 0700: the throwaway TLS key lives here), under $TMPDIR.
+  const char *tmpRoot = std::getenv("TMPDIR") && *std::getenv("TMPDIR") ? std::getenv("TMPDIR") : "/tmp";
+  std::string tmplString = std::string(tmpRoot) + "/loomrun.XXXXXX";
+  std::vector<char> tmpl(tmplString.begin(), tmplString.end());
+  tmpl.push_back('\0');
+  if (!mkdtemp(tmpl.data())) {
+    std::fprintf(stderr, "loomrun: error: cannot create a temporary directory: %s\n", std::strerror(errno));
+    return 1;
+  }
+  *tmpOut = tmpl.data();
+  const std::string &tmp = *tmpOut;
+  if (insecure && tlsFiles.any()) {
+    std::fprintf(stderr, "loomrun: error: --insecure and --tls-* contradict each other\n");
+    return 2;
+  }
+  if (!insecure && !tlsFiles.any()) {
+    if (loom::Status s = loom::control::createThrowawayCertificate(tmp, &tlsFiles); !s.isOk()) {
+      std::fprintf(stderr, "loomrun: error: %s\n", s.message().c_str());
+      std::filesystem::remove_all(tmp);
+      return 1;
+    }
+  }
+  if (loom::Status s = loom::control::loadTls(tlsFiles, tls); !s.isOk()) {
+    std::fprintf(stderr, "loomrun: error: %s\n", s.message().c_str());
+    std::filesystem::remove_all(tmp);
+    return 2;
+  }
+  // The same files go to the coordinator (its certificate, and the CA its clients need) and
+  // to every rank (the CA to trust, and the certificate that identifies the rank).
+  if (insecure) *tlsArgs = {"--insecure"};
+  for (auto [flag, path] : {std::pair{"--tls-cert", tlsFiles.cert}, {"--tls-key", tlsFiles.key}, {"--tls-ca", tlsFiles.ca}})
+    if (!path.empty()) tlsArgs->insert(tlsArgs->end(), {flag, path});
+  return 0;
+}
+
 int main(int argc, char **argv) {
   loom::control::silenceGrpcLogging();
   // The rank flags are parsed (and so checked) here too; what set them goes to every rank.
@@ -100,23 +168,9 @@ int main(int argc, char **argv) {
     std::fprintf(stderr, "loomrun: error: usage: loomrun --nproc N --plans DIR [rank flags]\n");
     return 2;
   }
-  {
-    std::ifstream in(plans + "/rank_0.plan.pb", std::ios::binary);
-    loom::plan::RankPlan plan0;
-    if (!in || !plan0.ParseFromIstream(&in)) {
-      std::fprintf(stderr, "loomrun: error: %s/rank_0.plan.pb: missing or corrupt (compile with `loomc compile`)\n",
-                   plans.c_str());
-      return 1;
-    }
-    if (std::string why = loom::planVersionError(plan0.plan_version(), plans + "/rank_0.plan.pb"); !why.empty()) {
-      std::fprintf(stderr, "loomrun: error: %s\n", why.c_str());
-      return 1;
-    }
-    if (plan0.world_size() != nproc) {
-      std::fprintf(stderr, "loomrun: error: the plans in %s are for %d ranks but --nproc is %d\n", plans.c_str(),
-                   plan0.world_size(), nproc);
-      return 1;
-    }
+  if (std::string why = planError(plans, nproc); !why.empty()) {
+    std::fprintf(stderr, "loomrun: error: %s\n", why.c_str());
+    return 1;
   }
   std::string self = std::filesystem::read_symlink("/proc/self/exe").parent_path().string();
   std::random_device rd;
@@ -125,40 +179,11 @@ int main(int argc, char **argv) {
   setenv("LOOM_TOKEN", token, 1);
   // One BLAS thread per rank unless told otherwise (--threads): ranks share the machine's cores.
   setenv("OPENBLAS_NUM_THREADS", "1", 0);
-  // The job's private directory (mode 0700: the throwaway TLS key lives here), under $TMPDIR.
-  const char *tmpRoot = std::getenv("TMPDIR") && *std::getenv("TMPDIR") ? std::getenv("TMPDIR") : "/tmp";
-  std::string tmplString = std::string(tmpRoot) + "/loomrun.XXXXXX";
-  std::vector<char> tmpl(tmplString.begin(), tmplString.end());
-  tmpl.push_back('\0');
-  if (!mkdtemp(tmpl.data())) {
-    std::fprintf(stderr, "loomrun: error: cannot create a temporary directory: %s\n", std::strerror(errno));
-    return 1;
-  }
-  std::string tmp = tmpl.data();
-  std::string portFile = tmp + "/port";
-  if (insecure && tlsFiles.any()) {
-    std::fprintf(stderr, "loomrun: error: --insecure and --tls-* contradict each other\n");
-    return 2;
-  }
-  if (!insecure && !tlsFiles.any()) {
-    if (loom::Status s = loom::control::createThrowawayCertificate(tmp, &tlsFiles); !s.isOk()) {
-      std::fprintf(stderr, "loomrun: error: %s\n", s.message().c_str());
-      std::filesystem::remove_all(tmp);
-      return 1;
-    }
-  }
+  std::string tmp;
   loom::control::TlsMaterial tls;
-  if (loom::Status s = loom::control::loadTls(tlsFiles, &tls); !s.isOk()) {
-    std::fprintf(stderr, "loomrun: error: %s\n", s.message().c_str());
-    std::filesystem::remove_all(tmp);
-    return 2;
-  }
-  // The same files go to the coordinator (its certificate, and the CA its clients need) and
-  // to every rank (the CA to trust, and the certificate that identifies the rank).
   std::vector<std::string> tlsArgs;
-  if (insecure) tlsArgs = {"--insecure"};
-  for (auto [flag, path] : {std::pair{"--tls-cert", tlsFiles.cert}, {"--tls-key", tlsFiles.key}, {"--tls-ca", tlsFiles.ca}})
-    if (!path.empty()) tlsArgs.insert(tlsArgs.end(), {flag, path});
+  if (int code = prepareJob(insecure, tlsFiles, &tmp, &tls, &tlsArgs)) return code;
+  std::string portFile = tmp + "/port";
 
   children.reserve(size_t(nproc) + 1);  // the handler reads it; no reallocation while it may run
   signal(SIGINT, forwardSignal);
@@ -169,19 +194,8 @@ int main(int argc, char **argv) {
   pid_t coord = spawn(coordArgs);
   children.push_back(coord);
   std::string coordPort;
-  for (int waited = 0; waited < 200 && coordPort.empty(); ++waited) {
-    int status;
-    if (waitpid(coord, &status, WNOHANG) == coord) {
-      std::fprintf(stderr, "loomrun: error: the coordinator %s before it started listening\n", describe(status).c_str());
-      std::filesystem::remove_all(tmp);
-      return 1;
-    }
-    std::ifstream(portFile) >> coordPort;
-    if (coordPort.empty()) std::this_thread::sleep_for(std::chrono::milliseconds(50));
-  }
-  if (coordPort.empty()) {
-    kill(coord, SIGKILL);
-    std::fprintf(stderr, "loomrun: error: the coordinator did not start within 10 s\n");
+  if (std::string why = awaitCoordinator(coord, portFile, &coordPort); !why.empty()) {
+    std::fprintf(stderr, "loomrun: error: %s\n", why.c_str());
     std::filesystem::remove_all(tmp);
     return 1;
   }
