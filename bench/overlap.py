@@ -36,7 +36,7 @@ def tool(args, name):
     if args.bin:
         return os.path.join(args.bin, name)
     root = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "bazel-bin")
-    return os.path.join(root, "compiler" if name == "loomc" else "apps", name)
+    return os.path.join(root, "apps", name)
 
 
 def iteration_ms(args, work, serial):

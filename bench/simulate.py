@@ -43,7 +43,7 @@ def tool(args, name):
     if args.bin:
         return os.path.join(args.bin, name)
     root = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "bazel-bin")
-    return os.path.join(root, "compiler" if name == "loomc" else "apps", name)
+    return os.path.join(root, "apps", name)
 
 
 def cluster(name, ranks, t, p, d, b, m, schedule):

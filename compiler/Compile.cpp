@@ -5,14 +5,14 @@
 #include <functional>
 #include <map>
 
-#include "compiler/ConfigLoader.h"
+#include "config/ConfigLoader.h"
 #include "compiler/Lowering.h"
 #include "compiler/ModelBuilder.h"
 #include "compiler/ModelStats.h"
 #include "compiler/PlanAssembly.h"
 #include "analysis/PlanCheck.h"
 #include "compiler/StageBalance.h"
-#include "compiler/Schedule.h"
+#include "plan/Schedule.h"
 #include "compiler/StepPrograms.h"
 #include "compiler/ToolSupport.h"
 #include "ir/LoomDialect.h"
@@ -138,6 +138,7 @@ llvm::Error compile(mlir::ModuleOp module, const config::ClusterSpec &cluster, c
 
 llvm::Error compileInMemory(mlir::ModuleOp module, const config::ClusterSpec &cluster, const CompileOptions &opt,
                             CompiledPlans *out) {
+  if (!opt.backendMemory) return error("internal: compileInMemory was given no backend memory model");
   const config::ParallelConfig &par = cluster.parallel();
   // The input is the model over global shapes: the passes do everything layout-specific.
   const llvm::StringRef partitionedMarks[] = {attr::kTensorParallel, "loom.zero1", "loom.sequence_parallel"};
@@ -222,7 +223,7 @@ llvm::Error compileInMemory(mlir::ModuleOp module, const config::ClusterSpec &cl
   }
 
   PlanRequest request{cluster,           *facts, modelName, paddedVocab, modelFlopsPerToken, kind, *schedule, m, layouts,
-                      opt.progress};
+                      opt.progress,      opt.backendMemory};
   llvm::Expected<std::vector<plan::RankPlan>> plans = assembleRankPlans(module, sets, programFiles, checksums, request);
   if (!plans) return plans.takeError();
   // The plans are proved to run together (compiler/PlanCheck.h) before anything is written.

@@ -6,7 +6,8 @@
 #include <string>
 #include <vector>
 
-#include "compiler/CompiledPlans.h"
+#include "plan/BackendMemory.h"
+#include "plan/CompiledPlans.h"
 #include "llvm/Support/Error.h"
 #include "llvm/Support/raw_ostream.h"
 #include "mlir/IR/BuiltinOps.h"
@@ -21,7 +22,10 @@ struct CompileOptions {
   bool printIrAfterAll = false;  // dump the IR after each pass to stderr
   bool quiet = false;            // no summary on stdout
   std::string modelName;         // the model's name when the module has no symbol name
-  bool progress = false;         // progress lines on a terminal (runtime/ProgressMeter.h)
+  bool progress = false;         // progress lines on a terminal (support/ProgressMeter.h)
+  // What the cluster's backend allocates beyond the plan's buffers (required: loomc passes the
+  // runtime's, runtime/BackendMemory.h).
+  plan::BackendMemoryModel backendMemory;
 };
 
 // Runs the pass pipeline on `module` (global train_step) for the cluster's parallel request.

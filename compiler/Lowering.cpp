@@ -33,12 +33,6 @@ int64_t bytesOf(mlir::Value v) {
   return numel(v) * width;
 }
 
-int64_t tensorParallelOf(mlir::Operation *op) {
-  auto m = op->getParentOfType<mlir::ModuleOp>();
-  auto t = m ? m->getAttrOfType<mlir::IntegerAttr>(attr::kTensorParallel) : nullptr;
-  return t ? t.getInt() : 1;
-}
-
 }  // namespace
 
 // The declaration of an IR op's plan instruction (null: none, e.g. func.return).
@@ -249,7 +243,7 @@ class ProgramLowering {
     mlir::Value logits = fwd.getLogits(), labels = fwd.getLabels();
     std::string group = fwd.getVocabParallelGroup()->str();
     int64_t valid = fwd.getValidVocab(), tokens = numel(labels);
-    int64_t t = tensorParallelOf(fwd);
+    int64_t t = int64_t(fwd.getVocabParallelSize().value_or(1));
     auto layerAttr = fwd->getAttrOfType<mlir::IntegerAttr>(attr::kLayer);
     int layer = layerAttr ? int(layerAttr.getInt()) : -1;
     auto local = [&](InstructionBuilder b) {

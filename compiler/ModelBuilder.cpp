@@ -2,7 +2,7 @@
 
 #include <cmath>
 
-#include "compiler/ConfigLoader.h"
+#include "config/ConfigLoader.h"
 #include "ir/LoomDialect.h"
 #include "ir/ParamAttrs.h"
 #include "passes/ModelFacts.h"
@@ -228,7 +228,8 @@ class TrainStepBuilder {
 
   Value crossEntropy(Value logits, Value labels, Value lossMask) {
     return op<CrossEntropyOp>(tensor({}, b_.getF32Type()), /*lse=*/mlir::Type(), logits, labels, lossMask,
-                              b_.getI64IntegerAttr(vocab_), /*vocab_parallel_group=*/nullptr);
+                              b_.getI64IntegerAttr(vocab_), /*vocab_parallel_group=*/nullptr,
+                              /*vocab_parallel_size=*/nullptr);
   }
 
   // A decoder's end: the logits (generation), or the loss over labels and a loss mask.

@@ -1,4 +1,3 @@
-#include "support/ProgressMeter.h"
 #include "compiler/PlanAssembly.h"
 
 #include <optional>
@@ -10,10 +9,9 @@
 #include "llvm/Support/FormatVariadic.h"
 #include "mlir/Dialect/Func/IR/FuncOps.h"
 #include "plan/Layout.h"
-#include "runtime/Executor.h"
+#include "plan/PlanAttributes.h"
 #include "plan/PlanVersion.h"
 #include "support/ProgressMeter.h"
-#include "runtime/cuda/DeviceMemory.h"
 
 namespace loom {
 namespace {
@@ -191,26 +189,10 @@ class RankPlanAssembler {
 
   // What the backend holds beyond the plan's buffers, all step long (in `mem`); its bytes.
   int64_t backendScratch(int stage, int64_t paramCount, plan::MemoryPlan *mem) {
-    if (cluster.device().kind() == config::CUDA) {  // what the CUDA backend adds, all step long
-      const cuda::Precision planned = cuda::Precision::kBf16;
-      int64_t scratch = 0, ones = 0;
-      for (const plan::Program &prog : sets[stage].programs()) {
-        scratch = std::max<int64_t>(scratch, int64_t(cuda::scratchFor(prog, planned, cuda::AttentionKernel::kAuto).total()));
-        for (const plan::Instruction &in : prog.instructions())
-          if (in.op() == "bias_grad") {
-            const plan::Buffer &g = prog.buffers(in.inputs(0));
-            ones = std::max<int64_t>(ones, 4 * planattr::numel(g) / std::max<int64_t>(1, planattr::dim(g, -1)));
-          }
-      }
-      mem->set_half_weight_bytes(cuda::halfWeightBytes(paramCount, planned));
-      mem->set_scratch_bytes(scratch + ones + int64_t(cuda::kLtWorkspaceBytes));
-      return mem->half_weight_bytes() + mem->scratch_bytes();  // + pipeline slots: finishPlans
-    } else {  // the CPU kernels' scratch (attention probabilities), kept all step
-      int64_t scratch = 0;
-      for (const plan::Program &prog : sets[stage].programs()) scratch = std::max(scratch, 4 * cpuScratchFloats(prog));
-      mem->set_scratch_bytes(scratch);
-      return scratch;
-    }
+    plan::BackendReserve reserve = req.backendMemory(cluster.device().kind(), sets[stage].programs(), paramCount);
+    mem->set_scratch_bytes(reserve.scratchBytes);
+    if (reserve.halfWeightBytes) mem->set_half_weight_bytes(reserve.halfWeightBytes);
+    return reserve.halfWeightBytes + reserve.scratchBytes;  // + pipeline slots: finishPlans
   }
 
   // The stage's schedule, memory plan and collective totals.

@@ -8,11 +8,12 @@
 #include <string>
 #include <vector>
 
-#include "compiler/Schedule.h"
+#include "plan/Schedule.h"
 #include "compiler/StepPrograms.h"
 #include "llvm/Support/Error.h"
 #include "mlir/IR/BuiltinOps.h"
 #include "passes/ModelFacts.h"
+#include "plan/BackendMemory.h"
 #include "protos/cluster.pb.h"
 #include "protos/plan.pb.h"
 
@@ -29,6 +30,7 @@ struct PlanRequest {
   int microBatches;
   const std::vector<StageLayout> &layouts;  // per pipeline stage: its flat parameter buffer
   bool progress = false;                    // a progress line over the ranks on a terminal
+  plan::BackendMemoryModel backendMemory;   // what the cluster's backend allocates beyond the plan
 };
 
 // `sets[s]`, `programFiles[s]` and `checksums[s]`: pipeline stage s's programs, their file

@@ -1,6 +1,6 @@
 // The compiler's text-format protobuf inputs: a model config, a cluster spec or a device file
 // (the first byte chooses), through the loaders and their validation, as `loomc` reads them.
-#include "compiler/ConfigLoader.h"
+#include "config/ConfigLoader.h"
 #include "fuzz/FuzzSupport.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {

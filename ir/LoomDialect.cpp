@@ -57,8 +57,9 @@ mlir::LogicalResult LoomDialect::verifyRegionArgAttribute(mlir::Operation *op, u
       return fail(nonNegative ? "must be a non-negative integer" : "must be a positive integer");
     return mlir::success();
   }
-  if (name == attr::kTpPartialGrad) {
-    if (!mlir::isa<mlir::UnitAttr>(attr.getValue())) return fail("must be a unit attribute");
+  if (name == attr::kTpPartialGrad) {  // the size of the tp group the gradient is partial over
+    auto i = mlir::dyn_cast<mlir::IntegerAttr>(attr.getValue());
+    if (!i || i.getInt() < 1) return fail("must be a positive integer (the tp group's size)");
     return mlir::success();
   }
   if (name == attr::kTiedTo) {

@@ -84,9 +84,9 @@ def Loom_AttentionOp : Loom_Op<"attention", [Pure]> {
     `[batch, seq]` (1 keep, 0 pad) masks padded keys. The result is
     `[batch, seq, heads * head_dim]`, heads concatenated. `num_heads` counts the heads
     this op computes (the local heads after tensor parallelism). `stream` names the
-    dropout's random stream; with `rank_distinct_dropout` the stream also depends on the
-    rank's tensor-parallel position (dropout inside a parallel region, Megatron-LM paper
-    section 3).
+    dropout's random stream; with `rank_distinct_dropout = "GROUP"` the stream also depends on
+    the rank's position in that group (dropout inside a tensor-parallel region, Megatron-LM
+    paper section 3).
 
     The optional result `lse` `[batch, heads, seq]` (f32) keeps the softmax statistics for
     the backward (FlashAttention, Dao et al. 2022, section 3.1): row i's log-sum-exp of its
@@ -98,7 +98,7 @@ def Loom_AttentionOp : Loom_Op<"attention", [Pure]> {
                        I64Attr:$num_heads, UnitAttr:$causal,
                        DefaultValuedAttr<F32Attr, "0.0">:$dropout,
                        DefaultValuedAttr<I64Attr, "0">:$stream,
-                       UnitAttr:$rank_distinct_dropout);
+                       OptionalAttr<StrAttr>:$rank_distinct_dropout);
   let results = (outs Loom_FloatTensor:$result, Optional<Loom_StatsTensor>:$lse);
   let assemblyFormat = [{
     $qkv (`,` $key_mask^)? attr-dict `:` functional-type(operands, results)
@@ -111,11 +111,12 @@ def Loom_DropoutOp : Loom_Op<"dropout", [SameOperandsAndResultType]> {
   let description = [{
     `stream` names the random stream so that the passes can make seeds identical
     across a tensor-parallel group outside parallel regions and distinct inside them
-    (Megatron-LM paper, section 3: dropout seeds).
+    (Megatron-LM paper, section 3: dropout seeds): with `rank_distinct = "GROUP"` the stream
+    also depends on the rank's position in that group.
   }];
   let arguments = (ins Loom_FloatTensor:$input, F32Attr:$rate,
                        DefaultValuedAttr<I64Attr, "0">:$stream,
-                       UnitAttr:$rank_distinct);
+                       OptionalAttr<StrAttr>:$rank_distinct);
   let results = (outs Loom_FloatTensor:$result);
   let assemblyFormat = "$input attr-dict `:` type($result)";
   let hasVerifier = 1;
@@ -135,10 +136,10 @@ def Loom_CrossEntropyOp : Loom_Op<"cross_entropy", [Pure]> {
     `sum_t mask_t * (logsumexp(logits_t) - logits_t[label_t]) / sum_t mask_t`, with the
     mask all ones when `loss_mask` is absent. Columns at or beyond `valid_vocab`
     (vocabulary padding) are excluded from the softmax, so padding never changes the
-    loss. With `vocab_parallel_group`, `logits` holds this rank's vocab shard (first column
-    `rank_in_group * columns`) and the op is Megatron's vocab-parallel cross-entropy: it
-    all-reduces only the per-token max, sum of exponentials and target logit over the
-    group (`[batch, seq]` all-reduces), never the logits.
+    loss. With `vocab_parallel_group` (and its size, `vocab_parallel_size`), `logits` holds
+    this rank's vocab shard (first column `rank_in_group * columns`) and the op is Megatron's
+    vocab-parallel cross-entropy: it all-reduces only the per-token max, sum of exponentials
+    and target logit over the group (`[batch, seq]` all-reduces), never the logits.
 
     The optional result `lse` `[batch, seq]` (f32) keeps each token's log-sum-exp over the
     whole (valid) vocabulary for the backward, so that `cross_entropy_grad` computes the
@@ -148,7 +149,8 @@ def Loom_CrossEntropyOp : Loom_Op<"cross_entropy", [Pure]> {
   let arguments = (ins Loom_FloatTensor:$logits, Loom_IndexTensor:$labels,
                        Optional<Loom_MaskTensor>:$loss_mask,
                        I64Attr:$valid_vocab,
-                       OptionalAttr<StrAttr>:$vocab_parallel_group);
+                       OptionalAttr<StrAttr>:$vocab_parallel_group,
+                       OptionalAttr<I64Attr>:$vocab_parallel_size);
   let results = (outs Loom_Scalar:$loss, Optional<Loom_StatsTensor>:$lse);
   let assemblyFormat = [{
     $logits `,` $labels (`,` $loss_mask^)? attr-dict `:` functional-type(operands, results)
@@ -218,7 +220,7 @@ def Loom_GroupedAttentionOp : Loom_Op<"grouped_attention", [Pure]> {
                        I64Attr:$num_heads, I64Attr:$num_kv_heads, UnitAttr:$causal,
                        DefaultValuedAttr<F32Attr, "0.0">:$dropout,
                        DefaultValuedAttr<I64Attr, "0">:$stream,
-                       UnitAttr:$rank_distinct_dropout,
+                       OptionalAttr<StrAttr>:$rank_distinct_dropout,
                        OptionalAttr<StrAttr>:$kv_replicated_group,
                        DefaultValuedAttr<I64Attr, "1">:$group_size);
   let results = (outs Loom_FloatTensor:$result, Optional<Loom_StatsTensor>:$lse);
@@ -362,7 +364,7 @@ def Loom_AttentionGradOp : Loom_Op<"attention_grad", [Pure]> {
                        I64Attr:$num_heads, UnitAttr:$causal,
                        DefaultValuedAttr<F32Attr, "0.0">:$dropout,
                        DefaultValuedAttr<I64Attr, "0">:$stream,
-                       UnitAttr:$rank_distinct_dropout);
+                       OptionalAttr<StrAttr>:$rank_distinct_dropout);
   let results = (outs Loom_FloatTensor:$result);
   let assemblyFormat = [{
     $qkv `,` $grad `,` $lse (`,` $key_mask^)? attr-dict `:` functional-type(operands, results)
@@ -439,7 +441,7 @@ def Loom_GroupedAttentionGradOp : Loom_Op<"grouped_attention_grad", [Pure]> {
                        I64Attr:$num_heads, I64Attr:$num_kv_heads, UnitAttr:$causal,
                        DefaultValuedAttr<F32Attr, "0.0">:$dropout,
                        DefaultValuedAttr<I64Attr, "0">:$stream,
-                       UnitAttr:$rank_distinct_dropout,
+                       OptionalAttr<StrAttr>:$rank_distinct_dropout,
                        OptionalAttr<StrAttr>:$kv_replicated_group,
                        DefaultValuedAttr<I64Attr, "1">:$group_size);
   let results = (outs Loom_FloatTensor:$grad_q, Loom_FloatTensor:$grad_k, Loom_FloatTensor:$grad_v);

@@ -272,6 +272,9 @@ LogicalResult CrossEntropyOp::verify() {
       return mlir::failure();
   }
   if (getValidVocab() < 1) return emitOpError() << "valid_vocab must be >= 1";
+  if (getVocabParallelGroup().has_value() != getVocabParallelSize().has_value())
+    return emitOpError() << "vocab_parallel_group and vocab_parallel_size go together";
+  if (getVocabParallelSize() && *getVocabParallelSize() < 1) return emitOpError() << "vocab_parallel_size must be >= 1";
   if (!getVocabParallelGroup() && getValidVocab() > logits[2])
     return emitOpError() << "valid_vocab (" << getValidVocab() << ") exceeds logits dim 2 ("
                          << logits[2] << ")";

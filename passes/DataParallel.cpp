@@ -59,17 +59,17 @@ void syncTiedGradients(mlir::func::FuncOp f, mlir::func::ReturnOp ret) {
 // Sequence parallelism leaves replicated parameters with partial gradients (each rank saw
 // only its positions): they are summed over "tp" (Megatron: allreduce_layernorm_grads).
 void syncPartialGradients(mlir::func::FuncOp f, mlir::func::ReturnOp ret) {
-  llvm::StringSet<> partial;
+  llvm::StringMap<int64_t> partial;  // parameter -> the size of the tp group it is partial over
   for (unsigned a = 0; a < f.getNumArguments(); ++a)
-    if (f.getArgAttr(a, attr::kTpPartialGrad))
-      partial.insert(f.getArgAttrOfType<mlir::StringAttr>(a, attr::kParam).getValue());
-  auto t = f->getParentOfType<mlir::ModuleOp>()->getAttrOfType<mlir::IntegerAttr>(attr::kTensorParallel);
+    if (auto t = f.getArgAttrOfType<mlir::IntegerAttr>(a, attr::kTpPartialGrad))
+      partial[f.getArgAttrOfType<mlir::StringAttr>(a, attr::kParam).getValue()] = t.getInt();
   for (unsigned i = 0; i < f.getNumResults(); ++i) {
     auto of = f.getResultAttrOfType<mlir::StringAttr>(i, attr::kGradOf);
     if (!of || !partial.contains(of.getValue())) continue;
+    int64_t t = partial.lookup(of.getValue());
     wrapResult(ret, i, [&](mlir::OpBuilder &b, mlir::Value g) {
-      return b.create<AllReduceOp>(g.getLoc(), g.getType(), g, b.getStringAttr("tp"),
-                                   b.getI64IntegerAttr(t ? t.getInt() : 1), b.getStringAttr("sum"));
+      return b.create<AllReduceOp>(g.getLoc(), g.getType(), g, b.getStringAttr("tp"), b.getI64IntegerAttr(t),
+                                   b.getStringAttr("sum"));
     });
   }
 }

@@ -152,7 +152,7 @@ class Sharder {
         entering_.push_back(proj);
         for (mlir::Value w : {proj.getWeight(), proj.getBias()})
           if (w && isParamArg(f_, w))
-            f_.setArgAttr(mlir::cast<mlir::BlockArgument>(w).getArgNumber(), attr::kTpPartialGrad, b_.getUnitAttr());
+            f_.setArgAttr(mlir::cast<mlir::BlockArgument>(w).getArgNumber(), attr::kTpPartialGrad, b_.getI64IntegerAttr(t_));
       }
       a.setKvReplicatedGroup(kGroup);
       a.setGroupSize(t_);
@@ -368,7 +368,7 @@ class Sharder {
         }
       }
       if (!sharded) return;
-      if (auto d = mlir::dyn_cast<DropoutOp>(op)) d.setRankDistinct(true);
+      if (auto d = mlir::dyn_cast<DropoutOp>(op)) d.setRankDistinct(kGroup);
       if (auto p = mlir::dyn_cast<AddPositionOp>(op)) p.setSequenceParallelGroup(kGroup);
     });
     // The all-gathers' results keep the full sequence; their operands are now sharded.
@@ -379,7 +379,7 @@ class Sharder {
     });
     for (unsigned i = 0; i < f_.getNumArguments(); ++i)
       if (f_.getArgAttr(i, attr::kParam) && !f_.getArgAttr(i, attr::kShardDim))
-        f_.setArgAttr(i, attr::kTpPartialGrad, b_.getUnitAttr());
+        f_.setArgAttr(i, attr::kTpPartialGrad, b_.getI64IntegerAttr(t_));
     f_->getParentOfType<mlir::ModuleOp>()->setAttr("loom.sequence_parallel", b_.getUnitAttr());
   }
 
@@ -405,15 +405,15 @@ class Sharder {
       if (auto a = mlir::dyn_cast<AttentionOp>(mid)) {
         a.setNumHeads(a.getNumHeads() / t_);
         splitStatistics(a.getLse());
-        if (a.getDropout().convertToFloat() > 0) a.setRankDistinctDropout(true);
+        if (a.getDropout().convertToFloat() > 0) a.setRankDistinctDropout(kGroup);
       }
       if (auto a = mlir::dyn_cast<GroupedAttentionOp>(mid)) {
         a.setNumHeads(a.getNumHeads() / t_);
         splitStatistics(a.getLse());
         if (!a.getKvReplicatedGroup()) a.setNumKvHeads(a.getNumKvHeads() / t_);
-        if (a.getDropout().convertToFloat() > 0) a.setRankDistinctDropout(true);
+        if (a.getDropout().convertToFloat() > 0) a.setRankDistinctDropout(kGroup);
       }
-      if (auto d = mlir::dyn_cast<DropoutOp>(mid)) d.setRankDistinct(true);
+      if (auto d = mlir::dyn_cast<DropoutOp>(mid)) d.setRankDistinct(kGroup);
     }
     for (LinearOp row : r.rows) {
       b_.setInsertionPointAfter(row);
@@ -460,7 +460,9 @@ class Sharder {
   void rewriteVocabLinear(LinearOp l) {
     entering_.push_back(l);
     l.getResult().setType(withDim(l.getType(), -1, dimOf(l.getResult(), -1) / t_));
-    mlir::cast<CrossEntropyOp>(*l->getUsers().begin()).setVocabParallelGroup(kGroup);
+    auto loss = mlir::cast<CrossEntropyOp>(*l->getUsers().begin());
+    loss.setVocabParallelGroup(kGroup);
+    loss.setVocabParallelSize(uint64_t(t_));
   }
 
   // A reduce-scatter along the sequence: its result holds s / t positions.

@@ -35,7 +35,7 @@ constexpr AttrType kI = AttrType::kInt, kF = AttrType::kFloat, kS = AttrType::kS
 std::vector<A> attentionAttrs(bool grouped) {
   std::vector<A> a = {req("num_heads", kI)};
   if (grouped) a.push_back(req("num_kv_heads", kI));
-  a.insert(a.end(), {flagA("causal"), optF("dropout"), optInt("stream"), flagA("rank_distinct_dropout")});
+  a.insert(a.end(), {flagA("causal"), optF("dropout"), optInt("stream"), optStr("rank_distinct_dropout")});
   if (grouped) a.insert(a.end(), {optStr("kv_replicated_group"), optInt("group_size", 1)});
   return a;
 }
@@ -101,11 +101,12 @@ std::vector<OpDecl> declare() {
       make(kAttention, "attention", true, {fl("qkv"), optFl("key_mask")}, {fl("result"), optFl("lse")},
        attentionAttrs(false), kC, kNo, kAttnCost, 0, "", attentionFlops),
       make(kDropout, "dropout", true, {fl("input")}, {fl("result")},
-       {req("rate", kF), optInt("stream"), flagA("rank_distinct")}, kC, kNo, kMem),
+       {req("rate", kF), optInt("stream"), optStr("rank_distinct")}, kC, kNo, kMem),
       make(kAdd, "add", true, {fl("lhs"), fl("rhs")}, {fl("result")}, {}, kC, kNo, kMem),
       make(kIdentity, "identity", true, {fl("input")}, {fl("result")}, {req("group", kS), req("group_size", kI)}, kC, kNo, kNoCost),
       make(kCrossEntropy, "cross_entropy", true, {fl("logits"), i32("labels"), optFl("loss_mask")},
-       {fl("loss"), optFl("lse")}, crossEntropyAttrs(), kC, kNo, kMem),
+       {fl("loss"), optFl("lse")}, {req("valid_vocab", kI), optStr("vocab_parallel_group"), optInt("vocab_parallel_size")},
+       kC, kNo, kMem),
       make(kRmsNorm, "rms_norm", true, {fl("input"), fl("gamma")}, {fl("result")}, {optF("epsilon", 1e-6)}, kC, kNo,
        kMem),
       make(kRotary, "rotary", true, {fl("input")}, {fl("result")},

@@ -19,7 +19,9 @@ namespace loom {
 // 6: the instruction set is declared once (plan/InstructionSet.cpp) and every instruction is
 //    verified against it; sum_squares names the group across which flagged (r) segments are
 //    replicated (replicated_group), instead of the executors assuming tp.
-inline constexpr uint32_t kPlanVersion = 6;
+// 7: dropout's rank_distinct and attention's rank_distinct_dropout name the group across which
+//    the random streams differ (a string, "tp"), instead of a flag the executors read as tp.
+inline constexpr uint32_t kPlanVersion = 7;
 
 // "" when `version` is this build's; otherwise why `what` (a plan file) cannot be read.
 inline std::string planVersionError(uint32_t version, const std::string &what) {

@@ -164,9 +164,9 @@ int64_t shardStart(const Collectives *collectives, const std::string &group, int
   return int64_t(collectives->rankIn(group)) * rows;
 }
 
-uint64_t dropoutStream(const Collectives *collectives, int64_t stream, bool rankDistinct) {
-  if (!rankDistinct || !collectives) return uint64_t(stream);
-  return uint64_t(stream) | (uint64_t(collectives->rankIn("tp") + 1) << 32);
+uint64_t dropoutStream(const Collectives *collectives, int64_t stream, const std::string &distinctGroup) {
+  if (distinctGroup.empty() || !collectives) return uint64_t(stream);
+  return uint64_t(stream) | (uint64_t(collectives->rankIn(distinctGroup) + 1) << 32);
 }
 
 

@@ -93,7 +93,7 @@ Status checkArgument(const plan::Program &program, int index, const ArgumentView
 int64_t shardStart(const Collectives *collectives, const std::string &group, int64_t rows);
 // The dropout generator's stream for an op: where masks must differ across tensor-parallel
 // ranks, the rank (plus one) goes in the upper 32 bits. Every backend must draw the same way.
-uint64_t dropoutStream(const Collectives *collectives, int64_t stream, bool rankDistinct);
+uint64_t dropoutStream(const Collectives *collectives, int64_t stream, const std::string &distinctGroup);
 // A grouped attention instruction's heads: the local query heads, the KV heads, and which KV
 // head each query head reads (with kv_replicated_group: from this rank's first query head,
 // `shardStartOf(group, heads)`). Dropout fields are left to the caller. A one-line error for

@@ -73,7 +73,7 @@ Status identity(CpuKernelContext &c, const KernelCall &k) {
 
 Status dropout(CpuKernelContext &c, const KernelCall &k) {
   dropoutForward(c.f(k.in("input")), c.f(k.out("result")), k.numel(k.in("input")), c.dropout(k.f64("rate")),
-                 c.run->seed, c.dropoutStream(k.i64("stream"), k.flag("rank_distinct")));
+                 c.run->seed, c.dropoutStream(k.i64("stream"), k.str("rank_distinct")));
   return Status::ok();
 }
 
@@ -85,7 +85,7 @@ AttentionShape attentionShape(CpuKernelContext &c, const KernelCall &k, int qkv,
           k.flag("causal"),
           c.dropout(k.f64("dropout")),
           c.run->seed,
-          c.dropoutStream(k.i64("stream"), k.flag("rank_distinct_dropout"))};
+          c.dropoutStream(k.i64("stream"), k.str("rank_distinct_dropout"))};
 }
 
 Status attention(CpuKernelContext &c, const KernelCall &k) {
@@ -111,7 +111,7 @@ Status groupedShape(CpuKernelContext &c, const KernelCall &k, GroupedAttentionSh
       k.program, k.instruction, [&](const std::string &g, int64_t rows) { return c.shardStart(g, rows); }, s));
   s->dropout = c.dropout(k.f64("dropout"));
   s->seed = c.run->seed;
-  s->stream = c.dropoutStream(k.i64("stream"), k.flag("rank_distinct_dropout"));
+  s->stream = c.dropoutStream(k.i64("stream"), k.str("rank_distinct_dropout"));
   return Status::ok();
 }
 

@@ -30,8 +30,8 @@ struct CpuKernelContext {
   int64_t shardStart(const std::string &group, int64_t rows) const {
     return loom::shardStart(run->collectives, group, rows);
   }
-  uint64_t dropoutStream(int64_t stream, bool rankDistinct) const {
-    return loom::dropoutStream(run->collectives, stream, rankDistinct);
+  uint64_t dropoutStream(int64_t stream, const std::string &distinctGroup) const {
+    return loom::dropoutStream(run->collectives, stream, distinctGroup);
   }
   // The dropout rate to apply: none outside training.
   float dropout(double rate) const { return run->training ? float(rate) : 0.0f; }

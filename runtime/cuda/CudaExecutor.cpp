@@ -147,8 +147,8 @@ class DeviceRun {
   int64_t numel(int id) { return planattr::numel(prog_.buffers(id)); }
   int64_t dim(int id, int k) { return planattr::dim(prog_.buffers(id), k); }
   int64_t shardStart(const std::string &group, int64_t rows) { return loom::shardStart(ctx_.collectives, group, rows); }
-  uint64_t dropoutStream(int64_t stream, bool rankDistinct) {
-    return loom::dropoutStream(ctx_.collectives, stream, rankDistinct);
+  uint64_t dropoutStream(int64_t stream, const std::string &distinctGroup) {
+    return loom::dropoutStream(ctx_.collectives, stream, distinctGroup);
   }
   Status group(const std::string &name, NcclGroup **out) {
     if (!e_.options_.groups)
@@ -435,7 +435,7 @@ class DeviceRun {
       return Status::error("attention: bad num_heads (corrupt plan)");
     shape.dropout = ctx_.training ? float(k.f64("dropout")) : 0.0f;
     shape.seed = ctx_.seed;
-    shape.stream = dropoutStream(k.i64("stream"), k.flag("rank_distinct_dropout"));
+    shape.stream = dropoutStream(k.i64("stream"), k.str("rank_distinct_dropout"));
     const float *m = fOrNull(k.in("key_mask"));
     int y = k.out("result");
     if (useFlash(shape, precision(), e_.options_.attention))
@@ -452,7 +452,7 @@ class DeviceRun {
         prog_, k.instruction, [&](const std::string &g, int64_t rows) { return shardStart(g, rows); }, &shape));
     shape.dropout = ctx_.training ? float(k.f64("dropout")) : 0.0f;
     shape.seed = ctx_.seed;
-    shape.stream = dropoutStream(k.i64("stream"), k.flag("rank_distinct_dropout"));
+    shape.stream = dropoutStream(k.i64("stream"), k.str("rank_distinct_dropout"));
     if (k.decl.id == isa::OpId::kGroupedAttention)
       return groupedAttentionForward(e_.blas_, precision(), f(k.in("q")), f(k.in("k")), f(k.in("v")), f(k.out("result")),
                                      fOrNull(k.out("lse")), shape, scratch_[0], st_);
@@ -493,7 +493,7 @@ class DeviceRun {
   Status dropout(const KernelCall &k) {
     dropoutForward(f(k.in("input")), f(k.out("result")), k.numel(k.in("input")),
                    ctx_.training ? float(k.f64("rate")) : 0.0f, ctx_.seed,
-                   dropoutStream(k.i64("stream"), k.flag("rank_distinct")), st_);
+                   dropoutStream(k.i64("stream"), k.str("rank_distinct")), st_);
     return Status::ok();
   }
   Status identity(const KernelCall &k) {

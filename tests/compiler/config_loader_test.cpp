@@ -3,7 +3,7 @@
 
 #include <fstream>
 
-#include "compiler/ConfigLoader.h"
+#include "config/ConfigLoader.h"
 
 namespace loom {
 namespace {

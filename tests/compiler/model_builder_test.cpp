@@ -2,7 +2,7 @@
 // here independently of the builder (and against published numbers where they exist).
 #include <gtest/gtest.h>
 
-#include "compiler/ConfigLoader.h"
+#include "config/ConfigLoader.h"
 #include "compiler/ModelBuilder.h"
 #include "compiler/ModelStats.h"
 #include "mlir/IR/Verifier.h"

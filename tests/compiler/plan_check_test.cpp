@@ -11,7 +11,7 @@
 #include <string>
 
 #include "analysis/PlanCheck.h"
-#include "compiler/PlanViews.h"
+#include "analysis/PlanViews.h"
 #include "plan/PlanAttributes.h"
 
 namespace loom {
@@ -47,7 +47,7 @@ Job compile(const std::string &name, const std::string &parallel, int world) {
   std::string cluster = tmpdir() + "/" + name + ".pbtxt", out = tmpdir() + "/plans_check_" + name;
   std::ofstream(cluster) << "name: \"" << name << "\"\nnodes: 1\ndevices_per_node: " << world
                          << "\ndevice { kind: CPU }\nparallel { " << parallel << " }\n";
-  std::string command = runfile("compiler/loomc") + " compile " + runfile("examples/models/gpt-tiny.pbtxt") +
+  std::string command = runfile("apps/loomc") + " compile " + runfile("examples/models/gpt-tiny.pbtxt") +
                         " --cluster " + cluster + " --out " + out + " --quiet";
   EXPECT_EQ(std::system(command.c_str()), 0) << command;
   Job job;

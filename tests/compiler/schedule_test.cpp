@@ -6,7 +6,7 @@
 
 #include <algorithm>
 
-#include "compiler/Schedule.h"
+#include "plan/Schedule.h"
 
 namespace loom {
 namespace {

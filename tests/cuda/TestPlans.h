@@ -31,7 +31,7 @@ inline void loadGptTinyPlan(plan::RankPlan *rank, plan::ProgramSet *programs, bo
                              : std::string(std::getenv("TEST_TMPDIR") ? std::getenv("TEST_TMPDIR") : "/tmp") +
                                    "/cuda_plans_" + cluster;
   if (!prebuilt) {
-    Result r = run(runfile("compiler/loomc") + " compile " + runfile("tests/runtime/Inputs/gpt-tiny-nodropout.pbtxt") +
+    Result r = run(runfile("apps/loomc") + " compile " + runfile("tests/runtime/Inputs/gpt-tiny-nodropout.pbtxt") +
                    " --cluster " + runfile("tests/runtime/Inputs/" + cluster + ".pbtxt") + " --out " + dir + " --quiet");
     ASSERT_EQ(r.exitCode, 0) << r.output;
   }

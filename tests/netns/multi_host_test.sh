@@ -10,7 +10,7 @@
 set -uo pipefail
 root="${TEST_SRCDIR:-$PWD}/${TEST_WORKSPACE:-loom}"
 [[ -d $root/apps ]] || root="$PWD"
-bin="$root/apps" loomc="$root/compiler/loomc"
+bin="$root/apps" loomc="$root/apps/loomc"
 work="${TEST_TMPDIR:-$(mktemp -d)}/netns"
 rm -rf "$work" && mkdir -p "$work"
 

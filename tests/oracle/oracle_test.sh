@@ -5,7 +5,7 @@ set -euo pipefail
 root="${TEST_SRCDIR}/${TEST_WORKSPACE}"
 bin="${TEST_TMPDIR}/bin"
 mkdir -p "$bin"
-for tool in compiler/loomc apps/loomrun apps/loom-rank apps/loom-coord; do
+for tool in apps/loomc apps/loomrun apps/loom-rank apps/loom-coord; do
   ln -sf "$root/$tool" "$bin/$(basename "$tool")"
 done
 # The mutant check first: a Loom whose row-parallel all-reduce is dropped (compiler:loomc-mutant)
@@ -13,7 +13,7 @@ done
 mutant="${TEST_TMPDIR}/mutant-bin"
 mkdir -p "$mutant"
 for tool in apps/loomrun apps/loom-rank apps/loom-coord; do ln -sf "$root/$tool" "$mutant/"; done
-ln -sf "$root/compiler/loomc-mutant" "$mutant/loomc"
+ln -sf "$root/apps/loomc-mutant" "$mutant/loomc"
 /usr/bin/python3 "$root/tests/oracle/run_oracle.py" --bin "$mutant" --mutant-check \
   --model "$root/examples/models/gpt-tiny.pbtxt" --work "${TEST_TMPDIR}/oracle-mutant" --steps 3
 

@@ -3,7 +3,7 @@
 #include <cmath>
 #include <cstring>
 
-#include "compiler/ConfigLoader.h"
+#include "config/ConfigLoader.h"
 #include "compiler/ModelBuilder.h"
 #include "ir/ParamAttrs.h"
 #include "mlir/Pass/PassManager.h"

@@ -6,7 +6,7 @@
 #include <string>
 #include <vector>
 
-#include "compiler/Interpreter.h"
+#include "tests/passes/Interpreter.h"
 #include "mlir/IR/BuiltinOps.h"
 #include "mlir/IR/OwningOpRef.h"
 

@@ -198,14 +198,14 @@ TEST(TensorParallel, DropoutRunsAreReproducible) {
   int attentions = 0;
   f.walk([&](loom::AttentionOp o) {
     ++attentions;
-    EXPECT_TRUE(o.getRankDistinctDropout()) << "attention dropout inside a parallel region is rank-identical";
+    EXPECT_EQ(o.getRankDistinctDropout().value_or(""), "tp") << "attention dropout inside a parallel region is rank-identical";
   });
   EXPECT_EQ(attentions, 4);
-  f.walk([&](loom::DropoutOp o) { EXPECT_FALSE(o.getRankDistinct()) << "dropout outside the regions is rank-distinct"; });
+  f.walk([&](loom::DropoutOp o) { EXPECT_FALSE(o.getRankDistinct().has_value()) << "dropout outside the regions is rank-distinct"; });
   ThreadWorld world({.t = 2});
   auto r0 = world.forRank(0), r1 = world.forRank(1);
-  EXPECT_NE(dropoutStream(r0.get(), 3, true), dropoutStream(r1.get(), 3, true));
-  EXPECT_EQ(dropoutStream(r0.get(), 3, false), dropoutStream(r1.get(), 3, false));
+  EXPECT_NE(dropoutStream(r0.get(), 3, "tp"), dropoutStream(r1.get(), 3, "tp"));
+  EXPECT_EQ(dropoutStream(r0.get(), 3, ""), dropoutStream(r1.get(), 3, ""));
 }
 
 }  // namespace

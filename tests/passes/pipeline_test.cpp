@@ -12,7 +12,7 @@
 #include "mlir/IR/Verifier.h"
 #include "runtime/ThreadCollectives.h"
 #include "compiler/Compile.h"
-#include "compiler/Schedule.h"
+#include "plan/Schedule.h"
 #include "tests/passes/PassTestSupport.h"
 
 namespace loom::test {

@@ -23,7 +23,7 @@ std::string tmpdir() { return std::getenv("TEST_TMPDIR") ? std::getenv("TEST_TMP
 std::string plans() {
   static std::string dir = [] {
     std::string d = tmpdir() + "/plans_control";
-    Result r = run(runfile("compiler/loomc") + " compile " + runfile("tests/runtime/Inputs/gpt-tiny-nodropout.pbtxt") +
+    Result r = run(runfile("apps/loomc") + " compile " + runfile("tests/runtime/Inputs/gpt-tiny-nodropout.pbtxt") +
                    " --cluster " + runfile("tests/runtime/Inputs/t1p1d1.pbtxt") + " --out " + d + " --quiet");
     EXPECT_EQ(r.exitCode, 0) << r.output;
     return d;

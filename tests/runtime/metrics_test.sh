@@ -7,7 +7,7 @@ root="${TEST_SRCDIR}/${TEST_WORKSPACE}"
 work="${TEST_TMPDIR}/metrics"
 rm -rf "$work" && mkdir -p "$work/py"
 /usr/bin/protoc --proto_path="$root/protos" --python_out="$work/py" "$root/protos/tensorboard.proto"
-"$root/compiler/loomc" compile "$root/tests/runtime/Inputs/gpt-tiny-nodropout.pbtxt" \
+"$root/apps/loomc" compile "$root/tests/runtime/Inputs/gpt-tiny-nodropout.pbtxt" \
   --cluster "$root/tests/runtime/Inputs/t1p2d1.pbtxt" --out "$work/plans" --quiet
 "$root/apps/loomrun" --nproc 2 --plans "$work/plans" --steps 6 --eval-interval 3 --loss-log "$work/loss.log" \
   --tensorboard-dir "$work/tb" --metrics-file "$work/metrics.jsonl" > "$work/run.log" 2>&1 || {

@@ -26,7 +26,7 @@ namespace loom::test {
 namespace {
 
 std::string tmpdir() { return std::getenv("TEST_TMPDIR") ? std::getenv("TEST_TMPDIR") : "/tmp"; }
-std::string loomc() { return runfile("compiler/loomc"); }
+std::string loomc() { return runfile("apps/loomc"); }
 std::string loomrun() { return runfile("apps/loomrun"); }
 std::string input(const std::string &name) { return runfile("tests/runtime/Inputs/" + name); }
 // Bytes in `path`, 0 when it does not exist (yet).
@@ -547,7 +547,7 @@ TEST(Runtime, BadPlansAreRefused) {
   EXPECT_NE(rank0.exitCode, 0);
   EXPECT_NE(rank0.output.find("plan format version 0 (written before plans had versions)"), std::string::npos)
       << rank0.output;
-  Result dump = run(runfile("compiler/loom-dump") + " " + tmpdir() + "/plans_version0");
+  Result dump = run(runfile("apps/loom-dump") + " " + tmpdir() + "/plans_version0");
   EXPECT_NE(dump.exitCode, 0);
   EXPECT_NE(dump.output.find("plan format version 0"), std::string::npos) << dump.output;
   Result nproc = run(loomrun() + " --nproc 3 --plans " + good + " --steps 1");

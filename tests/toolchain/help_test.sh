@@ -10,10 +10,10 @@ fail=0
 # BINARY and a command line on which its parsing fails only on the malformed number NUMBER.
 # loom-gpt-bench exists only in a build with the CUDA toolkit.
 cases=(
-  "compiler/loomc|calibrate --threads two"
-  "compiler/loom-dump|plans --rank one"
-  "compiler/loom-generate|--tokens many"
-  "data/loom-preprocess|--valid-fraction half"
+  "apps/loomc|calibrate --threads two"
+  "apps/loom-dump|plans --rank one"
+  "apps/loom-generate|--tokens many"
+  "apps/loom-preprocess|--valid-fraction half"
   "apps/loomrun|--nproc four"
   "apps/loom-rank|--coordinator 127.0.0.1:9 --rank 0 --steps 1e"
   "apps/loom-coord|--plans p --heartbeat-timeout 10s"

@@ -7,7 +7,7 @@
 #include <fstream>
 #include <string>
 
-#include "compiler/PlanViews.h"
+#include "analysis/PlanViews.h"
 #include "data/DataSource.h"
 #include "runtime/CpuBackend.h"
 #include "runtime/ThreadCollectives.h"
@@ -27,7 +27,7 @@ PlanDirectory compileZero1() {
   std::string cluster = tmpdir() + "/zero1.pbtxt", out = tmpdir() + "/plans_trainer_zero1";
   std::ofstream(cluster) << "name: \"z\"\nnodes: 1\ndevices_per_node: 1\ndevice { kind: CPU }\n"
                             "parallel { micro_batch_size: 2 global_batch_size: 4 zero1: true }\n";
-  std::string command = runfile("compiler/loomc") + " compile " + runfile("examples/models/gpt-tiny.pbtxt") +
+  std::string command = runfile("apps/loomc") + " compile " + runfile("examples/models/gpt-tiny.pbtxt") +
                         " --cluster " + cluster + " --out " + out + " --quiet";
   EXPECT_EQ(std::system(command.c_str()), 0) << command;
   llvm::Expected<PlanDirectory> dir = readPlanDirectory(out);

@@ -5,7 +5,7 @@
 # they stay behind. usage: tools/gpu/pack.sh
 set -euo pipefail
 cd "$(dirname "$0")/../.."
-bazel-4 build //tests/cuda:cuda_kernels_test //tests/cuda:lt_linear_test //tests/cuda:nccl_group_test //tests/cuda:attention_test //tests/cuda:cuda_executor_test //tests/cuda:cuda_trainer_test //tools/gpu:loom-gpt-bench //apps:loomrun //apps:loom-coord //apps:loom-rank //compiler:loomc //tests/toolchain:cuda_deps_test
+bazel-4 build //tests/cuda:cuda_kernels_test //tests/cuda:lt_linear_test //tests/cuda:nccl_group_test //tests/cuda:attention_test //tests/cuda:cuda_executor_test //tests/cuda:cuda_trainer_test //tools/gpu:loom-gpt-bench //apps:loomrun //apps:loom-coord //apps:loom-rank //apps:loomc //tests/toolchain:cuda_deps_test
 rm -rf gpu-pack && mkdir -p gpu-pack/bin gpu-pack/lib
 for t in tests/cuda/cuda_kernels_test tests/cuda/lt_linear_test tests/cuda/nccl_group_test tests/cuda/attention_test tests/cuda/cuda_executor_test tests/cuda/cuda_trainer_test tools/gpu/loom-gpt-bench apps/loomrun apps/loom-coord apps/loom-rank tests/toolchain/cuda_deps_test; do
   cp -L "bazel-bin/$t" gpu-pack/bin/
@@ -19,13 +19,13 @@ for t in tests/cuda/cuda_kernels_test tests/cuda/lt_linear_test tests/cuda/nccl_
 done
 # The plans, compiled here (loomc and LLVM stay behind): gpt-tiny for the executor and trainer
 # tests, the 1.3B GPT on one H200 for the benchmark.
-bazel-bin/compiler/loomc compile tests/runtime/Inputs/gpt-tiny-nodropout.pbtxt \
+bazel-bin/apps/loomc compile tests/runtime/Inputs/gpt-tiny-nodropout.pbtxt \
   --cluster tests/runtime/Inputs/t1p1d1.pbtxt --out gpu-pack/plans --quiet
-bazel-bin/compiler/loomc compile tests/runtime/Inputs/gpt-tiny-nodropout.pbtxt \
+bazel-bin/apps/loomc compile tests/runtime/Inputs/gpt-tiny-nodropout.pbtxt \
   --cluster tests/runtime/Inputs/t1p1d1_zero1.pbtxt --out gpu-pack/plans-zero1 --quiet
-bazel-bin/compiler/loomc compile examples/models/llama-tiny.pbtxt \
+bazel-bin/apps/loomc compile examples/models/llama-tiny.pbtxt \
   --cluster tests/runtime/Inputs/t1p1d1.pbtxt --out gpu-pack/plans-llama --quiet
-bazel-bin/compiler/loomc compile examples/models/gpt-1.3b.pbtxt \
+bazel-bin/apps/loomc compile examples/models/gpt-1.3b.pbtxt \
   --cluster examples/clusters/h200-1.pbtxt --out gpu-pack/plans-1.3b --quiet
 # The libraries go compressed (OpenBLAS and oneDNN are ~35-40 MB each) to stay under the 64 MiB carry limit;
 # check.sh unpacks them on the GPU machine.

@@ -10,7 +10,7 @@
 
 #include "compiler/ModelBuilder.h"
 #include "compiler/ModelStats.h"
-#include "compiler/PlanViews.h"
+#include "analysis/PlanViews.h"
 #include "analysis/StepSimulator.h"
 #include "compiler/ToolSupport.h"
 #include "ir/ParamAttrs.h"

@@ -15,7 +15,7 @@
 #include <string>
 #include <vector>
 
-#include "compiler/CompiledPlans.h"
+#include "plan/CompiledPlans.h"
 #include "analysis/StepSimulator.h"
 #include "llvm/Support/Error.h"
 #include "protos/cluster.pb.h"

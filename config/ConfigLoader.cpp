@@ -1,4 +1,4 @@
-#include "compiler/ConfigLoader.h"
+#include "config/ConfigLoader.h"
 
 
 #include "google/protobuf/io/tokenizer.h"

@@ -9,7 +9,7 @@
 #include <cstdio>
 #include <random>
 
-#include "compiler/ConfigLoader.h"
+#include "config/ConfigLoader.h"
 #include "compiler/Lowering.h"
 #include "compiler/ModelBuilder.h"
 #include "compiler/ToolSupport.h"

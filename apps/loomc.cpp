@@ -20,14 +20,14 @@
 //       Measure this machine's CPU kernels and Gloo loopback collectives into a device file.
 //   loomc opt FILE.mlir --loom-tensor-parallel=tp=2 --loom-autodiff ... [--mlir-print-ir-after-all]
 //       Run passes one by one (MLIR's opt driver: pass options, IR after each pass).
-#include "compiler/Calibrate.h"
+#include "analysis/Calibrate.h"
 #include "compiler/Compile.h"
 #include "analysis/PlanCheck.h"
-#include "compiler/PlanViews.h"
-#include "compiler/Search.h"
+#include "analysis/PlanViews.h"
+#include "analysis/Search.h"
 #include "analysis/TraceCheck.h"
 #include "analysis/StepSimulator.h"
-#include "compiler/ConfigLoader.h"
+#include "config/ConfigLoader.h"
 #include "compiler/ModelBuilder.h"
 #include "compiler/ToolSupport.h"
 #include "google/protobuf/text_format.h"
@@ -43,6 +43,7 @@
 #include "mlir/Support/ToolUtilities.h"
 #include "mlir/Tools/mlir-opt/MlirOptMain.h"
 #include "passes/Passes.h"
+#include "runtime/BackendMemory.h"
 #include "support/CommandLine.h"
 #include "ir/LoomDialect.h"
 
@@ -163,10 +164,19 @@ int runBuild() {
   return 0;
 }
 
+// Compile options with the runtime's memory model of the backends (what they allocate beyond
+// the plan's buffers): the compiler plans it without including a runtime header.
+loom::CompileOptions compileOptions(const std::string &outDir, bool quiet, const std::string &modelName = "") {
+  loom::CompileOptions options{outDir, false, quiet, modelName};
+  options.backendMemory = loom::backendReserve;
+  return options;
+}
+
 int runCompile() {
   llvm::Expected<loom::config::ClusterSpec> cluster = loom::loadClusterSpec(compileCluster);
   if (!cluster) return loom::reportError("loomc", cluster.takeError());
-  loom::CompileOptions options{compileOut, compileIrAfterAll, compileQuiet};
+  loom::CompileOptions options = compileOptions(compileOut, compileQuiet);
+  options.printIrAfterAll = compileIrAfterAll;
   options.progress = true;  // drawn only on a terminal
   llvm::StringRef path = compileModel;
   if (path.ends_with(".pbtxt")) {  // a config: built into IR, then the same compile
@@ -294,7 +304,7 @@ int runSearch() {
     ctx.disableMultithreading();  // the search runs candidates on its own threads
     loom::OneLineDiagnostics diags(ctx);
     mlir::OwningOpRef<mlir::ModuleOp> module = loom::buildModel(ctx, m, {});
-    return loom::compileInMemory(*module, c, loom::CompileOptions{"", false, true, m.name()}, plans);
+    return loom::compileInMemory(*module, c, compileOptions("", true, m.name()), plans);
   };
   loom::SearchResult result;
   if (llvm::Error e = loom::searchConfigurations(*model, *cluster, options, &result))
@@ -320,7 +330,7 @@ int runCalibrate(const char *argv0) {
                        const std::string &dir) {
     std::string summary;
     llvm::raw_string_ostream os(summary);
-    return loom::compile(model, cluster, loom::CompileOptions{dir, false, true, model.name()}, os);
+    return loom::compile(model, cluster, compileOptions(dir, true, model.name()), os);
   };
   loom::config::DeviceFile device;
   llvm::Error e = loom::calibrate(options, &device, llvm::errs());

@@ -1,4 +1,4 @@
-#include "compiler/Interpreter.h"
+#include "tests/passes/Interpreter.h"
 
 #include "compiler/Lowering.h"
 #include "runtime/Executor.h"

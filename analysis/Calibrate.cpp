@@ -1,4 +1,4 @@
-#include "compiler/Calibrate.h"
+#include "analysis/Calibrate.h"
 
 #include <spawn.h>
 #include <sys/wait.h>
@@ -17,8 +17,8 @@
 #include <cblas.h>
 
 #include "analysis/CostModel.h"
-#include "compiler/ConfigLoader.h"
-#include "compiler/PlanViews.h"
+#include "config/ConfigLoader.h"
+#include "analysis/PlanViews.h"
 #include "gloo/rendezvous/file_store.h"
 #include "llvm/Support/FormatVariadic.h"
 #include "runtime/Executor.h"

@@ -1,4 +1,4 @@
-#include "compiler/PlanViews.h"
+#include "analysis/PlanViews.h"
 
 #include <filesystem>
 

@@ -1,4 +1,4 @@
-#include "compiler/Schedule.h"
+#include "plan/Schedule.h"
 
 #include <algorithm>
 #include <map>

@@ -1,0 +1,36 @@
+#include "runtime/BackendMemory.h"
+
+#include <algorithm>
+
+#include "plan/PlanAttributes.h"
+#include "runtime/Executor.h"
+#include "runtime/cuda/DeviceMemory.h"
+
+namespace loom {
+
+plan::BackendReserve backendReserve(config::DeviceKind kind,
+                                    const google::protobuf::RepeatedPtrField<plan::Program> &programs,
+                                    int64_t parameterCount) {
+  plan::BackendReserve reserve;
+  if (kind == config::CUDA) {
+    // The plan assumes the default GEMM precision, bf16 (chosen at launch with --precision).
+    const cuda::Precision planned = cuda::Precision::kBf16;
+    int64_t scratch = 0, ones = 0;
+    for (const plan::Program &prog : programs) {
+      scratch = std::max<int64_t>(scratch, int64_t(cuda::scratchFor(prog, planned, cuda::AttentionKernel::kAuto).total()));
+      for (const plan::Instruction &in : prog.instructions())
+        if (in.op() == "bias_grad") {  // a ones vector as long as the gradient's rows
+          const plan::Buffer &g = prog.buffers(in.inputs(0));
+          ones = std::max<int64_t>(ones, 4 * planattr::numel(g) / std::max<int64_t>(1, planattr::dim(g, -1)));
+        }
+    }
+    reserve.halfWeightBytes = cuda::halfWeightBytes(parameterCount, planned);
+    reserve.scratchBytes = scratch + ones + int64_t(cuda::kLtWorkspaceBytes);
+  } else {  // the CPU kernels' scratch (attention probabilities), kept all step
+    for (const plan::Program &prog : programs)
+      reserve.scratchBytes = std::max<int64_t>(reserve.scratchBytes, 4 * cpuScratchFloats(prog));
+  }
+  return reserve;
+}
+
+}  // namespace loom
