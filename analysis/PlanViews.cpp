@@ -36,6 +36,9 @@ std::string shapeOf(const plan::Buffer &b) {
   return s.empty() ? "scalar" : s;
 }
 
+// "bf16 2x32x64": a buffer's element type and shape.
+std::string typeOf(const plan::Buffer &b) { return llvm::StringRef(plan::DType_Name(b.dtype())).lower() + " " + shapeOf(b); }
+
 }  // namespace
 
 const plan::Program *PlanDirectory::program(int rank, const std::string &name) const {
@@ -94,7 +97,7 @@ std::string programsAsText(const PlanDirectory &plans, int rank) {
                         prog.instructions_size(), humanBytes(prog.workspace_bytes()), humanBytes(prog.stash_bytes()));
     for (const plan::Binding &a : prog.arguments())
       os << llvm::formatv("  arg  %{0} {1} {2} : {3}{4}\n", a.buffer(), plan::Binding::Role_Name(a.role()), a.name(),
-                          shapeOf(prog.buffers(a.buffer())), a.inout() ? " (inout)" : "");
+                          typeOf(prog.buffers(a.buffer())), a.inout() ? " (inout)" : "");
     for (int i = 0; i < prog.instructions_size(); ++i) {
       const plan::Instruction &in = prog.instructions(i);
       os << llvm::formatv("  {0,4}: [{1,-7}] ", i, streamName(in.stream()));
@@ -116,6 +119,7 @@ std::string programsAsText(const PlanDirectory &plans, int rank) {
       }
       if (in.flops() > 0) os << llvm::formatv(" flops={0:e}", in.flops());
       if (in.bytes_moved() > 0) os << " moves=" << humanBytes(in.bytes_moved());
+      for (int k = 0; k < in.outputs_size(); ++k) os << (k ? ", " : " -> ") << typeOf(prog.buffers(in.outputs(k)));
       os << "\n";
     }
     for (const plan::Binding &r : prog.results())
@@ -279,13 +283,29 @@ std::string memoryTimeline(const PlanDirectory &plans, int rank) {
                       rank, humanBytes(mem.parameter_bytes()), humanBytes(mem.gradient_bytes()), humanBytes(mem.optimizer_bytes()),
                       humanBytes(mem.peak_stash_bytes()), humanBytes(mem.peak_input_bytes()),
                       humanBytes(mem.max_workspace_bytes()), humanBytes(mem.peak_bytes()));
+  // The dtype the programs compute with: their PARAMETER arguments' (the flat buffer is the
+  // fp32 master copy in every plan).
+  plan::DType compute = plan::F32;
+  for (const plan::Program &prog : plans.programsOf(rank).programs())
+    for (const plan::Binding &a : prog.arguments())
+      if (a.role() == plan::Binding::PARAMETER && prog.buffers(a.buffer()).dtype() != plan::F32)
+        compute = prog.buffers(a.buffer()).dtype();
+  if (compute == plan::F32)
+    os << "  precision: fp32 throughout\n";
+  else
+    os << llvm::formatv("  precision: {0} weights for compute (a copy of the fp32 master weights, remade after each "
+                        "update: the 16-bit weight copies below), activations, stashes, pipeline messages and "
+                        "tensor-parallel collectives; fp32 master weights, main gradients (and their data-parallel "
+                        "reduction) and AdamW moments\n",
+                        llvm::StringRef(plan::DType_Name(compute)).lower());
   if (rp.cluster().device().kind() != config::CUDA && mem.scratch_bytes() > 0)
     os << llvm::formatv("  CPU backend: the attention kernels' scratch {0} (held all step)\n", humanBytes(mem.scratch_bytes()));
   else if (mem.half_weight_bytes() + mem.scratch_bytes() + mem.pipeline_slot_bytes() > 0)
     os << llvm::formatv("  CUDA backend: 16-bit weight copies {0}, scratch and cuBLASLt workspace {1}, pipeline message "
-                        "slots {2} (held all step; planned for bf16 GEMMs)\n",
+                        "slots {2} (held all step{3})\n",
                         humanBytes(mem.half_weight_bytes()), humanBytes(mem.scratch_bytes()),
-                        humanBytes(mem.pipeline_slot_bytes()));
+                        humanBytes(mem.pipeline_slot_bytes()),
+                        compute == plan::F32 ? "; planned for bf16 GEMMs, the executor's copies" : "");
   os << "  (what the backend allocates for the rank; the process adds its binaries and libraries, gRPC's, Gloo's and\n"
         "  OpenBLAS's buffers and the executor's small per-instruction temporaries: loom-rank logs both after its\n"
         "  first iteration.)\n";

@@ -87,7 +87,8 @@ llvm::Error runCompilerPasses(mlir::ModuleOp module, const config::ClusterSpec &
   std::string layoutOption;
   for (int64_t n : layout) layoutOption += (layoutOption.empty() ? " layout=" : ",") + std::to_string(n);
   return run(llvm::formatv(
-      "loom-tensor-parallel{{tp={0} sequence-parallel={8}},loom-pipeline-stages{{pp={1} vp={2}{9}},loom-autodiff,"
+      "loom-tensor-parallel{{tp={0} sequence-parallel={8}},loom-mixed-precision,loom-pipeline-stages{{pp={1} vp={2}{9}},"
+      "loom-autodiff,"
       "loom-data-parallel{{dp={3} bucket-bytes={4} zero1={7}},loom-pipeline-partition,loom-recompute{{mode={5}},"
       "loom-micro-batches{{count={6}}",
       p.tensor_parallel_size(), p.pipeline_parallel_size(), p.virtual_pipeline_size(), p.data_parallel_size(),
@@ -209,7 +210,10 @@ llvm::Error compileInMemory(mlir::ModuleOp module, const config::ClusterSpec &cl
                                            par.serial_grad_reduce(), &deferred))
         return e;
     }
-    layouts[s] = stageLayout(module, sets[s], d, par.zero1());
+    llvm::Expected<StageLayout> layout = stageLayout(module, sets[s], d, par.zero1());
+    if (!layout) return llvm::createStringError(llvm::inconvertibleErrorCode(), "pipeline stage %d: %s", s,
+                                                llvm::toString(layout.takeError()).c_str());
+    layouts[s] = std::move(*layout);
     if (s == p - 1) *sets[s].add_programs() = lossProgram(m, d);
     *sets[s].add_programs() = optimizerProgram(layouts[s], t, p, d, par.zero1(), deferred);
   }

@@ -9,6 +9,7 @@
 #include "ir/LoomDialect.h"
 #include "ir/ParamAttrs.h"
 #include "plan/InstructionSet.h"
+#include "plan/PlanAttributes.h"
 #include "llvm/ADT/TypeSwitch.h"
 #include "mlir/IR/BuiltinOps.h"
 
@@ -29,8 +30,7 @@ plan::DType dtypeOf(mlir::Type t) {
 }
 
 int64_t bytesOf(mlir::Value v) {
-  int64_t width = dtypeOf(v.getType()) == plan::BF16 || dtypeOf(v.getType()) == plan::F16 ? 2 : 4;
-  return numel(v) * width;
+  return numel(v) * planattr::elementBytes(dtypeOf(v.getType()));
 }
 
 }  // namespace

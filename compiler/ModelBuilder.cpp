@@ -29,11 +29,7 @@ class TrainStepBuilder {
     seq_ = cfg.seq_length();
     hidden_ = cfg.hidden_size();
     vocab_ = cfg.vocab_size();
-    switch (cfg.params_dtype()) {
-      case config::BF16: dtype_ = b_.getBF16Type(); break;
-      case config::FP16: dtype_ = b_.getF16Type(); break;
-      default: dtype_ = b_.getF32Type(); break;
-    }
+    dtype_ = b_.getF32Type();  // the model in fp32; params_dtype is the module's precision policy
   }
 
   mlir::OwningOpRef<mlir::ModuleOp> build() {
@@ -78,6 +74,9 @@ class TrainStepBuilder {
   // The IR carries the model in its ops; the only module attribute is the padding multiple,
   // and only when the config departs from Megatron's default.
   void setModuleAttrs() {
+    if (cfg_.params_dtype() == config::BF16 || cfg_.params_dtype() == config::FP16)
+      module_->getOperation()->setAttr(attr::kParamsDtype,
+                                       b_.getStringAttr(cfg_.params_dtype() == config::BF16 ? "bf16" : "f16"));
     if (cfg_.make_vocab_size_divisible_by() != kDefaultVocabDivisibleBy)
       module_->getOperation()->setAttr(attr::kVocabDivisibleBy,
                                        b_.getI64IntegerAttr(cfg_.make_vocab_size_divisible_by()));

@@ -223,6 +223,11 @@ class RankPlanAssembler {
     int64_t persistent = paramBytes * 2 + optimizerBytes;
     plan::MemoryPlan *mem = rp.mutable_memory();
     persistent += backendScratch(stage, paramCount, mem);
+    if (flat.computeDtype != plan::F32) {  // a 16-bit plan's own copy of the master weights
+      int64_t copy = planattr::elementBytes(flat.computeDtype) * flat.flatElements;
+      mem->set_half_weight_bytes(mem->half_weight_bytes() + copy);
+      persistent += copy;
+    }
     std::map<std::string, size_t> lastEntry;  // program -> its last schedule entry
     const StageSchedule &tasks = req.schedule[stage];
     auto programOf = [&](const Task &task) {

@@ -38,8 +38,9 @@ class ProgramBuilder {
     prog_.set_kind(kind);
   }
 
-  int argument(plan::Binding::Role role, const std::string &name, std::vector<int64_t> shape, bool inout) {
-    int id = buffer(shape, plan::Buffer::ARGUMENT);
+  int argument(plan::Binding::Role role, const std::string &name, std::vector<int64_t> shape, bool inout,
+               plan::DType dtype = plan::F32) {
+    int id = buffer(shape, plan::Buffer::ARGUMENT, dtype);
     plan::Binding *b = prog_.add_arguments();
     b->set_buffer(id), b->set_role(role), b->set_name(name), b->set_inout(inout);
     return id;
@@ -102,12 +103,12 @@ class ProgramBuilder {
   }
 
  private:
-  int buffer(const std::vector<int64_t> &shape, plan::Buffer::Kind kind) {
+  int buffer(const std::vector<int64_t> &shape, plan::Buffer::Kind kind, plan::DType dtype = plan::F32) {
     plan::Buffer *b = prog_.add_buffers();
     b->set_id(prog_.buffers_size() - 1);
     for (int64_t d : shape) b->add_shape(d);
-    b->set_dtype(plan::F32);
-    b->set_bytes(4 * elementsOf(shape));
+    b->set_dtype(dtype);
+    b->set_bytes(planattr::elementBytes(dtype) * elementsOf(shape));
     b->set_kind(kind);
     b->set_first_use(-1), b->set_last_use(-1);
     lastWriter_.push_back(-1);
@@ -154,12 +155,15 @@ void recomputeLifetimes(plan::Program &prog) {
   for (const plan::Binding &r : prog.results()) prog.mutable_buffers(r.buffer())->set_last_use(prog.instructions_size());
 }
 
-int addArgumentBuffer(plan::Program &prog, const plan::Buffer &like, plan::Binding::Role role, const std::string &name) {
+// An inout argument shaped like `like`, in `dtype` (gradients and losses accumulate in fp32
+// whatever the dtype of what is added into them: Megatron's main gradients).
+int addArgumentBuffer(plan::Program &prog, const plan::Buffer &like, plan::Binding::Role role, const std::string &name,
+                      plan::DType dtype = plan::F32) {
   plan::Buffer *b = prog.add_buffers();
   b->set_id(prog.buffers_size() - 1);
   *b->mutable_shape() = like.shape();
-  b->set_dtype(like.dtype());
-  b->set_bytes(like.bytes());
+  b->set_dtype(dtype);
+  b->set_bytes(planattr::elementBytes(dtype) * planattr::numel(like));
   b->set_kind(plan::Buffer::ARGUMENT);
   b->set_first_use(-1), b->set_last_use(-1);
   plan::Binding *arg = prog.add_arguments();
@@ -253,7 +257,7 @@ void insertAccumulations(plan::Program &prog, const std::map<int, int> &into, st
 
 }  // namespace
 
-StageLayout stageLayout(mlir::ModuleOp module, const plan::ProgramSet &set, int d, bool zero1) {
+llvm::Expected<StageLayout> stageLayout(mlir::ModuleOp module, const plan::ProgramSet &set, int d, bool zero1) {
   std::map<std::string, std::pair<bool, bool>> facts;  // name -> (tied, tensor-parallel shard)
   for (auto f : module.getOps<mlir::func::FuncOp>())
     for (unsigned i = 0; i < f.getNumArguments(); ++i)
@@ -285,8 +289,13 @@ StageLayout stageLayout(mlir::ModuleOp module, const plan::ProgramSet &set, int 
     for (const plan::Binding &a : prog.arguments())
       if (a.role() == plan::Binding::PARAMETER && seen.insert(a.name()).second) names.push_back(a.name());
   StageLayout layout;
-  for (const std::string &name : names) {
+  for (size_t k = 0; k < names.size(); ++k) {
+    const std::string &name = names[k];
     const plan::Buffer &buf = *bufferOf.at(name);
+    if (k == 0) layout.computeDtype = buf.dtype();
+    if (buf.dtype() != layout.computeDtype)
+      return error("parameter '" + name + "' is " + plan::DType_Name(buf.dtype()) + " but '" + names[0] + "' is " +
+                   plan::DType_Name(layout.computeDtype) + ": a stage computes with one parameter dtype");
     StageParameter p;
     p.name = name;
     p.shape.assign(buf.shape().begin(), buf.shape().end());
@@ -357,14 +366,20 @@ llvm::Error foldGradientSync(plan::Program &backward, const plan::Program *gradS
       std::string group = planattr::str(src, "group");
       bool withinStage = group == "tp" || group == "dp";
       DeferredSync later;
+      int64_t bytes = 0;
       for (int k = 0; k < src.inputs_size(); ++k) {
         const std::string &stash = gradSync->arguments(rootOf[src.inputs(k)]).name();
         if (!stashResult.count(stash))
           return error(gradSync->name() + ": '" + stash + "' is not an output of " + backward.name());
         int arg = into.at(stashResult[stash]);
         in.add_inputs(arg), in.add_outputs(arg);  // in place on the accumulated gradient
+        bytes += backward.buffers(arg).bytes();
         later.params.push_back(gradientOfStash[stash]);
       }
+      // The collective reduces the fp32 main gradients, whatever the dtype the backward
+      // computed them in (Megatron's --accumulate-allreduce-grads-in-fp32).
+      if (const isa::OpDecl *decl = isa::find(src.op()); decl && decl->bytesMoved)
+        in.set_bytes_moved(decl->bytesMoved(bytes, bytes, planattr::i64(src, "group_size", 1)));
       if (!withinStage) {
         later.collective = std::move(in);
         later.collective.clear_inputs(), later.collective.clear_outputs();
@@ -484,6 +499,10 @@ plan::Program optimizerProgram(const StageLayout &layout, int t, int p, int d, b
   if (sharded) adam.attr("shard_group", "dp");
   b.emit(adam);
   if (sharded) collective(b, OpId::kAllGather, "dp", d, updated, params, 4 * flat);
+  if (layout.computeDtype != plan::F32) {  // the 16-bit copies the next step computes with
+    int compute = b.argument(plan::Binding::PARAMETER, "flat", {flat}, true, layout.computeDtype);
+    b.emit(InstructionBuilder(OpId::kCast).in("input", params).out("output", compute));
+  }
   b.emit(InstructionBuilder(OpId::kFill).out("output", grads).attr("value", 0.0));  // zero_grad for the next step
   b.result(plan::Binding::METRIC, "grad_norm", norm);
   return b.finish();

@@ -33,12 +33,18 @@ struct StageParameter {
 struct StageLayout {
   std::vector<StageParameter> parameters;  // in the order the stage's programs first bind them
   int64_t flatElements = 0;                // with ZeRO-1 a multiple of d
+  // The dtype the stage's programs compute with (their PARAMETER arguments'). fp32: the flat
+  // buffer itself. bf16 / fp16 (Megatron's mixed precision): a 16-bit flat copy of the fp32
+  // master weights, remade by the optimizer program after each update; the main gradients and
+  // the AdamW moments stay fp32.
+  plan::DType computeDtype = plan::F32;
 };
 
 // The stage's parameters from its programs' PARAMETER arguments and the IR's argument
 // attributes (tied copies, tensor-parallel shards), laid out in the order the backwards
-// finish their gradients (a data-parallel bucket is then one contiguous range).
-StageLayout stageLayout(mlir::ModuleOp module, const plan::ProgramSet &set, int d, bool zero1);
+// finish their gradients (a data-parallel bucket is then one contiguous range). Parameters
+// of more than one float dtype in a stage are an error naming two of them.
+llvm::Expected<StageLayout> stageLayout(mlir::ModuleOp module, const plan::ProgramSet &set, int d, bool zero1);
 
 // A gradient-sync collective over a group that spans pipeline stages (the tied embedding's
 // "embedding" group): it cannot run inside a backward (the stages reach their last backward

@@ -107,6 +107,12 @@ mlir::LogicalResult LoomDialect::verifyOperationAttribute(mlir::Operation *op,
       return op->emitError() << "attribute '" << name << "' must be a unit attribute";
     return mlir::success();
   }
+  if (name == attr::kParamsDtype) {
+    auto s = mlir::dyn_cast<mlir::StringAttr>(attr.getValue());
+    if (!s || !isOneOf(s.getValue(), {"f32", "bf16", "f16"}))
+      return op->emitError() << "attribute '" << name << "' must be \"f32\", \"bf16\" or \"f16\"";
+    return mlir::success();
+  }
   if (name == attr::kProgramKind) {
     auto s = mlir::dyn_cast<mlir::StringAttr>(attr.getValue());
     if (!s || !isOneOf(s.getValue(), {"forward", "backward", "grad_sync"}))

@@ -53,6 +53,10 @@ inline constexpr llvm::StringLiteral kReplicated = "loom.replicated";
 // On the module, optional: Megatron's make_vocab_size_divisible_by (default 128); the
 // compiler pads the vocabulary to a multiple of it times t.
 inline constexpr llvm::StringLiteral kVocabDivisibleBy = "loom.make_vocab_size_divisible_by";
+// On the module, optional: the precision policy, "bf16" or "f16" (the model's params_dtype;
+// absent: fp32). The model itself stays fp32; loom-mixed-precision applies the policy after
+// partitioning (16-bit weights for compute and activations; fp32 statistics and losses).
+inline constexpr llvm::StringLiteral kParamsDtype = "loom.params_dtype";
 // Set by loom-tensor-parallel (never part of the input IR): the degree t it applied.
 inline constexpr llvm::StringLiteral kTensorParallel = "loom.tensor_parallel_size";
 

@@ -60,8 +60,12 @@ mlir::FailureOr<ModelFacts> readModelFacts(mlir::ModuleOp module) {
         return f.emitError() << "parameter '" << name << "' (argument " << i
                              << ") has loom.init = \"normal\" but no loom.init_std";
     }
-    if (param && facts.paramsDtype.empty())
-      if (auto t = tensorOf(f.getArgument(i))) facts.paramsDtype = dtypeName(t.getElementType());
+    if (param && facts.paramsDtype.empty()) {
+      if (auto policy = module->getAttrOfType<mlir::StringAttr>(attr::kParamsDtype))
+        facts.paramsDtype = policy.str();
+      else if (auto t = tensorOf(f.getArgument(i)))
+        facts.paramsDtype = dtypeName(t.getElementType());
+    }
     if (role && role.getValue() == "tokens") {
       auto t = tensorOf(f.getArgument(i));
       if (!t || t.getRank() != 2)

@@ -29,7 +29,9 @@ struct ModelFacts {
   int64_t batch = 0;          // the token ids' dim 0 (mlir::ShapedType::kDynamic when `?`)
   int64_t vocabSize = 0;      // the tokenizer's vocabulary: cross_entropy's valid_vocab
   int64_t wordRows = 0;       // rows of the word-embedding table (vocab, possibly padded)
-  std::string paramsDtype;    // element type of the parameters: "f32" | "bf16" | "f16"
+  // The dtype the parameters compute in: "f32" | "bf16" | "f16" (the module's loom.params_dtype
+  // policy, or the parameters' element type).
+  std::string paramsDtype;
 };
 
 // Reads the facts of a module's @train_step; a missing piece (no @train_step, no embedding,

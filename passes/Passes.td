@@ -52,6 +52,22 @@ def LoomTensorParallel : Pass<"loom-tensor-parallel", "mlir::ModuleOp"> {
   ];
 }
 
+def LoomMixedPrecision : Pass<"loom-mixed-precision", "mlir::ModuleOp"> {
+  let summary = "Apply the precision policy: 16-bit weights for compute and activations";
+  let description = [{
+    Megatron's mixed precision (Micikevicius et al. 2018; Megatron-LM's Float16Module): the
+    parameters the model computes with and every activation become `dtype` (bf16 or f16),
+    while what must stay fp32 stays fp32 by the dialect's types: the softmax statistics
+    (`lse` of attention, grouped attention and cross-entropy), the loss, and the data
+    inputs (masks). Runs after partitioning and before autodiff, so that the gradients of the
+    activations are 16-bit too; the compiler keeps fp32 master weights, main gradients and
+    AdamW moments for the 16-bit parameters (compiler/StepPrograms.h). `dtype` empty: the
+    module's `loom.params_dtype` (absent: fp32, nothing changes). Parameters already of
+    another 16-bit dtype are an error naming one.
+  }];
+  let options = [Option<"dtype", "dtype", "std::string", "\"\"", "bf16 | f16 | f32 (default: the module's loom.params_dtype)">];
+}
+
 def LoomAutodiff : Pass<"loom-autodiff", "mlir::ModuleOp"> {
   let summary = "Reverse-mode autodiff of train_step: append the gradient of the loss w.r.t. every parameter";
   let description = [{

@@ -22,6 +22,9 @@ O fl(const char *n) { return {n, kFloat, O::kOne, -1}; }
 O i32(const char *n) { return {n, kI32, O::kOne, -1}; }
 O optFl(const char *n, int8_t rank = -1) { return {n, kFloat, O::kOptional, rank}; }
 O many(const char *n) { return {n, kFloat, O::kVariadic, -1}; }
+// fp32 only: the optimizer's master weights, main gradients, moments and scalars (Megatron's
+// mixed precision keeps them in fp32 whatever the compute dtype).
+O f32(const char *n) { return {n, kF32, O::kOne, -1}; }
 
 // Attribute shorthands.
 A req(const char *n, AttrType t) { return {n, t, true}; }
@@ -171,18 +174,21 @@ std::vector<OpDecl> declare() {
       make(kFill, "fill", false, {}, {fl("output")}, {optF("value")}, kC, kNo, kMem, 0, "output = value"),
       make(kScale, "scale", false, {fl("input")}, {fl("output")}, {optF("factor", 1.0)}, kC, kNo, kMem, 0,
        "output = factor * input"),
+      // 16-bit plans: the fp32 master weights into the 16-bit copies the programs compute with.
+      make(kCast, "cast", false, {fl("input")}, {fl("output")}, {}, kC, kNo, kMem, 0,
+       "output = input in output's dtype (fp32 -> bf16 / fp16 rounds to nearest, ties to even)"),
       // segments: planattr::FlatSegment's encoding; shard_group: ZeRO-1's, the instruction sees
       // this rank's shard of the flat buffer.
-      make(kSumSquares, "sum_squares", false, {fl("grads")}, {fl("squares")},
+      make(kSumSquares, "sum_squares", false, {f32("grads")}, {f32("squares")},
        {req("segments", kS), optStr("shard_group"), optStr("replicated_group")}, kC, kNo, kMem, 0,
        "the sum of squares of the gradients the norm counts on this rank: segments flagged r (replicated across "
        "replicated_group) only on the group's first member, so the sum over the group counts them once"),
-      make(kGradNorm, "grad_norm", false, {fl("squares"), fl("clip_grad"), fl("loss_scale")}, {fl("norm"), fl("factor")},
+      make(kGradNorm, "grad_norm", false, {f32("squares"), f32("clip_grad"), f32("loss_scale")}, {f32("norm"), f32("factor")},
        {}, kC, kNo, kMem, 0, "norm = sqrt(squares) / loss_scale; factor = the clipping and unscaling factor"),
       make(kAdamw, "adamw", false,
-       {fl("params"), fl("grads"), fl("adam_m"), fl("adam_v"), fl("grad_scale"), fl("learning_rate"), fl("adam_step"),
-        fl("weight_decay"), fl("adam_beta1"), fl("adam_beta2"), fl("adam_eps")},
-       {fl("updated"), fl("adam_m"), fl("adam_v")}, {req("segments", kS), optStr("shard_group")}, kC, kNo, kMem, 0,
+       {f32("params"), f32("grads"), f32("adam_m"), f32("adam_v"), f32("grad_scale"), f32("learning_rate"),
+        f32("adam_step"), f32("weight_decay"), f32("adam_beta1"), f32("adam_beta2"), f32("adam_eps")},
+       {f32("updated"), f32("adam_m"), f32("adam_v")}, {req("segments", kS), optStr("shard_group")}, kC, kNo, kMem, 0,
        "AdamW with decoupled weight decay over the flat buffer (or its shard), segment by segment: updated is "
        "params (or its shard), the moments updated in place"),
   };

@@ -29,7 +29,7 @@ enum class OpId : uint8_t {
   kCrossEntropyGrad, kRmsNormGrad, kSwigluGrad, kGroupedAttentionGrad,
   kCrossEntropyMax, kCrossEntropySums, kCrossEntropyLoss,
   kAllReduce, kAllGather, kReduceScatter, kSend, kRecv,
-  kAccumulate, kFill, kScale, kSumSquares, kGradNorm, kAdamw,
+  kAccumulate, kFill, kScale, kCast, kSumSquares, kGradNorm, kAdamw,
   kCount
 };
 constexpr int kOpCount = int(OpId::kCount);

@@ -34,6 +34,8 @@ inline int64_t numel(const plan::Buffer &b) {
   for (int64_t d : b.shape()) n *= d;
   return n;
 }
+// Bytes of one element of `dtype` (bf16 and fp16: 2; fp32 and int32: 4).
+inline int64_t elementBytes(plan::DType dtype) { return dtype == plan::BF16 || dtype == plan::F16 ? 2 : 4; }
 // Dimension k of b; negative k counts from the end.
 inline int64_t dim(const plan::Buffer &b, int k) { return k < 0 ? b.shape(b.shape_size() + k) : b.shape(k); }
 

@@ -21,7 +21,12 @@ namespace loom {
 //    replicated (replicated_group), instead of the executors assuming tp.
 // 7: dropout's rank_distinct and attention's rank_distinct_dropout name the group across which
 //    the random streams differ (a string, "tp"), instead of a flag the executors read as tp.
-inline constexpr uint32_t kPlanVersion = 7;
+// 8: 16-bit plans as Megatron's mixed precision: PARAMETER arguments of the programs' dtype
+//    (bf16 / fp16) are the 16-bit copies of the fp32 master weights (the flat buffer), which the
+//    optimizer program remakes with `cast` after each update; GRADIENT and LOSS arguments are
+//    fp32 (main gradients: a 16-bit gradient is accumulated into fp32); adamw, sum_squares and
+//    grad_norm take fp32 operands only. fp32 plans are as in version 7.
+inline constexpr uint32_t kPlanVersion = 8;
 
 // "" when `version` is this build's; otherwise why `what` (a plan file) cannot be read.
 inline std::string planVersionError(uint32_t version, const std::string &what) {

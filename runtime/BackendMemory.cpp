@@ -24,7 +24,12 @@ plan::BackendReserve backendReserve(config::DeviceKind kind,
           ones = std::max<int64_t>(ones, 4 * planattr::numel(g) / std::max<int64_t>(1, planattr::dim(g, -1)));
         }
     }
-    reserve.halfWeightBytes = cuda::halfWeightBytes(parameterCount, planned);
+    // An fp32 plan's GEMMs read 16-bit copies the executor makes; a 16-bit plan holds its own.
+    bool fp32Plan = true;
+    for (const plan::Program &prog : programs)
+      for (const plan::Binding &a : prog.arguments())
+        if (a.role() == plan::Binding::PARAMETER && prog.buffers(a.buffer()).dtype() != plan::F32) fp32Plan = false;
+    reserve.halfWeightBytes = fp32Plan ? cuda::halfWeightBytes(parameterCount, planned) : 0;
     reserve.scratchBytes = scratch + ones + int64_t(cuda::kLtWorkspaceBytes);
   } else {  // the CPU kernels' scratch (attention probabilities), kept all step
     for (const plan::Program &prog : programs)

@@ -30,6 +30,15 @@ Status scale(CpuKernelContext &c, const KernelCall &k) {
   return Status::ok();
 }
 
+// The executor holds fp32 and int32 buffers only (a 16-bit buffer is refused when a program
+// starts), so a cast it runs is fp32 -> fp32: a copy.
+Status cast(CpuKernelContext &c, const KernelCall &k) {
+  const float *x = c.f(k.in("input"));
+  float *y = c.f(k.out("output"));
+  if (y != x) std::copy_n(x, k.numel(k.out("output")), y);
+  return Status::ok();
+}
+
 // The flat buffer's segments (planattr::FlatSegment) and, with a shard_group, this rank's
 // shard of `count` elements (ZeRO-1).
 Status flatRange(CpuKernelContext &c, const KernelCall &k, int64_t count, std::vector<planattr::FlatSegment> *segments,
@@ -81,6 +90,7 @@ void registerStepKernels(CpuKernelRegistry &r) {
   r.add(OpId::kAccumulate, accumulate);
   r.add(OpId::kFill, fill);
   r.add(OpId::kScale, scale);
+  r.add(OpId::kCast, cast);
   r.add(OpId::kSumSquares, sumSquaresKernel);
   r.add(OpId::kGradNorm, gradNormKernel);
   r.add(OpId::kAdamw, adamw);

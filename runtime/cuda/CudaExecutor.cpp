@@ -381,6 +381,7 @@ class DeviceRun {
     LOOM_KERNEL(kAccumulate, accumulate);
     LOOM_KERNEL(kFill, fill);
     LOOM_KERNEL(kScale, scale);
+    LOOM_KERNEL(kCast, cast);
     LOOM_KERNEL(kSumSquares, optimizerOp);
     LOOM_KERNEL(kAdamw, optimizerOp);
     LOOM_KERNEL(kGradNorm, gradNorm);
@@ -602,6 +603,14 @@ class DeviceRun {
       LOOM_RETURN_IF_ERROR(
           cudaStatus(cudaMemcpyAsync(f(y), f(x), k.numel(y) * sizeof(float), cudaMemcpyDeviceToDevice, st_), "copy"));
     scaleInPlace(f(y), k.numel(y), float(k.f64("factor")), st_);
+    return Status::ok();
+  }
+  // fp32 -> fp32 only: the executor refuses 16-bit buffers at prepare (issue 34 item 3).
+  Status cast(const KernelCall &k) {
+    int x = k.in("input"), y = k.out("output");
+    if (f(y) != f(x))
+      LOOM_RETURN_IF_ERROR(
+          cudaStatus(cudaMemcpyAsync(f(y), f(x), k.numel(y) * sizeof(float), cudaMemcpyDeviceToDevice, st_), "copy"));
     return Status::ok();
   }
   Status gradNorm(const KernelCall &k) {

@@ -157,7 +157,11 @@ TEST(ModelBuilder, BatchAndDtypeFollowOptions) {
   std::string text;
   llvm::raw_string_ostream os(text);
   module->print(os);
-  EXPECT_NE(text.find("tensor<1000x64xbf16>"), std::string::npos);
+  // The model stays fp32; params_dtype is the module's precision policy, which
+  // loom-mixed-precision applies after partitioning.
+  EXPECT_NE(text.find("tensor<1000x64xf32>"), std::string::npos);
+  EXPECT_EQ(text.find("bf16>"), std::string::npos);
+  EXPECT_NE(text.find("loom.params_dtype = \"bf16\""), std::string::npos);
   EXPECT_NE(text.find("tensor<3x32xi32>"), std::string::npos);
 }
 
