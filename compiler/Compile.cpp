@@ -43,6 +43,16 @@ ScheduleKind scheduleKindOf(const config::ParallelConfig &p) {
   }
 }
 
+// loom-mixed-precision's dtype for the cluster's precision ("": the model's policy).
+std::string precisionOverride(config::Precision p) {
+  switch (p) {
+    case config::PRECISION_FP32: return "f32";
+    case config::PRECISION_BF16: return "bf16";
+    case config::PRECISION_FP16: return "f16";
+    default: return "";
+  }
+}
+
 // Writes `bytes` to `path` through a temporary file and a rename.
 llvm::Error writeFile(const std::string &path, const std::string &bytes) {
   return writeOutput(path, [&](llvm::raw_ostream &os) { os << bytes; });
@@ -87,13 +97,13 @@ llvm::Error runCompilerPasses(mlir::ModuleOp module, const config::ClusterSpec &
   std::string layoutOption;
   for (int64_t n : layout) layoutOption += (layoutOption.empty() ? " layout=" : ",") + std::to_string(n);
   return run(llvm::formatv(
-      "loom-tensor-parallel{{tp={0} sequence-parallel={8}},loom-mixed-precision,loom-pipeline-stages{{pp={1} vp={2}{9}},"
-      "loom-autodiff,"
+      "loom-tensor-parallel{{tp={0} sequence-parallel={8}},loom-mixed-precision{{dtype={10}},"
+      "loom-pipeline-stages{{pp={1} vp={2}{9}},loom-autodiff,"
       "loom-data-parallel{{dp={3} bucket-bytes={4} zero1={7}},loom-pipeline-partition,loom-recompute{{mode={5}},"
       "loom-micro-batches{{count={6}}",
       p.tensor_parallel_size(), p.pipeline_parallel_size(), p.virtual_pipeline_size(), p.data_parallel_size(),
       p.dp_bucket_size_bytes(), recomputeName(p.recompute()), microBatches, p.zero1() ? "true" : "false",
-      p.sequence_parallel() ? "true" : "false", layoutOption));
+      p.sequence_parallel() ? "true" : "false", layoutOption, precisionOverride(p.precision())));
 }
 
 llvm::Error compile(const config::ModelConfig &model, const config::ClusterSpec &cluster, const CompileOptions &opt,
@@ -157,10 +167,12 @@ llvm::Error compileInMemory(mlir::ModuleOp module, const config::ClusterSpec &cl
   mlir::FailureOr<ModelFacts> facts = readModelFacts(module);
   if (failed(facts)) return diagnosticsReported();
   std::string modelName = !facts->name.empty() ? facts->name : opt.modelName.empty() ? "model" : opt.modelName;
-  if (cluster.device().kind() == config::CPU && facts->paramsDtype != "f32")
-    return error("parameters are " + facts->paramsDtype +
-                 ": the CPU backend computes in fp32 (use f32 parameters, params_dtype: FP32, or compile for a CUDA "
-                 "cluster)");
+  std::string precision = precisionOverride(par.precision());
+  if (precision.empty()) precision = facts->paramsDtype;
+  if (cluster.device().kind() == config::CPU && precision != "f32")
+    return error("the run computes in " + precision +
+                 " (the model's params_dtype or parallel.precision): the CPU backend executes fp32 plans only (set "
+                 "parallel.precision: PRECISION_FP32, or compile for a CUDA cluster)");
   int t = par.tensor_parallel_size(), p = par.pipeline_parallel_size(), d = par.data_parallel_size(),
       v = par.virtual_pipeline_size(), b = par.micro_batch_size();
   int m = par.global_batch_size() / (b * d);

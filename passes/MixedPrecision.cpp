@@ -35,9 +35,12 @@ struct MixedPrecisionPass : impl::LoomMixedPrecisionBase<MixedPrecisionPass> {
     std::string name = dtype;
     if (name.empty())
       if (auto policy = m->getAttrOfType<mlir::StringAttr>(attr::kParamsDtype)) name = policy.str();
-    if (name.empty() || name == "f32") return;
+    if (name.empty()) return;  // no policy: the IR's own types
     mlir::OpBuilder b(m.getContext());
-    mlir::Type target = name == "bf16" ? mlir::Type(b.getBF16Type()) : name == "f16" ? mlir::Type(b.getF16Type()) : nullptr;
+    mlir::Type target = name == "bf16"  ? mlir::Type(b.getBF16Type())
+                        : name == "f16" ? mlir::Type(b.getF16Type())
+                        : name == "f32" ? mlir::Type(b.getF32Type())
+                                        : nullptr;
     if (!target) {
       m.emitError() << "loom-mixed-precision: dtype must be bf16, f16 or f32, got '" << name << "'";
       return signalPassFailure();
@@ -58,6 +61,7 @@ struct MixedPrecisionPass : impl::LoomMixedPrecisionBase<MixedPrecisionPass> {
                              << ", the policy is " << target;
       arg.setType(lowered(arg.getType(), target));
     }
+    if (target.isF32()) return mlir::success();  // fp32: nothing to lower
     // Every activation in order: an op's float results follow the policy.
     f.walk([&](mlir::Operation *op) {
       if (op->getDialect() != m().getContext()->getLoadedDialect<LoomDialect>()) return;
