@@ -1,5 +1,7 @@
 #include "runtime/Executor.h"
 
+#include "runtime/cpu/HalfPrecision.h"
+
 #include <algorithm>
 #include <atomic>
 #include <chrono>
@@ -37,14 +39,18 @@ class Run {
     float *base = arena.data();
     ptr_.assign(prog_.buffers_size(), nullptr);
     iptr_.assign(prog_.buffers_size(), nullptr);
+    hptr_.assign(prog_.buffers_size(), nullptr);
     for (const plan::Buffer &b : prog_.buffers())
       if (b.kind() == plan::Buffer::ACTIVATION) {
-        if (b.dtype() != plan::F32)
-          return Status::error(prog_.name() + ": the CPU backend computes in fp32; buffer " + std::to_string(b.id()) +
-                               " is " + plan::DType_Name(b.dtype()) + " (compile an fp32 model for CPU clusters)");
-        if (b.offset() + b.bytes() > int64_t(floats) * 4)
+        if (b.dtype() != plan::F32 && !cpu::isHalf(b.dtype()))
+          return Status::error(prog_.name() + ": activation buffer " + std::to_string(b.id()) + " is " +
+                               plan::DType_Name(b.dtype()) + " (corrupt plan)");
+        if (b.offset() + b.bytes() > int64_t(floats) * 4 || b.offset() % 4)
           return Status::error(prog_.name() + ": buffer outside the workspace (corrupt plan)");
-        ptr_[b.id()] = base + b.offset() / 4;
+        if (cpu::isHalf(b.dtype()))
+          hptr_[b.id()] = reinterpret_cast<uint16_t *>(base + b.offset() / 4);
+        else
+          ptr_[b.id()] = base + b.offset() / 4;
       }
     if (ctx_.resultSlots) {
       if (int(ctx_.resultSlots->size()) != prog_.results_size())
@@ -64,6 +70,8 @@ class Run {
       LOOM_RETURN_IF_ERROR(checkArgument(prog_, i, args[i]));
       if (args[i].i)
         iptr_[b.id()] = args[i].i;
+      else if (args[i].h)
+        hptr_[b.id()] = args[i].h;
       else
         ptr_[b.id()] = args[i].f;
     }
@@ -90,10 +98,19 @@ class Run {
     return failure_.empty() ? Status::ok() : Status::error(failure_);
   }
 
+  // A 16-bit result is handed over widened to fp32 (its values exactly).
   void results(const ResultConsumer &consume) {
+    std::vector<float> wide;
     for (int i = 0; i < prog_.results_size(); ++i) {
       const plan::Buffer &b = prog_.buffers(prog_.results(i).buffer());
-      consume(i, ptr_[b.id()], planattr::numel(b));
+      int64_t n = planattr::numel(b);
+      if (hptr_[b.id()]) {
+        wide.resize(size_t(n));
+        cpu::widen(b.dtype(), hptr_[b.id()], wide.data(), n);
+        consume(i, wide.data(), n);
+      } else {
+        consume(i, ptr_[b.id()], n);
+      }
     }
   }
 
@@ -135,10 +152,37 @@ class Run {
     }
   }
 
-  // Through the CPU backend's kernel registry (runtime/cpu/CpuKernelContext.h).
+  // Through the CPU backend's kernel registry (runtime/cpu/CpuKernelContext.h). The kernels
+  // compute in fp32: an instruction with 16-bit operands sees fp32 copies of them (widened
+  // exactly), and its 16-bit outputs are rounded from its fp32 results once, after it (bf16
+  // or fp16 storage, fp32 arithmetic; outputs are widened first too, for the kernels that
+  // update them in place). The copies are the instruction's own: another stream reading the
+  // same buffer at the same time reads its 16-bit storage.
   Status instruction(const plan::Instruction &in) {
-    cpu::CpuKernelContext kernels{&prog_, &ctx_, &ptr_, &iptr_, scratchBase_};
-    return cpu::cpuKernels().run(kernels, prog_, in);
+    auto half = [&](int b) { return b >= 0 && hptr_[size_t(b)] != nullptr; };
+    bool any = false;
+    for (int b : in.inputs()) any |= half(b);
+    for (int b : in.outputs()) any |= half(b);
+    if (!any) {
+      cpu::CpuKernelContext kernels{&prog_, &ctx_, &ptr_, &iptr_, scratchBase_};
+      return cpu::cpuKernels().run(kernels, prog_, in);
+    }
+    std::vector<float *> floats = ptr_;
+    std::vector<std::vector<float>> wide;
+    auto widen = [&](int b) {
+      if (!half(b) || floats[size_t(b)]) return;
+      const plan::Buffer &buf = prog_.buffers(b);
+      wide.emplace_back(size_t(planattr::numel(buf)));
+      cpu::widen(buf.dtype(), hptr_[size_t(b)], wide.back().data(), planattr::numel(buf));
+      floats[size_t(b)] = wide.back().data();
+    };
+    for (int b : in.inputs()) widen(b);
+    for (int b : in.outputs()) widen(b);
+    cpu::CpuKernelContext kernels{&prog_, &ctx_, &floats, &iptr_, scratchBase_};
+    Status st = cpu::cpuKernels().run(kernels, prog_, in);
+    for (int b : in.outputs())
+      if (half(b)) cpu::narrow(prog_.buffers(b).dtype(), floats[size_t(b)], hptr_[size_t(b)], planattr::numel(prog_.buffers(b)));
+    return st;
   }
 
   const plan::Program &prog_;
@@ -147,6 +191,7 @@ class Run {
   float *scratchBase_ = nullptr;
   std::vector<float *> ptr_;
   std::vector<int32_t *> iptr_;
+  std::vector<uint16_t *> hptr_;  // 16-bit buffers (bf16 or fp16 storage)
   std::vector<bool> done_;
   std::mutex mu_;
   std::condition_variable cv_;
@@ -217,8 +262,13 @@ Status checkArgument(const plan::Program &prog, int index, const HostTensor &t) 
 Status checkArgument(const plan::Program &prog, int index, const ArgumentView &v) {
   const plan::Buffer &b = prog.buffers(prog.arguments(index).buffer());
   const std::string &name = prog.arguments(index).name();
-  if ((v.i != nullptr) != (b.dtype() == plan::I32) || (!v.i && (!v.f && planattr::numel(b) > 0)))
-    return Status::error(prog.name() + ": argument '" + name + "' has the wrong element type");
+  bool empty = planattr::numel(b) == 0;
+  bool fits = b.dtype() == plan::I32    ? v.i != nullptr || empty
+              : cpu::isHalf(b.dtype()) ? v.h != nullptr || empty
+                                        : (v.f != nullptr || empty) && !v.i && !v.h;
+  if (!fits)
+    return Status::error(prog.name() + ": argument '" + name + "' has the wrong element type (" +
+                         plan::DType_Name(b.dtype()) + ")");
   if (v.count != planattr::numel(b))
     return Status::error(prog.name() + ": argument '" + name + "' has " + std::to_string(v.count) +
                          " elements, expected " + std::to_string(planattr::numel(b)));

@@ -62,11 +62,13 @@ struct ExecutionContext {
   double testSlowdown = 0;
 };
 
-// One argument's storage, owned by the caller: fp32 (f) or int32 (i) elements, read, or
-// written in place where the plan's binding is inout.
+// One argument's storage, owned by the caller: fp32 (f), int32 (i) or 16-bit (h: bf16 or fp16,
+// as the argument's buffer says) elements, read, or written in place where the plan's binding
+// is inout.
 struct ArgumentView {
   float *f = nullptr;
   int32_t *i = nullptr;
+  uint16_t *h = nullptr;
   int64_t count = 0;
   static ArgumentView of(const HostTensor &t) {
     ArgumentView v;

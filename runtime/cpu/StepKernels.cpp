@@ -30,8 +30,8 @@ Status scale(CpuKernelContext &c, const KernelCall &k) {
   return Status::ok();
 }
 
-// The executor holds fp32 and int32 buffers only (a 16-bit buffer is refused when a program
-// starts), so a cast it runs is fp32 -> fp32: a copy.
+// The kernels see fp32: the executor widens a 16-bit input before the kernel and rounds a
+// 16-bit output after it (runtime/Executor.cpp), so a cast is a copy between them.
 Status cast(CpuKernelContext &c, const KernelCall &k) {
   const float *x = c.f(k.in("input"));
   float *y = c.f(k.out("output"));
