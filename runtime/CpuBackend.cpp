@@ -3,26 +3,31 @@
 #include <algorithm>
 #include <cstring>
 
+#include "runtime/cpu/HalfPrecision.h"
+
 namespace loom {
 
-Status CpuBackend::storage(const std::string &key, int64_t count, bool isInt, ArgumentView *out) {
-  *out = {};
-  if (isInt) {
-    auto [it, fresh] = ints_.try_emplace(key);
-    if (fresh) it->second.assign(size_t(count), 0);
-    if (int64_t(it->second.size()) != count)
-      return Status::error("storage '" + key + "' holds " + std::to_string(it->second.size()) + " elements, asked for " +
-                           std::to_string(count));
-    out->i = it->second.data(), out->count = count;
-    return Status::ok();
-  }
-  auto [it, fresh] = floats_.try_emplace(key);
-  if (fresh) it->second.assign(size_t(count), 0.0f);
+namespace {
+
+template <typename T>
+Status keyed(std::map<std::string, std::vector<T>> &all, const std::string &key, int64_t count, T **data) {
+  auto [it, fresh] = all.try_emplace(key);
+  if (fresh) it->second.assign(size_t(count), T(0));
   if (int64_t(it->second.size()) != count)
     return Status::error("storage '" + key + "' holds " + std::to_string(it->second.size()) + " elements, asked for " +
                          std::to_string(count));
-  out->f = it->second.data(), out->count = count;
+  *data = it->second.data();
   return Status::ok();
+}
+
+}  // namespace
+
+Status CpuBackend::storage(const std::string &key, int64_t count, plan::DType dtype, ArgumentView *out) {
+  *out = {};
+  out->count = count;
+  if (cpu::isHalf(dtype)) return keyed(halves_, key + "@" + plan::DType_Name(dtype), count, &out->h);
+  if (dtype == plan::I32) return keyed(ints_, key, count, &out->i);
+  return keyed(floats_, key, count, &out->f);
 }
 
 Status CpuBackend::upload(const HostTensor &from, ArgumentView to) {
@@ -56,10 +61,22 @@ Status CpuBackend::copy(const float *from, int64_t count, float *to) {
   return Status::ok();
 }
 
+Status CpuBackend::cast(ArgumentView from, ArgumentView to, plan::DType dtype) {
+  if (from.count != to.count) return Status::error("cast of " + std::to_string(from.count) + " elements into " + std::to_string(to.count));
+  if (from.f && to.h)
+    cpu::narrow(dtype, from.f, to.h, from.count);
+  else if (from.h && to.f)
+    cpu::widen(dtype, from.h, to.f, from.count);
+  else
+    return Status::error("cast between storage that is not fp32 and 16-bit");
+  return Status::ok();
+}
+
 int64_t CpuBackend::allocatedBytes() const {
   int64_t bytes = int64_t(workspace_.size() + scratch_.size()) * 4;
   for (auto &[k, v] : floats_) bytes += int64_t(v.size()) * 4;
   for (auto &[k, v] : ints_) bytes += int64_t(v.size()) * 4;
+  for (auto &[k, v] : halves_) bytes += int64_t(v.size()) * 2;
   return bytes;
 }
 

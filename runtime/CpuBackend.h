@@ -14,13 +14,14 @@ namespace loom {
 
 class CpuBackend : public StepBackend {
  public:
-  Status storage(const std::string &key, int64_t count, bool isInt, ArgumentView *out) override;
+  Status storage(const std::string &key, int64_t count, plan::DType dtype, ArgumentView *out) override;
   Status upload(const HostTensor &from, ArgumentView to) override;
   Status download(ArgumentView from, std::vector<float> *to) override;
   Status checkKernels(const plan::Program &program) const override { return checkCpuKernels(program); }
   Status run(const plan::Program &program, const std::vector<ArgumentView> &args, const ResultConsumer &consume,
              const ExecutionContext &ctx) override;
   Status copy(const float *from, int64_t count, float *to) override;
+  Status cast(ArgumentView from, ArgumentView to, plan::DType dtype) override;
 
   // Every storage made so far (the state, stashes, inputs), the one workspace and the kernels' scratch.
   int64_t allocatedBytes() const override;
@@ -28,6 +29,7 @@ class CpuBackend : public StepBackend {
  private:
   std::map<std::string, std::vector<float>> floats_;
   std::map<std::string, std::vector<int32_t>> ints_;
+  std::map<std::string, std::vector<uint16_t>> halves_;  // bf16 / fp16 storage
   std::vector<float> workspace_;  // one arena for every program: a rank runs one at a time
   std::vector<float> scratch_;    // the kernels' scratch (cpuScratchFloats), likewise shared
 };

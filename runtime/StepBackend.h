@@ -18,9 +18,9 @@ namespace loom {
 class StepBackend {
  public:
   virtual ~StepBackend() = default;
-  // Storage of `count` elements (int32 when isInt) made zero-filled on the first call for
-  // `key` and the same on every later call.
-  virtual Status storage(const std::string &key, int64_t count, bool isInt, ArgumentView *out) = 0;
+  // Storage of `count` elements of `dtype` (fp32, int32, or 16-bit: bf16 / fp16) made
+  // zero-filled on the first call for `key` and the same on every later call.
+  virtual Status storage(const std::string &key, int64_t count, plan::DType dtype, ArgumentView *out) = 0;
   // Host data into storage and back (views as storage() gives, or slices of them).
   virtual Status upload(const HostTensor &from, ArgumentView to) = 0;
   virtual Status download(ArgumentView from, std::vector<float> *to) = 0;
@@ -32,6 +32,10 @@ class StepBackend {
   virtual Status run(const plan::Program &program, const std::vector<ArgumentView> &args,
                      const ResultConsumer &consume, const ExecutionContext &ctx) = 0;
   virtual Status copy(const float *from, int64_t count, float *to) = 0;
+  // `from`'s elements into `to` (16-bit storage of `dtype`, rounded to nearest even; or fp32,
+  // widened): the 16-bit copies of the weights a 16-bit plan computes with, a 16-bit result
+  // into its slot.
+  virtual Status cast(ArgumentView from, ArgumentView to, plan::DType dtype) = 0;
   // A step (or a validation batch) begins: its pipeline messages are counted from the first.
   virtual void beginStep() {}
   // Every queued operation has completed (before host reads; CPU: nothing to wait for).

@@ -11,7 +11,10 @@ namespace {
 
 ArgumentView slice(const ArgumentView &flat, int64_t offset, int64_t count) {
   ArgumentView v;
-  v.f = flat.f + offset;
+  if (flat.h)
+    v.h = flat.h + offset;
+  else
+    v.f = flat.f + offset;
   v.count = count;
   return v;
 }
@@ -66,12 +69,21 @@ Status StepDriver::init(const std::vector<HostTensor> &initial) {
                            " elements (corrupt plan)");
     paramByName_[p.name()] = &p;
   }
-  LOOM_RETURN_IF_ERROR(backend_.storage("parameters", flat, false, &params_));
-  LOOM_RETURN_IF_ERROR(backend_.storage("gradients", flat, false, &grads_));
-  LOOM_RETURN_IF_ERROR(backend_.storage("loss_sum", 1, false, &lossSum_));
+  LOOM_RETURN_IF_ERROR(backend_.storage("parameters", flat, plan::F32, &params_));
+  LOOM_RETURN_IF_ERROR(backend_.storage("gradients", flat, plan::F32, &grads_));
+  LOOM_RETURN_IF_ERROR(backend_.storage("loss_sum", 1, plan::F32, &lossSum_));
+  // A 16-bit plan's programs compute with 16-bit copies of the fp32 master weights (its
+  // 16-bit PARAMETER arguments): one flat copy, remade by the optimizer program after each
+  // update and here whenever the masters are written from outside the step.
+  for (const plan::Program &prog : programs_.programs())
+    for (const plan::Binding &a : prog.arguments())
+      if (a.role() == plan::Binding::PARAMETER && prog.buffers(a.buffer()).dtype() != plan::F32)
+        computeDtype_ = prog.buffers(a.buffer()).dtype();
+  if (computeDtype_ != plan::F32) LOOM_RETURN_IF_ERROR(backend_.storage("parameters", flat, computeDtype_, &params16_));
   if (initial.size() != size_t(plan_.parameters_size())) return Status::error("initial parameters do not match the plan");
   for (int i = 0; i < plan_.parameters_size(); ++i)
     LOOM_RETURN_IF_ERROR(backend_.upload(initial[size_t(i)], parameter(plan_.parameters(i).name())));
+  LOOM_RETURN_IF_ERROR(parametersChanged());
   // The optimizer state and scalars the optimizer program names, sized by its buffers.
   for (const plan::Program &prog : programs_.programs())
     for (const plan::Binding &a : prog.arguments()) {
@@ -84,7 +96,12 @@ Status StepDriver::init(const std::vector<HostTensor> &initial) {
 }
 
 Status StepDriver::slot(const std::string &key, const plan::Buffer &buffer, ArgumentView *out) {
-  return backend_.storage(key, planattr::numel(buffer), buffer.dtype() == plan::I32, out);
+  return backend_.storage(key, planattr::numel(buffer), buffer.dtype(), out);
+}
+
+Status StepDriver::parametersChanged() {
+  if (computeDtype_ == plan::F32) return Status::ok();
+  return backend_.cast(params_, params16_, computeDtype_);
 }
 
 ArgumentView StepDriver::sliceOf(const ArgumentView &flat, const std::string &name) const {
@@ -103,7 +120,9 @@ Status StepDriver::bind(const plan::Program &prog, int mb, DataSource *data, int
     const plan::Buffer &buffer = prog.buffers(a.buffer());
     ArgumentView v;
     switch (a.role()) {
-      case plan::Binding::PARAMETER: v = parameter(a.name()); break;
+      case plan::Binding::PARAMETER:
+        v = buffer.dtype() == plan::F32 ? parameter(a.name()) : sliceOf(params16_, a.name());
+        break;
       case plan::Binding::GRADIENT: v = gradient(a.name()); break;
       case plan::Binding::LOSS: v = lossSum_; break;
       case plan::Binding::OPTIMIZER_STATE: v = optimizerState_[a.name()]; break;
@@ -132,7 +151,8 @@ Status StepDriver::bind(const plan::Program &prog, int mb, DataSource *data, int
           for (auto &[name, t] : batch) {
             ArgumentView input;
             LOOM_RETURN_IF_ERROR(backend_.storage("input/" + name + "/" + inputSlot,
-                                                  t.isInt ? int64_t(t.ints.size()) : int64_t(t.data.size()), t.isInt,
+                                                  t.isInt ? int64_t(t.ints.size()) : int64_t(t.data.size()),
+                                                  t.isInt ? plan::I32 : plan::F32,
                                                   &input));
             LOOM_RETURN_IF_ERROR(backend_.upload(t, input));
           }
@@ -144,7 +164,7 @@ Status StepDriver::bind(const plan::Program &prog, int mb, DataSource *data, int
       default:
         return unbound(prog, a, mb);
     }
-    if (!v.f && !v.i && v.count == 0 && planattr::numel(buffer) > 0) return unbound(prog, a, mb);
+    if (!v.f && !v.i && !v.h && v.count == 0 && planattr::numel(buffer) > 0) return unbound(prog, a, mb);
     args->push_back(v);
   }
   return Status::ok();
@@ -187,7 +207,10 @@ Status StepDriver::runEntry(size_t entry, DataSource *data, int64_t step, bool e
   ctx.resultSlots = &resultPointers;
   Status consumed;
   auto consume = [&](int i, const float *from, int64_t n) {
-    Status st = backend_.copy(from, n, resultSlots[size_t(i)].f);
+    const ArgumentView &to = resultSlots[size_t(i)];
+    ArgumentView wide;
+    wide.f = const_cast<float *>(from), wide.count = n;
+    Status st = to.h ? backend_.cast(wide, to, prog.buffers(prog.results(i).buffer()).dtype()) : backend_.copy(from, n, to.f);
     if (!st.isOk() && consumed.isOk()) consumed = st;
   };
   LOOM_RETURN_IF_ERROR(backend_.run(prog, args, consume, ctx));

@@ -56,6 +56,9 @@ class StepDriver {
   // "flat": all of it.
   ArgumentView sliceOf(const ArgumentView &flat, const std::string &name) const;
   ArgumentView flatParameters() const { return params_; }
+  // The master weights were written from outside the step (initialisation, a checkpoint,
+  // --init-from): a 16-bit plan's copies are remade from them.
+  Status parametersChanged();
   // The optimizer state of the plan (adam_m, adam_v: over the flat buffer, or its ZeRO-1 shard).
   const std::map<std::string, ArgumentView> &optimizerState() const { return optimizerState_; }
 
@@ -92,6 +95,8 @@ class StepDriver {
   std::vector<bool> lastRun_;                       // per entry: the program's last run of the step
   std::map<std::string, const plan::Parameter *> paramByName_;
   ArgumentView params_, grads_, lossSum_;
+  plan::DType computeDtype_ = plan::F32;  // the programs' PARAMETER dtype
+  ArgumentView params16_;                 // their 16-bit copies of params_ (16-bit plans)
   std::map<std::string, ArgumentView> optimizerState_, hyper_;
   std::map<std::string, float> metrics_;  // this step's METRIC results
   std::map<int, bool> batchReady_;        // micro-batches whose inputs are uploaded this step

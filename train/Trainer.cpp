@@ -169,6 +169,7 @@ Status Trainer::loadShard(const std::string &path, std::map<std::string, std::st
   };
   for (const plan::Parameter &p : plan_.parameters())
     LOOM_RETURN_IF_ERROR(take("param/" + p.name(), driver_.parameter(p.name())));
+  LOOM_RETURN_IF_ERROR(driver_.parametersChanged());
   if (plan_.zero1() && f.metadata["flat_layout"] != flatLayoutOf(plan_))
     return Status::error(path + ": its ZeRO-1 optimizer state was written for another flat parameter layout (flat_layout " +
                          (f.metadata["flat_layout"].empty() ? "absent" : f.metadata["flat_layout"]) + ", this plan's " +
@@ -227,6 +228,7 @@ Status Trainer::loadGlobalParameters(const std::map<std::string, HostTensor> &gl
     }
     LOOM_RETURN_IF_ERROR(backend_->upload(local, driver_.parameter(p.name())));
   }
+  LOOM_RETURN_IF_ERROR(driver_.parametersChanged());
   return zeroOptimizerState();
 }
 

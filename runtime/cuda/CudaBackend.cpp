@@ -21,8 +21,19 @@ CudaBackend::~CudaBackend() {
   for (auto &[key, a] : storage_) cudaFree(a.data);
 }
 
-Status CudaBackend::storage(const std::string &key, int64_t count, bool isInt, ArgumentView *out) {
+// 16-bit plans are not executed on CUDA yet (issue 34 item 3): the executor refuses their
+// buffers at prepare, and the step driver's 16-bit storage here.
+Status CudaBackend::cast(ArgumentView, ArgumentView, plan::DType dtype) {
+  return Status::error("the CUDA backend does not execute " + plan::DType_Name(dtype) + " plans yet (it runs fp32 plans with "
+                       "16-bit GEMM operands: --precision)");
+}
+
+Status CudaBackend::storage(const std::string &key, int64_t count, plan::DType dtype, ArgumentView *out) {
   *out = {};
+  if (dtype != plan::F32 && dtype != plan::I32)
+    return Status::error("storage '" + key + "': the CUDA backend does not execute " + plan::DType_Name(dtype) +
+                         " plans yet (it runs fp32 plans with 16-bit GEMM operands: --precision)");
+  bool isInt = dtype == plan::I32;
   auto [it, fresh] = storage_.try_emplace(key);
   Allocation &a = it->second;
   if (fresh) {

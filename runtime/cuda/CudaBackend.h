@@ -25,13 +25,14 @@ class CudaBackend : public StepBackend {
                        std::unique_ptr<CudaBackend> *out);
   ~CudaBackend() override;
 
-  Status storage(const std::string &key, int64_t count, bool isInt, ArgumentView *out) override;
+  Status storage(const std::string &key, int64_t count, plan::DType dtype, ArgumentView *out) override;
   Status upload(const HostTensor &from, ArgumentView to) override;
   Status download(ArgumentView from, std::vector<float> *to) override;
   Status checkKernels(const plan::Program &program) const override { return checkCudaKernels(program); }
   Status run(const plan::Program &program, const std::vector<ArgumentView> &args, const ResultConsumer &consume,
              const ExecutionContext &ctx) override;
   Status copy(const float *from, int64_t count, float *to) override;
+  Status cast(ArgumentView from, ArgumentView to, plan::DType dtype) override;
   Status synchronize() override;
   void beginStep() override;
   // The storage and the executor's arena, scratch, 16-bit parameter copies and cuBLASLt
