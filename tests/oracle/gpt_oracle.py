@@ -15,6 +15,26 @@ import torch
 import torch.nn.functional as F
 
 
+class Bf16Round(torch.autograd.Function):
+    """fp32 -> bf16 -> fp32 in the forward pass and the same on the gradient in the backward:
+    mixed precision's rounding points (Micikevicius et al. 2018) in an fp32 model. Placed after
+    each op and on each weight the op reads, the model computes in fp32 between bf16 values, with
+    fp32 master weights and gradients accumulated in fp32 (what Megatron's bf16 training does,
+    written here from the recipe, not from Loom)."""
+
+    @staticmethod
+    def forward(ctx, x):
+        return x.to(torch.bfloat16).to(x.dtype)
+
+    @staticmethod
+    def backward(ctx, g):
+        return g.to(torch.bfloat16).to(g.dtype)
+
+
+def rounding(bf16):
+    return Bf16Round.apply if bf16 else (lambda x: x)
+
+
 def read_safetensors(path):
     """Tensors and metadata of a safetensors file (F32 / I32)."""
     with open(path, "rb") as f:
@@ -31,33 +51,36 @@ def read_safetensors(path):
 
 
 class Gpt2:
-    def __init__(self, weights, layers, heads):
-        self.layers, self.heads = layers, heads
+    # bf16: every op's output and every weight an op reads rounded to bf16 (Bf16Round); the
+    # softmax, the norms' statistics and the loss stay fp32 inside their ops.
+    def __init__(self, weights, layers, heads, bf16=False):
+        self.layers, self.heads, self.r = layers, heads, rounding(bf16)
         self.p = {k: v.clone().requires_grad_(True) for k, v in weights.items()}
 
     def parameters(self):
         return self.p
 
     def loss(self, tokens, labels, loss_mask):
-        p, H = self.p, self.heads
+        r, H = self.r, self.heads
+        p = {k: r(v) for k, v in self.p.items()}  # the weights the ops read
         B, S = tokens.shape
-        x = p["transformer.wte.weight"][tokens.long()] + p["transformer.wpe.weight"][:S]
+        x = r(p["transformer.wte.weight"][tokens.long()] + p["transformer.wpe.weight"][:S])
         causal = torch.ones(S, S, dtype=torch.bool).tril()
         for i in range(self.layers):
             pre = f"transformer.h.{i}."
-            h = F.layer_norm(x, x.shape[-1:], p[pre + "ln_1.weight"], p[pre + "ln_1.bias"], 1e-5)
-            qkv = h @ p[pre + "attn.c_attn.weight"] + p[pre + "attn.c_attn.bias"]
+            h = r(F.layer_norm(x, x.shape[-1:], p[pre + "ln_1.weight"], p[pre + "ln_1.bias"], 1e-5))
+            qkv = r(h @ p[pre + "attn.c_attn.weight"] + p[pre + "attn.c_attn.bias"])
             q, k, v = qkv.split(x.shape[-1], dim=-1)
             q, k, v = (t.view(B, S, H, -1).transpose(1, 2) for t in (q, k, v))
             att = (q @ k.transpose(-1, -2)) / math.sqrt(q.shape[-1])
             att = att.masked_fill(~causal, float("-inf")).softmax(-1)
-            y = (att @ v).transpose(1, 2).reshape(B, S, -1)
-            x = x + y @ p[pre + "attn.c_proj.weight"] + p[pre + "attn.c_proj.bias"]
-            h = F.layer_norm(x, x.shape[-1:], p[pre + "ln_2.weight"], p[pre + "ln_2.bias"], 1e-5)
-            m = F.gelu(h @ p[pre + "mlp.c_fc.weight"] + p[pre + "mlp.c_fc.bias"], approximate="tanh")
-            x = x + m @ p[pre + "mlp.c_proj.weight"] + p[pre + "mlp.c_proj.bias"]
-        x = F.layer_norm(x, x.shape[-1:], p["transformer.ln_f.weight"], p["transformer.ln_f.bias"], 1e-5)
-        logits = x @ p["transformer.wte.weight"].t()
+            y = r((att @ v).transpose(1, 2).reshape(B, S, -1))
+            x = r(x + r(y @ p[pre + "attn.c_proj.weight"] + p[pre + "attn.c_proj.bias"]))
+            h = r(F.layer_norm(x, x.shape[-1:], p[pre + "ln_2.weight"], p[pre + "ln_2.bias"], 1e-5))
+            m = r(F.gelu(r(h @ p[pre + "mlp.c_fc.weight"] + p[pre + "mlp.c_fc.bias"]), approximate="tanh"))
+            x = r(x + r(m @ p[pre + "mlp.c_proj.weight"] + p[pre + "mlp.c_proj.bias"]))
+        x = r(F.layer_norm(x, x.shape[-1:], p["transformer.ln_f.weight"], p["transformer.ln_f.bias"], 1e-5))
+        logits = r(x @ p["transformer.wte.weight"].t())
         nll = F.cross_entropy(logits.reshape(B * S, -1), labels.reshape(-1).long(), reduction="none")
         mask = loss_mask.reshape(-1)
         return (nll * mask).sum() / mask.sum()

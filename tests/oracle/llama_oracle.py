@@ -12,10 +12,13 @@ import math
 import torch
 import torch.nn.functional as F
 
+from gpt_oracle import rounding
+
 
 class Llama:
-    def __init__(self, weights, config):
-        self.c = config
+    # bf16: every op's output and every weight an op reads rounded to bf16 (gpt_oracle.Bf16Round).
+    def __init__(self, weights, config, bf16=False):
+        self.c, self.r = config, rounding(bf16)
         self.p = {k: v.clone().requires_grad_(True) for k, v in weights.items()}
 
     def parameters(self):
@@ -30,10 +33,11 @@ class Llama:
         return torch.cat((-x2, x1), dim=-1)
 
     def loss(self, tokens, labels, loss_mask):
-        p, c = self.p, self.c
+        c, r = self.c, self.r
+        p = {k: r(v) for k, v in self.p.items()}  # the weights the ops read
         H, KV, L = c["num_attention_heads"], c["num_key_value_heads"], c["num_hidden_layers"]
         B, S = tokens.shape
-        x = p["model.embed_tokens.weight"][tokens.long()]
+        x = r(p["model.embed_tokens.weight"][tokens.long()])
         hd = x.shape[-1] // H
         inv_freq = 1.0 / (c["rope_theta"] ** (torch.arange(0, hd, 2, dtype=torch.int64).float() / hd))
         freqs = torch.arange(S, dtype=torch.float32)[:, None] * inv_freq[None, :]
@@ -42,23 +46,24 @@ class Llama:
         causal = torch.ones(S, S, dtype=torch.bool).tril()
         for i in range(L):
             pre = f"model.layers.{i}."
-            h = self.rms_norm(x, p[pre + "input_layernorm.weight"])
-            q = (h @ p[pre + "self_attn.q_proj.weight"].t()).view(B, S, H, hd).transpose(1, 2)
-            k = (h @ p[pre + "self_attn.k_proj.weight"].t()).view(B, S, KV, hd).transpose(1, 2)
-            v = (h @ p[pre + "self_attn.v_proj.weight"].t()).view(B, S, KV, hd).transpose(1, 2)
-            q = q * cos + self.rotate_half(q) * sin
-            k = k * cos + self.rotate_half(k) * sin
+            h = r(self.rms_norm(x, p[pre + "input_layernorm.weight"]))
+            q = r(h @ p[pre + "self_attn.q_proj.weight"].t()).view(B, S, H, hd).transpose(1, 2)
+            k = r(h @ p[pre + "self_attn.k_proj.weight"].t()).view(B, S, KV, hd).transpose(1, 2)
+            v = r(h @ p[pre + "self_attn.v_proj.weight"].t()).view(B, S, KV, hd).transpose(1, 2)
+            q = r(q * cos + self.rotate_half(q) * sin)
+            k = r(k * cos + self.rotate_half(k) * sin)
             k, v = (t.repeat_interleave(H // KV, dim=1) for t in (k, v))  # repeat_kv
             att = (q @ k.transpose(-1, -2)) / math.sqrt(hd)
             att = att.masked_fill(~causal, float("-inf")).softmax(-1)
-            y = (att @ v).transpose(1, 2).reshape(B, S, H * hd)
-            x = x + y @ p[pre + "self_attn.o_proj.weight"].t()
-            h = self.rms_norm(x, p[pre + "post_attention_layernorm.weight"])
-            m = F.silu(h @ p[pre + "mlp.gate_proj.weight"].t()) * (h @ p[pre + "mlp.up_proj.weight"].t())
-            x = x + m @ p[pre + "mlp.down_proj.weight"].t()
-        x = self.rms_norm(x, p["model.norm.weight"])
+            y = r((att @ v).transpose(1, 2).reshape(B, S, H * hd))
+            x = r(x + r(y @ p[pre + "self_attn.o_proj.weight"].t()))
+            h = r(self.rms_norm(x, p[pre + "post_attention_layernorm.weight"]))
+            gate, up = r(h @ p[pre + "mlp.gate_proj.weight"].t()), r(h @ p[pre + "mlp.up_proj.weight"].t())
+            m = r(F.silu(gate) * up)
+            x = r(x + r(m @ p[pre + "mlp.down_proj.weight"].t()))
+        x = r(self.rms_norm(x, p["model.norm.weight"]))
         head = p["model.embed_tokens.weight"] if c["tie_word_embeddings"] else p["lm_head.weight"]
-        logits = x @ head.t()
+        logits = r(x @ head.t())
         per_token = F.cross_entropy(logits.reshape(B * S, -1), labels.reshape(-1).long(), reduction="none")
         mask = loss_mask.reshape(-1)
         return (per_token * mask).sum() / mask.sum()

@@ -25,6 +25,15 @@ ln -sf "$root/apps/loomc-mutant" "$mutant/loomc"
 /usr/bin/python3 "$root/tests/oracle/run_oracle.py" --bin "$bin" \
   --model "$root/examples/models/llama-tiny.pbtxt" --work "${TEST_TMPDIR}/oracle-llama" --steps 10 --configs ci
 
+# bf16 plans against the oracle rounding at the same points (run_oracle.py --precision bf16:
+# its tolerances), a subset of layouts per family.
+/usr/bin/python3 "$root/tests/oracle/run_oracle.py" --bin "$bin" --precision bf16 \
+  --model "$root/examples/models/gpt-tiny.pbtxt" --work "${TEST_TMPDIR}/oracle-bf16" --steps 10 \
+  --configs t1p1d1,t2p2d1-1f1b,t2p2d2-sequence-parallel-zero1,t1p2d1v2-interleaved
+/usr/bin/python3 "$root/tests/oracle/run_oracle.py" --bin "$bin" --precision bf16 \
+  --model "$root/examples/models/llama-tiny.pbtxt" --work "${TEST_TMPDIR}/oracle-llama-bf16" --steps 10 \
+  --configs t1p1d1,t2p1d1,t2p2d2-zero1
+
 # IR edited by hand is what gets compiled and trained: gpt-tiny's IR with every attention
 # op's head count changed from 4 to 2 (heads of 32) and any module attribute removed, against
 # the oracle with 2 heads.

@@ -101,9 +101,23 @@ def model_config(path, vocab, work):
     return out
 
 
+# bf16 (--precision bf16): Loom's bf16 plan against the oracle rounding at the same points
+# (gpt_oracle.Bf16Round). The two round the same values but sum in other orders (GEMMs, the
+# softmax, gradient accumulation), and a bf16 ulp is 2^-8: bounds of relative 2e-3 on the loss,
+# 3e-2 on each step-1 gradient and 1e-2 on all the parameters together after the steps (fp32:
+# 1e-4, each parameter). Measured on gpt-tiny: at most 1.5e-4, 1.1e-2 and 3.3e-3. (Loom's fp32
+# run is nearly as close to this oracle: these bounds show bf16 training is right, not that it
+# rounds; runtime_test checks that a bf16 plan's losses differ from the fp32 plan's.)
+PRECISION = "fp32"
+TOLERANCE = {"fp32": {"loss1": 1e-5, "loss": 1e-4, "grad": 1e-4, "params": 1e-4},
+             "bf16": {"loss1": 2e-3, "loss": 2e-3, "grad": 3e-2, "params": 1e-2}}
+
+
 def cluster_config(name, t, p, d, v, m, schedule, recompute, work, zero1=False, sp=False):
     out = os.path.join(work, name + ".pbtxt")
     sched = f"schedule: {schedule}" if schedule else ""
+    if PRECISION == "bf16":
+        sched += " precision: PRECISION_BF16"
     with open(out, "w") as f:
         f.write(f'name: "{name}"\nnodes: 1\ndevices_per_node: {t * p * d}\ndevice {{ kind: CPU }}\n'
                 f"parallel {{ tensor_parallel_size: {t} pipeline_parallel_size: {p} data_parallel_size: {d} "
@@ -255,11 +269,11 @@ def check_config(args, name, cfg, failures):
     with open(os.path.join(work, "config.json")) as f:
         hf_config = json.load(f)
     if hf_config.get("architectures") == ["LlamaForCausalLM"]:
-        oracle, heads = Llama(weights, hf_config), hf_config["num_attention_heads"]
+        oracle, heads = Llama(weights, hf_config, PRECISION == "bf16"), hf_config["num_attention_heads"]
     else:
         layers = 1 + max(int(k.split(".")[2]) for k in weights if k.startswith("transformer.h."))
         heads = args.heads
-        oracle = Gpt2(weights, layers, heads)
+        oracle = Gpt2(weights, layers, heads, PRECISION == "bf16")
     params = oracle.parameters()
     decay = [q for k, q in params.items() if q.dim() >= 2]
     no_decay = [q for k, q in params.items() if q.dim() < 2]
@@ -268,6 +282,7 @@ def check_config(args, name, cfg, failures):
     loom_losses = [float(line.split()[1]) for line in open(os.path.join(work, "loss.log"))]
     problems = trace_problems(os.path.join(work, "trace"), world, args.steps)
     problems += trace_order_problems(os.path.join(args.bin, "loomc"), plans, os.path.join(work, "trace"))
+    worst_loss = 0.0
     for step in range(args.steps):
         batches = sorted(glob.glob(os.path.join(work, "batches", f"batch_step{step:05d}_*.safetensors")))
         if len(batches) != d * m:
@@ -282,27 +297,42 @@ def check_config(args, name, cfg, failures):
             total += loss.item()
         if step == 0:
             loom_grads = job_gradients(os.path.join(work, "grads"), world)
+            if args.verbose:
+                errs = sorted((rel(loom_to_hf_grad(k, loom_grads[k], vocab, heads), q.grad), k) for k, q in params.items())
+                print(f"   step-1 gradients: median rel {errs[len(errs) // 2][0]:.2e}, worst {errs[-1][0]:.2e} ({errs[-1][1]})")
             for k, q in params.items():
                 got = loom_to_hf_grad(k, loom_grads[k], vocab, heads)
-                if rel(got, q.grad) >= 1e-4:
+                if rel(got, q.grad) >= TOLERANCE[PRECISION]["grad"]:
                     problems.append(f"step-1 gradient of {k}: relative error {rel(got, q.grad):.2e}")
         torch.nn.utils.clip_grad_norm_(list(params.values()), 1.0)
         for group in opt.param_groups:
             group["lr"] = lr_at(step + 1, args.steps)
         opt.step()
-        tol = 1e-5 if step == 0 else 1e-4
+        tol = TOLERANCE[PRECISION]["loss1" if step == 0 else "loss"]
         diff = abs(loom_losses[step] - total) / abs(total)
+        worst_loss = max(worst_loss, diff)
         if diff >= tol:
             problems.append(f"loss at step {step + 1}: Loom {loom_losses[step]:.9g}, oracle {total:.9g} "
                             f"(relative {diff:.2e})")
     final, _ = read_safetensors(os.path.join(work, "final.safetensors"))
+    if args.verbose:
+        for k in sorted(params, key=lambda k: -rel(final[k], params[k].detach()))[:8]:
+            print(f"   {k:45} rel {rel(final[k], params[k].detach()):.2e} |ref| {params[k].detach().norm():.3e}")
     worst = max(rel(final[k], q.detach()) for k, q in params.items())
-    if worst >= 1e-4:
-        bad = max(params, key=lambda k: rel(final[k], params[k].detach()))
+    if PRECISION == "bf16":
+        # bf16's rounding noise, amplified by AdamW where gradients are small (biases, zero-
+        # initialised, move by about lr per step whatever the gradient's size), leaves single
+        # small parameters a few percent apart even between two bf16 implementations; all the
+        # parameters together are compared instead.
+        num = sum(float((final[k] - q.detach()).pow(2).sum()) for k, q in params.items())
+        den = sum(float(q.detach().pow(2).sum()) for q in params.values())
+        worst = math.sqrt(num / den)
+    if worst >= TOLERANCE[PRECISION]["params"]:
+        bad = "all of them" if PRECISION == "bf16" else max(params, key=lambda k: rel(final[k], params[k].detach()))
         problems.append(f"parameters after {args.steps} steps: {bad} relative error {worst:.2e}")
     status = "ok  " if not problems else "FAIL"
     print(f"{status} {name:28} ranks {world}  loss {loom_losses[0]:.6f} -> {loom_losses[-1]:.6f}  "
-          f"worst parameter error {worst:.1e}  ({seconds:.1f} s)", flush=True)
+          f"worst parameter error {worst:.1e}, loss {worst_loss:.1e}  ({seconds:.1f} s)", flush=True)
     for pr in problems[:5]:
         print("       " + pr, flush=True)
     if problems:
@@ -321,7 +351,13 @@ def main():
     ap.add_argument("--mutant-check", action="store_true",
                     help="--bin holds a Loom built with a deliberately broken rule (loomc-mutant: the row-parallel "
                          "all-reduce dropped): t1p1d1 must still match and t2p1d1 must fail")
+    ap.add_argument("--verbose", action="store_true",
+                    help="also print the step-1 gradients' errors and the parameters furthest from the oracle")
+    ap.add_argument("--precision", default="fp32", choices=["fp32", "bf16"],
+                    help="bf16: Loom's bf16 plans against the oracle rounding at the same points")
     args = ap.parse_args()
+    global PRECISION
+    PRECISION = args.precision
     if args.mutant_check:
         failures = []
         check_config(args, "t1p1d1", CONFIGS["t1p1d1"], failures)

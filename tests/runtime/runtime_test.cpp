@@ -57,6 +57,24 @@ JobGradients train(const std::string &name, int world) {
   return readJobGradients(dump, world);
 }
 
+// Each of the `world` ranks' "memory: planned peak X MiB, allocated by the backend Y MiB"
+// lines in a job's output: Y within 10% of X.
+void expectMemoryAsPlanned(const std::string &output, int world, const std::string &what) {
+  int ranks = 0;
+  std::istringstream lines(output);
+  for (std::string line; std::getline(lines, line);) {
+    int rank;
+    double planned, held;
+    if (std::sscanf(line.c_str(), " rank %d memory: planned peak %lf MiB, allocated by the backend %lf MiB", &rank,
+                    &planned, &held) != 3)
+      continue;
+    ++ranks;
+    EXPECT_GT(planned, 0) << line;
+    EXPECT_LT(std::abs(held - planned), 0.1 * planned) << what << ": " << line;
+  }
+  EXPECT_EQ(ranks, world) << what << ":\n" << output;
+}
+
 // The memory plan is what the CPU backend holds: every rank's storage (parameters, gradients,
 // AdamW state, stash and input slots of the micro-batches in flight) and its one workspace
 // arena within 10% of its plan's peak (each rank prints both after its first iteration); with
@@ -68,19 +86,7 @@ TEST(Runtime, EveryRankHoldsWhatItsMemoryPlanSays) {
     int world = std::string(layout) == "t2p2d1" ? 4 : std::string(layout) == "t1p2d1_m8" ? 2 : 1;
     Result r = run(loomrun() + " --nproc " + std::to_string(world) + " --plans " + plans + " --steps 2 --threads 1");
     ASSERT_EQ(r.exitCode, 0) << r.output;
-    int ranks = 0;
-    std::istringstream lines(r.output);
-    for (std::string line; std::getline(lines, line);) {
-      int rank;
-      double planned, held;
-      if (std::sscanf(line.c_str(), " rank %d memory: planned peak %lf MiB, allocated by the backend %lf MiB", &rank,
-                      &planned, &held) != 3)
-        continue;
-      ++ranks;
-      EXPECT_GT(planned, 0) << line;
-      EXPECT_LT(std::abs(held - planned), 0.1 * planned) << layout << ": " << line;
-    }
-    EXPECT_EQ(ranks, world) << layout << ":\n" << r.output;
+    expectMemoryAsPlanned(r.output, world, layout);
   }
 }
 
@@ -156,18 +162,7 @@ TEST(Runtime, Bf16PlansTrainCloseToFp32InEveryLayout) {
       EXPECT_LT(std::abs(got[k] - bf16[k]), 1e-3) << layout << " step " << k + 1;
       EXPECT_LT(std::abs(got[k] - fp32[k]), 2e-3) << layout << " step " << k + 1;
     }
-    int ranks = 0;
-    std::istringstream lines(out);
-    for (std::string line; std::getline(lines, line);) {
-      int rank;
-      double planned, held;
-      if (std::sscanf(line.c_str(), " rank %d memory: planned peak %lf MiB, allocated by the backend %lf MiB", &rank,
-                      &planned, &held) != 3)
-        continue;
-      ++ranks;
-      EXPECT_LT(std::abs(held - planned), 0.1 * planned) << layout << ": " << line;
-    }
-    EXPECT_EQ(ranks, world) << layout;
+    expectMemoryAsPlanned(out, world, layout);
   }
 }
 
