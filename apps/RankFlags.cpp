@@ -77,7 +77,9 @@ RankOpt<std::string> exportPath("export",
 
 RankOpt<std::string> device("device", cl::desc("cpu or cuda"), cl::value_desc("DEVICE"), cl::init("cpu"),
                             cl::cat(category));
-RankOpt<std::string> precision("precision", cl::desc("fp32, bf16 or fp16 (default: bf16 on cuda, fp32 on cpu)"),
+RankOpt<std::string> precision("precision",
+                               cl::desc("the CUDA backend's GEMM operands for an fp32 plan: fp32, bf16 or fp16 "
+                                        "(default: bf16 on cuda, fp32 on cpu; a bf16 plan is compiled as one)"),
                                cl::value_desc("P"), cl::cat(category));
 RankOpt<int64_t> gpu("gpu", cl::desc("the GPU to use with --device cuda (default: the rank modulo the GPU count)"),
                      cl::value_desc("N"), cl::cat(category));

@@ -203,7 +203,9 @@ loom::Status deviceFromFlags(DeviceChoice *choice, loom::TrainerOptions *topt) {
   if (!loom::cuda::parsePrecision(precision, &computePrecision))
     return loom::Status::error("--precision " + precision + ": expected fp32, bf16 or fp16");
   if (device == "cpu" && computePrecision != loom::cuda::Precision::kFp32)
-    return loom::Status::error("--precision " + precision + ": the CPU backend computes in fp32 (use --device cuda)");
+    return loom::Status::error("--precision " + precision +
+                               ": the CUDA backend's GEMM precision for fp32 plans; on the CPU, compile a bf16 plan "
+                               "(params_dtype: BF16 or parallel.precision: PRECISION_BF16)");
   if (device == "cpu" && rf::gpu.getNumOccurrences()) return loom::Status::error("--gpu needs --device cuda");
   if (device == "cpu" && rf::attention.getNumOccurrences())
     return loom::Status::error("--attention needs --device cuda");

@@ -520,7 +520,9 @@ TEST(Runtime, MalformedFlagsAreOneLineErrors) {
   EXPECT_EQ(r.output, "loom-rank: error: --device tpu: expected cpu or cuda\n");
   r = run("LOOM_TOKEN=x " + runfile("apps/loom-rank") + " --coordinator 127.0.0.1:9 --rank 0 --precision bf16");
   EXPECT_EQ(r.exitCode, 1);
-  EXPECT_EQ(r.output, "loom-rank: error: --precision bf16: the CPU backend computes in fp32 (use --device cuda)\n");
+  EXPECT_EQ(r.output,
+            "loom-rank: error: --precision bf16: the CUDA backend's GEMM precision for fp32 plans; on the CPU, compile "
+            "a bf16 plan (params_dtype: BF16 or parallel.precision: PRECISION_BF16)\n");
   r = run("LOOM_TOKEN=x " + runfile("apps/loom-rank") +
           " --coordinator 127.0.0.1:9 --rank 0 --device cuda --precision fp8");
   EXPECT_EQ(r.exitCode, 1);
