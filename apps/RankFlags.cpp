@@ -54,6 +54,9 @@ RankOpt<double> adamBeta1("adam-beta1", cl::desc("AdamW beta1"), cl::value_desc(
 RankOpt<double> adamBeta2("adam-beta2", cl::desc("AdamW beta2"), cl::value_desc("B"), cl::init(0.95),
                           cl::cat(category));
 RankOpt<double> adamEps("adam-eps", cl::desc("AdamW epsilon"), cl::value_desc("E"), cl::init(1e-8), cl::cat(category));
+RankOpt<double> initialLossScale("initial-loss-scale",
+                                 cl::desc("fp16's dynamic loss scaling starts here (Megatron's --initial-loss-scale)"),
+                                 cl::value_desc("S"), cl::init(65536.0), cl::cat(category));
 RankOpt<int64_t> logInterval("log-interval", cl::desc("print a log line every N iterations"), cl::value_desc("N"),
                              cl::init(1), cl::cat(category));
 

@@ -45,7 +45,7 @@ extern RankOpt<double> validFraction;
 extern RankOpt<int64_t> evalInterval, evalIters;
 // recipe
 extern RankOpt<int64_t> steps, warmup, decayIters, logInterval;
-extern RankOpt<double> lr, minLr, clipGrad, weightDecay, adamBeta1, adamBeta2, adamEps;
+extern RankOpt<double> lr, minLr, clipGrad, weightDecay, adamBeta1, adamBeta2, adamEps, initialLossScale;
 // checkpoints
 extern RankOpt<std::string> save, initFrom, exportPath;
 extern RankOpt<int64_t> saveInterval;

@@ -160,6 +160,7 @@ loom::Status recipeFromFlags(loom::TrainerOptions *topt, loom::TrainingOptions *
   topt->adam.beta2 = rf::adamBeta2;
   topt->adam.eps = rf::adamEps;
   topt->adam.weightDecay = rf::weightDecay;
+  topt->lossScaler.initialScale = rf::initialLossScale;
   lopt->trainIters = rf::steps;
   lopt->lr.maxLr = rf::lr;
   lopt->lr.minLr = rf::minLr.getNumOccurrences() ? double(rf::minLr) : lopt->lr.maxLr / 10;

@@ -169,11 +169,6 @@ llvm::Error compileInMemory(mlir::ModuleOp module, const config::ClusterSpec &cl
   std::string modelName = !facts->name.empty() ? facts->name : opt.modelName.empty() ? "model" : opt.modelName;
   std::string precision = precisionOverride(par.precision());
   if (precision.empty()) precision = facts->paramsDtype;
-  // fp16 needs dynamic loss scaling, which a 16-bit plan does not carry to the CPU backend yet.
-  if (cluster.device().kind() == config::CPU && precision == "f16")
-    return error("the run computes in fp16 (the model's params_dtype or parallel.precision): the CPU backend executes "
-                 "fp32 and bf16 plans (set parallel.precision: PRECISION_BF16 or PRECISION_FP32, or compile for a CUDA "
-                 "cluster)");
   int t = par.tensor_parallel_size(), p = par.pipeline_parallel_size(), d = par.data_parallel_size(),
       v = par.virtual_pipeline_size(), b = par.micro_batch_size();
   int m = par.global_batch_size() / (b * d);

@@ -38,12 +38,18 @@ Trainer::Trainer(plan::RankPlan plan, plan::ProgramSet programs, std::unique_ptr
 Status Trainer::create(plan::RankPlan plan, plan::ProgramSet programs, std::unique_ptr<StepBackend> backend,
                        Collectives *collectives, DataSource *data, const TrainerOptions &options,
                        std::unique_ptr<Trainer> *out) {
-  if (options.lossScaling) LOOM_RETURN_IF_ERROR(LossScaler::validate(options.lossScaler));
+  // An fp16 plan (its programs compute with fp16 weights) trains with dynamic loss scaling,
+  // as Megatron's --fp16 does; bf16's range needs none.
+  TrainerOptions opt = options;
+  for (const plan::Program &p : programs.programs())
+    for (const plan::Binding &a : p.arguments())
+      if (a.role() == plan::Binding::PARAMETER && p.buffers(a.buffer()).dtype() == plan::F16) opt.lossScaling = true;
+  if (opt.lossScaling) LOOM_RETURN_IF_ERROR(LossScaler::validate(opt.lossScaler));
   for (const plan::Program &p : programs.programs())
     if (Status s = backend->checkKernels(p); !s.isOk())
       return Status::error(plan.programs_file() + ": " + s.message());
   std::unique_ptr<Trainer> t(
-      new Trainer(std::move(plan), std::move(programs), std::move(backend), collectives, data, options));
+      new Trainer(std::move(plan), std::move(programs), std::move(backend), collectives, data, opt));
   LOOM_RETURN_IF_ERROR(t->driver_.init(initParameters(t->plan_, options.seed)));
   t->driver_.setTrace(options.trace);
   t->driver_.setProgress(options.progress);

@@ -166,6 +166,43 @@ TEST(Runtime, Bf16PlansTrainCloseToFp32InEveryLayout) {
   }
 }
 
+// An fp16 plan trains with dynamic loss scaling (Megatron's --fp16): from a loss scale so large
+// that the fp16 gradients overflow, each such iteration skips its update and halves the scale
+// until the gradients are finite, and training goes on with finite losses; at the default
+// scale the fp16 losses are those of the fp32 run to within 1e-3.
+TEST(Runtime, Fp16PlansScaleTheLossAndRecoverFromOverflows) {
+  std::ifstream in(input("t1p1d1.pbtxt"));
+  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  text.insert(text.find("parallel {") + 10, " precision: PRECISION_FP16");
+  std::string cluster = tmpdir() + "/fp16_t1p1d1.pbtxt", plans = tmpdir() + "/plans_fp16";
+  std::ofstream(cluster) << text;
+  Result c = run(loomc() + " compile " + input("gpt-tiny-nodropout.pbtxt") + " --cluster " + cluster + " --out " + plans +
+                 " --quiet");
+  ASSERT_EQ(c.exitCode, 0) << c.output;
+  Result r = run(loomrun() + " --nproc 1 --plans " + plans + " --steps 12 --threads 1 --seed 4 --initial-loss-scale 16777216");
+  ASSERT_EQ(r.exitCode, 0) << r.output;
+  std::vector<double> scales;
+  for (size_t at = r.output.find("skipped: inf/NaN gradients at loss scale "); at != std::string::npos;
+       at = r.output.find("skipped: inf/NaN gradients at loss scale ", at + 1))
+    scales.push_back(std::strtod(r.output.c_str() + at + 41, nullptr));
+  ASSERT_GE(scales.size(), 1u) << r.output;
+  EXPECT_EQ(scales[0], 16777216.0);
+  for (size_t k = 1; k < scales.size(); ++k) EXPECT_EQ(scales[k], scales[k - 1] / 2) << r.output;
+  std::vector<double> after = lossesOf(r.output);
+  ASSERT_GE(after.size(), 3u) << "training did not go on after the overflows:\n" << r.output;
+  for (double l : after) EXPECT_TRUE(std::isfinite(l) && l > 6 && l < 8) << r.output;
+
+  Result fp16 = run(loomrun() + " --nproc 1 --plans " + plans + " --steps 10 --threads 1 --seed 4");
+  ASSERT_EQ(fp16.exitCode, 0) << fp16.output;
+  std::string fp32Plans = tmpdir() + "/plans_fp16_reference";
+  compile("t1p1d1.pbtxt", fp32Plans);
+  Result fp32 = run(loomrun() + " --nproc 1 --plans " + fp32Plans + " --steps 10 --threads 1 --seed 4");
+  std::vector<double> a = lossesOf(fp16.output), b = lossesOf(fp32.output);
+  ASSERT_EQ(a.size(), 10u) << fp16.output;
+  ASSERT_EQ(b.size(), 10u) << fp32.output;
+  for (size_t k = 0; k < 10; ++k) EXPECT_LT(std::abs(a[k] - b[k]), 1e-3) << "step " << k + 1;
+}
+
 // IR written by hand (examples/ir/tiny-decoder.mlir: no position embedding, a
 // gated MLP, an untied output layer stored [hidden, vocab], vocabulary 20, dynamic batch) is
 // compiled as it is and trains alike in every layout: the vocabulary padding that t sets
