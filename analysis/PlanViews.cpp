@@ -285,11 +285,7 @@ std::string memoryTimeline(const PlanDirectory &plans, int rank) {
                       humanBytes(mem.max_workspace_bytes()), humanBytes(mem.peak_bytes()));
   // The dtype the programs compute with: their PARAMETER arguments' (the flat buffer is the
   // fp32 master copy in every plan).
-  plan::DType compute = plan::F32;
-  for (const plan::Program &prog : plans.programsOf(rank).programs())
-    for (const plan::Binding &a : prog.arguments())
-      if (a.role() == plan::Binding::PARAMETER && prog.buffers(a.buffer()).dtype() != plan::F32)
-        compute = prog.buffers(a.buffer()).dtype();
+  plan::DType compute = planattr::computeDtype(plans.programsOf(rank).programs());
   if (compute == plan::F32)
     os << "  precision: fp32 throughout\n";
   else

@@ -34,6 +34,17 @@ inline int64_t numel(const plan::Buffer &b) {
   for (int64_t d : b.shape()) n *= d;
   return n;
 }
+// The dtype a stage's programs compute with: their PARAMETER arguments' (fp32, or in a 16-bit
+// plan bf16 / fp16: copies of the fp32 master weights).
+template <typename Programs>
+plan::DType computeDtype(const Programs &programs) {
+  for (const plan::Program &prog : programs)
+    for (const plan::Binding &a : prog.arguments())
+      if (a.role() == plan::Binding::PARAMETER && prog.buffers(a.buffer()).dtype() != plan::F32)
+        return prog.buffers(a.buffer()).dtype();
+  return plan::F32;
+}
+
 // Bytes of one element of `dtype` (bf16 and fp16: 2; fp32 and int32: 4).
 inline int64_t elementBytes(plan::DType dtype) { return dtype == plan::BF16 || dtype == plan::F16 ? 2 : 4; }
 // Dimension k of b; negative k counts from the end.

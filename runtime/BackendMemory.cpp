@@ -25,10 +25,7 @@ plan::BackendReserve backendReserve(config::DeviceKind kind,
         }
     }
     // An fp32 plan's GEMMs read 16-bit copies the executor makes; a 16-bit plan holds its own.
-    bool fp32Plan = true;
-    for (const plan::Program &prog : programs)
-      for (const plan::Binding &a : prog.arguments())
-        if (a.role() == plan::Binding::PARAMETER && prog.buffers(a.buffer()).dtype() != plan::F32) fp32Plan = false;
+    bool fp32Plan = planattr::computeDtype(programs) == plan::F32;
     reserve.halfWeightBytes = fp32Plan ? cuda::halfWeightBytes(parameterCount, planned) : 0;
     reserve.scratchBytes = scratch + ones + int64_t(cuda::kLtWorkspaceBytes);
   } else {  // the CPU kernels' scratch (attention probabilities), kept all step

@@ -75,10 +75,7 @@ Status StepDriver::init(const std::vector<HostTensor> &initial) {
   // A 16-bit plan's programs compute with 16-bit copies of the fp32 master weights (its
   // 16-bit PARAMETER arguments): one flat copy, remade by the optimizer program after each
   // update and here whenever the masters are written from outside the step.
-  for (const plan::Program &prog : programs_.programs())
-    for (const plan::Binding &a : prog.arguments())
-      if (a.role() == plan::Binding::PARAMETER && prog.buffers(a.buffer()).dtype() != plan::F32)
-        computeDtype_ = prog.buffers(a.buffer()).dtype();
+  computeDtype_ = planattr::computeDtype(programs_.programs());
   if (computeDtype_ != plan::F32) LOOM_RETURN_IF_ERROR(backend_.storage("parameters", flat, computeDtype_, &params16_));
   if (initial.size() != size_t(plan_.parameters_size())) return Status::error("initial parameters do not match the plan");
   for (int i = 0; i < plan_.parameters_size(); ++i)

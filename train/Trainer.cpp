@@ -4,6 +4,7 @@
 #include <cstdio>
 #include <cstdlib>
 
+#include "plan/PlanAttributes.h"
 #include "train/ParamInit.h"
 #include "formats/Safetensors.h"
 #include "support/Checksum.h"
@@ -41,9 +42,7 @@ Status Trainer::create(plan::RankPlan plan, plan::ProgramSet programs, std::uniq
   // An fp16 plan (its programs compute with fp16 weights) trains with dynamic loss scaling,
   // as Megatron's --fp16 does; bf16's range needs none.
   TrainerOptions opt = options;
-  for (const plan::Program &p : programs.programs())
-    for (const plan::Binding &a : p.arguments())
-      if (a.role() == plan::Binding::PARAMETER && p.buffers(a.buffer()).dtype() == plan::F16) opt.lossScaling = true;
+  if (planattr::computeDtype(programs.programs()) == plan::F16) opt.lossScaling = true;
   if (opt.lossScaling) LOOM_RETURN_IF_ERROR(LossScaler::validate(opt.lossScaler));
   for (const plan::Program &p : programs.programs())
     if (Status s = backend->checkKernels(p); !s.isOk())
