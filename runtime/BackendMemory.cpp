@@ -2,6 +2,7 @@
 
 #include <algorithm>
 
+#include "plan/InstructionSet.h"
 #include "plan/PlanAttributes.h"
 #include "runtime/Executor.h"
 #include "runtime/cuda/DeviceMemory.h"
@@ -19,7 +20,7 @@ plan::BackendReserve backendReserve(config::DeviceKind kind,
     for (const plan::Program &prog : programs) {
       scratch = std::max<int64_t>(scratch, int64_t(cuda::scratchFor(prog, planned, cuda::AttentionKernel::kAuto).total()));
       for (const plan::Instruction &in : prog.instructions())
-        if (in.op() == "bias_grad") {  // a ones vector as long as the gradient's rows
+        if (const isa::OpDecl *d = isa::find(in.op()); d && d->id == isa::OpId::kBiasGrad) {  // ones as long as its rows
           const plan::Buffer &g = prog.buffers(in.inputs(0));
           ones = std::max<int64_t>(ones, 4 * planattr::numel(g) / std::max<int64_t>(1, planattr::dim(g, -1)));
         }
