@@ -19,7 +19,7 @@ matmul-softmax-matmul over the full S x S (the causal half included), as a user 
 version would write it. Both run without dropout (the configs bench.py writes for Loom have none,
 nor has the demo's; the oracle's models have none). Both run under MALLOC_ENV (below).
 
-usage: bench.py --bin DIR --sgemm-peak BIN [--threads 2] [--models a,b] [--quick]
+usage: bench.py --bin DIR --sgemm-peak BIN [--threads 2] [--models a,b] [--precisions fp32,bf16] [--quick]
 """
 import argparse
 import json
@@ -49,7 +49,12 @@ MODELS = {
 DEMO = "demo"  # the README demo's model on its 4-rank cluster (examples/)
 DEMO_MODEL = os.path.join(ROOT, "examples", "models", "llama-demo.pbtxt")  # what `./loom demo` trains
 # (warm-up, timed) iterations per model size
-ITERATIONS = {"small": (3, 20), "large": (2, 6)}
+ITERATIONS = {"small": (3, 20), "large": (2, 8)}
+# The timed iterations come in rounds, each system taking its turn in each round, so that the
+# machine's drift (15% within minutes on these VMs) reaches every system; a run whose
+# per-round medians of one system differ by more than NOISE_LIMIT is reported as too noisy.
+ROUNDS = 2
+NOISE_LIMIT = 1.10
 
 
 def shape_of(name):
@@ -96,26 +101,38 @@ def spread(times):
     return statistics.median(times), min(times), max(times)
 
 
-def loom_run(args, name, shape, work, warmup, timed):
+# The cluster spec's precision policy (protos/cluster.proto) per benchmarked precision.
+PRECISION_FIELD = {"fp32": "PRECISION_FP32", "bf16": "PRECISION_BF16"}
+
+
+def loom_compile(args, name, shape, work, precision):
+    """Plans for the model at `precision`; returns (plans, ranks, threads)."""
     arch, layers, h, heads, kv, ffn, seq, vocab, mb, gb = shape
+    cluster = os.path.join(work, f"{name}-{precision}-cluster.pbtxt")
     if name == DEMO:
         model = DEMO_MODEL
-        cluster = os.path.join(ROOT, "examples", "clusters", "cpu-4-demo.pbtxt")
+        text = open(os.path.join(ROOT, "examples", "clusters", "cpu-4-demo.pbtxt")).read()
         ranks, threads = 4, 1
     else:
-        model, cluster = os.path.join(work, name + ".pbtxt"), os.path.join(work, name + "-cluster.pbtxt")
+        model = os.path.join(work, name + ".pbtxt")
         with open(model, "w") as f:
             f.write(f'name: "{name}"\narchitecture: {arch}\nnum_layers: {layers}\nhidden_size: {h}\n'
                     f"num_attention_heads: {heads}\nseq_length: {seq}\nvocab_size: {vocab}\n")
             if arch == "LLAMA":
                 f.write(f"num_key_value_heads: {kv}\nffn_hidden_size: {ffn}\n")
-        with open(cluster, "w") as f:
-            f.write(f'name: "one"\nnodes: 1\ndevices_per_node: 1\ndevice {{ kind: CPU }}\n'
-                    f"parallel {{ micro_batch_size: {mb} global_batch_size: {gb} }}\n")
+        text = (f'name: "one"\nnodes: 1\ndevices_per_node: 1\ndevice {{ kind: CPU }}\n'
+                f"parallel {{ micro_batch_size: {mb} global_batch_size: {gb} }}\n")
         ranks, threads = 1, args.threads
-    plans, trace = os.path.join(work, "plans-" + name), os.path.join(work, "trace-" + name)
+    with open(cluster, "w") as f:
+        f.write(text.replace("parallel {", f"parallel {{\n  precision: {PRECISION_FIELD[precision]}", 1))
+    plans = os.path.join(work, f"plans-{name}-{precision}")
     subprocess.run([os.path.join(args.bin, "loomc"), "compile", model, "--cluster", cluster, "--out", plans, "--quiet"],
                    check=True)
+    return plans, ranks, threads
+
+
+def loom_run(args, compiled, trace, warmup, timed):
+    plans, ranks, threads = compiled
     out = subprocess.run([os.path.join(args.bin, "loomrun"), "--nproc", str(ranks), "--plans", plans, "--threads",
                           str(threads), "--steps", str(warmup + timed), "--trace", trace], check=True,
                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True).stdout
@@ -155,7 +172,9 @@ def torch_model(shape):
     return Llama(w, config)
 
 
-def torch_run(args, shape, warmup, timed):
+def torch_run(args, shape, warmup, timed, precision):
+    """PyTorch's iterations; bf16: the forward and the loss under CPU autocast (bf16 GEMMs,
+    fp32 weights, gradients and optimizer: torch's own mixed precision)."""
     arch, layers, h, heads, kv, ffn, seq, vocab, mb, gb = shape
     torch.set_num_threads(args.threads)
     model = torch_model(shape)
@@ -169,7 +188,9 @@ def torch_run(args, shape, warmup, timed):
         opt.zero_grad()
         # Micro-batches of Loom's size, gradients accumulated: the same GEMM shapes on both sides.
         for b in range(0, gb, mb):
-            (model.loss(tokens[b:b + mb], labels[b:b + mb], mask[b:b + mb]) * (mb / gb)).backward()
+            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=precision == "bf16"):
+                loss = model.loss(tokens[b:b + mb], labels[b:b + mb], mask[b:b + mb])
+            (loss.float() * (mb / gb)).backward()
         torch.nn.utils.clip_grad_norm_(params, 1.0)
         opt.step()
         times.append(time.perf_counter() - t0)
@@ -259,6 +280,8 @@ def main():
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--models", default="gpt-tiny,gpt2-small,llama-tiny,llama-100m,demo")
     ap.add_argument("--quick", action="store_true", help="fewer iterations (a smoke run)")
+    ap.add_argument("--precisions", default="fp32,bf16",
+                    help="fp32 and/or bf16 (Loom: the cluster's precision policy; PyTorch: CPU autocast)")
     args = ap.parse_args()
     def sgemm_peak(when):
         """The best library's sgemm rate (FLOP/s); prints each library's."""
@@ -271,6 +294,9 @@ def main():
         return max(rate for rate, _, _ in rates) * 1e9
 
     before = sgemm_peak("before the models")
+    precisions = args.precisions.split(",")
+    if any(p not in PRECISION_FIELD for p in precisions):
+        sys.exit(f"bench.py: unknown precision in '{args.precisions}' (expected fp32, bf16)")
     results = []
     with tempfile.TemporaryDirectory() as work:
         for name in args.models.split(","):
@@ -281,31 +307,57 @@ def main():
             warmup, timed = ITERATIONS["large" if shape[2] * shape[6] >= 2 ** 17 else "small"]
             if args.quick:
                 warmup, timed = 1, 2
-            print(f"\n{describe(name, shape, args.threads)}; {timed} timed iterations after {warmup}", flush=True)
-            loom, traces = loom_run(args, name, shape, work, warmup, timed)
-            pt = torch_run(args, shape, warmup, timed)
-            print(f"  {'system':8} {'tokens/s':>9} {'(slowest..fastest)':>20} {'GFLOP/s':>8} {'of before':>9}")
-            rates = {}
-            for system, times in (("Loom", loom), ("PyTorch", pt)):
-                med, fast, slow = spread(times)
-                rates[system] = tokens / med
-                gflops = rates[system] * flops_per_token(shape) / 1e9
-                print(f"  {system:8} {tokens / med:9.0f} {f'({tokens / slow:.0f}..{tokens / fast:.0f})':>20} "
-                      f"{gflops:8.1f} {100 * gflops * 1e9 / before:8.1f}%")
-            ratio = rates["Loom"] / rates["PyTorch"]
-            print(f"  Loom / PyTorch = {ratio:.2f} (whole iterations, medians)")
-            phases = breakdown(traces, warmup, timed)
-            step = sum(phases.values())
-            print("  Loom's step by phase (ms per step and rank, from the trace): " +
-                  ", ".join(f"{p} {v:.1f} ({100 * v / step:.0f}%)" for p, v in phases.items()), flush=True)
-            results.append((name, ratio, rates["Loom"] * flops_per_token(shape)))
+            per_round = max(1, timed // ROUNDS)
+            print(f"\n{describe(name, shape, args.threads)}; {ROUNDS} rounds of {per_round} timed iterations after "
+                  f"{warmup}, the systems taking turns each round", flush=True)
+            compiled = {p: loom_compile(args, name, shape, work, p) for p in precisions}
+            times = {}  # (system, precision) -> [per-round lists of seconds]
+            traces = {}
+            for r in range(ROUNDS):
+                for p in precisions:
+                    trace = os.path.join(work, f"trace-{name}-{p}-{r}")
+                    loom, traces[p] = loom_run(args, compiled[p], trace, warmup, per_round)
+                    times.setdefault(("Loom", p), []).append(loom)
+                    times.setdefault(("PyTorch", p), []).append(torch_run(args, shape, warmup, per_round, p))
+            print(f"  {'system':13} {'tokens/s':>9} {'(slowest..fastest)':>20} {'spread':>7} {'GFLOP/s':>8} "
+                  f"{'of sgemm peak':>13}")
+            rates, noisy = {}, []
+            for (system, p), rounds in times.items():
+                all_times = [t for round_times in rounds for t in round_times]
+                med, fast, slow = spread(all_times)
+                rates[(system, p)] = tokens / med
+                gflops = rates[(system, p)] * flops_per_token(shape) / 1e9
+                print(f"  {system + ' ' + p:13} {tokens / med:9.0f} {f'({tokens / slow:.0f}..{tokens / fast:.0f})':>20} "
+                      f"{100 * (slow - fast) / med:6.0f}% {gflops:8.1f} {100 * gflops * 1e9 / before:12.1f}%")
+                medians = [statistics.median(t) for t in rounds]
+                if max(medians) > NOISE_LIMIT * min(medians):
+                    noisy.append(f"{system} {p} round medians " + ", ".join(f"{m * 1e3:.0f}" for m in medians) + " ms")
+            ratios = {p: rates[("Loom", p)] / rates[("PyTorch", p)] for p in precisions}
+            line = "  Loom / PyTorch (whole iterations, medians): " + ", ".join(f"{p} {r:.2f}" for p, r in ratios.items())
+            if "bf16" in precisions and "fp32" in precisions:
+                line += f"; Loom bf16 / Loom fp32 = {rates[('Loom', 'bf16')] / rates[('Loom', 'fp32')]:.2f}"
+            print(line)
+            if noisy:
+                print(f"  NOISY: a system's per-round medians differ by more than {100 * (NOISE_LIMIT - 1):.0f}% "
+                      f"(the machine's speed drifted); do not count this model's ratios: " + "; ".join(noisy))
+            else:
+                print(f"  steady: every system's per-round medians within {100 * (NOISE_LIMIT - 1):.0f}%")
+            for p in precisions:
+                phases = breakdown(traces[p], warmup, per_round)
+                step = sum(phases.values())
+                print(f"  Loom {p} step by phase (ms per step and rank, from the last round's trace): " +
+                      ", ".join(f"{ph} {v:.1f} ({100 * v / step:.0f}%)" for ph, v in phases.items()), flush=True)
+            results.append((name, ratios, rates, bool(noisy)))
     print()
     after = sgemm_peak("after the models")
     peak = max(before, after)
     print(f"machine: the MFU's limit (the best library, before or after): {peak / 1e9:.1f} GFLOP/s")
-    print("summary: " + "; ".join(f"{n} Loom/PyTorch {r:.2f}, Loom {100 * f / peak:.1f}% of the sgemm peak"
-                                  for n, r, f in results))
-
+    def summary(name, ratios, rates, noisy):
+        parts = [f"Loom/PyTorch {p} {r:.2f}" for p, r in ratios.items()]
+        parts += [f"Loom {p} {100 * rates[('Loom', p)] * flops_per_token(shape_of(name)) / peak:.1f}% of the sgemm peak"
+                  for p in ratios]
+        return f"{name} " + ", ".join(parts) + (" (NOISY)" if noisy else "")
+    print("summary: " + "; ".join(summary(*r) for r in results))
 
 if __name__ == "__main__":
     main()

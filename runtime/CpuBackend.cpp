@@ -3,7 +3,7 @@
 #include <algorithm>
 #include <cstring>
 
-#include "runtime/cpu/HalfPrecision.h"
+#include "runtime/cpu/HalfStorage.h"
 
 namespace loom {
 

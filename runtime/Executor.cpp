@@ -1,6 +1,6 @@
 #include "runtime/Executor.h"
 
-#include "runtime/cpu/HalfPrecision.h"
+#include "runtime/cpu/HalfStorage.h"
 
 #include <algorithm>
 #include <atomic>
@@ -152,29 +152,41 @@ class Run {
     }
   }
 
-  // Through the CPU backend's kernel registry (runtime/cpu/CpuKernelContext.h). The kernels
-  // compute in fp32: an instruction with 16-bit operands sees fp32 copies of them (widened
-  // exactly), and its 16-bit outputs are rounded from its fp32 results once, after it (bf16
-  // or fp16 storage, fp32 arithmetic; outputs are widened first too, for the kernels that
-  // update them in place). The copies are the instruction's own: another stream reading the
-  // same buffer at the same time reads its 16-bit storage.
+  // Through the CPU backend's kernel registry (runtime/cpu/CpuKernelContext.h). A 16-bit
+  // operand goes to a native 16-bit kernel where one takes the instruction's dtypes
+  // (runtime/cpu/HalfKernels.cpp); otherwise the fp32 kernel sees fp32 copies of the 16-bit
+  // operands (widened exactly), and its 16-bit outputs are rounded from its fp32 results once,
+  // after it (outputs are widened first too, for the kernels that update them in place). The
+  // copies are the instruction's own, in buffers this stream keeps for the next instruction:
+  // another stream reading the same buffer at the same time reads its 16-bit storage.
   Status instruction(const plan::Instruction &in) {
     auto half = [&](int b) { return b >= 0 && hptr_[size_t(b)] != nullptr; };
     bool any = false;
     for (int b : in.inputs()) any |= half(b);
     for (int b : in.outputs()) any |= half(b);
     if (!any) {
-      cpu::CpuKernelContext kernels{&prog_, &ctx_, &ptr_, &iptr_, scratchBase_};
+      cpu::CpuKernelContext kernels{&prog_, &ctx_, &ptr_, &iptr_, scratchBase_, &hptr_};
       return cpu::cpuKernels().run(kernels, prog_, in);
     }
+    if (const isa::OpDecl *decl = isa::find(in.op())) {
+      KernelCall call(*decl, prog_, in);
+      if (call.bind().isOk())
+        if (const cpu::HalfKernel *native = cpu::cpuHalfKernels().find(call)) {
+          cpu::CpuKernelContext kernels{&prog_, &ctx_, &ptr_, &iptr_, scratchBase_, &hptr_};
+          return native->run(kernels, call);
+        }
+    }
     std::vector<float *> floats = ptr_;
-    std::vector<std::vector<float>> wide;
+    thread_local std::vector<std::vector<float>> copies;
+    size_t used = 0;
     auto widen = [&](int b) {
       if (!half(b) || floats[size_t(b)]) return;
       const plan::Buffer &buf = prog_.buffers(b);
-      wide.emplace_back(size_t(planattr::numel(buf)));
-      cpu::widen(buf.dtype(), hptr_[size_t(b)], wide.back().data(), planattr::numel(buf));
-      floats[size_t(b)] = wide.back().data();
+      if (copies.size() <= used) copies.emplace_back();
+      std::vector<float> &copy = copies[used++];
+      if (copy.size() < size_t(planattr::numel(buf))) copy.resize(size_t(planattr::numel(buf)));
+      cpu::widen(buf.dtype(), hptr_[size_t(b)], copy.data(), planattr::numel(buf));
+      floats[size_t(b)] = copy.data();
     };
     for (int b : in.inputs()) widen(b);
     for (int b : in.outputs()) widen(b);

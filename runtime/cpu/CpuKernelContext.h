@@ -19,10 +19,12 @@ struct CpuKernelContext {
   std::vector<float *> *floats = nullptr;     // per buffer id (null: not fp32 or unbound)
   std::vector<int32_t *> *ints32 = nullptr;   // per buffer id (int32 arguments)
   float *scratch = nullptr;                   // cpuScratchFloats(program) floats
+  std::vector<uint16_t *> *halves = nullptr;  // per buffer id (16-bit storage: bf16 or fp16 bits)
 
   // An operand's storage; id -1 (an absent optional operand) gives null.
   float *f(int id) const { return id < 0 ? nullptr : (*floats)[size_t(id)]; }
   int32_t *i(int id) const { return id < 0 ? nullptr : (*ints32)[size_t(id)]; }
+  uint16_t *h(int id) const { return id < 0 || !halves ? nullptr : (*halves)[size_t(id)]; }
   Status collectives(Collectives **out) const {
     *out = run->collectives;
     return *out ? Status::ok() : Status::error("needs collectives but none were given");
@@ -38,6 +40,28 @@ struct CpuKernelContext {
 };
 
 using CpuKernelRegistry = KernelRegistry<CpuKernelContext>;
+
+// Kernels that read and write 16-bit buffers themselves (runtime/cpu/HalfKernels.cpp), each for
+// the operand dtypes its `takes` accepts; an instruction with 16-bit operands that none takes
+// runs its fp32 kernel on widened copies (runtime/Executor.cpp). A native kernel computes in
+// fp32 registers and rounds each 16-bit output once, as the widened path does.
+struct HalfKernel {
+  bool (*takes)(const KernelCall &call) = nullptr;
+  CpuKernelRegistry::Kernel run = nullptr;
+};
+class HalfKernelTable {
+ public:
+  void add(isa::OpId op, HalfKernel kernel) { kernels_[size_t(op)] = kernel; }
+  // The op's native kernel when it takes this call's dtypes, else null.
+  const HalfKernel *find(const KernelCall &call) const {
+    const HalfKernel &k = kernels_[size_t(call.decl.id)];
+    return k.run && k.takes(call) ? &k : nullptr;
+  }
+
+ private:
+  std::array<HalfKernel, isa::kOpCount> kernels_{};
+};
+const HalfKernelTable &cpuHalfKernels();
 
 // The CPU backend's kernels, every declared op that it runs (built once).
 const CpuKernelRegistry &cpuKernels();

@@ -1,13 +1,12 @@
-// 16-bit storage for the CPU executor: bf16 and fp16 values widened to fp32 (exact) and fp32
+// 16-bit storage for the CPU backend: bf16 and fp16 values widened to fp32 (exact) and fp32
 // rounded to them (to nearest, ties to even: what torch's .to(torch.bfloat16) / .half() and
-// the GPUs' conversion instructions do). The CPU kernels compute in fp32; a 16-bit operand is
-// widened before a kernel and its outputs rounded after it (runtime/Executor.cpp).
+// the GPUs' conversion instructions do). The kernels compute in fp32 registers; a 16-bit
+// buffer is read through these (runtime/cpu/HalfKernels.cpp reads and writes it natively, the
+// executor widens the operands of the other kernels: runtime/Executor.cpp).
 #pragma once
 
 #include <cstdint>
 #include <cstring>
-
-#include "protos/plan.pb.h"
 
 namespace loom::cpu {
 
@@ -39,20 +38,11 @@ inline uint16_t floatToF16(float f) {
   return h;
 }
 
-inline bool isHalf(plan::DType d) { return d == plan::BF16 || d == plan::F16; }
-
-// n 16-bit values of `dtype` into fp32, and back (rounded).
-inline void widen(plan::DType dtype, const uint16_t *from, float *to, int64_t n) {
-  if (dtype == plan::BF16)
-    for (int64_t i = 0; i < n; ++i) to[i] = bf16ToFloat(from[i]);
-  else
-    for (int64_t i = 0; i < n; ++i) to[i] = f16ToFloat(from[i]);
-}
-inline void narrow(plan::DType dtype, const float *from, uint16_t *to, int64_t n) {
-  if (dtype == plan::BF16)
-    for (int64_t i = 0; i < n; ++i) to[i] = floatToBf16(from[i]);
-  else
-    for (int64_t i = 0; i < n; ++i) to[i] = floatToF16(from[i]);
-}
+// n values at a time, vectorised and split over the rank's threads (elements are independent,
+// so the bits do not depend on the split).
+void widenBf16(const uint16_t *from, float *to, int64_t n);
+void narrowToBf16(const float *from, uint16_t *to, int64_t n);
+void widenF16(const uint16_t *from, float *to, int64_t n);
+void narrowToF16(const float *from, uint16_t *to, int64_t n);
 
 }  // namespace loom::cpu

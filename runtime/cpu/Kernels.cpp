@@ -730,11 +730,22 @@ void crossEntropyLogSumExp(const float *rowMax, const float *sumExp, float *lse,
 void crossEntropyBackward(const float *logits, const int32_t *labels, const float *mask, const float *lse,
                           float gradLoss, float *dlogits, int64_t tokens, int64_t cols, int64_t colStart,
                           int64_t validVocab) {
-  int64_t valid = validColumns(cols, colStart, validVocab);
+  crossEntropyBackwardRows(logits, labels, mask, lse, gradLoss, crossEntropyMaskCount(mask, tokens), dlogits, tokens,
+                           cols, colStart, validVocab);
+}
+
+double crossEntropyMaskCount(const float *mask, int64_t tokens) {
   double count = 0;
   for (int64_t t = 0; t < tokens; ++t) count += mask ? mask[t] : 1.0f;
+  return count;
+}
+
+void crossEntropyBackwardRows(const float *logits, const int32_t *labels, const float *mask, const float *lse,
+                              float gradLoss, double maskCount, float *dlogits, int64_t tokens, int64_t cols,
+                              int64_t colStart, int64_t validVocab) {
+  int64_t valid = validColumns(cols, colStart, validVocab);
   parallelFor(tokens, grainFor(cols), [&](int64_t t0, int64_t t1) {
-    gradRowsFromLse(logits, labels, mask, lse, gradLoss, count, dlogits, t0, t1, cols, colStart, valid);
+    gradRowsFromLse(logits, labels, mask, lse, gradLoss, maskCount, dlogits, t0, t1, cols, colStart, valid);
   });
 }
 

@@ -115,5 +115,11 @@ void crossEntropyLogSumExp(const float *rowMax, const float *sumExp, float *lse,
 void crossEntropyBackward(const float *logits, const int32_t *labels, const float *mask,
                           const float *lse, float gradLoss, float *dlogits, int64_t tokens,
                           int64_t cols, int64_t colStart, int64_t validVocab);
+// The same for some of a batch's tokens (its rows taken a few at a time), the batch's mask
+// summing to maskCount (crossEntropyMaskCount: sum(mask), or the token count without one).
+double crossEntropyMaskCount(const float *mask, int64_t tokens);
+void crossEntropyBackwardRows(const float *logits, const int32_t *labels, const float *mask, const float *lse,
+                              float gradLoss, double maskCount, float *dlogits, int64_t tokens, int64_t cols,
+                              int64_t colStart, int64_t validVocab);
 
 }  // namespace loom::cpu

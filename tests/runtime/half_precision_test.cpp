@@ -10,7 +10,7 @@
 
 #include "protos/plan.pb.h"
 #include "runtime/Executor.h"
-#include "runtime/cpu/HalfPrecision.h"
+#include "runtime/cpu/HalfStorage.h"
 
 namespace loom {
 namespace {
