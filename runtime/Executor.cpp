@@ -36,6 +36,9 @@ class Run {
     std::vector<float> &scratch = ctx_.scratch ? *ctx_.scratch : scratch_;
     if (int64_t need = cpuScratchFloats(prog_); int64_t(scratch.size()) < need) scratch.resize(size_t(need));
     scratchBase_ = scratch.data();
+    // After the attention scratch, each stream's region for its 16-bit instructions.
+    float *next = scratchBase_ + cpuAttentionScratchFloats(prog_);
+    for (int stream = 0; stream < 4; ++stream) halfScratch_[stream] = next, next += halfScratchFloats(prog_, stream);
     float *base = arena.data();
     ptr_.assign(prog_.buffers_size(), nullptr);
     iptr_.assign(prog_.buffers_size(), nullptr);
@@ -157,36 +160,35 @@ class Run {
   // (runtime/cpu/HalfKernels.cpp); otherwise the fp32 kernel sees fp32 copies of the 16-bit
   // operands (widened exactly), and its 16-bit outputs are rounded from its fp32 results once,
   // after it (outputs are widened first too, for the kernels that update them in place). The
-  // copies are the instruction's own, in buffers this stream keeps for the next instruction:
-  // another stream reading the same buffer at the same time reads its 16-bit storage.
+  // copies are the instruction's own, in its stream's part of the planned scratch
+  // (halfScratchFloats): another stream reading the same buffer at the same time reads its
+  // 16-bit storage.
   Status instruction(const plan::Instruction &in) {
     auto half = [&](int b) { return b >= 0 && hptr_[size_t(b)] != nullptr; };
     bool any = false;
     for (int b : in.inputs()) any |= half(b);
     for (int b : in.outputs()) any |= half(b);
     if (!any) {
-      cpu::CpuKernelContext kernels{&prog_, &ctx_, &ptr_, &iptr_, scratchBase_, &hptr_};
+      cpu::CpuKernelContext kernels{&prog_, &ctx_, &ptr_, &iptr_, scratchBase_};
       return cpu::cpuKernels().run(kernels, prog_, in);
     }
+    float *halfScratch = halfScratch_[int(in.stream()) & 3];
     if (const isa::OpDecl *decl = isa::find(in.op())) {
       KernelCall call(*decl, prog_, in);
       if (call.bind().isOk())
         if (const cpu::HalfKernel *native = cpu::cpuHalfKernels().find(call)) {
-          cpu::CpuKernelContext kernels{&prog_, &ctx_, &ptr_, &iptr_, scratchBase_, &hptr_};
+          cpu::CpuKernelContext kernels{&prog_, &ctx_, &ptr_, &iptr_, scratchBase_, &hptr_, halfScratch};
           return native->run(kernels, call);
         }
     }
     std::vector<float *> floats = ptr_;
-    thread_local std::vector<std::vector<float>> copies;
-    size_t used = 0;
+    float *copy = halfScratch;  // halfScratchFloats(prog_, in) floats
     auto widen = [&](int b) {
       if (!half(b) || floats[size_t(b)]) return;
       const plan::Buffer &buf = prog_.buffers(b);
-      if (copies.size() <= used) copies.emplace_back();
-      std::vector<float> &copy = copies[used++];
-      if (copy.size() < size_t(planattr::numel(buf))) copy.resize(size_t(planattr::numel(buf)));
-      cpu::widen(buf.dtype(), hptr_[size_t(b)], copy.data(), planattr::numel(buf));
-      floats[size_t(b)] = copy.data();
+      cpu::widen(buf.dtype(), hptr_[size_t(b)], copy, planattr::numel(buf));
+      floats[size_t(b)] = copy;
+      copy += planattr::numel(buf);
     };
     for (int b : in.inputs()) widen(b);
     for (int b : in.outputs()) widen(b);
@@ -201,6 +203,7 @@ class Run {
   const ExecutionContext &ctx_;
   std::vector<float> arena_, scratch_;
   float *scratchBase_ = nullptr;
+  float *halfScratch_[4] = {};  // per stream: its 16-bit instructions' fp32 scratch
   std::vector<float *> ptr_;
   std::vector<int32_t *> iptr_;
   std::vector<uint16_t *> hptr_;  // 16-bit buffers (bf16 or fp16 storage)
@@ -244,7 +247,7 @@ Status groupedAttentionShape(const plan::Program &prog, const plan::Instruction 
   return Status::ok();
 }
 
-int64_t cpuScratchFloats(const plan::Program &program) {
+int64_t cpuAttentionScratchFloats(const plan::Program &program) {
   int64_t floats = 0;
   for (const plan::Instruction &in : program.instructions()) {
     const std::string &op = in.op();
@@ -254,6 +257,43 @@ int64_t cpuScratchFloats(const plan::Program &program) {
     if (input < 0 || input >= program.buffers_size() || program.buffers(input).shape_size() < 2) continue;  // checkProgram's
     floats = std::max(floats, cpu::attentionScratchFloats(planattr::dim(program.buffers(input), 1), backward));
   }
+  return floats;
+}
+
+int64_t halfScratchFloats(const plan::Program &program, const plan::Instruction &in) {
+  const isa::OpDecl *decl = isa::find(in.op());
+  if (!decl) return 0;
+  KernelCall call(*decl, program, in);
+  if (!call.bind().isOk()) return 0;  // checkProgram's
+  auto half = [&](int b) { return b >= 0 && cpu::isHalf(program.buffers(b).dtype()); };
+  bool any = false;
+  for (int b : in.inputs()) any |= half(b);
+  for (int b : in.outputs()) any |= half(b);
+  if (!any) return 0;
+  if (const cpu::HalfKernel *native = cpu::cpuHalfKernels().find(call))
+    return native->scratchFloats ? native->scratchFloats(call) : 0;
+  std::vector<int> widened;  // each 16-bit operand once
+  int64_t floats = 0;
+  auto widen = [&](int b) {
+    if (!half(b) || std::find(widened.begin(), widened.end(), b) != widened.end()) return;
+    widened.push_back(b);
+    floats += planattr::numel(program.buffers(b));
+  };
+  for (int b : in.inputs()) widen(b);
+  for (int b : in.outputs()) widen(b);
+  return floats;
+}
+
+int64_t halfScratchFloats(const plan::Program &program, int stream) {
+  int64_t floats = 0;
+  for (const plan::Instruction &in : program.instructions())
+    if ((int(in.stream()) & 3) == stream) floats = std::max(floats, halfScratchFloats(program, in));
+  return floats;
+}
+
+int64_t cpuScratchFloats(const plan::Program &program) {
+  int64_t floats = cpuAttentionScratchFloats(program);
+  for (int stream = 0; stream < 4; ++stream) floats += halfScratchFloats(program, stream);
   return floats;
 }
 

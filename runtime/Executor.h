@@ -82,10 +82,17 @@ struct ArgumentView {
 
 // Every op of `program` has a CPU kernel (a one-line error naming op and backend otherwise).
 Status checkCpuKernels(const plan::Program &program);
-// Floats of scratch the CPU kernels of `program` need at once (its largest attention's S x S
-// probabilities, and backward two more blocks): the CPU backend keeps one such buffer, and the
-// memory plan counts it (MemoryPlan.scratch_bytes), so the kernels allocate nothing in the step.
+// Floats of scratch the CPU kernels of `program` need at once: its largest attention's S x S
+// probabilities (and backward two more blocks), then one region per stream for the fp32 copies
+// of 16-bit operands (halfScratchFloats). The CPU backend keeps one such buffer, and the memory
+// plan counts it (MemoryPlan.scratch_bytes), so the kernels allocate nothing in the step.
 int64_t cpuScratchFloats(const plan::Program &program);
+int64_t cpuAttentionScratchFloats(const plan::Program &program);
+// fp32 floats an instruction with 16-bit operands needs on the CPU: a native 16-bit kernel's
+// own (runtime/cpu/HalfKernels.cpp), or else the widened copies of its 16-bit operands, each
+// once; and the most any instruction of one stream needs.
+int64_t halfScratchFloats(const plan::Program &program, const plan::Instruction &in);
+int64_t halfScratchFloats(const plan::Program &program, int stream);
 // Argument `index` against its buffer: element type and count.
 Status checkArgument(const plan::Program &program, int index, const HostTensor &tensor);
 Status checkArgument(const plan::Program &program, int index, const ArgumentView &view);

@@ -20,6 +20,7 @@ struct CpuKernelContext {
   std::vector<int32_t *> *ints32 = nullptr;   // per buffer id (int32 arguments)
   float *scratch = nullptr;                   // cpuScratchFloats(program) floats
   std::vector<uint16_t *> *halves = nullptr;  // per buffer id (16-bit storage: bf16 or fp16 bits)
+  float *halfScratch = nullptr;               // this stream's halfScratchFloats(instruction) floats
 
   // An operand's storage; id -1 (an absent optional operand) gives null.
   float *f(int id) const { return id < 0 ? nullptr : (*floats)[size_t(id)]; }
@@ -48,6 +49,8 @@ using CpuKernelRegistry = KernelRegistry<CpuKernelContext>;
 struct HalfKernel {
   bool (*takes)(const KernelCall &call) = nullptr;
   CpuKernelRegistry::Kernel run = nullptr;
+  // fp32 scratch it needs (CpuKernelContext::halfScratch; null: none).
+  int64_t (*scratchFloats)(const KernelCall &call) = nullptr;
 };
 class HalfKernelTable {
  public:

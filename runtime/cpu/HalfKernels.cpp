@@ -211,17 +211,24 @@ Status embeddingGrad(CpuKernelContext &c, const KernelCall &k) {
   return Status::ok();
 }
 
-// The cross-entropy steps over bf16 logits: their rows widened a few at a time into a
-// per-thread buffer (each token's statistics come from its own row alone).
+// The cross-entropy steps over bf16 logits: their rows widened a few at a time into the
+// stream's scratch (each token's statistics come from its own row alone), and
+// cross_entropy_grad's fp32 rows beside them before they are rounded.
+int64_t rowChunk(int64_t cols) { return std::max<int64_t>(1, (int64_t(1) << 20) / std::max<int64_t>(1, cols)); }
+
+int64_t logitsScratchFloats(const KernelCall &k) {
+  int logits = k.in("logits");
+  int64_t cols = k.dim(logits, -1), tokens = cols > 0 ? k.numel(logits) / cols : 0;
+  return 2 * std::min(rowChunk(cols), tokens) * cols;
+}
+
 template <typename Body>
-void inRowChunks(const uint16_t *logits, int64_t tokens, int64_t cols, const Body &body) {
-  int64_t chunk = std::max<int64_t>(1, (int64_t(1) << 20) / std::max<int64_t>(1, cols));
-  thread_local std::vector<float> wide;
-  wide.resize(size_t(std::min(chunk, tokens) * cols));
+void inRowChunks(float *wide, const uint16_t *logits, int64_t tokens, int64_t cols, const Body &body) {
+  int64_t chunk = rowChunk(cols);
   for (int64_t t0 = 0; t0 < tokens; t0 += chunk) {
     int64_t t1 = std::min(tokens, t0 + chunk);
-    widenBf16(logits + t0 * cols, wide.data(), (t1 - t0) * cols);
-    body(wide.data(), t0, t1);
+    widenBf16(logits + t0 * cols, wide, (t1 - t0) * cols);
+    body(wide, t0, t1);
   }
 }
 
@@ -248,7 +255,7 @@ Status crossEntropy(CpuKernelContext &c, const KernelCall &k) {
   int64_t cols = k.dim(logits, -1), tokens = k.numel(logits) / cols, valid = k.i64("valid_vocab");
   std::vector<float> mx(size_t(tokens), 0), sum(size_t(tokens), 0), target(size_t(tokens), 0);
   const int32_t *l = c.i(labels);
-  inRowChunks(c.h(logits), tokens, cols, [&](const float *rows, int64_t t0, int64_t t1) {
+  inRowChunks(c.halfScratch, c.h(logits), tokens, cols, [&](const float *rows, int64_t t0, int64_t t1) {
     crossEntropyLocalMax(rows, mx.data() + t0, t1 - t0, cols, 0, valid);
     crossEntropyLocalSums(rows, l + t0, mx.data() + t0, sum.data() + t0, target.data() + t0, t1 - t0, cols, 0, valid);
   });
@@ -262,7 +269,7 @@ Status crossEntropyMax(CpuKernelContext &c, const KernelCall &k) {
   int64_t cols = k.dim(logits, -1), tokens = k.numel(logits) / cols;
   if (k.numel(mx) != tokens) return Status::error("cross_entropy_max: wrong output (corrupt plan)");
   int64_t start = c.shardStart(k.str("vocab_parallel_group"), cols), valid = k.i64("valid_vocab");
-  inRowChunks(c.h(logits), tokens, cols, [&](const float *rows, int64_t t0, int64_t t1) {
+  inRowChunks(c.halfScratch, c.h(logits), tokens, cols, [&](const float *rows, int64_t t0, int64_t t1) {
     crossEntropyLocalMax(rows, c.f(mx) + t0, t1 - t0, cols, start, valid);
   });
   return Status::ok();
@@ -276,7 +283,7 @@ Status crossEntropySums(CpuKernelContext &c, const KernelCall &k) {
   const int32_t *labels = c.i(k.in("labels"));
   const float *mx = c.f(k.in("max"));
   float *sumExp = c.f(sums), *target = c.f(sums) + tokens;
-  inRowChunks(c.h(logits), tokens, cols, [&](const float *rows, int64_t t0, int64_t t1) {
+  inRowChunks(c.halfScratch, c.h(logits), tokens, cols, [&](const float *rows, int64_t t0, int64_t t1) {
     crossEntropyLocalSums(rows, labels + t0, mx + t0, sumExp + t0, target + t0, t1 - t0, cols, start, valid);
   });
   return Status::ok();
@@ -293,9 +300,9 @@ Status crossEntropyGrad(CpuKernelContext &c, const KernelCall &k) {
   double count = crossEntropyMaskCount(mask, tokens);
   int64_t start = c.shardStart(k.str("vocab_parallel_group"), cols), valid = k.i64("valid_vocab");
   bool half = dtypeOf(k, result) == plan::BF16;
-  thread_local std::vector<float> gradRows;
-  inRowChunks(c.h(logits), tokens, cols, [&](const float *rows, int64_t t0, int64_t t1) {
-    float *d = half ? (gradRows.resize(size_t((t1 - t0) * cols)), gradRows.data()) : c.f(result) + t0 * cols;
+  float *gradRows = c.halfScratch + std::min(rowChunk(cols), tokens) * cols;
+  inRowChunks(c.halfScratch, c.h(logits), tokens, cols, [&](const float *rows, int64_t t0, int64_t t1) {
+    float *d = half ? gradRows : c.f(result) + t0 * cols;
     crossEntropyBackwardRows(rows, labels + t0, mask ? mask + t0 : nullptr, lse + t0, g, count, d, t1 - t0, cols, start,
                              valid);
     if (half) narrowToBf16(d, c.h(result) + t0 * cols, (t1 - t0) * cols);
@@ -315,10 +322,10 @@ const HalfKernelTable &cpuHalfKernels() {
     t.add(OpId::kCast, {castTakes, cast});
     t.add(OpId::kEmbedding, {embeddingTakes, embedding});
     t.add(OpId::kEmbeddingGrad, {embeddingGradTakes, embeddingGrad});
-    t.add(OpId::kCrossEntropy, {logitsTakes, crossEntropy});
-    t.add(OpId::kCrossEntropyMax, {logitsTakes, crossEntropyMax});
-    t.add(OpId::kCrossEntropySums, {logitsTakes, crossEntropySums});
-    t.add(OpId::kCrossEntropyGrad, {logitsTakes, crossEntropyGrad});
+    t.add(OpId::kCrossEntropy, {logitsTakes, crossEntropy, logitsScratchFloats});
+    t.add(OpId::kCrossEntropyMax, {logitsTakes, crossEntropyMax, logitsScratchFloats});
+    t.add(OpId::kCrossEntropySums, {logitsTakes, crossEntropySums, logitsScratchFloats});
+    t.add(OpId::kCrossEntropyGrad, {logitsTakes, crossEntropyGrad, logitsScratchFloats});
     return t;
   }();
   return table;
