@@ -115,8 +115,8 @@ std::string readAll(const std::string &path) {
 // messages and tp collectives; fp32 master weights, main gradients and AdamW) train on the CPU
 // backend in every layout: each step's loss within 2e-3 of the fp32 run's, and within 1e-3 of
 // the single-rank bf16 run's (the layouts round at the same points but sum in other orders:
-// measured differences are ~2e-4 and ~1.5e-4 on gpt-tiny over 10 steps), and the backend
-// holds what the bf16 memory plan says.
+// measured differences are ~2e-4 and ~1.5e-4 on gpt-tiny over 10 steps), the same bits at 1
+// and 2 threads, and the backend holds what the bf16 memory plan says.
 std::vector<double> lossesOf(const std::string &output) {
   std::vector<double> losses;
   for (size_t at = output.find("lm loss: "); at != std::string::npos; at = output.find("lm loss: ", at + 1))
@@ -125,7 +125,7 @@ std::vector<double> lossesOf(const std::string &output) {
 }
 
 TEST(Runtime, Bf16PlansTrainCloseToFp32InEveryLayout) {
-  auto trainIn = [](const std::string &layout, int world, bool bf16, std::string *output) {
+  auto trainIn = [](const std::string &layout, int world, bool bf16, std::string *output, int threads = 1) {
     std::string cluster = input(layout + ".pbtxt"), plans = tmpdir() + "/plans_precision_" + layout + (bf16 ? "_bf16" : "");
     if (bf16) {
       std::ifstream in(cluster);
@@ -140,7 +140,7 @@ TEST(Runtime, Bf16PlansTrainCloseToFp32InEveryLayout) {
                    " --quiet");
     EXPECT_EQ(c.exitCode, 0) << c.output;
     Result r = run(loomrun() + " --nproc " + std::to_string(world) + " --plans " + plans +
-                   " --steps 10 --threads 1 --seed 4");
+                   " --steps 10 --threads " + std::to_string(threads) + " --seed 4");
     EXPECT_EQ(r.exitCode, 0) << r.output;
     *output = r.output;
     return lossesOf(r.output);
@@ -155,6 +155,9 @@ TEST(Runtime, Bf16PlansTrainCloseToFp32InEveryLayout) {
     differs |= bf16[k] != fp32[k];
   }
   EXPECT_TRUE(differs) << "the bf16 plan computed exactly the fp32 losses: it did not round";
+  // The native bf16 kernels (oneDNN's bf16 GEMM in fixed tiles among them) give the same bits
+  // at 2 threads as at 1.
+  EXPECT_EQ(trainIn("t1p1d1", 1, true, &out, 2), bf16) << "bf16 at 2 threads differs from 1 thread:\n" << out;
   for (auto [layout, world] : {std::pair{"t2p2d1", 4}, {"t2p1d1_sp", 2}, {"t1p1d2", 2}, {"t1p1d1_zero1", 1}}) {
     std::vector<double> got = trainIn(layout, world, true, &out);
     ASSERT_EQ(got.size(), 10u) << layout << ":\n" << out;
