@@ -247,6 +247,25 @@ Status groupedAttentionShape(const plan::Program &prog, const plan::Instruction 
   return Status::ok();
 }
 
+namespace {
+bool hasHalfOperand(const plan::Program &program, const plan::Instruction &in) {
+  auto half = [&](int b) { return b >= 0 && b < program.buffers_size() && cpu::isHalf(program.buffers(b).dtype()); };
+  bool any = false;
+  for (int b : in.inputs()) any |= half(b);
+  for (int b : in.outputs()) any |= half(b);
+  return any;
+}
+
+// The native 16-bit kernel that runs `in` (null: none, or no 16-bit operand).
+const cpu::HalfKernel *nativeHalfKernel(const plan::Program &program, const plan::Instruction &in) {
+  const isa::OpDecl *decl = isa::find(in.op());
+  if (!decl || !hasHalfOperand(program, in)) return nullptr;
+  KernelCall call(*decl, program, in);
+  if (!call.bind().isOk()) return nullptr;  // checkProgram's
+  return cpu::cpuHalfKernels().find(call);
+}
+}  // namespace
+
 int64_t cpuAttentionScratchFloats(const plan::Program &program) {
   int64_t floats = 0;
   for (const plan::Instruction &in : program.instructions()) {
@@ -255,21 +274,19 @@ int64_t cpuAttentionScratchFloats(const plan::Program &program) {
     if (!(backward || op == "attention" || op == "grouped_attention") || in.inputs_size() == 0) continue;
     int input = in.inputs(0);
     if (input < 0 || input >= program.buffers_size() || program.buffers(input).shape_size() < 2) continue;  // checkProgram's
+    if (nativeHalfKernel(program, in)) continue;  // a bf16 attention: its scratch is its stream's (below)
     floats = std::max(floats, cpu::attentionScratchFloats(planattr::dim(program.buffers(input), 1), backward));
   }
   return floats;
 }
 
 int64_t halfScratchFloats(const plan::Program &program, const plan::Instruction &in) {
+  if (!hasHalfOperand(program, in)) return 0;
   const isa::OpDecl *decl = isa::find(in.op());
   if (!decl) return 0;
   KernelCall call(*decl, program, in);
   if (!call.bind().isOk()) return 0;  // checkProgram's
   auto half = [&](int b) { return b >= 0 && cpu::isHalf(program.buffers(b).dtype()); };
-  bool any = false;
-  for (int b : in.inputs()) any |= half(b);
-  for (int b : in.outputs()) any |= half(b);
-  if (!any) return 0;
   if (const cpu::HalfKernel *native = cpu::cpuHalfKernels().find(call))
     return native->scratchFloats ? native->scratchFloats(call) : 0;
   std::vector<int> widened;  // each 16-bit operand once

@@ -157,8 +157,9 @@ void gemm(bool transposeA, bool transposeB, int64_t m, int64_t n, int64_t k, flo
           int64_t lda, const float *b, int64_t ldb, float beta, float *c, int64_t ldc) {
   if (m == 0 || n == 0) return;
   // oneDNN (built on OpenMP here) takes its thread count from the calling thread's OpenMP
-  // setting; keep it equal to the rank's kernel threads.
-  int threads = kernelThreads();
+  // setting; keep it equal to the rank's kernel threads (one inside a part of a parallelFor,
+  // whose parts already occupy the threads).
+  int threads = insideParallelPart() ? 1 : kernelThreads();
   if (omp_get_max_threads() != threads) omp_set_num_threads(threads);
   dnnl_status_t status =
       dnnl_sgemm(transposeA ? 'T' : 'N', transposeB ? 'T' : 'N', m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);

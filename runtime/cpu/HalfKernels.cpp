@@ -211,6 +211,47 @@ Status embeddingGrad(CpuKernelContext &c, const KernelCall &k) {
   return Status::ok();
 }
 
+// Attention over bf16 qkv (FlashAttention's rounding points: runtime/cpu/Kernels.h): the key
+// mask and the statistics fp32, the result (forward out, backward dqkv) and grad bf16.
+bool attentionTakes(const KernelCall &k) {
+  bool backward = k.decl.id == OpId::kAttentionGrad;
+  int mask = k.in("key_mask"), lse = backward ? k.in("lse") : k.out("lse");
+  return allBf16(k, {k.in("qkv"), k.out("result"), backward ? k.in("grad") : -1}) &&
+         (mask < 0 || dtypeOf(k, mask) == plan::F32) && (lse < 0 || dtypeOf(k, lse) == plan::F32) &&
+         (backward ? lse >= 0 : true);
+}
+
+AttentionShape bf16AttentionShape(CpuKernelContext &c, const KernelCall &k, int64_t heads) {
+  int qkv = k.in("qkv");
+  return {k.dim(qkv, 0), k.dim(qkv, 1), heads, k.dim(qkv, 2) / (3 * heads), k.flag("causal"),
+          c.dropout(k.f64("dropout")), c.run->seed, c.dropoutStream(k.i64("stream"), k.str("rank_distinct_dropout"))};
+}
+
+int64_t attentionScratch(const KernelCall &k) {
+  int qkv = k.in("qkv");
+  if (k.buffer(qkv).shape_size() != 3) return 0;  // a corrupt plan, refused before it runs
+  int64_t heads = std::max<int64_t>(1, k.i64("num_heads"));
+  return attentionScratchFloatsBf16(k.dim(qkv, 1), k.dim(qkv, 2) / (3 * heads), k.decl.id == OpId::kAttentionGrad);
+}
+
+Status attention(CpuKernelContext &c, const KernelCall &k) {
+  int qkv = k.in("qkv");
+  int64_t heads = k.i64("num_heads");
+  if (heads < 1 || k.dim(qkv, 2) % (3 * heads) != 0) return Status::error("attention: bad num_heads (corrupt plan)");
+  attentionForwardBf16(c.h(qkv), c.f(k.in("key_mask")), c.h(k.out("result")), c.f(k.out("lse")),
+                       bf16AttentionShape(c, k, heads), c.halfScratch);
+  return Status::ok();
+}
+
+Status attentionGrad(CpuKernelContext &c, const KernelCall &k) {
+  int qkv = k.in("qkv");
+  int64_t heads = k.i64("num_heads");
+  if (heads < 1 || k.dim(qkv, 2) % (3 * heads) != 0) return Status::error("attention: bad num_heads (corrupt plan)");
+  attentionBackwardBf16(c.h(qkv), c.f(k.in("key_mask")), c.h(k.in("grad")), c.f(k.in("lse")), c.h(k.out("result")),
+                        bf16AttentionShape(c, k, heads), c.halfScratch);
+  return Status::ok();
+}
+
 // The cross-entropy steps over bf16 logits: their rows widened a few at a time into the
 // stream's scratch (each token's statistics come from its own row alone), and
 // cross_entropy_grad's fp32 rows beside them before they are rounded.
@@ -218,6 +259,7 @@ int64_t rowChunk(int64_t cols) { return std::max<int64_t>(1, (int64_t(1) << 20) 
 
 int64_t logitsScratchFloats(const KernelCall &k) {
   int logits = k.in("logits");
+  if (k.buffer(logits).shape_size() < 1) return 0;  // a corrupt plan, refused before it runs
   int64_t cols = k.dim(logits, -1), tokens = cols > 0 ? k.numel(logits) / cols : 0;
   return 2 * std::min(rowChunk(cols), tokens) * cols;
 }
@@ -322,6 +364,8 @@ const HalfKernelTable &cpuHalfKernels() {
     t.add(OpId::kCast, {castTakes, cast});
     t.add(OpId::kEmbedding, {embeddingTakes, embedding});
     t.add(OpId::kEmbeddingGrad, {embeddingGradTakes, embeddingGrad});
+    t.add(OpId::kAttention, {attentionTakes, attention, attentionScratch});
+    t.add(OpId::kAttentionGrad, {attentionTakes, attentionGrad, attentionScratch});
     t.add(OpId::kCrossEntropy, {logitsTakes, crossEntropy, logitsScratchFloats});
     t.add(OpId::kCrossEntropyMax, {logitsTakes, crossEntropyMax, logitsScratchFloats});
     t.add(OpId::kCrossEntropySums, {logitsTakes, crossEntropySums, logitsScratchFloats});

@@ -8,6 +8,7 @@
 
 #include "runtime/cpu/FastExp.h"
 #include "runtime/cpu/Gemm.h"
+#include "runtime/cpu/HalfPrecision.h"
 #include "runtime/cpu/Parallel.h"
 #include "runtime/cpu/Philox.h"
 
@@ -246,6 +247,8 @@ constexpr int64_t kBlock = 64;
 struct Head {
   const float *q, *k, *v;
   int64_t ldq, ldk, ldv;
+  // bf16 attention (attentionForwardBf16): q, k, v in bf16 (q, k, v above unused), same strides.
+  const uint16_t *q16, *k16, *v16;
   const float *keyMask;  // this batch row's [S] key mask, or null
   int64_t S, hd;
   bool causal;
@@ -304,7 +307,15 @@ void headScores(const Head &h, float *p) {
   float scale = 1.0f / std::sqrt(float(h.hd));
   for (int64_t i0 = 0; i0 < h.S; i0 += kBlock) {
     int64_t rows = std::min(kBlock, h.S - i0), cols = h.blockKeys(i0);
-    gemm(false, true, rows, cols, h.hd, scale, h.q + i0 * h.ldq, h.ldq, h.k, h.ldk, 0.0f, p + i0 * h.S, h.S);
+    if (!h.q16) {
+      gemm(false, true, rows, cols, h.hd, scale, h.q + i0 * h.ldq, h.ldq, h.k, h.ldk, 0.0f, p + i0 * h.S, h.S);
+      continue;
+    }
+    // bf16 q and k: exact products summed in fp32, then scaled.
+    gemmBf16(false, true, rows, cols, h.hd, h.q16 + i0 * h.ldq, h.ldq, h.k16, h.ldk, nullptr, p + i0 * h.S,
+             GemmOut::kF32, h.S);
+    for (int64_t i = i0; i < i0 + rows; ++i)
+      for (int64_t j = 0; j < cols; ++j) p[i * h.S + j] *= scale;
   }
 }
 
@@ -418,34 +429,184 @@ void zeroRows(float *x, int64_t rows, int64_t count, int64_t ld) {
 Head attentionHead(const float *qkv, const float *keyMask, const AttentionShape &s, int64_t b, int64_t h) {
   int64_t hd = s.headDim, ld = 3 * s.heads * hd, S = s.seq;
   const float *q = qkv + b * S * ld + h * 3 * hd;
-  return Head{q,     q + hd, q + 2 * hd, ld,       ld,       ld,       keyMask ? keyMask + b * S : nullptr,
-              S,     hd,     s.causal,   s.dropout, s.seed,  s.stream, uint64_t((b * s.heads + h) * S) * uint64_t(S)};
+  return Head{q,       q + hd,   q + 2 * hd, ld, ld, ld, nullptr, nullptr, nullptr, keyMask ? keyMask + b * S : nullptr,
+              S,       hd,       s.causal,   s.dropout, s.seed, s.stream, uint64_t((b * s.heads + h) * S) * uint64_t(S)};
 }
+
+// The (batch, head) pairs in two halves, each half's heads in order on one thread with its own
+// part of the scratch (kHeadGroups of them) and single-threaded GEMMs: a head's GEMMs are too
+// small (64-row blocks of S x hd) to gain from splitting each over the threads, so the heads are
+// split instead. `splittable(i)`: whether items i - 1 and i may run apart (they write no
+// common output). Each head computes exactly what it did alone (per-row loops, thread-count-
+// invariant GEMMs), so the split changes no bit.
+constexpr int64_t kHeadGroups = 2;
+
+template <typename Body>
+void inHeadGroups(int64_t items, int64_t scratchPerGroup, float *scratch, bool splittable, const Body &body) {
+  if (items < kHeadGroups || !splittable) {
+    for (int64_t i = 0; i < items; ++i) body(i, scratch);
+    return;
+  }
+  parallelFor(kHeadGroups, 1, [&](int64_t g0, int64_t g1) {
+    for (int64_t g = g0; g < g1; ++g)
+      for (int64_t i = items * g / kHeadGroups; i < items * (g + 1) / kHeadGroups; ++i)
+        body(i, scratch + g * scratchPerGroup);
+  });
+}
+
+int64_t headScratchFloats(int64_t seq, bool backward) { return (backward ? 3 : 1) * seq * seq; }
 
 }  // namespace
 
-int64_t attentionScratchFloats(int64_t seq, bool backward) { return (backward ? 3 : 1) * seq * seq; }
+int64_t attentionScratchFloats(int64_t seq, bool backward) { return kHeadGroups * headScratchFloats(seq, backward); }
 
 void attentionForward(const float *qkv, const float *keyMask, float *out, float *lse, const AttentionShape &s,
                       float *scratch) {
   int64_t H = s.heads * s.headDim, S = s.seq;
-  for (int64_t b = 0; b < s.batch; ++b)
-    for (int64_t h = 0; h < s.heads; ++h)
-      headForward(attentionHead(qkv, keyMask, s, b, h), out + b * S * H + h * s.headDim, H,
-                  lse ? lse + (b * s.heads + h) * S : nullptr, scratch);
+  inHeadGroups(s.batch * s.heads, headScratchFloats(S, false), scratch, true, [&](int64_t i, float *p) {
+    int64_t b = i / s.heads, h = i % s.heads;
+    headForward(attentionHead(qkv, keyMask, s, b, h), out + b * S * H + h * s.headDim, H,
+                lse ? lse + (b * s.heads + h) * S : nullptr, p);
+  });
 }
 
 void attentionBackward(const float *qkv, const float *keyMask, const float *g, const float *lse, float *dqkv,
                        const AttentionShape &s, float *scratch) {
   int64_t hd = s.headDim, ld = 3 * s.heads * hd, H = s.heads * hd, S = s.seq;
+  inHeadGroups(s.batch * s.heads, headScratchFloats(S, true), scratch, true, [&](int64_t i, float *p) {
+    int64_t b = i / s.heads, h = i % s.heads;
+    float *d = p + S * S, *dp = d + S * S;
+    float *dq = dqkv + b * S * ld + h * 3 * hd, *dk = dq + hd, *dv = dq + 2 * hd;
+    zeroRows(dk, S, hd, ld), zeroRows(dv, S, hd, ld);
+    headBackward(attentionHead(qkv, keyMask, s, b, h), g + b * S * H + h * hd, H, lse + (b * s.heads + h) * S, dq, dk,
+                 dv, ld, ld, p, d, dp);
+  });
+}
+
+// bf16 attention with FlashAttention's rounding points (Dao 2023, FlashAttention-2, section
+// 3.1; Megatron's fused attention in bf16 rounds alike): the scores S = q k^T / sqrt(hd) and the
+// softmax in fp32 from bf16 q and k; the probabilities (after dropout) rounded to bf16 for
+// out = P v. Backward: P again from the statistics; dV = P^T dO and dP = dO v^T (bf16 operands,
+// fp32 sums); dS = P (dP - rowsum(P dP)) in fp32, rounded to bf16 for dQ = dS k / sqrt(hd) and
+// dK = dS^T q / sqrt(hd). Every product is a bf16 GEMM; every output rounded once.
+namespace {
+
+// A head's scratch: P (fp32), its bf16 copy; backward also D (dropout), dP / dS (fp32), the bf16
+// dS, and one block of a GEMM's fp32 result.
+int64_t halves(int64_t n) { return (n + 1) / 2; }  // floats that hold n bf16 values
+int64_t headScratchFloatsBf16(int64_t seq, int64_t headDim, bool backward) {
+  return backward ? 3 * seq * seq + 2 * halves(seq * seq) + kBlock * headDim : seq * seq + halves(seq * seq);
+}
+
+Head attentionHeadBf16(const uint16_t *qkv, const float *keyMask, const AttentionShape &s, int64_t b, int64_t h) {
+  int64_t hd = s.headDim, ld = 3 * s.heads * hd, S = s.seq;
+  const uint16_t *q = qkv + b * S * ld + h * 3 * hd;
+  return Head{nullptr, nullptr, nullptr, ld, ld, ld, q, q + hd, q + 2 * hd, keyMask ? keyMask + b * S : nullptr,
+              S, hd, s.causal, s.dropout, s.seed, s.stream, uint64_t((b * s.heads + h) * S) * uint64_t(S)};
+}
+
+// x's rows [i0, i0 + rows), each up to its block's width, rounded into x16 (same layout).
+void roundRows(const Head &h, const float *x, uint16_t *x16) {
+  parallelRows(h.S, [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) narrowToBf16(x + i * h.S, x16 + i * h.S, h.rowColumns(i));
+  });
+}
+
+// dst[r, 0:hd) (bf16, ld apart) = scale * block[r, 0:hd) for `rows` rows.
+void scaledRowsToBf16(const float *block, int64_t rows, int64_t hd, float scale, uint16_t *dst, int64_t ld) {
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t c = 0; c < hd; ++c) dst[r * ld + c] = floatToBf16(block[r * hd + c] * scale);
+}
+
+void headForwardBf16(const Head &h, uint16_t *out, int64_t ldo, float *lse, float *scratch) {
+  float *p = scratch;
+  uint16_t *p16 = reinterpret_cast<uint16_t *>(p + h.S * h.S);
+  headProbs(h, p, lse, nullptr);
+  headDropout(h, p);
+  roundRows(h, p, p16);
+  for (int64_t i0 = 0; i0 < h.S; i0 += kBlock) {
+    int64_t rows = std::min(kBlock, h.S - i0), cols = h.blockKeys(i0);
+    gemmBf16(false, false, rows, h.hd, cols, p16 + i0 * h.S, h.S, h.v16, h.ldv, nullptr, out + i0 * ldo, GemmOut::kBf16,
+             ldo);
+  }
+}
+
+// dq, dk, dv: this head's bf16 gradients (rows ldd, ldkv apart), each written once.
+void headBackwardBf16(const Head &h, const uint16_t *g, int64_t ldg, const float *lse, uint16_t *dq, uint16_t *dk,
+                      uint16_t *dv, int64_t ldd, int64_t ldkv, float *scratch) {
+  int64_t S = h.S, hd = h.hd;
+  float scale = 1.0f / std::sqrt(float(hd));
   float *p = scratch, *d = p + S * S, *dp = d + S * S;
-  for (int64_t b = 0; b < s.batch; ++b)
-    for (int64_t h = 0; h < s.heads; ++h) {
-      float *dq = dqkv + b * S * ld + h * 3 * hd, *dk = dq + hd, *dv = dq + 2 * hd;
-      zeroRows(dk, S, hd, ld), zeroRows(dv, S, hd, ld);
-      headBackward(attentionHead(qkv, keyMask, s, b, h), g + b * S * H + h * hd, H, lse + (b * s.heads + h) * S, dq, dk,
-                   dv, ld, ld, p, d, dp);
+  uint16_t *d16 = reinterpret_cast<uint16_t *>(dp + S * S), *ds16 = d16 + 2 * halves(S * S);
+  float *block = reinterpret_cast<float *>(d16 + 4 * halves(S * S));
+  headProbs(h, p, nullptr, lse);
+  if (h.dropout > 0) {
+    for (int64_t i = 0; i < S; ++i) std::copy(p + i * S, p + i * S + h.rowColumns(i), d + i * S);
+    headDropout(h, d);
+  } else {
+    d = p;
+  }
+  roundRows(h, d, d16);
+  // dV[j0 : j0 + kb) = D[rows, j0 : j0 + kb)^T dO[rows]: with the causal mask only the query
+  // rows from j0 on see these keys (their rows are written that far: the block width).
+  for (int64_t j0 = 0; j0 < S; j0 += kBlock) {
+    int64_t kb = std::min(kBlock, S - j0), first = h.causal ? j0 : 0;
+    gemmBf16(true, false, kb, hd, S - first, d16 + first * S + j0, S, g + first * ldg, ldg, nullptr, block,
+             GemmOut::kF32, hd);
+    scaledRowsToBf16(block, kb, hd, 1.0f, dv + j0 * ldkv, ldkv);
+  }
+  for (int64_t i0 = 0; i0 < S; i0 += kBlock) {  // dP = dO v^T
+    int64_t rows = std::min(kBlock, S - i0), cols = h.blockKeys(i0);
+    gemmBf16(false, true, rows, cols, hd, g + i0 * ldg, ldg, h.v16, h.ldv, nullptr, dp + i0 * S, GemmOut::kF32, S);
+  }
+  parallelRows(S, [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) {
+      float *r = dp + i * S;
+      int64_t n = h.keysOf(i);
+      if (h.dropout > 0) keptRow(d + i * S, r, n, 1.0f / (1.0f - h.dropout));
+      softmaxGradRow(p + i * S, r, n);
+      std::fill(r + n, r + h.rowColumns(i), 0.0f);
+      narrowToBf16(r, ds16 + i * S, h.rowColumns(i));
     }
+  });
+  for (int64_t i0 = 0; i0 < S; i0 += kBlock) {  // dQ = dS k / sqrt(hd)
+    int64_t rows = std::min(kBlock, S - i0), cols = h.blockKeys(i0);
+    gemmBf16(false, false, rows, hd, cols, ds16 + i0 * S, S, h.k16, h.ldk, nullptr, block, GemmOut::kF32, hd);
+    scaledRowsToBf16(block, rows, hd, scale, dq + i0 * ldd, ldd);
+  }
+  for (int64_t j0 = 0; j0 < S; j0 += kBlock) {  // dK = dS^T q / sqrt(hd)
+    int64_t kb = std::min(kBlock, S - j0), first = h.causal ? j0 : 0;
+    gemmBf16(true, false, kb, hd, S - first, ds16 + first * S + j0, S, h.q16 + first * h.ldq, h.ldq, nullptr, block,
+             GemmOut::kF32, hd);
+    scaledRowsToBf16(block, kb, hd, scale, dk + j0 * ldkv, ldkv);
+  }
+}
+
+}  // namespace
+
+int64_t attentionScratchFloatsBf16(int64_t seq, int64_t headDim, bool backward) {
+  return kHeadGroups * headScratchFloatsBf16(seq, headDim, backward);
+}
+
+void attentionForwardBf16(const uint16_t *qkv, const float *keyMask, uint16_t *out, float *lse, const AttentionShape &s,
+                          float *scratch) {
+  int64_t H = s.heads * s.headDim, S = s.seq;
+  inHeadGroups(s.batch * s.heads, headScratchFloatsBf16(S, s.headDim, false), scratch, true, [&](int64_t i, float *p) {
+    int64_t b = i / s.heads, h = i % s.heads;
+    headForwardBf16(attentionHeadBf16(qkv, keyMask, s, b, h), out + b * S * H + h * s.headDim, H,
+                    lse ? lse + (b * s.heads + h) * S : nullptr, p);
+  });
+}
+
+void attentionBackwardBf16(const uint16_t *qkv, const float *keyMask, const uint16_t *g, const float *lse,
+                           uint16_t *dqkv, const AttentionShape &s, float *scratch) {
+  int64_t hd = s.headDim, ld = 3 * s.heads * hd, H = s.heads * hd, S = s.seq;
+  inHeadGroups(s.batch * s.heads, headScratchFloatsBf16(S, hd, true), scratch, true, [&](int64_t i, float *p) {
+    int64_t b = i / s.heads, h = i % s.heads;
+    uint16_t *dq = dqkv + b * S * ld + h * 3 * hd;
+    headBackwardBf16(attentionHeadBf16(qkv, keyMask, s, b, h), g + b * S * H + h * hd, H, lse + (b * s.heads + h) * S,
+                     dq, dq + hd, dq + 2 * hd, ld, ld, p);
+  });
 }
 
 int64_t GroupedAttentionShape::kvHeadOf(int64_t h) const { return (firstHead + h) / headsPerKv; }
@@ -454,17 +615,18 @@ namespace {
 Head groupedHead(const float *q, const float *k, const float *v, const GroupedAttentionShape &s, int64_t b, int64_t h) {
   int64_t hd = s.headDim, S = s.seq, ldq = s.heads * hd, ldkv = s.kvHeads * hd, kv = s.kvHeadOf(h);
   return Head{q + b * S * ldq + h * hd, k + b * S * ldkv + kv * hd, v + b * S * ldkv + kv * hd, ldq, ldkv, ldkv,
-              nullptr, S, hd, s.causal, s.dropout, s.seed, s.stream, uint64_t((b * s.heads + h) * S) * uint64_t(S)};
+              nullptr, nullptr, nullptr, nullptr, S, hd, s.causal, s.dropout, s.seed, s.stream, uint64_t((b * s.heads + h) * S) * uint64_t(S)};
 }
 }  // namespace
 
 void groupedAttentionForward(const float *q, const float *k, const float *v, float *out, float *lse,
                              const GroupedAttentionShape &s, float *scratch) {
   int64_t S = s.seq, ldq = s.heads * s.headDim;
-  for (int64_t b = 0; b < s.batch; ++b)
-    for (int64_t h = 0; h < s.heads; ++h)
-      headForward(groupedHead(q, k, v, s, b, h), out + b * S * ldq + h * s.headDim, ldq,
-                  lse ? lse + (b * s.heads + h) * S : nullptr, scratch);
+  inHeadGroups(s.batch * s.heads, headScratchFloats(S, false), scratch, true, [&](int64_t i, float *p) {
+    int64_t b = i / s.heads, h = i % s.heads;
+    headForward(groupedHead(q, k, v, s, b, h), out + b * S * ldq + h * s.headDim, ldq,
+                lse ? lse + (b * s.heads + h) * S : nullptr, p);
+  });
 }
 
 // As attentionBackward, per query head; a KV head's dK and dV sum over its query heads.
@@ -473,13 +635,18 @@ void groupedAttentionBackward(const float *q, const float *k, const float *v, co
   int64_t hd = s.headDim, S = s.seq, ldq = s.heads * hd, ldkv = s.kvHeads * hd;
   std::fill(dk, dk + s.batch * S * ldkv, 0.0f);
   std::fill(dv, dv + s.batch * S * ldkv, 0.0f);
-  float *p = scratch, *d = p + S * S, *dp = d + S * S;
-  for (int64_t b = 0; b < s.batch; ++b)
-    for (int64_t h = 0; h < s.heads; ++h) {
-      int64_t qo = b * S * ldq + h * hd, kvo = b * S * ldkv + s.kvHeadOf(h) * hd;
-      headBackward(groupedHead(q, k, v, s, b, h), g + qo, ldq, lse + (b * s.heads + h) * S, dq + qo, dk + kvo, dv + kvo,
-                   ldq, ldkv, p, d, dp);
-    }
+  // The halves may run apart when no KV head takes gradients from both (the query heads of
+  // one KV head then still add into it in order).
+  int64_t items = s.batch * s.heads, mid = items / 2;
+  auto kvOf = [&](int64_t i) { return (i / s.heads) * s.kvHeads + s.kvHeadOf(i % s.heads); };
+  bool splittable = items >= 2 && kvOf(mid - 1) != kvOf(mid);
+  inHeadGroups(items, headScratchFloats(S, true), scratch, splittable, [&](int64_t i, float *p) {
+    int64_t b = i / s.heads, h = i % s.heads;
+    float *d = p + S * S, *dp = d + S * S;
+    int64_t qo = b * S * ldq + h * hd, kvo = b * S * ldkv + s.kvHeadOf(h) * hd;
+    headBackward(groupedHead(q, k, v, s, b, h), g + qo, ldq, lse + (b * s.heads + h) * S, dq + qo, dk + kvo, dv + kvo,
+                 ldq, ldkv, p, d, dp);
+  });
 }
 
 void rmsNormForward(const float *x, const float *gamma, float *y, int64_t rows, int64_t n, float eps) {

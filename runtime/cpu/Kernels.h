@@ -48,6 +48,14 @@ void attentionForward(const float *qkv, const float *keyMask, float *out, float 
                       float *scratch);
 void attentionBackward(const float *qkv, const float *keyMask, const float *g, const float *lse, float *dqkv,
                        const AttentionShape &s, float *scratch);
+// The same over bf16 qkv, out, g and dqkv with FlashAttention's rounding points: the scores
+// and softmax in fp32, the probabilities (and in the backward dS) rounded to bf16 for the
+// products that read them, every product a bf16 GEMM (runtime/cpu/Kernels.cpp has the steps).
+int64_t attentionScratchFloatsBf16(int64_t seq, int64_t headDim, bool backward);
+void attentionForwardBf16(const uint16_t *qkv, const float *keyMask, uint16_t *out, float *lse, const AttentionShape &s,
+                          float *scratch);
+void attentionBackwardBf16(const uint16_t *qkv, const float *keyMask, const uint16_t *g, const float *lse,
+                           uint16_t *dqkv, const AttentionShape &s, float *scratch);
 
 // Grouped-query attention over q [B,S,heads*hd] and k, v [B,S,kvHeads*hd]: local query head h
 // uses KV head (firstHead + h) / headsPerKv (firstHead: the global index of this rank's first

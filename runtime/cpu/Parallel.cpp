@@ -78,6 +78,8 @@ class Pool {
 
 int kernelThreads() { return std::max(1, openblas_get_num_threads()); }
 
+bool insideParallelPart() { return insidePart; }
+
 void parallelFor(int64_t n, int64_t grain, const std::function<void(int64_t, int64_t)> &body) {
   int parts = int(std::max<int64_t>(1, std::min<int64_t>(kernelThreads(), n / std::max<int64_t>(1, grain))));
   if (parts == 1 || insidePart) return body(0, n);

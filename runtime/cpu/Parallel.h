@@ -17,6 +17,9 @@ namespace loom::cpu {
 
 // The threads kernels use now (OpenBLAS's count, at least 1).
 int kernelThreads();
+// Whether the calling thread is running a part of a parallelFor (work inside it then runs on
+// this thread alone: a GEMM there is single-threaded).
+bool insideParallelPart();
 
 // body(begin, end) over contiguous parts covering [0, n); parts hold at least `grain` items
 // (small n runs on the calling thread alone).

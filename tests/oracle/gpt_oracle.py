@@ -31,8 +31,42 @@ class Bf16Round(torch.autograd.Function):
         return g.to(torch.bfloat16).to(g.dtype)
 
 
+class Bf16RoundValue(torch.autograd.Function):
+    """Rounds the value only (its gradient passes as it is): attention's probabilities, which
+    FlashAttention rounds to bf16 for the product with V (Dao 2023, FlashAttention-2, section
+    3.1) while the gradient dP stays fp32."""
+
+    @staticmethod
+    def forward(ctx, x):
+        return x.to(torch.bfloat16).to(x.dtype)
+
+    @staticmethod
+    def backward(ctx, g):
+        return g
+
+
+class Bf16RoundGradient(torch.autograd.Function):
+    """Rounds the gradient only: attention's scores, whose gradient dS FlashAttention rounds to
+    bf16 for the products with K and Q while the scores themselves stay fp32."""
+
+    @staticmethod
+    def forward(ctx, x):
+        return x.clone()
+
+    @staticmethod
+    def backward(ctx, g):
+        return g.to(torch.bfloat16).to(g.dtype)
+
+
 def rounding(bf16):
     return Bf16Round.apply if bf16 else (lambda x: x)
+
+
+def attention_rounding(bf16):
+    """(scores, probabilities) roundings of bf16 attention: FlashAttention's points."""
+    if not bf16:
+        return (lambda x: x), (lambda x: x)
+    return Bf16RoundGradient.apply, Bf16RoundValue.apply
 
 
 def read_safetensors(path):
@@ -52,9 +86,11 @@ def read_safetensors(path):
 
 class Gpt2:
     # bf16: every op's output and every weight an op reads rounded to bf16 (Bf16Round); the
-    # softmax, the norms' statistics and the loss stay fp32 inside their ops.
+    # softmax, the norms' statistics and the loss stay fp32 inside their ops; attention rounds
+    # as FlashAttention does (the probabilities for P V, the scores' gradient for dQ and dK).
     def __init__(self, weights, layers, heads, bf16=False):
         self.layers, self.heads, self.r = layers, heads, rounding(bf16)
+        self.attention_rounding = attention_rounding(bf16)
         self.p = {k: v.clone().requires_grad_(True) for k, v in weights.items()}
 
     def parameters(self):
@@ -62,6 +98,7 @@ class Gpt2:
 
     def loss(self, tokens, labels, loss_mask):
         r, H = self.r, self.heads
+        rs, rp = self.attention_rounding
         p = {k: r(v) for k, v in self.p.items()}  # the weights the ops read
         B, S = tokens.shape
         x = r(p["transformer.wte.weight"][tokens.long()] + p["transformer.wpe.weight"][:S])
@@ -72,8 +109,8 @@ class Gpt2:
             qkv = r(h @ p[pre + "attn.c_attn.weight"] + p[pre + "attn.c_attn.bias"])
             q, k, v = qkv.split(x.shape[-1], dim=-1)
             q, k, v = (t.view(B, S, H, -1).transpose(1, 2) for t in (q, k, v))
-            att = (q @ k.transpose(-1, -2)) / math.sqrt(q.shape[-1])
-            att = att.masked_fill(~causal, float("-inf")).softmax(-1)
+            att = rs((q @ k.transpose(-1, -2)) / math.sqrt(q.shape[-1]))
+            att = rp(att.masked_fill(~causal, float("-inf")).softmax(-1))
             y = r((att @ v).transpose(1, 2).reshape(B, S, -1))
             x = r(x + r(y @ p[pre + "attn.c_proj.weight"] + p[pre + "attn.c_proj.bias"]))
             h = r(F.layer_norm(x, x.shape[-1:], p[pre + "ln_2.weight"], p[pre + "ln_2.bias"], 1e-5))
