@@ -295,7 +295,8 @@ std::string memoryTimeline(const PlanDirectory &plans, int rank) {
                         "reduction) and AdamW moments\n",
                         llvm::StringRef(plan::DType_Name(compute)).lower());
   if (rp.cluster().device().kind() != config::CUDA && mem.scratch_bytes() > 0)
-    os << llvm::formatv("  CPU backend: the attention kernels' scratch {0} (held all step)\n", humanBytes(mem.scratch_bytes()));
+    os << llvm::formatv("  CPU backend: the kernels' scratch (attention; fp32 copies of 16-bit operands) {0} (held all step)\n",
+                        humanBytes(mem.scratch_bytes()));
   else if (mem.half_weight_bytes() + mem.scratch_bytes() + mem.pipeline_slot_bytes() > 0)
     os << llvm::formatv("  CUDA backend: 16-bit weight copies {0}, scratch and cuBLASLt workspace {1}, pipeline message "
                         "slots {2} (held all step{3})\n",
