@@ -59,13 +59,20 @@ class Run {
       if (int(ctx_.resultSlots->size()) != prog_.results_size())
         return Status::error(prog_.name() + ": " + std::to_string(ctx_.resultSlots->size()) + " result slots for " +
                              std::to_string(prog_.results_size()) + " results");
+      if (ctx_.halfResultSlots && ctx_.halfResultSlots->size() != ctx_.resultSlots->size())
+        return Status::error(prog_.name() + ": 16-bit result slots do not match the result slots");
       std::vector<bool> placed(prog_.buffers_size(), false);
+      inPlace_.assign(prog_.results_size(), false);
       for (int i = 0; i < prog_.results_size(); ++i) {
         const plan::Buffer &b = prog_.buffers(prog_.results(i).buffer());
-        float *slot = (*ctx_.resultSlots)[size_t(i)];
         // A result also bound as another result keeps its first slot (the second is copied).
-        if (slot && b.kind() == plan::Buffer::ACTIVATION && b.dtype() == plan::F32 && !placed[b.id()])
+        if (b.kind() != plan::Buffer::ACTIVATION || placed[b.id()]) continue;
+        if (float *slot = (*ctx_.resultSlots)[size_t(i)]; slot && b.dtype() == plan::F32) {
           ptr_[b.id()] = slot, placed[b.id()] = true;
+        } else if (cpu::isHalf(b.dtype()) && ctx_.halfResultSlots) {
+          if (uint16_t *half = (*ctx_.halfResultSlots)[size_t(i)])
+            hptr_[b.id()] = half, placed[b.id()] = true, inPlace_[size_t(i)] = true;
+        }
       }
     }
     for (int i = 0; i < prog_.arguments_size(); ++i) {
@@ -101,12 +108,14 @@ class Run {
     return failure_.empty() ? Status::ok() : Status::error(failure_);
   }
 
-  // A 16-bit result is handed over widened to fp32 (its values exactly).
+  // A 16-bit result is handed over widened to fp32 (its values exactly), unless it was
+  // computed in its 16-bit slot.
   void results(const ResultConsumer &consume) {
     std::vector<float> wide;
     for (int i = 0; i < prog_.results_size(); ++i) {
       const plan::Buffer &b = prog_.buffers(prog_.results(i).buffer());
       int64_t n = planattr::numel(b);
+      if (!inPlace_.empty() && inPlace_[size_t(i)]) continue;  // computed in its 16-bit slot
       if (hptr_[b.id()]) {
         wide.resize(size_t(n));
         cpu::widen(b.dtype(), hptr_[b.id()], wide.data(), n);
@@ -207,6 +216,7 @@ class Run {
   std::vector<float *> ptr_;
   std::vector<int32_t *> iptr_;
   std::vector<uint16_t *> hptr_;  // 16-bit buffers (bf16 or fp16 storage)
+  std::vector<bool> inPlace_;     // per result: computed in its 16-bit result slot
   std::vector<bool> done_;
   std::mutex mu_;
   std::condition_variable cv_;

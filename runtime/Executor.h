@@ -36,6 +36,9 @@ struct ExecutionContext {
   // workspace would hold is computed there directly, so the caller's consume finds it in place
   // (no copy out of the workspace); others are handed over from where they are.
   const std::vector<float *> *resultSlots = nullptr;
+  // The same for 16-bit results (one entry per result, null: none): a 16-bit result computed
+  // straight into its slot is not handed to consume (it is in place already; no widened copy).
+  const std::vector<uint16_t *> *halfResultSlots = nullptr;
   // When set, every executed instruction is recorded (loom-rank --trace), with this
   // micro-batch (-1: none).
   TraceRecorder *trace = nullptr;

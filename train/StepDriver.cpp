@@ -188,6 +188,7 @@ Status StepDriver::runEntry(size_t entry, DataSource *data, int64_t step, bool e
   // it (the CPU backend does), and consume then finds it in place.
   std::vector<ArgumentView> resultSlots(size_t(prog.results_size()));
   std::vector<float *> resultPointers(size_t(prog.results_size()), nullptr);
+  std::vector<uint16_t *> halfPointers(size_t(prog.results_size()), nullptr);
   for (int i = 0; i < prog.results_size(); ++i) {
     const plan::Binding &r = prog.results(i);
     if (r.role() == plan::Binding::STASH) {
@@ -200,8 +201,10 @@ Status StepDriver::runEntry(size_t entry, DataSource *data, int64_t step, bool e
       return Status::error(prog.name() + ": result '" + r.name() + "' has no place in the step (corrupt plan)");
     }
     resultPointers[size_t(i)] = resultSlots[size_t(i)].f;
+    halfPointers[size_t(i)] = resultSlots[size_t(i)].h;
   }
   ctx.resultSlots = &resultPointers;
+  ctx.halfResultSlots = &halfPointers;
   Status consumed;
   auto consume = [&](int i, const float *from, int64_t n) {
     const ArgumentView &to = resultSlots[size_t(i)];
