@@ -51,8 +51,9 @@ DEMO_MODEL = os.path.join(ROOT, "examples", "models", "llama-demo.pbtxt")  # wha
 # (warm-up, timed) iterations per model size
 ITERATIONS = {"small": (3, 20), "large": (2, 8)}
 # The timed iterations come in rounds, each system taking its turn in each round, so that the
-# machine's drift (15% within minutes on these VMs) reaches every system; a run whose
-# per-round medians of one system differ by more than NOISE_LIMIT is reported as too noisy.
+# machine's drift (15% within minutes on these VMs) reaches every system; a run whose ratios
+# (Loom / PyTorch, Loom bf16 / fp32) differ by more than NOISE_LIMIT between rounds is reported
+# as too noisy to count.
 ROUNDS = 2
 NOISE_LIMIT = 1.10
 
@@ -321,7 +322,7 @@ def main():
                     times.setdefault(("PyTorch", p), []).append(torch_run(args, shape, warmup, per_round, p))
             print(f"  {'system':13} {'tokens/s':>9} {'(slowest..fastest)':>20} {'spread':>7} {'GFLOP/s':>8} "
                   f"{'of sgemm peak':>13}")
-            rates, noisy = {}, []
+            rates = {}
             for (system, p), rounds in times.items():
                 all_times = [t for round_times in rounds for t in round_times]
                 med, fast, slow = spread(all_times)
@@ -329,19 +330,26 @@ def main():
                 gflops = rates[(system, p)] * flops_per_token(shape) / 1e9
                 print(f"  {system + ' ' + p:13} {tokens / med:9.0f} {f'({tokens / slow:.0f}..{tokens / fast:.0f})':>20} "
                       f"{100 * (slow - fast) / med:6.0f}% {gflops:8.1f} {100 * gflops * 1e9 / before:12.1f}%")
-                medians = [statistics.median(t) for t in rounds]
-                if max(medians) > NOISE_LIMIT * min(medians):
-                    noisy.append(f"{system} {p} round medians " + ", ".join(f"{m * 1e3:.0f}" for m in medians) + " ms")
             ratios = {p: rates[("Loom", p)] / rates[("PyTorch", p)] for p in precisions}
             line = "  Loom / PyTorch (whole iterations, medians): " + ", ".join(f"{p} {r:.2f}" for p, r in ratios.items())
             if "bf16" in precisions and "fp32" in precisions:
                 line += f"; Loom bf16 / Loom fp32 = {rates[('Loom', 'bf16')] / rates[('Loom', 'fp32')]:.2f}"
             print(line)
+            # Each ratio per round (both sides measured minutes apart): the drift the two share cancels.
+            def round_ratios(a, b):
+                return [statistics.median(tb) / statistics.median(ta) for ta, tb in zip(times[a], times[b])]
+            pairs = {f"Loom/PyTorch {p}": round_ratios(("Loom", p), ("PyTorch", p)) for p in precisions}
+            if "bf16" in precisions and "fp32" in precisions:
+                pairs["Loom bf16/fp32"] = round_ratios(("Loom", "bf16"), ("Loom", "fp32"))
+            print("  per round: " + "; ".join(f"{k} " + ", ".join(f"{r:.2f}" for r in v) for k, v in pairs.items()) +
+                  "; medians (ms): " + "; ".join(f"{sy} {p} " + ", ".join(f"{statistics.median(t) * 1e3:.0f}" for t in r)
+                                                 for (sy, p), r in times.items()))
+            noisy = [k for k, v in pairs.items() if max(v) > NOISE_LIMIT * min(v)]
             if noisy:
-                print(f"  NOISY: a system's per-round medians differ by more than {100 * (NOISE_LIMIT - 1):.0f}% "
-                      f"(the machine's speed drifted); do not count this model's ratios: " + "; ".join(noisy))
+                print(f"  NOISY: per-round ratios differ by more than {100 * (NOISE_LIMIT - 1):.0f}% ({', '.join(noisy)}): "
+                      f"do not count this run's ratios")
             else:
-                print(f"  steady: every system's per-round medians within {100 * (NOISE_LIMIT - 1):.0f}%")
+                print(f"  steady: every ratio within {100 * (NOISE_LIMIT - 1):.0f}% from round to round")
             for p in precisions:
                 phases = breakdown(traces[p], warmup, per_round)
                 step = sum(phases.values())
