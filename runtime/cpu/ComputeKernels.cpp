@@ -77,32 +77,18 @@ Status dropout(CpuKernelContext &c, const KernelCall &k) {
   return Status::ok();
 }
 
-AttentionShape attentionShape(CpuKernelContext &c, const KernelCall &k, int qkv, int64_t heads) {
-  return {k.dim(qkv, 0),
-          k.dim(qkv, 1),
-          heads,
-          k.dim(qkv, 2) / (3 * heads),
-          k.flag("causal"),
-          c.dropout(k.f64("dropout")),
-          c.run->seed,
-          c.dropoutStream(k.i64("stream"), k.str("rank_distinct_dropout"))};
-}
-
 Status attention(CpuKernelContext &c, const KernelCall &k) {
-  int qkv = k.in("qkv");
-  int64_t heads = k.i64("num_heads");
-  if (heads < 1 || k.dim(qkv, 2) % (3 * heads) != 0) return Status::error("attention: bad num_heads (corrupt plan)");
-  attentionForward(c.f(qkv), c.f(k.in("key_mask")), c.f(k.out("result")), c.f(k.out("lse")),
-                   attentionShape(c, k, qkv, heads), c.scratch);
+  AttentionShape s;
+  LOOM_RETURN_IF_ERROR(attentionShapeOf(c, k, &s));
+  attentionForward(c.f(k.in("qkv")), c.f(k.in("key_mask")), c.f(k.out("result")), c.f(k.out("lse")), s, c.scratch);
   return Status::ok();
 }
 
 Status attentionGrad(CpuKernelContext &c, const KernelCall &k) {
-  int qkv = k.in("qkv");
-  int64_t heads = k.i64("num_heads");
-  if (heads < 1 || k.dim(qkv, 2) % (3 * heads) != 0) return Status::error("attention: bad num_heads (corrupt plan)");
-  attentionBackward(c.f(qkv), c.f(k.in("key_mask")), c.f(k.in("grad")), c.f(k.in("lse")), c.f(k.out("result")),
-                    attentionShape(c, k, qkv, heads), c.scratch);
+  AttentionShape s;
+  LOOM_RETURN_IF_ERROR(attentionShapeOf(c, k, &s));
+  attentionBackward(c.f(k.in("qkv")), c.f(k.in("key_mask")), c.f(k.in("grad")), c.f(k.in("lse")), c.f(k.out("result")),
+                    s, c.scratch);
   return Status::ok();
 }
 
@@ -265,6 +251,21 @@ Status crossEntropyLossKernel(CpuKernelContext &c, const KernelCall &k) {
 }
 
 }  // namespace
+
+Status attentionShapeOf(CpuKernelContext &c, const KernelCall &k, AttentionShape *s) {
+  int qkv = k.in("qkv");
+  int64_t heads = k.i64("num_heads");
+  if (heads < 1 || k.dim(qkv, 2) % (3 * heads) != 0) return Status::error("attention: bad num_heads (corrupt plan)");
+  *s = {k.dim(qkv, 0),
+        k.dim(qkv, 1),
+        heads,
+        k.dim(qkv, 2) / (3 * heads),
+        k.flag("causal"),
+        c.dropout(k.f64("dropout")),
+        c.run->seed,
+        c.dropoutStream(k.i64("stream"), k.str("rank_distinct_dropout"))};
+  return Status::ok();
+}
 
 void registerComputeKernels(CpuKernelRegistry &r) {
   r.add(OpId::kEmbedding, embedding);

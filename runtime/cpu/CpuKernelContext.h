@@ -42,6 +42,10 @@ struct CpuKernelContext {
 
 using CpuKernelRegistry = KernelRegistry<CpuKernelContext>;
 
+// An attention instruction's shape (num_heads checked) and this run's dropout (ComputeKernels.cpp).
+struct AttentionShape;
+Status attentionShapeOf(CpuKernelContext &c, const KernelCall &k, AttentionShape *s);
+
 // Kernels that read and write 16-bit buffers themselves (runtime/cpu/HalfKernels.cpp), each for
 // the operand dtypes its `takes` accepts; an instruction with 16-bit operands that none takes
 // runs its fp32 kernel on widened copies (runtime/Executor.cpp). A native kernel computes in

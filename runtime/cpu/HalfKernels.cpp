@@ -221,12 +221,6 @@ bool attentionTakes(const KernelCall &k) {
          (backward ? lse >= 0 : true);
 }
 
-AttentionShape bf16AttentionShape(CpuKernelContext &c, const KernelCall &k, int64_t heads) {
-  int qkv = k.in("qkv");
-  return {k.dim(qkv, 0), k.dim(qkv, 1), heads, k.dim(qkv, 2) / (3 * heads), k.flag("causal"),
-          c.dropout(k.f64("dropout")), c.run->seed, c.dropoutStream(k.i64("stream"), k.str("rank_distinct_dropout"))};
-}
-
 int64_t attentionScratch(const KernelCall &k) {
   int qkv = k.in("qkv");
   if (k.buffer(qkv).shape_size() != 3) return 0;  // a corrupt plan, refused before it runs
@@ -235,20 +229,18 @@ int64_t attentionScratch(const KernelCall &k) {
 }
 
 Status attention(CpuKernelContext &c, const KernelCall &k) {
-  int qkv = k.in("qkv");
-  int64_t heads = k.i64("num_heads");
-  if (heads < 1 || k.dim(qkv, 2) % (3 * heads) != 0) return Status::error("attention: bad num_heads (corrupt plan)");
-  attentionForwardBf16(c.h(qkv), c.f(k.in("key_mask")), c.h(k.out("result")), c.f(k.out("lse")),
-                       bf16AttentionShape(c, k, heads), c.halfScratch);
+  AttentionShape s;
+  LOOM_RETURN_IF_ERROR(attentionShapeOf(c, k, &s));
+  attentionForwardBf16(c.h(k.in("qkv")), c.f(k.in("key_mask")), c.h(k.out("result")), c.f(k.out("lse")), s,
+                       c.halfScratch);
   return Status::ok();
 }
 
 Status attentionGrad(CpuKernelContext &c, const KernelCall &k) {
-  int qkv = k.in("qkv");
-  int64_t heads = k.i64("num_heads");
-  if (heads < 1 || k.dim(qkv, 2) % (3 * heads) != 0) return Status::error("attention: bad num_heads (corrupt plan)");
-  attentionBackwardBf16(c.h(qkv), c.f(k.in("key_mask")), c.h(k.in("grad")), c.f(k.in("lse")), c.h(k.out("result")),
-                        bf16AttentionShape(c, k, heads), c.halfScratch);
+  AttentionShape s;
+  LOOM_RETURN_IF_ERROR(attentionShapeOf(c, k, &s));
+  attentionBackwardBf16(c.h(k.in("qkv")), c.f(k.in("key_mask")), c.h(k.in("grad")), c.f(k.in("lse")),
+                        c.h(k.out("result")), s, c.halfScratch);
   return Status::ok();
 }
 
