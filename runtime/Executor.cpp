@@ -33,12 +33,15 @@ class Run {
     size_t floats = prog_.workspace_bytes() / 4 + 16;
     std::vector<float> &arena = ctx_.workspace ? *ctx_.workspace : arena_;
     if (arena.size() < floats) arena.resize(floats);
+    // The attention scratch, then each stream's region for its 16-bit instructions (laid out
+    // once: each count walks the program's instructions).
+    int64_t parts[5] = {cpuAttentionScratchFloats(prog_)}, need = parts[0];
+    for (int stream = 0; stream < 4; ++stream) need += parts[stream + 1] = halfScratchFloats(prog_, stream);
     std::vector<float> &scratch = ctx_.scratch ? *ctx_.scratch : scratch_;
-    if (int64_t need = cpuScratchFloats(prog_); int64_t(scratch.size()) < need) scratch.resize(size_t(need));
+    if (int64_t(scratch.size()) < need) scratch.resize(size_t(need));
     scratchBase_ = scratch.data();
-    // After the attention scratch, each stream's region for its 16-bit instructions.
-    float *next = scratchBase_ + cpuAttentionScratchFloats(prog_);
-    for (int stream = 0; stream < 4; ++stream) halfScratch_[stream] = next, next += halfScratchFloats(prog_, stream);
+    float *next = scratchBase_ + parts[0];
+    for (int stream = 0; stream < 4; ++stream) halfScratch_[stream] = next, next += parts[stream + 1];
     float *base = arena.data();
     ptr_.assign(prog_.buffers_size(), nullptr);
     iptr_.assign(prog_.buffers_size(), nullptr);
