@@ -12,6 +12,15 @@
 namespace loom {
 namespace {
 
+// Whether some collective of the programs moves its fp32 values as 16-bit (grad_reduce_in_bf16).
+template <typename Programs>
+bool reducesOnWire(const Programs &programs) {
+  for (const plan::Program &prog : programs)
+    for (const plan::Instruction &in : prog.instructions())
+      if (!planattr::str(in, "wire_dtype").empty()) return true;
+  return false;
+}
+
 llvm::Error error(const llvm::Twine &msg) { return llvm::createStringError(llvm::inconvertibleErrorCode(), msg.str()); }
 
 llvm::Expected<std::string> readAll(const std::string &path, const char *what) {
@@ -291,9 +300,11 @@ std::string memoryTimeline(const PlanDirectory &plans, int rank) {
   else
     os << llvm::formatv("  precision: {0} weights for compute (a copy of the fp32 master weights, remade after each "
                         "update: the 16-bit weight copies below), activations, stashes, pipeline messages and "
-                        "tensor-parallel collectives; fp32 master weights, main gradients (and their data-parallel "
-                        "reduction) and AdamW moments\n",
-                        llvm::StringRef(plan::DType_Name(compute)).lower());
+                        "tensor-parallel collectives; fp32 master weights, main gradients{1} and AdamW moments\n",
+                        llvm::StringRef(plan::DType_Name(compute)).lower(),
+                        reducesOnWire(plans.programsOf(rank).programs())
+                            ? " (their data-parallel reduction in bf16 on the wire: grad_reduce_in_bf16)"
+                            : " (and their data-parallel reduction)");
   if (rp.cluster().device().kind() != config::CUDA && mem.scratch_bytes() > 0)
     os << llvm::formatv("  CPU backend: the kernels' scratch (attention; fp32 copies of 16-bit operands) {0} (held all step)\n",
                         humanBytes(mem.scratch_bytes()));

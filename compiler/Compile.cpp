@@ -169,6 +169,16 @@ llvm::Error compileInMemory(mlir::ModuleOp module, const config::ClusterSpec &cl
   std::string modelName = !facts->name.empty() ? facts->name : opt.modelName.empty() ? "model" : opt.modelName;
   std::string precision = precisionOverride(par.precision());
   if (precision.empty()) precision = facts->paramsDtype;
+  plan::DType dpWire = plan::F32;
+  if (par.grad_reduce_in_bf16()) {
+    if (precision != "bf16")
+      return error("parallel.grad_reduce_in_bf16: the gradients are reduced in bf16 only in a bf16 plan (this run's "
+                   "precision is " + (precision.empty() ? std::string("f32") : precision) + ")");
+    if (cluster.device().kind() != config::CPU)
+      return error("parallel.grad_reduce_in_bf16: the CUDA backend does not reduce in bf16 yet (its NCCL buckets "
+                   "move fp32); leave it off for GPU clusters");
+    dpWire = plan::BF16;
+  }
   int t = par.tensor_parallel_size(), p = par.pipeline_parallel_size(), d = par.data_parallel_size(),
       v = par.virtual_pipeline_size(), b = par.micro_batch_size();
   int m = par.global_batch_size() / (b * d);
@@ -215,7 +225,7 @@ llvm::Error compileInMemory(mlir::ModuleOp module, const config::ClusterSpec &cl
       if (prog.kind() != plan::Program::BACKWARD) continue;
       auto sync = gradSyncOf.find(prog.virtual_stage());
       if (llvm::Error e = foldGradientSync(prog, sync == gradSyncOf.end() ? nullptr : &sync->second,
-                                           par.serial_grad_reduce(), &deferred))
+                                           par.serial_grad_reduce(), dpWire, &deferred))
         return e;
     }
     llvm::Expected<StageLayout> layout = stageLayout(module, sets[s], d, par.zero1());
@@ -223,7 +233,7 @@ llvm::Error compileInMemory(mlir::ModuleOp module, const config::ClusterSpec &cl
                                                 llvm::toString(layout.takeError()).c_str());
     layouts[s] = std::move(*layout);
     if (s == p - 1) *sets[s].add_programs() = lossProgram(m, d);
-    *sets[s].add_programs() = optimizerProgram(layouts[s], t, p, d, par.zero1(), deferred);
+    *sets[s].add_programs() = optimizerProgram(layouts[s], t, p, d, par.zero1(), dpWire, deferred);
   }
   // Everything is assembled and checked before anything is written.
   std::vector<std::string> programFiles(p), programBytes(p);

@@ -128,6 +128,15 @@ class ProgramBuilder {
   std::vector<std::vector<int>> aliasWriters_;
 };
 
+// Marks a collective over fp32 buffers to move `wire` (16-bit) values; returns the bytes it
+// moves instead of `fp32Bytes`.
+int64_t setWireDtype(plan::Instruction &in, plan::DType wire, int64_t fp32Bytes) {
+  plan::Attribute *a = in.add_attributes();
+  a->set_name("wire_dtype");
+  a->set_s(wire == plan::BF16 ? "bf16" : "f16");
+  return fp32Bytes / 2;
+}
+
 // A collective over `group` of `size` members on its stream, with the plan's attributes.
 plan::Instruction &collective(ProgramBuilder &b, OpId op, const std::string &group, int64_t size, int input,
                               int output, int64_t bytes, const std::string &reduce = "") {
@@ -314,7 +323,7 @@ llvm::Expected<StageLayout> stageLayout(mlir::ModuleOp module, const plan::Progr
   return layout;
 }
 
-llvm::Error foldGradientSync(plan::Program &backward, const plan::Program *gradSync, bool serial,
+llvm::Error foldGradientSync(plan::Program &backward, const plan::Program *gradSync, bool serial, plan::DType dpWire,
                              std::vector<DeferredSync> *deferred) {
   // Which gradient each backward result becomes: its own (GRADIENT) or, through the sync
   // program's collectives, the parameter the sync's result names.
@@ -377,7 +386,9 @@ llvm::Error foldGradientSync(plan::Program &backward, const plan::Program *gradS
         later.params.push_back(gradientOfStash[stash]);
       }
       // The collective reduces the fp32 main gradients, whatever the dtype the backward
-      // computed them in (Megatron's --accumulate-allreduce-grads-in-fp32).
+      // computed them in (Megatron's --accumulate-allreduce-grads-in-fp32), or, over dp with
+      // grad_reduce_in_bf16, moves them as bf16 (widened back into the main gradients).
+      if (group == "dp" && dpWire != plan::F32) bytes = setWireDtype(in, dpWire, bytes);
       if (const isa::OpDecl *decl = isa::find(src.op()); decl && decl->bytesMoved)
         in.set_bytes_moved(decl->bytesMoved(bytes, bytes, planattr::i64(src, "group_size", 1)));
       if (!withinStage) {
@@ -419,7 +430,7 @@ plan::Program lossProgram(int microBatches, int d) {
   return b.finish();
 }
 
-plan::Program optimizerProgram(const StageLayout &layout, int t, int p, int d, bool zero1,
+plan::Program optimizerProgram(const StageLayout &layout, int t, int p, int d, bool zero1, plan::DType dpWire,
                                const std::vector<DeferredSync> &deferred) {
   bool sharded = zero1 && d > 1;
   int64_t flat = layout.flatElements, shard = sharded ? flat / d : flat;
@@ -461,7 +472,9 @@ plan::Program optimizerProgram(const StageLayout &layout, int t, int p, int d, b
   int g = grads;
   if (sharded) {
     g = b.activation({shard});
-    collective(b, OpId::kReduceScatter, "dp", d, grads, g, 4 * flat, "avg");
+    plan::Instruction &rs = collective(b, OpId::kReduceScatter, "dp", d, grads, g, 4 * flat, "avg");
+    if (dpWire != plan::F32)
+      rs.set_bytes_moved(isa::decl(OpId::kReduceScatter).bytesMoved(setWireDtype(rs, dpWire, 4 * flat), 0, d));
   }
   int squares = b.activation({});
   InstructionBuilder sq(OpId::kSumSquares);

@@ -60,8 +60,9 @@ struct DeferredSync {
 // within the stage (tp, dp) run in the backward's last run; the others are appended to
 // `deferred`. The backward adds its gradients into inout GRADIENT arguments (see above).
 // serial: the folded collectives wait for the backward's last compute instruction instead of
-// only for their own gradients (no overlap; cluster spec serial_grad_reduce).
-llvm::Error foldGradientSync(plan::Program &backward, const plan::Program *gradSync, bool serial,
+// only for their own gradients (no overlap; cluster spec serial_grad_reduce). dpWire: the
+// dtype the data-parallel reductions move (F32, or BF16: cluster spec grad_reduce_in_bf16).
+llvm::Error foldGradientSync(plan::Program &backward, const plan::Program *gradSync, bool serial, plan::DType dpWire,
                              std::vector<DeferredSync> *deferred);
 // A forward with a LOSS result adds it into an inout LOSS argument "loss_sum" instead.
 void accumulateLoss(plan::Program &forward);
@@ -70,7 +71,7 @@ void accumulateLoss(plan::Program &forward);
 // loss_sum is zeroed.
 plan::Program lossProgram(int microBatches, int d);
 // The `optimizer` program of a stage (t, p, d: the group sizes of the layout).
-plan::Program optimizerProgram(const StageLayout &layout, int t, int p, int d, bool zero1,
+plan::Program optimizerProgram(const StageLayout &layout, int t, int p, int d, bool zero1, plan::DType dpWire,
                                const std::vector<DeferredSync> &deferred);
 
 }  // namespace loom

@@ -47,7 +47,7 @@ std::vector<A> crossEntropyAttrs() { return {req("valid_vocab", kI), optStr("voc
 // reduce_scatter sums.
 std::vector<A> gatherScatterAttrs(bool withReduce) {
   std::vector<A> a = {req("group", kS), req("group_size", kI), req("dim", kI)};
-  if (withReduce) a.push_back(optStr("reduce", "sum"));
+  if (withReduce) a.insert(a.end(), {optStr("reduce", "sum"), optStr("wire_dtype")});
   return a;
 }
 
@@ -155,8 +155,10 @@ std::vector<OpDecl> declare() {
       // Communication (the dialect's collectives and pipeline messages). A data-parallel
       // bucket's all-reduce has several operands, output k in input k's place.
       make(kAllReduce, "all_reduce", true, {many("input")}, {many("result")},
-       {req("group", kS), req("group_size", kI), optStr("reduce", "sum"), optInt("loom.bucket")}, StreamRule::kOfGroup,
-       Comm::kCollective, kMem, 2, "", nullptr, allReduceBytes),
+       {req("group", kS), req("group_size", kI), optStr("reduce", "sum"), optInt("loom.bucket"), optStr("wire_dtype")},
+       StreamRule::kOfGroup, Comm::kCollective, kMem, 2,
+       "wire_dtype (bf16 / f16, on fp32 buffers): the values travel and are reduced in that dtype, then are widened back",
+       nullptr, allReduceBytes),
       make(kAllGather, "all_gather", true, {fl("input")}, {fl("result")}, gatherScatterAttrs(false), StreamRule::kOfGroup,
        Comm::kCollective, kMem, 1, "", nullptr, gatherBytes),
       make(kReduceScatter, "reduce_scatter", true, {fl("input")}, {fl("result")}, gatherScatterAttrs(true),

@@ -66,35 +66,64 @@ int GlooCollectives::sizeOf(const std::string &group) const {
   return it == groups_.end() ? 1 : int(it->second.ranks.size());
 }
 
-Status GlooCollectives::allReduce(const std::string &group, float *data, int64_t n, ReduceOp op) {
+namespace {
+// Gloo's reduce functions over 16-bit values (reduceElements: pairs in fp32, rounded once).
+template <plan::DType D, ReduceOp Op>
+void reduceHalf(void *c, const void *a, const void *b, size_t n) {
+  if (c != a) std::memcpy(c, a, n * 2);
+  reduceElements(D, Op, c, b, int64_t(n));
+}
+
+ReduceFn reduceFunction(plan::DType dtype, ReduceOp op) {
+  bool max = op == ReduceOp::kMax;
+  switch (dtype) {
+    case plan::BF16: return max ? &reduceHalf<plan::BF16, ReduceOp::kMax> : &reduceHalf<plan::BF16, ReduceOp::kSum>;
+    case plan::F16: return max ? &reduceHalf<plan::F16, ReduceOp::kMax> : &reduceHalf<plan::F16, ReduceOp::kSum>;
+    default: return max ? ReduceFn(&gloo::max<float>) : ReduceFn(&gloo::sum<float>);
+  }
+}
+
+Status unsupported(const char *what, plan::DType dtype) {
+  return Status::error(std::string(what) + ": elements of dtype " + plan::DType_Name(dtype) +
+                       " (expected F32, BF16 or F16)");
+}
+}  // namespace
+
+Status GlooCollectives::allReduce(const std::string &group, void *data, int64_t n, plan::DType dtype, ReduceOp op) {
   Group *g;
   LOOM_RETURN_IF_ERROR(groupOf(group, &g));
+  if (elementBytes(dtype) == 0) return unsupported("all_reduce", dtype);
   if (!g->context) return Status::ok();
   try {
     gloo::AllreduceOptions opts(g->context);
-    opts.setOutput(data, size_t(n));
-    opts.setReduceFunction(op == ReduceOp::kMax ? ReduceFn(&gloo::max<float>) : ReduceFn(&gloo::sum<float>));
+    if (dtype == plan::F32)
+      opts.setOutput(static_cast<float *>(data), size_t(n));
+    else
+      opts.setOutput(static_cast<uint16_t *>(data), size_t(n));
+    opts.setReduceFunction(reduceFunction(dtype, op));
     opts.setTag(g->nextTag++);
     gloo::allreduce(opts);
   } catch (const std::exception &e) {
     return Status::error("all_reduce on group " + group + ": " + e.what());
   }
-  if (op == ReduceOp::kAvg)
-    for (int64_t i = 0; i < n; ++i) data[i] /= float(g->ranks.size());
+  if (op == ReduceOp::kAvg) divideElements(dtype, data, n, float(g->ranks.size()));
   return Status::ok();
 }
 
-Status GlooCollectives::allGather(const std::string &group, const float *in, float *out, int64_t n) {
+Status GlooCollectives::allGather(const std::string &group, const void *in, void *out, int64_t n, plan::DType dtype) {
   Group *g;
   LOOM_RETURN_IF_ERROR(groupOf(group, &g));
+  size_t bytes = elementBytes(dtype) * size_t(n);
+  if (bytes == 0 && n > 0) return unsupported("all_gather", dtype);
   if (!g->context) {
-    std::memcpy(out, in, n * sizeof(float));
+    std::memcpy(out, in, bytes);
     return Status::ok();
   }
   try {
+    // Gathered as bytes: no arithmetic, so the element type does not matter to Gloo.
     gloo::AllgatherOptions opts(g->context);
-    opts.setInput(const_cast<float *>(in), size_t(n));
-    opts.setOutput(out, size_t(n) * g->ranks.size());
+    opts.setInput(static_cast<uint8_t *>(const_cast<void *>(in)), bytes);
+    opts.setOutput(static_cast<uint8_t *>(out), bytes * g->ranks.size());
     opts.setTag(g->nextTag++);
     gloo::allgather(opts);
   } catch (const std::exception &e) {
@@ -104,25 +133,30 @@ Status GlooCollectives::allGather(const std::string &group, const float *in, flo
 }
 
 // An all-reduce of the whole buffer, keeping this rank's block: simple and exact on CPUs.
-Status GlooCollectives::reduceScatter(const std::string &group, const float *in, float *out, int64_t n) {
+Status GlooCollectives::reduceScatter(const std::string &group, const void *in, void *out, int64_t n,
+                                      plan::DType dtype) {
   Group *g;
   LOOM_RETURN_IF_ERROR(groupOf(group, &g));
-  std::vector<float> all(in, in + n * g->ranks.size());
-  LOOM_RETURN_IF_ERROR(allReduce(group, all.data(), int64_t(all.size()), ReduceOp::kSum));
-  std::memcpy(out, all.data() + g->position * n, n * sizeof(float));
+  size_t bytes = elementBytes(dtype) * size_t(n);
+  if (bytes == 0 && n > 0) return unsupported("reduce_scatter", dtype);
+  const char *begin = static_cast<const char *>(in);
+  std::vector<char> all(begin, begin + bytes * g->ranks.size());
+  LOOM_RETURN_IF_ERROR(allReduce(group, all.data(), n * int64_t(g->ranks.size()), dtype, ReduceOp::kSum));
+  std::memcpy(out, all.data() + g->position * bytes, bytes);
   return Status::ok();
 }
 
-Status GlooCollectives::send(const std::string &group, int peer, const float *data, int64_t n, int tag) {
+Status GlooCollectives::sendBytes(const std::string &group, int peer, const void *data, int64_t bytes, int tag) {
   Group *g;
   LOOM_RETURN_IF_ERROR(groupOf(group, &g));
   if (!g->context) return Status::error("send within a group of one (" + group + ")");
   if (peer < 0 || peer >= int(g->ranks.size())) return Status::error("send: peer " + std::to_string(peer) + " outside group " + group);
   try {
     auto p = std::make_unique<PendingSend>();
-    p->data.assign(data, data + n);
+    const char *begin = static_cast<const char *>(data);
+    p->data.assign(begin, begin + bytes);
     p->group = group;
-    p->buffer = g->context->createUnboundBuffer(p->data.data(), p->data.size() * sizeof(float));
+    p->buffer = g->context->createUnboundBuffer(p->data.data(), p->data.size());
     p->buffer->send(peer, uint64_t(tag));
     pending_.push_back(std::move(p));
   } catch (const std::exception &e) {
@@ -131,13 +165,13 @@ Status GlooCollectives::send(const std::string &group, int peer, const float *da
   return Status::ok();
 }
 
-Status GlooCollectives::recv(const std::string &group, int peer, float *data, int64_t n, int tag) {
+Status GlooCollectives::recvBytes(const std::string &group, int peer, void *data, int64_t bytes, int tag) {
   Group *g;
   LOOM_RETURN_IF_ERROR(groupOf(group, &g));
   if (!g->context) return Status::error("recv within a group of one (" + group + ")");
   if (peer < 0 || peer >= int(g->ranks.size())) return Status::error("recv: peer " + std::to_string(peer) + " outside group " + group);
   try {
-    auto buffer = g->context->createUnboundBuffer(data, size_t(n) * sizeof(float));
+    auto buffer = g->context->createUnboundBuffer(data, size_t(bytes));
     buffer->recv(peer, uint64_t(tag));
     buffer->waitRecv(std::chrono::milliseconds(int64_t(timeoutSeconds_ * 1000)));
   } catch (const std::exception &e) {

@@ -32,11 +32,14 @@ class GlooCollectives : public Collectives {
 
   int rankIn(const std::string &group) const override;
   int sizeOf(const std::string &group) const override;
-  Status allReduce(const std::string &group, float *data, int64_t n, ReduceOp op) override;
-  Status allGather(const std::string &group, const float *in, float *out, int64_t n) override;
-  Status reduceScatter(const std::string &group, const float *in, float *out, int64_t n) override;
-  Status send(const std::string &group, int peer, const float *data, int64_t n, int tag) override;
-  Status recv(const std::string &group, int peer, float *data, int64_t n, int tag) override;
+  using Collectives::allGather;
+  using Collectives::allReduce;
+  using Collectives::reduceScatter;
+  Status allReduce(const std::string &group, void *data, int64_t n, plan::DType dtype, ReduceOp op) override;
+  Status allGather(const std::string &group, const void *in, void *out, int64_t n, plan::DType dtype) override;
+  Status reduceScatter(const std::string &group, const void *in, void *out, int64_t n, plan::DType dtype) override;
+  Status sendBytes(const std::string &group, int peer, const void *data, int64_t bytes, int tag) override;
+  Status recvBytes(const std::string &group, int peer, void *data, int64_t bytes, int tag) override;
   Status flush() override;
 
  private:
@@ -47,7 +50,7 @@ class GlooCollectives : public Collectives {
     uint32_t nextTag = 1;
   };
   struct PendingSend {
-    std::vector<float> data;
+    std::vector<char> data;
     std::unique_ptr<gloo::transport::UnboundBuffer> buffer;
     std::string group;
   };

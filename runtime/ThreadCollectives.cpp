@@ -23,48 +23,53 @@ class ThreadCollectives : public Collectives {
     return int(std::find(m.begin(), m.end(), rank_) - m.begin());
   }
   int sizeOf(const std::string &group) const override { return int(world_.members(group, rank_).size()); }
+  using Collectives::allGather;
+  using Collectives::allReduce;
+  using Collectives::reduceScatter;
 
-  Status allReduce(const std::string &group, float *data, int64_t n, ReduceOp op) override {
+  Status allReduce(const std::string &group, void *data, int64_t n, plan::DType dtype, ReduceOp op) override {
+    size_t bytes = elementBytes(dtype) * size_t(n);
     return world_.collective(group, rank_, data, data, [&](std::vector<ThreadWorld::Slot> &slots) {
-      std::vector<float> acc(slots[0].in, slots[0].in + n);
-      for (size_t r = 1; r < slots.size(); ++r)
-        for (int64_t i = 0; i < n; ++i)
-          acc[i] = op == ReduceOp::kMax ? std::max(acc[i], slots[r].in[i]) : acc[i] + slots[r].in[i];
-      if (op == ReduceOp::kAvg)
-        for (float &v : acc) v /= float(slots.size());
-      for (auto &s : slots) std::memcpy(s.out, acc.data(), n * sizeof(float));
+      std::vector<char> acc(static_cast<const char *>(slots[0].in), static_cast<const char *>(slots[0].in) + bytes);
+      for (size_t r = 1; r < slots.size(); ++r) reduceElements(dtype, op, acc.data(), slots[r].in, n);
+      if (op == ReduceOp::kAvg) divideElements(dtype, acc.data(), n, float(slots.size()));
+      for (auto &s : slots) std::memcpy(s.out, acc.data(), bytes);
     });
   }
 
-  Status allGather(const std::string &group, const float *in, float *out, int64_t n) override {
+  Status allGather(const std::string &group, const void *in, void *out, int64_t n, plan::DType dtype) override {
+    size_t bytes = elementBytes(dtype) * size_t(n);
     return world_.collective(group, rank_, in, out, [&](std::vector<ThreadWorld::Slot> &slots) {
-      std::vector<float> all(slots.size() * n);
-      for (size_t r = 0; r < slots.size(); ++r) std::memcpy(&all[r * n], slots[r].in, n * sizeof(float));
-      for (auto &s : slots) std::memcpy(s.out, all.data(), all.size() * sizeof(float));
+      std::vector<char> all(slots.size() * bytes);
+      for (size_t r = 0; r < slots.size(); ++r) std::memcpy(&all[r * bytes], slots[r].in, bytes);
+      for (auto &s : slots) std::memcpy(s.out, all.data(), all.size());
     });
   }
 
-  Status reduceScatter(const std::string &group, const float *in, float *out, int64_t n) override {
+  Status reduceScatter(const std::string &group, const void *in, void *out, int64_t n, plan::DType dtype) override {
+    size_t bytes = elementBytes(dtype) * size_t(n);
     return world_.collective(group, rank_, in, out, [&](std::vector<ThreadWorld::Slot> &slots) {
-      std::vector<std::vector<float>> result(slots.size(), std::vector<float>(n, 0.0f));
-      for (size_t dst = 0; dst < slots.size(); ++dst)
-        for (size_t src = 0; src < slots.size(); ++src)
-          for (int64_t i = 0; i < n; ++i) result[dst][i] += slots[src].in[dst * n + i];
-      for (size_t dst = 0; dst < slots.size(); ++dst)
-        std::memcpy(slots[dst].out, result[dst].data(), n * sizeof(float));
+      // Block dst of every member, summed in member order starting from member 0's.
+      for (size_t dst = 0; dst < slots.size(); ++dst) {
+        auto block = [&](size_t src) { return static_cast<const char *>(slots[src].in) + dst * bytes; };
+        std::vector<char> sum(block(0), block(0) + bytes);
+        for (size_t src = 1; src < slots.size(); ++src) reduceElements(dtype, ReduceOp::kSum, sum.data(), block(src), n);
+        std::memcpy(slots[dst].out, sum.data(), bytes);
+      }
     });
   }
 
-  Status send(const std::string &group, int peer, const float *data, int64_t n, int tag) override {
+  Status sendBytes(const std::string &group, int peer, const void *data, int64_t bytes, int tag) override {
     auto m = world_.members(group, rank_);
     if (peer < 0 || peer >= int(m.size())) return Status::error("send: peer out of range in " + group);
-    return world_.post(group, rank_, m[peer], tag, std::vector<float>(data, data + n));
+    const char *begin = static_cast<const char *>(data);
+    return world_.post(group, rank_, m[peer], tag, std::vector<char>(begin, begin + bytes));
   }
 
-  Status recv(const std::string &group, int peer, float *data, int64_t n, int tag) override {
+  Status recvBytes(const std::string &group, int peer, void *data, int64_t bytes, int tag) override {
     auto m = world_.members(group, rank_);
     if (peer < 0 || peer >= int(m.size())) return Status::error("recv: peer out of range in " + group);
-    return world_.take(group, m[peer], rank_, tag, data, n);
+    return world_.take(group, m[peer], rank_, tag, data, bytes);
   }
 
  private:
@@ -78,7 +83,7 @@ std::unique_ptr<Collectives> ThreadWorld::forRank(int rank) {
 
 // The last member to arrive combines everyone's buffers while the others wait, so every
 // buffer stays valid during the combine.
-Status ThreadWorld::collective(const std::string &group, int rank, const float *in, float *out,
+Status ThreadWorld::collective(const std::string &group, int rank, const void *in, void *out,
                                const std::function<void(std::vector<Slot> &)> &combine) {
   std::vector<int> m = members(group, rank);
   if (m.empty()) return Status::error("unknown group '" + group + "'");
@@ -100,22 +105,22 @@ Status ThreadWorld::collective(const std::string &group, int rank, const float *
   return Status::ok();
 }
 
-Status ThreadWorld::post(const std::string &group, int from, int to, int tag, std::vector<float> data) {
+Status ThreadWorld::post(const std::string &group, int from, int to, int tag, std::vector<char> data) {
   std::lock_guard<std::mutex> lock(mu_);
   mailboxes_[{group, from, to, tag}].push_back(std::move(data));
   cv_.notify_all();
   return Status::ok();
 }
 
-Status ThreadWorld::take(const std::string &group, int from, int to, int tag, float *data, int64_t n) {
+Status ThreadWorld::take(const std::string &group, int from, int to, int tag, void *data, int64_t bytes) {
   std::unique_lock<std::mutex> lock(mu_);
   auto &box = mailboxes_[{group, from, to, tag}];
   if (!cv_.wait_for(lock, std::chrono::duration<double>(timeout_), [&] { return !box.empty(); }))
     return Status::error("recv from rank " + std::to_string(from) + " timed out at rank " + std::to_string(to));
-  if (int64_t(box.front().size()) != n)
-    return Status::error("recv: expected " + std::to_string(n) + " floats, got " +
+  if (int64_t(box.front().size()) != bytes)
+    return Status::error("recv: expected " + std::to_string(bytes) + " bytes, got " +
                          std::to_string(box.front().size()));
-  std::memcpy(data, box.front().data(), n * sizeof(float));
+  std::memcpy(data, box.front().data(), size_t(bytes));
   box.pop_front();
   return Status::ok();
 }

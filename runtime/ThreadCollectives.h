@@ -26,8 +26,8 @@ class ThreadWorld {
   std::vector<int> members(const std::string &group, int rank) const;
 
   struct Slot {
-    const float *in = nullptr;
-    float *out = nullptr;
+    const void *in = nullptr;
+    void *out = nullptr;
   };
 
  private:
@@ -38,17 +38,17 @@ class ThreadWorld {
     uint64_t generation = 0;
   };
   using Key = std::pair<std::string, int>;  // (group, first member)
-  Status collective(const std::string &group, int rank, const float *in, float *out,
+  Status collective(const std::string &group, int rank, const void *in, void *out,
                     const std::function<void(std::vector<Slot> &)> &combine);
-  Status post(const std::string &group, int from, int to, int tag, std::vector<float> data);
-  Status take(const std::string &group, int from, int to, int tag, float *data, int64_t n);
+  Status post(const std::string &group, int from, int to, int tag, std::vector<char> data);
+  Status take(const std::string &group, int from, int to, int tag, void *data, int64_t bytes);
 
   ParallelLayout layout_;
   double timeout_;
   std::mutex mu_;
   std::condition_variable cv_;
   std::map<Key, Rendezvous> rendezvous_;
-  std::map<std::tuple<std::string, int, int, int>, std::deque<std::vector<float>>> mailboxes_;
+  std::map<std::tuple<std::string, int, int, int>, std::deque<std::vector<char>>> mailboxes_;
 };
 
 }  // namespace loom

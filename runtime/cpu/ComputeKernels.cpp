@@ -29,11 +29,14 @@ Status addPosition(CpuKernelContext &c, const KernelCall &k) {
   return Status::ok();
 }
 
+// The kernels below come for fp32 (T = float) and for bf16 operands (T = uint16_t, every
+// operand bf16: registerBf16ComputeKernels), one wrapper each.
+template <typename T>
 Status layerNorm(CpuKernelContext &c, const KernelCall &k) {
   int x = k.in("input");
   int64_t n = k.dim(x, -1);
-  layerNormForward(c.f(x), c.f(k.in("gamma")), c.f(k.in("beta")), c.f(k.out("result")), k.numel(x) / n, n,
-                   float(k.f64("epsilon")));
+  layerNormForward(c.at<T>(x), c.at<T>(k.in("gamma")), c.at<T>(k.in("beta")), c.at<T>(k.out("result")),
+                   k.numel(x) / n, n, float(k.f64("epsilon")));
   return Status::ok();
 }
 
@@ -54,8 +57,9 @@ Status addBias(CpuKernelContext &c, const KernelCall &k) {
   return Status::ok();
 }
 
+template <typename T>
 Status gelu(CpuKernelContext &c, const KernelCall &k) {
-  geluForward(c.f(k.in("input")), c.f(k.out("result")), k.numel(k.in("input")));
+  geluForward(c.at<T>(k.in("input")), c.at<T>(k.out("result")), k.numel(k.in("input")));
   return Status::ok();
 }
 
@@ -71,8 +75,9 @@ Status identity(CpuKernelContext &c, const KernelCall &k) {
   return Status::ok();
 }
 
+template <typename T>
 Status dropout(CpuKernelContext &c, const KernelCall &k) {
-  dropoutForward(c.f(k.in("input")), c.f(k.out("result")), k.numel(k.in("input")), c.dropout(k.f64("rate")),
+  dropoutForward(c.at<T>(k.in("input")), c.at<T>(k.out("result")), k.numel(k.in("input")), c.dropout(k.f64("rate")),
                  c.run->seed, c.dropoutStream(k.i64("stream"), k.str("rank_distinct")));
   return Status::ok();
 }
@@ -92,7 +97,9 @@ Status attentionGrad(CpuKernelContext &c, const KernelCall &k) {
   return Status::ok();
 }
 
-Status groupedShape(CpuKernelContext &c, const KernelCall &k, GroupedAttentionShape *s) {
+}  // namespace
+
+Status groupedAttentionShapeOf(CpuKernelContext &c, const KernelCall &k, GroupedAttentionShape *s) {
   LOOM_RETURN_IF_ERROR(loom::groupedAttentionShape(
       k.program, k.instruction, [&](const std::string &g, int64_t rows) { return c.shardStart(g, rows); }, s));
   s->dropout = c.dropout(k.f64("dropout"));
@@ -101,9 +108,11 @@ Status groupedShape(CpuKernelContext &c, const KernelCall &k, GroupedAttentionSh
   return Status::ok();
 }
 
+namespace {
+
 Status groupedAttention(CpuKernelContext &c, const KernelCall &k) {
   GroupedAttentionShape s;
-  LOOM_RETURN_IF_ERROR(groupedShape(c, k, &s));
+  LOOM_RETURN_IF_ERROR(groupedAttentionShapeOf(c, k, &s));
   groupedAttentionForward(c.f(k.in("q")), c.f(k.in("k")), c.f(k.in("v")), c.f(k.out("result")), c.f(k.out("lse")), s,
                           c.scratch);
   return Status::ok();
@@ -111,44 +120,50 @@ Status groupedAttention(CpuKernelContext &c, const KernelCall &k) {
 
 Status groupedAttentionGrad(CpuKernelContext &c, const KernelCall &k) {
   GroupedAttentionShape s;
-  LOOM_RETURN_IF_ERROR(groupedShape(c, k, &s));
+  LOOM_RETURN_IF_ERROR(groupedAttentionShapeOf(c, k, &s));
   groupedAttentionBackward(c.f(k.in("q")), c.f(k.in("k")), c.f(k.in("v")), c.f(k.in("grad")), c.f(k.in("lse")),
                            c.f(k.out("grad_q")), c.f(k.out("grad_k")), c.f(k.out("grad_v")), s, c.scratch);
   return Status::ok();
 }
 
+template <typename T>
 Status rmsNorm(CpuKernelContext &c, const KernelCall &k) {
   int x = k.in("input");
   int64_t n = k.dim(x, -1);
-  rmsNormForward(c.f(x), c.f(k.in("gamma")), c.f(k.out("result")), k.numel(x) / n, n, float(k.f64("epsilon")));
+  rmsNormForward(c.at<T>(x), c.at<T>(k.in("gamma")), c.at<T>(k.out("result")), k.numel(x) / n, n, float(k.f64("epsilon")));
   return Status::ok();
 }
 
+template <typename T>
 Status rmsNormGrad(CpuKernelContext &c, const KernelCall &k) {
   int x = k.in("input");
   int64_t n = k.dim(x, -1);
-  rmsNormBackward(c.f(x), c.f(k.in("gamma")), c.f(k.in("grad")), c.f(k.out("grad_input")), c.f(k.out("grad_gamma")),
+  rmsNormBackward(c.at<T>(x), c.at<T>(k.in("gamma")), c.at<T>(k.in("grad")), c.at<T>(k.out("grad_input")),
+                  c.at<T>(k.out("grad_gamma")),
                   k.numel(x) / n, n, float(k.f64("epsilon")));
   return Status::ok();
 }
 
+template <typename T>
 Status rotaryKernel(CpuKernelContext &c, const KernelCall &k) {
   int x = k.in("input");
   int64_t hd = k.i64("head_dim");
   if (hd < 2 || hd % 2 || k.dim(x, 2) % hd) return Status::error("rotary: bad head_dim (corrupt plan)");
-  rotary(c.f(x), c.f(k.out("result")), k.dim(x, 0), k.dim(x, 1), k.dim(x, 2) / hd, hd, float(k.f64("theta")),
+  rotary(c.at<T>(x), c.at<T>(k.out("result")), k.dim(x, 0), k.dim(x, 1), k.dim(x, 2) / hd, hd, float(k.f64("theta")),
          k.flag("inverse"));
   return Status::ok();
 }
 
+template <typename T>
 Status swiglu(CpuKernelContext &c, const KernelCall &k) {
-  swigluForward(c.f(k.in("gate")), c.f(k.in("up")), c.f(k.out("result")), k.numel(k.in("gate")));
+  swigluForward(c.at<T>(k.in("gate")), c.at<T>(k.in("up")), c.at<T>(k.out("result")), k.numel(k.in("gate")));
   return Status::ok();
 }
 
+template <typename T>
 Status swigluGrad(CpuKernelContext &c, const KernelCall &k) {
-  swigluBackward(c.f(k.in("gate")), c.f(k.in("up")), c.f(k.in("grad")), c.f(k.out("grad_gate")), c.f(k.out("grad_up")),
-                 k.numel(k.in("gate")));
+  swigluBackward(c.at<T>(k.in("gate")), c.at<T>(k.in("up")), c.at<T>(k.in("grad")), c.at<T>(k.out("grad_gate")),
+                 c.at<T>(k.out("grad_up")), k.numel(k.in("gate")));
   return Status::ok();
 }
 
@@ -159,23 +174,27 @@ Status weightGrad(CpuKernelContext &c, const KernelCall &k) {
   return Status::ok();
 }
 
+template <typename T>
 Status biasGradKernel(CpuKernelContext &c, const KernelCall &k) {
   int g = k.in("grad");
   int64_t n = k.dim(g, -1);
-  biasGrad(c.f(g), c.f(k.out("result")), k.numel(g) / n, n);
+  biasGrad(c.at<T>(g), c.at<T>(k.out("result")), k.numel(g) / n, n);
   return Status::ok();
 }
 
+template <typename T>
 Status layerNormGrad(CpuKernelContext &c, const KernelCall &k) {
   int x = k.in("input");
   int64_t n = k.dim(x, -1);
-  layerNormBackward(c.f(x), c.f(k.in("gamma")), c.f(k.in("grad")), c.f(k.out("grad_input")), c.f(k.out("grad_gamma")),
-                    c.f(k.out("grad_beta")), k.numel(x) / n, n, float(k.f64("epsilon")));
+  layerNormBackward(c.at<T>(x), c.at<T>(k.in("gamma")), c.at<T>(k.in("grad")), c.at<T>(k.out("grad_input")),
+                    c.at<T>(k.out("grad_gamma")), c.at<T>(k.out("grad_beta")), k.numel(x) / n, n,
+                    float(k.f64("epsilon")));
   return Status::ok();
 }
 
+template <typename T>
 Status geluGrad(CpuKernelContext &c, const KernelCall &k) {
-  geluBackward(c.f(k.in("input")), c.f(k.in("grad")), c.f(k.out("result")), k.numel(k.in("input")));
+  geluBackward(c.at<T>(k.in("input")), c.at<T>(k.in("grad")), c.at<T>(k.out("result")), k.numel(k.in("input")));
   return Status::ok();
 }
 
@@ -270,33 +289,49 @@ Status attentionShapeOf(CpuKernelContext &c, const KernelCall &k, AttentionShape
 void registerComputeKernels(CpuKernelRegistry &r) {
   r.add(OpId::kEmbedding, embedding);
   r.add(OpId::kAddPosition, addPosition);
-  r.add(OpId::kLayerNorm, layerNorm);
+  r.add(OpId::kLayerNorm, layerNorm<float>);
   r.add(OpId::kLinear, linear);
   r.add(OpId::kAddBias, addBias);
-  r.add(OpId::kGelu, gelu);
+  r.add(OpId::kGelu, gelu<float>);
   r.add(OpId::kAttention, attention);
-  r.add(OpId::kDropout, dropout);
+  r.add(OpId::kDropout, dropout<float>);
   r.add(OpId::kAdd, add);
   r.add(OpId::kIdentity, identity);
   r.add(OpId::kCrossEntropy, crossEntropy);
-  r.add(OpId::kRmsNorm, rmsNorm);
-  r.add(OpId::kRotary, rotaryKernel);
-  r.add(OpId::kSwiglu, swiglu);
+  r.add(OpId::kRmsNorm, rmsNorm<float>);
+  r.add(OpId::kRotary, rotaryKernel<float>);
+  r.add(OpId::kSwiglu, swiglu<float>);
   r.add(OpId::kGroupedAttention, groupedAttention);
   r.add(OpId::kWeightGrad, weightGrad);
-  r.add(OpId::kBiasGrad, biasGradKernel);
-  r.add(OpId::kLayerNormGrad, layerNormGrad);
-  r.add(OpId::kGeluGrad, geluGrad);
+  r.add(OpId::kBiasGrad, biasGradKernel<float>);
+  r.add(OpId::kLayerNormGrad, layerNormGrad<float>);
+  r.add(OpId::kGeluGrad, geluGrad<float>);
   r.add(OpId::kAttentionGrad, attentionGrad);
   r.add(OpId::kEmbeddingGrad, embeddingGrad);
   r.add(OpId::kPositionGrad, positionGrad);
   r.add(OpId::kCrossEntropyGrad, crossEntropyGrad);
-  r.add(OpId::kRmsNormGrad, rmsNormGrad);
-  r.add(OpId::kSwigluGrad, swigluGrad);
+  r.add(OpId::kRmsNormGrad, rmsNormGrad<float>);
+  r.add(OpId::kSwigluGrad, swigluGrad<float>);
   r.add(OpId::kGroupedAttentionGrad, groupedAttentionGrad);
   r.add(OpId::kCrossEntropyMax, crossEntropyMax);
   r.add(OpId::kCrossEntropySums, crossEntropySums);
   r.add(OpId::kCrossEntropyLoss, crossEntropyLossKernel);
+}
+
+// The memory-bound model ops over bf16 operands (the same wrappers with T = uint16_t).
+void registerBf16ComputeKernels(HalfKernelTable &t) {
+  auto bf16 = [](CpuKernelRegistry::Kernel run) { return HalfKernel{everyOperandBf16, run}; };
+  t.add(OpId::kLayerNorm, bf16(layerNorm<uint16_t>));
+  t.add(OpId::kLayerNormGrad, bf16(layerNormGrad<uint16_t>));
+  t.add(OpId::kRmsNorm, bf16(rmsNorm<uint16_t>));
+  t.add(OpId::kRmsNormGrad, bf16(rmsNormGrad<uint16_t>));
+  t.add(OpId::kGelu, bf16(gelu<uint16_t>));
+  t.add(OpId::kGeluGrad, bf16(geluGrad<uint16_t>));
+  t.add(OpId::kSwiglu, bf16(swiglu<uint16_t>));
+  t.add(OpId::kSwigluGrad, bf16(swigluGrad<uint16_t>));
+  t.add(OpId::kRotary, bf16(rotaryKernel<uint16_t>));
+  t.add(OpId::kDropout, bf16(dropout<uint16_t>));
+  t.add(OpId::kBiasGrad, bf16(biasGradKernel<uint16_t>));
 }
 
 }  // namespace loom::cpu

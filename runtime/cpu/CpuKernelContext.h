@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "runtime/Collectives.h"
@@ -26,6 +27,14 @@ struct CpuKernelContext {
   float *f(int id) const { return id < 0 ? nullptr : (*floats)[size_t(id)]; }
   int32_t *i(int id) const { return id < 0 ? nullptr : (*ints32)[size_t(id)]; }
   uint16_t *h(int id) const { return id < 0 || !halves ? nullptr : (*halves)[size_t(id)]; }
+  // f or h by storage type (kernels written once for fp32 and bf16 operands).
+  template <typename T>
+  T *at(int id) const {
+    if constexpr (std::is_same_v<T, float>)
+      return f(id);
+    else
+      return h(id);
+  }
   Status collectives(Collectives **out) const {
     *out = run->collectives;
     return *out ? Status::ok() : Status::error("needs collectives but none were given");
@@ -45,6 +54,8 @@ using CpuKernelRegistry = KernelRegistry<CpuKernelContext>;
 // An attention instruction's shape (num_heads checked) and this run's dropout (ComputeKernels.cpp).
 struct AttentionShape;
 Status attentionShapeOf(CpuKernelContext &c, const KernelCall &k, AttentionShape *s);
+struct GroupedAttentionShape;
+Status groupedAttentionShapeOf(CpuKernelContext &c, const KernelCall &k, GroupedAttentionShape *s);
 
 // Kernels that read and write 16-bit buffers themselves (runtime/cpu/HalfKernels.cpp), each for
 // the operand dtypes its `takes` accepts; an instruction with 16-bit operands that none takes
@@ -69,6 +80,30 @@ class HalfKernelTable {
   std::array<HalfKernel, isa::kOpCount> kernels_{};
 };
 const HalfKernelTable &cpuHalfKernels();
+// body(buffer id) for each operand bound to the call (its declared slots that are present, and
+// a variadic slot's every buffer).
+template <typename Body>
+void forEachOperand(const KernelCall &k, const Body &body) {
+  for (size_t i = 0; i < k.decl.inputs.size(); ++i)
+    if (k.decl.inputs[i].arity == isa::OperandDecl::kVariadic) {
+      for (int id : k.bound.variadicInputs) body(id);
+    } else if (int id = k.bound.inputs[i]; id >= 0) {
+      body(id);
+    }
+  for (size_t i = 0; i < k.decl.outputs.size(); ++i)
+    if (k.decl.outputs[i].arity == isa::OperandDecl::kVariadic) {
+      for (int id : k.bound.variadicOutputs) body(id);
+    } else if (int id = k.bound.outputs[i]; id >= 0) {
+      body(id);
+    }
+}
+
+// Whether every bound operand of the call is bf16 (the kernels written once for both storages).
+bool everyOperandBf16(const KernelCall &call);
+// Adds those of runtime/cpu/ComputeKernels.cpp, and the communication kernels for 16-bit
+// buffers (runtime/cpu/CommunicationKernels.cpp), to the table.
+void registerBf16ComputeKernels(HalfKernelTable &table);
+void registerHalfCommunicationKernels(HalfKernelTable &table);
 
 // The CPU backend's kernels, every declared op that it runs (built once).
 const CpuKernelRegistry &cpuKernels();

@@ -244,6 +244,41 @@ Status attentionGrad(CpuKernelContext &c, const KernelCall &k) {
   return Status::ok();
 }
 
+// Grouped-query attention over bf16 q, k, v (and grad, grad_q/k/v); lse fp32.
+bool groupedAttentionTakes(const KernelCall &k) {
+  bool backward = k.decl.id == OpId::kGroupedAttentionGrad;
+  int lse = backward ? k.in("lse") : k.out("lse");
+  if (backward)
+    return allBf16(k, {k.in("q"), k.in("k"), k.in("v"), k.in("grad"), k.out("grad_q"), k.out("grad_k"),
+                       k.out("grad_v")}) &&
+           dtypeOf(k, lse) == plan::F32;
+  return allBf16(k, {k.in("q"), k.in("k"), k.in("v"), k.out("result")}) && (lse < 0 || dtypeOf(k, lse) == plan::F32);
+}
+
+int64_t groupedAttentionScratch(const KernelCall &k) {
+  int q = k.in("q"), kk = k.in("k");
+  if (k.buffer(q).shape_size() != 3 || k.buffer(kk).shape_size() != 3) return 0;  // corrupt: refused before it runs
+  int64_t heads = std::max<int64_t>(1, k.i64("num_heads")), hd = std::max<int64_t>(1, k.dim(q, 2) / heads);
+  GroupedAttentionShape s{k.dim(q, 0), k.dim(q, 1), heads, k.dim(kk, 2) / hd, hd, 0, 1, false, 0.0f, 0, 0};
+  return groupedAttentionScratchFloatsBf16(s, k.decl.id == OpId::kGroupedAttentionGrad);
+}
+
+Status groupedAttention(CpuKernelContext &c, const KernelCall &k) {
+  GroupedAttentionShape s;
+  LOOM_RETURN_IF_ERROR(groupedAttentionShapeOf(c, k, &s));
+  groupedAttentionForwardBf16(c.h(k.in("q")), c.h(k.in("k")), c.h(k.in("v")), c.h(k.out("result")), c.f(k.out("lse")),
+                              s, c.halfScratch);
+  return Status::ok();
+}
+
+Status groupedAttentionGrad(CpuKernelContext &c, const KernelCall &k) {
+  GroupedAttentionShape s;
+  LOOM_RETURN_IF_ERROR(groupedAttentionShapeOf(c, k, &s));
+  groupedAttentionBackwardBf16(c.h(k.in("q")), c.h(k.in("k")), c.h(k.in("v")), c.h(k.in("grad")), c.f(k.in("lse")),
+                               c.h(k.out("grad_q")), c.h(k.out("grad_k")), c.h(k.out("grad_v")), s, c.halfScratch);
+  return Status::ok();
+}
+
 // The cross-entropy steps over bf16 logits: their rows widened a few at a time into the
 // stream's scratch (each token's statistics come from its own row alone), and
 // cross_entropy_grad's fp32 rows beside them before they are rounded.
@@ -346,9 +381,17 @@ Status crossEntropyGrad(CpuKernelContext &c, const KernelCall &k) {
 
 }  // namespace
 
+bool everyOperandBf16(const KernelCall &k) {
+  bool all = true;
+  forEachOperand(k, [&](int id) { all &= dtypeOf(k, id) == plan::BF16; });
+  return all;
+}
+
 const HalfKernelTable &cpuHalfKernels() {
   static const HalfKernelTable table = [] {
     HalfKernelTable t;
+    registerBf16ComputeKernels(t);
+    registerHalfCommunicationKernels(t);
     t.add(OpId::kLinear, {linearTakes, linear});
     t.add(OpId::kWeightGrad, {weightGradTakes, weightGrad});
     t.add(OpId::kAdd, {addTakes, add});
@@ -358,6 +401,8 @@ const HalfKernelTable &cpuHalfKernels() {
     t.add(OpId::kEmbeddingGrad, {embeddingGradTakes, embeddingGrad});
     t.add(OpId::kAttention, {attentionTakes, attention, attentionScratch});
     t.add(OpId::kAttentionGrad, {attentionTakes, attentionGrad, attentionScratch});
+    t.add(OpId::kGroupedAttention, {groupedAttentionTakes, groupedAttention, groupedAttentionScratch});
+    t.add(OpId::kGroupedAttentionGrad, {groupedAttentionTakes, groupedAttentionGrad, groupedAttentionScratch});
     t.add(OpId::kCrossEntropy, {logitsTakes, crossEntropy, logitsScratchFloats});
     t.add(OpId::kCrossEntropyMax, {logitsTakes, crossEntropyMax, logitsScratchFloats});
     t.add(OpId::kCrossEntropySums, {logitsTakes, crossEntropySums, logitsScratchFloats});

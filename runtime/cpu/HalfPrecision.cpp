@@ -43,6 +43,10 @@ void split(const From *from, To *to, int64_t n, void (*range)(const From *, To *
 
 void widenBf16(const uint16_t *from, float *to, int64_t n) { split(from, to, n, widenBf16Range); }
 void narrowToBf16(const float *from, uint16_t *to, int64_t n) { split(from, to, n, narrowBf16Range); }
+void widenBf16Row(const uint16_t *from, float *to, int64_t n) { widenBf16Range(from, to, n); }
+void narrowBf16Row(const float *from, uint16_t *to, int64_t n) { narrowBf16Range(from, to, n); }
+void widenF16Row(const uint16_t *from, float *to, int64_t n) { widenF16Range(from, to, n); }
+void narrowF16Row(const float *from, uint16_t *to, int64_t n) { narrowF16Range(from, to, n); }
 void widenF16(const uint16_t *from, float *to, int64_t n) { split(from, to, n, widenF16Range); }
 void narrowToF16(const float *from, uint16_t *to, int64_t n) { split(from, to, n, narrowF16Range); }
 

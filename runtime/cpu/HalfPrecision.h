@@ -44,5 +44,10 @@ void widenBf16(const uint16_t *from, float *to, int64_t n);
 void narrowToBf16(const float *from, uint16_t *to, int64_t n);
 void widenF16(const uint16_t *from, float *to, int64_t n);
 void narrowToF16(const float *from, uint16_t *to, int64_t n);
+// The same on the calling thread alone (a row inside a kernel's own parallel part).
+void widenBf16Row(const uint16_t *from, float *to, int64_t n);
+void narrowBf16Row(const float *from, uint16_t *to, int64_t n);
+void widenF16Row(const uint16_t *from, float *to, int64_t n);
+void narrowF16Row(const float *from, uint16_t *to, int64_t n);
 
 }  // namespace loom::cpu

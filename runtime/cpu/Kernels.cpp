@@ -1,9 +1,11 @@
 #include "runtime/cpu/Kernels.h"
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <type_traits>
 #include <vector>
 
 #include "runtime/cpu/FastExp.h"
@@ -11,6 +13,7 @@
 #include "runtime/cpu/HalfPrecision.h"
 #include "runtime/cpu/Parallel.h"
 #include "runtime/cpu/Philox.h"
+#include "runtime/cpu/RowStorage.h"
 
 namespace loom::cpu {
 
@@ -38,13 +41,21 @@ void linearWeightGrad(const float *x, const float *g, float *dw, int64_t m, int6
 }
 
 // Each thread sums its own columns over every row in row order: the same sums whatever the split.
-void biasGrad(const float *g, float *db, int64_t m, int64_t n) {
+template <typename T>
+void biasGradOf(const T *g, T *db, int64_t m, int64_t n) {
   parallelFor(n, std::max<int64_t>(16, grainFor(m)), [&](int64_t c0, int64_t c1) {
-    std::fill(db + c0, db + c1, 0.0f);
-    for (int64_t r = 0; r < m; ++r)
-      for (int64_t c = c0; c < c1; ++c) db[c] += g[r * n + c];
+    RowViews<T> rows(2, c1 - c0);
+    float *sum = rows.out(1, db + c0);
+    std::fill(sum, sum + (c1 - c0), 0.0f);
+    for (int64_t r = 0; r < m; ++r) {
+      const float *gr = rows.in(0, g + r * n + c0);
+      for (int64_t c = 0; c < c1 - c0; ++c) sum[c] += gr[c];
+    }
+    rows.put(1, db + c0);
   });
 }
+void biasGrad(const float *g, float *db, int64_t m, int64_t n) { biasGradOf(g, db, m, n); }
+void biasGrad(const uint16_t *g, uint16_t *db, int64_t m, int64_t n) { biasGradOf(g, db, m, n); }
 
 namespace {
 // Row reductions in 8 float lanes (they vectorise), the lanes and the tail combined in double:
@@ -114,17 +125,54 @@ void addChunks(const float *partial, int64_t chunks, int64_t ld, int64_t n, floa
 }
 }  // namespace
 
-void layerNormForward(const float *x, const float *gamma, const float *beta, float *y, int64_t rows,
-                      int64_t n, float eps) {
+namespace {
+// A kernel's parameter vectors (gamma, beta) as fp32, widened once per call (bf16) on the
+// calling thread.
+template <typename T>
+struct WideParams {
+  RowViews<T, 1> views;
+  const float *a, *b;
+  WideParams(int64_t n, const T *first, const T *second = nullptr)
+      : views(2, n), a(views.in(0, first)), b(views.in(1, second)) {}
+};
+
+// fp32 partial sums per column (dgamma, dbeta) into an fp32 or bf16 result, rounded once.
+template <typename T>
+void addChunksInto(const float *partial, int64_t chunks, int64_t ld, int64_t n, T *out) {
+  if constexpr (std::is_same_v<T, float>) {
+    addChunks(partial, chunks, ld, n, out);
+  } else {
+    static thread_local std::vector<float> sumBuffer;
+    float *sum = scratch(sumBuffer, size_t(n));
+    addChunks(partial, chunks, ld, n, sum);
+    narrowToBf16(sum, out, n);
+  }
+}
+
+template <typename T>
+void layerNormForwardOf(const T *x, const T *gamma, const T *beta, T *y, int64_t rows, int64_t n, float eps) {
+  WideParams<T> p(n, gamma, beta);
   parallelFor(rows, grainFor(n), [&](int64_t r0, int64_t r1) {
+    RowViews<T> views(2, n);
     for (int64_t r = r0; r < r1; ++r) {
-      const float *xr = x + r * n;
+      const float *xr = views.in(0, x + r * n);
       float mean, rstd;
       rowStatistics(xr, n, eps, &mean, &rstd);
-      float *yr = y + r * n;
-      for (int64_t i = 0; i < n; ++i) yr[i] = (xr[i] - mean) * rstd * gamma[i] + beta[i];
+      float *yr = views.out(1, y + r * n);
+      for (int64_t i = 0; i < n; ++i) yr[i] = (xr[i] - mean) * rstd * p.a[i] + p.b[i];
+      views.put(1, y + r * n);
     }
   });
+}
+}  // namespace
+
+void layerNormForward(const float *x, const float *gamma, const float *beta, float *y, int64_t rows, int64_t n,
+                      float eps) {
+  layerNormForwardOf(x, gamma, beta, y, rows, n, eps);
+}
+void layerNormForward(const uint16_t *x, const uint16_t *gamma, const uint16_t *beta, uint16_t *y, int64_t rows,
+                      int64_t n, float eps) {
+  layerNormForwardOf(x, gamma, beta, y, rows, n, eps);
 }
 
 // dx = rstd (dy - mean(dy) - xhat mean(dy xhat)), dy = g gamma; dgamma = sum g xhat, dbeta = sum g.
@@ -163,23 +211,39 @@ void layerNormGradRow(const float *__restrict xr, const float *__restrict gamma,
 }
 }  // namespace
 
-void layerNormBackward(const float *x, const float *gamma, const float *g, float *dx, float *dgamma,
-                       float *dbeta, int64_t rows, int64_t n, float eps) {
+namespace {
+template <typename T>
+void layerNormBackwardOf(const T *x, const T *gamma, const T *g, T *dx, T *dgamma, T *dbeta, int64_t rows, int64_t n,
+                         float eps) {
   static thread_local std::vector<float> partialBuffer;
+  WideParams<T> p(n, gamma);
   int64_t chunks = chunkCount(rows, kRowChunk);
   float *partial = scratch(partialBuffer, size_t(chunks * 2 * n));  // per chunk: dgamma then dbeta
   parallelChunks(rows, kRowChunk, [&](int64_t c, int64_t r0, int64_t r1) {
     static thread_local std::vector<float> xhatBuffer;
     float *pg = partial + c * 2 * n, *pb = pg + n, *xhat = scratch(xhatBuffer, size_t(n));
     std::fill(pg, pg + 2 * n, 0.0f);
+    RowViews<T> views(3, n);
     for (int64_t r = r0; r < r1; ++r) {
+      const float *xr = views.in(0, x + r * n), *gr = views.in(1, g + r * n);
       float mean, rstd;
-      rowStatistics(x + r * n, n, eps, &mean, &rstd);
-      layerNormGradRow(x + r * n, gamma, g + r * n, dx + r * n, pg, pb, xhat, n, mean, rstd);
+      rowStatistics(xr, n, eps, &mean, &rstd);
+      layerNormGradRow(xr, p.a, gr, views.out(2, dx + r * n), pg, pb, xhat, n, mean, rstd);
+      views.put(2, dx + r * n);
     }
   }, n);
-  addChunks(partial, chunks, 2 * n, n, dgamma);
-  addChunks(partial + n, chunks, 2 * n, n, dbeta);
+  addChunksInto(partial, chunks, 2 * n, n, dgamma);
+  addChunksInto(partial + n, chunks, 2 * n, n, dbeta);
+}
+}  // namespace
+
+void layerNormBackward(const float *x, const float *gamma, const float *g, float *dx, float *dgamma, float *dbeta,
+                       int64_t rows, int64_t n, float eps) {
+  layerNormBackwardOf(x, gamma, g, dx, dgamma, dbeta, rows, n, eps);
+}
+void layerNormBackward(const uint16_t *x, const uint16_t *gamma, const uint16_t *g, uint16_t *dx, uint16_t *dgamma,
+                       uint16_t *dbeta, int64_t rows, int64_t n, float eps) {
+  layerNormBackwardOf(x, gamma, g, dx, dgamma, dbeta, rows, n, eps);
 }
 
 namespace {
@@ -206,28 +270,72 @@ void geluGradRange(const float *x, const float *g, float *dx, int64_t lo, int64_
 }
 }  // namespace
 
-void geluForward(const float *x, float *y, int64_t count) {
-  parallelFor(count, kMinPartElements, [&](int64_t lo, int64_t hi) { geluRange(x, y, lo, hi); });
+namespace {
+// body(x, y, count, first) over [0, count) split over the threads, each operand as fp32: fp32
+// storage in place, bf16 widened a block at a time and the outputs rounded (elementwise: the
+// same values either way and for any split). `first` is the block's first element.
+template <int Inputs, int Outputs, typename T, typename Body>
+void elementwise(int64_t count, const std::array<const T *, Inputs> &in, const std::array<T *, Outputs> &out,
+                 const Body &body) {
+  parallelFor(count, kMinPartElements, [&](int64_t lo, int64_t hi) {
+    constexpr bool wide = std::is_same_v<T, float>;
+    int64_t block = wide ? std::max<int64_t>(1, hi - lo) : kRowStorageBlock;
+    RowViews<T> views(Inputs + Outputs, block);
+    for (int64_t b0 = lo; b0 < hi; b0 += block) {
+      int64_t n = std::min(block, hi - b0);
+      std::array<const float *, Inputs> x;
+      std::array<float *, Outputs> y;
+      for (int j = 0; j < Inputs; ++j) x[size_t(j)] = views.in(j, in[size_t(j)] + b0, n);
+      for (int j = 0; j < Outputs; ++j) y[size_t(j)] = views.out(Inputs + j, out[size_t(j)] + b0);
+      body(x, y, n, b0);
+      for (int j = 0; j < Outputs; ++j) views.put(Inputs + j, out[size_t(j)] + b0, n);
+    }
+  });
 }
 
-// d/dx: 0.5 (1 + t) + 0.5 x (1 - t^2) c (1 + 3 * 0.044715 x^2), t = tanh(c (x + 0.044715 x^3)).
-void geluBackward(const float *x, const float *g, float *dx, int64_t count) {
-  parallelFor(count, kMinPartElements, [&](int64_t lo, int64_t hi) { geluGradRange(x, g, dx, lo, hi); });
+template <typename T>
+void geluOf(const T *x, T *y, int64_t count) {
+  elementwise<1, 1, T>(count, {x}, {y}, [](auto &in, auto &out, int64_t n, int64_t) { geluRange(in[0], out[0], 0, n); });
 }
+
+template <typename T>
+void geluGradOf(const T *x, const T *g, T *dx, int64_t count) {
+  elementwise<2, 1, T>(count, {x, g}, {dx},
+                       [](auto &in, auto &out, int64_t n, int64_t) { geluGradRange(in[0], in[1], out[0], 0, n); });
+}
+}  // namespace
+
+void geluForward(const float *x, float *y, int64_t count) { geluOf(x, y, count); }
+void geluForward(const uint16_t *x, uint16_t *y, int64_t count) { geluOf(x, y, count); }
+
+// d/dx: 0.5 (1 + t) + 0.5 x (1 - t^2) c (1 + 3 * 0.044715 x^2), t = tanh(c (x + 0.044715 x^3)).
+void geluBackward(const float *x, const float *g, float *dx, int64_t count) { geluGradOf(x, g, dx, count); }
+void geluBackward(const uint16_t *x, const uint16_t *g, uint16_t *dx, int64_t count) { geluGradOf(x, g, dx, count); }
 
 namespace {
 // Philox's 32x32->64-bit products vectorise with AVX2 (about 1.6x here); the same values either
-// way (integer arithmetic), the variant chosen at load time. Elements [lo, hi).
+// way (integer arithmetic), the variant chosen at load time. Elements [0, n) of a block whose
+// first element is element `first` of the tensor (the mask's counter).
 __attribute__((target_clones("avx2", "default")))
-void dropoutRange(const float *x, float *y, int64_t lo, int64_t hi, float rate, uint64_t seed, uint64_t stream) {
+void dropoutRange(const float *x, float *y, int64_t n, int64_t first, float rate, uint64_t seed, uint64_t stream) {
   float scale = 1.0f / (1.0f - rate);
-  for (int64_t i = lo; i < hi; ++i)
-    y[i] = philoxUniform(seed, stream, uint64_t(i)) >= rate ? x[i] * scale : 0.0f;
+  for (int64_t i = 0; i < n; ++i)
+    y[i] = philoxUniform(seed, stream, uint64_t(first + i)) >= rate ? x[i] * scale : 0.0f;
+}
+
+template <typename T>
+void dropoutOf(const T *x, T *y, int64_t count, float rate, uint64_t seed, uint64_t stream) {
+  elementwise<1, 1, T>(count, {x}, {y}, [&](auto &in, auto &out, int64_t n, int64_t first) {
+    dropoutRange(in[0], out[0], n, first, rate, seed, stream);
+  });
 }
 }  // namespace
 
 void dropoutForward(const float *x, float *y, int64_t count, float rate, uint64_t seed, uint64_t stream) {
-  parallelFor(count, kMinPartElements, [&](int64_t lo, int64_t hi) { dropoutRange(x, y, lo, hi, rate, seed, stream); });
+  dropoutOf(x, y, count, rate, seed, stream);
+}
+void dropoutForward(const uint16_t *x, uint16_t *y, int64_t count, float rate, uint64_t seed, uint64_t stream) {
+  dropoutOf(x, y, count, rate, seed, stream);
 }
 
 namespace {
@@ -531,9 +639,21 @@ void headForwardBf16(const Head &h, uint16_t *out, int64_t ldo, float *lse, floa
   }
 }
 
-// dq, dk, dv: this head's bf16 gradients (rows ldd, ldkv apart), each written once.
-void headBackwardBf16(const Head &h, const uint16_t *g, int64_t ldg, const float *lse, uint16_t *dq, uint16_t *dk,
-                      uint16_t *dv, int64_t ldd, int64_t ldkv, float *scratch) {
+// Where a head's dK or dV rows go (ld apart): rounded into bf16, each written once, or (grouped
+// attention) added into fp32 sums over the query heads that share the KV head, rounded after.
+struct KvGrad {
+  uint16_t *bf16 = nullptr;
+  float *sum = nullptr;
+  void put(const float *block, int64_t rows, int64_t hd, float scale, int64_t row0, int64_t ld) const {
+    if (!sum) return scaledRowsToBf16(block, rows, hd, scale, bf16 + row0 * ld, ld);
+    for (int64_t r = 0; r < rows; ++r)
+      for (int64_t c = 0; c < hd; ++c) sum[(row0 + r) * ld + c] += block[r * hd + c] * scale;
+  }
+};
+
+// dq (bf16, rows ldd apart, written once), dk and dv: this head's gradients.
+void headBackwardBf16(const Head &h, const uint16_t *g, int64_t ldg, const float *lse, uint16_t *dq, KvGrad dk,
+                      KvGrad dv, int64_t ldd, int64_t ldkv, float *scratch) {
   int64_t S = h.S, hd = h.hd;
   float scale = 1.0f / std::sqrt(float(hd));
   float *p = scratch, *d = p + S * S, *dp = d + S * S;
@@ -553,7 +673,7 @@ void headBackwardBf16(const Head &h, const uint16_t *g, int64_t ldg, const float
     int64_t kb = std::min(kBlock, S - j0), first = h.causal ? j0 : 0;
     gemmBf16(true, false, kb, hd, S - first, d16 + first * S + j0, S, g + first * ldg, ldg, nullptr, block,
              GemmOut::kF32, hd);
-    scaledRowsToBf16(block, kb, hd, 1.0f, dv + j0 * ldkv, ldkv);
+    dv.put(block, kb, hd, 1.0f, j0, ldkv);
   }
   for (int64_t i0 = 0; i0 < S; i0 += kBlock) {  // dP = dO v^T
     int64_t rows = std::min(kBlock, S - i0), cols = h.blockKeys(i0);
@@ -578,7 +698,7 @@ void headBackwardBf16(const Head &h, const uint16_t *g, int64_t ldg, const float
     int64_t kb = std::min(kBlock, S - j0), first = h.causal ? j0 : 0;
     gemmBf16(true, false, kb, hd, S - first, ds16 + first * S + j0, S, h.q16 + first * h.ldq, h.ldq, nullptr, block,
              GemmOut::kF32, hd);
-    scaledRowsToBf16(block, kb, hd, scale, dk + j0 * ldkv, ldkv);
+    dk.put(block, kb, hd, scale, j0, ldkv);
   }
 }
 
@@ -605,7 +725,7 @@ void attentionBackwardBf16(const uint16_t *qkv, const float *keyMask, const uint
     int64_t b = i / s.heads, h = i % s.heads;
     uint16_t *dq = dqkv + b * S * ld + h * 3 * hd;
     headBackwardBf16(attentionHeadBf16(qkv, keyMask, s, b, h), g + b * S * H + h * hd, H, lse + (b * s.heads + h) * S,
-                     dq, dq + hd, dq + 2 * hd, ld, ld, p);
+                     dq, KvGrad{dq + hd}, KvGrad{dq + 2 * hd}, ld, ld, p);
   });
 }
 
@@ -649,15 +769,75 @@ void groupedAttentionBackward(const float *q, const float *k, const float *v, co
   });
 }
 
-void rmsNormForward(const float *x, const float *gamma, float *y, int64_t rows, int64_t n, float eps) {
+// Grouped-query attention over bf16 q, k, v (FlashAttention's rounding points, as
+// attentionForwardBf16); a KV head's dK and dV are summed over its query heads in fp32 and
+// rounded once (FlashAttention-2's GQA backward; the same as the gradient of repeat_kv).
+namespace {
+Head groupedHeadBf16(const uint16_t *q, const uint16_t *k, const uint16_t *v, const GroupedAttentionShape &s, int64_t b,
+                     int64_t h) {
+  int64_t hd = s.headDim, S = s.seq, ldq = s.heads * hd, ldkv = s.kvHeads * hd, kv = s.kvHeadOf(h);
+  return Head{nullptr, nullptr, nullptr, ldq, ldkv, ldkv, q + b * S * ldq + h * hd, k + b * S * ldkv + kv * hd,
+              v + b * S * ldkv + kv * hd, nullptr, S, hd, s.causal, s.dropout, s.seed, s.stream,
+              uint64_t((b * s.heads + h) * S) * uint64_t(S)};
+}
+int64_t kvFloats(const GroupedAttentionShape &s) { return s.batch * s.seq * s.kvHeads * s.headDim; }
+}  // namespace
+
+int64_t groupedAttentionScratchFloatsBf16(const GroupedAttentionShape &s, bool backward) {
+  return kHeadGroups * headScratchFloatsBf16(s.seq, s.headDim, backward) + (backward ? 2 * kvFloats(s) : 0);
+}
+
+void groupedAttentionForwardBf16(const uint16_t *q, const uint16_t *k, const uint16_t *v, uint16_t *out, float *lse,
+                                 const GroupedAttentionShape &s, float *scratch) {
+  int64_t S = s.seq, ldq = s.heads * s.headDim;
+  inHeadGroups(s.batch * s.heads, headScratchFloatsBf16(S, s.headDim, false), scratch, true, [&](int64_t i, float *p) {
+    int64_t b = i / s.heads, h = i % s.heads;
+    headForwardBf16(groupedHeadBf16(q, k, v, s, b, h), out + b * S * ldq + h * s.headDim, ldq,
+                    lse ? lse + (b * s.heads + h) * S : nullptr, p);
+  });
+}
+
+void groupedAttentionBackwardBf16(const uint16_t *q, const uint16_t *k, const uint16_t *v, const uint16_t *g,
+                                  const float *lse, uint16_t *dq, uint16_t *dk, uint16_t *dv,
+                                  const GroupedAttentionShape &s, float *scratch) {
+  int64_t hd = s.headDim, S = s.seq, ldq = s.heads * hd, ldkv = s.kvHeads * hd, perGroup = headScratchFloatsBf16(S, hd, true);
+  float *dkSum = scratch + kHeadGroups * perGroup, *dvSum = dkSum + kvFloats(s);
+  std::fill(dkSum, dkSum + 2 * kvFloats(s), 0.0f);
+  int64_t items = s.batch * s.heads, mid = items / 2;
+  auto kvOf = [&](int64_t i) { return (i / s.heads) * s.kvHeads + s.kvHeadOf(i % s.heads); };
+  bool splittable = items >= 2 && kvOf(mid - 1) != kvOf(mid);
+  inHeadGroups(items, perGroup, scratch, splittable, [&](int64_t i, float *p) {
+    int64_t b = i / s.heads, h = i % s.heads;
+    int64_t qo = b * S * ldq + h * hd, kvo = b * S * ldkv + s.kvHeadOf(h) * hd;
+    headBackwardBf16(groupedHeadBf16(q, k, v, s, b, h), g + qo, ldq, lse + (b * s.heads + h) * S, dq + qo,
+                     KvGrad{nullptr, dkSum + kvo}, KvGrad{nullptr, dvSum + kvo}, ldq, ldkv, p);
+  });
+  narrowToBf16(dkSum, dk, kvFloats(s));
+  narrowToBf16(dvSum, dv, kvFloats(s));
+}
+
+namespace {
+template <typename T>
+void rmsNormForwardOf(const T *x, const T *gamma, T *y, int64_t rows, int64_t n, float eps) {
+  WideParams<T> p(n, gamma);
   parallelFor(rows, grainFor(n), [&](int64_t r0, int64_t r1) {
+    RowViews<T> views(2, n);
     for (int64_t r = r0; r < r1; ++r) {
-      const float *xr = x + r * n;
+      const float *xr = views.in(0, x + r * n);
       float rstd = 1.0f / std::sqrt(laneDot(xr, xr, n) / float(n) + eps);
-      float *yr = y + r * n;
-      for (int64_t i = 0; i < n; ++i) yr[i] = xr[i] * rstd * gamma[i];
+      float *yr = views.out(1, y + r * n);
+      for (int64_t i = 0; i < n; ++i) yr[i] = xr[i] * rstd * p.a[i];
+      views.put(1, y + r * n);
     }
   });
+}
+}  // namespace
+
+void rmsNormForward(const float *x, const float *gamma, float *y, int64_t rows, int64_t n, float eps) {
+  rmsNormForwardOf(x, gamma, y, rows, n, eps);
+}
+void rmsNormForward(const uint16_t *x, const uint16_t *gamma, uint16_t *y, int64_t rows, int64_t n, float eps) {
+  rmsNormForwardOf(x, gamma, y, rows, n, eps);
 }
 
 // dx = rstd (g gamma - x rstd mean(g gamma x rstd)), dgamma = sum g x rstd.
@@ -677,18 +857,34 @@ void rmsNormGradRow(const float *__restrict xr, const float *__restrict gamma, c
 }
 }  // namespace
 
-void rmsNormBackward(const float *x, const float *gamma, const float *g, float *dx, float *dgamma, int64_t rows,
-                     int64_t n, float eps) {
+namespace {
+template <typename T>
+void rmsNormBackwardOf(const T *x, const T *gamma, const T *g, T *dx, T *dgamma, int64_t rows, int64_t n, float eps) {
   static thread_local std::vector<float> partialBuffer;
+  WideParams<T> p(n, gamma);
   int64_t chunks = chunkCount(rows, kRowChunk);
   float *partial = scratch(partialBuffer, size_t(chunks * n));
   parallelChunks(rows, kRowChunk, [&](int64_t c, int64_t r0, int64_t r1) {
     static thread_local std::vector<float> dyBuffer;
     float *pg = partial + c * n, *dy = scratch(dyBuffer, size_t(n));
     std::fill(pg, pg + n, 0.0f);
-    for (int64_t r = r0; r < r1; ++r) rmsNormGradRow(x + r * n, gamma, g + r * n, dx + r * n, pg, dy, n, eps);
+    RowViews<T> views(3, n);
+    for (int64_t r = r0; r < r1; ++r) {
+      rmsNormGradRow(views.in(0, x + r * n), p.a, views.in(1, g + r * n), views.out(2, dx + r * n), pg, dy, n, eps);
+      views.put(2, dx + r * n);
+    }
   }, n);
-  addChunks(partial, chunks, n, n, dgamma);
+  addChunksInto(partial, chunks, n, n, dgamma);
+}
+}  // namespace
+
+void rmsNormBackward(const float *x, const float *gamma, const float *g, float *dx, float *dgamma, int64_t rows,
+                     int64_t n, float eps) {
+  rmsNormBackwardOf(x, gamma, g, dx, dgamma, rows, n, eps);
+}
+void rmsNormBackward(const uint16_t *x, const uint16_t *gamma, const uint16_t *g, uint16_t *dx, uint16_t *dgamma,
+                     int64_t rows, int64_t n, float eps) {
+  rmsNormBackwardOf(x, gamma, g, dx, dgamma, rows, n, eps);
 }
 
 namespace {
@@ -715,18 +911,23 @@ const RotaryTables &rotaryTables(int64_t seq, int64_t headDim, float theta) {
 }
 }  // namespace
 
-void rotary(const float *x, float *y, int64_t batch, int64_t seq, int64_t heads, int64_t headDim, float theta,
-            bool inverse) {
+namespace {
+template <typename T>
+void rotaryOf(const T *x, T *y, int64_t batch, int64_t seq, int64_t heads, int64_t headDim, float theta,
+              bool inverse) {
   int64_t half = headDim / 2, width = heads * headDim;
   const RotaryTables &t = rotaryTables(seq, headDim, theta);
   const float *cosT = t.cosT.data(), *sinT = t.sinT.data();
   // Rows (batch, position) split over the threads: elementwise, the same bits for any split.
   parallelFor(batch * seq, grainFor(width), [&](int64_t r0, int64_t r1) {
+    RowViews<T> views(2, width);
     for (int64_t r = r0; r < r1; ++r) {
       int64_t s = r % seq;
+      const float *xrow = views.in(0, x + r * width);
+      float *yrow = views.out(1, y + r * width);
       for (int64_t h = 0; h < heads; ++h) {
-        const float *xr = x + r * width + h * headDim;
-        float *yr = y + r * width + h * headDim;
+        const float *xr = xrow + h * headDim;
+        float *yr = yrow + h * headDim;
         for (int64_t j = 0; j < half; ++j) {
           float c = cosT[s * half + j], sn = inverse ? -sinT[s * half + j] : sinT[s * half + j];
           float x1 = xr[j], x2 = xr[j + half];
@@ -734,28 +935,58 @@ void rotary(const float *x, float *y, int64_t batch, int64_t seq, int64_t heads,
           yr[j + half] = x2 * c + x1 * sn;
         }
       }
+      views.put(1, y + r * width);
     }
   });
 }
 
 // sigmoid through fastExp (its clamp keeps 1 / (1 + e) finite: sigmoid(-inf side) ~ 5e-39).
-void swigluForward(const float *gate, const float *up, float *y, int64_t count) {
-  parallelFor(count, kMinPartElements, [&](int64_t lo, int64_t hi) {
-    for (int64_t i = lo; i < hi; ++i) {
-      float sig = 1.0f / (1.0f + fastExp(-gate[i]));
-      y[i] = gate[i] * sig * up[i];
+template <typename T>
+void swigluForwardOf(const T *gate, const T *up, T *y, int64_t count) {
+  elementwise<2, 1, T>(count, {gate, up}, {y}, [](auto &in, auto &out, int64_t n, int64_t) {
+    const float *a = in[0], *b = in[1];
+    float *o = out[0];
+    for (int64_t i = 0; i < n; ++i) {
+      float sig = 1.0f / (1.0f + fastExp(-a[i]));
+      o[i] = a[i] * sig * b[i];
     }
   });
 }
 
-void swigluBackward(const float *gate, const float *up, const float *g, float *dgate, float *dup, int64_t count) {
-  parallelFor(count, kMinPartElements, [&](int64_t lo, int64_t hi) {
-    for (int64_t i = lo; i < hi; ++i) {
-      float x = gate[i], sig = 1.0f / (1.0f + fastExp(-x));
-      dup[i] = g[i] * x * sig;
-      dgate[i] = g[i] * up[i] * sig * (1.0f + x * (1.0f - sig));
+template <typename T>
+void swigluBackwardOf(const T *gate, const T *up, const T *g, T *dgate, T *dup, int64_t count) {
+  elementwise<3, 2, T>(count, {gate, up, g}, {dgate, dup}, [](auto &in, auto &out, int64_t n, int64_t) {
+    const float *a = in[0], *b = in[1], *gr = in[2];
+    float *dg = out[0], *du = out[1];
+    for (int64_t i = 0; i < n; ++i) {
+      float x = a[i], sig = 1.0f / (1.0f + fastExp(-x));
+      du[i] = gr[i] * x * sig;
+      dg[i] = gr[i] * b[i] * sig * (1.0f + x * (1.0f - sig));
     }
   });
+}
+}  // namespace
+
+void rotary(const float *x, float *y, int64_t batch, int64_t seq, int64_t heads, int64_t headDim, float theta,
+            bool inverse) {
+  rotaryOf(x, y, batch, seq, heads, headDim, theta, inverse);
+}
+void rotary(const uint16_t *x, uint16_t *y, int64_t batch, int64_t seq, int64_t heads, int64_t headDim, float theta,
+            bool inverse) {
+  rotaryOf(x, y, batch, seq, heads, headDim, theta, inverse);
+}
+void swigluForward(const float *gate, const float *up, float *y, int64_t count) {
+  swigluForwardOf(gate, up, y, count);
+}
+void swigluForward(const uint16_t *gate, const uint16_t *up, uint16_t *y, int64_t count) {
+  swigluForwardOf(gate, up, y, count);
+}
+void swigluBackward(const float *gate, const float *up, const float *g, float *dgate, float *dup, int64_t count) {
+  swigluBackwardOf(gate, up, g, dgate, dup, count);
+}
+void swigluBackward(const uint16_t *gate, const uint16_t *up, const uint16_t *g, uint16_t *dgate, uint16_t *dup,
+                    int64_t count) {
+  swigluBackwardOf(gate, up, g, dgate, dup, count);
 }
 
 void embeddingForward(const int32_t *tokens, const float *word, const float *position, float *out,

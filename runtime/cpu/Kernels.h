@@ -1,6 +1,10 @@
 // fp32 CPU kernels of the loom ops, forward and backward side by side. Shapes are given as
 // rows x columns of the flattened tensors; all buffers are dense, row-major. GEMMs go through
 // OpenBLAS; the rest is plain loops. Each function's math is stated above it.
+//
+// The memory-bound ones also come for bf16 operands (uint16_t bits, every operand bf16): the
+// same fp32 arithmetic on rows widened in cache and each output rounded once, so the values are
+// those of the fp32 kernel run on widened copies and rounded after (runtime/cpu/RowStorage.h).
 #pragma once
 
 #include <cstdint>
@@ -15,20 +19,28 @@ void linearWeightGrad(const float *x, const float *g, float *dw, int64_t m, int6
                       bool transposeW, bool accumulate = false);
 // db[N] = sum over rows of g[M,N].
 void biasGrad(const float *g, float *db, int64_t m, int64_t n);
+void biasGrad(const uint16_t *g, uint16_t *db, int64_t m, int64_t n);
 
 // Layer norm over rows of length n: y = (x - mean) * rstd * gamma + beta.
 void layerNormForward(const float *x, const float *gamma, const float *beta, float *y, int64_t rows,
                       int64_t n, float eps);
+void layerNormForward(const uint16_t *x, const uint16_t *gamma, const uint16_t *beta, uint16_t *y, int64_t rows,
+                      int64_t n, float eps);
 // dx, dgamma, dbeta with the statistics recomputed from x.
 void layerNormBackward(const float *x, const float *gamma, const float *g, float *dx, float *dgamma,
                        float *dbeta, int64_t rows, int64_t n, float eps);
+void layerNormBackward(const uint16_t *x, const uint16_t *gamma, const uint16_t *g, uint16_t *dx, uint16_t *dgamma,
+                       uint16_t *dbeta, int64_t rows, int64_t n, float eps);
 
 // GeLU, tanh approximation: 0.5 x (1 + tanh(c (x + 0.044715 x^3))), c = sqrt(2/pi).
 void geluForward(const float *x, float *y, int64_t count);
 void geluBackward(const float *x, const float *g, float *dx, int64_t count);
+void geluForward(const uint16_t *x, uint16_t *y, int64_t count);
+void geluBackward(const uint16_t *x, const uint16_t *g, uint16_t *dx, int64_t count);
 
 // Inverted dropout: y = x * keep / (1 - rate), keep = uniform(seed, stream, i) >= rate.
 void dropoutForward(const float *x, float *y, int64_t count, float rate, uint64_t seed, uint64_t stream);
+void dropoutForward(const uint16_t *x, uint16_t *y, int64_t count, float rate, uint64_t seed, uint64_t stream);
 
 // Attention core over qkv [B,S,3*heads*hd] laid out per head [heads,3,hd]; out [B,S,heads*hd].
 // keyMask [B,S] (nullable): 0 masks that key. Dropout on probabilities with (seed, stream).
@@ -74,21 +86,37 @@ void groupedAttentionForward(const float *q, const float *k, const float *v, flo
                              const GroupedAttentionShape &s, float *scratch);
 void groupedAttentionBackward(const float *q, const float *k, const float *v, const float *g, const float *lse,
                               float *dq, float *dk, float *dv, const GroupedAttentionShape &s, float *scratch);
+// The same over bf16 q, k, v, out, g, dq, dk, dv with attentionForwardBf16's rounding points; a
+// KV head's dK and dV summed over its query heads in fp32 (in the scratch) and rounded once.
+int64_t groupedAttentionScratchFloatsBf16(const GroupedAttentionShape &s, bool backward);
+void groupedAttentionForwardBf16(const uint16_t *q, const uint16_t *k, const uint16_t *v, uint16_t *out, float *lse,
+                                 const GroupedAttentionShape &s, float *scratch);
+void groupedAttentionBackwardBf16(const uint16_t *q, const uint16_t *k, const uint16_t *v, const uint16_t *g,
+                                  const float *lse, uint16_t *dq, uint16_t *dk, uint16_t *dv,
+                                  const GroupedAttentionShape &s, float *scratch);
 
 // RMS norm over rows of length n: y = x / sqrt(mean(x^2) + eps) * gamma; the backward
 // recomputes the statistic.
 void rmsNormForward(const float *x, const float *gamma, float *y, int64_t rows, int64_t n, float eps);
 void rmsNormBackward(const float *x, const float *gamma, const float *g, float *dx, float *dgamma, int64_t rows,
                      int64_t n, float eps);
+void rmsNormForward(const uint16_t *x, const uint16_t *gamma, uint16_t *y, int64_t rows, int64_t n, float eps);
+void rmsNormBackward(const uint16_t *x, const uint16_t *gamma, const uint16_t *g, uint16_t *dx, uint16_t *dgamma,
+                     int64_t rows, int64_t n, float eps);
 
 // Rotary embedding (rotate-half) of x [B,S,heads*hd] at positions 0..S-1 with frequencies
 // theta^(-2j/hd); `inverse` rotates by the opposite angle (the gradient).
 void rotary(const float *x, float *y, int64_t batch, int64_t seq, int64_t heads, int64_t headDim, float theta,
             bool inverse);
+void rotary(const uint16_t *x, uint16_t *y, int64_t batch, int64_t seq, int64_t heads, int64_t headDim, float theta,
+            bool inverse);
 
 // y = silu(gate) * up; the backward gives dgate and dup.
 void swigluForward(const float *gate, const float *up, float *y, int64_t count);
 void swigluBackward(const float *gate, const float *up, const float *g, float *dgate, float *dup, int64_t count);
+void swigluForward(const uint16_t *gate, const uint16_t *up, uint16_t *y, int64_t count);
+void swigluBackward(const uint16_t *gate, const uint16_t *up, const uint16_t *g, uint16_t *dgate, uint16_t *dup,
+                    int64_t count);
 
 // out[t, :] = word[tokens[t] - rowStart, :] for tokens inside [rowStart, rowStart + rows),
 // else 0; then + position[t % seq, :] when position is given.

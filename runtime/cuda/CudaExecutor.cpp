@@ -301,7 +301,16 @@ class DeviceRun {
 
   // Sequence parallelism's all-gather / reduce-scatter along `dim` (runtime/Executor.cpp has
   // the same layout on the CPU): member r's block is slice r of the large tensor along dim.
+  // grad_reduce_in_bf16's 16-bit wire is the CPU backend's only (loomc refuses it for GPU
+  // clusters); a plan that asks for it here is refused rather than reduced in fp32 silently.
+  static Status refuseWireDtype(const KernelCall &call) {
+    if (call.str("wire_dtype").empty()) return Status::ok();
+    return Status::error(std::string(call.decl.name) + ": wire_dtype '" + call.str("wire_dtype") +
+                         "' is not run by the CUDA backend (compile without parallel.grad_reduce_in_bf16)");
+  }
+
   Status gatherOrScatter(const KernelCall &call) {
+    LOOM_RETURN_IF_ERROR(refuseWireDtype(call));
     bool gather = call.decl.id == isa::OpId::kAllGather;
     int small = gather ? call.in("input") : call.out("result"), large = gather ? call.out("result") : call.in("input");
     NcclGroup *comm;
@@ -574,6 +583,7 @@ class DeviceRun {
     return Status::ok();
   }
   Status allReduce(const KernelCall &k) {
+    LOOM_RETURN_IF_ERROR(refuseWireDtype(k));
     const plan::Instruction &in = k.instruction;
     NcclGroup *comm;
     LOOM_RETURN_IF_ERROR(group(k.str("group"), &comm));

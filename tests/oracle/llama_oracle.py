@@ -12,13 +12,16 @@ import math
 import torch
 import torch.nn.functional as F
 
-from gpt_oracle import rounding
+from gpt_oracle import attention_rounding, rounding
 
 
 class Llama:
-    # bf16: every op's output and every weight an op reads rounded to bf16 (gpt_oracle.Bf16Round).
+    # bf16: every op's output and every weight an op reads rounded to bf16 (gpt_oracle.Bf16Round);
+    # attention rounds as FlashAttention does (gpt_oracle.attention_rounding), the KV heads'
+    # gradients summed over their query heads in fp32 (repeat_kv's gradient) before rounding.
     def __init__(self, weights, config, bf16=False):
         self.c, self.r = config, rounding(bf16)
+        self.attention_rounding = attention_rounding(bf16)
         self.p = {k: v.clone().requires_grad_(True) for k, v in weights.items()}
 
     def parameters(self):
@@ -34,6 +37,7 @@ class Llama:
 
     def loss(self, tokens, labels, loss_mask):
         c, r = self.c, self.r
+        rs, rp = self.attention_rounding
         p = {k: r(v) for k, v in self.p.items()}  # the weights the ops read
         H, KV, L = c["num_attention_heads"], c["num_key_value_heads"], c["num_hidden_layers"]
         B, S = tokens.shape
@@ -53,8 +57,8 @@ class Llama:
             q = r(q * cos + self.rotate_half(q) * sin)
             k = r(k * cos + self.rotate_half(k) * sin)
             k, v = (t.repeat_interleave(H // KV, dim=1) for t in (k, v))  # repeat_kv
-            att = (q @ k.transpose(-1, -2)) / math.sqrt(hd)
-            att = att.masked_fill(~causal, float("-inf")).softmax(-1)
+            att = rs((q @ k.transpose(-1, -2)) / math.sqrt(hd))
+            att = rp(att.masked_fill(~causal, float("-inf")).softmax(-1))
             y = r((att @ v).transpose(1, 2).reshape(B, S, H * hd))
             x = r(x + r(y @ p[pre + "self_attn.o_proj.weight"].t()))
             h = r(self.rms_norm(x, p[pre + "post_attention_layernorm.weight"]))

@@ -15,9 +15,10 @@ namespace loom::isa {
 namespace {
 
 // Attributes of dialect ops that are not the op's own (ODS) attributes: the data-parallel
-// bucket the IR marks (copied by the lowering), reduce_scatter's average (set by the step
-// programs).
-const std::set<std::string> kNotOds = {"all_reduce.loom.bucket", "reduce_scatter.reduce"};
+// bucket the IR marks (copied by the lowering), reduce_scatter's average and the data-parallel
+// reductions' wire dtype (set by the step programs).
+const std::set<std::string> kNotOds = {"all_reduce.loom.bucket", "reduce_scatter.reduce", "all_reduce.wire_dtype",
+                                       "reduce_scatter.wire_dtype"};
 
 TEST(InstructionSet, EveryDialectOpIsDeclaredWithTheDialectsAttributesAndDefaults) {
   mlir::MLIRContext context;

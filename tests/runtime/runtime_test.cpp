@@ -125,15 +125,18 @@ std::vector<double> lossesOf(const std::string &output) {
 }
 
 TEST(Runtime, Bf16PlansTrainCloseToFp32InEveryLayout) {
-  auto trainIn = [](const std::string &layout, int world, bool bf16, std::string *output, int threads = 1) {
-    std::string cluster = input(layout + ".pbtxt"), plans = tmpdir() + "/plans_precision_" + layout + (bf16 ? "_bf16" : "");
+  // `extra`: more fields of the bf16 run's parallel config (grad_reduce_in_bf16).
+  auto trainIn = [](const std::string &layout, int world, bool bf16, std::string *output, int threads = 1,
+                    const std::string &extra = "") {
+    std::string tag = layout + (bf16 ? "_bf16" : "") + (extra.empty() ? "" : "_wire");
+    std::string cluster = input(layout + ".pbtxt"), plans = tmpdir() + "/plans_precision_" + tag;
     if (bf16) {
       std::ifstream in(cluster);
       std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
       size_t at = text.find("parallel {");
       if (at == std::string::npos) return std::vector<double>{};
-      text.insert(at + 10, " precision: PRECISION_BF16");
-      cluster = tmpdir() + "/bf16_" + layout + ".pbtxt";
+      text.insert(at + 10, " precision: PRECISION_BF16 " + extra);
+      cluster = tmpdir() + "/bf16_" + tag + ".pbtxt";
       std::ofstream(cluster) << text;
     }
     Result c = run(loomc() + " compile " + input("gpt-tiny-nodropout.pbtxt") + " --cluster " + cluster + " --out " + plans +
@@ -158,12 +161,22 @@ TEST(Runtime, Bf16PlansTrainCloseToFp32InEveryLayout) {
   // The native bf16 kernels (oneDNN's bf16 GEMM in fixed tiles among them) give the same bits
   // at 2 threads as at 1.
   EXPECT_EQ(trainIn("t1p1d1", 1, true, &out, 2), bf16) << "bf16 at 2 threads differs from 1 thread:\n" << out;
-  for (auto [layout, world] : {std::pair{"t2p2d1", 4}, {"t2p1d1_sp", 2}, {"t1p1d2", 2}, {"t1p1d1_zero1", 1}}) {
-    std::vector<double> got = trainIn(layout, world, true, &out);
-    ASSERT_EQ(got.size(), 10u) << layout << ":\n" << out;
+  // The tp all-reduces, sequence parallelism's all-gather / reduce-scatter and the pipeline
+  // messages move bf16; with grad_reduce_in_bf16 the dp reduction too (t1p1d2 and ZeRO-1's
+  // reduce-scatter at d = 2).
+  struct Layout {
+    const char *name;
+    int world;
+    const char *extra;
+  };
+  for (auto [layout, world, extra] : {Layout{"t2p2d1", 4, ""}, {"t2p1d1_sp", 2, ""}, {"t1p1d2", 2, ""},
+                                      {"t1p1d1_zero1", 1, ""}, {"t1p1d2", 2, "grad_reduce_in_bf16: true"},
+                                      {"t1p1d2", 2, "grad_reduce_in_bf16: true zero1: true"}}) {
+    std::vector<double> got = trainIn(layout, world, true, &out, 1, extra);
+    ASSERT_EQ(got.size(), 10u) << layout << " " << extra << ":\n" << out;
     for (size_t k = 0; k < 10; ++k) {
-      EXPECT_LT(std::abs(got[k] - bf16[k]), 1e-3) << layout << " step " << k + 1;
-      EXPECT_LT(std::abs(got[k] - fp32[k]), 2e-3) << layout << " step " << k + 1;
+      EXPECT_LT(std::abs(got[k] - bf16[k]), 1e-3) << layout << " " << extra << " step " << k + 1;
+      EXPECT_LT(std::abs(got[k] - fp32[k]), 2e-3) << layout << " " << extra << " step " << k + 1;
     }
     expectMemoryAsPlanned(out, world, layout);
   }
