@@ -386,11 +386,14 @@ Status TrainingLoop::run() {
       double mfu = p.device_peak_flops() > 0
                        ? modelFlopsPerStep(p) / (seconds * p.world_size() * p.device_peak_flops())
                        : 0;
+      // Megatron's log line; an fp16 run's loss scale after the loss, as Megatron prints it.
+      char scale[48] = "";
+      if (r.lossScale > 0) std::snprintf(scale, sizeof scale, " | loss scale: %.1f", r.lossScale);
       std::printf(" iteration %8lld/%8lld | consumed samples: %10lld | elapsed time per iteration (ms): %.1f | "
-                  "learning rate: %.3E | global batch size: %5d | lm loss: %.6E | grad norm: %.3f | "
+                  "learning rate: %.3E | global batch size: %5d | lm loss: %.6E%s | grad norm: %.3f | "
                   "tokens per second: %.0f | MFU: %.1f%% | peak memory (MiB): %.1f%s\n",
                   (long long)it, (long long)opt_.trainIters, (long long)(it * p.global_batch_size()), seconds * 1000,
-                  lr, p.global_batch_size(), r.loss, norm, tokensPerStep / seconds, 100 * mfu, peakMemoryMiB(),
+                  lr, p.global_batch_size(), r.loss, scale, norm, tokensPerStep / seconds, 100 * mfu, peakMemoryMiB(),
                   straggler.c_str());
       std::fflush(stdout);
       // Megatron-LM's TensorBoard scalars (throughput: model TFLOP/s per device).
@@ -418,7 +421,11 @@ Status TrainingLoop::run() {
     if (logs() && !skipped && !opt_.lossLog.empty()) {
       FILE *f = std::fopen(opt_.lossLog.c_str(), "a");
       if (!f) return Status::error(opt_.lossLog + ": cannot append");
-      std::fprintf(f, "%lld %.9g %.9g\n", (long long)it, r.loss, norm);
+      // iteration, loss, grad norm[, the loss scale of an fp16 run's iteration]
+      if (r.lossScale > 0)
+        std::fprintf(f, "%lld %.9g %.9g %.9g\n", (long long)it, r.loss, norm, r.lossScale);
+      else
+        std::fprintf(f, "%lld %.9g %.9g\n", (long long)it, r.loss, norm);
       std::fclose(f);
     }
     auto pause = std::chrono::steady_clock::now();  // validation and saves are not iteration time

@@ -31,6 +31,20 @@ class Bf16Round(torch.autograd.Function):
         return g.to(torch.bfloat16).to(g.dtype)
 
 
+class Fp16Round(torch.autograd.Function):
+    """The same through fp16 (Megatron's --fp16). The gradients it rounds are those of the
+    loss times the loss scale (the caller scales the loss and unscales the gradients), as in
+    mixed precision with loss scaling."""
+
+    @staticmethod
+    def forward(ctx, x):
+        return x.to(torch.float16).to(x.dtype)
+
+    @staticmethod
+    def backward(ctx, g):
+        return g.to(torch.float16).to(g.dtype)
+
+
 class Bf16RoundValue(torch.autograd.Function):
     """Rounds the value only (its gradient passes as it is): attention's probabilities, which
     FlashAttention rounds to bf16 for the product with V (Dao 2023, FlashAttention-2, section
@@ -58,13 +72,17 @@ class Bf16RoundGradient(torch.autograd.Function):
         return g.to(torch.bfloat16).to(g.dtype)
 
 
-def rounding(bf16):
-    return Bf16Round.apply if bf16 else (lambda x: x)
+def rounding(precision):
+    """The rounding after each op for "fp32" (none), "bf16" or "fp16" (a bool: bf16 or not)."""
+    precision = {True: "bf16", False: "fp32"}.get(precision, precision)
+    return {"bf16": Bf16Round.apply, "fp16": Fp16Round.apply}.get(precision, lambda x: x)
 
 
-def attention_rounding(bf16):
-    """(scores, probabilities) roundings of bf16 attention: FlashAttention's points."""
-    if not bf16:
+def attention_rounding(precision):
+    """(scores, probabilities) roundings inside attention: FlashAttention's points in bf16 (the
+    CPU backend's bf16 attention rounds there); none in fp32 and fp16 (its fp16 attention
+    computes in fp32 between fp16 inputs and output)."""
+    if {True: "bf16", False: "fp32"}.get(precision, precision) != "bf16":
         return (lambda x: x), (lambda x: x)
     return Bf16RoundGradient.apply, Bf16RoundValue.apply
 
@@ -85,12 +103,13 @@ def read_safetensors(path):
 
 
 class Gpt2:
-    # bf16: every op's output and every weight an op reads rounded to bf16 (Bf16Round); the
-    # softmax, the norms' statistics and the loss stay fp32 inside their ops; attention rounds
-    # as FlashAttention does (the probabilities for P V, the scores' gradient for dQ and dK).
-    def __init__(self, weights, layers, heads, bf16=False):
-        self.layers, self.heads, self.r = layers, heads, rounding(bf16)
-        self.attention_rounding = attention_rounding(bf16)
+    # precision "bf16" / "fp16" (or True for bf16): every op's output and every weight an op
+    # reads rounded to it (Bf16Round / Fp16Round); the softmax, the norms' statistics and the
+    # loss stay fp32 inside their ops; bf16 attention rounds as FlashAttention does (the
+    # probabilities for P V, the scores' gradient for dQ and dK).
+    def __init__(self, weights, layers, heads, precision="fp32"):
+        self.layers, self.heads, self.r = layers, heads, rounding(precision)
+        self.attention_rounding = attention_rounding(precision)
         self.p = {k: v.clone().requires_grad_(True) for k, v in weights.items()}
 
     def parameters(self):

@@ -16,12 +16,13 @@ from gpt_oracle import attention_rounding, rounding
 
 
 class Llama:
-    # bf16: every op's output and every weight an op reads rounded to bf16 (gpt_oracle.Bf16Round);
-    # attention rounds as FlashAttention does (gpt_oracle.attention_rounding), the KV heads'
-    # gradients summed over their query heads in fp32 (repeat_kv's gradient) before rounding.
-    def __init__(self, weights, config, bf16=False):
-        self.c, self.r = config, rounding(bf16)
-        self.attention_rounding = attention_rounding(bf16)
+    # precision "bf16" / "fp16": every op's output and every weight an op reads rounded to it
+    # (gpt_oracle.rounding); bf16 attention rounds as FlashAttention does
+    # (gpt_oracle.attention_rounding), the KV heads' gradients summed over their query heads in
+    # fp32 (repeat_kv's gradient) before rounding.
+    def __init__(self, weights, config, precision="fp32"):
+        self.c, self.r = config, rounding(precision)
+        self.attention_rounding = attention_rounding(precision)
         self.p = {k: v.clone().requires_grad_(True) for k, v in weights.items()}
 
     def parameters(self):

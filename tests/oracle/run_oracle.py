@@ -31,7 +31,9 @@ import torch
 from gpt_oracle import Gpt2, read_safetensors
 from llama_oracle import Llama
 
-# (t, p, d, v, micro-batches m, schedule, recompute, vocab[, zero1[, sequence parallel]])
+# (t, p, d, v, micro-batches m, schedule, recompute, vocab[, zero1[, sequence parallel[, grad_reduce_in_bf16]]])
+# grad_reduce_in_bf16 (the dp reduction moving bf16) is a bf16 plan's option: those
+# configurations run with --precision bf16 only.
 CONFIGS = {
     "t1p1d1": (1, 1, 1, 1, 1, "", "RECOMPUTE_NONE", 1000),
     "t2p1d1": (2, 1, 1, 1, 1, "", "RECOMPUTE_NONE", 1000),
@@ -57,6 +59,8 @@ CONFIGS = {
     "t2p1d1-sequence-parallel": (2, 1, 1, 1, 1, "", "RECOMPUTE_NONE", 1000, False, True),
     "t4p1d1-sequence-parallel-odd-vocab": (4, 1, 1, 1, 1, "", "RECOMPUTE_NONE", 997, False, True),
     "t2p2d2-sequence-parallel-zero1": (2, 2, 2, 1, 2, "ONE_F_ONE_B", "RECOMPUTE_NONE", 1000, True, True),
+    "t1p1d4-grad-reduce-bf16": (1, 1, 4, 1, 1, "", "RECOMPUTE_NONE", 1000, False, False, True),
+    "t2p2d2-zero1-grad-reduce-bf16": (2, 2, 2, 1, 2, "ONE_F_ONE_B", "RECOMPUTE_NONE", 1000, True, False, True),
 }
 # The representative subset CI runs (the full matrix: --configs all); for the LLaMA family
 # (llama-tiny: 2 KV heads, split for t = 2, replicated for t = 4) its own.
@@ -108,16 +112,27 @@ def model_config(path, vocab, work):
 # 1e-4, each parameter). Measured on gpt-tiny: at most 1.5e-4, 1.1e-2 and 3.3e-3. (Loom's fp32
 # run is nearly as close to this oracle: these bounds show bf16 training is right, not that it
 # rounds; runtime_test checks that a bf16 plan's losses differ from the fp32 plan's.)
+#
+# fp16 (--precision fp16): Loom's fp16 plan (dynamic loss scaling, its scale per iteration in
+# the loss log) against the oracle rounding to fp16 at the same points, its loss times the same
+# scale (so the gradients it rounds are the scaled ones, as Loom's are) and the gradients
+# divided by it before clipping; Loom's fp16 attention computes in fp32 between fp16 tensors,
+# and so does the oracle's. An fp16 ulp is 2^-11: the bounds are bf16's over 4 (measured on
+# gpt-tiny and llama-tiny: see docs/progress.md).
 PRECISION = "fp32"
 TOLERANCE = {"fp32": {"loss1": 1e-5, "loss": 1e-4, "grad": 1e-4, "params": 1e-4},
-             "bf16": {"loss1": 2e-3, "loss": 2e-3, "grad": 3e-2, "params": 1e-2}}
+             "bf16": {"loss1": 2e-3, "loss": 2e-3, "grad": 3e-2, "params": 1e-2},
+             "fp16": {"loss1": 5e-4, "loss": 5e-4, "grad": 7.5e-3, "params": 2.5e-3}}
+CLUSTER_PRECISION = {"bf16": "PRECISION_BF16", "fp16": "PRECISION_FP16"}
 
 
-def cluster_config(name, t, p, d, v, m, schedule, recompute, work, zero1=False, sp=False):
+def cluster_config(name, t, p, d, v, m, schedule, recompute, work, zero1=False, sp=False, bf16_reduce=False):
     out = os.path.join(work, name + ".pbtxt")
     sched = f"schedule: {schedule}" if schedule else ""
-    if PRECISION == "bf16":
-        sched += " precision: PRECISION_BF16"
+    if PRECISION in CLUSTER_PRECISION:
+        sched += " precision: " + CLUSTER_PRECISION[PRECISION]
+    if bf16_reduce:
+        sched += " grad_reduce_in_bf16: true"
     with open(out, "w") as f:
         f.write(f'name: "{name}"\nnodes: 1\ndevices_per_node: {t * p * d}\ndevice {{ kind: CPU }}\n'
                 f"parallel {{ tensor_parallel_size: {t} pipeline_parallel_size: {p} data_parallel_size: {d} "
@@ -240,7 +255,11 @@ def check_config(args, name, cfg, failures):
     t, p, d, v, m, schedule, recompute, vocab = cfg[:8]
     zero1 = len(cfg) > 8 and cfg[8]
     sp = len(cfg) > 9 and cfg[9]
+    bf16_reduce = len(cfg) > 10 and cfg[10]
     world = t * p * d
+    if bf16_reduce and PRECISION != "bf16":
+        print(f"skip {name:28} (grad_reduce_in_bf16: a bf16 plan's option; run with --precision bf16)", flush=True)
+        return False
     if args.model.endswith(".mlir") and vocab != ir_vocab(args.model):
         print(f"skip {name:28} (the IR's vocabulary is {ir_vocab(args.model)}, this configuration's {vocab})", flush=True)
         return False
@@ -250,7 +269,7 @@ def check_config(args, name, cfg, failures):
     model = model_config(args.model, vocab, work)
     plans = os.path.join(work, "plans")
     run([os.path.join(args.bin, "loomc"), "compile", model, "--cluster",
-         cluster_config(name, t, p, d, v, m, schedule, recompute, work, zero1, sp), "--out", plans,
+         cluster_config(name, t, p, d, v, m, schedule, recompute, work, zero1, sp, bf16_reduce), "--out", plans,
          "--quiet"])
     loomrun = [os.path.join(args.bin, "loomrun"), "--nproc", str(world), "--plans", plans, "--seed", "5"]
     init = os.path.join(work, "init.safetensors")
@@ -269,20 +288,31 @@ def check_config(args, name, cfg, failures):
     with open(os.path.join(work, "config.json")) as f:
         hf_config = json.load(f)
     if hf_config.get("architectures") == ["LlamaForCausalLM"]:
-        oracle, heads = Llama(weights, hf_config, PRECISION == "bf16"), hf_config["num_attention_heads"]
+        oracle, heads = Llama(weights, hf_config, PRECISION), hf_config["num_attention_heads"]
     else:
         layers = 1 + max(int(k.split(".")[2]) for k in weights if k.startswith("transformer.h."))
         heads = args.heads
-        oracle = Gpt2(weights, layers, heads, PRECISION == "bf16")
+        oracle = Gpt2(weights, layers, heads, PRECISION)
     params = oracle.parameters()
     decay = [q for k, q in params.items() if q.dim() >= 2]
     no_decay = [q for k, q in params.items() if q.dim() < 2]
     opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.1}, {"params": no_decay, "weight_decay": 0.0}],
                             lr=LR, betas=(0.9, 0.95), eps=ADAM_EPS)
-    loom_losses = [float(line.split()[1]) for line in open(os.path.join(work, "loss.log"))]
+    # iteration -> (loss, the loss scale of an fp16 run's iteration, else 1). An fp16 iteration
+    # whose gradients overflowed is skipped by Loom (no update, no learning-rate step, the scale
+    # halved: Megatron's dynamic loss scaling) and writes no line; the oracle skips it too.
+    log = {int(f[0]): (float(f[1]), float(f[3]) if len(f) > 3 else 1.0)
+           for f in (line.split() for line in open(os.path.join(work, "loss.log")))}
+    if PRECISION != "fp16" and len(log) != args.steps:
+        raise RuntimeError(f"{len(log)} iterations in the loss log, expected {args.steps}")
+    if not log:
+        raise RuntimeError("no iteration in the loss log")
+    loom_losses = [log[it][0] for it in sorted(log)]
+    scale_now = 65536.0 if PRECISION == "fp16" else 1.0  # loomrun's --initial-loss-scale default
     problems = trace_problems(os.path.join(work, "trace"), world, args.steps)
     problems += trace_order_problems(os.path.join(args.bin, "loomc"), plans, os.path.join(work, "trace"))
     worst_loss = 0.0
+    updates = 0
     for step in range(args.steps):
         batches = sorted(glob.glob(os.path.join(work, "batches", f"batch_step{step:05d}_*.safetensors")))
         if len(batches) != d * m:
@@ -290,13 +320,26 @@ def check_config(args, name, cfg, failures):
             break
         opt.zero_grad()
         total = 0.0
+        skipped = step + 1 not in log
+        scale = scale_now if skipped else log[step + 1][1]
         for path in batches:
             b, _ = read_safetensors(path)
             loss = oracle.loss(b["tokens"], b["labels"], b["loss_mask"]) / len(batches)
-            loss.backward()
+            (loss * scale).backward()
             total += loss.item()
+        if skipped:
+            finite = all(bool(torch.isfinite(q.grad).all()) for q in params.values())
+            print(f"   iteration {step + 1}: skipped by Loom (inf/NaN gradients at loss scale {scale:g}); the "
+                  f"oracle's gradients at that scale {'are finite' if finite else 'overflow too'}", flush=True)
+            scale_now = scale / 2
+            continue
+        scale_now = scale
+        if scale != 1.0:
+            for q in params.values():
+                q.grad /= scale
         if step == 0:
-            loom_grads = job_gradients(os.path.join(work, "grads"), world)
+            # Loom's main gradients as dumped hold the loss scale (fp16): unscaled here.
+            loom_grads = {k: g / scale for k, g in job_gradients(os.path.join(work, "grads"), world).items()}
             if args.verbose:
                 errs = sorted((rel(loom_to_hf_grad(k, loom_grads[k], vocab, heads), q.grad), k) for k, q in params.items())
                 print(f"   step-1 gradients: median rel {errs[len(errs) // 2][0]:.2e}, worst {errs[-1][0]:.2e} ({errs[-1][1]})")
@@ -305,22 +348,23 @@ def check_config(args, name, cfg, failures):
                 if rel(got, q.grad) >= TOLERANCE[PRECISION]["grad"]:
                     problems.append(f"step-1 gradient of {k}: relative error {rel(got, q.grad):.2e}")
         torch.nn.utils.clip_grad_norm_(list(params.values()), 1.0)
+        updates += 1
         for group in opt.param_groups:
-            group["lr"] = lr_at(step + 1, args.steps)
+            group["lr"] = lr_at(updates, args.steps)
         opt.step()
         tol = TOLERANCE[PRECISION]["loss1" if step == 0 else "loss"]
-        diff = abs(loom_losses[step] - total) / abs(total)
+        diff = abs(log[step + 1][0] - total) / abs(total)
         worst_loss = max(worst_loss, diff)
         if diff >= tol:
-            problems.append(f"loss at step {step + 1}: Loom {loom_losses[step]:.9g}, oracle {total:.9g} "
+            problems.append(f"loss at step {step + 1}: Loom {log[step + 1][0]:.9g}, oracle {total:.9g} "
                             f"(relative {diff:.2e})")
     final, _ = read_safetensors(os.path.join(work, "final.safetensors"))
     if args.verbose:
         for k in sorted(params, key=lambda k: -rel(final[k], params[k].detach()))[:8]:
             print(f"   {k:45} rel {rel(final[k], params[k].detach()):.2e} |ref| {params[k].detach().norm():.3e}")
     worst = max(rel(final[k], q.detach()) for k, q in params.items())
-    if PRECISION == "bf16":
-        # bf16's rounding noise, amplified by AdamW where gradients are small (biases, zero-
+    if PRECISION != "fp32":
+        # 16-bit rounding noise, amplified by AdamW where gradients are small (biases, zero-
         # initialised, move by about lr per step whatever the gradient's size), leaves single
         # small parameters a few percent apart even between two bf16 implementations; all the
         # parameters together are compared instead.
@@ -328,7 +372,7 @@ def check_config(args, name, cfg, failures):
         den = sum(float(q.detach().pow(2).sum()) for q in params.values())
         worst = math.sqrt(num / den)
     if worst >= TOLERANCE[PRECISION]["params"]:
-        bad = "all of them" if PRECISION == "bf16" else max(params, key=lambda k: rel(final[k], params[k].detach()))
+        bad = "all of them" if PRECISION != "fp32" else max(params, key=lambda k: rel(final[k], params[k].detach()))
         problems.append(f"parameters after {args.steps} steps: {bad} relative error {worst:.2e}")
     status = "ok  " if not problems else "FAIL"
     print(f"{status} {name:28} ranks {world}  loss {loom_losses[0]:.6f} -> {loom_losses[-1]:.6f}  "
@@ -353,8 +397,8 @@ def main():
                          "all-reduce dropped): t1p1d1 must still match and t2p1d1 must fail")
     ap.add_argument("--verbose", action="store_true",
                     help="also print the step-1 gradients' errors and the parameters furthest from the oracle")
-    ap.add_argument("--precision", default="fp32", choices=["fp32", "bf16"],
-                    help="bf16: Loom's bf16 plans against the oracle rounding at the same points")
+    ap.add_argument("--precision", default="fp32", choices=["fp32", "bf16", "fp16"],
+                    help="bf16 / fp16: Loom's 16-bit plans against the oracle rounding at the same points")
     args = ap.parse_args()
     global PRECISION
     PRECISION = args.precision
