@@ -20,12 +20,13 @@ Status embedding(CpuKernelContext &c, const KernelCall &k) {
   return Status::ok();
 }
 
-// A sequence-parallel slice starts at its rank's offset of the positions.
+// A sequence-parallel slice starts at its rank's offset of the positions (fp32 or bf16: T).
+template <typename T>
 Status addPosition(CpuKernelContext &c, const KernelCall &k) {
   int x = k.in("input");
   int64_t first = c.shardStart(k.str("sequence_parallel_group"), k.dim(x, 1));
-  addPositionForward(c.f(x), c.f(k.in("position")) + first * k.dim(x, 2), c.f(k.out("result")), k.dim(x, 0),
-                     k.dim(x, 1), k.dim(x, 2));
+  addPositionForward(c.at<T>(x), c.at<T>(k.in("position")) + first * k.dim(x, 2), c.at<T>(k.out("result")),
+                     k.dim(x, 0), k.dim(x, 1), k.dim(x, 2));
   return Status::ok();
 }
 
@@ -48,12 +49,12 @@ Status linear(CpuKernelContext &c, const KernelCall &k) {
   return Status::ok();
 }
 
+template <typename T>
 Status addBias(CpuKernelContext &c, const KernelCall &k) {
   int x = k.in("input"), b = k.in("bias");
-  int64_t n = k.numel(b), total = k.numel(x);
-  const float *xs = c.f(x), *bs = c.f(b);
-  float *y = c.f(k.out("result"));
-  for (int64_t i = 0; i < total; ++i) y[i] = xs[i] + bs[i % n];
+  int64_t n = k.numel(b);
+  if (n < 1 || k.numel(x) % n) return Status::error("add_bias: the input's size is not a multiple of the bias's (corrupt plan)");
+  addBiasForward(c.at<T>(x), c.at<T>(b), c.at<T>(k.out("result")), k.numel(x) / n, n);
   return Status::ok();
 }
 
@@ -206,11 +207,12 @@ Status embeddingGrad(CpuKernelContext &c, const KernelCall &k) {
   return Status::ok();
 }
 
+template <typename T>
 Status positionGrad(CpuKernelContext &c, const KernelCall &k) {
   int g = k.in("grad"), y = k.out("result");
   int64_t first = c.shardStart(k.str("sequence_parallel_group"), k.dim(g, 1)), hidden = k.dim(g, 2);
-  std::fill_n(c.f(y), k.numel(y), 0.0f);
-  positionBackward(c.f(g), c.f(y) + first * hidden, k.dim(g, 0), k.dim(g, 1), hidden, k.dim(y, 0) - first);
+  std::fill_n(c.at<T>(y), k.numel(y), T(0));
+  positionBackward(c.at<T>(g), c.at<T>(y) + first * hidden, k.dim(g, 0), k.dim(g, 1), hidden, k.dim(y, 0) - first);
   return Status::ok();
 }
 
@@ -288,10 +290,10 @@ Status attentionShapeOf(CpuKernelContext &c, const KernelCall &k, AttentionShape
 
 void registerComputeKernels(CpuKernelRegistry &r) {
   r.add(OpId::kEmbedding, embedding);
-  r.add(OpId::kAddPosition, addPosition);
+  r.add(OpId::kAddPosition, addPosition<float>);
   r.add(OpId::kLayerNorm, layerNorm<float>);
   r.add(OpId::kLinear, linear);
-  r.add(OpId::kAddBias, addBias);
+  r.add(OpId::kAddBias, addBias<float>);
   r.add(OpId::kGelu, gelu<float>);
   r.add(OpId::kAttention, attention);
   r.add(OpId::kDropout, dropout<float>);
@@ -308,7 +310,7 @@ void registerComputeKernels(CpuKernelRegistry &r) {
   r.add(OpId::kGeluGrad, geluGrad<float>);
   r.add(OpId::kAttentionGrad, attentionGrad);
   r.add(OpId::kEmbeddingGrad, embeddingGrad);
-  r.add(OpId::kPositionGrad, positionGrad);
+  r.add(OpId::kPositionGrad, positionGrad<float>);
   r.add(OpId::kCrossEntropyGrad, crossEntropyGrad);
   r.add(OpId::kRmsNormGrad, rmsNormGrad<float>);
   r.add(OpId::kSwigluGrad, swigluGrad<float>);
@@ -332,6 +334,9 @@ void registerBf16ComputeKernels(HalfKernelTable &t) {
   t.add(OpId::kRotary, bf16(rotaryKernel<uint16_t>));
   t.add(OpId::kDropout, bf16(dropout<uint16_t>));
   t.add(OpId::kBiasGrad, bf16(biasGradKernel<uint16_t>));
+  t.add(OpId::kAddBias, bf16(addBias<uint16_t>));
+  t.add(OpId::kAddPosition, bf16(addPosition<uint16_t>));
+  t.add(OpId::kPositionGrad, bf16(positionGrad<uint16_t>));
 }
 
 }  // namespace loom::cpu

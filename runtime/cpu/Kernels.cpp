@@ -784,7 +784,7 @@ int64_t kvFloats(const GroupedAttentionShape &s) { return s.batch * s.seq * s.kv
 }  // namespace
 
 int64_t groupedAttentionScratchFloatsBf16(const GroupedAttentionShape &s, bool backward) {
-  return kHeadGroups * headScratchFloatsBf16(s.seq, s.headDim, backward) + (backward ? 2 * kvFloats(s) : 0);
+  return kHeadGroups * (headScratchFloatsBf16(s.seq, s.headDim, backward) + (backward ? 2 * kvFloats(s) : 0));
 }
 
 void groupedAttentionForwardBf16(const uint16_t *q, const uint16_t *k, const uint16_t *v, uint16_t *out, float *lse,
@@ -797,23 +797,31 @@ void groupedAttentionForwardBf16(const uint16_t *q, const uint16_t *k, const uin
   });
 }
 
+// Each half of the heads sums its dK and dV in its own fp32 buffers (so the halves run apart
+// even when a KV head's query heads fall in both); the halves' sums are added in half order and
+// rounded once: the same bits whatever the thread count.
 void groupedAttentionBackwardBf16(const uint16_t *q, const uint16_t *k, const uint16_t *v, const uint16_t *g,
                                   const float *lse, uint16_t *dq, uint16_t *dk, uint16_t *dv,
                                   const GroupedAttentionShape &s, float *scratch) {
-  int64_t hd = s.headDim, S = s.seq, ldq = s.heads * hd, ldkv = s.kvHeads * hd, perGroup = headScratchFloatsBf16(S, hd, true);
-  float *dkSum = scratch + kHeadGroups * perGroup, *dvSum = dkSum + kvFloats(s);
-  std::fill(dkSum, dkSum + 2 * kvFloats(s), 0.0f);
-  int64_t items = s.batch * s.heads, mid = items / 2;
-  auto kvOf = [&](int64_t i) { return (i / s.heads) * s.kvHeads + s.kvHeadOf(i % s.heads); };
-  bool splittable = items >= 2 && kvOf(mid - 1) != kvOf(mid);
-  inHeadGroups(items, perGroup, scratch, splittable, [&](int64_t i, float *p) {
+  int64_t hd = s.headDim, S = s.seq, ldq = s.heads * hd, ldkv = s.kvHeads * hd, kvn = kvFloats(s);
+  int64_t head = headScratchFloatsBf16(S, hd, true), perGroup = head + 2 * kvn;
+  for (int64_t grp = 0; grp < kHeadGroups; ++grp) std::fill(scratch + grp * perGroup + head, scratch + (grp + 1) * perGroup, 0.0f);
+  inHeadGroups(s.batch * s.heads, perGroup, scratch, true, [&](int64_t i, float *p) {
     int64_t b = i / s.heads, h = i % s.heads;
     int64_t qo = b * S * ldq + h * hd, kvo = b * S * ldkv + s.kvHeadOf(h) * hd;
+    float *dkSum = p + head, *dvSum = dkSum + kvn;
     headBackwardBf16(groupedHeadBf16(q, k, v, s, b, h), g + qo, ldq, lse + (b * s.heads + h) * S, dq + qo,
                      KvGrad{nullptr, dkSum + kvo}, KvGrad{nullptr, dvSum + kvo}, ldq, ldkv, p);
   });
-  narrowToBf16(dkSum, dk, kvFloats(s));
-  narrowToBf16(dvSum, dv, kvFloats(s));
+  float *first = scratch + head;  // group 0's dK sums, then its dV sums (2 kvn), likewise group 1's
+  for (int64_t grp = 1; grp < kHeadGroups; ++grp) {
+    const float *other = scratch + grp * perGroup + head;
+    parallelFor(2 * kvn, kMinPartElements, [&](int64_t lo, int64_t hi) {
+      for (int64_t j = lo; j < hi; ++j) first[j] += other[j];
+    });
+  }
+  narrowToBf16(first, dk, kvn);
+  narrowToBf16(first + kvn, dv, kvn);
 }
 
 namespace {
@@ -1019,22 +1027,74 @@ void embeddingBackward(const int32_t *tokens, const float *g, float *dword, int6
   });
 }
 
-void positionBackward(const float *g, float *dposition, int64_t batch, int64_t seq, int64_t hidden,
-                      int64_t positions) {
-  std::fill(dposition, dposition + positions * hidden, 0.0f);
+namespace {
+// Each position's sum over the batch, in batch order, in fp32 (rows split over the threads).
+template <typename T>
+void positionBackwardOf(const T *g, T *dposition, int64_t batch, int64_t seq, int64_t hidden, int64_t positions) {
+  std::fill(dposition, dposition + positions * hidden, T(0));
   parallelFor(seq, grainFor(batch * hidden), [&](int64_t s0, int64_t s1) {
-    for (int64_t b = 0; b < batch; ++b)
-      for (int64_t s = s0; s < s1; ++s)
-        for (int64_t i = 0; i < hidden; ++i) dposition[s * hidden + i] += g[(b * seq + s) * hidden + i];
+    RowViews<T> views(2, hidden);
+    for (int64_t s = s0; s < s1; ++s) {
+      float *sum = views.out(1, dposition + s * hidden);
+      std::fill(sum, sum + hidden, 0.0f);
+      for (int64_t b = 0; b < batch; ++b) {
+        const float *gr = views.in(0, g + (b * seq + s) * hidden);
+        for (int64_t i = 0; i < hidden; ++i) sum[i] += gr[i];
+      }
+      views.put(1, dposition + s * hidden);
+    }
   });
 }
 
+template <typename T>
+void addPositionOf(const T *x, const T *position, T *out, int64_t batch, int64_t seq, int64_t hidden) {
+  parallelFor(batch * seq, grainFor(hidden), [&](int64_t r0, int64_t r1) {
+    RowViews<T> views(3, hidden);
+    for (int64_t r = r0; r < r1; ++r) {
+      const float *xr = views.in(0, x + r * hidden), *pr = views.in(1, position + (r % seq) * hidden);
+      float *o = views.out(2, out + r * hidden);
+      for (int64_t i = 0; i < hidden; ++i) o[i] = xr[i] + pr[i];
+      views.put(2, out + r * hidden);
+    }
+  });
+}
+
+template <typename T>
+void addBiasOf(const T *x, const T *bias, T *y, int64_t rows, int64_t n) {
+  WideParams<T> p(n, bias);
+  parallelFor(rows, grainFor(n), [&](int64_t r0, int64_t r1) {
+    RowViews<T> views(2, n);
+    for (int64_t r = r0; r < r1; ++r) {
+      const float *xr = views.in(0, x + r * n);
+      float *yr = views.out(1, y + r * n);
+      for (int64_t i = 0; i < n; ++i) yr[i] = xr[i] + p.a[i];
+      views.put(1, y + r * n);
+    }
+  });
+}
+}  // namespace
+
+void positionBackward(const float *g, float *dposition, int64_t batch, int64_t seq, int64_t hidden,
+                      int64_t positions) {
+  positionBackwardOf(g, dposition, batch, seq, hidden, positions);
+}
+void positionBackward(const uint16_t *g, uint16_t *dposition, int64_t batch, int64_t seq, int64_t hidden,
+                      int64_t positions) {
+  positionBackwardOf(g, dposition, batch, seq, hidden, positions);
+}
 void addPositionForward(const float *x, const float *position, float *out, int64_t batch, int64_t seq,
                         int64_t hidden) {
-  for (int64_t b = 0; b < batch; ++b)
-    for (int64_t s = 0; s < seq; ++s)
-      for (int64_t i = 0; i < hidden; ++i)
-        out[(b * seq + s) * hidden + i] = x[(b * seq + s) * hidden + i] + position[s * hidden + i];
+  addPositionOf(x, position, out, batch, seq, hidden);
+}
+void addPositionForward(const uint16_t *x, const uint16_t *position, uint16_t *out, int64_t batch, int64_t seq,
+                        int64_t hidden) {
+  addPositionOf(x, position, out, batch, seq, hidden);
+}
+void addBiasForward(const float *x, const float *bias, float *y, int64_t rows, int64_t n) {
+  addBiasOf(x, bias, y, rows, n);
+}
+void addBiasForward(const uint16_t *x, const uint16_t *bias, uint16_t *y, int64_t rows, int64_t n) {
+  addBiasOf(x, bias, y, rows, n);
 }
 
 namespace {

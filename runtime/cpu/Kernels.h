@@ -128,9 +128,16 @@ void embeddingBackward(const int32_t *tokens, const float *g, float *dword, int6
 // dposition[positions, hidden]: sum over the batch, zero beyond seq.
 void positionBackward(const float *g, float *dposition, int64_t batch, int64_t seq, int64_t hidden,
                       int64_t positions);
+void positionBackward(const uint16_t *g, uint16_t *dposition, int64_t batch, int64_t seq, int64_t hidden,
+                      int64_t positions);
 // out[b,s,:] = x[b,s,:] + position[s,:]
 void addPositionForward(const float *x, const float *position, float *out, int64_t batch, int64_t seq,
                         int64_t hidden);
+void addPositionForward(const uint16_t *x, const uint16_t *position, uint16_t *out, int64_t batch, int64_t seq,
+                        int64_t hidden);
+// y[r, :] = x[r, :] + bias over rows of n.
+void addBiasForward(const float *x, const float *bias, float *y, int64_t rows, int64_t n);
+void addBiasForward(const uint16_t *x, const uint16_t *bias, uint16_t *y, int64_t rows, int64_t n);
 
 // Cross-entropy pieces, per token t over the columns [colStart, colStart + cols) this rank
 // holds of a vocabulary whose first validVocab columns are real (the rest is padding).

@@ -5,6 +5,8 @@
 #include <cblas.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <functional>
@@ -131,6 +133,73 @@ TEST_P(Bf16Kernels, RotaryAndBiasGrad) {
   biasGrad(g.data(), db.data(), kRows, kCols);
   biasGrad(wide(g).data(), dbw.data(), kRows, kCols);
   expectSameBits(db, dbw, "bias_grad");
+}
+
+TEST_P(Bf16Kernels, BiasAndPositionAdds) {
+  constexpr int64_t batch = 3, seq = 101, hidden = kCols, positions = 128;
+  Bf16 x = randomBf16(kCount, 13), bias = randomBf16(kCols, 14);
+  Bf16 y(kCount);
+  Fp32 yw(kCount);
+  addBiasForward(x.data(), bias.data(), y.data(), kRows, kCols);
+  addBiasForward(wide(x).data(), wide(bias).data(), yw.data(), kRows, kCols);
+  expectSameBits(y, yw, "add_bias");
+  Bf16 h = randomBf16(batch * seq * hidden, 15), pos = randomBf16(positions * hidden, 16), out(h.size());
+  Fp32 outw(h.size());
+  addPositionForward(h.data(), pos.data(), out.data(), batch, seq, hidden);
+  addPositionForward(wide(h).data(), wide(pos).data(), outw.data(), batch, seq, hidden);
+  expectSameBits(out, outw, "add_position");
+  Bf16 dpos(positions * hidden, 0x7fc0);  // rows beyond seq must come back zero
+  Fp32 dposw(dpos.size(), 1.0f);
+  positionBackward(h.data(), dpos.data(), batch, seq, hidden, positions);
+  positionBackward(wide(h).data(), dposw.data(), batch, seq, hidden, positions);
+  expectSameBits(dpos, dposw, "position_grad");
+}
+
+// Grouped-query attention in bf16 (FlashAttention's rounding points, KV gradients summed per
+// half of the heads in fp32): the same bits at 1 and 3 threads, and close to the fp32 kernel
+// (a bf16 ulp is 2^-8; relative L2 error of each output under 2e-2).
+TEST(Bf16GroupedAttention, SameBitsAtEveryThreadCountAndCloseToFp32) {
+  GroupedAttentionShape s{2, 70, 4, 2, 16, 0, 2, true, 0.0f, 0, 0};
+  int64_t nq = s.batch * s.seq * s.heads * s.headDim, nkv = s.batch * s.seq * s.kvHeads * s.headDim;
+  Bf16 q = randomBf16(size_t(nq), 21), k = randomBf16(size_t(nkv), 22), v = randomBf16(size_t(nkv), 23),
+       g = randomBf16(size_t(nq), 24);
+  struct Out {
+    Bf16 out, dq, dk, dv;
+    Fp32 lse;
+  };
+  auto run = [&](int threads) {
+    openblas_set_num_threads(threads);
+    Out o{Bf16(size_t(nq)), Bf16(size_t(nq)), Bf16(size_t(nkv)), Bf16(size_t(nkv)), Fp32(size_t(s.batch * s.heads * s.seq))};
+    Fp32 scratch(size_t(std::max(groupedAttentionScratchFloatsBf16(s, false), groupedAttentionScratchFloatsBf16(s, true))));
+    groupedAttentionForwardBf16(q.data(), k.data(), v.data(), o.out.data(), o.lse.data(), s, scratch.data());
+    groupedAttentionBackwardBf16(q.data(), k.data(), v.data(), g.data(), o.lse.data(), o.dq.data(), o.dk.data(),
+                                 o.dv.data(), s, scratch.data());
+    openblas_set_num_threads(1);
+    return o;
+  };
+  Out one = run(1), three = run(3);
+  EXPECT_EQ(one.out, three.out);
+  EXPECT_EQ(one.dq, three.dq);
+  EXPECT_EQ(one.dk, three.dk);
+  EXPECT_EQ(one.dv, three.dv);
+  Fp32 out(static_cast<size_t>(nq)), lse(one.lse.size()), dq(static_cast<size_t>(nq)), dk(static_cast<size_t>(nkv)),
+      dv(static_cast<size_t>(nkv));
+  Fp32 scratch(size_t(attentionScratchFloats(s.seq, true)));
+  groupedAttentionForward(wide(q).data(), wide(k).data(), wide(v).data(), out.data(), lse.data(), s, scratch.data());
+  groupedAttentionBackward(wide(q).data(), wide(k).data(), wide(v).data(), wide(g).data(), lse.data(), dq.data(),
+                           dk.data(), dv.data(), s, scratch.data());
+  auto relative = [](const Bf16 &got, const Fp32 &want) {
+    double num = 0, den = 0;
+    for (size_t i = 0; i < want.size(); ++i) {
+      double d = double(bf16ToFloat(got[i])) - want[i];
+      num += d * d, den += double(want[i]) * want[i];
+    }
+    return std::sqrt(num / den);
+  };
+  EXPECT_LT(relative(one.out, out), 2e-2);
+  EXPECT_LT(relative(one.dq, dq), 2e-2);
+  EXPECT_LT(relative(one.dk, dk), 2e-2);
+  EXPECT_LT(relative(one.dv, dv), 2e-2);
 }
 
 INSTANTIATE_TEST_SUITE_P(Threads, Bf16Kernels, ::testing::Values(1, 3),
