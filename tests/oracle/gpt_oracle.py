@@ -15,34 +15,31 @@ import torch
 import torch.nn.functional as F
 
 
-class Bf16Round(torch.autograd.Function):
-    """fp32 -> bf16 -> fp32 in the forward pass and the same on the gradient in the backward:
-    mixed precision's rounding points (Micikevicius et al. 2018) in an fp32 model. Placed after
-    each op and on each weight the op reads, the model computes in fp32 between bf16 values, with
-    fp32 master weights and gradients accumulated in fp32 (what Megatron's bf16 training does,
-    written here from the recipe, not from Loom)."""
+def _round_through(dtype, doc):
+    """An autograd function: fp32 -> dtype -> fp32 in the forward pass and the same on the
+    gradient in the backward."""
 
-    @staticmethod
-    def forward(ctx, x):
-        return x.to(torch.bfloat16).to(x.dtype)
+    class Round(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x):
+            return x.to(dtype).to(x.dtype)
 
-    @staticmethod
-    def backward(ctx, g):
-        return g.to(torch.bfloat16).to(g.dtype)
+        @staticmethod
+        def backward(ctx, g):
+            return g.to(dtype).to(g.dtype)
+
+    Round.__doc__ = doc
+    return Round
 
 
-class Fp16Round(torch.autograd.Function):
-    """The same through fp16 (Megatron's --fp16). The gradients it rounds are those of the
-    loss times the loss scale (the caller scales the loss and unscales the gradients), as in
-    mixed precision with loss scaling."""
-
-    @staticmethod
-    def forward(ctx, x):
-        return x.to(torch.float16).to(x.dtype)
-
-    @staticmethod
-    def backward(ctx, g):
-        return g.to(torch.float16).to(g.dtype)
+# Mixed precision's rounding points (Micikevicius et al. 2018) in an fp32 model. Placed after
+# each op and on each weight the op reads, the model computes in fp32 between 16-bit values,
+# with fp32 master weights and gradients accumulated in fp32 (what Megatron's bf16 / fp16
+# training does, written here from the recipe, not from Loom). With fp16 the gradients rounded
+# are those of the loss times the loss scale (the caller scales the loss and unscales the
+# gradients), as in mixed precision with loss scaling.
+Bf16Round = _round_through(torch.bfloat16, "Rounds values and gradients through bf16.")
+Fp16Round = _round_through(torch.float16, "Rounds values and gradients through fp16.")
 
 
 class Bf16RoundValue(torch.autograd.Function):
