@@ -7,6 +7,7 @@
 
 #include "runtime/cpu/CpuKernelContext.h"
 #include "runtime/cpu/HalfPrecision.h"
+#include "runtime/cpu/HalfStorage.h"
 
 namespace loom::cpu {
 namespace {
@@ -164,14 +165,10 @@ Status gatherOrScatter(CpuKernelContext &ctx, const KernelCall &k, bool gather) 
   if (wire != s.dtype) {  // fp32 blocks reduced as 16-bit values (ZeRO-1 with grad_reduce_in_bf16)
     if (d != 0) return Status::error("reduce_scatter: wire_dtype only along dim 0 (corrupt plan)");
     std::vector<uint16_t> all(static_cast<size_t>(g * n)), mine(static_cast<size_t>(n));
-    for (int64_t i = 0; i < g * n; i += kWireBlock) {
-      int64_t len = std::min(kWireBlock, g * n - i);
-      const float *from = reinterpret_cast<const float *>(l.data) + i;
-      wire == plan::BF16 ? narrowBf16Row(from, all.data() + i, len) : narrowF16Row(from, all.data() + i, len);
-    }
+    narrow(wire, reinterpret_cast<const float *>(l.data), all.data(), g * n);
     LOOM_RETURN_IF_ERROR(c->reduceScatter(group, all.data(), mine.data(), n, wire));
     float *out = reinterpret_cast<float *>(s.data);
-    wire == plan::BF16 ? widenBf16Row(mine.data(), out, n) : widenF16Row(mine.data(), out, n);
+    widen(wire, mine.data(), out, n);
     if (k.str("reduce") == "avg") divideElements(plan::F32, out, n, float(g));
     return Status::ok();
   }
