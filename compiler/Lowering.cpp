@@ -1,6 +1,8 @@
 #include "compiler/Lowering.h"
 
 #include <algorithm>
+#include <array>
+#include <climits>
 #include <map>
 #include <optional>
 #include <set>
@@ -357,34 +359,95 @@ class ProgramLowering {
 
 llvm::Expected<plan::Program> lowerProgram(mlir::func::FuncOp f) { return ProgramLowering(f).run(); }
 
+// Memory plan of one program's activations (each buffer's offset in the workspace arena).
+// Two buffers may share memory only when every access (write or read) of one happens before
+// every access of the other on every backend: instructions on one stream run in program
+// order, and an instruction runs after the instructions it waits for (wait_for: CUDA events,
+// the CPU executor's done flags). Happens-before is tracked with a vector clock per
+// instruction (the latest instruction of each stream known to be finished when it starts).
+// A result is handed to its slot right after its producer, on the producer's stream (the
+// CUDA executor's copy; the CPU executor computes it in place): until the producer's stream
+// runs its next instruction, or the program's end, it stays in use.
 void planWorkspace(plan::Program &prog) {
-  // Memory plan: activations whose producer and readers all run on the compute stream and
-  // that are not results share the arena by lifetime (first fit); the others get their own
-  // space, because another stream may still use them out of instruction order.
-  std::set<int> results;
-  for (const plan::Binding &r : prog.results()) results.insert(r.buffer());
-  std::vector<bool> reusable(prog.buffers_size(), true);
-  for (const plan::Instruction &in : prog.instructions())
-    if (in.stream() != plan::COMPUTE) {
-      for (int b : in.inputs()) reusable[b] = false;
-      for (int b : in.outputs()) reusable[b] = false;
+  constexpr int kStreams = 4;
+  const int n = prog.instructions_size();
+  using Clock = std::array<int, kStreams>;
+  std::vector<Clock> clock(static_cast<size_t>(n));
+  std::vector<int> nextOnStream(static_cast<size_t>(n), n);  // n: none (the program's end)
+  {
+    Clock none;
+    none.fill(-1);
+    std::array<int, kStreams> previous;
+    previous.fill(-1);
+    for (int i = 0; i < n; ++i) {
+      const plan::Instruction &in = prog.instructions(i);
+      int s = int(in.stream()) & (kStreams - 1);
+      Clock c = previous[s] >= 0 ? clock[size_t(previous[s])] : none;
+      for (int w : in.wait_for())
+        if (w >= 0 && w < i)
+          for (int k = 0; k < kStreams; ++k) c[k] = std::max(c[k], clock[size_t(w)][k]);
+      c[s] = i;
+      clock[size_t(i)] = c;
+      if (previous[s] >= 0) nextOnStream[size_t(previous[s])] = i;
+      previous[s] = i;
     }
+  }
+  // Each buffer's accesses: the first and the last on each stream, and over all streams.
+  struct Accesses {
+    std::array<int, kStreams> first, last;
+    int lo = INT32_MAX, hi = -1;
+    void add(int stream, int i) {
+      first[stream] = first[stream] < 0 ? i : std::min(first[stream], i);
+      last[stream] = std::max(last[stream], i);
+      lo = std::min(lo, i), hi = std::max(hi, i);
+    }
+  };
+  std::vector<Accesses> access(size_t(prog.buffers_size()));
+  for (Accesses &a : access) a.first.fill(-1), a.last.fill(-1);
+  std::vector<int> producer(size_t(prog.buffers_size()), -1);
+  for (int i = 0; i < n; ++i) {
+    const plan::Instruction &in = prog.instructions(i);
+    int s = int(in.stream()) & (kStreams - 1);
+    for (int b : in.inputs()) access[size_t(b)].add(s, i);
+    for (int b : in.outputs()) access[size_t(b)].add(s, i), producer[size_t(b)] = i;
+  }
+  std::vector<bool> heldToEnd(size_t(prog.buffers_size()), false);
+  for (const plan::Binding &r : prog.results()) {
+    int b = r.buffer(), p = producer[size_t(b)];
+    if (p < 0 || nextOnStream[size_t(p)] >= n) {
+      heldToEnd[size_t(b)] = true;
+    } else {
+      int next = nextOnStream[size_t(p)];
+      access[size_t(b)].add(int(prog.instructions(next).stream()) & (kStreams - 1), next);
+    }
+  }
+  // Every access of `a` happens before every access of `b`.
+  auto before = [&](int a, int b) {
+    if (heldToEnd[size_t(a)]) return false;
+    const Accesses &x = access[size_t(a)], &y = access[size_t(b)];
+    if (x.hi < 0 || y.hi < 0) return !heldToEnd[size_t(b)];  // one no instruction touches
+    if (x.hi >= y.lo) return false;  // happens-before follows the program order
+    for (int s2 = 0; s2 < kStreams; ++s2) {
+      if (y.first[s2] < 0) continue;
+      const Clock &c = clock[size_t(y.first[s2])];
+      for (int s1 = 0; s1 < kStreams; ++s1)
+        if (x.last[s1] >= 0 && c[s1] < x.last[s1]) return false;
+    }
+    return true;
+  };
   struct Placed {
+    int id;
     int64_t offset, bytes;
-    int first, last;
   };
   std::vector<Placed> placed;
   int64_t arena = 0;
-  int end = prog.instructions_size();
   for (plan::Buffer &b : *prog.mutable_buffers()) {
     if (b.kind() != plan::Buffer::ACTIVATION) continue;
     int64_t size = (b.bytes() + kAlign - 1) / kAlign * kAlign;
-    int first = b.first_use(), last = results.count(b.id()) ? end : b.last_use();
-    if (!reusable[b.id()]) first = 0, last = end;  // held for the whole program
-    // Candidate offsets: 0 and the end of every placed buffer that overlaps in time.
+    // Candidate offsets: 0 and the end of every placed buffer whose accesses it may overlap.
     std::vector<std::pair<int64_t, int64_t>> busy;
     for (const Placed &p : placed)
-      if (!(p.last < first || last < p.first)) busy.push_back({p.offset, p.offset + p.bytes});
+      if (!before(p.id, b.id()) && !before(b.id(), p.id)) busy.push_back({p.offset, p.offset + p.bytes});
     std::sort(busy.begin(), busy.end());
     int64_t offset = 0;
     for (auto [lo, hi] : busy) {
@@ -392,7 +455,7 @@ void planWorkspace(plan::Program &prog) {
       offset = std::max(offset, hi);
     }
     b.set_offset(offset);
-    placed.push_back({offset, size, first, last});
+    placed.push_back({b.id(), offset, size});
     arena = std::max(arena, offset + size);
   }
   prog.set_workspace_bytes(arena);

@@ -58,13 +58,13 @@ class Run {
         else
           ptr_[b.id()] = base + b.offset() / 4;
       }
+    std::vector<bool> placed(prog_.buffers_size(), false);  // computed in its result slot
     if (ctx_.resultSlots) {
       if (int(ctx_.resultSlots->size()) != prog_.results_size())
         return Status::error(prog_.name() + ": " + std::to_string(ctx_.resultSlots->size()) + " result slots for " +
                              std::to_string(prog_.results_size()) + " results");
       if (ctx_.halfResultSlots && ctx_.halfResultSlots->size() != ctx_.resultSlots->size())
         return Status::error(prog_.name() + ": 16-bit result slots do not match the result slots");
-      std::vector<bool> placed(prog_.buffers_size(), false);
       inPlace_.assign(prog_.results_size(), false);
       for (int i = 0; i < prog_.results_size(); ++i) {
         const plan::Buffer &b = prog_.buffers(prog_.results(i).buffer());
@@ -76,6 +76,30 @@ class Run {
           if (uint16_t *half = (*ctx_.halfResultSlots)[size_t(i)])
             hptr_[b.id()] = half, placed[b.id()] = true, inPlace_[size_t(i)] = true;
         }
+      }
+    }
+    // A result without a slot (a run outside the step driver, a result bound twice) gets
+    // storage of its own: the plan lets the workspace reuse its bytes once the result is handed
+    // over, and this executor hands results over after the run.
+    {
+      std::vector<bool> own(prog_.buffers_size(), false);
+      int64_t floats = 0;
+      for (const plan::Binding &r : prog_.results()) {
+        const plan::Buffer &b = prog_.buffers(r.buffer());
+        if (b.kind() != plan::Buffer::ACTIVATION || placed[b.id()] || own[b.id()]) continue;
+        own[b.id()] = true;
+        floats += (b.bytes() + 3) / 4;
+      }
+      resultStore_.assign(size_t(floats), 0.0f);
+      float *next = resultStore_.data();
+      for (int id = 0; id < prog_.buffers_size(); ++id) {
+        if (!own[size_t(id)]) continue;
+        const plan::Buffer &b = prog_.buffers(id);
+        if (cpu::isHalf(b.dtype()))
+          hptr_[size_t(id)] = reinterpret_cast<uint16_t *>(next);
+        else
+          ptr_[size_t(id)] = next;
+        next += (b.bytes() + 3) / 4;
       }
     }
     for (int i = 0; i < prog_.arguments_size(); ++i) {
@@ -214,6 +238,7 @@ class Run {
   const plan::Program &prog_;
   const ExecutionContext &ctx_;
   std::vector<float> arena_, scratch_;
+  std::vector<float> resultStore_;  // results without a slot
   float *scratchBase_ = nullptr;
   float *halfScratch_[4] = {};  // per stream: its 16-bit instructions' fp32 scratch
   std::vector<float *> ptr_;
