@@ -3,7 +3,9 @@
 #include <filesystem>
 
 #include "analysis/Units.h"
+#include "plan/MemoryAccounting.h"
 #include "plan/PlanAttributes.h"
+#include "llvm/Support/JSON.h"
 #include "support/Checksum.h"
 #include "support/FileIO.h"
 #include "plan/PlanVersion.h"
@@ -282,30 +284,120 @@ std::vector<RankPrograms> rankPrograms(const PlanDirectory &plans) {
   return ranks;
 }
 
-std::string memoryTimeline(const PlanDirectory &plans, int rank) {
+namespace {
+
+std::string dtypeName(plan::DType t) { return llvm::StringRef(plan::DType_Name(t)).lower(); }
+
+// The parts of a rank's memory in Megatron's terms (plan/MemoryAccounting.h), for both forms.
+struct MemoryReport {
+  const plan::RankPlan &rp;
+  const plan::MemoryPlan &mem;
+  plan::DType compute;
+  int64_t parameters, shards, device;
+  bool cuda;
+  int64_t weightsAndOptimizer() const {
+    return mem.parameter_bytes() + mem.gradient_bytes() + mem.optimizer_bytes() + mem.half_weight_bytes();
+  }
+  double bytesPerParameter() const { return parameters ? double(weightsAndOptimizer()) / double(parameters) : 0.0; }
+};
+
+MemoryReport memoryReport(const PlanDirectory &plans, int rank) {
   const plan::RankPlan &rp = plans.ranks[rank];
   const plan::MemoryPlan &mem = rp.memory();
+  const config::ParallelConfig &par = rp.cluster().parallel();
+  int64_t shards = par.zero1() ? std::max<int64_t>(par.data_parallel_size(), 1) : 1;
+  return {rp, mem, planattr::computeDtype(plans.programsOf(rank).programs()), mem.parameter_bytes() / 4, shards,
+          rp.cluster().device().memory_bytes(), rp.cluster().device().kind() == config::CUDA};
+}
+
+}  // namespace
+
+std::string memoryJson(const PlanDirectory &plans, int rank) {
+  MemoryReport r = memoryReport(plans, rank);
+  const plan::MemoryPlan &mem = r.mem;
+  auto part = [](const std::string &dtype, int64_t bytes) { return llvm::json::Object{{"dtype", dtype}, {"bytes", bytes}}; };
+  llvm::json::Array timeline;
+  for (int i = 0; i < r.rp.schedule_size() && i < mem.timeline_bytes_size(); ++i)
+    timeline.push_back(llvm::json::Object{{"program", r.rp.schedule(i).program()},
+                                          {"micro_batch", r.rp.schedule(i).micro_batch()},
+                                          {"bytes", mem.timeline_bytes(i)}});
+  llvm::json::Object adamw = part("fp32", mem.optimizer_bytes());
+  adamw["shards"] = r.shards;
+  llvm::json::Object report{
+      {"rank", rank},
+      {"pipeline_stage", r.rp.pp_rank()},
+      {"backend", r.cuda ? "cuda" : "cpu"},
+      {"precision", dtypeName(r.compute)},
+      {"device_bytes", r.device},
+      {"peak_bytes", mem.peak_bytes()},
+      {"weights_and_optimizer",
+       llvm::json::Object{{"bytes", r.weightsAndOptimizer()},
+                          {"parameters", r.parameters},
+                          {"bytes_per_parameter", r.bytesPerParameter()},
+                          {"master_weights", part("fp32", mem.parameter_bytes())},
+                          {"main_gradients", part("fp32", mem.gradient_bytes())},
+                          {"adamw_moments", std::move(adamw)},
+                          {"half_weight_copies", part(r.compute == plan::F32 ? "bf16" : dtypeName(r.compute),
+                                                      mem.half_weight_bytes())}}},
+      {"activations",
+       llvm::json::Object{{"stash_bytes_per_micro_batch", mem.stash_bytes_per_micro_batch()},
+                          {"chunks", mem.chunks()},
+                          {"peak_stash_bytes", mem.peak_stash_bytes()},
+                          {"peak_stash_chunks", mem.peak_stash_chunks()},
+                          {"micro_batches_in_flight", memory::microBatchesInFlight(mem)},
+                          {"peak_input_bytes", mem.peak_input_bytes()}}},
+      {"workspace", llvm::json::Object{{"bytes", mem.max_workspace_bytes()}, {"program", mem.workspace_program()}}},
+      {"communication_buffers", llvm::json::Object{{"pipeline_message_slots", mem.pipeline_slot_bytes()}}},
+      {"kernel_scratch_bytes", mem.scratch_bytes()},
+      {"timeline", std::move(timeline)}};
   std::string s;
   llvm::raw_string_ostream os(s);
-  os << llvm::formatv("memory of rank {0}: parameters {1}, gradients {2}, optimizer {3}, peak stash {4}, peak inputs "
-                      "{5}, largest workspace {6}, peak {7}\n",
-                      rank, humanBytes(mem.parameter_bytes()), humanBytes(mem.gradient_bytes()), humanBytes(mem.optimizer_bytes()),
-                      humanBytes(mem.peak_stash_bytes()), humanBytes(mem.peak_input_bytes()),
-                      humanBytes(mem.max_workspace_bytes()), humanBytes(mem.peak_bytes()));
-  // The dtype the programs compute with: their PARAMETER arguments' (the flat buffer is the
-  // fp32 master copy in every plan).
-  plan::DType compute = planattr::computeDtype(plans.programsOf(rank).programs());
+  os << llvm::formatv("{0:2}", llvm::json::Value(std::move(report))) << "\n";
+  return s;
+}
+
+std::string memoryTimeline(const PlanDirectory &plans, int rank) {
+  MemoryReport r = memoryReport(plans, rank);
+  const plan::RankPlan &rp = r.rp;
+  const plan::MemoryPlan &mem = r.mem;
+  plan::DType compute = r.compute;
+  std::string s;
+  llvm::raw_string_ostream os(s);
+  os << llvm::formatv("memory of rank {0} (pipeline stage {1}): peak {2}{3}\n", rank, rp.pp_rank(),
+                      humanBytes(mem.peak_bytes()),
+                      r.device > 0 ? " of the device's " + humanBytes(r.device) : std::string(" (no device size)"));
+  // Megatron's terms (megatron/training/theoretical_memory_usage.py): weights and optimizer in
+  // bytes per parameter (18 for its mixed precision without the distributed optimizer), the
+  // activations of the micro-batches in flight, then what it does not count.
+  os << llvm::formatv("  weights and optimizer {0} ({1:F1} bytes per parameter, {2} parameters): fp32 master weights "
+                      "{3}, fp32 main gradients {4}, fp32 AdamW moments {5}{6}",
+                      humanBytes(r.weightsAndOptimizer()), r.bytesPerParameter(), r.parameters,
+                      humanBytes(mem.parameter_bytes()), humanBytes(mem.gradient_bytes()),
+                      humanBytes(mem.optimizer_bytes()),
+                      r.shards > 1 ? llvm::formatv(" (ZeRO-1: the 1/{0} shard)", r.shards).str() : std::string());
+  if (mem.half_weight_bytes() > 0)
+    os << llvm::formatv(", {0} weight copies {1}{2}", compute == plan::F32 ? "bf16" : dtypeName(compute),
+                        humanBytes(mem.half_weight_bytes()),
+                        compute == plan::F32 ? " (the CUDA backend's, for its bf16 GEMMs)" : "");
+  os << "\n";
+  os << llvm::formatv("  activations {0}: stash {1} per micro-batch ({2} chunk{3}), {4:F2} micro-batches in flight at "
+                      "the peak ({5} chunk forwards); micro-batch inputs {6}\n",
+                      humanBytes(mem.peak_stash_bytes() + mem.peak_input_bytes()),
+                      humanBytes(mem.stash_bytes_per_micro_batch()), mem.chunks(), mem.chunks() == 1 ? "" : "s",
+                      memory::microBatchesInFlight(mem), mem.peak_stash_chunks(), humanBytes(mem.peak_input_bytes()));
+  os << llvm::formatv("  workspace {0} (the arena of {1}, the largest program's)\n", humanBytes(mem.max_workspace_bytes()),
+                      mem.workspace_program().empty() ? std::string("?") : mem.workspace_program());
   if (compute == plan::F32)
     os << "  precision: fp32 throughout\n";
   else
     os << llvm::formatv("  precision: {0} weights for compute (a copy of the fp32 master weights, remade after each "
-                        "update: the 16-bit weight copies below), activations, stashes, pipeline messages and "
+                        "update: the 16-bit weight copies above), activations, stashes, pipeline messages and "
                         "tensor-parallel collectives; fp32 master weights, main gradients{1} and AdamW moments\n",
-                        llvm::StringRef(plan::DType_Name(compute)).lower(),
+                        dtypeName(compute),
                         reducesOnWire(plans.programsOf(rank).programs())
                             ? " (their data-parallel reduction in bf16 on the wire: grad_reduce_in_bf16)"
                             : " (and their data-parallel reduction)");
-  if (rp.cluster().device().kind() != config::CUDA && mem.scratch_bytes() > 0)
+  if (!r.cuda && mem.scratch_bytes() > 0)
     os << llvm::formatv("  CPU backend: the kernels' scratch (attention; fp32 copies of 16-bit operands) {0} (held all step)\n",
                         humanBytes(mem.scratch_bytes()));
   else if (mem.half_weight_bytes() + mem.scratch_bytes() + mem.pipeline_slot_bytes() > 0)

@@ -40,6 +40,10 @@ struct CollectiveCall {
 std::vector<CollectiveCall> collectiveSequence(const PlanDirectory &plans, int rank);
 // Where two ranks' calls on each group they share first differ (or that they agree).
 std::string collectiveDiff(const PlanDirectory &plans, int a, int b);
+// A rank's memory in Megatron's terms (weights and optimizer by dtype and per parameter, the
+// activations of the micro-batches in flight, workspace, communication buffers, the backend's
+// parts) and its timeline over the schedule; the same as JSON (loom-dump --view=memory --json).
 std::string memoryTimeline(const PlanDirectory &plans, int rank);
+std::string memoryJson(const PlanDirectory &plans, int rank);
 
 }  // namespace loom

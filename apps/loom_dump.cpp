@@ -33,6 +33,7 @@ cl::opt<std::string> programOpt("program", cl::desc("program for --view=dot (def
                                 cl::cat(dumpCategory));
 cl::list<int> diffRanks("diff", cl::desc("R1,R2: where two ranks' collective calls differ on the groups they share"),
                         cl::CommaSeparated, cl::cat(dumpCategory));
+cl::opt<bool> jsonOpt("json", cl::desc("--view=memory as JSON"), cl::cat(dumpCategory));
 cl::opt<std::string> outFile("o", cl::desc("output file (default stdout)"), cl::init("-"), cl::cat(dumpCategory));
 
 int dumpPlans() {
@@ -43,6 +44,10 @@ int dumpPlans() {
                                                                   "--rank %d is outside the %zu ranks of %s",
                                                                   (int)rankOpt, plans->ranks.size(), input.c_str()));
   std::string text;
+  if (jsonOpt && view != "memory")
+    return loom::reportError("loom-dump", llvm::createStringError(llvm::inconvertibleErrorCode(),
+                                                                  "--json is for --view=memory, not --view=%s",
+                                                                  view.c_str()));
   if (!diffRanks.empty()) {
     if (diffRanks.size() != 2 || diffRanks[0] < 0 || diffRanks[1] < 0 || diffRanks[0] >= int(plans->ranks.size()) ||
         diffRanks[1] >= int(plans->ranks.size()))
@@ -77,7 +82,7 @@ int dumpPlans() {
       return loom::reportError("loom-dump", std::move(e));
     text = loom::predictionTimelineSvg(ranks, prediction);
   } else if (view == "memory") {
-    text = loom::memoryTimeline(*plans, rankOpt);
+    text = jsonOpt ? loom::memoryJson(*plans, rankOpt) : loom::memoryTimeline(*plans, rankOpt);
   } else {
     return loom::reportError("loom-dump", llvm::createStringError(llvm::inconvertibleErrorCode(),
                                                                   "--view must be summary, graph, dot, collectives, "

@@ -9,6 +9,7 @@
 #include "llvm/Support/FormatVariadic.h"
 #include "mlir/Dialect/Func/IR/FuncOps.h"
 #include "plan/Layout.h"
+#include "plan/MemoryAccounting.h"
 #include "plan/PlanAttributes.h"
 #include "plan/PlanVersion.h"
 #include "support/ProgressMeter.h"
@@ -26,16 +27,7 @@ llvm::Error checkMemoryFits(const plan::RankPlan &rp, const config::ClusterSpec 
   int64_t device = cluster.device().memory_bytes();
   const plan::MemoryPlan &m = rp.memory();
   if (device <= 0 || m.peak_bytes() <= device) return llvm::Error::success();
-  std::vector<std::pair<int64_t, std::string>> parts = {{m.parameter_bytes(), "parameters"},
-                                                        {m.gradient_bytes(), "gradients"},
-                                                        {m.optimizer_bytes(), "AdamW state"},
-                                                        {m.peak_stash_bytes(), "stashed activations"},
-                                                        {m.peak_input_bytes(), "micro-batch inputs"},
-                                                        {m.half_weight_bytes(), "16-bit weight copies"},
-                                                        {m.scratch_bytes(), "kernel scratch"},
-                                                        {m.pipeline_slot_bytes(), "pipeline message slots"},
-                                                        {m.max_workspace_bytes(), "workspace"}};
-  std::sort(parts.begin(), parts.end(), [](auto &a, auto &b) { return a.first > b.first; });
+  std::vector<std::pair<int64_t, std::string>> parts = memory::namedParts(m);
   std::string biggest;
   for (int k = 0; k < 3; ++k) biggest += (k ? ", " : "") + parts[k].second + " " + humanBytes(parts[k].first);
   return error(llvm::formatv("rank {0} (pipeline stage {1}) plans {2} of memory but the device has {3} "
@@ -188,17 +180,15 @@ class RankPlanAssembler {
   }
 
   // What the backend holds beyond the plan's buffers, all step long (in `mem`); its bytes.
-  int64_t backendScratch(int stage, int64_t paramCount, plan::MemoryPlan *mem) {
+  void backendScratch(int stage, int64_t paramCount, plan::MemoryPlan *mem) {
     plan::BackendReserve reserve = req.backendMemory(cluster.device().kind(), sets[stage].programs(), paramCount);
     mem->set_scratch_bytes(reserve.scratchBytes);
-    if (reserve.halfWeightBytes) mem->set_half_weight_bytes(reserve.halfWeightBytes);
-    return reserve.halfWeightBytes + reserve.scratchBytes;  // + pipeline slots: finishPlans
+    mem->set_half_weight_bytes(reserve.halfWeightBytes);  // + pipeline slots: finishPlans
   }
 
   // The stage's schedule, memory plan and collective totals.
   void stagePlan(int stage, int64_t paramCount, plan::RankPlan &rp) {
     const StageLayout &flat = req.layouts[stage];
-    int64_t paramBytes = 4 * flat.flatElements;
     // Schedule: the stage's forward/backward list, then the loss (last stage) and the optimizer.
     std::map<std::string, std::pair<int64_t, int64_t>> collectives;  // kind -> count, bytes
     double flops = 0;
@@ -216,77 +206,49 @@ class RankPlanAssembler {
         c.first += 1, c.second += in.bytes_moved();
       }
     };
-    int64_t stash = 0, peakStash = 0, maxWorkspace = 0;
-    for (const plan::Program &prog : sets[stage].programs()) maxWorkspace = std::max(maxWorkspace, prog.workspace_bytes());
-    // Parameters and gradients (the flat buffers), AdamW's two fp32 moments (over the dp shard with ZeRO-1).
-    int64_t optimizerBytes = 2 * 4 * flat.flatElements / (par.zero1() ? d : 1);
-    int64_t persistent = paramBytes * 2 + optimizerBytes;
+    // The memory plan (plan/MemoryAccounting.h): weights and optimizer, what the backend
+    // adds, then the schedule's walk over the stashes, inputs and the largest arena.
     plan::MemoryPlan *mem = rp.mutable_memory();
-    persistent += backendScratch(stage, paramCount, mem);
-    if (flat.computeDtype != plan::F32) {  // a 16-bit plan's own copy of the master weights
-      int64_t copy = planattr::elementBytes(flat.computeDtype) * flat.flatElements;
-      mem->set_half_weight_bytes(mem->half_weight_bytes() + copy);
-      persistent += copy;
-    }
-    std::map<std::string, size_t> lastEntry;  // program -> its last schedule entry
-    const StageSchedule &tasks = req.schedule[stage];
-    auto programOf = [&](const Task &task) {
-      return (task.type == Task::kForward ? "forward_" : "backward_") + std::to_string(task.chunk * p + stage);
-    };
+    backendScratch(stage, paramCount, mem);
+    memory::accountWeights(flat.flatElements, flat.computeDtype, par.zero1() ? d : 1, mem);
+    memory::StageActivations acts;
+    for (const plan::Program &prog : sets[stage].programs())
+      if (prog.workspace_bytes() > acts.workspace) acts.workspace = prog.workspace_bytes(), acts.workspaceProgram = prog.name();
+    acts.stashPerChunk.assign(size_t(std::max(v, 1)), 0);
+    for (int chunk = 0; chunk < std::max(v, 1); ++chunk)
+      if (auto it = byName.find("forward_" + std::to_string(chunk * p + stage)); it != byName.end())
+        acts.stashPerChunk[size_t(chunk)] = it->second->stash_bytes();
     // A micro-batch's inputs are held from its first program to its last (the step driver's slots).
     std::map<std::string, int64_t> inputBytes;  // input name -> bytes per micro-batch
     for (const plan::Program &prog : sets[stage].programs())
       for (const plan::Binding &a : prog.arguments())
         if (a.role() == plan::Binding::INPUT) inputBytes[a.name()] = prog.buffers(a.buffer()).bytes();
-    int64_t inputsPerMicroBatch = 0;
-    for (auto &[name, bytes] : inputBytes) inputsPerMicroBatch += bytes;
-    std::map<int, std::pair<size_t, size_t>> spanOf;  // micro-batch -> (first, last) entry
+    for (auto &[name, bytes] : inputBytes) acts.inputsPerMicroBatch += bytes;
+    std::map<std::string, size_t> lastEntry;  // program -> its last schedule entry
+    const StageSchedule &tasks = req.schedule[stage];
+    auto programOf = [&](const Task &task) {
+      return (task.type == Task::kForward ? "forward_" : "backward_") + std::to_string(task.chunk * p + stage);
+    };
+    for (size_t k = 0; k < tasks.size(); ++k) lastEntry[programOf(tasks[k])] = k;
     for (size_t k = 0; k < tasks.size(); ++k) {
-      lastEntry[programOf(tasks[k])] = k;
-      auto [it, fresh] = spanOf.try_emplace(tasks[k].microBatch, std::make_pair(k, k));
-      it->second.second = k;
-    }
-    int64_t peak = 0, peakInputs = 0;
-    for (size_t k = 0; k < tasks.size(); ++k) {
-      const Task &task = tasks[k];
-      int vs = task.chunk * p + stage;
-      std::string name = programOf(task);
       plan::ScheduleEntry *e = rp.add_schedule();
-      e->set_program(name);
-      e->set_micro_batch(task.microBatch);
-      const plan::Program *prog = byName.at(name);
-      account(*prog, lastEntry[name] == k);
-      const plan::Program *fwd = byName.at("forward_" + std::to_string(vs));
-      int64_t inFlight = 0;
-      for (auto &[mb, span] : spanOf) inFlight += span.first <= k && k <= span.second;
-      // During the entry: its stash is held (made by a forward, read by a backward).
-      if (task.type == Task::kForward) stash += fwd->stash_bytes();
-      int64_t held = persistent + stash + inFlight * inputsPerMicroBatch + maxWorkspace;
-      if (task.type == Task::kBackward) stash -= fwd->stash_bytes();
-      peakStash = std::max(peakStash, stash + (task.type == Task::kBackward ? fwd->stash_bytes() : 0));
-      peakInputs = std::max(peakInputs, inFlight * inputsPerMicroBatch);
-      peak = std::max(peak, held);
-      mem->add_timeline_bytes(held);
+      e->set_program(programOf(tasks[k]));
+      e->set_micro_batch(tasks[k].microBatch);
+      account(*byName.at(e->program()), lastEntry[e->program()] == k);
     }
-    for (plan::Program::Kind once : {plan::Program::LOSS, plan::Program::OPTIMIZER}) {
+    int once = 0;
+    for (plan::Program::Kind kind : {plan::Program::LOSS, plan::Program::OPTIMIZER}) {
       const plan::Program *prog = nullptr;  // the stage's own (every stage has an optimizer)
       for (const plan::Program &candidate : sets[stage].programs())
-        if (candidate.kind() == once) prog = &candidate;
+        if (candidate.kind() == kind) prog = &candidate;
       if (!prog) continue;
       plan::ScheduleEntry *e = rp.add_schedule();
       e->set_program(prog->name());
       e->set_micro_batch(-1);
       account(*prog, true);
-      mem->add_timeline_bytes(persistent + maxWorkspace);
-      peak = std::max(peak, persistent + maxWorkspace);
+      ++once;
     }
-    mem->set_peak_input_bytes(peakInputs);
-    mem->set_parameter_bytes(paramBytes);
-    mem->set_gradient_bytes(paramBytes);
-    mem->set_optimizer_bytes(optimizerBytes);
-    mem->set_peak_stash_bytes(peakStash);
-    mem->set_max_workspace_bytes(maxWorkspace);
-    mem->set_peak_bytes(peak);
+    memory::accountActivations(tasks, acts, once, mem);
     rp.set_flops_per_step(flops);
     for (auto &[k, c] : collectives) {
       plan::CollectiveTotal *ct = rp.add_collectives();
@@ -347,10 +309,8 @@ llvm::Error finishPlans(std::vector<plan::RankPlan> &plans, const std::vector<pl
       slotBytes += slots * bytes;
     }
     if (cluster.device().kind() == config::CUDA) {  // the CUDA backend's PipelineLinks hold these all step
-      plan::MemoryPlan *mem = rp.mutable_memory();
-      mem->set_pipeline_slot_bytes(slotBytes);
-      for (int k = 0; k < mem->timeline_bytes_size(); ++k) mem->set_timeline_bytes(k, mem->timeline_bytes(k) + slotBytes);
-      mem->set_peak_bytes(mem->peak_bytes() + slotBytes);
+      rp.mutable_memory()->set_pipeline_slot_bytes(slotBytes);
+      memory::addHeldAllStep(slotBytes, rp.mutable_memory());
     }
     if (llvm::Error e = checkMemoryFits(rp, cluster)) return e;
   }

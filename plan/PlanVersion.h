@@ -26,7 +26,11 @@ namespace loom {
 //    optimizer program remakes with `cast` after each update; GRADIENT and LOSS arguments are
 //    fp32 (main gradients: a 16-bit gradient is accumulated into fp32); adamw, sum_squares and
 //    grad_norm take fp32 operands only. fp32 plans are as in version 7.
-inline constexpr uint32_t kPlanVersion = 8;
+// 9: the workspace shares memory across streams (activations whose accesses are ordered by
+//    stream order and wait_for events); a result's bytes are in use only until its producer's
+//    stream runs its next instruction, so an executor that hands results over later keeps them
+//    elsewhere (their slots). MemoryPlan reports stash per micro-batch and chunks in flight.
+inline constexpr uint32_t kPlanVersion = 9;
 
 // "" when `version` is this build's; otherwise why `what` (a plan file) cannot be read.
 inline std::string planVersionError(uint32_t version, const std::string &what) {
