@@ -4,11 +4,15 @@
 #include <atomic>
 #include <chrono>
 #include <cmath>
+#include <map>
 #include <mutex>
+#include <tuple>
 #include <thread>
 
 #include "config/ConfigLoader.h"
 #include "analysis/CostModel.h"
+#include "plan/MemoryAccounting.h"
+#include "plan/PlanAttributes.h"
 #include "plan/Schedule.h"
 #include "analysis/Units.h"
 #include "llvm/ADT/ScopeExit.h"
@@ -28,12 +32,95 @@ std::vector<int64_t> divisors(int64_t n) {
   return out;
 }
 
+// What a layer, the embedding and the output layer hold, from a compiled probe: the model cut
+// to 4 layers on 3 pipeline stages of 1, 2 and 1 layers (t, b, recomputation and sequence
+// parallelism as the candidate's): each stage's stash per micro-batch, flat parameters and
+// largest arena. The estimate then counts a candidate's stages with the memory plan's own
+// accounting (plan/MemoryAccounting.h) over the candidate's real schedule: no second formula.
+struct LayerProbe {
+  int64_t layerStash = 0, embedStash = 0, headStash = 0;  // per micro-batch
+  int64_t layerParams = 0, embedParams = 0, headParams = 0;  // flat elements
+  int64_t workspace = 0, scratch = 0, inputs = 0;
+  double backendHalfPerElement = 0;  // the backend's 16-bit weight copies per flat element
+  plan::DType compute = plan::F32;
+};
+
+llvm::Expected<LayerProbe> probeLayers(const config::ModelConfig &model, const config::ClusterSpec &cluster,
+                                       const config::ParallelConfig &candidate, const SearchOptions &options) {
+  config::ModelConfig m = model;
+  m.set_num_layers(4);
+  config::ClusterSpec c = cluster;
+  int64_t t = candidate.tensor_parallel_size();
+  c.set_nodes(3), c.set_devices_per_node(t);
+  c.mutable_device()->set_memory_bytes(0);  // measured, not refused
+  config::ParallelConfig &par = *c.mutable_parallel();
+  par = candidate;
+  par.set_pipeline_parallel_size(3), par.set_data_parallel_size(1), par.set_virtual_pipeline_size(1);
+  par.set_global_batch_size(3 * candidate.micro_batch_size());
+  par.set_schedule(config::ONE_F_ONE_B), par.set_zero1(false), par.set_balance_stages(false);
+  par.clear_layers_per_stage();
+  for (int layers : {1, 2, 1}) par.add_layers_per_stage(layers);
+  CompiledPlans plans;
+  if (llvm::Error e = options.compile(m, c, &plans)) return std::move(e);
+  const plan::MemoryPlan *stage[3] = {};
+  for (const plan::RankPlan &rp : plans.plans)
+    if (rp.tp_rank() == 0 && rp.pp_rank() < 3) stage[rp.pp_rank()] = &rp.memory();
+  for (const plan::MemoryPlan *s : stage)
+    if (!s) return error("the layer probe has no plan of every stage");
+  LayerProbe probe;
+  probe.layerStash = stage[1]->stash_bytes_per_micro_batch() / 2;
+  probe.embedStash = stage[0]->stash_bytes_per_micro_batch() - probe.layerStash;
+  probe.headStash = stage[2]->stash_bytes_per_micro_batch() - probe.layerStash;
+  probe.layerParams = stage[1]->parameter_bytes() / 4 / 2;
+  probe.embedParams = stage[0]->parameter_bytes() / 4 - probe.layerParams;
+  probe.headParams = stage[2]->parameter_bytes() / 4 - probe.layerParams;
+  for (const plan::MemoryPlan *s : stage) {
+    probe.workspace = std::max(probe.workspace, s->max_workspace_bytes());
+    probe.scratch = std::max(probe.scratch, s->scratch_bytes());
+  }
+  probe.compute = planattr::computeDtype(plans.sets[0].programs());
+  int64_t ownCopies = probe.compute == plan::F32 ? 0 : 2 * (stage[1]->parameter_bytes() / 4);
+  probe.backendHalfPerElement =
+      double(stage[1]->half_weight_bytes() - ownCopies) / double(std::max<int64_t>(stage[1]->parameter_bytes() / 4, 1));
+  probe.inputs = stage[0]->peak_input_bytes() / 3;  // 1F1B's first of 3 stages: 3 micro-batches in flight
+  return probe;
+}
+
+// A candidate stage's memory plan from the probe: its layers, the embedding on the first
+// stage's first chunk, the output layer on the last stage's last chunk, walked over the stage's
+// schedule. ZeRO-1's optimizer holds two fp32 1/d shards (compiler/StepPrograms.cpp).
+plan::MemoryPlan estimateStageMemory(const LayerProbe &probe, const config::ParallelConfig &par, int64_t numLayers,
+                                     int stage, const StageSchedule &tasks) {
+  int p = int(par.pipeline_parallel_size()), v = std::max(1, int(par.virtual_pipeline_size()));
+  int64_t d = par.data_parallel_size();
+  double layersPerChunk = double(numLayers) / double(p * v);
+  memory::StageActivations acts;
+  int64_t flat = 0;
+  for (int chunk = 0; chunk < v; ++chunk) {
+    int64_t stash = int64_t(std::ceil(layersPerChunk) * double(probe.layerStash));
+    flat += int64_t(std::ceil(layersPerChunk) * double(probe.layerParams));
+    if (stage == 0 && chunk == 0) stash += probe.embedStash, flat += probe.embedParams;
+    if (stage == p - 1 && chunk == v - 1) stash += probe.headStash, flat += probe.headParams;
+    acts.stashPerChunk.push_back(stash);
+  }
+  acts.inputsPerMicroBatch = probe.inputs;
+  bool sharded = par.zero1() && d > 1;
+  acts.workspace = std::max(probe.workspace, sharded ? 2 * 4 * flat / d : 0);
+  plan::MemoryPlan mem;
+  mem.set_scratch_bytes(probe.scratch);
+  mem.set_half_weight_bytes(int64_t(probe.backendHalfPerElement * double(flat)));
+  memory::accountWeights(flat, probe.compute, sharded ? int(d) : 1, &mem);
+  memory::accountActivations(tasks, acts, stage == p - 1 ? 2 : 1, &mem);
+  return mem;
+}
+
 // The closed-form estimate of a candidate: step seconds and the largest stage's bytes.
 struct Estimate {
   double seconds = 0, bytes = 0;
 };
 
-Estimate estimate(const config::ModelConfig &model, const config::ClusterSpec &cluster, CostModel &cost) {
+Estimate estimate(const config::ModelConfig &model, const config::ClusterSpec &cluster, CostModel &cost,
+                  const LayerProbe &probe, const std::vector<StageSchedule> &schedule) {
   const config::ParallelConfig &par = cluster.parallel();
   double t = double(par.tensor_parallel_size()), p = double(par.pipeline_parallel_size()),
          d = double(par.data_parallel_size()), v = double(par.virtual_pipeline_size()),
@@ -75,19 +162,10 @@ Estimate estimate(const config::ModelConfig &model, const config::ClusterSpec &c
   double dp = ring(2 * (d - 1) / d * stageParams * 4, d, t * p * d, int(2 * (d - 1)));
   Estimate e;
   e.seconds = pipeline + tp + pp + dp;
-  // Memory of the first stage: weights, gradients, AdamW (sharded over dp with ZeRO-1), the
-  // stashed activations of the micro-batches in flight (fp32; recomputation keeps only each
-  // layer's input), the output layer's logits and their gradient.
-  double inFlight = par.schedule() == config::GPIPE ? m * L / p
-                    : v > 1                         ? std::min(m * v, p * v + p - 1) * L / (p * v)
-                                                    : std::min(m, p) * L / p;
-  // Per layer and micro-batch, in units of b s h fp32 values: about 4 + 12 / t without sequence
-  // parallelism and 30 / t with it (from GPT-3 175B's compiled plans at t = 4 and 8), the
-  // layer's input alone when recomputed; the workspace of a layer's backward about 4 times that.
-  double perLayer = par.sequence_parallel() ? 30 / t : 4 + 12 / t;
-  double perLayerStash = recompute ? activation / (par.sequence_parallel() ? t : 1) : activation * perLayer;
-  e.bytes = stageParams * (8 + 8 / (par.zero1() ? d : 1)) + inFlight * perLayerStash + 4 * activation * perLayer +
-            3 * tokens * V / t * 4;
+  // Memory: the first and the last stage's plans as the compiler would count them.
+  for (int k : {0, int(p) - 1})
+    e.bytes = std::max(e.bytes, double(estimateStageMemory(probe, par, model.num_layers(), k,
+                                                           schedule[size_t(k)]).peak_bytes()));
   return e;
 }
 
@@ -113,6 +191,7 @@ llvm::Error searchConfigurations(const config::ModelConfig &model, const config:
   if (batch <= 0) return error(options.clusterPath + ": error: field 'parallel.global_batch_size' must be set to search");
   CostModel cost(cluster, cluster.device().kind() == config::CUDA ? GemmPrecision::kBf16 : GemmPrecision::kFp32, false);
   std::vector<SearchCandidate> candidates;
+  std::map<std::tuple<int64_t, int64_t, bool, bool>, LayerProbe> probes;
   for (int64_t t : divisors(cluster.devices_per_node()))
     for (int64_t p : divisors(world / t))
       for (int64_t v : {1, 2, 4})
@@ -142,13 +221,26 @@ llvm::Error searchConfigurations(const config::ModelConfig &model, const config:
                   ScheduleKind kind = schedule == config::GPIPE ? ScheduleKind::kGPipe
                                       : v > 1                   ? ScheduleKind::kInterleaved
                                                                 : ScheduleKind::kOneFOneB;
-                  if (!buildSchedule(kind, int(p), int(v), m)) {  // e.g. interleaving needs m divisible by p
+                  auto tasks = buildSchedule(kind, int(p), int(v), m);
+                  if (!tasks) {  // e.g. interleaving needs m divisible by p
+                    llvm::consumeError(tasks.takeError());
                     ++out->invalid;
                     continue;
                   }
+                  // One probe per (t, b, recomputation, sequence parallelism).
+                  std::tuple<int64_t, int64_t, bool, bool> key{t, b, recompute, sp};
+                  auto found = probes.find(key);
+                  if (found == probes.end()) {
+                    auto probe = probeLayers(model, cluster, par, options);
+                    if (!probe)
+                      return error(llvm::formatv("{0}: the layer probe of t={1} b={2}{3}{4} did not compile: {5}",
+                                                 options.clusterPath, t, b, recompute ? " recompute" : "",
+                                                 sp ? " sp" : "", llvm::toString(probe.takeError())));
+                    found = probes.emplace(key, *probe).first;
+                  }
                   SearchCandidate cand;
                   cand.parallel = par;
-                  Estimate e = estimate(model, c, cost);
+                  Estimate e = estimate(model, c, cost, found->second, *tasks);
                   cand.estimatedSeconds = e.seconds, cand.estimatedBytes = e.bytes;
                   if (cluster.device().memory_bytes() > 0 && e.bytes > 1.25 * double(cluster.device().memory_bytes())) {
                     ++out->overEstimate;
@@ -214,6 +306,10 @@ llvm::Error searchConfigurations(const config::ModelConfig &model, const config:
       continue;
     }
     out->ranked.push_back(candidates[i]);
+    double planned = double(candidates[i].prediction.peakMemoryBytes);
+    if (planned > 0)
+      out->worstMemoryEstimateError =
+          std::max(out->worstMemoryEstimateError, std::abs(candidates[i].estimatedBytes / planned - 1));
   }
   std::stable_sort(out->ranked.begin(), out->ranked.end(), [](const SearchCandidate &a, const SearchCandidate &b) {
     return a.prediction.modelTflopsPerDevice > b.prediction.modelTflopsPerDevice;
@@ -231,6 +327,10 @@ std::string searchText(const SearchResult &r, const config::ClusterSpec &cluster
                       r.enumerated, cluster.nodes(), cluster.devices_per_node(), r.invalid, r.overEstimate,
                       r.notEvaluated, r.ranked.size() + r.refusedByPlan, r.refusedByPlan, r.seconds);
   if (!r.exampleRefusal.empty()) os << "  e.g. " << r.exampleRefusal << "\n";
+  if (!r.ranked.empty())
+    os << llvm::formatv("  the estimate's peak memory (the memory plan's accounting over a compiled 4-layer probe) is "
+                        "within {0:F1}% of the compiled plans' for every compiled candidate\n",
+                        100 * r.worstMemoryEstimateError);
   os << llvm::formatv("{0,-4} {1,-52} {2,11} {3,9} {4,6} {5,11} {6,7} {7,12}\n", "#", "configuration", "step", "TFLOP/s",
                       "MFU", "memory", "bubble", "exposed comm");
   for (size_t i = 0; i < r.ranked.size() && int(i) < top; ++i) {

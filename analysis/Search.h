@@ -46,6 +46,7 @@ struct SearchResult {
   std::vector<SearchCandidate> ranked;  // evaluated and fitting, best first
   int enumerated = 0, invalid = 0, overEstimate = 0, refusedByPlan = 0, notEvaluated = 0;
   std::string exampleRefusal;  // one compiled plan's memory refusal, for the summary
+  double worstMemoryEstimateError = 0;  // |estimated / compiled peak - 1|, worst over the compiled
   double seconds = 0;
 };
 

@@ -21,9 +21,15 @@ int64_t layerOf(mlir::Operation *op) {
 }
 
 // Rewrites backward_k to recompute layer-internal activations from forward_k's checkpoints.
+// kLayers: every layer-internal value (full recomputation). kGathers: only the all-gathers of
+// a layer (sequence parallelism's gathered inputs of the column-parallel GEMMs), from their
+// shards: Megatron's sequence parallelism keeps the sharded layer-norm output and gathers it
+// again in the backward (Korthikanti et al. 2022, section 4.2.2), 2sbh/t bytes per GEMM input
+// instead of 2sbh.
 class Recomputer {
  public:
-  Recomputer(mlir::func::FuncOp fwd, mlir::func::FuncOp bwd) : fwd_(fwd), bwd_(bwd) {
+  enum Scope { kLayers, kGathers };
+  Recomputer(mlir::func::FuncOp fwd, mlir::func::FuncOp bwd, Scope scope) : fwd_(fwd), bwd_(bwd), scope_(scope) {
     auto ret = mlir::cast<mlir::func::ReturnOp>(fwd.getBody().front().getTerminator());
     for (unsigned i = 0; i < fwd.getNumResults(); ++i)
       if (auto s = fwd.getResultAttrOfType<mlir::StringAttr>(i, kStash)) stashed_[s.getValue()] = ret.getOperand(i);
@@ -60,6 +66,7 @@ class Recomputer {
     if (!def || mlir::isa<SendOp, RecvOp>(def)) return false;
     int64_t layer = layerOf(def);
     if (layer < 0) return false;
+    if (scope_ == kGathers && !mlir::isa<AllGatherOp>(def)) return false;
     for (mlir::Operation *u : v.getUsers())
       if (!mlir::isa<mlir::func::ReturnOp>(u) && layerOf(u) != layer) return false;
     return true;
@@ -138,6 +145,7 @@ class Recomputer {
   }
 
   mlir::func::FuncOp fwd_, bwd_;
+  Scope scope_;
   llvm::StringMap<mlir::Value> stashed_;
   llvm::DenseMap<mlir::Value, mlir::Value> local_;
 };
@@ -156,7 +164,7 @@ struct RecomputePass : impl::LoomRecomputeBase<RecomputePass> {
       return signalPassFailure();
     }
     m->setAttr("loom.recompute", mlir::StringAttr::get(&getContext(), mode));
-    if (mode != "full") return;
+    Recomputer::Scope scope = mode == "full" ? Recomputer::kLayers : Recomputer::kGathers;
     // A backward program and the forward program of its virtual stage, by their typed kinds.
     auto kindOf = [](mlir::func::FuncOp f) {
       auto k = f->getAttrOfType<mlir::StringAttr>(attr::kProgramKind);
@@ -172,7 +180,7 @@ struct RecomputePass : impl::LoomRecomputeBase<RecomputePass> {
         bwd.emitError() << "loom-recompute: no forward program for " << bwd.getName();
         return signalPassFailure();
       }
-      Recomputer(fwd, bwd).run();
+      Recomputer(fwd, bwd, scope).run();
     }
   }
 };
