@@ -201,7 +201,7 @@ llvm::Error searchConfigurations(const config::ModelConfig &model, const config:
               for (bool zero1 : {false, true})
                 for (config::PipelineSchedule schedule : {config::GPIPE, config::ONE_F_ONE_B, config::INTERLEAVED_ONE_F_ONE_B}) {
                   int64_t d = world / (t * p);
-                  if ((v > 1) != (schedule == config::INTERLEAVED_ONE_F_ONE_B) || (p == 1 && schedule != config::GPIPE) ||
+                  if ((v > 1) != (schedule == config::INTERLEAVED_ONE_F_ONE_B) || (p == 1 && schedule != config::ONE_F_ONE_B) ||
                       (sp && t == 1) || (zero1 && d == 1) || p * v > model.num_layers())
                     continue;
                   ++out->enumerated;

@@ -38,7 +38,9 @@ ScheduleKind scheduleKindOf(const config::ParallelConfig &p) {
     case config::ONE_F_ONE_B: return ScheduleKind::kOneFOneB;
     case config::INTERLEAVED_ONE_F_ONE_B: return ScheduleKind::kInterleaved;
     default:
-      if (p.pipeline_parallel_size() == 1) return ScheduleKind::kGPipe;  // one stage: no pipeline
+      // One stage: each micro-batch's forward, then its backward (Megatron's no-pipelining
+      // order), holding one micro-batch's stash instead of all of them.
+      if (p.pipeline_parallel_size() == 1) return ScheduleKind::kOneFOneB;
       return p.virtual_pipeline_size() > 1 ? ScheduleKind::kInterleaved : ScheduleKind::kOneFOneB;
   }
 }

@@ -231,19 +231,19 @@ def check(r):
 
 
 def ratio(loom, megatron, delta):
-    return f"{loom / megatron:.2f}" + (f" ({loom / (megatron + delta):.2f})" if delta else "")
+    return f"{loom / megatron:.2f}" + (f" (adj. {loom / (megatron + delta):.2f})" if delta else "")
 
 
 def text(rows):
     lines = [f"{'configuration':16}{'layout':26}{'rec':5}{'sp':3}{'z1':3} {'W+O Megatron':>13} {'Loom':>7} "
-             f"{'ratio':>12} {'act Megatron':>13} {'Loom':>7} {'ratio':>12} {'workspace':>10} {'peak':>7}  result"]
+             f"{'ratio':>16} {'act Megatron':>13} {'Loom':>7} {'ratio':>16} {'workspace':>10} {'peak':>7}  result"]
     for r in rows:
         dw, da = sum(x[1] for x in r["reasons"]), sum(x[2] for x in r["reasons"])
         lines.append(f"{r['name']:16}{r['layout']:26}{r['rec']:5}{int(r['sp']):<3}{int(r['zero1']):<3} "
-                     f"{r['mw'] / GiB:13.1f} {r['lw'] / GiB:7.1f} {ratio(r['lw'], r['mw'], dw):>12} "
-                     f"{r['ma'] / GiB:13.1f} {r['la'] / GiB:7.1f} {ratio(r['la'], r['ma'], da):>12} "
+                     f"{r['mw'] / GiB:13.1f} {r['lw'] / GiB:7.1f} {ratio(r['lw'], r['mw'], dw):>16} "
+                     f"{r['ma'] / GiB:13.1f} {r['la'] / GiB:7.1f} {ratio(r['la'], r['ma'], da):>16} "
                      f"{r['ws'] / GiB:10.2f} {r['peak'] / GiB:7.1f}  {'ok' if r['ok'] else 'FAIL'}")
-    lines.append("GiB; ratio: Loom / Megatron (in parentheses: against Megatron's figure with the stated differences);")
+    lines.append("GiB; ratio: Loom / Megatron (adj.: against Megatron's figure with the stated differences);")
     lines.append("peak: Loom's whole plan with the CUDA backend's additions (80 GiB A100s). Stated differences:")
     seen = []
     for r in rows:
@@ -261,9 +261,9 @@ def markdown(rows):
     for r in rows:
         dw, da = sum(x[1] for x in r["reasons"]), sum(x[2] for x in r["reasons"])
         out.append(f"| {r['name']} | {r['layout']} | {r['rec']} | {'yes' if r['sp'] else 'no'} | "
-                   f"{'yes' if r['zero1'] else 'no'} | {r['mw'] / GiB:.1f} / {r['lw'] / GiB:.1f} "
-                   f"({ratio(r['lw'], r['mw'], dw)}) | {r['ma'] / GiB:.1f} / {r['la'] / GiB:.1f} "
-                   f"({ratio(r['la'], r['ma'], da)}) | {r['ws'] / GiB:.2f} | {r['peak'] / GiB:.1f} |")
+                   f"{'yes' if r['zero1'] else 'no'} | {r['mw'] / GiB:.1f} / {r['lw'] / GiB:.1f}: "
+                   f"{ratio(r['lw'], r['mw'], dw)} | {r['ma'] / GiB:.1f} / {r['la'] / GiB:.1f}: "
+                   f"{ratio(r['la'], r['ma'], da)} | {r['ws'] / GiB:.2f} | {r['peak'] / GiB:.1f} |")
     return "\n".join(out)
 
 
