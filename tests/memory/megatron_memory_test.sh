@@ -5,5 +5,5 @@ root="${TEST_SRCDIR}/${TEST_WORKSPACE}"
 bin="${TEST_TMPDIR}/bin"
 mkdir -p "$bin"
 for tool in apps/loomc apps/loom-dump; do ln -sf "$root/$tool" "$bin/$(basename "$tool")"; done
-python3 "$root/tests/memory/megatron_memory.py" --bin "$bin" --devices "$root/examples/devices" \
+/usr/bin/python3 "$root/tests/memory/megatron_memory.py" --bin "$bin" --devices "$root/examples/devices" \
   --work "${TEST_TMPDIR}/megatron-memory"
