@@ -52,7 +52,7 @@ struct RankJob {
   int rank = 0;
   loom::Progress progress;           // where the step is, reported with each heartbeat
   std::atomic<bool> training{false};  // the trainer runs (reports mean something)
-  std::atomic<int64_t> step{0};  // the iteration in progress, reported with heartbeats
+  loom::StepClock clock;  // the iteration in progress and the longest so far, reported with heartbeats
   std::atomic<bool> done{false};
 };
 
@@ -68,8 +68,9 @@ void heartbeatLoop(RankJob *job, double deadSeconds) {
     if (job->training) {
       loom::Progress::Report r = job->progress.report();
       where.completed = r.completed, where.waiting = r.waiting, where.idle = r.idle, where.where = r.where;
+      where.longestStepSeconds = job->clock.longestSeconds;
     }
-    loom::Status s = job->client->heartbeat(job->rank, job->step, &aborted, &reason, job->training ? &where : nullptr);
+    loom::Status s = job->client->heartbeat(job->rank, job->clock.step, &aborted, &reason, job->training ? &where : nullptr);
     if (s.isOk()) lastOk = std::chrono::steady_clock::now();
     if (aborted) {
       std::fprintf(stderr, "loom-rank %d: error: job aborted: %s\n", job->rank, reason.c_str());
@@ -376,7 +377,7 @@ int main(int argc, char **argv) {
     for (int i = 0; i < 60; ++i) {
       bool aborted = false;
       std::string reason;
-      if (client.heartbeat(rank, job.step, &aborted, &reason).isOk() && aborted) {
+      if (client.heartbeat(rank, job.clock.step, &aborted, &reason).isOk() && aborted) {
         std::fprintf(stderr, "%s: error: job aborted: %s (here: %s)\n", tool.c_str(), reason.c_str(), msg.c_str());
         return exitWith(1);
       }
@@ -415,7 +416,7 @@ int main(int argc, char **argv) {
     return fail(s.message());
   if (rf::initFrom.getNumOccurrences())
     if (s = initFromHuggingFace(plan, trainer.get()); !s.isOk()) return fail(s.message());
-  loom::TrainingLoop loop(*trainer, client, valid.get(), lopt, &job.step);
+  loom::TrainingLoop loop(*trainer, client, valid.get(), lopt, &job.clock);
   job.training = true;
   if (s = loop.run(); !s.isOk()) {
     bool communication = s.message().find("group") != std::string::npos || s.message().find("recv") != std::string::npos;

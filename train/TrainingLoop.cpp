@@ -28,8 +28,8 @@ double LrSchedule::at(int64_t it) const {
 }
 
 TrainingLoop::TrainingLoop(Trainer &trainer, control::CoordinatorClient &client, DataSource *validation,
-                           TrainingOptions options, std::atomic<int64_t> *stepCounter)
-    : trainer_(trainer), client_(client), validation_(validation), opt_(std::move(options)), step_(stepCounter) {
+                           TrainingOptions options, StepClock *clock)
+    : trainer_(trainer), client_(client), validation_(validation), opt_(std::move(options)), clock_(clock) {
   if (opt_.lr.decayIters == 0) opt_.lr.decayIters = opt_.trainIters;
 }
 
@@ -329,7 +329,8 @@ Status TrainingLoop::run() {
   auto intervalStart = std::chrono::steady_clock::now();
   int64_t intervalIterations = 0;
   for (int64_t it = start + 1; it <= opt_.trainIters; ++it) {
-    *step_ = it;
+    clock_->step = it;
+    auto iterationStart = std::chrono::steady_clock::now();
     StepResult r;
     double computeBefore = std::max(0.0, trainer_.computeSeconds());
     LOOM_RETURN_IF_ERROR(trainer_.computeGradients(it - 1, &r));
@@ -429,6 +430,8 @@ Status TrainingLoop::run() {
       std::fclose(f);
     }
     auto pause = std::chrono::steady_clock::now();  // validation and saves are not iteration time
+    double iterationSeconds = std::chrono::duration<double>(pause - iterationStart).count();
+    if (iterationSeconds > clock_->longestSeconds) clock_->longestSeconds = iterationSeconds;
     if (validation_ && opt_.evalInterval > 0 && (it % opt_.evalInterval == 0 || it == opt_.trainIters))
       LOOM_RETURN_IF_ERROR(validate(it));
     if (!opt_.save.empty() && ((opt_.saveInterval > 0 && it % opt_.saveInterval == 0) || it == opt_.trainIters))

@@ -48,10 +48,17 @@ struct TrainingOptions {
   int64_t baselineResidentBytes = -1;       // the process's resident memory before the trainer existed
 };
 
+// What the rank's heartbeat reports of the loop: the iteration in progress, and the longest
+// finished iteration's wall time without validation and saves (the coordinator's stall limit).
+struct StepClock {
+  std::atomic<int64_t> step{0};
+  std::atomic<double> longestSeconds{0};
+};
+
 class TrainingLoop {
  public:
   TrainingLoop(Trainer &trainer, control::CoordinatorClient &client, DataSource *validation,
-               TrainingOptions options, std::atomic<int64_t> *stepCounter);
+               TrainingOptions options, StepClock *clock);
   Status run();
 
  private:
@@ -66,7 +73,7 @@ class TrainingLoop {
   control::CoordinatorClient &client_;
   DataSource *validation_;
   TrainingOptions opt_;
-  std::atomic<int64_t> *step_;
+  StepClock *clock_;
   int64_t skipped_ = 0;  // fp16 steps skipped so far (checkpointed)
   // The straggler report: this rank's kernel time since the last log iteration.
   static constexpr int64_t kStragglerWaitMs = 2000;

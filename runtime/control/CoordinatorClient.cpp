@@ -130,6 +130,7 @@ Status CoordinatorClient::heartbeat(int rank, int64_t step, bool *aborted, std::
     req.set_waiting(progress->waiting);
     req.set_idle(progress->idle);
     req.set_where(progress->where);
+    req.set_longest_step_seconds(progress->longestStepSeconds);
   }
   HeartbeatReply rep;
   auto ctx = context(5);

@@ -29,6 +29,7 @@ class CoordinatorClient {
     int64_t completed = 0;
     bool waiting = false, idle = false;
     std::string where;
+    double longestStepSeconds = 0;  // the longest iteration finished so far
   };
   Status heartbeat(int rank, int64_t step, bool *aborted, std::string *reason, const RankProgress *progress = nullptr);
   // `waitMs` > 0: wait that long for every rank's compute-seconds of `step`; `reply` (optional)

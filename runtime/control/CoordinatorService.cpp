@@ -138,6 +138,7 @@ grpc::Status CoordinatorService::Heartbeat(grpc::ServerContext *ctx, const Heart
     if (r.step > 0) longestStepSeconds_ = std::max(longestStepSeconds_, secondsSince(r.stepStarted));
     r.step = req->step(), r.stepStarted = now;
   }
+  longestStepSeconds_ = std::max(longestStepSeconds_, req->longest_step_seconds());
   if (!req->where().empty()) {
     if (!r.reported || req->completed() != r.completed) r.lastProgress = now;
     r.reported = true, r.completed = req->completed(), r.waiting = req->waiting(), r.idle = req->idle();

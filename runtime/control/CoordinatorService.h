@@ -79,7 +79,7 @@ class CoordinatorService final : public Coordinator::Service {
   bool aborted_ = false;
   std::string abortReason_;
   std::chrono::steady_clock::time_point started_, abortedAt_;
-  double longestStepSeconds_ = 0;  // measured from the ranks' step numbers
+  double longestStepSeconds_ = 0;  // the ranks' longest iteration (reported, or seen from their step numbers)
   // The straggler report: each rank's compute-seconds and pipeline stage per recent step
   // (step -> rank -> (seconds, stage)).
   std::map<int64_t, std::map<int, std::pair<double, int>>> computeSeconds_;

@@ -128,14 +128,17 @@ TEST_P(CudaExecutorPrecision, MatchesTheCpuExecutorOnEveryProgramOfGptTiny) {
   std::unique_ptr<Collectives> collectives = world.forRank(0);
   std::mt19937 rng(3);
   for (const plan::Program &program : programs.programs()) {
-    std::vector<HostTensor> args = argumentsFor(program, rng);
-    std::vector<const HostTensor *> argPtrs;
-    for (const HostTensor &t : args) argPtrs.push_back(&t);
+    // Each executor gets its own copy: the CPU executor updates in-out arguments in place (the
+    // loss program zeroes loss_sum, the optimizer the gradients), as a step driver expects.
+    const std::vector<HostTensor> args = argumentsFor(program, rng);
+    std::vector<HostTensor> cpuArgs = args, gpuArgs = args;
+    std::vector<const HostTensor *> cpuPtrs, gpuPtrs;
+    for (size_t a = 0; a < args.size(); ++a) cpuPtrs.push_back(&cpuArgs[a]), gpuPtrs.push_back(&gpuArgs[a]);
     ExecutionContext ctx;
     ctx.collectives = collectives.get();
     std::vector<HostTensor> want, got;
-    ASSERT_TRUE(executeProgram(program, argPtrs, want, ctx).isOk()) << program.name();
-    s = executor->run(program, argPtrs, got, ctx);
+    ASSERT_TRUE(executeProgram(program, cpuPtrs, want, ctx).isOk()) << program.name();
+    s = executor->run(program, gpuPtrs, got, ctx);
     ASSERT_TRUE(s.isOk()) << s.message();
     ASSERT_EQ(got.size(), want.size());
     for (size_t i = 0; i < got.size(); ++i)

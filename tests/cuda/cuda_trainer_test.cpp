@@ -1,13 +1,15 @@
 // The CUDA backend against the CPU backend under the same step driver and trainer on
 // gpt-tiny for one rank: three optimizer steps from the same initial weights, data and seeds
-// (AdamW, lr 1e-3, global-norm clipping at 1.0); every step's loss and gradient norm and every
-// parameter afterwards agree within 1e-4 in fp32 (also with ZeRO-1's flat, sharded update:
-// d = 1 on one GPU), and within the operands' rounding with bf16 (2e-2) or fp16 (1e-2, dynamic
+// (AdamW, lr 1e-3, global-norm clipping at 1.0); every step's loss and gradient norm and the
+// parameters afterwards (zero-initialized ones: see below) agree within 1e-4 in fp32 (also
+// with ZeRO-1's flat, sharded update: d = 1 on one GPU), and within the operands' rounding with bf16 (2e-2) or fp16 (1e-2, dynamic
 // loss scaling on: no step of this model overflows at the initial scale, so none is skipped).
 // Needs a GPU; skips with a message without one (CI).
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
+#include <map>
 #include <memory>
 #include <string>
 
@@ -72,7 +74,10 @@ TEST_P(CudaTrainerPrecision, ThreeStepsMatchTheCpuBackend) {
   cpuOptions.seed = 11;
   s = Trainer::create(rank, programs, std::make_unique<CpuBackend>(), collectives.get(), &data, cpuOptions, &cpu);
   ASSERT_TRUE(s.isOk()) << s.message();
-  for (int64_t it = 1; it <= 3; ++it) {
+  std::map<std::string, HostTensor> initial;
+  ASSERT_TRUE(cpu->hostParameters(&initial).isOk());
+  const int64_t steps = 3;
+  for (int64_t it = 1; it <= steps; ++it) {
     StepResult want, got;
     double norm = 0, gotNorm = 0;
     bool skipped = false;
@@ -89,8 +94,31 @@ TEST_P(CudaTrainerPrecision, ThreeStepsMatchTheCpuBackend) {
   std::map<std::string, HostTensor> params, wantParams;
   ASSERT_TRUE(gpu->hostParameters(&params).isOk());
   ASSERT_TRUE(cpu->hostParameters(&wantParams).isOk());
-  for (const auto &[name, want] : wantParams)
-    EXPECT_LT(relErr(params.at(name).data, want.data), tol) << name << " (" << GetParam().name << ")";
+  // A zero-initialized tensor (the biases) is, after three steps, its three Adam updates alone,
+  // and Adam normalizes each element's gradient (m / sqrt(v) = g / |g| at step 1): an update
+  // carries its gradient's relative error, which for elements whose gradient nearly cancels
+  // (the key bias's is exactly zero: softmax is invariant to q . b_k, constant per query row)
+  // is far above the sum's rounding, and in 16-bit some of them step the other way. So: the
+  // whole parameter vector and every tensor that starts non-zero within tol; every element of
+  // a zero-initialized tensor within the 2 * steps * lr two Adam trajectories can differ by,
+  // and in fp32 the tensor within 1e-3 (measured on an H200: 1.2e-4 to 1.9e-4).
+  std::vector<float> allGot, allWant;
+  for (const auto &[name, wantTensor] : wantParams) {
+    const std::vector<float> &got = params.at(name).data, &want = wantTensor.data, &init = initial.at(name).data;
+    ASSERT_EQ(got.size(), want.size()) << name;
+    allGot.insert(allGot.end(), got.begin(), got.end());
+    allWant.insert(allWant.end(), want.begin(), want.end());
+    bool zeroInit = std::all_of(init.begin(), init.end(), [](float v) { return v == 0.0f; });
+    if (!zeroInit) {
+      EXPECT_LT(relErr(got, want), tol) << name << " (" << GetParam().name << ")";
+      continue;
+    }
+    double worst = 0;
+    for (size_t i = 0; i < got.size(); ++i) worst = std::max(worst, double(std::abs(got[i] - want[i])));
+    EXPECT_LE(worst, 2 * steps * lr * 1.05) << name << " (" << GetParam().name << ")";
+    if (precision == cuda::Precision::kFp32) EXPECT_LT(relErr(got, want), 1e-3) << name << " (" << GetParam().name << ")";
+  }
+  EXPECT_LT(relErr(allGot, allWant), tol) << "all parameters (" << GetParam().name << ")";
 }
 
 INSTANTIATE_TEST_SUITE_P(Precisions, CudaTrainerPrecision,

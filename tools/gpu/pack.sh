@@ -27,8 +27,8 @@ bazel-bin/apps/loomc compile examples/models/llama-tiny.pbtxt \
   --cluster tests/runtime/Inputs/t1p1d1.pbtxt --out gpu-pack/plans-llama --quiet
 bazel-bin/apps/loomc compile examples/models/gpt-1.3b.pbtxt \
   --cluster examples/clusters/h200-1.pbtxt --out gpu-pack/plans-1.3b --quiet
-# The libraries go compressed (OpenBLAS and oneDNN are ~35-40 MB each) to stay under the 64 MiB carry limit;
-# check.sh unpacks them on the GPU machine.
-tar -C gpu-pack -czf gpu-pack/lib.tar.gz lib && rm -rf gpu-pack/lib
+# The programs and libraries go compressed (OpenBLAS and oneDNN are ~35-40 MB each, the programs
+# ~30 MB) to stay under the device tool's 64 MiB working-tree limit; check.sh unpacks them there.
+tar -C gpu-pack -czf gpu-pack/bin-lib.tar.gz bin lib && rm -rf gpu-pack/bin gpu-pack/lib
 cp tools/gpu/check.sh gpu-pack/
 du -sh gpu-pack
