@@ -157,7 +157,13 @@ Estimate estimate(const config::ModelConfig &model, const config::ClusterSpec &c
   };
   double activation = tokens * h * 4;
   double tp = m * L / p * (recompute ? 6 : 4) * ring(2 * (t - 1) / t * activation, t, t, int(2 * (t - 1)));
-  double pp = m * 2 * v * ring(activation / (par.sequence_parallel() ? t : 1), p, t * p, 1);
+  // PTD-P's scatter/gather (on unless the spec turns it off): across nodes each tp rank sends
+  // 1/t of a replicated message, then the receiving stage all-gathers it within its node.
+  bool acrossNodes = t * p > cluster.devices_per_node();
+  bool scatterGather = t > 1 && !par.sequence_parallel() && acrossNodes &&
+                       (!par.has_scatter_gather() || par.scatter_gather());
+  double pp = m * 2 * v * ring(activation / (par.sequence_parallel() || scatterGather ? t : 1), p, t * p, 1);
+  if (scatterGather) pp += m * 2 * v * ring((t - 1) / t * activation, t, t, int(t - 1));
   double stageParams = L / p * layerParams / t + V * h / t;
   double dp = ring(2 * (d - 1) / d * stageParams * 4, d, t * p * d, int(2 * (d - 1)));
   Estimate e;

@@ -123,6 +123,7 @@ class Engine : public StepSemantics::Driver {
     std::vector<std::pair<std::string, Interval>> communication;  // kind -> when data moves
     std::vector<ProgramSpan> spans;
     double runStart = 0, firstCompute = kInf, lastCompute = 0, end = 0;
+    int64_t pipelineBytes[2] = {0, 0};  // sent per step to a peer on this node, on another node
   };
   const std::vector<RankState> &states() const { return state_; }
   int64_t instructions() const { return sem_.instructionsRun(); }
@@ -255,6 +256,7 @@ class Engine : public StepSemantics::Driver {
       std::vector<int> pair{r, peer};
       double seconds = cost_.communication(prog, in, pair);
       if (op == "send") {
+        s.pipelineBytes[cost_.nodeOf(r) != cost_.nodeOf(peer)] += prog.buffers(in.inputs(0)).bytes();
         if (cores_ > 0 && seconds > 0) {  // the sender's core moves it: delivered when done
           SharedTask t{r, i, seconds, TaskKind::kSend, peer};
           shared_[cost_.nodeOf(r)].push_back(t);
@@ -399,6 +401,9 @@ llvm::Error simulateStep(const std::vector<RankPrograms> &ranks, const SimulateO
     rp.peakMemoryBytes = ranks[r].plan->memory().peak_bytes();
     rp.spans = s.spans;
     rp.computeByOp = s.computeByOp;
+    rp.pipelineBytesWithinNode = s.pipelineBytes[0], rp.pipelineBytesAcrossNodes = s.pipelineBytes[1];
+    p.pipelineBytesWithinNode = std::max(p.pipelineBytesWithinNode, rp.pipelineBytesWithinNode);
+    p.pipelineBytesAcrossNodes = std::max(p.pipelineBytesAcrossNodes, rp.pipelineBytesAcrossNodes);
     double busy = p.stepSeconds - rp.idleSeconds;
     bubbles += busy > 0 ? rp.idleSeconds / busy : 0;
     p.ranks.push_back(std::move(rp));
@@ -423,6 +428,8 @@ nlohmann::ordered_json predictionObject(const StepPrediction &p) {
                               {"mfu", p.mfu},
                               {"bubble", p.bubble},
                               {"peak_memory_bytes", p.peakMemoryBytes},
+                              {"pipeline_bytes_within_node", p.pipelineBytesWithinNode},
+                              {"pipeline_bytes_across_nodes", p.pipelineBytesAcrossNodes},
                               {"world_size", p.worldSize},
                               {"simulated_ranks", p.simulatedRanks}};
   j["exposed_communication_s"] = nlohmann::ordered_json::object();
@@ -435,7 +442,9 @@ nlohmann::ordered_json predictionObject(const StepPrediction &p) {
                           {"compute_s", r.computeSeconds},
                           {"exposed_communication_s", r.exposedCommunicationSeconds},
                           {"idle_s", r.idleSeconds},
-                          {"peak_memory_bytes", r.peakMemoryBytes}});
+                          {"peak_memory_bytes", r.peakMemoryBytes},
+                          {"pipeline_bytes_within_node", r.pipelineBytesWithinNode},
+                          {"pipeline_bytes_across_nodes", r.pipelineBytesAcrossNodes}});
   return j;
 }
 
@@ -448,6 +457,9 @@ std::string predictionText(const StepPrediction &p) {
                       humanSeconds(p.stepSeconds), p.modelTflopsPerDevice, p.hardwareTflopsPerDevice, 100 * p.mfu);
   os << llvm::formatv("pipeline bubble {0:F1}% of busy time; peak memory {1} (the largest rank)\n", 100 * p.bubble,
                       humanBytes(p.peakMemoryBytes));
+  if (p.pipelineBytesWithinNode + p.pipelineBytesAcrossNodes > 0)
+    os << llvm::formatv("pipeline messages sent per step, the most of any rank: {0} across nodes, {1} within a node\n",
+                        humanBytes(p.pipelineBytesAcrossNodes), humanBytes(p.pipelineBytesWithinNode));
   if (!p.exposedByKind.empty()) {
     os << "exposed communication per rank (mean):";
     for (auto &[kind, seconds] : p.exposedByKind) os << " " << kind << " " << humanSeconds(seconds) << ";";

@@ -47,6 +47,9 @@ struct RankPrediction {
   double idleSeconds = 0;  // neither: the pipeline bubble, waits on skewed peers
   std::map<std::string, double> computeByOp;  // "linear" -> seconds on the compute stream
   int64_t peakMemoryBytes = 0;
+  // Pipeline messages' bytes this rank sends per step, to a peer on its node and on another
+  // (PTD-P's scatter/gather cuts the latter by t).
+  int64_t pipelineBytesWithinNode = 0, pipelineBytesAcrossNodes = 0;
   std::vector<ProgramSpan> spans;
 };
 
@@ -59,6 +62,7 @@ struct StepPrediction {
   // time fraction: (p - 1) / m for 1F1B in unit-cost mode).
   double bubble = 0;
   int64_t peakMemoryBytes = 0;  // the largest rank's
+  int64_t pipelineBytesWithinNode = 0, pipelineBytesAcrossNodes = 0;  // the most any simulated rank sends
   std::map<std::string, double> exposedByKind;  // the mean over simulated ranks
   std::vector<std::string> warnings;  // what the model lacks (a link without a bandwidth: free)
   int simulatedRanks = 0, worldSize = 0;

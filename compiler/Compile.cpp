@@ -4,6 +4,7 @@
 #include <filesystem>
 #include <functional>
 #include <map>
+#include <set>
 
 #include "config/ConfigLoader.h"
 #include "compiler/Lowering.h"
@@ -12,6 +13,7 @@
 #include "compiler/PlanAssembly.h"
 #include "analysis/PlanCheck.h"
 #include "compiler/StageBalance.h"
+#include "plan/Layout.h"
 #include "plan/Schedule.h"
 #include "compiler/StepPrograms.h"
 #include "compiler/ToolSupport.h"
@@ -55,6 +57,26 @@ std::string precisionOverride(config::Precision p) {
   }
 }
 
+// loom-scatter-gather's `crossing`: the neighbouring pipeline positions (a, a + 1 mod p) some of
+// whose ranks sit on different nodes (node = rank / devices_per_node; Megatron-Core's rank
+// order, plan/Layout.h), as "a,b" pairs; empty when scatter/gather is off.
+std::string crossNodeLinks(const config::ClusterSpec &cluster) {
+  const config::ParallelConfig &p = cluster.parallel();
+  if (p.has_scatter_gather() && !p.scatter_gather()) return "";
+  ParallelLayout layout{int(p.tensor_parallel_size()), int(p.pipeline_parallel_size()), int(p.data_parallel_size())};
+  int64_t perNode = std::max<int64_t>(cluster.devices_per_node(), 1);
+  std::set<std::pair<int, int>> links;
+  for (int a = 0; a < layout.p && layout.p > 1; ++a) {
+    int b = (a + 1) % layout.p;
+    for (int dp = 0; dp < layout.d; ++dp)
+      for (int tp = 0; tp < layout.t; ++tp)
+        if (layout.rankOf(tp, dp, a) / perNode != layout.rankOf(tp, dp, b) / perNode) links.insert(std::minmax(a, b));
+  }
+  std::string list;
+  for (auto [a, b] : links) list += (list.empty() ? "" : ",") + std::to_string(a) + "," + std::to_string(b);
+  return list;
+}
+
 // Writes `bytes` to `path` through a temporary file and a rename.
 llvm::Error writeFile(const std::string &path, const std::string &bytes) {
   return writeOutput(path, [&](llvm::raw_ostream &os) { os << bytes; });
@@ -96,16 +118,18 @@ llvm::Error runCompilerPasses(mlir::ModuleOp module, const config::ClusterSpec &
     layout = balancedLayout(*costs, p.pipeline_parallel_size() * p.virtual_pipeline_size());
   }
   if (stageLayout) *stageLayout = layout;
+  std::string crossing = crossNodeLinks(cluster);
   std::string layoutOption;
   for (int64_t n : layout) layoutOption += (layoutOption.empty() ? " layout=" : ",") + std::to_string(n);
   return run(llvm::formatv(
       "loom-tensor-parallel{{tp={0} sequence-parallel={8}},loom-mixed-precision{{dtype={10}},"
       "loom-pipeline-stages{{pp={1} vp={2}{9}},loom-autodiff,"
       "loom-data-parallel{{dp={3} bucket-bytes={4} zero1={7}},loom-pipeline-partition,loom-recompute{{mode={5}},"
-      "loom-micro-batches{{count={6}}",
+      "loom-micro-batches{{count={6}},loom-scatter-gather{{tp={0}{11}}",
       p.tensor_parallel_size(), p.pipeline_parallel_size(), p.virtual_pipeline_size(), p.data_parallel_size(),
       p.dp_bucket_size_bytes(), recomputeName(p.recompute()), microBatches, p.zero1() ? "true" : "false",
-      p.sequence_parallel() ? "true" : "false", layoutOption, precisionOverride(p.precision())));
+      p.sequence_parallel() ? "true" : "false", layoutOption, precisionOverride(p.precision()),
+      crossing.empty() ? std::string() : " crossing=" + crossing));
 }
 
 llvm::Error compile(const config::ModelConfig &model, const config::ClusterSpec &cluster, const CompileOptions &opt,

@@ -283,6 +283,22 @@ def Loom_RecvOp : Loom_Op<"recv", []> {
   let hasVerifier = 1;
 }
 
+def Loom_ShardOp : Loom_Op<"shard", []> {
+  let summary = "this rank's slice along `dim` of a value replicated over `group` (no communication)";
+  let description = [{
+    The scatter half of PTD-P's scatter/gather (Narayanan et al. 2021, section 4.1): a
+    pipeline message replicated over the tensor-parallel group is sent as `group_size`
+    slices, one per rank, and all-gathered along the same `dim` on the receiving stage. Member
+    r of `group` keeps slice r. Inserted by loom-scatter-gather after partitioning (it has no
+    gradient rule).
+  }];
+  let arguments = (ins Loom_FloatTensor:$input, StrAttr:$group, I64Attr:$group_size,
+                       I64Attr:$dim);
+  let results = (outs Loom_FloatTensor:$result);
+  let assemblyFormat = "$input attr-dict `:` functional-type(operands, results)";
+  let hasVerifier = 1;
+}
+
 def Loom_IdentityOp : Loom_Op<"identity", [Pure, SameOperandsAndResultType]> {
   let summary = "identity forward, all-reduce of the gradient over `group` (Megatron's f)";
   let description = [{

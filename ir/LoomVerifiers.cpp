@@ -330,6 +330,8 @@ LogicalResult ReduceScatterOp::verify() {
   return verifyGatherOrScatter(*this, getResult(), "result", getInput(), "input");
 }
 
+LogicalResult ShardOp::verify() { return verifyGatherOrScatter(*this, getResult(), "result", getInput(), "input"); }
+
 template <typename Op>
 static LogicalResult verifyPeer(Op op) {
   if (failed(requireGroup(op, op.getGroup(), op.getGroupSize()))) return mlir::failure();

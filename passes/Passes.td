@@ -149,6 +149,22 @@ def LoomRecompute : Pass<"loom-recompute", "mlir::ModuleOp"> {
   ];
 }
 
+def LoomScatterGather : Pass<"loom-scatter-gather", "mlir::ModuleOp"> {
+  let summary = "PTD-P's scatter/gather: cross-node pipeline messages travel as t slices, all-gathered on arrival";
+  let description = [{
+    Narayanan et al. 2021, section 4.1. Without sequence parallelism every pipeline message is
+    replicated across the tensor-parallel group; on the links listed in `crossing` (pairs of
+    pipeline-stage positions whose ranks are on different nodes, both directions) each
+    loom.send on "pp" sends its rank's 1/t slice (loom.shard along the outermost dimension t
+    divides) and the matching loom.recv receives the slice and all-gathers it over "tp".
+    Values are unchanged. Runs after loom-pipeline-partition (the last pass).
+  }];
+  let options = [
+    Option<"tp", "tp", "int64_t", "1", "tensor-parallel size t">,
+    ListOption<"crossing", "crossing", "int64_t", "pipeline-stage position pairs a,b whose messages cross nodes">,
+  ];
+}
+
 def LoomMicroBatches : Pass<"loom-micro-batches", "mlir::ModuleOp"> {
   let summary = "Scale the loss gradient by 1/m for gradient accumulation over m micro-batches";
   let description = [{

@@ -168,6 +168,8 @@ std::vector<OpDecl> declare() {
        Comm::kPointToPoint, kMem, 0, "", nullptr, sendBytes),
       make(kRecv, "recv", true, {}, {fl("result")}, {req("group", kS), req("group_size", kI), req("peer", kI), optInt("tag")},
        StreamRule::kPipeline, Comm::kPointToPoint, kMem, 0, "", nullptr, recvBytes),
+      make(kShard, "shard", true, {fl("input")}, {fl("result")}, gatherScatterAttrs(false), kC, kNo, kMem, 0,
+       "this rank's slice along dim of a value replicated over group (PTD-P's scatter, section 4.1)"),
 
       // The step's own instructions (compiler/StepPrograms.cpp): accumulation, the loss, the
       // optimizer over the flat buffers.

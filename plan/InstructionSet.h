@@ -28,7 +28,7 @@ enum class OpId : uint8_t {
   kWeightGrad, kBiasGrad, kLayerNormGrad, kGeluGrad, kAttentionGrad, kEmbeddingGrad, kPositionGrad,
   kCrossEntropyGrad, kRmsNormGrad, kSwigluGrad, kGroupedAttentionGrad,
   kCrossEntropyMax, kCrossEntropySums, kCrossEntropyLoss,
-  kAllReduce, kAllGather, kReduceScatter, kSend, kRecv,
+  kAllReduce, kAllGather, kReduceScatter, kSend, kRecv, kShard,
   kAccumulate, kFill, kScale, kCast, kSumSquares, kGradNorm, kAdamw,
   kCount
 };

@@ -198,6 +198,25 @@ Status gatherOrScatter(CpuKernelContext &ctx, const KernelCall &k, bool gather) 
 Status allGather(CpuKernelContext &c, const KernelCall &k) { return gatherOrScatter(c, k, true); }
 Status reduceScatter(CpuKernelContext &c, const KernelCall &k) { return gatherOrScatter(c, k, false); }
 
+// PTD-P's scatter (section 4.1): member r of the group keeps slice r along `dim` of a value
+// every member holds (a pipeline message sent in t slices, all-gathered where it arrives).
+Status shard(CpuKernelContext &ctx, const KernelCall &k) {
+  Collectives *c;
+  LOOM_RETURN_IF_ERROR(ctx.collectives(&c));
+  int x = k.in("input"), y = k.out("result");
+  std::string group = k.str("group");
+  int64_t g = k.i64("group_size"), d = k.i64("dim");
+  if (g != c->sizeOf(group)) return groupSizeMismatch(k, c);
+  Bytes in = bytesOf(ctx, k, x), out = bytesOf(ctx, k, y);
+  if (in.dtype != out.dtype) return Status::error("shard: input and result of different dtypes (corrupt plan)");
+  int64_t outer = 1, inner = 1, r = c->rankIn(group);
+  const plan::Buffer &yb = k.buffer(y);
+  for (int j = 0; j < yb.shape_size(); ++j) (j < d ? outer : inner) *= yb.shape(j);
+  size_t row = size_t(inner) * out.element;
+  for (int64_t a = 0; a < outer; ++a) std::memcpy(out.data + size_t(a) * row, in.data + size_t(a * g + r) * row, row);
+  return Status::ok();
+}
+
 // Pipeline messages: the micro-batch's channel is added to the plan's tag.
 Status send(CpuKernelContext &ctx, const KernelCall &k) {
   Collectives *c;
@@ -224,6 +243,7 @@ void registerCommunicationKernels(CpuKernelRegistry &r) {
   r.add(OpId::kReduceScatter, reduceScatter);
   r.add(OpId::kSend, send);
   r.add(OpId::kRecv, recv);
+  r.add(OpId::kShard, shard);
 }
 
 // The same kernels move 16-bit buffers in their own dtype (half the bytes of widened copies).
@@ -233,6 +253,7 @@ void registerHalfCommunicationKernels(HalfKernelTable &t) {
   t.add(OpId::kReduceScatter, {oneHalfDtype, reduceScatter});
   t.add(OpId::kSend, {oneHalfDtype, send});
   t.add(OpId::kRecv, {oneHalfDtype, recv});
+  t.add(OpId::kShard, {oneHalfDtype, shard});
 }
 
 }  // namespace loom::cpu

@@ -342,6 +342,25 @@ class DeviceRun {
     return gather ? Status::ok() : comm->reduceScatterSum(blocks, f(small), n, st_);
   }
 
+  // PTD-P's scatter (section 4.1): this member's slice r along `dim`, one strided copy.
+  Status shard(const KernelCall &call) {
+    NcclGroup *comm;
+    LOOM_RETURN_IF_ERROR(group(call.str("group"), &comm));
+    int64_t g = call.i64("group_size"), d = call.i64("dim");
+    if (g != comm->size())
+      return Status::error("group_size " + std::to_string(g) + " of group " + call.str("group") +
+                           " but the communicator has " + std::to_string(comm->size()) +
+                           " members (a plan for another layout)");
+    int y = call.out("result");
+    int64_t outer = 1, inner = 1;
+    const plan::Buffer &yb = prog_.buffers(y);
+    for (int k = 0; k < yb.shape_size(); ++k) (k < d ? outer : inner) *= yb.shape(k);
+    size_t row = size_t(inner) * sizeof(float);
+    return cudaStatus(cudaMemcpy2DAsync(f(y), row, f(call.in("input")) + comm->rank() * inner, size_t(g) * row, row,
+                                        size_t(outer), cudaMemcpyDeviceToDevice, st_),
+                      "shard");
+  }
+
   // Through the CUDA backend's kernel registry (cudaKernels(), below).
   Status instruction(const plan::Instruction &in, int stream) {
     stream_ = stream;
@@ -387,6 +406,7 @@ class DeviceRun {
     LOOM_KERNEL(kReduceScatter, gatherOrScatter);
     LOOM_KERNEL(kSend, message);
     LOOM_KERNEL(kRecv, message);
+    LOOM_KERNEL(kShard, shard);
     LOOM_KERNEL(kAccumulate, accumulate);
     LOOM_KERNEL(kFill, fill);
     LOOM_KERNEL(kScale, scale);

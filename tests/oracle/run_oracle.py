@@ -31,9 +31,12 @@ import torch
 from gpt_oracle import Gpt2, read_safetensors
 from llama_oracle import Llama
 
-# (t, p, d, v, micro-batches m, schedule, recompute, vocab[, zero1[, sequence parallel[, grad_reduce_in_bf16]]])
+# (t, p, d, v, micro-batches m, schedule, recompute, vocab[, zero1[, sequence parallel[, grad_reduce_in_bf16[,
+#  devices per node]]]])
 # grad_reduce_in_bf16 (the dp reduction moving bf16) is a bf16 plan's option: those
-# configurations run with --precision bf16 only.
+# configurations run with --precision bf16 only. Devices per node (default: all ranks on one
+# node) smaller than a stage's ranks puts neighbouring stages on different nodes, where the
+# pipeline messages take PTD-P's scatter/gather (each tp rank sends 1/t, all-gathered on arrival).
 CONFIGS = {
     "t1p1d1": (1, 1, 1, 1, 1, "", "RECOMPUTE_NONE", 1000),
     "t2p1d1": (2, 1, 1, 1, 1, "", "RECOMPUTE_NONE", 1000),
@@ -61,16 +64,20 @@ CONFIGS = {
     "t2p2d2-sequence-parallel-zero1": (2, 2, 2, 1, 2, "ONE_F_ONE_B", "RECOMPUTE_NONE", 1000, True, True),
     "t1p1d4-grad-reduce-bf16": (1, 1, 4, 1, 1, "", "RECOMPUTE_NONE", 1000, False, False, True),
     "t2p2d2-zero1-grad-reduce-bf16": (2, 2, 2, 1, 2, "ONE_F_ONE_B", "RECOMPUTE_NONE", 1000, True, False, True),
+    "t2p2d1-scatter-gather": (2, 2, 1, 1, 2, "ONE_F_ONE_B", "RECOMPUTE_NONE", 1000, False, False, False, 2),
+    "t2p2d1v2-interleaved-scatter-gather": (2, 2, 1, 2, 2, "INTERLEAVED_ONE_F_ONE_B", "RECOMPUTE_NONE", 1000, False,
+                                            False, False, 2),
+    "t2p2d2-zero1-scatter-gather": (2, 2, 2, 1, 2, "ONE_F_ONE_B", "RECOMPUTE_FULL", 1000, True, False, False, 4),
 }
 # The representative subset CI runs (the full matrix: --configs all); for the LLaMA family
 # (llama-tiny: 2 KV heads, split for t = 2, replicated for t = 4) its own.
 CI_CONFIGS = ["t1p1d1", "t2p1d1", "t4p1d1-odd-vocab", "t1p2d1-1f1b", "t1p2d1-gpipe", "t1p1d2", "t2p2d1-1f1b",
               "t2p1d2", "t1p2d2-1f1b", "t2p2d2-1f1b", "t1p2d1v2-interleaved", "t2p2d1-recompute-full",
               "t1p1d1-accumulate-m4", "t2p2d2-zero1", "t2p1d1-sequence-parallel",
-              "t2p2d2-sequence-parallel-zero1"]
+              "t2p2d2-sequence-parallel-zero1", "t2p2d1-scatter-gather", "t2p2d1v2-interleaved-scatter-gather"]
 LLAMA_CI_CONFIGS = ["t1p1d1", "t2p1d1", "t4p1d1-odd-vocab", "t1p2d1-1f1b", "t2p2d1-1f1b", "t1p1d2", "t2p1d2",
                     "t1p2d1v2-interleaved", "t2p2d1-recompute-full", "t2p2d2-zero1", "t2p1d1-sequence-parallel",
-                    "t4p1d1-sequence-parallel-odd-vocab"]
+                    "t4p1d1-sequence-parallel-odd-vocab", "t2p2d1-scatter-gather"]
 MICRO_BATCH, LR, MIN_LR, WARMUP = 2, 3e-3, 3e-4, 3
 # Adam's epsilon: with Megatron's 1e-8, the rounding noise of gradients that are zero in exact
 # arithmetic (the attention key bias: softmax ignores a constant shift) becomes full-size
@@ -126,7 +133,8 @@ TOLERANCE = {"fp32": {"loss1": 1e-5, "loss": 1e-4, "grad": 1e-4, "params": 1e-4}
 CLUSTER_PRECISION = {"bf16": "PRECISION_BF16", "fp16": "PRECISION_FP16"}
 
 
-def cluster_config(name, t, p, d, v, m, schedule, recompute, work, zero1=False, sp=False, bf16_reduce=False):
+def cluster_config(name, t, p, d, v, m, schedule, recompute, work, zero1=False, sp=False, bf16_reduce=False,
+                   per_node=0):
     out = os.path.join(work, name + ".pbtxt")
     sched = f"schedule: {schedule}" if schedule else ""
     if PRECISION in CLUSTER_PRECISION:
@@ -134,7 +142,8 @@ def cluster_config(name, t, p, d, v, m, schedule, recompute, work, zero1=False, 
     if bf16_reduce:
         sched += " grad_reduce_in_bf16: true"
     with open(out, "w") as f:
-        f.write(f'name: "{name}"\nnodes: 1\ndevices_per_node: {t * p * d}\ndevice {{ kind: CPU }}\n'
+        per_node = per_node or t * p * d
+        f.write(f'name: "{name}"\nnodes: {t * p * d // per_node}\ndevices_per_node: {per_node}\ndevice {{ kind: CPU }}\n'
                 f"parallel {{ tensor_parallel_size: {t} pipeline_parallel_size: {p} data_parallel_size: {d} "
                 f"virtual_pipeline_size: {v} micro_batch_size: {MICRO_BATCH} global_batch_size: {MICRO_BATCH * m * d} "
                 f"recompute: {recompute} {sched} zero1: {'true' if zero1 else 'false'} "
@@ -256,6 +265,7 @@ def check_config(args, name, cfg, failures):
     zero1 = len(cfg) > 8 and cfg[8]
     sp = len(cfg) > 9 and cfg[9]
     bf16_reduce = len(cfg) > 10 and cfg[10]
+    per_node = cfg[11] if len(cfg) > 11 else 0
     world = t * p * d
     if bf16_reduce and PRECISION != "bf16":
         print(f"skip {name:28} (grad_reduce_in_bf16: a bf16 plan's option; run with --precision bf16)", flush=True)
@@ -269,7 +279,7 @@ def check_config(args, name, cfg, failures):
     model = model_config(args.model, vocab, work)
     plans = os.path.join(work, "plans")
     run([os.path.join(args.bin, "loomc"), "compile", model, "--cluster",
-         cluster_config(name, t, p, d, v, m, schedule, recompute, work, zero1, sp, bf16_reduce), "--out", plans,
+         cluster_config(name, t, p, d, v, m, schedule, recompute, work, zero1, sp, bf16_reduce, per_node), "--out", plans,
          "--quiet"])
     loomrun = [os.path.join(args.bin, "loomrun"), "--nproc", str(world), "--plans", plans, "--seed", "5"]
     init = os.path.join(work, "init.safetensors")
@@ -282,6 +292,10 @@ def check_config(args, name, cfg, failures):
                    "--trace", os.path.join(work, "trace"),
                    "--loss-log", os.path.join(work, "loss.log"), "--export", os.path.join(work, "final.safetensors")])
     seconds = time.time() - started
+    if per_node and t > 1 and not sp:  # the layout is here for scatter/gather: it must be in the plan
+        with open(os.path.join(work, "trace", "rank_0.json")) as f:
+            if '"name":"shard"' not in f.read():
+                raise SystemExit(f"{name}: stages on different nodes but rank 0 ran no shard (no scatter/gather)")
 
     weights, _ = read_safetensors(init)
     # The Hugging Face class named by the config.json written beside the export.
