@@ -435,29 +435,44 @@ void planWorkspace(plan::Program &prog) {
     }
     return true;
   };
+  // First fit in a given order: each buffer at the lowest offset free of every placed buffer
+  // whose accesses it may overlap. Two orders, the smaller arena kept: program order, and
+  // largest first (greedy by size: the big buffers set the arena, the small ones fill the gaps).
+  std::vector<plan::Buffer *> inProgramOrder;
+  for (plan::Buffer &b : *prog.mutable_buffers())
+    if (b.kind() == plan::Buffer::ACTIVATION) inProgramOrder.push_back(&b);
+  std::vector<plan::Buffer *> bySize = inProgramOrder;
+  std::stable_sort(bySize.begin(), bySize.end(),
+                   [](const plan::Buffer *x, const plan::Buffer *y) { return x->bytes() > y->bytes(); });
   struct Placed {
     int id;
     int64_t offset, bytes;
   };
-  std::vector<Placed> placed;
-  int64_t arena = 0;
-  for (plan::Buffer &b : *prog.mutable_buffers()) {
-    if (b.kind() != plan::Buffer::ACTIVATION) continue;
-    int64_t size = (b.bytes() + kAlign - 1) / kAlign * kAlign;
-    // Candidate offsets: 0 and the end of every placed buffer whose accesses it may overlap.
-    std::vector<std::pair<int64_t, int64_t>> busy;
-    for (const Placed &p : placed)
-      if (!before(p.id, b.id()) && !before(b.id(), p.id)) busy.push_back({p.offset, p.offset + p.bytes});
-    std::sort(busy.begin(), busy.end());
-    int64_t offset = 0;
-    for (auto [lo, hi] : busy) {
-      if (offset + size <= lo) break;
-      offset = std::max(offset, hi);
+  auto place = [&](const std::vector<plan::Buffer *> &order, std::vector<int64_t> *offsets) {
+    std::vector<Placed> placed;
+    int64_t arena = 0;
+    for (plan::Buffer *b : order) {
+      int64_t size = (b->bytes() + kAlign - 1) / kAlign * kAlign;
+      std::vector<std::pair<int64_t, int64_t>> busy;
+      for (const Placed &p : placed)
+        if (!before(p.id, b->id()) && !before(b->id(), p.id)) busy.push_back({p.offset, p.offset + p.bytes});
+      std::sort(busy.begin(), busy.end());
+      int64_t offset = 0;
+      for (auto [lo, hi] : busy) {
+        if (offset + size <= lo) break;
+        offset = std::max(offset, hi);
+      }
+      (*offsets)[size_t(b->id())] = offset;
+      placed.push_back({b->id(), offset, size});
+      arena = std::max(arena, offset + size);
     }
-    b.set_offset(offset);
-    placed.push_back({b.id(), offset, size});
-    arena = std::max(arena, offset + size);
-  }
+    return arena;
+  };
+  std::vector<int64_t> first(size_t(prog.buffers_size()), 0), second(first);
+  int64_t a1 = place(inProgramOrder, &first), a2 = place(bySize, &second);
+  const std::vector<int64_t> &offsets = a2 < a1 ? second : first;
+  int64_t arena = std::min(a1, a2);
+  for (plan::Buffer *b : inProgramOrder) b->set_offset(offsets[size_t(b->id())]);
   prog.set_workspace_bytes(arena);
 }
 
