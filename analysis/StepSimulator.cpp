@@ -400,6 +400,7 @@ llvm::Error simulateStep(const std::vector<RankPrograms> &ranks, const SimulateO
     rp.idleSeconds = std::max(0.0, p.stepSeconds - rp.computeSeconds - rp.exposedCommunicationSeconds);
     rp.peakMemoryBytes = ranks[r].plan->memory().peak_bytes();
     rp.spans = s.spans;
+    for (const auto &[kind, i] : s.communication) rp.communication.push_back({kind, i.start, i.end});
     rp.computeByOp = s.computeByOp;
     rp.pipelineBytesWithinNode = s.pipelineBytes[0], rp.pipelineBytesAcrossNodes = s.pipelineBytes[1];
     p.pipelineBytesWithinNode = std::max(p.pipelineBytesWithinNode, rp.pipelineBytesWithinNode);
@@ -504,7 +505,7 @@ std::string predictionTimelineSvg(const std::vector<RankPrograms> &ranks, const 
     if (pred) rows.push_back({rank, pred});
   }
   std::stable_sort(rows.begin(), rows.end(), [](auto a, auto b) { return a.second->stage < b.second->stage; });
-  double width = 1100, rowH = 28, left = 150, top = 40;
+  double width = 1100, rowH = 34, left = 150, top = 40;
   double scale = (width - left - 20) / std::max(p.stepSeconds, 1e-12);
   std::string s;
   llvm::raw_string_ostream os(s);
@@ -520,7 +521,16 @@ std::string predictionTimelineSvg(const std::vector<RankPrograms> &ranks, const 
     double y = top + double(row) * rowH;
     os << llvm::formatv("<text x=\"10\" y=\"{0}\">rank {1} (stage {2})</text>\n", y + rowH * 0.65, rank, pred->stage);
     os << llvm::formatv("<rect x=\"{0}\" y=\"{1}\" width=\"{2:F2}\" height=\"{3}\" fill=\"#eeeeee\"/>\n", left, y + 2,
-                        p.stepSeconds * scale, rowH - 4);
+                        p.stepSeconds * scale, rowH - 10);
+    // Communication in flight, a thin strip under the compute: what it overlaps and what it does not.
+    for (const CommunicationSpan &c : pred->communication) {
+      std::string stream = c.kind.substr(c.kind.find('@') + 1);
+      const char *fill = stream == "tp" ? "#e69138" : stream == "pp" ? "#cc0000" : stream == "dp" ? "#7f6000" : "#674ea7";
+      os << llvm::formatv("<rect x=\"{0:F2}\" y=\"{1}\" width=\"{2:F2}\" height=\"4\" fill=\"{3}\"><title>{4}: {5} .. "
+                          "{6}</title></rect>\n",
+                          left + c.start * scale, y + rowH - 7, std::max((c.end - c.start) * scale, 0.5), fill, c.kind,
+                          humanSeconds(c.start), humanSeconds(c.end));
+    }
     for (const ProgramSpan &sp : pred->spans) {
       bool fwd = sp.kind == plan::Program::FORWARD, bwd = sp.kind == plan::Program::BACKWARD;
       int chunk = r0.p() > 0 ? sp.virtualStage / r0.p() : 0;
@@ -530,11 +540,11 @@ std::string predictionTimelineSvg(const std::vector<RankPrograms> &ranks, const 
       const char *what = fwd ? "forward" : bwd ? "backward" : sp.program.c_str();
       os << llvm::formatv("<rect x=\"{0:F2}\" y=\"{1}\" width=\"{2:F2}\" height=\"{3}\" fill=\"{4}\" stroke=\"white\" "
                           "stroke-width=\"0.5\"><title>{5} chunk {6} micro-batch {7}: {8} .. {9}</title></rect>\n",
-                          left + sp.start * scale, y + 2, std::max((sp.end - sp.start) * scale, 0.5), rowH - 4, fill,
+                          left + sp.start * scale, y + 2, std::max((sp.end - sp.start) * scale, 0.5), rowH - 10, fill,
                           what, chunk, sp.microBatch, humanSeconds(sp.start), humanSeconds(sp.end));
       if ((sp.end - sp.start) * scale > 14 && (fwd || bwd))
         os << llvm::formatv("<text x=\"{0:F2}\" y=\"{1}\" fill=\"white\" font-size=\"9\">{2}{3}</text>\n",
-                            left + sp.start * scale + 2, y + rowH * 0.65, fwd ? "F" : "B", sp.microBatch);
+                            left + sp.start * scale + 2, y + rowH * 0.55, fwd ? "F" : "B", sp.microBatch);
     }
   }
   double ly = top + double(rows.size()) * rowH + 20;
@@ -544,7 +554,8 @@ std::string predictionTimelineSvg(const std::vector<RankPrograms> &ranks, const 
                         humanSeconds(p.stepSeconds * tick / 10));
   }
   os << llvm::formatv("<text x=\"{0}\" y=\"{1}\">predicted time (loomc simulate); blue: forward, green: backward, "
-                      "purple: loss and optimizer, grey: idle or waiting on communication</text>\n</svg>\n",
+                      "purple: loss and optimizer, grey: idle or waiting on communication; thin bars: communication in "
+                      "flight (orange tp, red pp, brown dp, violet other groups)</text>\n</svg>\n",
                       left, ly + 20);
   return s;
 }

@@ -39,6 +39,12 @@ struct ProgramSpan {
   double start = 0, end = 0;
 };
 
+// Communication in flight on one of a rank's streams ("all_reduce@tp", "send@pp", ...).
+struct CommunicationSpan {
+  std::string kind;
+  double start = 0, end = 0;
+};
+
 struct RankPrediction {
   int rank = 0, stage = 0;
   double computeSeconds = 0;  // the compute stream busy
@@ -51,6 +57,7 @@ struct RankPrediction {
   // (PTD-P's scatter/gather cuts the latter by t).
   int64_t pipelineBytesWithinNode = 0, pipelineBytesAcrossNodes = 0;
   std::vector<ProgramSpan> spans;
+  std::vector<CommunicationSpan> communication;  // for the timeline: what overlaps the compute
 };
 
 struct StepPrediction {

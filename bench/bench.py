@@ -36,6 +36,7 @@ import torch
 ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
 sys.path.insert(0, os.path.join(ROOT, "tests", "oracle"))
 from gpt_oracle import Gpt2  # noqa: E402
+from intervals import minus_length, union  # noqa: E402
 from llama_oracle import Llama  # noqa: E402
 
 # name: (architecture, layers, hidden, heads, kv heads, ffn, seq, vocab, micro-batch, global batch)
@@ -201,33 +202,6 @@ def torch_run(args, shape, warmup, timed, precision):
 GEMM = {"linear", "weight_grad"}
 ATTENTION = {"attention", "attention_grad", "grouped_attention", "grouped_attention_grad"}
 PHASES = ["GEMM", "attention", "other compute", "optimizer", "exposed communication", "idle"]
-
-
-def union(intervals):
-    out = []
-    for a, b in sorted(intervals):
-        if out and a <= out[-1][1]:
-            out[-1][1] = max(out[-1][1], b)
-        else:
-            out.append([a, b])
-    return out
-
-
-def minus_length(intervals, cover):
-    # Length of the union of `intervals` outside the union `cover` (both lists of [a, b]).
-    total, j = 0.0, 0
-    for a, b in union(intervals):
-        while j < len(cover) and cover[j][1] <= a:
-            j += 1
-        k, at = j, a
-        while k < len(cover) and cover[k][0] < b:
-            if cover[k][0] > at:
-                total += cover[k][0] - at
-            at = max(at, cover[k][1])
-            k += 1
-        if at < b:
-            total += b - at
-    return total
 
 
 def breakdown(trace_files, warmup, timed):

@@ -205,6 +205,17 @@ llvm::Error compileInMemory(mlir::ModuleOp module, const config::ClusterSpec &cl
                    "move fp32); leave it off for GPU clusters");
     dpWire = plan::BF16;
   }
+  if (par.tp_comm_overlap()) {
+    if (par.tensor_parallel_size() < 2)
+      return error("parallel.tp_comm_overlap: there is no tensor-parallel communication to overlap at "
+                   "tensor_parallel_size 1");
+    if (par.sequence_parallel())
+      return error("parallel.tp_comm_overlap: the all-gather / reduce-scatter overlap of sequence parallelism is not "
+                   "implemented (only the all-reduce without it); leave one of them off");
+    if (cluster.device().kind() != config::CPU)
+      return error("parallel.tp_comm_overlap: the CUDA backend does not run GEMMs in row blocks yet; leave it off "
+                   "for GPU clusters");
+  }
   int t = par.tensor_parallel_size(), p = par.pipeline_parallel_size(), d = par.data_parallel_size(),
       v = par.virtual_pipeline_size(), b = par.micro_batch_size();
   int m = par.global_batch_size() / (b * d);
@@ -227,6 +238,10 @@ llvm::Error compileInMemory(mlir::ModuleOp module, const config::ClusterSpec &cl
   };
   std::vector<int64_t> layersPerStage;
   if (llvm::Error e = runCompilerPasses(module, cluster, m, opt.printIrAfterAll, measure, &layersPerStage)) return e;
+  constexpr int64_t kTpOverlapBlocks = 4;
+  if (par.tp_comm_overlap())
+    module->setAttr(kTpCommOverlapAttr, mlir::IntegerAttr::get(mlir::IntegerType::get(module.getContext(), 64),
+                                                               kTpOverlapBlocks));
 
   // Lower every program once; pipeline stage s holds virtual stages s, s + p, ...
   std::vector<plan::ProgramSet> sets(p);

@@ -77,7 +77,10 @@ llvm::Error lowerError(const llvm::Twine &msg) {
 // events between streams from each buffer's producer.
 class ProgramLowering {
  public:
-  explicit ProgramLowering(mlir::func::FuncOp f) : f_(f), name_(f.getName().str()) {}
+  explicit ProgramLowering(mlir::func::FuncOp f) : f_(f), name_(f.getName().str()) {
+    if (auto m = f->getParentOfType<mlir::ModuleOp>())
+      if (auto chunks = m->getAttrOfType<mlir::IntegerAttr>(kTpCommOverlapAttr)) chunks_ = chunks.getInt();
+  }
 
   llvm::Expected<plan::Program> run() {
     prog_.set_name(name_);
@@ -102,6 +105,7 @@ class ProgramLowering {
         bindResults(ret);
         break;
       }
+      if (lowered_.count(&op) || lowerOverlapped(op)) continue;
       // The backward (cross_entropy_grad) needs no expansion: with the kept log-sum-exp it is
       // local to the shard.
       if (auto c = mlir::dyn_cast<CrossEntropyOp>(op); c && c.getVocabParallelGroup()) {
@@ -235,6 +239,47 @@ class ProgramLowering {
     return in;
   }
 
+  // tp_comm_overlap (Megatron-Core's --tp-comm-overlap, torchtitan's async tensor parallelism,
+  // here for the all-reduce without sequence parallelism): a GEMM whose result only a
+  // tensor-parallel all-reduce reads (the row-parallel linear's partial sums forward, the
+  // column-parallel linear's input gradient backward) runs as chunks_ blocks of rows, and each
+  // block's all-reduce goes to the tp stream as soon as the block is computed, overlapping the
+  // next block's GEMM. Each element is the same dot product and the same sum: identical values.
+  bool lowerOverlapped(mlir::Operation &op) {
+    auto gemm = mlir::dyn_cast<LinearOp>(op);
+    if (!gemm || chunks_ < 2 || gemm.getBias() || !gemm.getResult().hasOneUse()) return false;
+    auto reduce = mlir::dyn_cast<AllReduceOp>(*gemm.getResult().getUsers().begin());
+    if (!reduce || reduce.getGroup() != "tp" || bucketOf(reduce)) return false;
+    int64_t cols = lastDim(gemm.getResult()), rows = numel(gemm.getResult()) / cols, k = chunks_;
+    while (k > 1 && rows % k != 0) --k;  // the most blocks (up to chunks_) of equal rows
+    if (k < 2) return false;
+    auto layerAttr = gemm->getAttrOfType<mlir::IntegerAttr>(attr::kLayer);
+    int layer = layerAttr ? int(layerAttr.getInt()) : -1;
+    int x = bufferOf_.lookup(gemm.getInput()), w = bufferOf_.lookup(gemm.getWeight());
+    int index = prog_.instructions_size();
+    int partial = addBuffer(gemm.getResult(), plan::Buffer::ACTIVATION, index);
+    int summed = addBuffer(reduce.getResult(), plan::Buffer::ACTIVATION, index);
+    for (int64_t c = 0; c < k; ++c) {
+      int64_t begin = c * rows / k, end = (c + 1) * rows / k;
+      isa::InstructionBuilder block(isa::OpId::kLinear);
+      block.in("input", x).in("weight", w).out("result", partial).attr("row_begin", begin).attr("row_end", end);
+      if (gemm.getTransposeWeight()) block.flag("transpose_weight");
+      emit(block, layer)->set_flops(flopsOf(gemm) / double(k));
+      plan::Instruction *sum = emit(isa::InstructionBuilder(isa::OpId::kAllReduce)
+                                        .in("input", partial)
+                                        .out("result", summed)
+                                        .attr("group", reduce.getGroup().str())
+                                        .attr("group_size", int64_t(reduce.getGroupSize()))
+                                        .attr("reduce", reduce.getReduce().str())
+                                        .attr("row_begin", begin)
+                                        .attr("row_end", end),
+                                    layer);
+      sum->set_bytes_moved(bytesMovedOf(reduce) / k);
+    }
+    lowered_.insert(reduce.getOperation());
+    return true;
+  }
+
   // Vocab-parallel cross-entropy (Megatron's VocabParallelCrossEntropy) as its visible steps:
   // local max -> all-reduce (max) over the group -> local sums of exponentials (and the
   // target logit) -> all-reduce (sum) -> the loss and the kept log-sum-exp. The collectives run
@@ -353,6 +398,8 @@ class ProgramLowering {
   llvm::DenseMap<int, int> producer_;  // buffer -> instruction
   std::map<BucketKey, mlir::Operation *> lastOfBucket_;
   std::map<BucketKey, std::vector<mlir::Operation *>> pendingOfBucket_;
+  int64_t chunks_ = 0;                       // tp_comm_overlap's blocks (0: off)
+  std::set<mlir::Operation *> lowered_;      // all-reduces already lowered with their GEMM
 };
 
 }  // namespace

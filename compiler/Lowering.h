@@ -1,11 +1,17 @@
 // Lowering of partitioned loom programs to the plan protobufs the runtime executes.
 #pragma once
 
+#include "llvm/ADT/StringRef.h"
 #include "llvm/Support/Error.h"
 #include "mlir/Dialect/Func/IR/FuncOps.h"
 #include "protos/plan.pb.h"
 
 namespace loom {
+
+// The module attribute (an integer: blocks per GEMM) under which the lowering splits each GEMM
+// whose result only a tensor-parallel all-reduce reads into blocks of rows, each block's
+// all-reduce overlapping the next block's GEMM (parallel.tp_comm_overlap).
+inline constexpr llvm::StringLiteral kTpCommOverlapAttr = "loom.tp_comm_overlap";
 
 // One program: a buffer per SSA value, an instruction per op on its stream with the events
 // it waits for, bindings of arguments and results, and a workspace arena in which

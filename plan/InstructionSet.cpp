@@ -97,8 +97,11 @@ std::vector<OpDecl> declare() {
        {optStr("sequence_parallel_group")}, kC, kNo, kMem),
       make(kLayerNorm, "layer_norm", true, {fl("input"), fl("gamma"), fl("beta")}, {fl("result")}, {optF("epsilon", 1e-5)},
        kC, kNo, kMem),
-      make(kLinear, "linear", true, {fl("input"), fl("weight"), optFl("bias")}, {fl("result")}, {flagA("transpose_weight")},
-       kC, kNo, kGemmCost, 0, "", gemmFlops),
+      make(kLinear, "linear", true, {fl("input"), fl("weight"), optFl("bias")}, {fl("result")},
+       {flagA("transpose_weight"), optInt("row_begin"), optInt("row_end")}, kC, kNo, kGemmCost, 0,
+       "row_begin / row_end (tp_comm_overlap's chunks; 0 / 0: all): only those rows of the flattened input and "
+       "result",
+       gemmFlops),
       make(kAddBias, "add_bias", true, {fl("input"), fl("bias")}, {fl("result")}, {}, kC, kNo, kMem),
       make(kGelu, "gelu", true, {fl("input")}, {fl("result")}, {}, kC, kNo, kMem),
       make(kAttention, "attention", true, {fl("qkv"), optFl("key_mask")}, {fl("result"), optFl("lse")},
@@ -155,9 +158,11 @@ std::vector<OpDecl> declare() {
       // Communication (the dialect's collectives and pipeline messages). A data-parallel
       // bucket's all-reduce has several operands, output k in input k's place.
       make(kAllReduce, "all_reduce", true, {many("input")}, {many("result")},
-       {req("group", kS), req("group_size", kI), optStr("reduce", "sum"), optInt("loom.bucket"), optStr("wire_dtype")},
+       {req("group", kS), req("group_size", kI), optStr("reduce", "sum"), optInt("loom.bucket"), optStr("wire_dtype"),
+        optInt("row_begin"), optInt("row_end")},
        StreamRule::kOfGroup, Comm::kCollective, kMem, 2,
-       "wire_dtype (bf16 / f16, on fp32 buffers): the values travel and are reduced in that dtype, then are widened back",
+       "wire_dtype (bf16 / f16, on fp32 buffers): the values travel and are reduced in that dtype, then are widened "
+       "back; row_begin / row_end (one operand; 0 / 0: all): only those rows of the flattened input and result",
        nullptr, allReduceBytes),
       make(kAllGather, "all_gather", true, {fl("input")}, {fl("result")}, gatherScatterAttrs(false), StreamRule::kOfGroup,
        Comm::kCollective, kMem, 1, "", nullptr, gatherBytes),

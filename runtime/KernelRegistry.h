@@ -45,6 +45,17 @@ class KernelCall {
   double f64(std::string_view name) const { return attrs.f64(name); }
   std::string str(std::string_view name) const { return attrs.str(name); }
   bool flag(std::string_view name) const { return attrs.flag(name); }
+  // The rows [begin, end) of `rows` (the flattened leading dimensions) an instruction covers:
+  // row_begin / row_end (tp_comm_overlap's chunks of linear and all_reduce), unset: all of
+  // them. A one-line error for a range outside them (a corrupt plan).
+  Status rowRange(int64_t rows, int64_t *begin, int64_t *end) const {
+    *begin = i64("row_begin"), *end = i64("row_end");
+    if (*end == 0) *begin = 0, *end = rows;
+    if (*begin < 0 || *begin >= *end || *end > rows)
+      return Status::error(std::string(decl.name) + ": rows " + std::to_string(*begin) + ".." + std::to_string(*end) +
+                           " outside the " + std::to_string(rows) + " rows (corrupt plan)");
+    return Status::ok();
+  }
 
   const isa::OpDecl &decl;
   const plan::Program &program;

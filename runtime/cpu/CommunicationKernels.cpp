@@ -106,9 +106,14 @@ Status allReduce(CpuKernelContext &ctx, const KernelCall &k) {
   LOOM_RETURN_IF_ERROR(wireDtypeOf(k, bytesOf(ctx, k, in.inputs(0)).dtype, &wire));
   if (in.inputs_size() == 1) {
     Bytes x = bytesOf(ctx, k, in.inputs(0)), y = bytesOf(ctx, k, in.outputs(0));
-    int64_t n = k.numel(in.outputs(0));
-    if (y.data != x.data) std::memcpy(y.data, x.data, size_t(n) * y.element);
-    return allReduceAs(c, group, y.data, n, y.dtype, wire, reduce);
+    // tp_comm_overlap: one chunk of rows (the rest is another instruction's).
+    const plan::Buffer &yb = k.buffer(in.outputs(0));
+    int64_t cols = yb.shape_size() > 0 ? std::max<int64_t>(yb.shape(yb.shape_size() - 1), 1) : 1, begin, end;
+    LOOM_RETURN_IF_ERROR(k.rowRange(k.numel(in.outputs(0)) / cols, &begin, &end));
+    size_t at = size_t(begin * cols) * y.element;
+    int64_t n = (end - begin) * cols;
+    if (y.data != x.data) std::memcpy(y.data + at, x.data + at, size_t(n) * y.element);
+    return allReduceAs(c, group, y.data + at, n, y.dtype, wire, reduce);
   }
   // A data-parallel bucket. Its gradients are usually one range of the flat gradient buffer
   // (the compiler lays them out in bucket order; the gaps are zero padding, in place, reduced

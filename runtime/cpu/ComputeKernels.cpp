@@ -43,8 +43,9 @@ Status layerNorm(CpuKernelContext &c, const KernelCall &k) {
 
 Status linear(CpuKernelContext &c, const KernelCall &k) {
   int x = k.in("input"), y = k.out("result");
-  int64_t kk = k.dim(x, -1), n = k.dim(y, -1);
-  linearForward(c.f(x), c.f(k.in("weight")), c.f(k.in("bias")), c.f(y), k.numel(x) / kk, kk, n,
+  int64_t kk = k.dim(x, -1), n = k.dim(y, -1), begin, end;
+  LOOM_RETURN_IF_ERROR(k.rowRange(k.numel(x) / kk, &begin, &end));
+  linearForward(c.f(x) + begin * kk, c.f(k.in("weight")), c.f(k.in("bias")), c.f(y) + begin * n, end - begin, kk, n,
                 k.flag("transpose_weight"));
   return Status::ok();
 }

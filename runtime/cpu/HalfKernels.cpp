@@ -37,10 +37,11 @@ bool linearTakes(const KernelCall &k) {
 
 Status linear(CpuKernelContext &c, const KernelCall &k) {
   int x = k.in("input"), y = k.out("result");
-  int64_t kk = k.dim(x, -1), n = k.dim(y, -1);
+  int64_t kk = k.dim(x, -1), n = k.dim(y, -1), begin, end;
+  LOOM_RETURN_IF_ERROR(k.rowRange(k.numel(x) / kk, &begin, &end));
   bool tw = k.flag("transpose_weight");
-  gemmBf16(false, tw, k.numel(x) / kk, n, kk, c.h(x), kk, c.h(k.in("weight")), tw ? kk : n, c.h(k.in("bias")), c.h(y),
-           GemmOut::kBf16, n);
+  gemmBf16(false, tw, end - begin, n, kk, c.h(x) + begin * kk, kk, c.h(k.in("weight")), tw ? kk : n, c.h(k.in("bias")),
+           c.h(y) + begin * n, GemmOut::kBf16, n);
   return Status::ok();
 }
 

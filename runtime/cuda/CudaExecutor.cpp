@@ -364,6 +364,8 @@ class DeviceRun {
   // Through the CUDA backend's kernel registry (cudaKernels(), below).
   Status instruction(const plan::Instruction &in, int stream) {
     stream_ = stream;
+    if (planattr::i64(in, "row_end") != 0)  // loomc refuses tp_comm_overlap for CUDA clusters
+      return Status::error(in.op() + ": row ranges (parallel.tp_comm_overlap) are not run by the CUDA backend");
     return cudaKernels().run(*this, prog_, in);
   }
 

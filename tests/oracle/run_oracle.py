@@ -32,11 +32,13 @@ from gpt_oracle import Gpt2, read_safetensors
 from llama_oracle import Llama
 
 # (t, p, d, v, micro-batches m, schedule, recompute, vocab[, zero1[, sequence parallel[, grad_reduce_in_bf16[,
-#  devices per node]]]])
+#  devices per node[, tp_comm_overlap]]]]])
 # grad_reduce_in_bf16 (the dp reduction moving bf16) is a bf16 plan's option: those
 # configurations run with --precision bf16 only. Devices per node (default: all ranks on one
 # node) smaller than a stage's ranks puts neighbouring stages on different nodes, where the
 # pipeline messages take PTD-P's scatter/gather (each tp rank sends 1/t, all-gathered on arrival).
+# tp_comm_overlap runs the GEMMs that feed a tp all-reduce in row blocks, each block's
+# all-reduce overlapping the next block's GEMM.
 CONFIGS = {
     "t1p1d1": (1, 1, 1, 1, 1, "", "RECOMPUTE_NONE", 1000),
     "t2p1d1": (2, 1, 1, 1, 1, "", "RECOMPUTE_NONE", 1000),
@@ -68,16 +70,20 @@ CONFIGS = {
     "t2p2d1v2-interleaved-scatter-gather": (2, 2, 1, 2, 2, "INTERLEAVED_ONE_F_ONE_B", "RECOMPUTE_NONE", 1000, False,
                                             False, False, 2),
     "t2p2d2-zero1-scatter-gather": (2, 2, 2, 1, 2, "ONE_F_ONE_B", "RECOMPUTE_FULL", 1000, True, False, False, 4),
+    "t2p1d1-tp-overlap": (2, 1, 1, 1, 1, "", "RECOMPUTE_NONE", 1000, False, False, False, 0, True),
+    "t2p2d2-tp-overlap-recompute-full": (2, 2, 2, 1, 2, "ONE_F_ONE_B", "RECOMPUTE_FULL", 1000, False, False, False, 0,
+                                         True),
 }
 # The representative subset CI runs (the full matrix: --configs all); for the LLaMA family
 # (llama-tiny: 2 KV heads, split for t = 2, replicated for t = 4) its own.
 CI_CONFIGS = ["t1p1d1", "t2p1d1", "t4p1d1-odd-vocab", "t1p2d1-1f1b", "t1p2d1-gpipe", "t1p1d2", "t2p2d1-1f1b",
               "t2p1d2", "t1p2d2-1f1b", "t2p2d2-1f1b", "t1p2d1v2-interleaved", "t2p2d1-recompute-full",
               "t1p1d1-accumulate-m4", "t2p2d2-zero1", "t2p1d1-sequence-parallel",
-              "t2p2d2-sequence-parallel-zero1", "t2p2d1-scatter-gather", "t2p2d1v2-interleaved-scatter-gather"]
+              "t2p2d2-sequence-parallel-zero1", "t2p2d1-scatter-gather", "t2p2d1v2-interleaved-scatter-gather",
+              "t2p1d1-tp-overlap"]
 LLAMA_CI_CONFIGS = ["t1p1d1", "t2p1d1", "t4p1d1-odd-vocab", "t1p2d1-1f1b", "t2p2d1-1f1b", "t1p1d2", "t2p1d2",
                     "t1p2d1v2-interleaved", "t2p2d1-recompute-full", "t2p2d2-zero1", "t2p1d1-sequence-parallel",
-                    "t4p1d1-sequence-parallel-odd-vocab", "t2p2d1-scatter-gather"]
+                    "t4p1d1-sequence-parallel-odd-vocab", "t2p2d1-scatter-gather", "t2p1d1-tp-overlap"]
 MICRO_BATCH, LR, MIN_LR, WARMUP = 2, 3e-3, 3e-4, 3
 # Adam's epsilon: with Megatron's 1e-8, the rounding noise of gradients that are zero in exact
 # arithmetic (the attention key bias: softmax ignores a constant shift) becomes full-size
@@ -134,13 +140,15 @@ CLUSTER_PRECISION = {"bf16": "PRECISION_BF16", "fp16": "PRECISION_FP16"}
 
 
 def cluster_config(name, t, p, d, v, m, schedule, recompute, work, zero1=False, sp=False, bf16_reduce=False,
-                   per_node=0):
+                   per_node=0, tp_overlap=False):
     out = os.path.join(work, name + ".pbtxt")
     sched = f"schedule: {schedule}" if schedule else ""
     if PRECISION in CLUSTER_PRECISION:
         sched += " precision: " + CLUSTER_PRECISION[PRECISION]
     if bf16_reduce:
         sched += " grad_reduce_in_bf16: true"
+    if tp_overlap:
+        sched += " tp_comm_overlap: true"
     with open(out, "w") as f:
         per_node = per_node or t * p * d
         f.write(f'name: "{name}"\nnodes: {t * p * d // per_node}\ndevices_per_node: {per_node}\ndevice {{ kind: CPU }}\n'
@@ -266,6 +274,7 @@ def check_config(args, name, cfg, failures):
     sp = len(cfg) > 9 and cfg[9]
     bf16_reduce = len(cfg) > 10 and cfg[10]
     per_node = cfg[11] if len(cfg) > 11 else 0
+    tp_overlap = len(cfg) > 12 and cfg[12]
     world = t * p * d
     if bf16_reduce and PRECISION != "bf16":
         print(f"skip {name:28} (grad_reduce_in_bf16: a bf16 plan's option; run with --precision bf16)", flush=True)
@@ -279,7 +288,8 @@ def check_config(args, name, cfg, failures):
     model = model_config(args.model, vocab, work)
     plans = os.path.join(work, "plans")
     run([os.path.join(args.bin, "loomc"), "compile", model, "--cluster",
-         cluster_config(name, t, p, d, v, m, schedule, recompute, work, zero1, sp, bf16_reduce, per_node), "--out", plans,
+         cluster_config(name, t, p, d, v, m, schedule, recompute, work, zero1, sp, bf16_reduce, per_node,
+                        tp_overlap), "--out", plans,
          "--quiet"])
     loomrun = [os.path.join(args.bin, "loomrun"), "--nproc", str(world), "--plans", plans, "--seed", "5"]
     init = os.path.join(work, "init.safetensors")
