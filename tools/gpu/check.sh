@@ -5,6 +5,7 @@
 #    (fp32 tight; bf16/fp16 within their rounding); loom-rank --device cuda on gpt-tiny and
 #    llama-tiny against the CPU backend; a rank stuck in a GPU kernel named by the coordinator;
 # 2. Loom trains the check's 1.3B GPT (seq 2048) on this GPU: tokens/s, MFU vs measured bf16 GEMM;
+#    and where Loom's step goes, op by op, from a traced run (tools/gpu/trace_summary.py);
 # 3. PyTorch trains the same model in the same run (tools/gpu/torch_gpt_bench.py, from the
 #    working tree the device tool copies), and the Loom/PyTorch ratio is printed.
 set -uo pipefail
@@ -62,6 +63,10 @@ else
 fi
 section "Loom on this GPU: the check's 1.3B GPT (seq 2048, bf16 GEMMs), tokens/s and MFU vs measured bf16 GEMM"
 timeout 150 bin/loom-gpt-bench --plans plans-1.3b --precision bf16 --steps 6 --result loom_result || status=1
+section "Loom's step by op on this GPU (loomrun --trace, 3 steps of the 1.3B GPT, bf16)"
+timeout 120 bin/loomrun --nproc 1 --plans plans-1.3b --steps 3 --threads 8 --device cuda --precision bf16 \
+  --trace runs/trace > runs/trace.out 2>&1 && python3 ../tools/gpu/trace_summary.py runs/trace/rank_0.json --top 10 ||
+  { echo "the traced run failed:"; tail -5 runs/trace.out; status=1; }
 section "PyTorch on this GPU: the same model"
 timeout 150 python3 ../tools/gpu/torch_gpt_bench.py --result torch_result || status=1
 if [ -s loom_result ] && [ -s torch_result ]; then
