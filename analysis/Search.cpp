@@ -159,7 +159,9 @@ Estimate estimate(const config::ModelConfig &model, const config::ClusterSpec &c
   double tp = m * L / p * (recompute ? 6 : 4) * ring(2 * (t - 1) / t * activation, t, t, int(2 * (t - 1)));
   // PTD-P's scatter/gather (on unless the spec turns it off): across nodes each tp rank sends
   // 1/t of a replicated message, then the receiving stage all-gathers it within its node.
-  bool acrossNodes = t * p > cluster.devices_per_node();
+  // Stage s holds ranks [s t d, (s + 1) t d): some neighbouring stages sit on different nodes
+  // once the world is larger than a node.
+  bool acrossNodes = p > 1 && t * p * d > double(cluster.devices_per_node());
   bool scatterGather = t > 1 && !par.sequence_parallel() && acrossNodes &&
                        (!par.has_scatter_gather() || par.scatter_gather());
   double pp = m * 2 * v * ring(activation / (par.sequence_parallel() || scatterGather ? t : 1), p, t * p, 1);
