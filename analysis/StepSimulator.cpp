@@ -522,14 +522,26 @@ std::string predictionTimelineSvg(const std::vector<RankPrograms> &ranks, const 
     os << llvm::formatv("<text x=\"10\" y=\"{0}\">rank {1} (stage {2})</text>\n", y + rowH * 0.65, rank, pred->stage);
     os << llvm::formatv("<rect x=\"{0}\" y=\"{1}\" width=\"{2:F2}\" height=\"{3}\" fill=\"#eeeeee\"/>\n", left, y + 2,
                         p.stepSeconds * scale, rowH - 10);
-    // Communication in flight, a thin strip under the compute: what it overlaps and what it does not.
-    for (const CommunicationSpan &c : pred->communication) {
-      std::string stream = c.kind.substr(c.kind.find('@') + 1);
-      const char *fill = stream == "tp" ? "#e69138" : stream == "pp" ? "#cc0000" : stream == "dp" ? "#7f6000" : "#674ea7";
-      os << llvm::formatv("<rect x=\"{0:F2}\" y=\"{1}\" width=\"{2:F2}\" height=\"4\" fill=\"{3}\"><title>{4}: {5} .. "
-                          "{6}</title></rect>\n",
-                          left + c.start * scale, y + rowH - 7, std::max((c.end - c.start) * scale, 0.5), fill, c.kind,
-                          humanSeconds(c.start), humanSeconds(c.end));
+    // Communication in flight, a thin strip under the compute: what it overlaps and what it does
+    // not. Per group, the spans closer than half a pixel are drawn as one (a large plan has
+    // thousands per rank), its title counting them.
+    std::map<std::string, std::vector<const CommunicationSpan *>> byGroup;
+    for (const CommunicationSpan &c : pred->communication) byGroup[c.kind.substr(c.kind.find('@') + 1)].push_back(&c);
+    for (auto &[group, spans] : byGroup) {
+      std::sort(spans.begin(), spans.end(), [](auto *a, auto *b) { return a->start < b->start; });
+      const char *fill = group == "tp" ? "#e69138" : group == "pp" ? "#cc0000" : group == "dp" ? "#7f6000" : "#674ea7";
+      for (size_t i = 0; i < spans.size();) {
+        double start = spans[i]->start, end = spans[i]->end;
+        std::string kind = spans[i]->kind;
+        size_t j = i + 1;
+        for (; j < spans.size() && (spans[j]->start - end) * scale < 0.5; ++j) end = std::max(end, spans[j]->end);
+        std::string what = j - i == 1 ? kind : std::to_string(j - i) + " transfers on " + group;
+        os << llvm::formatv("<rect x=\"{0:F2}\" y=\"{1}\" width=\"{2:F2}\" height=\"4\" fill=\"{3}\"><title>{4}: {5} .. "
+                            "{6}</title></rect>\n",
+                            left + start * scale, y + rowH - 7, std::max((end - start) * scale, 0.5), fill, what,
+                            humanSeconds(start), humanSeconds(end));
+        i = j;
+      }
     }
     for (const ProgramSpan &sp : pred->spans) {
       bool fwd = sp.kind == plan::Program::FORWARD, bwd = sp.kind == plan::Program::BACKWARD;
