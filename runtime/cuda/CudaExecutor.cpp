@@ -155,6 +155,15 @@ class DeviceRun {
       return Status::error("the program communicates over '" + name + "' but the CUDA executor has no NCCL groups");
     return e_.options_.groups->find(name, out);
   }
+  // The communicator of the instruction's group, which must have its group_size members.
+  Status groupOf(const KernelCall &call, NcclGroup **out) {
+    LOOM_RETURN_IF_ERROR(group(call.str("group"), out));
+    if (call.i64("group_size") != (*out)->size())
+      return Status::error("group_size " + std::to_string(call.i64("group_size")) + " of group " + call.str("group") +
+                           " but the communicator has " + std::to_string((*out)->size()) +
+                           " members (a plan for another layout)");
+    return Status::ok();
+  }
 
   // Row-major c[M,N] = op(a)[M,K] op(b)[K,N] through column-major SGEMM: c^T = op(b)^T op(a)^T
   // (a stored [K,M] when transposeA, b stored [N,K] when transposeB).
@@ -314,12 +323,8 @@ class DeviceRun {
     bool gather = call.decl.id == isa::OpId::kAllGather;
     int small = gather ? call.in("input") : call.out("result"), large = gather ? call.out("result") : call.in("input");
     NcclGroup *comm;
-    LOOM_RETURN_IF_ERROR(group(call.str("group"), &comm));
+    LOOM_RETURN_IF_ERROR(groupOf(call, &comm));
     int64_t g = call.i64("group_size"), d = call.i64("dim"), n = numel(small);
-    if (g != comm->size())
-      return Status::error("group_size " + std::to_string(g) + " of group " + call.str("group") +
-                           " but the communicator has " + std::to_string(comm->size()) +
-                           " members (a plan for another layout)");
     int64_t outer = 1, inner = 1;
     const plan::Buffer &sb = prog_.buffers(small);
     for (int k = 0; k < sb.shape_size(); ++k) (k < d ? outer : inner) *= sb.shape(k);
@@ -345,12 +350,8 @@ class DeviceRun {
   // PTD-P's scatter (section 4.1): this member's slice r along `dim`, one strided copy.
   Status shard(const KernelCall &call) {
     NcclGroup *comm;
-    LOOM_RETURN_IF_ERROR(group(call.str("group"), &comm));
+    LOOM_RETURN_IF_ERROR(groupOf(call, &comm));
     int64_t g = call.i64("group_size"), d = call.i64("dim");
-    if (g != comm->size())
-      return Status::error("group_size " + std::to_string(g) + " of group " + call.str("group") +
-                           " but the communicator has " + std::to_string(comm->size()) +
-                           " members (a plan for another layout)");
     int y = call.out("result");
     int64_t outer = 1, inner = 1;
     const plan::Buffer &yb = prog_.buffers(y);
