@@ -14,7 +14,8 @@ plan::BackendReserve backendReserve(config::DeviceKind kind,
                                     int64_t parameterCount) {
   plan::BackendReserve reserve;
   if (kind == config::CUDA) {
-    // The plan assumes the default GEMM precision, bf16 (chosen at launch with --precision).
+    // An fp32 plan assumes the default GEMM precision, bf16 (chosen at launch with --precision);
+    // a 16-bit plan's GEMMs run in its own type (cuda::programPrecision).
     const cuda::Precision planned = cuda::Precision::kBf16;
     int64_t scratch = 0, ones = 0;
     for (const plan::Program &prog : programs) {
@@ -22,7 +23,8 @@ plan::BackendReserve backendReserve(config::DeviceKind kind,
       for (const plan::Instruction &in : prog.instructions())
         if (const isa::OpDecl *d = isa::find(in.op()); d && d->id == isa::OpId::kBiasGrad) {  // ones as long as its rows
           const plan::Buffer &g = prog.buffers(in.inputs(0));
-          ones = std::max<int64_t>(ones, 4 * planattr::numel(g) / std::max<int64_t>(1, planattr::dim(g, -1)));
+          ones = std::max<int64_t>(ones, planattr::elementBytes(g.dtype()) * planattr::numel(g) /
+                                             std::max<int64_t>(1, planattr::dim(g, -1)));
         }
     }
     // An fp32 plan's GEMMs read 16-bit copies the executor makes; a 16-bit plan holds its own.

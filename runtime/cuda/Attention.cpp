@@ -1,6 +1,7 @@
 #include "runtime/cuda/Attention.h"
 
 #include <cmath>
+#include <initializer_list>
 #include <string>
 #include <vector>
 
@@ -11,7 +12,8 @@ namespace loom::cuda {
 namespace {
 
 // Row-major c[M,N] = alpha op(a)[M,K] op(b)[K,N] for `batch` matrices at strides sa, sb, sc
-// (elements); a stored [K,M] when ta, b stored [N,K] when tb; operands of precision p, c fp32.
+// (elements); a stored [K,M] when ta, b stored [N,K] when tb; operands of precision p, c fp32
+// or p's 16-bit type (a 16-bit plan's output, rounded once).
 // Column-major cuBLAS computes c^T = op(b)^T op(a)^T.
 struct Operand {
   const void *data;
@@ -19,13 +21,17 @@ struct Operand {
   bool transposed;
 };
 
+cudaDataType cudaTypeOf(ElementType t) {
+  return t == ElementType::kF32 ? CUDA_R_32F : t == ElementType::kBf16 ? CUDA_R_16BF : CUDA_R_16F;
+}
+
 Status batchedGemm(cublasHandle_t h, Precision p, int64_t m, int64_t n, int64_t k, float alpha, Operand a, Operand b,
-                   float *c, int64_t ldc, int64_t strideC, int64_t batch, float beta = 0.0f) {
+                   Out c, int64_t ldc, int64_t strideC, int64_t batch, float beta = 0.0f) {
   cudaDataType type = p == Precision::kFp32 ? CUDA_R_32F : p == Precision::kBf16 ? CUDA_R_16BF : CUDA_R_16F;
   cublasStatus_t st = cublasGemmStridedBatchedEx(
       h, b.transposed ? CUBLAS_OP_T : CUBLAS_OP_N, a.transposed ? CUBLAS_OP_T : CUBLAS_OP_N, int(n), int(m), int(k),
-      &alpha, b.data, type, int(b.ld), b.stride, a.data, type, int(a.ld), a.stride, &beta, c, CUDA_R_32F, int(ldc),
-      strideC, int(batch), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+      &alpha, b.data, type, int(b.ld), b.stride, a.data, type, int(a.ld), a.stride, &beta, c.data, cudaTypeOf(c.type),
+      int(ldc), strideC, int(batch), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
   if (st == CUBLAS_STATUS_SUCCESS) return Status::ok();
   return Status::error("cuBLAS batched GEMM in attention (" + std::string(precisionName(p)) + "): status " +
                        std::to_string(int(st)));
@@ -35,17 +41,28 @@ const void *offset(const void *base, int64_t elements, Precision p) {
   return static_cast<const char *>(base) + elements * operandBytes(p);
 }
 
-Status begin(cublasHandle_t blas, const cpu::AttentionShape &s, cudaStream_t stream) {
+ElementType operandTypeOf(Precision p) {
+  return p == Precision::kFp32 ? ElementType::kF32 : p == Precision::kBf16 ? ElementType::kBf16 : ElementType::kF16;
+}
+
+// Every tensor is fp32 (rounded into scratch for 16-bit GEMMs) or of the GEMMs' own type.
+Status begin(cublasHandle_t blas, const cpu::AttentionShape &s, cudaStream_t stream, Precision p,
+             std::initializer_list<ElementType> types) {
   if (s.batch <= 0 || s.seq <= 0 || s.heads <= 0 || s.headDim <= 0)
     return Status::error("CUDA attention: empty shape (batch, seq, heads or head size is 0)");
+  for (ElementType t : types)
+    if (t != ElementType::kF32 && t != operandTypeOf(p))
+      return Status::error(std::string("CUDA attention: a ") + elementTypeName(t) + " tensor with " + precisionName(p) +
+                           " GEMMs");
   if (cublasSetStream(blas, stream) != CUBLAS_STATUS_SUCCESS) return Status::error("CUDA attention: cublasSetStream failed");
   return Status::ok();
 }
 
-// The fp32 tensor as a GEMM operand: itself in fp32, else rounded into `copy`.
-const void *operand(const float *x, int64_t count, Precision p, void *copy, cudaStream_t s) {
-  if (p == Precision::kFp32) return x;
-  floatToHalf(x, copy, count, halfTypeOf(p), s);
+// The tensor as a GEMM operand: itself when of the GEMMs' type, else (fp32 into 16-bit GEMMs)
+// rounded into `copy`.
+const void *operand(In x, int64_t count, Precision p, void *copy, cudaStream_t s) {
+  if (x.type == operandTypeOf(p)) return x.data;
+  floatToHalf(static_cast<const float *>(x.data), copy, count, halfTypeOf(p), s);
   return copy;
 }
 
@@ -78,18 +95,18 @@ std::vector<HeadRun> headRuns(const cpu::GroupedAttentionShape &s) {
 
 }  // namespace
 
-size_t groupedAttentionScratchBytes(const cpu::GroupedAttentionShape &shape, Precision p, bool backward) {
-  return carveGroupedAttention(shape, p, backward, nullptr).bytes;
+size_t groupedAttentionScratchBytes(const cpu::GroupedAttentionShape &shape, Precision p, bool backward,
+                                    bool operandsNative) {
+  return carveGroupedAttention(shape, p, backward, nullptr, operandsNative).bytes;
 }
 
 // Per batch item: S = Q K^T / sqrt(hd) as one batched GEMM per run of query heads sharing a
 // KV head (the K operand's batch stride 0), the softmax over all local heads, O = D V alike.
-Status groupedAttentionForward(cublasHandle_t blas, Precision p, const float *q, const float *k, const float *v,
-                               float *out, float *lse, const cpu::GroupedAttentionShape &s, void *scratch,
-                               cudaStream_t stream) {
+Status groupedAttentionForward(cublasHandle_t blas, Precision p, In q, In k, In v, Out out, float *lse,
+                               const cpu::GroupedAttentionShape &s, void *scratch, cudaStream_t stream) {
   cpu::AttentionShape sm = softmaxShapeOf(s);
-  LOOM_RETURN_IF_ERROR(begin(blas, sm, stream));
-  GroupedAttentionScratch w = carveGroupedAttention(s, p, false, scratch);
+  LOOM_RETURN_IF_ERROR(begin(blas, sm, stream, p, {q.type, k.type, v.type, out.type}));
+  GroupedAttentionScratch w = carveGroupedAttention(s, p, false, scratch, q.type != ElementType::kF32);
   int64_t S = s.seq, hd = s.headDim, ldq = s.heads * hd, ldkv = s.kvHeads * hd;
   const void *qx = operand(q, s.batch * S * ldq, p, w.q, stream), *kx = operand(k, s.batch * S * ldkv, p, w.k, stream),
              *vx = operand(v, s.batch * S * ldkv, p, w.v, stream);
@@ -104,19 +121,19 @@ Status groupedAttentionForward(cublasHandle_t blas, Precision p, const float *q,
     for (const HeadRun &r : runs)
       LOOM_RETURN_IF_ERROR(batchedGemm(blas, p, S, hd, S, 1.0f, {offset(w.dropped, r.first * S * S, p), S, S * S, false},
                                        {offset(vx, b * S * ldkv + r.kv * hd, p), ldkv, 0, false},
-                                       out + b * S * ldq + r.first * hd, ldq, hd, r.count));
+                                       out.at(b * S * ldq + r.first * hd), ldq, hd, r.count));
   }
   return launched("forward (grouped)");
 }
 
 // As attentionBackward; a KV head's dK and dV sum over its query heads (GEMMs with beta 1
 // into zeroed outputs, one query head at a time).
-Status groupedAttentionBackward(cublasHandle_t blas, Precision p, const float *q, const float *k, const float *v,
-                                const float *g, const float *lse, float *dq, float *dk, float *dv,
-                                const cpu::GroupedAttentionShape &s, void *scratch, cudaStream_t stream) {
+Status groupedAttentionBackward(cublasHandle_t blas, Precision p, In q, In k, In v, In g, const float *lse, Out dq,
+                                float *dk, float *dv, const cpu::GroupedAttentionShape &s, void *scratch,
+                                cudaStream_t stream) {
   cpu::AttentionShape sm = softmaxShapeOf(s);
-  LOOM_RETURN_IF_ERROR(begin(blas, sm, stream));
-  GroupedAttentionScratch w = carveGroupedAttention(s, p, true, scratch);
+  LOOM_RETURN_IF_ERROR(begin(blas, sm, stream, p, {q.type, k.type, v.type, g.type, dq.type}));
+  GroupedAttentionScratch w = carveGroupedAttention(s, p, true, scratch, q.type != ElementType::kF32);
   int64_t S = s.seq, hd = s.headDim, ldq = s.heads * hd, ldkv = s.kvHeads * hd;
   const void *qx = operand(q, s.batch * S * ldq, p, w.q, stream), *kx = operand(k, s.batch * S * ldkv, p, w.k, stream),
              *vx = operand(v, s.batch * S * ldkv, p, w.v, stream), *gx = operand(g, s.batch * S * ldq, p, w.g, stream);
@@ -142,8 +159,8 @@ Status groupedAttentionBackward(cublasHandle_t blas, Precision p, const float *q
     attentionSoftmaxBackward(w.scores, w.dDropped, w.dropped, p, b, sm, stream);  // dS replaces D
     for (const HeadRun &r : runs)  // dQ = dS K
       LOOM_RETURN_IF_ERROR(batchedGemm(blas, p, S, hd, S, 1.0f, {offset(w.dropped, r.first * S * S, p), S, S * S, false},
-                                       {offset(kx, kvb + r.kv * hd, p), ldkv, 0, false}, dq + qb + r.first * hd, ldq, hd,
-                                       r.count));
+                                       {offset(kx, kvb + r.kv * hd, p), ldkv, 0, false}, dq.at(qb + r.first * hd), ldq,
+                                       hd, r.count));
     for (int64_t h = 0; h < s.heads; ++h)  // dK += dS^T Q
       LOOM_RETURN_IF_ERROR(batchedGemm(blas, p, S, hd, S, 1.0f, {offset(w.dropped, h * S * S, p), S, S * S, true},
                                        {offset(qx, qb + h * hd, p), ldq, hd, false}, dk + kvb + s.kvHeadOf(h) * hd,
@@ -152,14 +169,14 @@ Status groupedAttentionBackward(cublasHandle_t blas, Precision p, const float *q
   return launched("backward (grouped)");
 }
 
-size_t attentionScratchBytes(const cpu::AttentionShape &shape, Precision p, bool backward) {
-  return carveAttention(shape, p, backward, nullptr).bytes;
+size_t attentionScratchBytes(const cpu::AttentionShape &shape, Precision p, bool backward, bool operandsNative) {
+  return carveAttention(shape, p, backward, nullptr, operandsNative).bytes;
 }
 
-Status attentionForward(cublasHandle_t blas, Precision p, const float *qkv, const float *keyMask, float *out,
-                        float *lse, const cpu::AttentionShape &s, void *scratch, cudaStream_t stream) {
-  LOOM_RETURN_IF_ERROR(begin(blas, s, stream));
-  AttentionScratch w = carveAttention(s, p, false, scratch);
+Status attentionForward(cublasHandle_t blas, Precision p, In qkv, const float *keyMask, Out out, float *lse,
+                        const cpu::AttentionShape &s, void *scratch, cudaStream_t stream) {
+  LOOM_RETURN_IF_ERROR(begin(blas, s, stream, p, {qkv.type, out.type}));
+  AttentionScratch w = carveAttention(s, p, false, scratch, qkv.type != ElementType::kF32);
   int64_t S = s.seq, hd = s.headDim, ld = 3 * s.heads * hd, width = s.heads * hd;
   const void *x = operand(qkv, s.batch * S * ld, p, w.qkv, stream);
   float scale = 1.0f / std::sqrt(float(hd));
@@ -169,17 +186,16 @@ Status attentionForward(cublasHandle_t blas, Precision p, const float *qkv, cons
                                      w.scores, S, S * S, s.heads));
     attentionSoftmaxForward(w.scores, w.dropped, p, keyMask, b, s, lse, nullptr, stream);
     LOOM_RETURN_IF_ERROR(batchedGemm(blas, p, S, hd, S, 1.0f, {w.dropped, S, S * S, false}, {v, ld, 3 * hd, false},
-                                     out + b * S * width, width, hd, s.heads));
+                                     out.at(b * S * width), width, hd, s.heads));
   }
   return launched("forward");
 }
 
 // dV = D^T g, dD = g V^T, dS from the softmax backward (with 1/sqrt(hd)), dQ = dS K, dK = dS^T Q.
-Status attentionBackward(cublasHandle_t blas, Precision p, const float *qkv, const float *keyMask, const float *g,
-                         const float *lse, float *dqkv, const cpu::AttentionShape &s, void *scratch,
-                         cudaStream_t stream) {
-  LOOM_RETURN_IF_ERROR(begin(blas, s, stream));
-  AttentionScratch w = carveAttention(s, p, true, scratch);
+Status attentionBackward(cublasHandle_t blas, Precision p, In qkv, const float *keyMask, In g, const float *lse,
+                         Out dqkv, const cpu::AttentionShape &s, void *scratch, cudaStream_t stream) {
+  LOOM_RETURN_IF_ERROR(begin(blas, s, stream, p, {qkv.type, g.type, dqkv.type}));
+  AttentionScratch w = carveAttention(s, p, true, scratch, qkv.type != ElementType::kF32);
   int64_t S = s.seq, hd = s.headDim, ld = 3 * s.heads * hd, width = s.heads * hd;
   const void *x = operand(qkv, s.batch * S * ld, p, w.qkv, stream);
   const void *gx = operand(g, s.batch * S * width, p, w.g, stream);
@@ -187,7 +203,7 @@ Status attentionBackward(cublasHandle_t blas, Precision p, const float *qkv, con
   for (int64_t b = 0; b < s.batch; ++b) {
     const void *q = offset(x, b * S * ld, p), *k = offset(q, hd, p), *v = offset(q, 2 * hd, p);
     const void *gb = offset(gx, b * S * width, p);
-    float *dq = dqkv + b * S * ld, *dk = dq + hd, *dv = dq + 2 * hd;
+    Out dq = dqkv.at(b * S * ld), dk = dq.at(hd), dv = dq.at(2 * hd);
     LOOM_RETURN_IF_ERROR(batchedGemm(blas, p, S, S, hd, scale, {q, ld, 3 * hd, false}, {k, ld, 3 * hd, true},
                                      w.scores, S, S * S, s.heads));
     attentionSoftmaxForward(w.scores, w.dropped, p, keyMask, b, s, nullptr, lse, stream);

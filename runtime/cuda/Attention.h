@@ -21,29 +21,34 @@
 
 #include "support/Status.h"
 #include "runtime/cpu/Kernels.h"
+#include "runtime/cuda/DeviceArray.h"
 #include "runtime/cuda/HalfPrecision.h"
 
 namespace loom::cuda {
 
-// Scratch bytes (device) the forward or backward pass needs for `shape` at precision p.
-size_t attentionScratchBytes(const cpu::AttentionShape &shape, Precision p, bool backward);
+// Scratch bytes (device) the forward or backward pass needs for `shape` at precision p (with
+// 16-bit copies of the operands unless they are already 16-bit: operandsNative).
+size_t attentionScratchBytes(const cpu::AttentionShape &shape, Precision p, bool backward,
+                             bool operandsNative = false);
 
-// `blas` is bound to stream s here. qkv, keyMask, g are fp32; out and dqkv are written whole.
-// lse: nullable in the forward, required in the backward.
-Status attentionForward(cublasHandle_t blas, Precision p, const float *qkv, const float *keyMask, float *out,
-                        float *lse, const cpu::AttentionShape &shape, void *scratch, cudaStream_t s);
-Status attentionBackward(cublasHandle_t blas, Precision p, const float *qkv, const float *keyMask, const float *g,
-                         const float *lse, float *dqkv, const cpu::AttentionShape &shape, void *scratch,
-                         cudaStream_t s);
+// `blas` is bound to stream s here. qkv, g, out and dqkv are typed (runtime/cuda/DeviceArray.h):
+// fp32 (an fp32 plan: GEMM operands rounded into scratch at precision p, fp32 outputs) or p's
+// 16-bit type (a 16-bit plan: read in place, outputs rounded once); keyMask and lse are fp32.
+// out and dqkv are written whole. lse: nullable in the forward, required in the backward.
+Status attentionForward(cublasHandle_t blas, Precision p, In qkv, const float *keyMask, Out out, float *lse,
+                        const cpu::AttentionShape &shape, void *scratch, cudaStream_t s);
+Status attentionBackward(cublasHandle_t blas, Precision p, In qkv, const float *keyMask, In g, const float *lse,
+                         Out dqkv, const cpu::AttentionShape &shape, void *scratch, cudaStream_t s);
 
 // Grouped-query attention (cpu::groupedAttentionForward/Backward's layout and math): q
-// [B,S,heads*hd], k and v [B,S,kvHeads*hd]; dk and dv are zeroed and accumulated here.
-size_t groupedAttentionScratchBytes(const cpu::GroupedAttentionShape &shape, Precision p, bool backward);
-Status groupedAttentionForward(cublasHandle_t blas, Precision p, const float *q, const float *k, const float *v,
-                               float *out, float *lse, const cpu::GroupedAttentionShape &shape, void *scratch,
-                               cudaStream_t s);
-Status groupedAttentionBackward(cublasHandle_t blas, Precision p, const float *q, const float *k, const float *v,
-                                const float *g, const float *lse, float *dq, float *dk, float *dv,
-                                const cpu::GroupedAttentionShape &shape, void *scratch, cudaStream_t s);
+// [B,S,heads*hd], k and v [B,S,kvHeads*hd]; dk and dv (fp32: sums over the query heads of a
+// KV head) are zeroed and accumulated here.
+size_t groupedAttentionScratchBytes(const cpu::GroupedAttentionShape &shape, Precision p, bool backward,
+                                    bool operandsNative = false);
+Status groupedAttentionForward(cublasHandle_t blas, Precision p, In q, In k, In v, Out out, float *lse,
+                               const cpu::GroupedAttentionShape &shape, void *scratch, cudaStream_t s);
+Status groupedAttentionBackward(cublasHandle_t blas, Precision p, In q, In k, In v, In g, const float *lse, Out dq,
+                                float *dk, float *dv, const cpu::GroupedAttentionShape &shape, void *scratch,
+                                cudaStream_t s);
 
 }  // namespace loom::cuda

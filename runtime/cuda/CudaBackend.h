@@ -1,7 +1,7 @@
 // The CUDA backend of the step driver (train/StepDriver.h): the rank's state resident on the
 // GPU (the flat fp32 parameter and gradient buffers, optimizer state, stashes, micro-batch
-// inputs, the recipe's scalars), programs on the CudaExecutor (a CUDA stream per plan stream;
-// fp32, bf16 or fp16 GEMMs; NCCL for tensor and data parallelism; PipelineLinks between
+// inputs, the recipe's scalars; a 16-bit plan's stashes and weight copies in 16 bits), programs
+// on the CudaExecutor (a CUDA stream per plan stream; fp32, bf16 or fp16 GEMMs, 16-bit plans; NCCL for tensor and data parallelism; PipelineLinks between
 // stages). The driver is the CPU backend's: the same plan instructions in the same order,
 // gradient buckets overlapping the last backward on the dp stream as the plan's events say.
 #pragma once
@@ -47,9 +47,11 @@ class CudaBackend : public StepBackend {
     void *data = nullptr;
     int64_t count = 0;
     bool isInt = false;
+    int elementBytes = 4;
   };
   std::map<std::string, Allocation> storage_;
   cudaStream_t current_ = nullptr;  // the stream results are consumed on during run()
+  ElementType resultType_ = ElementType::kF32;  // and the type of the result being consumed
 };
 
 }  // namespace loom::cuda

@@ -27,6 +27,13 @@ using planattr::flag;
 using planattr::i64;
 using planattr::str;
 
+ElementType elementTypeOf(plan::DType d) {
+  return d == plan::BF16 ? ElementType::kBf16 : d == plan::F16 ? ElementType::kF16 : ElementType::kF32;
+}
+cudaDataType cudaTypeOf(ElementType t) {
+  return t == ElementType::kF32 ? CUDA_R_32F : t == ElementType::kBf16 ? CUDA_R_16BF : CUDA_R_16F;
+}
+
 }  // namespace
 
 class DeviceRun;
@@ -40,7 +47,8 @@ class DeviceRun {
 
  public:
   DeviceRun(CudaExecutor &e, const plan::Program &p, const ExecutionContext &c, char *scratch, const ScratchPlan &sp)
-      : e_(e), prog_(p), ctx_(c), ptr_(p.buffers_size()), parameter_(p.buffers_size(), false) {
+      : e_(e), prog_(p), ctx_(c), ptr_(p.buffers_size()), parameter_(p.buffers_size(), false),
+        precision_(programPrecision(p, e.options_.precision)), computeScratchBytes_(sp.bytes[0]) {
     for (int k = 0; k < 4; ++k) scratch_[k] = scratch + sp.offset(k);
     for (const plan::Binding &a : p.arguments())
       if (a.role() == plan::Binding::PARAMETER) parameter_[a.buffer()] = true;
@@ -68,7 +76,7 @@ class DeviceRun {
     }
     auto hand = [&](int r) {
       int id = prog_.results(r).buffer();
-      return consume(r, address(id), planattr::numel(prog_.buffers(id)), st_);
+      return consume(r, typed(id), planattr::numel(prog_.buffers(id)), st_);
     };
     LOOM_RETURN_IF_ERROR(cudaStatus(cudaEventRecord(e_.streamEnd_[0], e_.streams_[0]), "event"));
     for (int k = 1; k < 4; ++k)
@@ -140,9 +148,33 @@ class DeviceRun {
   }
 
  private:
-  Precision precision() const { return e_.options_.precision; }
-  float *f(int id) { return static_cast<float *>(ptr_[id]); }
+  // The GEMMs' precision: a 16-bit plan's own type, else the launch's (--precision).
+  Precision precision() const { return precision_; }
+  ElementType typeOf(int id) const { return elementTypeOf(prog_.buffers(id).dtype()); }
+  // Buffer `id` as a typed operand (fp32, bf16 or fp16 storage; runtime/cuda/DeviceArray.h);
+  // absent (-1): a null one.
+  Out typed(int id) { return id < 0 ? Out() : Out(ptr_[id], typeOf(id)); }
+  // Buffer `id` where a kernel reads or writes fp32 only (statistics, the loss, masks, the
+  // optimizer's state); a 16-bit buffer there is a plan this backend cannot run: the
+  // instruction fails with a message naming it.
+  float *f(int id) {
+    plan::DType d = prog_.buffers(id).dtype();
+    if (d != plan::F32 && d != plan::I32 && typeError_.empty())
+      typeError_ = "buffer " + std::to_string(id) + " is " + plan::DType_Name(d) +
+                   " where the CUDA kernel reads fp32 (a plan this backend cannot run)";
+    return static_cast<float *>(ptr_[id]);
+  }
   float *fOrNull(int id) { return id < 0 ? nullptr : f(id); }  // an optional operand (-1: absent)
+  // An output the kernel accumulates in fp32 (cuda::accumulatedInFp32): itself in an fp32 plan;
+  // in a 16-bit plan fp32 scratch at the end of the compute stream's, rounded into the buffer
+  // once the kernel is queued (instruction()).
+  float *wide(int id) {
+    if (typeOf(id) == ElementType::kF32) return f(id);
+    float *at = reinterpret_cast<float *>(wideBase_ + wideUsed_);
+    wideUsed_ += aligned(size_t(numel(id)) * sizeof(float));
+    pendingWide_.push_back({id, at});
+    return at;
+  }
   int32_t *ints(int id) { return static_cast<int32_t *>(ptr_[id]); }
   int64_t numel(int id) { return planattr::numel(prog_.buffers(id)); }
   int64_t dim(int id, int k) { return planattr::dim(prog_.buffers(id), k); }
@@ -200,10 +232,24 @@ class DeviceRun {
     return *out = copy.data, Status::ok();
   }
 
+  // A 16-bit plan's GEMM: its operands as they are, its output (and bias) in their 16-bit type.
+  Status nativeOperands(const KernelCall &call, int a, int b) {
+    if (typeOf(a) != typeOf(b) || typeOf(a) != elementTypeOf(precision() == Precision::kBf16 ? plan::BF16 : plan::F16))
+      return Status::error(std::string(call.decl.name) + ": operands of " + elementTypeName(typeOf(a)) + " and " +
+                           elementTypeName(typeOf(b)) + " in a " + precisionName(precision()) + " plan (corrupt plan)");
+    return Status::ok();
+  }
+
   Status linear(const KernelCall &call) {
     int x = call.in("input"), w = call.in("weight"), bias = call.in("bias"), y = call.out("result");
     int64_t k = dim(x, -1), n = dim(y, -1), m = numel(x) / k;
     bool transposeW = call.flag("transpose_weight");
+    if (typeOf(x) != ElementType::kF32) {
+      LOOM_RETURN_IF_ERROR(nativeOperands(call, x, w));
+      LinearShape shape{m, k, n, transposeW, halfTypeOf(precision()),
+                        bias >= 0 ? LinearEpilogue::kBias : LinearEpilogue::kNone};
+      return e_.lt_->forward(shape, ptr_[x], ptr_[w], typed(bias), typed(y), st_);
+    }
     if (precision() == Precision::kFp32) {
       LOOM_RETURN_IF_ERROR(sgemm(m, k, n, f(x), false, f(w), transposeW, f(y)));
       if (bias >= 0) addBroadcast(f(y), f(bias), f(y), m * n, n, st_);
@@ -222,6 +268,11 @@ class DeviceRun {
     int x = call.in("input"), g = call.in("grad"), dw = call.out("result");
     int64_t k = dim(x, -1), n = dim(g, -1), m = numel(x) / k;
     bool transposeW = call.flag("transpose_weight");
+    if (typeOf(x) != ElementType::kF32) {
+      LOOM_RETURN_IF_ERROR(nativeOperands(call, x, g));
+      LinearShape shape{m, k, n, transposeW, halfTypeOf(precision()), LinearEpilogue::kNone};
+      return e_.lt_->weightGrad(shape, ptr_[x], ptr_[g], typed(dw), /*accumulate=*/false, st_);
+    }
     if (precision() == Precision::kFp32)
       return transposeW ? sgemm(n, m, k, f(g), true, f(x), false, f(dw)) : sgemm(k, m, n, f(x), true, f(g), false, f(dw));
     const void *x16, *g16;
@@ -233,16 +284,24 @@ class DeviceRun {
 
   // db[N] = the column sums of g[M,N], as g^T 1 by cuBLAS SGEMV (column-major g^T is [N,M]):
   // a few wide columns over many rows, which one thread per column would leave to a few SMs.
+  // A 16-bit plan's: g^T 1 as a GEMM with 16-bit operands (ones of g's type), fp32
+  // accumulation, the result rounded once.
   Status biasGrad(const KernelCall &call) {
-    int g = call.in("grad");
+    int g = call.in("grad"), db = call.out("result");
     int64_t n = dim(g, -1), m = numel(g) / n;
-    LOOM_RETURN_IF_ERROR(e_.reserve(&e_.ones_, &e_.onesBytes_, size_t(m) * sizeof(float)));
-    if (e_.onesFilled_ != e_.onesBytes_) {  // filled once per allocation
-      fillValue(static_cast<float *>(e_.ones_), int64_t(e_.onesBytes_ / sizeof(float)), 1.0f, st_);
-      e_.onesFilled_ = e_.onesBytes_;
+    ElementType type = typeOf(g);
+    LOOM_RETURN_IF_ERROR(e_.reserve(&e_.ones_, &e_.onesBytes_, size_t(m) * elementBytes(type)));
+    if (e_.onesFilled_ != e_.onesBytes_ || e_.onesType_ != type) {  // filled once per allocation
+      fillValue(Out(e_.ones_, type), int64_t(e_.onesBytes_ / elementBytes(type)), 1.0f, st_);
+      e_.onesFilled_ = e_.onesBytes_, e_.onesType_ = type;
     }
     float alpha = 1.0f, beta = 0.0f;
     LOOM_RETURN_IF_ERROR(blasStatus(cublasSetStream(e_.blas_, st_), "set stream"));
+    if (type != ElementType::kF32)
+      return blasStatus(cublasGemmEx(e_.blas_, CUBLAS_OP_N, CUBLAS_OP_N, int(n), 1, int(m), &alpha, ptr_[g],
+                                     cudaTypeOf(type), int(n), e_.ones_, cudaTypeOf(type), int(m), &beta, ptr_[db],
+                                     cudaTypeOf(typeOf(db)), int(n), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+                        "GEMM (16-bit bias gradient)");
     return blasStatus(cublasSgemv(e_.blas_, CUBLAS_OP_N, int(n), int(m), &alpha, f(g), int(n),
                                   static_cast<const float *>(e_.ones_), 1, &beta, f(call.out("result")), 1),
                       "sgemv (bias gradient)");
@@ -264,8 +323,8 @@ class DeviceRun {
     if (!call.str("vocab_parallel_group").empty())
       return Status::error("cross_entropy over a vocab-parallel group: a plan of another version (corrupt plan)");
     float *stats = reinterpret_cast<float *>(scratch_[0]);
-    crossEntropyLocalMax(f(logits), stats, tokens, cols, 0, call.i64("valid_vocab"), st_);
-    crossEntropyLocalSums(f(logits), ints(labels), stats, stats + tokens, stats + 2 * tokens, tokens, cols, 0,
+    crossEntropyLocalMax(typed(logits), stats, tokens, cols, 0, call.i64("valid_vocab"), st_);
+    crossEntropyLocalSums(typed(logits), ints(labels), stats, stats + tokens, stats + 2 * tokens, tokens, cols, 0,
                           call.i64("valid_vocab"), st_);
     return Status::ok();
   }
@@ -328,23 +387,26 @@ class DeviceRun {
     int64_t outer = 1, inner = 1;
     const plan::Buffer &sb = prog_.buffers(small);
     for (int k = 0; k < sb.shape_size(); ++k) (k < d ? outer : inner) *= sb.shape(k);
+    ElementType type = typeOf(small);  // the message's type: 16-bit in a 16-bit plan
+    size_t e = size_t(elementBytes(type));
+    char *smallAt = static_cast<char *>(ptr_[small]), *largeAt = static_cast<char *>(ptr_[large]);
     if (outer == 1) {  // the blocks are already contiguous in rank order
-      if (gather) return comm->allGather(f(small), f(large), n, st_);
-      LOOM_RETURN_IF_ERROR(comm->reduceScatterSum(f(large), f(small), n, st_));
-      if (call.str("reduce") == "avg") scaleInPlace(f(small), n, 1.0f / float(g), st_);
+      if (gather) return comm->allGather(smallAt, largeAt, n, st_, type);
+      LOOM_RETURN_IF_ERROR(comm->reduceScatterSum(largeAt, smallAt, n, st_, type));
+      if (call.str("reduce") == "avg") scaleInPlace(typed(small), n, 1.0f / float(g), st_);
       return Status::ok();
     }
-    float *blocks = reinterpret_cast<float *>(scratch_[stream_]);
-    size_t row = size_t(inner) * sizeof(float), wide = size_t(g) * row;
-    if (gather) LOOM_RETURN_IF_ERROR(comm->allGather(f(small), blocks, n, st_));
+    char *blocks = scratch_[stream_];
+    size_t row = size_t(inner) * e, wide = size_t(g) * row;
+    if (gather) LOOM_RETURN_IF_ERROR(comm->allGather(smallAt, blocks, n, st_, type));
     for (int64_t r = 0; r < g; ++r) {
-      cudaError_t err = gather ? cudaMemcpy2DAsync(f(large) + r * inner, wide, blocks + r * n, row, row, size_t(outer),
+      cudaError_t err = gather ? cudaMemcpy2DAsync(largeAt + r * row, wide, blocks + r * n * e, row, row, size_t(outer),
                                                    cudaMemcpyDeviceToDevice, st_)
-                               : cudaMemcpy2DAsync(blocks + r * n, row, f(large) + r * inner, wide, row, size_t(outer),
+                               : cudaMemcpy2DAsync(blocks + r * n * e, row, largeAt + r * row, wide, row, size_t(outer),
                                                    cudaMemcpyDeviceToDevice, st_);
       LOOM_RETURN_IF_ERROR(cudaStatus(err, "re-laying out the blocks"));
     }
-    return gather ? Status::ok() : comm->reduceScatterSum(blocks, f(small), n, st_);
+    return gather ? Status::ok() : comm->reduceScatterSum(blocks, smallAt, n, st_, type);
   }
 
   // PTD-P's scatter (section 4.1): this member's slice r along `dim`, one strided copy.
@@ -356,8 +418,9 @@ class DeviceRun {
     int64_t outer = 1, inner = 1;
     const plan::Buffer &yb = prog_.buffers(y);
     for (int k = 0; k < yb.shape_size(); ++k) (k < d ? outer : inner) *= yb.shape(k);
-    size_t row = size_t(inner) * sizeof(float);
-    return cudaStatus(cudaMemcpy2DAsync(f(y), row, f(call.in("input")) + comm->rank() * inner, size_t(g) * row, row,
+    size_t row = size_t(inner) * elementBytes(typeOf(y));
+    const char *input = static_cast<const char *>(ptr_[call.in("input")]);
+    return cudaStatus(cudaMemcpy2DAsync(ptr_[y], row, input + comm->rank() * row, size_t(g) * row, row,
                                         size_t(outer), cudaMemcpyDeviceToDevice, st_),
                       "shard");
   }
@@ -367,7 +430,17 @@ class DeviceRun {
     stream_ = stream;
     if (planattr::i64(in, "row_end") != 0)  // loomc refuses tp_comm_overlap for CUDA clusters
       return Status::error(in.op() + ": row ranges (parallel.tp_comm_overlap) are not run by the CUDA backend");
-    return cudaKernels().run(*this, prog_, in);
+    size_t wideBytes = wideOutputBytes(prog_, in);
+    wideBase_ = scratch_[0] + computeScratchBytes_ - wideBytes, wideUsed_ = 0;
+    pendingWide_.clear();
+    typeError_.clear();
+    Status s = cudaKernels().run(*this, prog_, in);
+    if (s.isOk() && !typeError_.empty()) s = Status::error(typeError_);
+    if (s.isOk() && wideUsed_ > wideBytes)
+      s = Status::error("fp32 outputs beyond their planned scratch (cuda::accumulatedInFp32 disagrees with the kernel)");
+    for (const auto &[id, at] : pendingWide_)
+      if (s.isOk()) convertElements(at, typed(id), numel(id), st_);
+    return s;
   }
 
   // The CUDA kernels by declared op: each reads its operands by their declared names and its
@@ -423,39 +496,40 @@ class DeviceRun {
   Status embedding(const KernelCall &k) {
     int tok = k.in("tokens"), w = k.in("word");
     int64_t rows = k.dim(w, 0), hidden = k.dim(w, 1);
-    embeddingForward(ints(tok), f(w), fOrNull(k.in("position")), f(k.out("result")), k.numel(tok), k.dim(tok, 1),
+    embeddingForward(ints(tok), typed(w), typed(k.in("position")), typed(k.out("result")), k.numel(tok), k.dim(tok, 1),
                      hidden, shardStart(k.str("vocab_parallel_group"), rows), rows, st_);
     return Status::ok();
   }
   Status addPosition(const KernelCall &k) {
     int x = k.in("input");
     int64_t first = shardStart(k.str("sequence_parallel_group"), k.dim(x, 1)), hidden = k.dim(x, 2);
-    addBroadcast(f(x), f(k.in("position")) + first * hidden, f(k.out("result")), k.numel(x), k.dim(x, 1) * hidden, st_);
+    addBroadcast(typed(x), typed(k.in("position")).at(first * hidden), typed(k.out("result")), k.numel(x),
+                 k.dim(x, 1) * hidden, st_);
     return Status::ok();
   }
   Status layerNorm(const KernelCall &k) {
     int x = k.in("input");
     int64_t n = k.dim(x, -1);
-    layerNormForward(f(x), f(k.in("gamma")), f(k.in("beta")), f(k.out("result")), k.numel(x) / n, n,
+    layerNormForward(typed(x), typed(k.in("gamma")), typed(k.in("beta")), typed(k.out("result")), k.numel(x) / n, n,
                      float(k.f64("epsilon")), st_);
     return Status::ok();
   }
   Status addBias(const KernelCall &k) {
-    addBroadcast(f(k.in("input")), f(k.in("bias")), f(k.out("result")), k.numel(k.in("input")), k.numel(k.in("bias")),
-                 st_);
+    addBroadcast(typed(k.in("input")), typed(k.in("bias")), typed(k.out("result")), k.numel(k.in("input")),
+                 k.numel(k.in("bias")), st_);
     return Status::ok();
   }
   Status add(const KernelCall &k) {
     int64_t n = k.numel(k.in("lhs"));
-    addBroadcast(f(k.in("lhs")), f(k.in("rhs")), f(k.out("result")), n, n, st_);
+    addBroadcast(typed(k.in("lhs")), typed(k.in("rhs")), typed(k.out("result")), n, n, st_);
     return Status::ok();
   }
   Status gelu(const KernelCall &k) {
-    geluForward(f(k.in("input")), f(k.out("result")), k.numel(k.in("input")), st_);
+    geluForward(typed(k.in("input")), typed(k.out("result")), k.numel(k.in("input")), st_);
     return Status::ok();
   }
   Status geluGrad(const KernelCall &k) {
-    geluBackward(f(k.in("input")), f(k.in("grad")), f(k.out("result")), k.numel(k.in("input")), st_);
+    geluBackward(typed(k.in("input")), typed(k.in("grad")), typed(k.out("result")), k.numel(k.in("input")), st_);
     return Status::ok();
   }
   // attention and attention_grad.
@@ -463,6 +537,7 @@ class DeviceRun {
     bool fwd = k.decl.id == isa::OpId::kAttention;
     int qkv = k.in("qkv");
     float *lse = fwd ? fOrNull(k.out("lse")) : f(k.in("lse"));
+    Out x = typed(qkv), y = typed(k.out("result"));
     cpu::AttentionShape shape = attentionShapeOf(prog_, k.instruction);
     if (shape.heads < 1 || k.dim(qkv, 2) % (3 * shape.heads) != 0)
       return Status::error("attention: bad num_heads (corrupt plan)");
@@ -470,13 +545,11 @@ class DeviceRun {
     shape.seed = ctx_.seed;
     shape.stream = dropoutStream(k.i64("stream"), k.str("rank_distinct_dropout"));
     const float *m = fOrNull(k.in("key_mask"));
-    int y = k.out("result");
     if (useFlash(shape, precision(), e_.options_.attention))
-      return fwd ? flashAttentionForward(f(qkv), m, f(y), lse, shape, st_)
-                 : flashAttentionBackward(f(qkv), m, f(k.in("grad")), f(y), shape, scratch_[0], st_);
-    return fwd ? attentionForward(e_.blas_, precision(), f(qkv), m, f(y), lse, shape, scratch_[0], st_)
-               : attentionBackward(e_.blas_, precision(), f(qkv), m, f(k.in("grad")), lse, f(y), shape, scratch_[0],
-                                   st_);
+      return fwd ? flashAttentionForward(x, m, y, lse, shape, st_)
+                 : flashAttentionBackward(x, m, typed(k.in("grad")), y, shape, scratch_[0], st_);
+    return fwd ? attentionForward(e_.blas_, precision(), x, m, y, lse, shape, scratch_[0], st_)
+               : attentionBackward(e_.blas_, precision(), x, m, typed(k.in("grad")), lse, y, shape, scratch_[0], st_);
   }
   // grouped_attention and grouped_attention_grad.
   Status groupedAttention(const KernelCall &k) {
@@ -487,22 +560,23 @@ class DeviceRun {
     shape.seed = ctx_.seed;
     shape.stream = dropoutStream(k.i64("stream"), k.str("rank_distinct_dropout"));
     if (k.decl.id == isa::OpId::kGroupedAttention)
-      return groupedAttentionForward(e_.blas_, precision(), f(k.in("q")), f(k.in("k")), f(k.in("v")), f(k.out("result")),
-                                     fOrNull(k.out("lse")), shape, scratch_[0], st_);
-    return groupedAttentionBackward(e_.blas_, precision(), f(k.in("q")), f(k.in("k")), f(k.in("v")), f(k.in("grad")),
-                                    f(k.in("lse")), f(k.out("grad_q")), f(k.out("grad_k")), f(k.out("grad_v")), shape,
-                                    scratch_[0], st_);
+      return groupedAttentionForward(e_.blas_, precision(), typed(k.in("q")), typed(k.in("k")), typed(k.in("v")),
+                                     typed(k.out("result")), fOrNull(k.out("lse")), shape, scratch_[0], st_);
+    return groupedAttentionBackward(e_.blas_, precision(), typed(k.in("q")), typed(k.in("k")), typed(k.in("v")),
+                                    typed(k.in("grad")), f(k.in("lse")), typed(k.out("grad_q")), wide(k.out("grad_k")),
+                                    wide(k.out("grad_v")), shape, scratch_[0], st_);
   }
   Status rmsNorm(const KernelCall &k) {
     int x = k.in("input");
     int64_t n = k.dim(x, -1);
-    rmsNormForward(f(x), f(k.in("gamma")), f(k.out("result")), k.numel(x) / n, n, float(k.f64("epsilon")), st_);
+    rmsNormForward(typed(x), typed(k.in("gamma")), typed(k.out("result")), k.numel(x) / n, n, float(k.f64("epsilon")),
+                   st_);
     return Status::ok();
   }
   Status rmsNormGrad(const KernelCall &k) {
     int x = k.in("input");
     int64_t n = k.dim(x, -1);
-    rmsNormBackward(f(x), f(k.in("gamma")), f(k.in("grad")), f(k.out("grad_input")), f(k.out("grad_gamma")),
+    rmsNormBackward(typed(x), typed(k.in("gamma")), typed(k.in("grad")), typed(k.out("grad_input")), wide(k.out("grad_gamma")),
                     k.numel(x) / n, n, float(k.f64("epsilon")), st_);
     return Status::ok();
   }
@@ -510,29 +584,31 @@ class DeviceRun {
     int x = k.in("input");
     int64_t hd = k.i64("head_dim");
     if (hd < 2 || hd % 2 || k.dim(x, 2) % hd) return Status::error("rotary: bad head_dim (corrupt plan)");
-    rotary(f(x), f(k.out("result")), k.dim(x, 0), k.dim(x, 1), k.dim(x, 2) / hd, hd, float(k.f64("theta")),
+    rotary(typed(x), typed(k.out("result")), k.dim(x, 0), k.dim(x, 1), k.dim(x, 2) / hd, hd, float(k.f64("theta")),
            k.flag("inverse"), st_);
     return Status::ok();
   }
   Status swiglu(const KernelCall &k) {
-    swigluForward(f(k.in("gate")), f(k.in("up")), f(k.out("result")), k.numel(k.in("gate")), st_);
+    swigluForward(typed(k.in("gate")), typed(k.in("up")), typed(k.out("result")), k.numel(k.in("gate")), st_);
     return Status::ok();
   }
   Status swigluGrad(const KernelCall &k) {
-    swigluBackward(f(k.in("gate")), f(k.in("up")), f(k.in("grad")), f(k.out("grad_gate")), f(k.out("grad_up")),
+    swigluBackward(typed(k.in("gate")), typed(k.in("up")), typed(k.in("grad")), typed(k.out("grad_gate")),
+                   typed(k.out("grad_up")),
                    k.numel(k.in("gate")), st_);
     return Status::ok();
   }
   Status dropout(const KernelCall &k) {
-    dropoutForward(f(k.in("input")), f(k.out("result")), k.numel(k.in("input")),
+    dropoutForward(typed(k.in("input")), typed(k.out("result")), k.numel(k.in("input")),
                    ctx_.training ? float(k.f64("rate")) : 0.0f, ctx_.seed,
                    dropoutStream(k.i64("stream"), k.str("rank_distinct")), st_);
     return Status::ok();
   }
   Status identity(const KernelCall &k) {
     int x = k.in("input");
-    return cudaStatus(
-        cudaMemcpyAsync(f(k.out("result")), f(x), k.numel(x) * sizeof(float), cudaMemcpyDeviceToDevice, st_), "copy");
+    return cudaStatus(cudaMemcpyAsync(ptr_[k.out("result")], ptr_[x], k.numel(x) * elementBytes(typeOf(x)),
+                                      cudaMemcpyDeviceToDevice, st_),
+                      "copy");
   }
   Status crossEntropy(const KernelCall &k) {  // -> loss[, lse]
     int64_t tokens = k.numel(k.in("logits")) / k.dim(k.in("logits"), -1);
@@ -552,8 +628,8 @@ class DeviceRun {
     if (k.numel(k.in("lse")) != tokens) return Status::error("cross_entropy_grad: wrong lse (corrupt plan)");
     float gradOverCount = 0;
     LOOM_RETURN_IF_ERROR(lossGradient(k, tokens, &gradOverCount));
-    crossEntropyBackward(f(logits), ints(k.in("labels")), fOrNull(k.in("loss_mask")), f(k.in("lse")), gradOverCount,
-                         f(k.out("result")), tokens, cols, shardStart(k.str("vocab_parallel_group"), cols),
+    crossEntropyBackward(typed(logits), ints(k.in("labels")), fOrNull(k.in("loss_mask")), f(k.in("lse")), gradOverCount,
+                         typed(k.out("result")), tokens, cols, shardStart(k.str("vocab_parallel_group"), cols),
                          k.i64("valid_vocab"), st_);
     return Status::ok();
   }
@@ -561,7 +637,7 @@ class DeviceRun {
     int logits = k.in("logits"), mx = k.out("max");
     int64_t cols = k.dim(logits, -1), tokens = k.numel(logits) / cols;
     if (k.numel(mx) != tokens) return Status::error("cross_entropy_max: wrong output (corrupt plan)");
-    crossEntropyLocalMax(f(logits), f(mx), tokens, cols, shardStart(k.str("vocab_parallel_group"), cols),
+    crossEntropyLocalMax(typed(logits), f(mx), tokens, cols, shardStart(k.str("vocab_parallel_group"), cols),
                          k.i64("valid_vocab"), st_);
     return Status::ok();
   }
@@ -569,7 +645,7 @@ class DeviceRun {
     int logits = k.in("logits"), sums = k.out("sums");
     int64_t cols = k.dim(logits, -1), tokens = k.numel(logits) / cols;
     if (k.numel(sums) != 2 * tokens) return Status::error("cross_entropy_sums: wrong output (corrupt plan)");
-    crossEntropyLocalSums(f(logits), ints(k.in("labels")), f(k.in("max")), f(sums), f(sums) + tokens, tokens, cols,
+    crossEntropyLocalSums(typed(logits), ints(k.in("labels")), f(k.in("max")), f(sums), f(sums) + tokens, tokens, cols,
                           shardStart(k.str("vocab_parallel_group"), cols), k.i64("valid_vocab"), st_);
     return Status::ok();
   }
@@ -586,23 +662,23 @@ class DeviceRun {
   Status layerNormGrad(const KernelCall &k) {
     int x = k.in("input");
     int64_t n = k.dim(x, -1);
-    layerNormBackward(f(x), f(k.in("gamma")), f(k.in("grad")), f(k.out("grad_input")), f(k.out("grad_gamma")),
-                      f(k.out("grad_beta")), k.numel(x) / n, n, float(k.f64("epsilon")), st_);
+    layerNormBackward(typed(x), typed(k.in("gamma")), typed(k.in("grad")), typed(k.out("grad_input")),
+                      wide(k.out("grad_gamma")), wide(k.out("grad_beta")), k.numel(x) / n, n, float(k.f64("epsilon")), st_);
     return Status::ok();
   }
   Status embeddingGrad(const KernelCall &k) {
     int y = k.out("result"), tok = k.in("tokens");
     int64_t rows = k.dim(y, 0), hidden = k.dim(y, 1);
-    embeddingBackward(ints(tok), f(k.in("grad")), f(y), k.numel(tok), hidden,
+    embeddingBackward(ints(tok), typed(k.in("grad")), wide(y), k.numel(tok), hidden,
                       shardStart(k.str("vocab_parallel_group"), rows), rows, st_);
     return Status::ok();
   }
   Status positionGrad(const KernelCall &k) {
     int g = k.in("grad"), y = k.out("result");
     int64_t first = shardStart(k.str("sequence_parallel_group"), k.dim(g, 1)), hidden = k.dim(g, 2);
-    LOOM_RETURN_IF_ERROR(
-        cudaStatus(cudaMemsetAsync(f(y), 0, k.numel(y) * sizeof(float), st_), "zero the position gradient"));
-    sumRows(f(g), f(y) + first * hidden, k.dim(g, 0), k.dim(g, 1) * hidden, st_);
+    LOOM_RETURN_IF_ERROR(cudaStatus(cudaMemsetAsync(ptr_[y], 0, k.numel(y) * elementBytes(typeOf(y)), st_),
+                                    "zero the position gradient"));
+    sumRows(typed(g), typed(y).at(first * hidden), k.dim(g, 0), k.dim(g, 1) * hidden, st_);
     return Status::ok();
   }
   Status allReduce(const KernelCall &k) {
@@ -611,39 +687,45 @@ class DeviceRun {
     NcclGroup *comm;
     LOOM_RETURN_IF_ERROR(group(k.str("group"), &comm));
     std::vector<NcclGroup::Part> parts;  // a data-parallel bucket: one grouped call, no packing
-    for (int j = 0; j < in.inputs_size(); ++j) parts.push_back({f(in.inputs(j)), f(in.outputs(j)), k.numel(in.inputs(j))});
+    for (int j = 0; j < in.inputs_size(); ++j)
+      parts.push_back({ptr_[in.inputs(j)], ptr_[in.outputs(j)], k.numel(in.inputs(j)), typeOf(in.inputs(j))});
     return comm->allReduce(parts, reduceOpOf(k.str("reduce")), st_);
   }
   Status message(const KernelCall &k) {  // send or recv
     PipelineLinks *links = e_.options_.links;
     if (!links) return Status::error("a pipeline message but the CUDA executor has no pipeline links");
     int peer = int(k.i64("peer"));
-    if (k.decl.id == isa::OpId::kSend) return links->send(peer, f(k.in("input")), k.numel(k.in("input")), st_);
-    return links->recv(peer, f(k.out("result")), k.numel(k.out("result")), st_);
+    if (k.decl.id == isa::OpId::kSend) return links->send(peer, typed(k.in("input")), k.numel(k.in("input")), st_);
+    return links->recv(peer, typed(k.out("result")), k.numel(k.out("result")), st_);
   }
   Status accumulate(const KernelCall &k) {  // gradient or loss accumulation, in place
     int y = k.out("accumulator");
-    addBroadcast(f(y), f(k.in("input")), f(y), k.numel(y), k.numel(y), st_);
+    addBroadcast(typed(y), typed(k.in("input")), typed(y), k.numel(y), k.numel(y), st_);
     return Status::ok();
   }
   Status fill(const KernelCall &k) {
-    fillValue(f(k.out("output")), k.numel(k.out("output")), float(k.f64("value")), st_);
+    fillValue(typed(k.out("output")), k.numel(k.out("output")), float(k.f64("value")), st_);
     return Status::ok();
   }
   Status scale(const KernelCall &k) {
     int x = k.in("input"), y = k.out("output");
-    if (f(y) != f(x))
-      LOOM_RETURN_IF_ERROR(
-          cudaStatus(cudaMemcpyAsync(f(y), f(x), k.numel(y) * sizeof(float), cudaMemcpyDeviceToDevice, st_), "copy"));
-    scaleInPlace(f(y), k.numel(y), float(k.f64("factor")), st_);
+    if (typeOf(x) != typeOf(y)) return Status::error("scale between types (corrupt plan)");
+    if (ptr_[y] != ptr_[x])
+      LOOM_RETURN_IF_ERROR(cudaStatus(cudaMemcpyAsync(ptr_[y], ptr_[x], k.numel(y) * elementBytes(typeOf(y)),
+                                                      cudaMemcpyDeviceToDevice, st_),
+                                      "copy"));
+    scaleInPlace(typed(y), k.numel(y), float(k.f64("factor")), st_);
     return Status::ok();
   }
-  // fp32 -> fp32 only: the executor refuses 16-bit buffers at prepare (issue 34 item 3).
+  // Between any two of fp32, bf16 and fp16 (the optimizer's fp32 masters into the 16-bit
+  // weights a 16-bit plan computes with): rounded to nearest even, or widened exactly.
   Status cast(const KernelCall &k) {
     int x = k.in("input"), y = k.out("output");
-    if (f(y) != f(x))
-      LOOM_RETURN_IF_ERROR(
-          cudaStatus(cudaMemcpyAsync(f(y), f(x), k.numel(y) * sizeof(float), cudaMemcpyDeviceToDevice, st_), "copy"));
+    if (typeOf(x) != typeOf(y)) return convertElements(typed(x), typed(y), k.numel(y), st_), Status::ok();
+    if (ptr_[y] != ptr_[x])
+      LOOM_RETURN_IF_ERROR(cudaStatus(cudaMemcpyAsync(ptr_[y], ptr_[x], k.numel(y) * elementBytes(typeOf(y)),
+                                                      cudaMemcpyDeviceToDevice, st_),
+                                      "copy"));
     return Status::ok();
   }
   Status gradNorm(const KernelCall &k) {
@@ -724,6 +806,14 @@ class DeviceRun {
   char *scratch_[4] = {};
   std::vector<void *> ptr_;
   std::vector<bool> parameter_;
+  Precision precision_;
+  size_t computeScratchBytes_;
+  // The current instruction's fp32 outputs in scratch (wide()) and an fp32 read of a 16-bit
+  // buffer (f()).
+  char *wideBase_ = nullptr;
+  size_t wideUsed_ = 0;
+  std::vector<std::pair<int, float *>> pendingWide_;
+  std::string typeError_;
 };
 
 const KernelRegistry<DeviceRun> &cudaKernels() {
@@ -754,6 +844,7 @@ Status CudaExecutor::create(const CudaExecutorOptions &options, std::unique_ptr<
   }
   LOOM_RETURN_IF_ERROR(blasStatus(cublasCreate(&e->blas_), "create"));
   if (options.precision != Precision::kFp32) LOOM_RETURN_IF_ERROR(LtLinear::create(kLtWorkspaceBytes, &e->lt_));
+  // (a 16-bit plan's GEMMs need cuBLASLt whatever --precision said: reserveFor makes it then)
   *out = std::move(e);
   return Status::ok();
 }
@@ -802,6 +893,8 @@ Status CudaExecutor::reserve(void **buffer, size_t *capacity, size_t bytes) {
 Status CudaExecutor::reserveFor(const plan::Program &program) {
   size_t workspace = aligned(size_t(program.workspace_bytes()));
   ScratchPlan scratch = scratchFor(program, options_.precision, options_.attention);
+  if (!lt_ && programPrecision(program, options_.precision) != Precision::kFp32)
+    LOOM_RETURN_IF_ERROR(LtLinear::create(kLtWorkspaceBytes, &lt_));
   LOOM_RETURN_IF_ERROR(reserve(&arena_, &arenaBytes_, workspace + 256));
   LOOM_RETURN_IF_ERROR(reserve(&scratch_, &scratchBytes_, scratch.total() + 256));
   while (events_.size() < size_t(program.instructions_size())) {
@@ -813,7 +906,7 @@ Status CudaExecutor::reserveFor(const plan::Program &program) {
     if (in.op() == "bias_grad") {
       const plan::Buffer &g = program.buffers(in.inputs(0));
       size_t rows = size_t(planattr::numel(g) / std::max<int64_t>(1, planattr::dim(g, -1)));
-      LOOM_RETURN_IF_ERROR(reserve(&ones_, &onesBytes_, rows * sizeof(float)));
+      LOOM_RETURN_IF_ERROR(reserve(&ones_, &onesBytes_, rows * size_t(planattr::elementBytes(g.dtype()))));
     }
   return Status::ok();
 }
@@ -850,10 +943,6 @@ Status CudaExecutor::runOnDevice(const plan::Program &program, const std::vector
   DeviceRun run(*this, program, ctx, static_cast<char *>(scratch_), scratch);
   for (const plan::Buffer &b : program.buffers())
     if (b.kind() == plan::Buffer::ACTIVATION) {
-      if (b.dtype() != plan::F32 && b.dtype() != plan::I32)
-        return Status::error(program.name() + ": the CUDA executor runs fp32 plans (bf16/fp16 come from its precision "
-                             "setting, as autocast); buffer " + std::to_string(b.id()) + " is " +
-                             plan::DType_Name(b.dtype()));
       if (b.offset() < 0 || size_t(b.offset() + b.bytes()) > workspace)
         return Status::error(program.name() + ": buffer outside the workspace (corrupt plan)");
       run.bind(b.id(), base + b.offset());
@@ -873,30 +962,57 @@ Status CudaExecutor::run(const plan::Program &program, const std::vector<const H
     return Status::error(program.name() + ": expected " + std::to_string(program.arguments_size()) + " arguments, got " +
                          std::to_string(args.size()));
   parametersChanged();  // the uploads below reuse the same addresses with new values
-  // Arguments: checked as the CPU executor checks them, then copied up back to back.
-  size_t argumentBytes = 0;
+  // Arguments: checked as the CPU executor checks them, then copied up back to back (host
+  // tensors are fp32 or int32: a 16-bit argument is uploaded in fp32 and rounded beside it).
+  // 16-bit results are widened into fp32 staging before they come down.
+  auto bytesOf = [&](const plan::Buffer &b, int64_t elementBytes) { return aligned(size_t(planattr::numel(b) * elementBytes)); };
+  size_t argumentBytes = 0, resultBytes = 0;
   for (int i = 0; i < program.arguments_size(); ++i) {
-    LOOM_RETURN_IF_ERROR(checkArgument(program, i, *args[i]));
-    argumentBytes += aligned(size_t(planattr::numel(program.buffers(program.arguments(i).buffer()))) * 4);
+    const plan::Buffer &b = program.buffers(program.arguments(i).buffer());
+    if (planattr::elementBytes(b.dtype()) == 2) {  // an fp32 host tensor, rounded on the device
+      ArgumentView wide = ArgumentView::of(*args[i]);
+      if (args[i]->isInt || wide.count != planattr::numel(b))
+        return Status::error(program.name() + ": argument '" + program.arguments(i).name() + "' (" +
+                             plan::DType_Name(b.dtype()) + ") needs " + std::to_string(planattr::numel(b)) +
+                             " floats");
+    } else {
+      LOOM_RETURN_IF_ERROR(checkArgument(program, i, *args[i]));
+    }
+    argumentBytes += bytesOf(b, 4) + (planattr::elementBytes(b.dtype()) == 2 ? bytesOf(b, 2) : 0);
   }
-  LOOM_RETURN_IF_ERROR(reserve(&arguments_, &argumentBytes_, argumentBytes + 256));
+  for (const plan::Binding &r : program.results()) resultBytes += bytesOf(program.buffers(r.buffer()), 4);
+  LOOM_RETURN_IF_ERROR(reserve(&arguments_, &argumentBytes_, argumentBytes + resultBytes + 256));
   std::vector<const void *> device;
   char *at = static_cast<char *>(arguments_);
   for (int i = 0; i < program.arguments_size(); ++i) {
     const void *host = args[i]->isInt ? static_cast<const void *>(args[i]->ints.data())
                                       : static_cast<const void *>(args[i]->data.data());
-    size_t bytes = size_t(planattr::numel(program.buffers(program.arguments(i).buffer()))) * 4;
+    const plan::Buffer &b = program.buffers(program.arguments(i).buffer());
+    size_t bytes = size_t(planattr::numel(b)) * 4;
     LOOM_RETURN_IF_ERROR(
         cudaStatus(cudaMemcpyAsync(at, host, bytes, cudaMemcpyHostToDevice, streams_[0]), "argument copy"));
     device.push_back(at);
     at += aligned(bytes);
+    if (planattr::elementBytes(b.dtype()) == 2) {
+      convertElements(static_cast<const float *>(device.back()), Out(at, elementTypeOf(b.dtype())), planattr::numel(b),
+                      streams_[0]);
+      device.back() = at;
+      at += bytesOf(b, 2);
+    }
   }
+  std::vector<char *> staging;
+  for (const plan::Binding &r : program.results()) staging.push_back(at), at += bytesOf(program.buffers(r.buffer()), 4);
   results.assign(program.results_size(), HostTensor{});
-  auto copyDown = [&](int i, const float *data, int64_t count, cudaStream_t s) {
+  auto copyDown = [&](int i, In data, int64_t count, cudaStream_t s) {
     const plan::Buffer &b = program.buffers(program.results(i).buffer());
     results[i].shape.assign(b.shape().begin(), b.shape().end());
     results[i].data.resize(size_t(count));
-    return cudaStatus(cudaMemcpyAsync(results[i].data.data(), data, size_t(count) * sizeof(float),
+    const void *wide = data.data;
+    if (data.type != ElementType::kF32) {
+      convertElements(data, reinterpret_cast<float *>(staging[size_t(i)]), count, s);
+      wide = staging[size_t(i)];
+    }
+    return cudaStatus(cudaMemcpyAsync(results[i].data.data(), wide, size_t(count) * sizeof(float),
                                       cudaMemcpyDeviceToHost, s),
                       "result copy");
   };

@@ -3,11 +3,15 @@
 // one device arena at the compiler's memory-plan offsets (grown on the first run of the
 // largest program, then reused: the step loop allocates nothing).
 //
-// Numerics: fp32 plans. Precision::kFp32 computes in fp32 throughout (cuBLAS SGEMM); kBf16 and
-// kFp16 round the GEMM operands to 16 bits with fp32 accumulation and fp32 outputs (linear and
-// weight_grad through cuBLASLt, with the bias in the epilogue; attention's batched GEMMs), as
-// torch.autocast does. Parameters' 16-bit copies are made once per optimizer step
-// (parametersChanged()). Every other op runs our fp32 kernels.
+// Numerics. An fp32 plan: Precision::kFp32 computes in fp32 throughout (cuBLAS SGEMM); kBf16
+// and kFp16 round the GEMM operands to 16 bits with fp32 accumulation and fp32 outputs (linear
+// and weight_grad through cuBLASLt, with the bias in the epilogue; attention's batched GEMMs),
+// as torch.autocast does. Parameters' 16-bit copies are made once per optimizer step
+// (parametersChanged()). A 16-bit plan (issue 34, Megatron's mixed precision): its buffers are
+// bf16 or fp16 in memory as the plan says, its GEMMs read them in place (16-bit outputs, fp32
+// accumulation), every other kernel reads and writes the 16-bit storage with fp32 arithmetic
+// and rounds each result once (runtime/cuda/DeviceArray.h), and its collectives and pipeline
+// messages move 16-bit elements; fp32 master weights, main gradients and AdamW stay fp32.
 //
 // Communication: tensor- and data-parallel collectives (all_reduce, all_gather, reduce_scatter,
 // vocab-parallel cross-entropy) through NCCL on the instruction's stream, with communicators
@@ -33,6 +37,7 @@
 #include "runtime/Executor.h"
 #include "support/Status.h"
 #include "runtime/Tensor.h"
+#include "runtime/cuda/DeviceArray.h"
 #include "runtime/cuda/HalfPrecision.h"
 
 namespace loom::cuda {
@@ -73,7 +78,8 @@ class CudaExecutor {
   // after the producer, while the rest of the program goes on; results no instruction
   // produces come at the end on the compute stream. The call returns without waiting for the
   // device; the program's streams have all joined the compute stream when it returns.
-  using DeviceResultConsumer = std::function<Status(int index, const float *data, int64_t count, cudaStream_t s)>;
+  // `data` is typed: a 16-bit plan's 16-bit results come as they are (DeviceArray.h).
+  using DeviceResultConsumer = std::function<Status(int index, In data, int64_t count, cudaStream_t s)>;
   Status runOnDevice(const plan::Program &program, const std::vector<const void *> &args,
                      const DeviceResultConsumer &consume, const ExecutionContext &ctx);
 
@@ -108,6 +114,7 @@ class CudaExecutor {
   cudaEvent_t streamEnd_[4] = {};
   void *arena_ = nullptr, *arguments_ = nullptr, *scratch_ = nullptr, *ones_ = nullptr;
   size_t arenaBytes_ = 0, argumentBytes_ = 0, scratchBytes_ = 0, onesBytes_ = 0, onesFilled_ = 0;
+  ElementType onesType_ = ElementType::kF32;  // bias gradients' ones: of the gradient's type
   struct HalfCopy {
     void *data = nullptr;
     int64_t count = 0;  // the parameter bound at this address may change (host runs): resized then

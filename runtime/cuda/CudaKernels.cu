@@ -1,5 +1,7 @@
 // The math of each kernel is that of runtime/cpu/Kernels.cpp (see there); here: one thread
-// per element for elementwise ops, one block per row for row reductions.
+// per element for elementwise ops, one block per row for row reductions. Typed operands
+// (DeviceArray.h) are read with load() and written with store() (DeviceMath.cuh): fp32
+// arithmetic on any storage, each result rounded once.
 #include "runtime/cuda/CudaKernels.h"
 
 #include <algorithm>
@@ -11,58 +13,68 @@ namespace loom::cuda {
 namespace {
 
 
-// A row's mean and 1 / sqrt(variance + eps), by the whole block.
-__device__ void rowMoments(const float *xr, int64_t n, float eps, float *shared, float *mean, float *rstd) {
+// A row's mean and 1 / sqrt(variance + eps), by the whole block; the row's elements are x at
+// `row` onwards.
+__device__ void rowMoments(In x, int64_t row, int64_t n, float eps, float *shared, float *mean, float *rstd) {
   float s = 0;
-  for (int64_t i = threadIdx.x; i < n; i += kThreads) s += xr[i];
+  for (int64_t i = threadIdx.x; i < n; i += kThreads) s += load(x, row + i);
   float m = blockSum(s, shared) / n;
   float v = 0;
-  for (int64_t i = threadIdx.x; i < n; i += kThreads) v += (xr[i] - m) * (xr[i] - m);
+  for (int64_t i = threadIdx.x; i < n; i += kThreads) {
+    float d = load(x, row + i) - m;
+    v += d * d;
+  }
   *mean = m;
   *rstd = rsqrtf(blockSum(v, shared) / n + eps);
 }
 
-__global__ void layerNormForwardKernel(const float *x, const float *gamma, const float *beta, float *y, int64_t n,
-                                       float eps) {
+// Typed operands are read into fp32 locals before the arithmetic that uses them, and results
+// are stored after it: the fp32 expressions (and how they fuse into FMAs) are those of an fp32
+// plan, whatever the storage.
+__global__ void layerNormForwardKernel(In x, In gamma, In beta, Out y, int64_t n, float eps) {
   __shared__ float shared[kThreads];
-  const float *xr = x + blockIdx.x * n;
+  int64_t row = blockIdx.x * n;
   float mean, rstd;
-  rowMoments(xr, n, eps, shared, &mean, &rstd);
-  for (int64_t i = threadIdx.x; i < n; i += kThreads) y[blockIdx.x * n + i] = (xr[i] - mean) * rstd * gamma[i] + beta[i];
+  rowMoments(x, row, n, eps, shared, &mean, &rstd);
+  for (int64_t i = threadIdx.x; i < n; i += kThreads) {
+    float xi = load(x, row + i), gi = load(gamma, i), bi = load(beta, i);
+    store(y, row + i, (xi - mean) * rstd * gi + bi);
+  }
 }
 
 // Each block takes a run of rows; with `partials` (2n floats of shared memory) it sums its
 // rows' dgamma and dbeta per column there and adds them to the output once, instead of one
 // atomic per element (thousands of rows would otherwise contend for the same n addresses).
 // Column i is always thread i % kThreads's, so the shared sums need no atomics.
-__global__ void layerNormBackwardKernel(const float *x, const float *gamma, const float *g, float *dx, float *dgamma,
-                                        float *dbeta, int64_t rows, int64_t rowsPerBlock, int64_t n, float eps,
-                                        bool partials) {
+__global__ void layerNormBackwardKernel(In x, In gamma, In g, Out dx, float *dgamma, float *dbeta, int64_t rows,
+                                        int64_t rowsPerBlock, int64_t n, float eps, bool partials) {
   __shared__ float shared[kThreads];
   extern __shared__ float partial[];  // [2n] when `partials`
   if (partials)
     for (int64_t i = threadIdx.x; i < 2 * n; i += kThreads) partial[i] = 0.0f;
   int64_t first = blockIdx.x * rowsPerBlock, last = min(rows, first + rowsPerBlock);
   for (int64_t row = first; row < last; ++row) {  // the same trip count for every thread
-    const float *xr = x + row * n, *gr = g + row * n;
+    int64_t base = row * n;
     float mean, rstd;
-    rowMoments(xr, n, eps, shared, &mean, &rstd);
+    rowMoments(x, base, n, eps, shared, &mean, &rstd);
     float a = 0, b = 0;
     for (int64_t i = threadIdx.x; i < n; i += kThreads) {
-      float xhat = (xr[i] - mean) * rstd, dy = gr[i] * gamma[i];
+      float xi = load(x, base + i), gr = load(g, base + i), gm = load(gamma, i);
+      float xhat = (xi - mean) * rstd, dy = gr * gm;
       a += dy, b += dy * xhat;
       if (partials) {
-        partial[i] += gr[i] * xhat;
-        partial[n + i] += gr[i];
+        partial[i] += gr * xhat;
+        partial[n + i] += gr;
       } else {
-        atomicAdd(&dgamma[i], gr[i] * xhat);
-        atomicAdd(&dbeta[i], gr[i]);
+        atomicAdd(&dgamma[i], gr * xhat);
+        atomicAdd(&dbeta[i], gr);
       }
     }
     float meanDy = blockSum(a, shared) / n, meanDyXhat = blockSum(b, shared) / n;
     for (int64_t i = threadIdx.x; i < n; i += kThreads) {
-      float xhat = (xr[i] - mean) * rstd;
-      dx[row * n + i] = rstd * (gr[i] * gamma[i] - meanDy - xhat * meanDyXhat);
+      float xi = load(x, base + i), gr = load(g, base + i), gm = load(gamma, i);
+      float xhat = (xi - mean) * rstd;
+      store(dx, base + i, rstd * (gr * gm - meanDy - xhat * meanDyXhat));
     }
   }
   if (partials)
@@ -74,128 +86,148 @@ __global__ void layerNormBackwardKernel(const float *x, const float *gamma, cons
 
 // RMS norm: one block per row; the backward as layer norm's, runs of rows per block summing
 // dgamma in shared memory when it fits.
-__global__ void rmsNormForwardKernel(const float *x, const float *gamma, float *y, int64_t n, float eps) {
+__global__ void rmsNormForwardKernel(In x, In gamma, Out y, int64_t n, float eps) {
   __shared__ float shared[kThreads];
-  const float *xr = x + blockIdx.x * n;
+  int64_t row = blockIdx.x * n;
   float ss = 0;
-  for (int64_t i = threadIdx.x; i < n; i += kThreads) ss += xr[i] * xr[i];
+  for (int64_t i = threadIdx.x; i < n; i += kThreads) {
+    float xi = load(x, row + i);
+    ss += xi * xi;
+  }
   float rstd = rsqrtf(blockSum(ss, shared) / n + eps);
-  for (int64_t i = threadIdx.x; i < n; i += kThreads) y[blockIdx.x * n + i] = xr[i] * rstd * gamma[i];
+  for (int64_t i = threadIdx.x; i < n; i += kThreads) {
+    float xi = load(x, row + i), gm = load(gamma, i);
+    store(y, row + i, xi * rstd * gm);
+  }
 }
 
-__global__ void rmsNormBackwardKernel(const float *x, const float *gamma, const float *g, float *dx, float *dgamma,
-                                      int64_t rows, int64_t rowsPerBlock, int64_t n, float eps, bool partials) {
+__global__ void rmsNormBackwardKernel(In x, In gamma, In g, Out dx, float *dgamma, int64_t rows, int64_t rowsPerBlock,
+                                      int64_t n, float eps, bool partials) {
   __shared__ float shared[kThreads];
   extern __shared__ float partial[];  // [n] when `partials`
   if (partials)
     for (int64_t i = threadIdx.x; i < n; i += kThreads) partial[i] = 0.0f;
   int64_t first = blockIdx.x * rowsPerBlock, last = min(rows, first + rowsPerBlock);
   for (int64_t row = first; row < last; ++row) {
-    const float *xr = x + row * n, *gr = g + row * n;
+    int64_t base = row * n;
     float ss = 0;
-    for (int64_t i = threadIdx.x; i < n; i += kThreads) ss += xr[i] * xr[i];
+    for (int64_t i = threadIdx.x; i < n; i += kThreads) {
+      float xi = load(x, base + i);
+      ss += xi * xi;
+    }
     float rstd = rsqrtf(blockSum(ss, shared) / n + eps);
     float dot = 0;
     for (int64_t i = threadIdx.x; i < n; i += kThreads) {
-      float xhat = xr[i] * rstd;
-      dot += gr[i] * gamma[i] * xhat;
+      float xi = load(x, base + i), gr = load(g, base + i), gm = load(gamma, i);
+      float xhat = xi * rstd;
+      dot += gr * gm * xhat;
       if (partials)
-        partial[i] += gr[i] * xhat;
+        partial[i] += gr * xhat;
       else
-        atomicAdd(&dgamma[i], gr[i] * xhat);
+        atomicAdd(&dgamma[i], gr * xhat);
     }
     float mean = blockSum(dot, shared) / n;
-    for (int64_t i = threadIdx.x; i < n; i += kThreads)
-      dx[row * n + i] = rstd * (gr[i] * gamma[i] - xr[i] * rstd * mean);
+    for (int64_t i = threadIdx.x; i < n; i += kThreads) {
+      float xi = load(x, base + i), gr = load(g, base + i), gm = load(gamma, i);
+      store(dx, base + i, rstd * (gr * gm - xi * rstd * mean));
+    }
   }
   if (partials)
     for (int64_t i = threadIdx.x; i < n; i += kThreads) atomicAdd(&dgamma[i], partial[i]);
 }
 
 // One thread per (token, head, pair j < hd/2): rotates (x[j], x[j + hd/2]) by s * theta^(-2j/hd).
-__global__ void rotaryKernel(const float *x, float *y, int64_t tokens, int64_t seq, int64_t heads, int64_t headDim,
-                             float theta, bool inverse) {
+__global__ void rotaryKernel(In x, Out y, int64_t tokens, int64_t seq, int64_t heads, int64_t headDim, float theta,
+                             bool inverse) {
   int64_t half = headDim / 2, i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
   if (i >= tokens * heads * half) return;
   int64_t j = i % half, h = (i / half) % heads, t = i / (half * heads), s = t % seq;
   double angle = double(s) * pow(double(theta), -2.0 * double(j) / double(headDim));
   float c = float(cos(angle)), sn = float(inverse ? -sin(angle) : sin(angle));
-  const float *xr = x + t * heads * headDim + h * headDim;
-  float *yr = y + t * heads * headDim + h * headDim;
-  float x1 = xr[j], x2 = xr[j + half];
-  yr[j] = x1 * c - x2 * sn;
-  yr[j + half] = x2 * c + x1 * sn;
+  int64_t row = t * heads * headDim + h * headDim;  // x and y may be the same: both read first
+  float x1 = load(x, row + j), x2 = load(x, row + j + half);
+  // x1 c - x2 sn and x2 c + x1 sn with the FMAs nvcc formed from them when x was fp32 only:
+  // written out, the fp32 bits do not depend on how the compiler orders the typed loads.
+  float y1 = fmaf(x1, c, -(x2 * sn)), y2 = fmaf(x2, c, x1 * sn);
+  store(y, row + j, y1);
+  store(y, row + j + half, y2);
 }
 
-__global__ void swigluForwardKernel(const float *gate, const float *up, float *y, int64_t count) {
+__global__ void swigluForwardKernel(In gate, In up, Out y, int64_t count) {
   int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
   if (i >= count) return;
-  float sig = 1.0f / (1.0f + expf(-gate[i]));
-  y[i] = gate[i] * sig * up[i];
+  float x = load(gate, i), u = load(up, i);
+  float sig = 1.0f / (1.0f + expf(-x));
+  store(y, i, x * sig * u);
 }
 
-__global__ void swigluBackwardKernel(const float *gate, const float *up, const float *g, float *dgate, float *dup,
-                                     int64_t count) {
+__global__ void swigluBackwardKernel(In gate, In up, In g, Out dgate, Out dup, int64_t count) {
   int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
   if (i >= count) return;
-  float x = gate[i], sig = 1.0f / (1.0f + expf(-x));
-  dup[i] = g[i] * x * sig;
-  dgate[i] = g[i] * up[i] * sig * (1.0f + x * (1.0f - sig));
+  float x = load(gate, i), u = load(up, i), gi = load(g, i);
+  float sig = 1.0f / (1.0f + expf(-x));
+  float du = gi * x * sig, dg = gi * u * sig * (1.0f + x * (1.0f - sig));
+  store(dup, i, du);
+  store(dgate, i, dg);
 }
 
 constexpr float kGeluC = 0.7978845608028654f;
 
-__global__ void addBroadcastKernel(const float *x, const float *v, float *y, int64_t count, int64_t period) {
+__global__ void addBroadcastKernel(In x, In v, Out y, int64_t count, int64_t period) {
   int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
-  if (i < count) y[i] = x[i] + v[i % period];
+  if (i >= count) return;
+  float xi = load(x, i), vi = load(v, i % period);
+  store(y, i, xi + vi);
 }
 
 // One thread per column: neighbouring threads read neighbouring addresses of each row.
-__global__ void sumRowsKernel(const float *g, float *out, int64_t m, int64_t n) {
+__global__ void sumRowsKernel(In g, Out out, int64_t m, int64_t n) {
   int64_t c = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
   if (c >= n) return;
   float acc = 0;
-  for (int64_t r = 0; r < m; ++r) acc += g[r * n + c];
-  out[c] = acc;
+  for (int64_t r = 0; r < m; ++r) acc += load(g, r * n + c);
+  store(out, c, acc);
 }
 
-__global__ void geluForwardKernel(const float *x, float *y, int64_t count) {
+__global__ void geluForwardKernel(In x, Out y, int64_t count) {
   int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
   if (i >= count) return;
-  float v = x[i];
-  y[i] = 0.5f * v * (1.0f + tanhf(kGeluC * (v + 0.044715f * v * v * v)));
+  float v = load(x, i);
+  store(y, i, 0.5f * v * (1.0f + tanhf(kGeluC * (v + 0.044715f * v * v * v))));
 }
 
-__global__ void geluBackwardKernel(const float *x, const float *g, float *dx, int64_t count) {
+__global__ void geluBackwardKernel(In x, In g, Out dx, int64_t count) {
   int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
   if (i >= count) return;
-  float v = x[i], t = tanhf(kGeluC * (v + 0.044715f * v * v * v));
-  dx[i] = g[i] * (0.5f * (1.0f + t) + 0.5f * v * (1.0f - t * t) * kGeluC * (1.0f + 3 * 0.044715f * v * v));
+  float v = load(x, i), gi = load(g, i);
+  float t = tanhf(kGeluC * (v + 0.044715f * v * v * v));
+  store(dx, i, gi * (0.5f * (1.0f + t) + 0.5f * v * (1.0f - t * t) * kGeluC * (1.0f + 3 * 0.044715f * v * v)));
 }
 
-__global__ void dropoutKernel(const float *x, float *y, int64_t count, float rate, uint64_t seed, uint64_t stream) {
+__global__ void dropoutKernel(In x, Out y, int64_t count, float rate, uint64_t seed, uint64_t stream) {
   int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
   if (i >= count) return;
-  y[i] = philoxUniform(seed, stream, uint64_t(i)) >= rate ? x[i] / (1.0f - rate) : 0.0f;
+  store(y, i, philoxUniform(seed, stream, uint64_t(i)) >= rate ? load(x, i) / (1.0f - rate) : 0.0f);
 }
 
-__global__ void embeddingForwardKernel(const int32_t *tokens, const float *word, const float *position, float *out,
-                                       int64_t seq, int64_t hidden, int64_t rowStart, int64_t rows) {
+__global__ void embeddingForwardKernel(const int32_t *tokens, In word, In position, Out out, int64_t seq,
+                                       int64_t hidden, int64_t rowStart, int64_t rows) {
   int64_t t = blockIdx.x;
   int64_t row = int64_t(tokens[t]) - rowStart;
   for (int64_t i = threadIdx.x; i < hidden; i += blockDim.x) {
-    float v = row >= 0 && row < rows ? word[row * hidden + i] : 0.0f;
-    if (position) v += position[(t % seq) * hidden + i];
-    out[t * hidden + i] = v;
+    float v = row >= 0 && row < rows ? load(word, row * hidden + i) : 0.0f;
+    if (position.data) v += load(position, (t % seq) * hidden + i);
+    store(out, t * hidden + i, v);
   }
 }
 
-__global__ void embeddingBackwardKernel(const int32_t *tokens, const float *g, float *dword, int64_t hidden,
-                                        int64_t rowStart, int64_t rows) {
+__global__ void embeddingBackwardKernel(const int32_t *tokens, In g, float *dword, int64_t hidden, int64_t rowStart,
+                                        int64_t rows) {
   int64_t t = blockIdx.x;
   int64_t row = int64_t(tokens[t]) - rowStart;
   if (row < 0 || row >= rows) return;
-  for (int64_t i = threadIdx.x; i < hidden; i += blockDim.x) atomicAdd(&dword[row * hidden + i], g[t * hidden + i]);
+  for (int64_t i = threadIdx.x; i < hidden; i += blockDim.x)
+    atomicAdd(&dword[row * hidden + i], load(g, t * hidden + i));
 }
 
 __device__ int64_t validColumns(int64_t validVocab, int64_t colStart, int64_t cols) {
@@ -203,42 +235,41 @@ __device__ int64_t validColumns(int64_t validVocab, int64_t colStart, int64_t co
   return v < 0 ? 0 : (v > cols ? cols : v);
 }
 
-__global__ void crossEntropyMaxKernel(const float *logits, float *rowMax, int64_t cols, int64_t colStart,
-                                      int64_t validVocab) {
+__global__ void crossEntropyMaxKernel(In logits, float *rowMax, int64_t cols, int64_t colStart, int64_t validVocab) {
   __shared__ float shared[kThreads];
   int64_t valid = validColumns(validVocab, colStart, cols);
-  const float *row = logits + blockIdx.x * cols;
+  int64_t row = blockIdx.x * cols;
   float m = -INFINITY;
-  for (int64_t j = threadIdx.x; j < valid; j += kThreads) m = fmaxf(m, row[j]);
+  for (int64_t j = threadIdx.x; j < valid; j += kThreads) m = fmaxf(m, load(logits, row + j));
   m = blockMax(m, shared);
   if (threadIdx.x == 0) rowMax[blockIdx.x] = m;
 }
 
-__global__ void crossEntropySumsKernel(const float *logits, const int32_t *labels, const float *rowMax, float *sumExp,
+__global__ void crossEntropySumsKernel(In logits, const int32_t *labels, const float *rowMax, float *sumExp,
                                        float *target, int64_t cols, int64_t colStart, int64_t validVocab) {
   __shared__ float shared[kThreads];
   int64_t valid = validColumns(validVocab, colStart, cols);
-  const float *row = logits + blockIdx.x * cols;
+  int64_t row = blockIdx.x * cols;
   float s = 0;
-  for (int64_t j = threadIdx.x; j < valid; j += kThreads) s += expf(row[j] - rowMax[blockIdx.x]);
+  for (int64_t j = threadIdx.x; j < valid; j += kThreads) s += expf(load(logits, row + j) - rowMax[blockIdx.x]);
   s = blockSum(s, shared);
   if (threadIdx.x == 0) {
     sumExp[blockIdx.x] = s;
     int64_t col = int64_t(labels[blockIdx.x]) - colStart;
-    target[blockIdx.x] = col >= 0 && col < valid ? row[col] : 0.0f;
+    target[blockIdx.x] = col >= 0 && col < valid ? load(logits, row + col) : 0.0f;
   }
 }
 
-__global__ void crossEntropyBackwardKernel(const float *logits, const int32_t *labels, const float *mask,
-                                           const float *lse, float gradOverCount, float *dlogits, int64_t cols,
-                                           int64_t colStart, int64_t validVocab) {
+__global__ void crossEntropyBackwardKernel(In logits, const int32_t *labels, const float *mask, const float *lse,
+                                           float gradOverCount, Out dlogits, int64_t cols, int64_t colStart,
+                                           int64_t validVocab) {
   int64_t valid = validColumns(validVocab, colStart, cols), t = blockIdx.x;
   float w = gradOverCount * (mask ? mask[t] : 1.0f);
   int64_t label = int64_t(labels[t]) - colStart;
   for (int64_t j = threadIdx.x; j < cols; j += blockDim.x) {
-    float d = j < valid ? w * expf(logits[t * cols + j] - lse[t]) : 0.0f;
+    float d = j < valid ? w * expf(load(logits, t * cols + j) - lse[t]) : 0.0f;
     if (j == label && j < valid) d -= w;
-    dlogits[t * cols + j] = d;
+    store(dlogits, t * cols + j, d);
   }
 }
 
@@ -264,26 +295,31 @@ __global__ void squaresKernel(const float *x, int64_t n, double *out, const floa
   if (threadIdx.x == 0) atomicAdd(out, double(acc));
 }
 
-__global__ void fillKernel(float *x, int64_t n, float value) {
+__global__ void fillKernel(Out x, int64_t n, float value) {
   int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
-  if (i < n) x[i] = value;
+  if (i < n) store(x, i, value);
 }
 
-__global__ void scaleKernel(float *x, int64_t n, float factor) {
+// x: the same elements as y, read (scaleInPlace).
+__global__ void scaleKernel(In x, Out y, int64_t n, float factor) {
   int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
-  if (i < n) x[i] *= factor;
+  if (i < n) store(y, i, load(x, i) * factor);
+}
+
+__global__ void convertKernel(In x, Out y, int64_t count) {
+  int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
+  if (i < count) store(y, i, load(x, i));
 }
 
 }  // namespace
 
-void layerNormForward(const float *x, const float *gamma, const float *beta, float *y, int64_t rows, int64_t n,
-                      float eps, cudaStream_t s) {
+void layerNormForward(In x, In gamma, In beta, Out y, int64_t rows, int64_t n, float eps, cudaStream_t s) {
   if (rows <= 0) return;  // an empty grid is a launch error
   layerNormForwardKernel<<<int(rows), kThreads, 0, s>>>(x, gamma, beta, y, n, eps);
 }
 
-void layerNormBackward(const float *x, const float *gamma, const float *g, float *dx, float *dgamma, float *dbeta,
-                       int64_t rows, int64_t n, float eps, cudaStream_t s) {
+void layerNormBackward(In x, In gamma, In g, Out dx, float *dgamma, float *dbeta, int64_t rows, int64_t n, float eps,
+                       cudaStream_t s) {
   cudaMemsetAsync(dgamma, 0, n * sizeof(float), s);
   cudaMemsetAsync(dbeta, 0, n * sizeof(float), s);
   if (rows <= 0) return;  // an empty grid is a launch error
@@ -295,91 +331,86 @@ void layerNormBackward(const float *x, const float *gamma, const float *g, float
                                                                                   perBlock, n, eps, partials);
 }
 
-void rmsNormForward(const float *x, const float *gamma, float *y, int64_t rows, int64_t n, float eps, cudaStream_t s) {
+void rmsNormForward(In x, In gamma, Out y, int64_t rows, int64_t n, float eps, cudaStream_t s) {
   if (rows <= 0) return;  // an empty grid is a launch error
   rmsNormForwardKernel<<<int(rows), kThreads, 0, s>>>(x, gamma, y, n, eps);
 }
 
-void rmsNormBackward(const float *x, const float *gamma, const float *g, float *dx, float *dgamma, int64_t rows,
-                     int64_t n, float eps, cudaStream_t s) {
+void rmsNormBackward(In x, In gamma, In g, Out dx, float *dgamma, int64_t rows, int64_t n, float eps, cudaStream_t s) {
   cudaMemsetAsync(dgamma, 0, n * sizeof(float), s);
   if (rows <= 0) return;
   int64_t grid = std::min<int64_t>(rows, 1024), perBlock = (rows + grid - 1) / grid;
   grid = (rows + perBlock - 1) / perBlock;
   size_t partialBytes = size_t(n) * sizeof(float);
   bool partials = partialBytes <= 40 * 1024;
-  rmsNormBackwardKernel<<<int(grid), kThreads, partials ? partialBytes : 0, s>>>(x, gamma, g, dx, dgamma, rows, perBlock,
-                                                                                n, eps, partials);
+  rmsNormBackwardKernel<<<int(grid), kThreads, partials ? partialBytes : 0, s>>>(x, gamma, g, dx, dgamma, rows,
+                                                                                perBlock, n, eps, partials);
 }
 
-void rotary(const float *x, float *y, int64_t batch, int64_t seq, int64_t heads, int64_t headDim, float theta,
-            bool inverse, cudaStream_t s) {
+void rotary(In x, Out y, int64_t batch, int64_t seq, int64_t heads, int64_t headDim, float theta, bool inverse,
+            cudaStream_t s) {
   int64_t count = batch * seq * heads * (headDim / 2);
   rotaryKernel<<<blocks(count), kThreads, 0, s>>>(x, y, batch * seq, seq, heads, headDim, theta, inverse);
 }
 
-void swigluForward(const float *gate, const float *up, float *y, int64_t count, cudaStream_t s) {
+void swigluForward(In gate, In up, Out y, int64_t count, cudaStream_t s) {
   swigluForwardKernel<<<blocks(count), kThreads, 0, s>>>(gate, up, y, count);
 }
 
-void swigluBackward(const float *gate, const float *up, const float *g, float *dgate, float *dup, int64_t count,
-                    cudaStream_t s) {
+void swigluBackward(In gate, In up, In g, Out dgate, Out dup, int64_t count, cudaStream_t s) {
   swigluBackwardKernel<<<blocks(count), kThreads, 0, s>>>(gate, up, g, dgate, dup, count);
 }
 
-void addBroadcast(const float *x, const float *v, float *y, int64_t count, int64_t period, cudaStream_t s) {
+void addBroadcast(In x, In v, Out y, int64_t count, int64_t period, cudaStream_t s) {
   addBroadcastKernel<<<blocks(count), kThreads, 0, s>>>(x, v, y, count, period);
 }
 
-void sumRows(const float *g, float *out, int64_t m, int64_t n, cudaStream_t s) {
+void sumRows(In g, Out out, int64_t m, int64_t n, cudaStream_t s) {
   sumRowsKernel<<<blocks(n), kThreads, 0, s>>>(g, out, m, n);
 }
 
-void geluForward(const float *x, float *y, int64_t count, cudaStream_t s) {
+void geluForward(In x, Out y, int64_t count, cudaStream_t s) {
   geluForwardKernel<<<blocks(count), kThreads, 0, s>>>(x, y, count);
 }
 
-void geluBackward(const float *x, const float *g, float *dx, int64_t count, cudaStream_t s) {
+void geluBackward(In x, In g, Out dx, int64_t count, cudaStream_t s) {
   geluBackwardKernel<<<blocks(count), kThreads, 0, s>>>(x, g, dx, count);
 }
 
-void dropoutForward(const float *x, float *y, int64_t count, float rate, uint64_t seed, uint64_t stream,
-                    cudaStream_t s) {
+void dropoutForward(In x, Out y, int64_t count, float rate, uint64_t seed, uint64_t stream, cudaStream_t s) {
   dropoutKernel<<<blocks(count), kThreads, 0, s>>>(x, y, count, rate, seed, stream);
 }
 
-void embeddingForward(const int32_t *tokens, const float *word, const float *position, float *out,
-                      int64_t tokenCount, int64_t seq, int64_t hidden, int64_t rowStart, int64_t rows,
-                      cudaStream_t s) {
+void embeddingForward(const int32_t *tokens, In word, In position, Out out, int64_t tokenCount, int64_t seq,
+                      int64_t hidden, int64_t rowStart, int64_t rows, cudaStream_t s) {
   if (tokenCount <= 0) return;  // an empty grid is a launch error
   embeddingForwardKernel<<<int(tokenCount), kThreads, 0, s>>>(tokens, word, position, out, seq, hidden, rowStart,
                                                               rows);
 }
 
-void embeddingBackward(const int32_t *tokens, const float *g, float *dword, int64_t tokenCount, int64_t hidden,
+void embeddingBackward(const int32_t *tokens, In g, float *dword, int64_t tokenCount, int64_t hidden,
                        int64_t rowStart, int64_t rows, cudaStream_t s) {
   cudaMemsetAsync(dword, 0, rows * hidden * sizeof(float), s);
   if (tokenCount <= 0) return;  // an empty grid is a launch error
   embeddingBackwardKernel<<<int(tokenCount), kThreads, 0, s>>>(tokens, g, dword, hidden, rowStart, rows);
 }
 
-void crossEntropyLocalMax(const float *logits, float *rowMax, int64_t tokens, int64_t cols, int64_t colStart,
+void crossEntropyLocalMax(In logits, float *rowMax, int64_t tokens, int64_t cols, int64_t colStart,
                           int64_t validVocab, cudaStream_t s) {
   if (tokens <= 0) return;  // an empty grid is a launch error
   crossEntropyMaxKernel<<<int(tokens), kThreads, 0, s>>>(logits, rowMax, cols, colStart, validVocab);
 }
 
-void crossEntropyLocalSums(const float *logits, const int32_t *labels, const float *rowMax, float *sumExp,
-                           float *target, int64_t tokens, int64_t cols, int64_t colStart, int64_t validVocab,
-                           cudaStream_t s) {
+void crossEntropyLocalSums(In logits, const int32_t *labels, const float *rowMax, float *sumExp, float *target,
+                           int64_t tokens, int64_t cols, int64_t colStart, int64_t validVocab, cudaStream_t s) {
   if (tokens <= 0) return;  // an empty grid is a launch error
   crossEntropySumsKernel<<<int(tokens), kThreads, 0, s>>>(logits, labels, rowMax, sumExp, target, cols, colStart,
                                                           validVocab);
 }
 
-void crossEntropyBackward(const float *logits, const int32_t *labels, const float *mask, const float *lse,
-                          float gradOverCount, float *dlogits, int64_t tokens, int64_t cols, int64_t colStart,
-                          int64_t validVocab, cudaStream_t s) {
+void crossEntropyBackward(In logits, const int32_t *labels, const float *mask, const float *lse, float gradOverCount,
+                          Out dlogits, int64_t tokens, int64_t cols, int64_t colStart, int64_t validVocab,
+                          cudaStream_t s) {
   if (tokens <= 0) return;  // an empty grid is a launch error
   crossEntropyBackwardKernel<<<int(tokens), kThreads, 0, s>>>(logits, labels, mask, lse, gradOverCount, dlogits, cols,
                                                               colStart, validVocab);
@@ -397,14 +428,19 @@ void accumulateSquares(const float *x, int64_t n, double *sumOfSquares, cudaStre
   squaresKernel<<<std::min(blocks(n), 1024), kThreads, 0, s>>>(x, n, sumOfSquares, mask);
 }
 
-void fillValue(float *x, int64_t n, float value, cudaStream_t s) {
+void fillValue(Out x, int64_t n, float value, cudaStream_t s) {
   if (n <= 0) return;
   fillKernel<<<blocks(n), kThreads, 0, s>>>(x, n, value);
 }
 
-void scaleInPlace(float *x, int64_t n, float factor, cudaStream_t s) {
+void scaleInPlace(Out x, int64_t n, float factor, cudaStream_t s) {
   if (n <= 0) return;
-  scaleKernel<<<blocks(n), kThreads, 0, s>>>(x, n, factor);
+  scaleKernel<<<blocks(n), kThreads, 0, s>>>(x, x, n, factor);
+}
+
+void convertElements(In x, Out y, int64_t count, cudaStream_t s) {
+  if (count <= 0) return;
+  convertKernel<<<blocks(count), kThreads, 0, s>>>(x, y, count);
 }
 
 namespace {

@@ -1,5 +1,10 @@
-// fp32 CUDA kernels of the loom ops, the same math as runtime/cpu/Kernels.h (and the same
+// CUDA kernels of the loom ops, the same math as runtime/cpu/Kernels.h (and the same
 // counter-based dropout), launched on a given stream. Pointers are device pointers.
+// Operands are typed (runtime/cuda/DeviceArray.h: fp32, bf16 or fp16 storage, fp32 arithmetic,
+// each result rounded once); a plain float pointer is an fp32 operand. Outputs accumulated
+// across rows with atomics (norm parameter gradients, the embedding gradient) and the
+// statistics of the softmax and the loss stay fp32: a 16-bit plan's executor gives such
+// kernels fp32 scratch and rounds it into the plan's buffer after (CudaExecutor.cpp).
 // Checked against the CPU kernels by tests/cuda/cuda_kernels_test (skipped without a GPU).
 #pragma once
 
@@ -7,47 +12,47 @@
 
 #include <cstdint>
 
+#include "runtime/cuda/DeviceArray.h"
+
 namespace loom::cuda {
 
-void layerNormForward(const float *x, const float *gamma, const float *beta, float *y, int64_t rows, int64_t n,
-                      float eps, cudaStream_t s);
-// dgamma and dbeta are accumulated with atomics: zeroed here first.
-void layerNormBackward(const float *x, const float *gamma, const float *g, float *dx, float *dgamma, float *dbeta,
-                       int64_t rows, int64_t n, float eps, cudaStream_t s);
-// RMS norm over rows of n; the backward zeroes dgamma and accumulates it.
-void rmsNormForward(const float *x, const float *gamma, float *y, int64_t rows, int64_t n, float eps, cudaStream_t s);
-void rmsNormBackward(const float *x, const float *gamma, const float *g, float *dx, float *dgamma, int64_t rows,
-                     int64_t n, float eps, cudaStream_t s);
+void layerNormForward(In x, In gamma, In beta, Out y, int64_t rows, int64_t n, float eps, cudaStream_t s);
+// dgamma and dbeta (fp32) are accumulated with atomics: zeroed here first.
+void layerNormBackward(In x, In gamma, In g, Out dx, float *dgamma, float *dbeta, int64_t rows, int64_t n, float eps,
+                       cudaStream_t s);
+// RMS norm over rows of n; the backward zeroes dgamma (fp32) and accumulates it.
+void rmsNormForward(In x, In gamma, Out y, int64_t rows, int64_t n, float eps, cudaStream_t s);
+void rmsNormBackward(In x, In gamma, In g, Out dx, float *dgamma, int64_t rows, int64_t n, float eps, cudaStream_t s);
 // Rotary embedding (rotate-half) of x [B,S,heads*hd]; `inverse`: by the opposite angle.
-void rotary(const float *x, float *y, int64_t batch, int64_t seq, int64_t heads, int64_t headDim, float theta,
-            bool inverse, cudaStream_t s);
+void rotary(In x, Out y, int64_t batch, int64_t seq, int64_t heads, int64_t headDim, float theta, bool inverse,
+            cudaStream_t s);
 // y = silu(gate) * up and its gradients.
-void swigluForward(const float *gate, const float *up, float *y, int64_t count, cudaStream_t s);
-void swigluBackward(const float *gate, const float *up, const float *g, float *dgate, float *dup, int64_t count,
-                    cudaStream_t s);
+void swigluForward(In gate, In up, Out y, int64_t count, cudaStream_t s);
+void swigluBackward(In gate, In up, In g, Out dgate, Out dup, int64_t count, cudaStream_t s);
 // y[i] = x[i] + v[i % period]: add (period = count), add_bias (period = N), add_position
-// (period = seq * hidden, v the sequence's rows of the position table).
-void addBroadcast(const float *x, const float *v, float *y, int64_t count, int64_t period, cudaStream_t s);
-// out[c] = sum over the m rows of g[m, n] of column c: bias_grad, and position_grad (n = seq *
-// hidden, rows = batch; zero the table rows beyond seq separately).
-void sumRows(const float *g, float *out, int64_t m, int64_t n, cudaStream_t s);
-void geluForward(const float *x, float *y, int64_t count, cudaStream_t s);
-void geluBackward(const float *x, const float *g, float *dx, int64_t count, cudaStream_t s);
-void dropoutForward(const float *x, float *y, int64_t count, float rate, uint64_t seed, uint64_t stream,
-                    cudaStream_t s);
-void embeddingForward(const int32_t *tokens, const float *word, const float *position, float *out,
-                      int64_t tokenCount, int64_t seq, int64_t hidden, int64_t rowStart, int64_t rows, cudaStream_t s);
-void embeddingBackward(const int32_t *tokens, const float *g, float *dword, int64_t tokenCount, int64_t hidden,
+// (period = seq * hidden, v the sequence's rows of the position table), accumulate (y = x).
+void addBroadcast(In x, In v, Out y, int64_t count, int64_t period, cudaStream_t s);
+// out[c] = sum over the m rows of g[m, n] of column c: position_grad (n = seq * hidden, rows =
+// batch; zero the table rows beyond seq separately).
+void sumRows(In g, Out out, int64_t m, int64_t n, cudaStream_t s);
+void geluForward(In x, Out y, int64_t count, cudaStream_t s);
+void geluBackward(In x, In g, Out dx, int64_t count, cudaStream_t s);
+void dropoutForward(In x, Out y, int64_t count, float rate, uint64_t seed, uint64_t stream, cudaStream_t s);
+// position: nullable.
+void embeddingForward(const int32_t *tokens, In word, In position, Out out, int64_t tokenCount, int64_t seq,
+                      int64_t hidden, int64_t rowStart, int64_t rows, cudaStream_t s);
+// dword (fp32) is zeroed and accumulated with atomics.
+void embeddingBackward(const int32_t *tokens, In g, float *dword, int64_t tokenCount, int64_t hidden,
                        int64_t rowStart, int64_t rows, cudaStream_t s);
-void crossEntropyLocalMax(const float *logits, float *rowMax, int64_t tokens, int64_t cols, int64_t colStart,
+void crossEntropyLocalMax(In logits, float *rowMax, int64_t tokens, int64_t cols, int64_t colStart,
                           int64_t validVocab, cudaStream_t s);
-void crossEntropyLocalSums(const float *logits, const int32_t *labels, const float *rowMax, float *sumExp,
-                           float *target, int64_t tokens, int64_t cols, int64_t colStart, int64_t validVocab,
-                           cudaStream_t s);
+void crossEntropyLocalSums(In logits, const int32_t *labels, const float *rowMax, float *sumExp, float *target,
+                           int64_t tokens, int64_t cols, int64_t colStart, int64_t validVocab, cudaStream_t s);
 // dlogits = gradOverCount * mask_t * (exp(logit - lse_t) - onehot(label)), padding columns 0.
-void crossEntropyBackward(const float *logits, const int32_t *labels, const float *mask, const float *lse,
-                          float gradOverCount, float *dlogits, int64_t tokens, int64_t cols, int64_t colStart,
-                          int64_t validVocab, cudaStream_t s);
+void crossEntropyBackward(In logits, const int32_t *labels, const float *mask, const float *lse, float gradOverCount,
+                          Out dlogits, int64_t tokens, int64_t cols, int64_t colStart, int64_t validVocab,
+                          cudaStream_t s);
+// fp32 only (master weights, main gradients and moments are fp32 in every plan).
 void adamwUpdate(float *param, const float *grad, float *m, float *v, int64_t n, float lr, float beta1, float beta2,
                  float eps, float weightDecay, int64_t step, bool decay, cudaStream_t s);
 // *sumOfSquares += sum of x[i]^2 (accumulated in double: the global gradient norm); with a
@@ -55,9 +60,12 @@ void adamwUpdate(float *param, const float *grad, float *m, float *v, int64_t n,
 void accumulateSquares(const float *x, int64_t n, double *sumOfSquares, cudaStream_t s,
                        const float *mask = nullptr);
 // x[i] = value.
-void fillValue(float *x, int64_t n, float value, cudaStream_t s);
+void fillValue(Out x, int64_t n, float value, cudaStream_t s);
 // x[i] *= factor (gradient clipping).
-void scaleInPlace(float *x, int64_t n, float factor, cudaStream_t s);
+void scaleInPlace(Out x, int64_t n, float factor, cudaStream_t s);
+// y[i] = x[i] in y's type (rounded to nearest even into 16 bits, widened exactly into fp32):
+// the plan's cast, and fp32 scratch into a 16-bit result.
+void convertElements(In x, Out y, int64_t count, cudaStream_t s);
 
 // A kernel that keeps the stream busy for `seconds` (the hang tests' kernel that does not return).
 void spinOnDevice(double seconds, cudaStream_t s);

@@ -2,9 +2,31 @@
 // and block-wide reductions. Included by .cu files only.
 #pragma once
 
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
 #include <cstdint>
 
+#include "runtime/cuda/DeviceArray.h"
+
 namespace loom::cuda {
+
+// Element i of a typed operand, widened to fp32 (exact), and a value rounded into one (round
+// to nearest even, as the CPU backend's runtime/cpu/HalfPrecision.h). The type is the same for
+// every thread of a launch, so the branch costs no divergence.
+__device__ inline float load(In a, int64_t i) {
+  if (a.type == ElementType::kF32) return static_cast<const float *>(a.data)[i];
+  if (a.type == ElementType::kBf16) return __bfloat162float(static_cast<const __nv_bfloat16 *>(a.data)[i]);
+  return __half2float(static_cast<const __half *>(a.data)[i]);
+}
+__device__ inline void store(Out a, int64_t i, float v) {
+  if (a.type == ElementType::kF32)
+    static_cast<float *>(a.data)[i] = v;
+  else if (a.type == ElementType::kBf16)
+    static_cast<__nv_bfloat16 *>(a.data)[i] = __float2bfloat16_rn(v);
+  else
+    static_cast<__half *>(a.data)[i] = __float2half_rn(v);
+}
 
 constexpr int kThreads = 256;  // threads per block of every kernel here (the reductions need it)
 

@@ -9,7 +9,9 @@
 //             (per key row).
 // A block is 8 warps, one row each; the other side's rows stream through shared memory in
 // tiles of 32 (one per lane), stored with a pitch of hd + 1 so lanes reading one row each do
-// not collide on a bank.
+// not collide on a bank. qkv, g, out and dqkv are typed (DeviceArray.h): read into the fp32
+// tiles and registers with load(), written with store(), so the arithmetic is fp32 whatever
+// the storage.
 #include "runtime/cuda/FlashAttention.h"
 
 #include <string>
@@ -32,15 +34,15 @@ __device__ int64_t blockEnd(int64_t S) {
 
 // One (batch, head) of the shape: blockIdx.y.
 struct Head {
-  const float *qkv;  // q of token 0 (k at + hd, v at + 2 hd; tokens ld apart)
-  const float *g;    // the output gradient of token 0 (tokens `width` apart), or null
-  int64_t ld, width, S, hd, b, h;
+  In qkv;      // the whole qkv: this head's q of token 0 at element q0 (k at + hd, v at + 2 hd; tokens ld apart)
+  In g;        // the whole output gradient: this head's of token 0 at element g0 (tokens `width` apart), or null
+  int64_t q0, g0, ld, width, S, hd, b, h;
 };
 
-__device__ Head headOf(const float *qkv, const float *g, const cpu::AttentionShape &s) {
+__device__ Head headOf(In qkv, In g, const cpu::AttentionShape &s) {
   int64_t b = blockIdx.y / s.heads, h = blockIdx.y % s.heads, hd = s.headDim, ld = 3 * s.heads * hd;
   int64_t width = s.heads * hd;
-  return {qkv + b * s.seq * ld + h * 3 * hd, g ? g + b * s.seq * width + h * hd : nullptr, ld, width, s.seq, hd, b, h};
+  return {qkv, g, b * s.seq * ld + h * 3 * hd, b * s.seq * width + h * hd, ld, width, s.seq, hd, b, h};
 }
 
 __device__ float keepFactor(const cpu::AttentionShape &s, const Head &x, int64_t i, int64_t j) {
@@ -63,20 +65,21 @@ __device__ float warpMax(float v) {
   return v;
 }
 
-// tile[r][d] (pitch hd + 1) = scale * rows[first + r][d], zeros past S; the whole block loads.
-__device__ void loadTile(float *tile, const float *rows, int64_t stride, int64_t first, int64_t S, int64_t hd,
+// tile[r][d] (pitch hd + 1) = scale * rows[first + r][d], zeros past S, where rows[row][d] is
+// element base + row * stride + d of `a`; the whole block loads.
+__device__ void loadTile(float *tile, In a, int64_t base, int64_t stride, int64_t first, int64_t S, int64_t hd,
                          float scale) {
   for (int e = threadIdx.x; e < kTile * int(hd); e += blockDim.x) {  // 32-bit: at most 32 x 128
     int r = e / int(hd), d = e % int(hd);
     int64_t row = first + r;
-    tile[r * (hd + 1) + d] = row < S ? rows[row * stride + d] * scale : 0.0f;
+    tile[r * (hd + 1) + d] = row < S ? load(a, base + row * stride + d) * scale : 0.0f;
   }
 }
 
-// A warp's own row: mine[d] = scale * rows[row][d] (zeros past S).
-__device__ void loadRow(float *mine, const float *rows, int64_t stride, int64_t row, int64_t S, int64_t hd,
+// A warp's own row: mine[d] = scale * rows[row][d] (zeros past S), rows as loadTile's.
+__device__ void loadRow(float *mine, In a, int64_t base, int64_t stride, int64_t row, int64_t S, int64_t hd,
                         float scale, int lane) {
-  for (int64_t d = lane; d < hd; d += 32) mine[d] = row < S ? rows[row * stride + d] * scale : 0.0f;
+  for (int64_t d = lane; d < hd; d += 32) mine[d] = row < S ? load(a, base + row * stride + d) * scale : 0.0f;
 }
 
 // a (broadcast to every lane) . b (this lane's tile row).
@@ -101,8 +104,8 @@ __device__ void accumulateTile(float (&acc)[kPerLane], float w, const float *til
 // The forward over query rows, with lse (nullable) each row's log-sum-exp m + log l at
 // [b, h, i] (+inf when every key is masked). With `stats` (backward), writes m, l and
 // Delta = g . out per row instead of out.
-__global__ void forwardKernel(const float *qkv, const float *keyMask, const float *g, float *out, float *lse,
-                              float *stats, cpu::AttentionShape s) {
+__global__ void forwardKernel(In qkv, const float *keyMask, In g, Out out, float *lse, float *stats,
+                              cpu::AttentionShape s) {
   extern __shared__ float smem[];
   Head x = headOf(qkv, g, s);
   int64_t hd = x.hd, pitch = hd + 1;
@@ -111,13 +114,13 @@ __global__ void forwardKernel(const float *qkv, const float *keyMask, const floa
   int64_t i = int64_t(blockIdx.x) * kRows + warp;
   float scale = 1.0f / sqrtf(float(hd));  // as the CPU rounds it
   float *q = sQ + warp * hd;
-  loadRow(q, x.qkv, x.ld, i, x.S, hd, scale, lane);
+  loadRow(q, x.qkv, x.q0, x.ld, i, x.S, hd, scale, lane);
   float m = -INFINITY, l = 0, acc[kPerLane] = {};
   int64_t keyEnd = s.causal ? blockEnd(x.S) : x.S;
   for (int64_t j0 = 0; j0 < keyEnd; j0 += kTile) {
     __syncthreads();  // the previous tile is consumed (and q written)
-    loadTile(sK, x.qkv + hd, x.ld, j0, x.S, hd, 1.0f);
-    loadTile(sV, x.qkv + 2 * hd, x.ld, j0, x.S, hd, 1.0f);
+    loadTile(sK, x.qkv, x.q0 + hd, x.ld, j0, x.S, hd, 1.0f);
+    loadTile(sV, x.qkv, x.q0 + 2 * hd, x.ld, j0, x.S, hd, 1.0f);
     __syncthreads();
     int64_t j = j0 + lane;
     float score = maskedPair(s, x, keyMask, i, j) ? -INFINITY : dot(q, sK + lane * pitch, hd);
@@ -136,10 +139,12 @@ __global__ void forwardKernel(const float *qkv, const float *keyMask, const floa
     int64_t d = lane + 32 * t;
     if (d >= hd) continue;
     float o = acc[t] * inv;
-    if (stats)
-      delta += o * x.g[i * x.width + d];
-    else
-      out[(x.b * x.S + i) * x.width + x.h * hd + d] = o;
+    if (stats) {
+      float gd = load(x.g, x.g0 + i * x.width + d);
+      delta += o * gd;
+    } else {
+      store(out, (x.b * x.S + i) * x.width + x.h * hd + d, o);
+    }
   }
   if (!stats) {
     if (lse && lane == 0) lse[int64_t(blockIdx.y) * x.S + i] = l > 0 ? m + logf(l) : INFINITY;
@@ -175,8 +180,8 @@ __device__ void pairGradient(const cpu::AttentionShape &s, const Head &x, float 
 }
 
 // dQ over query rows: each warp's row against key tiles.
-__global__ void queryGradKernel(const float *qkv, const float *keyMask, const float *g, const float *stats,
-                                float *dqkv, cpu::AttentionShape s) {
+__global__ void queryGradKernel(In qkv, const float *keyMask, In g, const float *stats, Out dqkv,
+                                cpu::AttentionShape s) {
   extern __shared__ float smem[];
   Head x = headOf(qkv, g, s);
   int64_t hd = x.hd, pitch = hd + 1;
@@ -185,15 +190,15 @@ __global__ void queryGradKernel(const float *qkv, const float *keyMask, const fl
   int64_t i = int64_t(blockIdx.x) * kRows + warp;
   float scale = 1.0f / sqrtf(float(hd));  // as the CPU rounds it
   float *q = sQ + warp * hd, *gi = sG + warp * hd;
-  loadRow(q, x.qkv, x.ld, i, x.S, hd, scale, lane);
-  loadRow(gi, x.g, x.width, i, x.S, hd, 1.0f, lane);
+  loadRow(q, x.qkv, x.q0, x.ld, i, x.S, hd, scale, lane);
+  loadRow(gi, x.g, x.g0, x.width, i, x.S, hd, 1.0f, lane);
   RowStats st = statsOf(stats, blockIdx.y, x.S, int64_t(gridDim.y) * x.S, i);
   float dq[kPerLane] = {};
   int64_t keyEnd = s.causal ? blockEnd(x.S) : x.S;
   for (int64_t j0 = 0; j0 < keyEnd; j0 += kTile) {
     __syncthreads();
-    loadTile(sK, x.qkv + hd, x.ld, j0, x.S, hd, 1.0f);
-    loadTile(sV, x.qkv + 2 * hd, x.ld, j0, x.S, hd, 1.0f);
+    loadTile(sK, x.qkv, x.q0 + hd, x.ld, j0, x.S, hd, 1.0f);
+    loadTile(sV, x.qkv, x.q0 + 2 * hd, x.ld, j0, x.S, hd, 1.0f);
     __syncthreads();
     int64_t j = j0 + lane;
     float pDropped = 0, dS = 0;
@@ -202,16 +207,16 @@ __global__ void queryGradKernel(const float *qkv, const float *keyMask, const fl
     accumulateTile(dq, dS, sK, hd, lane);
   }
   if (i >= x.S) return;
-  float *dqRow = dqkv + (x.qkv - qkv) + i * x.ld;  // this head's q of token i
+  int64_t dqRow = x.q0 + i * x.ld;  // this head's q of token i
   for (int t = 0; t < kPerLane; ++t) {
     int64_t d = lane + 32 * t;
-    if (d < hd) dqRow[d] = dq[t] * scale;
+    if (d < hd) store(dqkv, dqRow + d, dq[t] * scale);
   }
 }
 
 // dK and dV over key rows: each warp's key row against query tiles.
-__global__ void keyValueGradKernel(const float *qkv, const float *keyMask, const float *g, const float *stats,
-                                   float *dqkv, cpu::AttentionShape s) {
+__global__ void keyValueGradKernel(In qkv, const float *keyMask, In g, const float *stats, Out dqkv,
+                                   cpu::AttentionShape s) {
   extern __shared__ float smem[];
   Head x = headOf(qkv, g, s);
   int64_t hd = x.hd, pitch = hd + 1, rowsAll = int64_t(gridDim.y) * x.S;
@@ -221,15 +226,15 @@ __global__ void keyValueGradKernel(const float *qkv, const float *keyMask, const
   int64_t j = int64_t(blockIdx.x) * kRows + warp;
   float scale = 1.0f / sqrtf(float(hd));  // as the CPU rounds it
   float *k = sK + warp * hd, *v = sV + warp * hd;
-  loadRow(k, x.qkv + hd, x.ld, j, x.S, hd, 1.0f, lane);
-  loadRow(v, x.qkv + 2 * hd, x.ld, j, x.S, hd, 1.0f, lane);
+  loadRow(k, x.qkv, x.q0 + hd, x.ld, j, x.S, hd, 1.0f, lane);
+  loadRow(v, x.qkv, x.q0 + 2 * hd, x.ld, j, x.S, hd, 1.0f, lane);
   float dk[kPerLane] = {}, dv[kPerLane] = {};
   // Causal: queries before the block's first key row see none of its keys.
   int64_t firstQuery = s.causal ? int64_t(blockIdx.x) * kRows : 0;
   for (int64_t i0 = firstQuery; i0 < x.S; i0 += kTile) {
     __syncthreads();
-    loadTile(sQ, x.qkv, x.ld, i0, x.S, hd, scale);
-    loadTile(sG, x.g, x.width, i0, x.S, hd, 1.0f);
+    loadTile(sQ, x.qkv, x.q0, x.ld, i0, x.S, hd, scale);
+    loadTile(sG, x.g, x.g0, x.width, i0, x.S, hd, 1.0f);
     for (int r = threadIdx.x; r < kTile; r += blockDim.x) {
       RowStats st = statsOf(stats, blockIdx.y, x.S, rowsAll, i0 + r);
       sM[r] = st.m, sL[r] = st.l, sD[r] = st.delta;
@@ -244,10 +249,10 @@ __global__ void keyValueGradKernel(const float *qkv, const float *keyMask, const
     accumulateTile(dk, dS, sQ, hd, lane);  // sQ holds scale q: dK_j = scale sum_i dS_ij q_i
   }
   if (j >= x.S) return;
-  float *dkRow = dqkv + (x.qkv - qkv) + j * x.ld + hd, *dvRow = dkRow + hd;
+  int64_t dkRow = x.q0 + j * x.ld + hd, dvRow = dkRow + hd;  // this head's k and v of token j
   for (int t = 0; t < kPerLane; ++t) {
     int64_t d = lane + 32 * t;
-    if (d < hd) dkRow[d] = dk[t], dvRow[d] = dv[t];
+    if (d < hd) store(dqkv, dkRow + d, dk[t]), store(dqkv, dvRow + d, dv[t]);
   }
 }
 
@@ -277,20 +282,20 @@ Status launched(const char *what) {
 
 }  // namespace
 
-Status flashAttentionForward(const float *qkv, const float *keyMask, float *out, float *lse,
-                             const cpu::AttentionShape &shape, cudaStream_t s) {
+Status flashAttentionForward(In qkv, const float *keyMask, Out out, float *lse, const cpu::AttentionShape &shape,
+                             cudaStream_t s) {
   LOOM_RETURN_IF_ERROR(checkShape(shape));
-  forwardKernel<<<gridOf(shape), kRows * 32, sharedBytes(shape, 2, 0, 1), s>>>(qkv, keyMask, nullptr, out, lse,
-                                                                               nullptr, shape);
+  forwardKernel<<<gridOf(shape), kRows * 32, sharedBytes(shape, 2, 0, 1), s>>>(qkv, keyMask, In(), out, lse, nullptr,
+                                                                               shape);
   return launched("forward");
 }
 
-Status flashAttentionBackward(const float *qkv, const float *keyMask, const float *g, float *dqkv,
-                              const cpu::AttentionShape &shape, void *scratch, cudaStream_t s) {
+Status flashAttentionBackward(In qkv, const float *keyMask, In g, Out dqkv, const cpu::AttentionShape &shape,
+                              void *scratch, cudaStream_t s) {
   LOOM_RETURN_IF_ERROR(checkShape(shape));
   float *stats = static_cast<float *>(scratch);
-  forwardKernel<<<gridOf(shape), kRows * 32, sharedBytes(shape, 2, 0, 1), s>>>(qkv, keyMask, g, nullptr, nullptr,
-                                                                               stats, shape);
+  forwardKernel<<<gridOf(shape), kRows * 32, sharedBytes(shape, 2, 0, 1), s>>>(qkv, keyMask, g, Out(), nullptr, stats,
+                                                                               shape);
   LOOM_RETURN_IF_ERROR(launched("backward statistics"));
   queryGradKernel<<<gridOf(shape), kRows * 32, sharedBytes(shape, 2, 0, 2), s>>>(qkv, keyMask, g, stats, dqkv, shape);
   LOOM_RETURN_IF_ERROR(launched("backward (queries)"));

@@ -18,6 +18,7 @@
 
 #include "support/Status.h"
 #include "runtime/cpu/Kernels.h"
+#include "runtime/cuda/DeviceArray.h"
 #include "runtime/cuda/ScratchLayout.h"
 
 namespace loom::cuda {
@@ -28,10 +29,11 @@ namespace loom::cuda {
 // lse (nullable): each query row's log-sum-exp (loom.attention's statistics, [B,heads,S]). The
 // backward does not read them: its statistics pass also needs Delta = g . out, and
 // attention_grad is not given the output, so it recomputes m, l and Delta together.
-Status flashAttentionForward(const float *qkv, const float *keyMask, float *out, float *lse,
-                             const cpu::AttentionShape &shape, cudaStream_t s);
+// qkv, out, g and dqkv are typed (fp32 or the 16-bit storage of a 16-bit plan; fp32 arithmetic).
+Status flashAttentionForward(In qkv, const float *keyMask, Out out, float *lse, const cpu::AttentionShape &shape,
+                             cudaStream_t s);
 // dqkv is written whole.
-Status flashAttentionBackward(const float *qkv, const float *keyMask, const float *g, float *dqkv,
-                              const cpu::AttentionShape &shape, void *scratch, cudaStream_t s);
+Status flashAttentionBackward(In qkv, const float *keyMask, In g, Out dqkv, const cpu::AttentionShape &shape,
+                              void *scratch, cudaStream_t s);
 
 }  // namespace loom::cuda

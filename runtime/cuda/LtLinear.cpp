@@ -21,6 +21,10 @@ std::string ltError(const char *what, cublasStatus_t status) {
   } while (0)
 
 cudaDataType_t dataType(HalfType type) { return type == HalfType::kBf16 ? CUDA_R_16BF : CUDA_R_16F; }
+cudaDataType_t dataType(ElementType type) {
+  return type == ElementType::kF32 ? CUDA_R_32F : type == ElementType::kBf16 ? CUDA_R_16BF : CUDA_R_16F;
+}
+ElementType elementTypeOf(HalfType type) { return type == HalfType::kBf16 ? ElementType::kBf16 : ElementType::kF16; }
 
 cublasLtEpilogue_t epilogueOf(LinearEpilogue e) {
   switch (e) {
@@ -74,31 +78,38 @@ LtLinear::~LtLinear() {
   if (handle_) cublasLtDestroy(handle_);
 }
 
-Status LtLinear::forward(const LinearShape &s, const void *x, const void *w, const float *bias, float *y,
-                         cudaStream_t stream) {
+Status LtLinear::forward(const LinearShape &s, const void *x, const void *w, In bias, Out y, cudaStream_t stream) {
   return gemm({s.m, s.k, s.n, false, s.transposeW, s.type, s.epilogue, false}, x, w, bias, y, stream);
 }
 
 // dx[M,K] = g[M,N] W^T: W stored [K,N] is W^T stored transposed; W stored [N,K] is W^T as is.
-Status LtLinear::inputGrad(const LinearShape &s, const void *g, const void *w, float *dx, cudaStream_t stream) {
+Status LtLinear::inputGrad(const LinearShape &s, const void *g, const void *w, Out dx, cudaStream_t stream) {
   return gemm({s.m, s.n, s.k, false, !s.transposeW, s.type, LinearEpilogue::kNone, false}, g, w, nullptr, dx,
               stream);
 }
 
 // dW[K,N] = x^T g, or with transposeW dW[N,K] = g^T x: the left operand is stored [M, rows].
-Status LtLinear::weightGrad(const LinearShape &s, const void *x, const void *g, float *dw, bool accumulate,
+Status LtLinear::weightGrad(const LinearShape &s, const void *x, const void *g, Out dw, bool accumulate,
                             cudaStream_t stream) {
   if (s.transposeW)
     return gemm({s.n, s.m, s.k, true, false, s.type, LinearEpilogue::kNone, accumulate}, g, x, nullptr, dw, stream);
   return gemm({s.k, s.m, s.n, true, false, s.type, LinearEpilogue::kNone, accumulate}, x, g, nullptr, dw, stream);
 }
 
-Status LtLinear::gemm(const Gemm &p, const void *a, const void *b, const float *bias, float *c, cudaStream_t stream) {
+Status LtLinear::gemm(const Gemm &p, const void *a, const void *b, In biasIn, Out cOut, cudaStream_t stream) {
   if (p.m <= 0 || p.k <= 0 || p.n <= 0)
     return Status::error("linear: empty GEMM m=" + std::to_string(p.m) + " k=" + std::to_string(p.k) +
                          " n=" + std::to_string(p.n));
+  const void *bias = biasIn.data;
+  void *c = cOut.data;
   if (p.epilogue != LinearEpilogue::kNone && bias == nullptr)
     return Status::error("linear: a bias epilogue needs a bias vector");
+  if (cOut.type != ElementType::kF32 && cOut.type != elementTypeOf(p.type))
+    return Status::error(std::string("linear: a ") + elementTypeName(cOut.type) + " output of " + halfTypeName(p.type) +
+                         " operands");
+  if (p.epilogue != LinearEpilogue::kNone && biasIn.type != ElementType::kF32 && biasIn.type != cOut.type)
+    return Status::error(std::string("linear: a ") + elementTypeName(biasIn.type) + " bias for a " +
+                         elementTypeName(cOut.type) + " output");
   Descriptors desc;
   LOOM_LT_CHECK("matmul descriptor", cublasLtMatmulDescCreate(&desc.op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
   cublasOperation_t opA = p.transposeB ? CUBLAS_OP_T : CUBLAS_OP_N, opB = p.transposeA ? CUBLAS_OP_T : CUBLAS_OP_N;
@@ -107,9 +118,13 @@ Status LtLinear::gemm(const Gemm &p, const void *a, const void *b, const float *
   cublasLtEpilogue_t epilogue = epilogueOf(p.epilogue);
   LOOM_LT_CHECK("epilogue", cublasLtMatmulDescSetAttribute(desc.op, CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue,
                                                            sizeof(epilogue)));
-  if (p.epilogue != LinearEpilogue::kNone)
+  if (p.epilogue != LinearEpilogue::kNone) {
     LOOM_LT_CHECK("bias pointer", cublasLtMatmulDescSetAttribute(desc.op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias,
                                                                  sizeof(bias)));
+    cudaDataType_t biasType = dataType(biasIn.type);
+    LOOM_LT_CHECK("bias type", cublasLtMatmulDescSetAttribute(desc.op, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &biasType,
+                                                              sizeof(biasType)));
+  }
 
   // Column-major views of the stored buffers: b is [N,K] (or [K,N] when transposeB), a is
   // [K,M] (or [M,K] when transposeA), c is [N,M].
@@ -118,7 +133,7 @@ Status LtLinear::gemm(const Gemm &p, const void *a, const void *b, const float *
   uint64_t aRows = p.transposeA ? p.m : p.k, aCols = p.transposeA ? p.k : p.m;
   LOOM_LT_CHECK("layout of b", cublasLtMatrixLayoutCreate(&desc.a, half, bRows, bCols, int64_t(bRows)));
   LOOM_LT_CHECK("layout of a", cublasLtMatrixLayoutCreate(&desc.b, half, aRows, aCols, int64_t(aRows)));
-  LOOM_LT_CHECK("layout of c", cublasLtMatrixLayoutCreate(&desc.d, CUDA_R_32F, p.n, p.m, p.n));
+  LOOM_LT_CHECK("layout of c", cublasLtMatrixLayoutCreate(&desc.d, dataType(cOut.type), p.n, p.m, p.n));
 
   LOOM_LT_CHECK("preference", cublasLtMatmulPreferenceCreate(&desc.preference));
   uint64_t workspace = workspaceBytes_;

@@ -1,5 +1,6 @@
 // The linear op's three GEMMs on the GPU through cuBLASLt: bf16 or fp16 operands, fp32
-// accumulation and fp32 output, with the bias (and GeLU) folded into the forward GEMM's
+// accumulation, an fp32 output (an fp32 plan's, as autocast) or one of the operands' type (a
+// 16-bit plan's, rounded once), with the bias (and GeLU) folded into the forward GEMM's
 // epilogue where asked. Same contracts as runtime/cpu/Kernels.h: row-major y[M,N] = x[M,K] W
 // + bias, W stored [K,N] or, with transposeW, [N,K]; dX = g W^T; dW = x^T g accumulated into
 // an fp32 gradient (as Megatron-LM's gradient-accumulation fusion keeps main grads in fp32).
@@ -13,6 +14,7 @@
 #include <memory>
 
 #include "support/Status.h"
+#include "runtime/cuda/DeviceArray.h"
 #include "runtime/cuda/HalfPrecision.h"
 
 namespace loom::cuda {
@@ -34,13 +36,13 @@ class LtLinear {
   LtLinear(const LtLinear &) = delete;
   LtLinear &operator=(const LtLinear &) = delete;
 
-  // bias: fp32 [N], read only with a bias epilogue.
-  Status forward(const LinearShape &shape, const void *x, const void *w, const float *bias, float *y,
-                 cudaStream_t stream);
+  // bias: [N] (fp32, or the output's 16-bit type), read only with a bias epilogue. The output's
+  // type is y's: fp32, or shape.type.
+  Status forward(const LinearShape &shape, const void *x, const void *w, In bias, Out y, cudaStream_t stream);
   // dx[M,K] = g[M,N] W^T (shape.epilogue is ignored).
-  Status inputGrad(const LinearShape &shape, const void *g, const void *w, float *dx, cudaStream_t stream);
+  Status inputGrad(const LinearShape &shape, const void *g, const void *w, Out dx, cudaStream_t stream);
   // dw (W's layout) = x^T g, added to dw when accumulate.
-  Status weightGrad(const LinearShape &shape, const void *x, const void *g, float *dw, bool accumulate,
+  Status weightGrad(const LinearShape &shape, const void *x, const void *g, Out dw, bool accumulate,
                     cudaStream_t stream);
 
  private:
@@ -53,7 +55,7 @@ class LtLinear {
     LinearEpilogue epilogue;
     bool accumulate;
   };
-  Status gemm(const Gemm &p, const void *a, const void *b, const float *bias, float *c, cudaStream_t stream);
+  Status gemm(const Gemm &p, const void *a, const void *b, In bias, Out c, cudaStream_t stream);
   LtLinear() = default;
   cublasLtHandle_t handle_ = nullptr;
   void *workspace_ = nullptr;

@@ -60,24 +60,30 @@ Status NcclGroup::allReduceSum(float *buffer, int64_t count, cudaStream_t stream
   return check(ncclAllReduce(buffer, buffer, size_t(count), ncclFloat32, ncclSum, comm_, stream), "all-reduce");
 }
 
+namespace {
+ncclDataType_t ncclTypeOf(ElementType t) {
+  return t == ElementType::kF32 ? ncclFloat32 : t == ElementType::kBf16 ? ncclBfloat16 : ncclFloat16;
+}
+}  // namespace
+
 Status NcclGroup::allReduce(const std::vector<Part> &parts, ReduceOp op, cudaStream_t stream) {
   ncclRedOp_t nccl = op == ReduceOp::kSum ? ncclSum : op == ReduceOp::kMax ? ncclMax : ncclAvg;
   LOOM_RETURN_IF_ERROR(check(ncclGroupStart(), "group start"));
   Status first = Status::ok();
   for (const Part &p : parts) {
-    ncclResult_t r = ncclAllReduce(p.in, p.out, size_t(p.count), ncclFloat32, nccl, comm_, stream);
+    ncclResult_t r = ncclAllReduce(p.in, p.out, size_t(p.count), ncclTypeOf(p.type), nccl, comm_, stream);
     if (r != ncclSuccess && first.isOk()) first = check(r, "all-reduce");
   }
   Status end = check(ncclGroupEnd(), "group end");  // always closed, even after a failed call
   return first.isOk() ? end : first;
 }
 
-Status NcclGroup::allGather(const float *in, float *out, int64_t count, cudaStream_t stream) {
-  return check(ncclAllGather(in, out, size_t(count), ncclFloat32, comm_, stream), "all-gather");
+Status NcclGroup::allGather(const void *in, void *out, int64_t count, cudaStream_t stream, ElementType type) {
+  return check(ncclAllGather(in, out, size_t(count), ncclTypeOf(type), comm_, stream), "all-gather");
 }
 
-Status NcclGroup::reduceScatterSum(const float *in, float *out, int64_t count, cudaStream_t stream) {
-  return check(ncclReduceScatter(in, out, size_t(count), ncclFloat32, ncclSum, comm_, stream), "reduce-scatter");
+Status NcclGroup::reduceScatterSum(const void *in, void *out, int64_t count, cudaStream_t stream, ElementType type) {
+  return check(ncclReduceScatter(in, out, size_t(count), ncclTypeOf(type), ncclSum, comm_, stream), "reduce-scatter");
 }
 
 Status NcclGroup::exchange(const std::vector<Transfer> &transfers, cudaStream_t stream) {
@@ -88,8 +94,8 @@ Status NcclGroup::exchange(const std::vector<Transfer> &transfers, cudaStream_t 
   LOOM_RETURN_IF_ERROR(check(ncclGroupStart(), "group start"));
   Status first = Status::ok();
   for (const Transfer &t : transfers) {
-    ncclResult_t r = t.send ? ncclSend(t.buffer, size_t(t.count), ncclFloat32, t.peer, comm_, stream)
-                            : ncclRecv(t.buffer, size_t(t.count), ncclFloat32, t.peer, comm_, stream);
+    ncclResult_t r = t.send ? ncclSend(t.buffer, size_t(t.count), ncclTypeOf(t.type), t.peer, comm_, stream)
+                            : ncclRecv(t.buffer, size_t(t.count), ncclTypeOf(t.type), t.peer, comm_, stream);
     if (r != ncclSuccess && first.isOk()) first = check(r, t.send ? "send" : "receive");
   }
   Status end = check(ncclGroupEnd(), "group end");  // always closed, even after a failed call

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "runtime/Collectives.h"
+#include "runtime/cuda/DeviceArray.h"
 #include "support/Status.h"
 #include "runtime/control/CoordinatorClient.h"
 
@@ -43,25 +44,30 @@ class NcclGroup {
   // In-place fp32 sum over the group (tensor-parallel f/g and data-parallel gradient buckets).
   Status allReduceSum(float *buffer, int64_t count, cudaStream_t stream);
   // out = reduce(in) over the group for every part (in may equal out), as one grouped NCCL
-  // call: a data-parallel bucket's gradients need no packing copy.
+  // call: a data-parallel bucket's gradients need no packing copy. Each part in its own
+  // element type (a 16-bit plan's tensor-parallel all-reduces are bf16 or fp16 on the wire).
   struct Part {
-    const float *in;
-    float *out;
+    const void *in;
+    void *out;
     int64_t count;
+    ElementType type = ElementType::kF32;
   };
   Status allReduce(const std::vector<Part> &parts, ReduceOp op, cudaStream_t stream);
   // Sequence parallelism: out [size * count] gathers every member's in [count] in rank order;
   // reduceScatterSum is its transpose, out [count] = this member's slice of the sum of in.
-  Status allGather(const float *in, float *out, int64_t count, cudaStream_t stream);
-  Status reduceScatterSum(const float *in, float *out, int64_t count, cudaStream_t stream);
+  Status allGather(const void *in, void *out, int64_t count, cudaStream_t stream,
+                   ElementType type = ElementType::kF32);
+  Status reduceScatterSum(const void *in, void *out, int64_t count, cudaStream_t stream,
+                          ElementType type = ElementType::kF32);
 
   // The pipeline sends and receives of one schedule step, issued as one grouped NCCL call so
   // that a send to the next stage and a receive from it cannot deadlock each other.
   struct Transfer {
     bool send;
     int peer;  // group rank
-    float *buffer;
+    void *buffer;
     int64_t count;
+    ElementType type = ElementType::kF32;
   };
   Status exchange(const std::vector<Transfer> &transfers, cudaStream_t stream);
 

@@ -5,6 +5,7 @@
 #include <tuple>
 #include <string>
 
+#include "plan/PlanAttributes.h"
 #include "runtime/Executor.h"
 #include "runtime/cuda/CudaStatus.h"
 #include "runtime/cuda/NcclGroup.h"
@@ -15,16 +16,16 @@ struct PipelineLinks::Link {
   int peer = 0;  // pp position of the other end
   bool send = false;
   int source = 0, destination = 0;  // global ranks
-  int64_t slotFloats = 0;
+  int64_t slotBytes = 0;
   std::unique_ptr<NcclGroup> comm;  // rank 0: the source
   cudaStream_t stream = nullptr;
-  std::vector<float *> slots;
+  std::vector<char *> slots;
   std::vector<cudaEvent_t> filled, free;  // per slot: its message is in it / it may be reused
   size_t next = 0;                         // messages so far this step
   size_t messages = 0;                     // per step
 
   ~Link() {
-    for (float *s : slots) cudaFree(s);
+    for (char *s : slots) cudaFree(s);
     for (cudaEvent_t e : filled) cudaEventDestroy(e);
     for (cudaEvent_t e : free) cudaEventDestroy(e);
     if (stream) cudaStreamDestroy(stream);
@@ -41,18 +42,18 @@ Status PipelineLinks::create(control::CoordinatorClient *client, const std::vect
     if (n.peer < 0 || n.peer >= int(members.size()) || n.peer == position)
       return Status::error("pipeline peer " + std::to_string(n.peer) + " is not another member of a group of " +
                            std::to_string(members.size()));
-    if (n.messages < 1 || n.floats < 1) continue;
+    if (n.messages < 1 || n.bytes < 4) continue;
     auto link = std::make_unique<Link>();
-    link->peer = n.peer, link->send = n.send, link->slotFloats = n.floats;
+    link->peer = n.peer, link->send = n.send, link->slotBytes = n.bytes;
     link->source = n.send ? members[position] : members[n.peer];
     link->destination = n.send ? members[n.peer] : members[position];
     LOOM_RETURN_IF_ERROR(cudaStatus(cudaStreamCreateWithFlags(&link->stream, cudaStreamNonBlocking), "stream"));
     link->messages = size_t(n.messages);
     int slots = n.slots > 0 ? std::min(n.slots, n.messages) : n.messages;
     for (int k = 0; k < slots; ++k) {
-      float *slot = nullptr;
+      char *slot = nullptr;
       cudaEvent_t filled, free;
-      LOOM_RETURN_IF_ERROR(cudaStatus(cudaMalloc(&slot, size_t(n.floats) * sizeof(float)),
+      LOOM_RETURN_IF_ERROR(cudaStatus(cudaMalloc(&slot, size_t(n.bytes)),
                                       "allocating " + link->name() + " message slots"));
       link->slots.push_back(slot);
       LOOM_RETURN_IF_ERROR(cudaStatus(cudaEventCreateWithFlags(&filled, cudaEventDisableTiming), "event"));
@@ -92,36 +93,38 @@ Status PipelineLinks::find(int peer, bool send, Link **out) {
                        std::to_string(peer) + " (the plan's messages were not counted)");
 }
 
-Status PipelineLinks::send(int peer, const float *data, int64_t floats, cudaStream_t stream) {
+Status PipelineLinks::send(int peer, In data, int64_t count, cudaStream_t stream) {
   Link *l;
   LOOM_RETURN_IF_ERROR(find(peer, true, &l));
-  if (l->next >= l->messages || floats > l->slotFloats)
+  int64_t bytes = count * elementBytes(data.type);
+  if (l->next >= l->messages || bytes > l->slotBytes)
     return Status::error(l->name() + ": more or larger messages in this step than the schedule announced");
   size_t k = l->next++ % l->slots.size();
   // The slot's last message has left; copy in; the link sends when the copy is done.
   LOOM_RETURN_IF_ERROR(cudaStatus(cudaStreamWaitEvent(stream, l->free[k], 0), "stream wait"));
   LOOM_RETURN_IF_ERROR(cudaStatus(
-      cudaMemcpyAsync(l->slots[k], data, size_t(floats) * sizeof(float), cudaMemcpyDeviceToDevice, stream), "copy"));
+      cudaMemcpyAsync(l->slots[k], data.data, size_t(bytes), cudaMemcpyDeviceToDevice, stream), "copy"));
   LOOM_RETURN_IF_ERROR(cudaStatus(cudaEventRecord(l->filled[k], stream), "event"));
   LOOM_RETURN_IF_ERROR(cudaStatus(cudaStreamWaitEvent(l->stream, l->filled[k], 0), "stream wait"));
-  LOOM_RETURN_IF_ERROR(l->comm->exchange({{true, 1, l->slots[k], floats}}, l->stream));
+  LOOM_RETURN_IF_ERROR(l->comm->exchange({{true, 1, l->slots[k], count, data.type}}, l->stream));
   return cudaStatus(cudaEventRecord(l->free[k], l->stream), "event");
 }
 
-Status PipelineLinks::recv(int peer, float *data, int64_t floats, cudaStream_t stream) {
+Status PipelineLinks::recv(int peer, Out data, int64_t count, cudaStream_t stream) {
   Link *l;
   LOOM_RETURN_IF_ERROR(find(peer, false, &l));
-  if (l->next >= l->messages || floats > l->slotFloats)
+  int64_t bytes = count * elementBytes(data.type);
+  if (l->next >= l->messages || bytes > l->slotBytes)
     return Status::error(l->name() + ": more or larger messages in this step than the schedule announced");
   size_t k = l->next++ % l->slots.size();
   // Posted once the slot's last message was copied out; `stream`
   // copies the message out when it has arrived.
   LOOM_RETURN_IF_ERROR(cudaStatus(cudaStreamWaitEvent(l->stream, l->free[k], 0), "stream wait"));
-  LOOM_RETURN_IF_ERROR(l->comm->exchange({{false, 0, l->slots[k], floats}}, l->stream));
+  LOOM_RETURN_IF_ERROR(l->comm->exchange({{false, 0, l->slots[k], count, data.type}}, l->stream));
   LOOM_RETURN_IF_ERROR(cudaStatus(cudaEventRecord(l->filled[k], l->stream), "event"));
   LOOM_RETURN_IF_ERROR(cudaStatus(cudaStreamWaitEvent(stream, l->filled[k], 0), "stream wait"));
   LOOM_RETURN_IF_ERROR(cudaStatus(
-      cudaMemcpyAsync(data, l->slots[k], size_t(floats) * sizeof(float), cudaMemcpyDeviceToDevice, stream), "copy"));
+      cudaMemcpyAsync(data.data, l->slots[k], size_t(bytes), cudaMemcpyDeviceToDevice, stream), "copy"));
   return cudaStatus(cudaEventRecord(l->free[k], stream), "event");
 }
 
@@ -162,10 +165,10 @@ Status pipelineNeeds(const plan::RankPlan &plan, const plan::ProgramSet &program
       status = Status::error(p.name() + ": two messages " + (send ? "to" : "from") + " pp position " +
                              std::to_string(peer) + " in one program (NCCL matches by order only; not supported)");
     const plan::Buffer &b = p.buffers(send ? in.inputs(0) : in.outputs(0));
-    int64_t floats = 1;
-    for (int64_t d : b.shape()) floats *= d;
+    int64_t bytes = planattr::elementBytes(b.dtype());
+    for (int64_t d : b.shape()) bytes *= d;
     PipelineLinks::Need &n = needs[{peer, send}];
-    n.peer = peer, n.send = send, n.floats = std::max(n.floats, floats);
+    n.peer = peer, n.send = send, n.bytes = std::max(n.bytes, bytes);
     ++n.messages;
   });
   for (const plan::PipelineLink &l : plan.pipeline_links()) {  // the slots loomc check measured

@@ -29,6 +29,7 @@
 #include <vector>
 
 #include "protos/plan.pb.h"
+#include "runtime/cuda/DeviceArray.h"
 #include "support/Status.h"
 #include "runtime/control/CoordinatorClient.h"
 
@@ -42,7 +43,7 @@ class PipelineLinks {
   struct Need {
     int peer;         // position in the pp group
     bool send;        // this rank sends (else receives)
-    int64_t floats;   // the largest message
+    int64_t bytes;    // the largest message
     int messages;     // messages per step
     int slots = 0;    // slots reused in turn (the plan's pipeline_links: the most in flight); 0: one per message
   };
@@ -55,11 +56,11 @@ class PipelineLinks {
   PipelineLinks(const PipelineLinks &) = delete;
   PipelineLinks &operator=(const PipelineLinks &) = delete;
 
-  // Sends `floats` floats at `data` to `peer` once the work queued on `stream` is done;
-  // `stream` itself does not wait for the peer.
-  Status send(int peer, const float *data, int64_t floats, cudaStream_t stream);
+  // Sends `count` elements at `data` (of its type: a 16-bit plan's messages are 16-bit) to
+  // `peer` once the work queued on `stream` is done; `stream` itself does not wait for the peer.
+  Status send(int peer, In data, int64_t count, cudaStream_t stream);
   // Receives from `peer` into `data`; the work queued on `stream` after this waits for it.
-  Status recv(int peer, float *data, int64_t floats, cudaStream_t stream);
+  Status recv(int peer, Out data, int64_t count, cudaStream_t stream);
   // A new step: slots are taken from the first again (every message of the previous step was
   // sent or received by then: the step's schedule ran to its end).
   void startStep();

@@ -44,12 +44,14 @@ struct AttentionScratch {
   size_t bytes = 0;
 };
 
-inline AttentionScratch carveAttention(const cpu::AttentionShape &s, Precision p, bool backward, void *base) {
+// operandsNative: qkv and g are already of p's 16-bit type (a 16-bit plan): no copies.
+inline AttentionScratch carveAttention(const cpu::AttentionShape &s, Precision p, bool backward, void *base,
+                                       bool operandsNative = false) {
   size_t e = size_t(operandBytes(p)), tokens = size_t(s.batch * s.seq), width = size_t(s.heads * s.headDim);
   size_t square = size_t(s.heads * s.seq * s.seq);
   Carver c{static_cast<char *>(base)};
   AttentionScratch out;
-  if (p != Precision::kFp32) {
+  if (p != Precision::kFp32 && !operandsNative) {
     out.qkv = c.take(tokens * 3 * width * e);
     if (backward) out.g = c.take(tokens * width * e);
   }
@@ -65,13 +67,13 @@ struct GroupedAttentionScratch {
 };
 
 inline GroupedAttentionScratch carveGroupedAttention(const cpu::GroupedAttentionShape &s, Precision p, bool backward,
-                                                     void *base) {
+                                                     void *base, bool operandsNative = false) {
   size_t e = size_t(operandBytes(p)), tokens = size_t(s.batch * s.seq);
   size_t qWidth = size_t(s.heads * s.headDim), kvWidth = size_t(s.kvHeads * s.headDim);
   size_t square = size_t(s.heads * s.seq * s.seq);
   Carver c{static_cast<char *>(base)};
   GroupedAttentionScratch out;
-  if (p != Precision::kFp32) {
+  if (p != Precision::kFp32 && !operandsNative) {
     out.q = c.take(tokens * qWidth * e);
     out.k = c.take(tokens * kvWidth * e);
     out.v = c.take(tokens * kvWidth * e);

@@ -1,5 +1,6 @@
 // The plans the GPU tests run: gpt-tiny without dropout for one rank (cluster t1p1d1, or
-// t1p1d1_zero1 with ZeRO-1). LOOM_TEST_PLANS (LOOM_TEST_PLANS_ZERO1) names a directory compiled
+// t1p1d1_zero1 with ZeRO-1, or t1p1d1_bf16 in bf16). LOOM_TEST_PLANS (LOOM_TEST_PLANS_ZERO1,
+// LOOM_TEST_PLANS_BF16) names a directory compiled
 // beforehand (the GPU pack carries plans, not loomc and LLVM); otherwise they are compiled here
 // with the loomc of this build.
 #pragma once
@@ -23,10 +24,11 @@ inline std::string readWholeFile(const std::string &path) {
   return ss.str();
 }
 
-// Fills rank 0's plan and its programs (gtest assertions on failure).
-inline void loadGptTinyPlan(plan::RankPlan *rank, plan::ProgramSet *programs, bool zero1 = false) {
-  const char *prebuilt = std::getenv(zero1 ? "LOOM_TEST_PLANS_ZERO1" : "LOOM_TEST_PLANS");
-  std::string cluster = zero1 ? "t1p1d1_zero1" : "t1p1d1";
+// Fills rank 0's plan and its programs (gtest assertions on failure) for cluster
+// tests/runtime/Inputs/<cluster>.pbtxt; `env` names the variable of a prebuilt directory.
+inline void loadGptTinyPlanFor(const std::string &cluster, const char *env, plan::RankPlan *rank,
+                               plan::ProgramSet *programs) {
+  const char *prebuilt = std::getenv(env);
   std::string dir = prebuilt ? prebuilt
                              : std::string(std::getenv("TEST_TMPDIR") ? std::getenv("TEST_TMPDIR") : "/tmp") +
                                    "/cuda_plans_" + cluster;
@@ -38,6 +40,16 @@ inline void loadGptTinyPlan(plan::RankPlan *rank, plan::ProgramSet *programs, bo
   ASSERT_TRUE(rank->ParseFromString(readWholeFile(dir + "/rank_0.plan.pb"))) << dir;
   ASSERT_TRUE(programs->ParseFromString(readWholeFile(dir + "/" + rank->programs_file()))) << dir;
   ASSERT_GT(programs->programs_size(), 0);
+}
+
+inline void loadGptTinyPlan(plan::RankPlan *rank, plan::ProgramSet *programs, bool zero1 = false) {
+  loadGptTinyPlanFor(zero1 ? "t1p1d1_zero1" : "t1p1d1", zero1 ? "LOOM_TEST_PLANS_ZERO1" : "LOOM_TEST_PLANS", rank,
+                     programs);
+}
+
+// The bf16 plan of gpt-tiny (t1p1d1_bf16: 16-bit activations, stashes and weight copies).
+inline void loadGptTinyBf16Plan(plan::RankPlan *rank, plan::ProgramSet *programs) {
+  loadGptTinyPlanFor("t1p1d1_bf16", "LOOM_TEST_PLANS_BF16", rank, programs);
 }
 
 }  // namespace loom::test

@@ -3,9 +3,10 @@
 // row whose keys are all masked; in fp32 (relative L2 error < 1e-5 on out and dqkv), bf16 and
 // fp16 operands (within their rounding: 3e-2 and 5e-3); the tiled (flash) kernel in fp32 at
 // three head sizes; each forward's softmax statistics (lse) against the CPU's, and each backward
-// reads the statistics its own forward wrote. An empty shape, and a head too wide for the tiled kernel, are refused with
-// a message (that case runs everywhere). The rest skips, with a message saying so, where no GPU
-// is present (CI); the GPU check script runs it.
+// reads the statistics its own forward wrote; the tiled kernel on bf16 and fp16 storage against
+// itself in fp32 on the same values, rounded once. An empty shape, and a head too wide for the
+// tiled kernel, are refused with a message (that case runs everywhere). The rest skips, with a
+// message saying so, where no GPU is present (CI); the GPU check script runs it.
 #include <gtest/gtest.h>
 
 #include <cublas_v2.h>
@@ -139,6 +140,44 @@ INSTANTIATE_TEST_SUITE_P(Masks, FlashAttention,
                                            Case{"causal_key_mask_dropout", true, true, 0.1f},
                                            Case{"dropout", false, false, 0.2f}),
                          [](const auto &info) { return std::string(info.param.name); });
+
+// 16-bit storage: the tiled kernel reads bf16 or fp16 qkv and g into its fp32 tiles and writes
+// out and dqkv in that type, each its own fp32 result on the same values (the operands widened)
+// rounded once (within one 16-bit ulp: the results are sums over keys or queries); lse, fp32,
+// is the fp32 run's.
+using FlashAttentionStorage = DeviceTest<>;
+
+TEST_F(FlashAttentionStorage, Bf16AndFp16StorageIsFp32MathRoundedOnce) {
+  for (cuda::ElementType t : {cuda::ElementType::kBf16, cuda::ElementType::kF16})
+    for (const Case &c : {Case{"key_mask", false, true, 0.0f}, Case{"causal_key_mask_dropout", true, true, 0.1f}}) {
+      cpu::AttentionShape shape{/*batch=*/2, /*seq=*/45, /*heads=*/2, /*headDim=*/40, c.causal, c.dropout, 99, 5};
+      int64_t S = shape.seq, tokens = shape.batch * S, rows = shape.batch * shape.heads * S;
+      int64_t nq = tokens * 3 * shape.heads * shape.headDim, no = tokens * shape.heads * shape.headDim;
+      std::vector<float> mask(tokens, 1.0f);  // as reference(): batch 1 attends to nothing without causal
+      for (int64_t j = S * 3 / 5; j < S; ++j) mask[j] = 0.0f;
+      if (!c.causal)
+        for (int64_t j = 0; j < S; ++j) mask[S + j] = 0.0f;
+      const float *devMask = up(mask);
+      auto qkv = randomHalf(nq, t), g = randomHalf(no, t);
+      float *qkv32 = up(qkv.values), *g32 = up(g.values);
+      cuda::Out out = halves(no, t), dqkv = halves(nq, t);
+      float *out32 = zeros(no), *dqkv32 = zeros(nq), *lse = zeros(rows), *lse32 = zeros(rows);
+      void *scratch = alloc(cuda::flashAttentionScratchBytes(shape));
+      void *scratch32 = alloc(cuda::flashAttentionScratchBytes(shape));
+      std::string what = std::string(c.name) + " " + cuda::elementTypeName(t);
+      Status s = cuda::flashAttentionForward(qkv.in, devMask, out, lse, shape, nullptr);
+      ASSERT_TRUE(s.isOk()) << s.message();
+      s = cuda::flashAttentionForward(qkv32, devMask, out32, lse32, shape, nullptr);
+      ASSERT_TRUE(s.isOk()) << s.message();
+      s = cuda::flashAttentionBackward(qkv.in, devMask, g.in, dqkv, shape, scratch, nullptr);
+      ASSERT_TRUE(s.isOk()) << s.message();
+      s = cuda::flashAttentionBackward(qkv32, devMask, g32, dqkv32, shape, scratch32, nullptr);
+      ASSERT_TRUE(s.isOk()) << s.message();
+      expectRoundedOnce(out, out32, size_t(no), 1, what + " out");
+      expectStatistics(down(lse, rows), down(lse32, rows), 1e-6, what);
+      expectRoundedOnce(dqkv, dqkv32, size_t(nq), 1, what + " dqkv");
+    }
+}
 
 // Grouped-query attention against the CPU: KV heads shared by 2 query heads, multi-query (one
 // KV head), and a rank's slice of the query heads over all KV heads (replicated KV heads), with

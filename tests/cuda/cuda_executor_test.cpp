@@ -17,6 +17,7 @@
 #include "runtime/cuda/CudaKernels.h"
 #include "runtime/cuda/NcclGroup.h"
 #include "runtime/cuda/ProgressEvents.h"
+#include "runtime/cpu/HalfStorage.h"
 #include "tests/cuda/TestPlans.h"
 
 namespace loom {
@@ -154,6 +155,68 @@ INSTANTIATE_TEST_SUITE_P(
                       Numerics{cuda::Precision::kBf16, cuda::AttentionKernel::kAuto, "bf16"},
                       Numerics{cuda::Precision::kFp16, cuda::AttentionKernel::kAuto, "fp16"}),
     [](const auto &info) { return std::string(info.param.name); });
+
+
+// The bf16 plan of gpt-tiny, every program, against the CPU executor's bf16 execution: both
+// round every 16-bit result once at the same points, from the same (bf16-exact) arguments, so
+// they differ where a GEMM's or a reduction's summation order moves a value across a rounding
+// boundary, compounded through the program: within 3e-2 (the autocast case's bound above).
+TEST(CudaExecutorBf16Plan, MatchesTheCpuExecutorOnEveryProgramOfGptTiny) {
+  const char *why = "";
+  if (!cuda::deviceAvailable(&why)) GTEST_SKIP() << "no CUDA device (" << why << "): skipping the bf16 plan check";
+  plan::RankPlan rank;
+  plan::ProgramSet programs;
+  test::loadGptTinyBf16Plan(&rank, &programs);
+  if (HasFatalFailure()) return;
+  std::unique_ptr<cuda::NcclGroups> groups;
+  Status s = cuda::NcclGroups::create(nullptr, rank, 1000, &groups);
+  ASSERT_TRUE(s.isOk()) << s.message();
+  std::unique_ptr<cuda::CudaExecutor> executor;
+  cuda::CudaExecutorOptions options;
+  options.precision = cuda::Precision::kBf16, options.groups = groups.get();
+  s = cuda::CudaExecutor::create(options, &executor);
+  ASSERT_TRUE(s.isOk()) << s.message();
+  ThreadWorld world(ParallelLayout{});
+  std::unique_ptr<Collectives> collectives = world.forRank(0);
+  std::mt19937 rng(5);
+  int sixteenBit = 0;
+  for (const plan::Program &program : programs.programs()) {
+    std::vector<HostTensor> args = argumentsFor(program, rng);
+    // 16-bit arguments rounded to bf16 here: both executors then read the same values.
+    std::vector<std::vector<uint16_t>> halves(args.size());
+    std::vector<ArgumentView> cpuViews;
+    std::vector<HostTensor> cpuArgs = args;
+    for (size_t a = 0; a < args.size(); ++a) {
+      const plan::Buffer &b = program.buffers(program.arguments(int(a)).buffer());
+      ArgumentView v = ArgumentView::of(cpuArgs[a]);
+      if (b.dtype() == plan::BF16) {
+        ++sixteenBit;
+        halves[a].resize(args[a].data.size());
+        cpu::narrow(plan::BF16, args[a].data.data(), halves[a].data(), int64_t(halves[a].size()));
+        cpu::widen(plan::BF16, halves[a].data(), args[a].data.data(), int64_t(halves[a].size()));
+        v = ArgumentView{};
+        v.h = halves[a].data(), v.count = int64_t(halves[a].size());
+      }
+      cpuViews.push_back(v);
+    }
+    std::vector<HostTensor> gpuArgs = args;
+    std::vector<const HostTensor *> gpuPtrs;
+    for (HostTensor &t : gpuArgs) gpuPtrs.push_back(&t);
+    ExecutionContext ctx;
+    ctx.collectives = collectives.get();
+    std::vector<std::vector<float>> want(size_t(program.results_size()));
+    s = executeProgram(program, cpuViews, [&](int i, const float *data, int64_t n) { want[size_t(i)].assign(data, data + n); },
+                       ctx);
+    ASSERT_TRUE(s.isOk()) << program.name() << ": " << s.message();
+    std::vector<HostTensor> got;
+    s = executor->run(program, gpuPtrs, got, ctx);
+    ASSERT_TRUE(s.isOk()) << s.message();
+    ASSERT_EQ(got.size(), want.size());
+    for (size_t i = 0; i < got.size(); ++i)
+      EXPECT_LT(relErr(got[i].data, want[i]), 3e-2) << program.name() << " result " << program.results(int(i)).name();
+  }
+  EXPECT_GT(sixteenBit, 0) << "the bf16 plan has no 16-bit arguments";
+}
 
 }  // namespace
 }  // namespace loom

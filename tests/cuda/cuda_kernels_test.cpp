@@ -1,11 +1,17 @@
 // The CUDA kernels against the CPU kernels on the same inputs (fp32, relative error < 1e-5;
-// dropout bit-identical: the same counter-based generator). Skipped, with a message saying
-// so, where no GPU is present (CI); run by the GPU check script when one is lent.
+// dropout bit-identical: the same counter-based generator); on bf16 and fp16 storage, against
+// themselves in fp32 on the same values, each result rounded once (bit for bit elementwise,
+// within one 16-bit ulp after a row's reduction). Skipped, with a message saying so, where no
+// GPU is present (CI); run by the GPU check script when one is lent.
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "runtime/cpu/Kernels.h"
@@ -15,7 +21,10 @@
 namespace loom {
 namespace {
 
-using CudaKernels = DeviceTest<>;
+class CudaKernels : public DeviceTest<> {
+ protected:
+  void expectStorageRoundedOnce(cuda::ElementType t);
+};
 
 // Shapes for each path of the backward: a block per row (37 rows), runs of rows per block
 // summing dgamma/dbeta in shared memory (3000 rows), per-element atomics when 2n floats do not
@@ -176,6 +185,148 @@ TEST_F(CudaKernels, AdamW) {
   float *dp = up(p), *dm = up(m), *dv = up(v);
   cuda::adamwUpdate(dp, up(g), dm, dv, n, 1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, 1, true, 0);
   EXPECT_LT(relErr(down(dp, n), ref), 1e-5);
+}
+
+
+// A 16-bit plan's kernels read and write bf16 or fp16 storage and compute in fp32: on 16-bit
+// operands each kernel gives its own fp32 result on the same values (the operands widened)
+// rounded once to the storage type. Elementwise kernels bit for bit; where a row is reduced
+// first (layer norm), within one 16-bit ulp. Outputs that stay fp32 (the norm parameter
+// gradients, the loss statistics) are the fp32 run's.
+void CudaKernels::expectStorageRoundedOnce(cuda::ElementType t) {
+  CudaKernels &k = *this;
+  {  // gelu's backward
+    int64_t n = 10000;
+    auto x = k.randomHalf(n, t, 3), g = k.randomHalf(n, t);
+    cuda::Out dx = k.halves(n, t);
+    float *dx32 = k.zeros(n);
+    cuda::geluBackward(x.in, g.in, dx, n, 0);
+    cuda::geluBackward(k.up(x.values), k.up(g.values), dx32, n, 0);
+    k.expectRoundedOnce(dx, dx32, n, 0, "geluBackward");
+  }
+  {  // add_bias, and accumulate in place (y is x)
+    int64_t rows = 87, hidden = 40, n = rows * hidden;
+    auto x = k.randomHalf(n, t), bias = k.randomHalf(hidden, t);
+    cuda::Out y = k.halves(n, t), inPlace(k.up(x.bits), t);
+    float *y32 = k.zeros(n);
+    cuda::addBroadcast(x.in, bias.in, y, n, hidden, 0);
+    cuda::addBroadcast(inPlace, bias.in, inPlace, n, hidden, 0);
+    cuda::addBroadcast(k.up(x.values), k.up(bias.values), y32, n, hidden, 0);
+    k.expectRoundedOnce(y, y32, n, 0, "addBroadcast");
+    k.expectRoundedOnce(inPlace, y32, n, 0, "addBroadcast in place");
+  }
+  {  // SwiGLU's backward: two outputs
+    int64_t n = 10000;
+    auto gate = k.randomHalf(n, t, 3), upv = k.randomHalf(n, t), g = k.randomHalf(n, t);
+    cuda::Out dgate = k.halves(n, t), dup = k.halves(n, t);
+    float *dgate32 = k.zeros(n), *dup32 = k.zeros(n);
+    cuda::swigluBackward(gate.in, upv.in, g.in, dgate, dup, n, 0);
+    cuda::swigluBackward(k.up(gate.values), k.up(upv.values), k.up(g.values), dgate32, dup32, n, 0);
+    k.expectRoundedOnce(dgate, dgate32, n, 0, "swigluBackward dgate");
+    k.expectRoundedOnce(dup, dup32, n, 0, "swigluBackward dup");
+  }
+  {  // embedding: the word row (0 outside the shard) plus the position row
+    int64_t tokens = 64, seq = 16, hidden = 32, rows = 100;
+    std::vector<int32_t> tok(tokens);
+    for (int32_t &v : tok) v = int32_t(k.rng_() % 200);  // half outside the shard [50, 150)
+    auto word = k.randomHalf(rows * hidden, t), pos = k.randomHalf(seq * hidden, t);
+    cuda::Out y = k.halves(tokens * hidden, t);
+    float *y32 = k.zeros(tokens * hidden);
+    int32_t *dtok = k.up(tok);
+    cuda::embeddingForward(dtok, word.in, pos.in, y, tokens, seq, hidden, 50, rows, 0);
+    cuda::embeddingForward(dtok, k.up(word.values), k.up(pos.values), y32, tokens, seq, hidden, 50, rows, 0);
+    k.expectRoundedOnce(y, y32, tokens * hidden, 0, "embeddingForward");
+  }
+  {  // cross entropy: fp32 statistics from 16-bit logits, 16-bit dlogits
+    int64_t tokens = 24, cols = 300, valid = 290;
+    auto logits = k.randomHalf(tokens * cols, t, 2);
+    std::vector<int32_t> labels(tokens);
+    for (int32_t &l : labels) l = int32_t(k.rng_() % valid);
+    std::vector<float> mask(tokens, 1.0f);
+    mask[3] = 0;
+    int32_t *dlabels = k.up(labels);
+    float *logits32 = k.up(logits.values);
+    float *mx = k.zeros(tokens), *sum = k.zeros(tokens), *target = k.zeros(tokens);
+    float *mx32 = k.zeros(tokens), *sum32 = k.zeros(tokens), *target32 = k.zeros(tokens);
+    cuda::crossEntropyLocalMax(logits.in, mx, tokens, cols, 0, valid, 0);
+    cuda::crossEntropyLocalSums(logits.in, dlabels, mx, sum, target, tokens, cols, 0, valid, 0);
+    cuda::crossEntropyLocalMax(logits32, mx32, tokens, cols, 0, valid, 0);
+    cuda::crossEntropyLocalSums(logits32, dlabels, mx32, sum32, target32, tokens, cols, 0, valid, 0);
+    EXPECT_EQ(k.down(mx, tokens), k.down(mx32, tokens));
+    EXPECT_EQ(k.down(target, tokens), k.down(target32, tokens));
+    std::vector<float> sums = k.down(sum32, tokens), lse(tokens);
+    EXPECT_LT(k.relErr(k.down(sum, tokens), sums), 1e-6);
+    cpu::crossEntropyLogSumExp(k.down(mx32, tokens).data(), sums.data(), lse.data(), tokens);
+    float *dlse = k.up(lse), *dmask = k.up(mask);
+    cuda::Out d = k.halves(tokens * cols, t);
+    float *d32 = k.zeros(tokens * cols);
+    cuda::crossEntropyBackward(logits.in, dlabels, dmask, dlse, 0.5f / 23, d, tokens, cols, 0, valid, 0);
+    cuda::crossEntropyBackward(logits32, dlabels, dmask, dlse, 0.5f / 23, d32, tokens, cols, 0, valid, 0);
+    k.expectRoundedOnce(d, d32, tokens * cols, 0, "crossEntropyBackward");
+  }
+  // Layer norm (a row's moments first): a block per row, rows wider than the block, and the
+  // backward's runs of rows per block.
+  for (auto [rows, n] : {std::pair<int64_t, int64_t>{37, 300}, {5, 6000}, {3000, 64}}) {
+    std::string shape = std::to_string(rows) + "x" + std::to_string(n);
+    auto x = k.randomHalf(rows * n, t), gamma = k.randomHalf(n, t), beta = k.randomHalf(n, t),
+         g = k.randomHalf(rows * n, t);
+    float *x32 = k.up(x.values), *gamma32 = k.up(gamma.values), *g32 = k.up(g.values);
+    cuda::Out y = k.halves(rows * n, t), dx = k.halves(rows * n, t);
+    float *y32 = k.zeros(rows * n), *dx32 = k.zeros(rows * n);
+    float *dg = k.zeros(n), *db = k.zeros(n), *dg32 = k.zeros(n), *db32 = k.zeros(n);
+    cuda::layerNormForward(x.in, gamma.in, beta.in, y, rows, n, 1e-5f, 0);
+    cuda::layerNormForward(x32, gamma32, k.up(beta.values), y32, rows, n, 1e-5f, 0);
+    cuda::layerNormBackward(x.in, gamma.in, g.in, dx, dg, db, rows, n, 1e-5f, 0);
+    cuda::layerNormBackward(x32, gamma32, g32, dx32, dg32, db32, rows, n, 1e-5f, 0);
+    k.expectRoundedOnce(y, y32, rows * n, 1, "layerNormForward " + shape);
+    k.expectRoundedOnce(dx, dx32, rows * n, 1, "layerNormBackward dx " + shape);
+    // Summed with atomics, in no fixed order.
+    EXPECT_LT(k.relErr(k.down(dg, n), k.down(dg32, n)), 1e-5) << shape;
+    EXPECT_LT(k.relErr(k.down(db, n), k.down(db32, n)), 1e-5) << shape;
+  }
+}
+
+TEST_F(CudaKernels, Bf16StorageIsFp32MathRoundedOnce) { expectStorageRoundedOnce(cuda::ElementType::kBf16); }
+
+TEST_F(CudaKernels, Fp16StorageIsFp32MathRoundedOnce) { expectStorageRoundedOnce(cuda::ElementType::kF16); }
+
+// The plan's cast: fp32 into bf16 / fp16 rounded to nearest even (ties included, overflow to
+// infinity), the other way exact, and between the 16-bit types through fp32.
+TEST_F(CudaKernels, ConvertElementsRoundsToNearestEven) {
+  auto bits = [](uint32_t u) {
+    float f;
+    std::memcpy(&f, &u, 4);
+    return f;
+  };
+  std::vector<float> x = random(5000, 4);
+  float inf = std::numeric_limits<float>::infinity();
+  // Ties between two bf16 values (to the even one), just above and below them, fp16 ties, the
+  // fp16 overflow and subnormal ranges, signed zeros, infinities.
+  for (float v : {bits(0x3F808000u), bits(0x3F818000u), bits(0x3F808001u), bits(0x3F807FFFu), bits(0xBF818000u),
+                  1.0f + 1.0f / 2048, 1.0f + 3.0f / 2048, 65504.0f, 65520.0f, 70000.0f, -1e6f, 1e-6f, 3e-8f,
+                  0.0f, -0.0f, inf, -inf, 3.0e38f})
+    x.push_back(v);
+  size_t n = x.size();
+  float *x32 = up(x);
+  for (cuda::ElementType t : {cuda::ElementType::kBf16, cuda::ElementType::kF16}) {
+    const char *name = cuda::elementTypeName(t);
+    cuda::Out h = halves(n, t);
+    cuda::convertElements(x32, h, int64_t(n), 0);
+    EXPECT_EQ(downBits(h.data, n), narrow(x, t)) << "fp32 -> " << name;
+    float *back = zeros(n);
+    cuda::convertElements(h, back, int64_t(n), 0);
+    EXPECT_EQ(down(back, n), widen(narrow(x, t), t)) << name << " -> fp32";
+    cuda::ElementType other = t == cuda::ElementType::kBf16 ? cuda::ElementType::kF16 : cuda::ElementType::kBf16;
+    cuda::Out same = halves(n, t), across = halves(n, other);
+    cuda::convertElements(h, same, int64_t(n), 0);
+    cuda::convertElements(h, across, int64_t(n), 0);
+    EXPECT_EQ(downBits(same.data, n), narrow(x, t)) << name << " -> " << name;
+    EXPECT_EQ(downBits(across.data, n), narrow(widen(narrow(x, t), t), other))
+        << name << " -> " << cuda::elementTypeName(other);
+  }
+  float *copy = zeros(n);
+  cuda::convertElements(x32, copy, int64_t(n), 0);
+  EXPECT_EQ(down(copy, n), x) << "fp32 -> fp32";
 }
 
 }  // namespace

@@ -4,6 +4,10 @@
 // parameters afterwards (zero-initialized ones: see below) agree within 1e-4 in fp32 (also
 // with ZeRO-1's flat, sharded update: d = 1 on one GPU), and within the operands' rounding with bf16 (2e-2) or fp16 (1e-2, dynamic
 // loss scaling on: no step of this model overflows at the initial scale, so none is skipped).
+// A bf16 plan (16-bit activations, stashes and weight copies; issue 34) runs on both backends
+// with its roundings at the same points, so the two differ only where a GEMM's or a row
+// reduction's summation order moves a result across a bf16 rounding boundary: losses within
+// 2e-3 (the bound the bf16 oracle holds Loom to against PyTorch), the rest within 1e-2.
 // Needs a GPU; skips with a message without one (CI).
 #include <gtest/gtest.h>
 
@@ -36,6 +40,7 @@ struct Config {
   cuda::Precision precision;
   bool zero1;
   const char *name;
+  bool bf16Plan = false;
 };
 class CudaTrainerPrecision : public ::testing::TestWithParam<Config> {};
 
@@ -44,10 +49,18 @@ TEST_P(CudaTrainerPrecision, ThreeStepsMatchTheCpuBackend) {
   if (!cuda::deviceAvailable(&why)) GTEST_SKIP() << "no CUDA device (" << why << "): skipping the trainer check";
   const cuda::Precision precision = GetParam().precision;
   const bool zero1 = GetParam().zero1;
-  const double tol = precision == cuda::Precision::kFp32 ? 1e-4 : precision == cuda::Precision::kBf16 ? 2e-2 : 1e-2;
+  const bool bf16Plan = GetParam().bf16Plan;
+  const double tol = bf16Plan                              ? 1e-2
+                     : precision == cuda::Precision::kFp32 ? 1e-4
+                     : precision == cuda::Precision::kBf16 ? 2e-2
+                                                           : 1e-2;
+  const double lossTol = bf16Plan ? 2e-3 : tol;
   plan::RankPlan rank;
   plan::ProgramSet programs;
-  test::loadGptTinyPlan(&rank, &programs, zero1);
+  if (bf16Plan)
+    test::loadGptTinyBf16Plan(&rank, &programs);
+  else
+    test::loadGptTinyPlan(&rank, &programs, zero1);
   if (HasFatalFailure()) return;
 
   ThreadWorld world(ParallelLayout{});
@@ -88,7 +101,7 @@ TEST_P(CudaTrainerPrecision, ThreeStepsMatchTheCpuBackend) {
     s = gpu->optimizerStep(it, lr, clip, &gotNorm, &skipped);
     ASSERT_TRUE(s.isOk()) << s.message();
     EXPECT_FALSE(skipped) << "step " << it;
-    EXPECT_NEAR(got.loss, want.loss, tol * std::abs(want.loss)) << "step " << it;
+    EXPECT_NEAR(got.loss, want.loss, lossTol * std::abs(want.loss)) << "step " << it;
     EXPECT_NEAR(gotNorm, norm, 10 * tol * norm) << "step " << it;
   }
   std::map<std::string, HostTensor> params, wantParams;
@@ -125,7 +138,8 @@ INSTANTIATE_TEST_SUITE_P(Precisions, CudaTrainerPrecision,
                          ::testing::Values(Config{cuda::Precision::kFp32, false, "fp32"},
                                            Config{cuda::Precision::kBf16, false, "bf16"},
                                            Config{cuda::Precision::kFp16, false, "fp16"},
-                                           Config{cuda::Precision::kFp32, true, "fp32_zero1"}),
+                                           Config{cuda::Precision::kFp32, true, "fp32_zero1"},
+                                           Config{cuda::Precision::kBf16, false, "bf16_plan", true}),
                          [](const auto &info) { return std::string(info.param.name); });
 
 }  // namespace

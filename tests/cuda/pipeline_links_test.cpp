@@ -55,7 +55,7 @@ TEST_F(PipelineNeeds, EachStageSendsAndReceivesOneMessagePerMicroBatch) {
     for (const cuda::PipelineLinks::Need &n : needs) {
       EXPECT_EQ(n.peer, 1 - rank);
       EXPECT_EQ(n.messages, plan.micro_batches()) << "rank " << rank << (n.send ? " send" : " recv");
-      EXPECT_EQ(n.floats, int64_t(plan.micro_batch_size()) * plan.seq_length() * plan.hidden_size());
+      EXPECT_EQ(n.bytes, 4 * int64_t(plan.micro_batch_size()) * plan.seq_length() * plan.hidden_size());  // fp32 plans
     }
     EXPECT_NE(needs[0].send, needs[1].send);
   }
