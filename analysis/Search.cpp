@@ -182,10 +182,11 @@ std::string describe(const config::ParallelConfig &p) {
                          : p.schedule() == config::GPIPE                     ? "GPipe"
                          : p.schedule() == config::INTERLEAVED_ONE_F_ONE_B ? "interleaved"
                                                                            : "1F1B";
-  return llvm::formatv("t={0} p={1} d={2} v={3} b={4} {5}{6}{7} {8}", p.tensor_parallel_size(),
+  return llvm::formatv("t={0} p={1} d={2} v={3} b={4} {5}{6}{7}{8} {9}", p.tensor_parallel_size(),
                        p.pipeline_parallel_size(), p.data_parallel_size(), p.virtual_pipeline_size(),
                        p.micro_batch_size(), p.recompute() == config::RECOMPUTE_FULL ? "recompute" : "no-recompute",
-                       p.sequence_parallel() ? " sp" : "", p.zero1() ? " zero1" : "", schedule)
+                       p.sequence_parallel() ? " sp" : "", p.zero1() ? " zero1" : "",
+                       p.tp_comm_overlap() ? " tp-overlap" : "", schedule)
       .str();
 }
 
@@ -265,63 +266,84 @@ llvm::Error searchConfigurations(const config::ModelConfig &model, const config:
   });
   size_t evaluate = std::min(candidates.size(), size_t(std::max(options.evaluate, 1)));
   out->notEvaluated = int(candidates.size() - evaluate);
-  // Compile and simulate the best `evaluate`, `threads` at a time.
-  std::atomic<size_t> next{0};
+  // Compile and simulate candidates [0, count), `threads` at a time.
   std::mutex mu;
   std::string failure;
-  ProgressMeter meter("loomc search: compiling and simulating candidates", int64_t(evaluate), "configurations", false,
-                      options.progress ? stderr : nullptr);
-  int64_t finished = 0;
-  auto work = [&] {
-    for (size_t i; (i = next++) < evaluate;) {
-      auto done = llvm::make_scope_exit([&] {
-        std::lock_guard<std::mutex> lock(mu);
-        meter.update(++finished);
-      });
-      SearchCandidate &cand = candidates[i];
-      config::ClusterSpec c = cluster;
-      *c.mutable_parallel() = cand.parallel;
-      CompiledPlans plans;
-      cand.evaluated = true;
-      if (llvm::Error e = options.compile(model, c, &plans)) {
-        std::string why = llvm::toString(std::move(e));
-        std::lock_guard<std::mutex> lock(mu);
-        if (why.find("of memory but the device has") != std::string::npos)
-          cand.refused = why;
-        else if (failure.empty())
-          failure = describe(cand.parallel) + ": " + why;
+  auto evaluateAll = [&](std::vector<SearchCandidate> &batch, size_t count, const char *what) {
+    std::atomic<size_t> next{0};
+    ProgressMeter meter(what, int64_t(count), "configurations", false, options.progress ? stderr : nullptr);
+    int64_t finished = 0;
+    auto work = [&] {
+      for (size_t i; (i = next++) < count;) {
+        auto done = llvm::make_scope_exit([&] {
+          std::lock_guard<std::mutex> lock(mu);
+          meter.update(++finished);
+        });
+        SearchCandidate &cand = batch[i];
+        config::ClusterSpec c = cluster;
+        *c.mutable_parallel() = cand.parallel;
+        CompiledPlans plans;
+        cand.evaluated = true;
+        if (llvm::Error e = options.compile(model, c, &plans)) {
+          std::string why = llvm::toString(std::move(e));
+          std::lock_guard<std::mutex> lock(mu);
+          if (why.find("of memory but the device has") != std::string::npos)
+            cand.refused = why;
+          else if (failure.empty())
+            failure = describe(cand.parallel) + ": " + why;
+          continue;
+        }
+        std::vector<RankPrograms> ranks;
+        for (const plan::RankPlan &rp : plans.plans) ranks.push_back({&rp, &plans.sets[size_t(rp.pp_rank())]});
+        SimulateOptions so;
+        so.precision = defaultPrecision(plans.plans[0]);
+        if (llvm::Error e = simulateStep(ranks, so, &cand.prediction)) {
+          std::lock_guard<std::mutex> lock(mu);
+          if (failure.empty()) failure = describe(cand.parallel) + ": " + llvm::toString(std::move(e));
+        }
+      }
+    };
+    std::vector<std::thread> threads;
+    for (int k = 0; k < std::max(options.threads, 1); ++k) threads.emplace_back(work);
+    for (std::thread &th : threads) th.join();
+    meter.finish();
+  };
+  auto rank = [&](std::vector<SearchCandidate> &batch, size_t count) {
+    for (size_t i = 0; i < count; ++i) {
+      if (!batch[i].refused.empty()) {
+        ++out->refusedByPlan;
+        if (out->exampleRefusal.empty()) out->exampleRefusal = describe(batch[i].parallel) + ": " + batch[i].refused;
         continue;
       }
-      std::vector<RankPrograms> ranks;
-      for (const plan::RankPlan &rp : plans.plans) ranks.push_back({&rp, &plans.sets[size_t(rp.pp_rank())]});
-      SimulateOptions so;
-      so.precision = defaultPrecision(plans.plans[0]);
-      if (llvm::Error e = simulateStep(ranks, so, &cand.prediction)) {
-        std::lock_guard<std::mutex> lock(mu);
-        if (failure.empty()) failure = describe(cand.parallel) + ": " + llvm::toString(std::move(e));
-      }
+      out->ranked.push_back(batch[i]);
+      double planned = double(batch[i].prediction.peakMemoryBytes);
+      if (planned > 0)
+        out->worstMemoryEstimateError =
+            std::max(out->worstMemoryEstimateError, std::abs(batch[i].estimatedBytes / planned - 1));
     }
+    std::stable_sort(out->ranked.begin(), out->ranked.end(), [](const SearchCandidate &a, const SearchCandidate &b) {
+      return a.prediction.modelTflopsPerDevice > b.prediction.modelTflopsPerDevice;
+    });
   };
-  std::vector<std::thread> threads;
-  for (int k = 0; k < std::max(options.threads, 1); ++k) threads.emplace_back(work);
-  for (std::thread &th : threads) th.join();
-  meter.finish();
+  evaluateAll(candidates, evaluate, "loomc search: compiling and simulating candidates");
   if (!failure.empty()) return error("a candidate failed to compile or simulate: " + failure);
-  for (size_t i = 0; i < evaluate; ++i) {
-    if (!candidates[i].refused.empty()) {
-      ++out->refusedByPlan;
-      if (out->exampleRefusal.empty()) out->exampleRefusal = describe(candidates[i].parallel) + ": " + candidates[i].refused;
-      continue;
-    }
-    out->ranked.push_back(candidates[i]);
-    double planned = double(candidates[i].prediction.peakMemoryBytes);
-    if (planned > 0)
-      out->worstMemoryEstimateError =
-          std::max(out->worstMemoryEstimateError, std::abs(candidates[i].estimatedBytes / planned - 1));
+  rank(candidates, evaluate);
+  // Tensor-parallel overlap (parallel.tp_comm_overlap) trades exposed all-reduces for smaller
+  // GEMMs and more collective calls: the closed-form estimate does not model it, the plan's
+  // simulation does. So the best `top` with an all-reduce to overlap (t > 1, no sequence
+  // parallelism) are compiled and simulated again with it, and ranked beside the rest.
+  std::vector<SearchCandidate> overlapped;
+  for (size_t i = 0; i < out->ranked.size() && int(overlapped.size()) < std::max(options.top, 1); ++i) {
+    const config::ParallelConfig &par = out->ranked[i].parallel;
+    if (par.tensor_parallel_size() < 2 || par.sequence_parallel() || par.tp_comm_overlap()) continue;
+    SearchCandidate variant = out->ranked[i];
+    variant.parallel.set_tp_comm_overlap(true), variant.evaluated = false, variant.prediction = StepPrediction{};
+    overlapped.push_back(variant);
   }
-  std::stable_sort(out->ranked.begin(), out->ranked.end(), [](const SearchCandidate &a, const SearchCandidate &b) {
-    return a.prediction.modelTflopsPerDevice > b.prediction.modelTflopsPerDevice;
-  });
+  evaluateAll(overlapped, overlapped.size(), "loomc search: the best with tensor-parallel overlap");
+  if (!failure.empty()) return error("a candidate failed to compile or simulate: " + failure);
+  out->overlapVariants = int(overlapped.size());
+  rank(overlapped, overlapped.size());
   out->seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
   return llvm::Error::success();
 }
@@ -331,9 +353,11 @@ std::string searchText(const SearchResult &r, const config::ClusterSpec &cluster
   llvm::raw_string_ostream os(s);
   os << llvm::formatv("{0} configurations of {1} x {2} devices: {3} invalid for the model or batch, {4} over 1.25x the "
                       "device's memory by the estimate, {5} not evaluated (outside the estimate's best), {6} compiled "
-                      "and simulated, of which {7} refused by the compiled plans' memory check; {8:F1} s\n",
+                      "and simulated, of which {7} refused by the compiled plans' memory check; {8} of the best "
+                      "also with tensor-parallel overlap; {9:F1} s\n",
                       r.enumerated, cluster.nodes(), cluster.devices_per_node(), r.invalid, r.overEstimate,
-                      r.notEvaluated, r.ranked.size() + r.refusedByPlan, r.refusedByPlan, r.seconds);
+                      r.notEvaluated, r.ranked.size() + r.refusedByPlan - r.overlapVariants, r.refusedByPlan,
+                      r.overlapVariants, r.seconds);
   if (!r.exampleRefusal.empty()) os << "  e.g. " << r.exampleRefusal << "\n";
   if (!r.ranked.empty())
     os << llvm::formatv("  the estimate's peak memory (the memory plan's accounting over a compiled 4-layer probe) is "
@@ -369,6 +393,7 @@ std::string searchJson(const SearchResult &r, int top) {
                                 {"recompute", config::RecomputeMode_Name(c.recompute())},
                                 {"sequence_parallel", c.sequence_parallel()},
                                 {"zero1", c.zero1()},
+                                {"tp_comm_overlap", c.tp_comm_overlap()},
                                 {"schedule", config::PipelineSchedule_Name(c.schedule())}};
     nlohmann::ordered_json prediction = predictionObject(r.ranked[i].prediction);
     for (auto &[key, value] : prediction.items()) j[key] = value;

@@ -7,7 +7,8 @@
 // memory and orders the rest; the best `evaluate` of them are compiled in memory (no plan
 // files) and simulated (compiler/StepSimulator.h: one rank per stage), those whose compiled
 // plans do not fit are dropped with the plan's reason, and the rest are ranked by predicted
-// model TFLOP/s per device.
+// model TFLOP/s per device. The best `top` with a tensor-parallel all-reduce are compiled and
+// simulated again with parallel.tp_comm_overlap and ranked beside them.
 #pragma once
 
 #include <functional>
@@ -45,6 +46,7 @@ struct SearchCandidate {
 struct SearchResult {
   std::vector<SearchCandidate> ranked;  // evaluated and fitting, best first
   int enumerated = 0, invalid = 0, overEstimate = 0, refusedByPlan = 0, notEvaluated = 0;
+  int overlapVariants = 0;  // the best again with parallel.tp_comm_overlap (compiled, simulated)
   std::string exampleRefusal;  // one compiled plan's memory refusal, for the summary
   double worstMemoryEstimateError = 0;  // |estimated / compiled peak - 1|, worst over the compiled
   double seconds = 0;

@@ -29,6 +29,7 @@
 #include "formats/Safetensors.h"
 #include "formats/HfGpt2.h"
 #include "formats/HfLlama.h"
+#include "plan/PlanAttributes.h"
 #include "plan/PlanVersion.h"
 #include "runtime/CpuBackend.h"
 #include "apps/RankFlags.h"
@@ -224,6 +225,16 @@ loom::Status deviceFromFlags(DeviceChoice *choice, loom::TrainerOptions *topt) {
   return loom::Status::ok();
 }
 
+// A 16-bit plan computes in its own type: an explicit --precision naming another is refused.
+loom::Status precisionFitsPlan(const loom::plan::ProgramSet &programs) {
+  loom::plan::DType computes = loom::planattr::computeDtype(programs.programs());
+  if (computes == loom::plan::F32 || !rf::precision.getNumOccurrences()) return loom::Status::ok();
+  std::string own = computes == loom::plan::F16 ? "fp16" : "bf16";
+  if (std::string(rf::precision) == own) return loom::Status::ok();
+  return loom::Status::error("--precision " + std::string(rf::precision) + ": this plan computes in " + own +
+                             " (compiled with parallel.precision or params_dtype); --precision applies to fp32 plans");
+}
+
 // Training and validation samples: the indexed dataset's two splits, or synthetic tokens.
 loom::Status openData(const loom::plan::RankPlan &plan, uint64_t seed, double fraction, loom::IndexedDataset *corpus,
                       std::unique_ptr<loom::DataSource> *train, std::unique_ptr<loom::DataSource> *valid) {
@@ -390,6 +401,7 @@ int main(int argc, char **argv) {
   loom::plan::RankPlan plan;
   loom::plan::ProgramSet programs;
   if (s = fetchPlan(client, rank, reg.world_size(), &plan, &programs); !s.isOk()) return fail(s.message());
+  if (s = precisionFitsPlan(programs); !s.isOk()) return fail(s.message());
 
   loom::control::CoordinatorStore store(client);
   std::unique_ptr<loom::GlooCollectives> collectives;

@@ -212,9 +212,6 @@ llvm::Error compileInMemory(mlir::ModuleOp module, const config::ClusterSpec &cl
     if (par.sequence_parallel())
       return error("parallel.tp_comm_overlap: the all-gather / reduce-scatter overlap of sequence parallelism is not "
                    "implemented (only the all-reduce without it); leave one of them off");
-    if (cluster.device().kind() != config::CPU)
-      return error("parallel.tp_comm_overlap: the CUDA backend does not run GEMMs in row blocks yet; leave it off "
-                   "for GPU clusters");
   }
   int t = par.tensor_parallel_size(), p = par.pipeline_parallel_size(), d = par.data_parallel_size(),
       v = par.virtual_pipeline_size(), b = par.micro_batch_size();

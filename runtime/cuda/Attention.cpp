@@ -45,15 +45,16 @@ ElementType operandTypeOf(Precision p) {
   return p == Precision::kFp32 ? ElementType::kF32 : p == Precision::kBf16 ? ElementType::kBf16 : ElementType::kF16;
 }
 
-// Every tensor is fp32 (rounded into scratch for 16-bit GEMMs) or of the GEMMs' own type.
+// The tensors are all fp32 (rounded into scratch for 16-bit GEMMs) or all of the GEMMs' own
+// type (a 16-bit plan: read in place, no scratch copies carved).
 Status begin(cublasHandle_t blas, const cpu::AttentionShape &s, cudaStream_t stream, Precision p,
              std::initializer_list<ElementType> types) {
   if (s.batch <= 0 || s.seq <= 0 || s.heads <= 0 || s.headDim <= 0)
     return Status::error("CUDA attention: empty shape (batch, seq, heads or head size is 0)");
   for (ElementType t : types)
-    if (t != ElementType::kF32 && t != operandTypeOf(p))
-      return Status::error(std::string("CUDA attention: a ") + elementTypeName(t) + " tensor with " + precisionName(p) +
-                           " GEMMs");
+    if (t != *types.begin() || (t != ElementType::kF32 && t != operandTypeOf(p)))
+      return Status::error(std::string("CUDA attention: a ") + elementTypeName(t) + " tensor among " +
+                           elementTypeName(*types.begin()) + " ones with " + precisionName(p) + " GEMMs");
   if (cublasSetStream(blas, stream) != CUBLAS_STATUS_SUCCESS) return Status::error("CUDA attention: cublasSetStream failed");
   return Status::ok();
 }

@@ -211,10 +211,11 @@ class DeviceRun {
 
   // Buffer `id` as a 16-bit GEMM operand: a parameter's copy made once per optimizer step,
   // anything else rounded into `scratch` now.
-  Status half(int id, void *scratch, const void **out) {
+  // An activation's rows [first, first + count) only, where given (a row block's GEMM).
+  Status half(int id, void *scratch, const void **out, int64_t first = 0, int64_t count = -1) {
     HalfType type = halfTypeOf(precision());
     if (!parameter_[id]) {
-      floatToHalf(f(id), scratch, numel(id), type, st_);
+      floatToHalf(f(id) + first, scratch, count < 0 ? numel(id) : count, type, st_);
       return *out = scratch, Status::ok();
     }
     CudaExecutor::HalfCopy &copy = e_.halfParameters_[ptr_[id]];
@@ -240,27 +241,33 @@ class DeviceRun {
     return Status::ok();
   }
 
+  // y = x W (+ bias) over rows [begin, end) of x and y (tp_comm_overlap's row blocks; all rows
+  // without them).
   Status linear(const KernelCall &call) {
     int x = call.in("input"), w = call.in("weight"), bias = call.in("bias"), y = call.out("result");
-    int64_t k = dim(x, -1), n = dim(y, -1), m = numel(x) / k;
+    int64_t k = dim(x, -1), n = dim(y, -1), begin, end;
+    LOOM_RETURN_IF_ERROR(call.rowRange(numel(x) / k, &begin, &end));
+    int64_t m = end - begin;
+    Out xs = typed(x).at(begin * k), ys = typed(y).at(begin * n);
     bool transposeW = call.flag("transpose_weight");
     if (typeOf(x) != ElementType::kF32) {
       LOOM_RETURN_IF_ERROR(nativeOperands(call, x, w));
       LinearShape shape{m, k, n, transposeW, halfTypeOf(precision()),
                         bias >= 0 ? LinearEpilogue::kBias : LinearEpilogue::kNone};
-      return e_.lt_->forward(shape, ptr_[x], ptr_[w], typed(bias), typed(y), st_);
+      return e_.lt_->forward(shape, xs.data, ptr_[w], typed(bias), ys, st_);
     }
+    float *xf = f(x) + begin * k, *yf = f(y) + begin * n;
     if (precision() == Precision::kFp32) {
-      LOOM_RETURN_IF_ERROR(sgemm(m, k, n, f(x), false, f(w), transposeW, f(y)));
-      if (bias >= 0) addBroadcast(f(y), f(bias), f(y), m * n, n, st_);
+      LOOM_RETURN_IF_ERROR(sgemm(m, k, n, xf, false, f(w), transposeW, yf));
+      if (bias >= 0) addBroadcast(yf, f(bias), yf, m * n, n, st_);
       return Status::ok();
     }
     const void *x16, *w16;
-    LOOM_RETURN_IF_ERROR(half(x, scratch_[0], &x16));
+    LOOM_RETURN_IF_ERROR(half(x, scratch_[0], &x16, begin * k, m * k));
     LOOM_RETURN_IF_ERROR(half(w, scratch_[0] + aligned(size_t(numel(x)) * 2), &w16));
     LinearShape shape{m, k, n, transposeW, halfTypeOf(precision()),
                       bias >= 0 ? LinearEpilogue::kBias : LinearEpilogue::kNone};
-    return e_.lt_->forward(shape, x16, w16, bias >= 0 ? f(bias) : nullptr, f(y), st_);
+    return e_.lt_->forward(shape, x16, w16, bias >= 0 ? f(bias) : nullptr, yf, st_);
   }
 
   // dW = x^T g ([K,N]), or g^T x ([N,K]) for a transposed weight.
@@ -428,8 +435,6 @@ class DeviceRun {
   // Through the CUDA backend's kernel registry (cudaKernels(), below).
   Status instruction(const plan::Instruction &in, int stream) {
     stream_ = stream;
-    if (planattr::i64(in, "row_end") != 0)  // loomc refuses tp_comm_overlap for CUDA clusters
-      return Status::error(in.op() + ": row ranges (parallel.tp_comm_overlap) are not run by the CUDA backend");
     size_t wideBytes = wideOutputBytes(prog_, in);
     wideBase_ = scratch_[0] + computeScratchBytes_ - wideBytes, wideUsed_ = 0;
     pendingWide_.clear();
@@ -687,6 +692,13 @@ class DeviceRun {
     NcclGroup *comm;
     LOOM_RETURN_IF_ERROR(group(k.str("group"), &comm));
     std::vector<NcclGroup::Part> parts;  // a data-parallel bucket: one grouped call, no packing
+    if (in.inputs_size() == 1) {  // one tensor, or tp_comm_overlap's block of its rows
+      int x = in.inputs(0), y = in.outputs(0);
+      int64_t cols = std::max<int64_t>(1, prog_.buffers(y).shape_size() > 0 ? dim(y, -1) : 1), begin, end;
+      LOOM_RETURN_IF_ERROR(k.rowRange(k.numel(y) / cols, &begin, &end));
+      parts.push_back({typed(x).at(begin * cols).data, typed(y).at(begin * cols).data, (end - begin) * cols, typeOf(x)});
+      return comm->allReduce(parts, reduceOpOf(k.str("reduce")), st_);
+    }
     for (int j = 0; j < in.inputs_size(); ++j)
       parts.push_back({ptr_[in.inputs(j)], ptr_[in.outputs(j)], k.numel(in.inputs(j)), typeOf(in.inputs(j))});
     return comm->allReduce(parts, reduceOpOf(k.str("reduce")), st_);

@@ -105,7 +105,8 @@ inline ScratchPlan scratchFor(const plan::Program &p, Precision launched, Attent
     }
     if (size_t wide = wideOutputBytes(p, in)) need = aligned(need) + wide;
     int s = int(in.stream());
-    if (s >= 0 && s < 4) plan.bytes[s] = std::max(plan.bytes[s], need);
+    // Aligned: the fp32 outputs at the end of the compute scratch start 256-byte aligned.
+    if (s >= 0 && s < 4) plan.bytes[s] = std::max(plan.bytes[s], aligned(need));
   }
   return plan;
 }

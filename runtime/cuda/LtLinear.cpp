@@ -107,7 +107,8 @@ Status LtLinear::gemm(const Gemm &p, const void *a, const void *b, In biasIn, Ou
   if (cOut.type != ElementType::kF32 && cOut.type != elementTypeOf(p.type))
     return Status::error(std::string("linear: a ") + elementTypeName(cOut.type) + " output of " + halfTypeName(p.type) +
                          " operands");
-  if (p.epilogue != LinearEpilogue::kNone && biasIn.type != ElementType::kF32 && biasIn.type != cOut.type)
+  // cuBLASLt's bias is of D's type (fp32 for an fp32 output, else D's 16-bit type).
+  if (p.epilogue != LinearEpilogue::kNone && biasIn.type != cOut.type)
     return Status::error(std::string("linear: a ") + elementTypeName(biasIn.type) + " bias for a " +
                          elementTypeName(cOut.type) + " output");
   Descriptors desc;

@@ -42,9 +42,9 @@ Status PipelineLinks::create(control::CoordinatorClient *client, const std::vect
     if (n.peer < 0 || n.peer >= int(members.size()) || n.peer == position)
       return Status::error("pipeline peer " + std::to_string(n.peer) + " is not another member of a group of " +
                            std::to_string(members.size()));
-    if (n.messages < 1 || n.bytes < 4) continue;
+    if (n.messages < 1 || n.bytes < 1) continue;
     auto link = std::make_unique<Link>();
-    link->peer = n.peer, link->send = n.send, link->slotBytes = n.bytes;
+    link->peer = n.peer, link->send = n.send, link->slotBytes = n.bytes;  // the slots hold at least the warm-up's one float
     link->source = n.send ? members[position] : members[n.peer];
     link->destination = n.send ? members[n.peer] : members[position];
     LOOM_RETURN_IF_ERROR(cudaStatus(cudaStreamCreateWithFlags(&link->stream, cudaStreamNonBlocking), "stream"));
@@ -53,7 +53,7 @@ Status PipelineLinks::create(control::CoordinatorClient *client, const std::vect
     for (int k = 0; k < slots; ++k) {
       char *slot = nullptr;
       cudaEvent_t filled, free;
-      LOOM_RETURN_IF_ERROR(cudaStatus(cudaMalloc(&slot, size_t(n.bytes)),
+      LOOM_RETURN_IF_ERROR(cudaStatus(cudaMalloc(&slot, size_t(std::max<int64_t>(n.bytes, 4))),
                                       "allocating " + link->name() + " message slots"));
       link->slots.push_back(slot);
       LOOM_RETURN_IF_ERROR(cudaStatus(cudaEventCreateWithFlags(&filled, cudaEventDisableTiming), "event"));

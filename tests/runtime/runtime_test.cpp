@@ -161,6 +161,14 @@ TEST(Runtime, Bf16PlansTrainCloseToFp32InEveryLayout) {
   // The native bf16 kernels (oneDNN's bf16 GEMM in fixed tiles among them) give the same bits
   // at 2 threads as at 1.
   EXPECT_EQ(trainIn("t1p1d1", 1, true, &out, 2), bf16) << "bf16 at 2 threads differs from 1 thread:\n" << out;
+  // --precision chooses an fp32 plan's GEMM operands; a 16-bit plan computes in its own type,
+  // so asking it for another is refused, not ignored.
+  Result asked = run(loomrun() + " --nproc 1 --plans " + tmpdir() + "/plans_precision_t1p1d1_bf16 --steps 1 --precision fp32");
+  EXPECT_NE(asked.exitCode, 0) << asked.output;
+  EXPECT_NE(asked.output.find("loom-rank 0: error: --precision fp32: this plan computes in bf16 (compiled with "
+                              "parallel.precision or params_dtype); --precision applies to fp32 plans"),
+            std::string::npos)
+      << asked.output;
   // The tp all-reduces, sequence parallelism's all-gather / reduce-scatter and the pipeline
   // messages move bf16; with grad_reduce_in_bf16 the dp reduction too (t1p1d2 and ZeRO-1's
   // reduce-scatter at d = 2).

@@ -33,11 +33,16 @@ sanitized=0  # memcheck re-runs so far: at most two, so that a broken build cann
 for t in bin/cuda_deps_test bin/cuda_kernels_test bin/lt_linear_test bin/nccl_group_test \
          bin/attention_test bin/cuda_executor_test bin/cuda_trainer_test; do
   section "$t"
-  if ! timeout 60 "$t" --gtest_brief=1; then
+  timeout 60 "$t" --gtest_brief=1 > runs.test.out 2>&1
+  rc=$?
+  cat runs.test.out
+  if [ "$rc" -ne 0 ]; then
     status=1
-    # Device time is scarce: a failing test is re-run at once under memcheck, so the next
-    # session has the faulting kernel and address without another device run.
-    if [ -x "$sanitizer" ] && [ "$sanitized" -lt 2 ]; then
+    # Device time is scarce: a test that crashed or hit a CUDA error is re-run at once under
+    # memcheck, so the next session has the faulting kernel and address without another
+    # device run (a plain assertion failure is not: its message says enough).
+    if [ -x "$sanitizer" ] && [ "$sanitized" -lt 2 ] &&
+       { [ "$rc" -gt 128 ] || [ "$rc" -eq 124 ] || grep -qiE "illegal|misaligned|launch failure|CUDA error|cudaError" runs.test.out; }; then
       sanitized=$((sanitized + 1))
       echo "-- $t under compute-sanitizer (memcheck), last lines:"
       timeout 90 "$sanitizer" --tool memcheck --print-limit 5 "$t" --gtest_brief=1 2>&1 | tail -40
