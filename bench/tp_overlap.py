@@ -8,8 +8,11 @@ the script takes, per step and rank over the timed steps: the tp stream's time, 
 not hidden behind the compute stream (exposed), and the whole iteration's time (the training
 log's elapsed time per iteration). A benchmark, not a test: on a 2-core machine the tp thread
 (Gloo) and the compute thread share the cores with one BLAS thread per rank.
+--sequence-parallel: both with sequence parallelism, where the overlap splits each all-gather
+before a GEMM and each reduce-scatter after one by samples (a chunk per sample, up to 4).
 
 usage: tp_overlap.py [--bin DIR] [--model MODEL.pbtxt] [--steps 8] [--warmup 2] [--rounds 2]
+                     [--sequence-parallel]
 (default model: a GPT of 4 layers, hidden 512, seq 256, vocabulary 4096, micro-batch 4)
 """
 import argparse
@@ -27,11 +30,11 @@ DEFAULT_MODEL = ('name: "gpt-4x512"\narchitecture: GPT\nnum_layers: 4\nhidden_si
                  'num_attention_heads: 8\nseq_length: 256\nvocab_size: 4096\n')
 
 
-def cluster(micro_batch, global_batch, overlap):
+def cluster(micro_batch, global_batch, overlap, sp):
     return ('name: "tp2"\nnodes: 1\ndevices_per_node: 2\n'
             'device { kind: CPU model: "x86-64 core" peak_flops: 1e11 memory_bytes: 8000000000 }\n'
             f'parallel {{ tensor_parallel_size: 2 micro_batch_size: {micro_batch} global_batch_size: {global_batch} '
-            f'tp_comm_overlap: {"true" if overlap else "false"} }}\n')
+            f'tp_comm_overlap: {"true" if overlap else "false"} sequence_parallel: {"true" if sp else "false"} }}\n')
 
 
 def tool(args, name):
@@ -63,7 +66,7 @@ def run(args, work, overlap):
     name = "overlap" if overlap else "plain"
     spec = os.path.join(work, name + ".pbtxt")
     with open(spec, "w") as f:
-        f.write(cluster(args.micro_batch, args.micro_batch * args.m, overlap))
+        f.write(cluster(args.micro_batch, args.micro_batch * args.m, overlap, args.sequence_parallel))
     plans = os.path.join(work, name)
     subprocess.run([tool(args, "loomc"), "compile", args.model, "--cluster", spec, "--out", plans, "--quiet"],
                    check=True)
@@ -86,6 +89,8 @@ def main():
     ap.add_argument("--steps", type=int, default=8)
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--rounds", type=int, default=2, help="alternating runs of each variant")
+    ap.add_argument("--sequence-parallel", action="store_true",
+                    help="both variants with sequence parallelism (all-gathers and reduce-scatters)")
     args = ap.parse_args()
     got = {False: ([], [], []), True: ([], [], [])}
     with tempfile.TemporaryDirectory() as work:
@@ -99,11 +104,14 @@ def main():
                 got[overlap][0].extend(times)
                 got[overlap][1].append(busy)
                 got[overlap][2].append(exposed)
-    print(f"model {os.path.basename(args.model)}, t=2 on 2 local ranks, micro-batch {args.micro_batch}, m={args.m}, "
+    print(f"model {os.path.basename(args.model)}, t=2{' with sequence parallelism' if args.sequence_parallel else ''} "
+          f"on 2 local ranks, micro-batch {args.micro_batch}, m={args.m}, "
           f"1 BLAS thread per rank, {args.rounds} x {args.steps - args.warmup} timed iterations per variant")
     for overlap in (False, True):
         times, busy, exposed = got[overlap]
-        print(f"  {'tp_comm_overlap (4 row blocks)' if overlap else 'GEMM, then its all-reduce':32s} iteration median "
+        label = (("tp_comm_overlap (by samples)" if overlap else "all-gather / GEMM / reduce-scatter")
+                 if args.sequence_parallel else ("tp_comm_overlap (4 row blocks)" if overlap else "GEMM, then its all-reduce"))
+        print(f"  {label:34s} iteration median "
               f"{statistics.median(times):7.1f} ms (min {min(times):.1f}, max {max(times):.1f}); tp stream "
               f"{statistics.median(busy):6.1f} ms per step, exposed {statistics.median(exposed):6.1f} ms "
               f"(per round: {', '.join(f'{e:.1f}' for e in exposed)})")

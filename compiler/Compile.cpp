@@ -209,9 +209,12 @@ llvm::Error compileInMemory(mlir::ModuleOp module, const config::ClusterSpec &cl
     if (par.tensor_parallel_size() < 2)
       return error("parallel.tp_comm_overlap: there is no tensor-parallel communication to overlap at "
                    "tensor_parallel_size 1");
-    if (par.sequence_parallel())
-      return error("parallel.tp_comm_overlap: the all-gather / reduce-scatter overlap of sequence parallelism is not "
-                   "implemented (only the all-reduce without it); leave one of them off");
+    // With sequence parallelism the all-gathers and reduce-scatters split by samples
+    // (compiler/Lowering.cpp): a one-sample micro-batch has nothing to split.
+    if (par.sequence_parallel() && par.micro_batch_size() < 2)
+      return error("parallel.tp_comm_overlap: with sequence_parallel the all-gathers and reduce-scatters overlap the "
+                   "GEMMs sample by sample, and micro_batch_size 1 has one sample; use micro_batch_size >= 2 or "
+                   "leave tp_comm_overlap off");
   }
   int t = par.tensor_parallel_size(), p = par.pipeline_parallel_size(), d = par.data_parallel_size(),
       v = par.virtual_pipeline_size(), b = par.micro_batch_size();

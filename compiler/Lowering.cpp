@@ -246,8 +246,12 @@ class ProgramLowering {
   // block's all-reduce goes to the tp stream as soon as the block is computed, overlapping the
   // next block's GEMM. Each element is the same dot product and the same sum: identical values.
   bool lowerOverlapped(mlir::Operation &op) {
+    if (chunks_ < 2) return false;
+    if (auto gather = mlir::dyn_cast<AllGatherOp>(op)) return lowerGatherThenGemm(gather);
     auto gemm = mlir::dyn_cast<LinearOp>(op);
-    if (!gemm || chunks_ < 2 || gemm.getBias() || !gemm.getResult().hasOneUse()) return false;
+    if (!gemm || gemm.getBias() || !gemm.getResult().hasOneUse()) return false;
+    if (auto scatter = mlir::dyn_cast<ReduceScatterOp>(*gemm.getResult().getUsers().begin()))
+      return lowerGemmThenScatter(gemm, scatter);
     auto reduce = mlir::dyn_cast<AllReduceOp>(*gemm.getResult().getUsers().begin());
     if (!reduce || reduce.getGroup() != "tp" || bucketOf(reduce)) return false;
     int64_t cols = lastDim(gemm.getResult()), rows = numel(gemm.getResult()) / cols, k = chunks_;
@@ -277,6 +281,110 @@ class ProgramLowering {
       sum->set_bytes_moved(bytesMovedOf(reduce) / k);
     }
     lowered_.insert(reduce.getOperation());
+    return true;
+  }
+
+  // With sequence parallelism the tp collectives are all-gathers (before the column-parallel
+  // GEMMs, and the row-parallel ones' input gradients) and reduce-scatters (after the
+  // row-parallel GEMMs, and the column-parallel ones' input gradients) along the sequence
+  // (dim 1 of [B, S, H]). A sample's rows of the gathered tensor are contiguous, so both split
+  // by samples: chunks of whole slices before `dim`, the collective of chunk c on the tp stream
+  // beside the GEMM of chunk c - 1 (gather) or c + 1 (scatter). The chunks (up to chunks_) of
+  // equal slices; none when the micro-batch is one sample (then nothing is split).
+  int64_t sliceChunks(mlir::Value large, int64_t dim, int64_t *slices) {
+    auto shape = mlir::cast<mlir::RankedTensorType>(large.getType()).getShape();
+    *slices = 1;
+    for (int64_t j = 0; j < dim && j < int64_t(shape.size()); ++j) *slices *= shape[size_t(j)];
+    int64_t k = std::min<int64_t>(chunks_, *slices);
+    while (k > 1 && *slices % k != 0) --k;
+    return k;
+  }
+  // The rows of chunk c of k over `slices` slices of the large buffer.
+  static std::pair<int64_t, int64_t> chunkRows(mlir::Value large, int64_t slices, int64_t k, int64_t c) {
+    int64_t per = numel(large) / lastDim(large) / slices;
+    return {c * slices / k * per, (c + 1) * slices / k * per};
+  }
+  static bool definedBefore(mlir::Value v, mlir::Operation &op) {
+    mlir::Operation *def = v.getDefiningOp();
+    return !def || (def->getBlock() == op.getBlock() && def->isBeforeInBlock(&op));
+  }
+  plan::Instruction *emitCollective(isa::OpId id, int input, int result, mlir::Operation *op, int64_t dim,
+                                    std::pair<int64_t, int64_t> rows, int64_t k, int layer) {
+    auto group = op->getAttrOfType<mlir::StringAttr>("group").getValue().str();
+    auto size = op->getAttrOfType<mlir::IntegerAttr>("group_size").getInt();
+    plan::Instruction *in = emit(isa::InstructionBuilder(id)
+                                     .in("input", input)
+                                     .out("result", result)
+                                     .attr("group", group)
+                                     .attr("group_size", size)
+                                     .attr("dim", dim)
+                                     .attr("row_begin", rows.first)
+                                     .attr("row_end", rows.second),
+                                 layer);
+    in->set_bytes_moved(bytesMovedOf(op) / k);
+    return in;
+  }
+  plan::Instruction *emitGemmRows(LinearOp gemm, int x, int y, std::pair<int64_t, int64_t> rows, int64_t k, int layer) {
+    isa::InstructionBuilder block(isa::OpId::kLinear);
+    block.in("input", x).in("weight", bufferOf_.lookup(gemm.getWeight()));
+    if (gemm.getBias()) block.in("bias", bufferOf_.lookup(gemm.getBias()));
+    block.out("result", y).attr("row_begin", rows.first).attr("row_end", rows.second);
+    if (gemm.getTransposeWeight()) block.flag("transpose_weight");
+    plan::Instruction *in = emit(block, layer);
+    in->set_flops(flopsOf(gemm) / double(k));
+    return in;
+  }
+  static int layerOf(mlir::Operation *op) {
+    auto layerAttr = op->getAttrOfType<mlir::IntegerAttr>(attr::kLayer);
+    return layerAttr ? int(layerAttr.getInt()) : -1;
+  }
+
+  // all_gather -> the first GEMM that reads the gathered tensor: each chunk's gather, then its
+  // GEMM rows (hoisted to the gather: its weight and bias are arguments or made before it).
+  // The gathered tensor's other readers wait for the last chunk's gather (the tp stream runs
+  // them in order).
+  bool lowerGatherThenGemm(AllGatherOp gather) {
+    if (gather.getGroup() != "tp" || gather.getDim() < 1) return false;
+    LinearOp gemm;
+    for (mlir::Operation *user : gather.getResult().getUsers()) {
+      auto l = mlir::dyn_cast<LinearOp>(user);
+      if (!l || l.getInput() != gather.getResult() || l->getBlock() != gather->getBlock()) continue;
+      if (!gemm || l->isBeforeInBlock(gemm)) gemm = l;
+    }
+    if (!gemm || !definedBefore(gemm.getWeight(), *gather) || (gemm.getBias() && !definedBefore(gemm.getBias(), *gather)))
+      return false;
+    int64_t slices, k = sliceChunks(gather.getResult(), gather.getDim(), &slices);
+    if (k < 2) return false;
+    int layer = layerOf(gemm);
+    int x = bufferOf_.lookup(gather.getInput()), index = prog_.instructions_size();
+    int gathered = addBuffer(gather.getResult(), plan::Buffer::ACTIVATION, index);
+    int y = addBuffer(gemm.getResult(), plan::Buffer::ACTIVATION, index);
+    for (int64_t c = 0; c < k; ++c) {
+      auto rows = chunkRows(gather.getResult(), slices, k, c);
+      emitCollective(isa::OpId::kAllGather, x, gathered, gather, gather.getDim(), rows, k, layerOf(gather));
+      emitGemmRows(gemm, gathered, y, rows, k, layer);
+    }
+    lowered_.insert(gemm.getOperation());
+    return true;
+  }
+
+  // A GEMM whose result only a reduce-scatter reads: each chunk's GEMM rows, then its
+  // reduce-scatter.
+  bool lowerGemmThenScatter(LinearOp gemm, ReduceScatterOp scatter) {
+    if (scatter.getGroup() != "tp" || scatter.getDim() < 1 || scatter->hasAttr("reduce") || scatter->hasAttr("wire_dtype"))
+      return false;
+    int64_t slices, k = sliceChunks(gemm.getResult(), scatter.getDim(), &slices);
+    if (k < 2) return false;
+    int layer = layerOf(gemm);
+    int x = bufferOf_.lookup(gemm.getInput()), index = prog_.instructions_size();
+    int partial = addBuffer(gemm.getResult(), plan::Buffer::ACTIVATION, index);
+    int scattered = addBuffer(scatter.getResult(), plan::Buffer::ACTIVATION, index);
+    for (int64_t c = 0; c < k; ++c) {
+      auto rows = chunkRows(gemm.getResult(), slices, k, c);
+      emitGemmRows(gemm, x, partial, rows, k, layer);
+      emitCollective(isa::OpId::kReduceScatter, partial, scattered, scatter, scatter.getDim(), rows, k, layer);
+    }
+    lowered_.insert(scatter.getOperation());
     return true;
   }
 

@@ -45,11 +45,19 @@ std::vector<A> attentionAttrs(bool grouped) {
 std::vector<A> crossEntropyAttrs() { return {req("valid_vocab", kI), optStr("vocab_parallel_group")}; }
 // reduce_scatter's "reduce" is the plan's own ("avg": ZeRO-1's gradient average); the dialect's
 // reduce_scatter sums.
+std::vector<A> shardAttrs() { return {req("group", kS), req("group_size", kI), req("dim", kI)}; }
 std::vector<A> gatherScatterAttrs(bool withReduce) {
-  std::vector<A> a = {req("group", kS), req("group_size", kI), req("dim", kI)};
+  std::vector<A> a = shardAttrs();
+  a.insert(a.end(), {optInt("row_begin"), optInt("row_end")});
   if (withReduce) a.insert(a.end(), {optStr("reduce", "sum"), optStr("wire_dtype")});
   return a;
 }
+// row_begin / row_end of all_gather and reduce_scatter (tp_comm_overlap with sequence
+// parallelism): rows of the flattened large (gathered) buffer, whole slices along the dims
+// before `dim` (for dim 1 of [B, S, H]: samples b0..b1 as rows b0 S .. b1 S); 0 / 0: all.
+constexpr const char *kGatherRowsDoc =
+    "row_begin / row_end (tp_comm_overlap with sequence parallelism; 0 / 0: all): rows of the flattened gathered "
+    "buffer covering whole slices along the dims before `dim`, and their share of the small one";
 
 // FLOPs (the PTD-P count: 2 per multiply-add).
 double gemmFlops(const Shapes &in, const Shapes &out) { return 2.0 * numel(out[0]) * in[0].back(); }
@@ -165,15 +173,15 @@ std::vector<OpDecl> declare() {
        "back; row_begin / row_end (one operand; 0 / 0: all): only those rows of the flattened input and result",
        nullptr, allReduceBytes),
       make(kAllGather, "all_gather", true, {fl("input")}, {fl("result")}, gatherScatterAttrs(false), StreamRule::kOfGroup,
-       Comm::kCollective, kMem, 1, "", nullptr, gatherBytes),
+       Comm::kCollective, kMem, 1, kGatherRowsDoc, nullptr, gatherBytes),
       make(kReduceScatter, "reduce_scatter", true, {fl("input")}, {fl("result")}, gatherScatterAttrs(true),
-       StreamRule::kOfGroup, Comm::kCollective, kMem, 1, "", nullptr, scatterBytes),
+       StreamRule::kOfGroup, Comm::kCollective, kMem, 1, kGatherRowsDoc, nullptr, scatterBytes),
       make(kSend, "send", true, {fl("input")}, {},
        {req("group", kS), req("group_size", kI), req("peer", kI), optInt("tag")}, StreamRule::kPipeline,
        Comm::kPointToPoint, kMem, 0, "", nullptr, sendBytes),
       make(kRecv, "recv", true, {}, {fl("result")}, {req("group", kS), req("group_size", kI), req("peer", kI), optInt("tag")},
        StreamRule::kPipeline, Comm::kPointToPoint, kMem, 0, "", nullptr, recvBytes),
-      make(kShard, "shard", true, {fl("input")}, {fl("result")}, gatherScatterAttrs(false), kC, kNo, kMem, 0,
+      make(kShard, "shard", true, {fl("input")}, {fl("result")}, shardAttrs(), kC, kNo, kMem, 0,
        "this rank's slice along dim of a value replicated over group (PTD-P's scatter, section 4.1)"),
 
       // The step's own instructions (compiler/StepPrograms.cpp): accumulation, the loss, the

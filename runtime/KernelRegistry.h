@@ -57,6 +57,20 @@ class KernelCall {
     return Status::ok();
   }
 
+  // all_gather / reduce_scatter's row range as whole slices along the dims before `dim`: the
+  // slices [begin, end) of `outer` (all of them when unset); `largeRows` are the gathered
+  // buffer's flattened rows. A one-line error for a range that cuts a slice (a corrupt plan).
+  Status sliceRange(int64_t outer, int64_t largeRows, int64_t *begin, int64_t *end) const {
+    int64_t r0, r1;
+    LOOM_RETURN_IF_ERROR(rowRange(largeRows, &r0, &r1));
+    int64_t per = outer > 0 ? largeRows / outer : 0;
+    if (per <= 0 || largeRows % outer != 0 || r0 % per != 0 || r1 % per != 0)
+      return Status::error(std::string(decl.name) + ": rows " + std::to_string(r0) + ".." + std::to_string(r1) +
+                           " are not whole slices before dim " + std::to_string(i64("dim")) + " (corrupt plan)");
+    *begin = r0 / per, *end = r1 / per;
+    return Status::ok();
+  }
+
   const isa::OpDecl &decl;
   const plan::Program &program;
   const plan::Instruction &instruction;

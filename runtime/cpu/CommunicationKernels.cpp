@@ -177,16 +177,21 @@ Status gatherOrScatter(CpuKernelContext &ctx, const KernelCall &k, bool gather) 
     if (k.str("reduce") == "avg") divideElements(plan::F32, out, n, float(g));
     return Status::ok();
   }
+  int64_t outer = 1, inner = 1;
+  const plan::Buffer &sb = k.buffer(small), &lb = k.buffer(large);
+  for (int j = 0; j < sb.shape_size(); ++j) (j < d ? outer : inner) *= sb.shape(j);
+  // tp_comm_overlap with sequence parallelism: slices [a0, a1) before `dim` only.
+  int64_t a0 = 0, a1 = outer, cols = lb.shape_size() > 0 ? std::max<int64_t>(lb.shape(lb.shape_size() - 1), 1) : 1;
+  LOOM_RETURN_IF_ERROR(k.sliceRange(outer, k.numel(large) / cols, &a0, &a1));
   if (d == 0) {  // along the first dimension the members' blocks are contiguous: no re-layout
     if (gather) return c->allGather(group, s.data, l.data, n, s.dtype);
     LOOM_RETURN_IF_ERROR(c->reduceScatter(group, l.data, s.data, n, s.dtype));
     if (k.str("reduce") == "avg") divideElements(s.dtype, s.data, n, float(g));
     return Status::ok();
   }
-  int64_t outer = 1, inner = 1;
-  const plan::Buffer &sb = k.buffer(small);
-  for (int j = 0; j < sb.shape_size(); ++j) (j < d ? outer : inner) *= sb.shape(j);
   size_t e = s.element, row = size_t(inner) * e;
+  s.data += size_t(a0 * inner) * e, l.data += size_t(a0 * g * inner) * e;
+  outer = a1 - a0, n = outer * inner;
   std::vector<char> blocks(size_t(g * n) * e);
   if (gather) {
     LOOM_RETURN_IF_ERROR(c->allGather(group, s.data, blocks.data(), n, s.dtype));

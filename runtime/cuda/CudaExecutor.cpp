@@ -397,6 +397,11 @@ class DeviceRun {
     ElementType type = typeOf(small);  // the message's type: 16-bit in a 16-bit plan
     size_t e = size_t(elementBytes(type));
     char *smallAt = static_cast<char *>(ptr_[small]), *largeAt = static_cast<char *>(ptr_[large]);
+    // tp_comm_overlap with sequence parallelism: slices [a0, a1) before `dim` only.
+    int64_t a0 = 0, a1 = outer;
+    LOOM_RETURN_IF_ERROR(call.sliceRange(outer, numel(large) / std::max<int64_t>(1, dim(large, -1)), &a0, &a1));
+    smallAt += size_t(a0 * inner) * e, largeAt += size_t(a0 * g * inner) * e;
+    outer = a1 - a0, n = outer * inner;
     if (outer == 1) {  // the blocks are already contiguous in rank order
       if (gather) return comm->allGather(smallAt, largeAt, n, st_, type);
       LOOM_RETURN_IF_ERROR(comm->reduceScatterSum(largeAt, smallAt, n, st_, type));

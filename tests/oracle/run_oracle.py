@@ -38,7 +38,8 @@ from llama_oracle import Llama
 # node) smaller than a stage's ranks puts neighbouring stages on different nodes, where the
 # pipeline messages take PTD-P's scatter/gather (each tp rank sends 1/t, all-gathered on arrival).
 # tp_comm_overlap runs the GEMMs that feed a tp all-reduce in row blocks, each block's
-# all-reduce overlapping the next block's GEMM.
+# all-reduce overlapping the next block's GEMM; with sequence parallelism the all-gathers and
+# reduce-scatters beside their GEMMs sample by sample.
 CONFIGS = {
     "t1p1d1": (1, 1, 1, 1, 1, "", "RECOMPUTE_NONE", 1000),
     "t2p1d1": (2, 1, 1, 1, 1, "", "RECOMPUTE_NONE", 1000),
@@ -73,6 +74,11 @@ CONFIGS = {
     "t2p1d1-tp-overlap": (2, 1, 1, 1, 1, "", "RECOMPUTE_NONE", 1000, False, False, False, 0, True),
     "t2p2d2-tp-overlap-recompute-full": (2, 2, 2, 1, 2, "ONE_F_ONE_B", "RECOMPUTE_FULL", 1000, False, False, False, 0,
                                          True),
+    "t2p1d1-sequence-parallel-tp-overlap": (2, 1, 1, 1, 1, "", "RECOMPUTE_NONE", 1000, False, True, False, 0, True),
+    "t4p1d1-sequence-parallel-tp-overlap-odd-vocab": (4, 1, 1, 1, 1, "", "RECOMPUTE_NONE", 997, False, True, False, 0,
+                                                      True),
+    "t2p2d2-sequence-parallel-zero1-tp-overlap": (2, 2, 2, 1, 2, "ONE_F_ONE_B", "RECOMPUTE_FULL", 1000, True, True, False,
+                                                  0, True),
 }
 # The representative subset CI runs (the full matrix: --configs all); for the LLaMA family
 # (llama-tiny: 2 KV heads, split for t = 2, replicated for t = 4) its own.
@@ -80,10 +86,11 @@ CI_CONFIGS = ["t1p1d1", "t2p1d1", "t4p1d1-odd-vocab", "t1p2d1-1f1b", "t1p2d1-gpi
               "t2p1d2", "t1p2d2-1f1b", "t2p2d2-1f1b", "t1p2d1v2-interleaved", "t2p2d1-recompute-full",
               "t1p1d1-accumulate-m4", "t2p2d2-zero1", "t2p1d1-sequence-parallel",
               "t2p2d2-sequence-parallel-zero1", "t2p2d1-scatter-gather", "t2p2d1v2-interleaved-scatter-gather",
-              "t2p1d1-tp-overlap"]
+              "t2p1d1-tp-overlap", "t2p1d1-sequence-parallel-tp-overlap"]
 LLAMA_CI_CONFIGS = ["t1p1d1", "t2p1d1", "t4p1d1-odd-vocab", "t1p2d1-1f1b", "t2p2d1-1f1b", "t1p1d2", "t2p1d2",
                     "t1p2d1v2-interleaved", "t2p2d1-recompute-full", "t2p2d2-zero1", "t2p1d1-sequence-parallel",
-                    "t4p1d1-sequence-parallel-odd-vocab", "t2p2d1-scatter-gather", "t2p1d1-tp-overlap"]
+                    "t4p1d1-sequence-parallel-odd-vocab", "t2p2d1-scatter-gather", "t2p1d1-tp-overlap",
+                    "t2p1d1-sequence-parallel-tp-overlap"]
 MICRO_BATCH, LR, MIN_LR, WARMUP = 2, 3e-3, 3e-4, 3
 # Adam's epsilon: with Megatron's 1e-8, the rounding noise of gradients that are zero in exact
 # arithmetic (the attention key bias: softmax ignores a constant shift) becomes full-size

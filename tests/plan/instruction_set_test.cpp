@@ -20,7 +20,8 @@ namespace {
 // And the row ranges of tp_comm_overlap's chunked GEMMs and all-reduces (set by the lowering).
 const std::set<std::string> kNotOds = {"all_reduce.loom.bucket", "reduce_scatter.reduce", "all_reduce.wire_dtype",
                                        "reduce_scatter.wire_dtype", "linear.row_begin", "linear.row_end",
-                                       "all_reduce.row_begin", "all_reduce.row_end"};
+                                       "all_reduce.row_begin", "all_reduce.row_end", "all_gather.row_begin",
+                                       "all_gather.row_end", "reduce_scatter.row_begin", "reduce_scatter.row_end"};
 
 TEST(InstructionSet, EveryDialectOpIsDeclaredWithTheDialectsAttributesAndDefaults) {
   mlir::MLIRContext context;
