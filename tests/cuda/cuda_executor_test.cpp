@@ -46,6 +46,17 @@ std::vector<HostTensor> argumentsFor(const plan::Program &program, std::mt19937 
   return args;
 }
 
+// An executor for `rank`'s plan, with communicators for a world of one (the grad-sync
+// program's all-reduces run through NCCL). gtest assertions on failure.
+void makeExecutor(const plan::RankPlan &rank, cuda::CudaExecutorOptions options, std::unique_ptr<cuda::NcclGroups> *groups,
+                  std::unique_ptr<cuda::CudaExecutor> *executor) {
+  Status s = cuda::NcclGroups::create(nullptr, rank, 1000, groups);
+  ASSERT_TRUE(s.isOk()) << s.message();
+  options.groups = groups->get();
+  s = cuda::CudaExecutor::create(options, executor);
+  ASSERT_TRUE(s.isOk()) << s.message();
+}
+
 double relErr(const std::vector<float> &got, const std::vector<float> &want) {
   double d = 0, n = 0;
   for (size_t i = 0; i < got.size(); ++i) d += std::pow(got[i] - want[i], 2), n += std::pow(want[i], 2);
@@ -116,15 +127,13 @@ TEST_P(CudaExecutorPrecision, MatchesTheCpuExecutorOnEveryProgramOfGptTiny) {
   test::loadGptTinyPlan(&rank, &programs);
   if (HasFatalFailure()) return;
 
-  // Communicators for a world of one (the grad-sync program's all-reduces run through NCCL).
   std::unique_ptr<cuda::NcclGroups> groups;
-  Status s = cuda::NcclGroups::create(nullptr, rank, 1000, &groups);
-  ASSERT_TRUE(s.isOk()) << s.message();
   std::unique_ptr<cuda::CudaExecutor> executor;
   cuda::CudaExecutorOptions options;
-  options.precision = precision, options.attention = GetParam().attention, options.groups = groups.get();
-  s = cuda::CudaExecutor::create(options, &executor);
-  ASSERT_TRUE(s.isOk()) << s.message();
+  options.precision = precision, options.attention = GetParam().attention;
+  makeExecutor(rank, options, &groups, &executor);
+  if (HasFatalFailure()) return;
+  Status s = Status::ok();
   ThreadWorld world(ParallelLayout{});
   std::unique_ptr<Collectives> collectives = world.forRank(0);
   std::mt19937 rng(3);
@@ -169,13 +178,12 @@ TEST(CudaExecutorBf16Plan, MatchesTheCpuExecutorOnEveryProgramOfGptTiny) {
   test::loadGptTinyBf16Plan(&rank, &programs);
   if (HasFatalFailure()) return;
   std::unique_ptr<cuda::NcclGroups> groups;
-  Status s = cuda::NcclGroups::create(nullptr, rank, 1000, &groups);
-  ASSERT_TRUE(s.isOk()) << s.message();
   std::unique_ptr<cuda::CudaExecutor> executor;
   cuda::CudaExecutorOptions options;
-  options.precision = cuda::Precision::kBf16, options.groups = groups.get();
-  s = cuda::CudaExecutor::create(options, &executor);
-  ASSERT_TRUE(s.isOk()) << s.message();
+  options.precision = cuda::Precision::kBf16;
+  makeExecutor(rank, options, &groups, &executor);
+  if (HasFatalFailure()) return;
+  Status s = Status::ok();
   ThreadWorld world(ParallelLayout{});
   std::unique_ptr<Collectives> collectives = world.forRank(0);
   std::mt19937 rng(5);
