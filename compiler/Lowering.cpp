@@ -339,32 +339,35 @@ class ProgramLowering {
     return layerAttr ? int(layerAttr.getInt()) : -1;
   }
 
-  // all_gather -> the first GEMM that reads the gathered tensor: each chunk's gather, then its
-  // GEMM rows (hoisted to the gather: its weight and bias are arguments or made before it).
-  // The gathered tensor's other readers wait for the last chunk's gather (the tp stream runs
-  // them in order).
+  // all_gather -> the GEMMs that read the gathered tensor (LLaMA's q, k and v projections read
+  // one gather): each chunk's gather, then every such GEMM's rows of it (hoisted to the gather:
+  // their weights and biases are arguments or made before it). The gathered tensor's other
+  // readers (a weight gradient) wait for the last chunk's gather (the tp stream runs them in
+  // order).
   bool lowerGatherThenGemm(AllGatherOp gather) {
     if (gather.getGroup() != "tp" || gather.getDim() < 1) return false;
-    LinearOp gemm;
+    std::vector<LinearOp> gemms;
     for (mlir::Operation *user : gather.getResult().getUsers()) {
       auto l = mlir::dyn_cast<LinearOp>(user);
-      if (!l || l.getInput() != gather.getResult() || l->getBlock() != gather->getBlock()) continue;
-      if (!gemm || l->isBeforeInBlock(gemm)) gemm = l;
+      if (!l || l.getInput() != gather.getResult() || l->getBlock() != gather->getBlock() ||
+          !definedBefore(l.getWeight(), *gather) || (l.getBias() && !definedBefore(l.getBias(), *gather)))
+        continue;
+      gemms.push_back(l);
     }
-    if (!gemm || !definedBefore(gemm.getWeight(), *gather) || (gemm.getBias() && !definedBefore(gemm.getBias(), *gather)))
-      return false;
+    if (gemms.empty()) return false;
+    std::sort(gemms.begin(), gemms.end(), [](LinearOp a, LinearOp b) { return a->isBeforeInBlock(b); });
     int64_t slices, k = sliceChunks(gather.getResult(), gather.getDim(), &slices);
     if (k < 2) return false;
-    int layer = layerOf(gemm);
     int x = bufferOf_.lookup(gather.getInput()), index = prog_.instructions_size();
     int gathered = addBuffer(gather.getResult(), plan::Buffer::ACTIVATION, index);
-    int y = addBuffer(gemm.getResult(), plan::Buffer::ACTIVATION, index);
+    std::vector<int> results;
+    for (LinearOp gemm : gemms) results.push_back(addBuffer(gemm.getResult(), plan::Buffer::ACTIVATION, index));
     for (int64_t c = 0; c < k; ++c) {
       auto rows = chunkRows(gather.getResult(), slices, k, c);
       emitCollective(isa::OpId::kAllGather, x, gathered, gather, gather.getDim(), rows, k, layerOf(gather));
-      emitGemmRows(gemm, gathered, y, rows, k, layer);
+      for (size_t j = 0; j < gemms.size(); ++j) emitGemmRows(gemms[j], gathered, results[j], rows, k, layerOf(gemms[j]));
     }
-    lowered_.insert(gemm.getOperation());
+    for (LinearOp gemm : gemms) lowered_.insert(gemm.getOperation());
     return true;
   }
 
