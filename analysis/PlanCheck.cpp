@@ -164,7 +164,7 @@ llvm::Error programRunsOf(const RankPrograms &rank, int r, std::vector<ProgramRu
   runs->clear();
   std::map<std::string, const plan::Program *> byName;
   for (const plan::Program &p : rank.programs->programs()) byName[p.name()] = &p;
-  std::map<const plan::Program *, size_t> lastOf;
+  std::map<const plan::Program *, size_t> lastOf, firstOf;
   std::set<const plan::Program *> checked;
   for (const plan::ScheduleEntry &e : rank.plan->schedule()) {
     auto it = byName.find(e.program());
@@ -173,9 +173,13 @@ llvm::Error programRunsOf(const RankPrograms &rank, int r, std::vector<ProgramRu
     if (checked.insert(it->second).second)
       if (Status st = checkProgram(*it->second); !st.isOk()) return error(llvm::formatv("rank {0}: {1}", r, st.message()));
     lastOf[it->second] = runs->size();
+    firstOf.try_emplace(it->second, runs->size());
     runs->push_back({it->second, e.micro_batch(), false});
   }
-  for (size_t k = 0; k < runs->size(); ++k) (*runs)[k].last = lastOf[(*runs)[k].prog] == k;
+  for (size_t k = 0; k < runs->size(); ++k) {
+    (*runs)[k].last = lastOf[(*runs)[k].prog] == k;
+    (*runs)[k].first = firstOf[(*runs)[k].prog] == k;
+  }
   return llvm::Error::success();
 }
 

@@ -41,11 +41,12 @@ llvm::Error checkPlans(const std::vector<RankPrograms> &ranks, CheckResult *resu
 
 // What the check and the simulator (compiler/StepSimulator.h) share.
 // One run of a program in a rank's schedule; `last`: the program's last run of the step (its
-// last_micro_batch instructions run).
+// last_micro_batch instructions run); `first`: its first (its first_micro_batch instructions run).
 struct ProgramRun {
   const plan::Program *prog;
   int mb;
   bool last;
+  bool first = true;
 };
 // Rank r's schedule as program runs; an error if an entry names a program the rank lacks or a
 // program is malformed.

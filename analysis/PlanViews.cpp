@@ -49,6 +49,13 @@ std::string shapeOf(const plan::Buffer &b) {
 
 // "bf16 2x32x64": a buffer's element type and shape.
 std::string typeOf(const plan::Buffer &b) { return llvm::StringRef(plan::DType_Name(b.dtype())).lower() + " " + shapeOf(b); }
+// A view argument's place in its storage (Binding.offset, part_of): "[at 1024 + dp part]".
+std::string viewOf(const plan::Binding &a) {
+  if (!a.offset() && a.part_of().empty()) return "";
+  std::string s = " [at " + std::to_string(a.offset());
+  if (!a.part_of().empty()) s += " + " + a.part_of() + " part";
+  return s + "]";
+}
 
 }  // namespace
 
@@ -107,8 +114,8 @@ std::string programsAsText(const PlanDirectory &plans, int rank) {
     os << llvm::formatv("\nprogram {0}: {1} instructions, workspace {2}, stash {3}\n", prog.name(),
                         prog.instructions_size(), humanBytes(prog.workspace_bytes()), humanBytes(prog.stash_bytes()));
     for (const plan::Binding &a : prog.arguments())
-      os << llvm::formatv("  arg  %{0} {1} {2} : {3}{4}\n", a.buffer(), plan::Binding::Role_Name(a.role()), a.name(),
-                          typeOf(prog.buffers(a.buffer())), a.inout() ? " (inout)" : "");
+      os << llvm::formatv("  arg  %{0} {1} {2}{3} : {4}{5}\n", a.buffer(), plan::Binding::Role_Name(a.role()), a.name(),
+                          viewOf(a), typeOf(prog.buffers(a.buffer())), a.inout() ? " (inout)" : "");
     for (int i = 0; i < prog.instructions_size(); ++i) {
       const plan::Instruction &in = prog.instructions(i);
       os << llvm::formatv("  {0,4}: [{1,-7}] ", i, streamName(in.stream()));
@@ -124,6 +131,7 @@ std::string programsAsText(const PlanDirectory &plans, int rank) {
         else os << "true";
       }
       if (in.last_micro_batch()) os << " last-micro-batch";
+      if (in.first_micro_batch()) os << " first-micro-batch";
       if (in.wait_for_size()) {
         os << " waits";
         for (int w : in.wait_for()) os << " " << w;
@@ -172,9 +180,12 @@ std::vector<CollectiveCall> collectiveSequence(const PlanDirectory &plans, int r
   const plan::RankPlan &rp = plans.ranks[rank];
   std::map<std::string, const plan::Program *> byName;
   for (const plan::Program &p : plans.programsOf(rank).programs()) byName[p.name()] = &p;
-  std::map<const plan::Program *, int> last;
+  std::map<const plan::Program *, int> last, first;
   for (int k = 0; k < rp.schedule_size(); ++k)
-    if (byName.count(rp.schedule(k).program())) last[byName[rp.schedule(k).program()]] = k;
+    if (byName.count(rp.schedule(k).program())) {
+      last[byName[rp.schedule(k).program()]] = k;
+      first.try_emplace(byName[rp.schedule(k).program()], k);
+    }
   std::vector<CollectiveCall> calls;
   std::map<std::string, int64_t> seq;
   for (int k = 0; k < rp.schedule_size(); ++k) {
@@ -184,7 +195,7 @@ std::vector<CollectiveCall> collectiveSequence(const PlanDirectory &plans, int r
     for (int i = 0; i < prog.instructions_size(); ++i) {
       const plan::Instruction &in = prog.instructions(i);
       if (!planattr::isCollective(in.op())) continue;
-      if (in.last_micro_batch() && last[&prog] != k) continue;
+      if ((in.last_micro_batch() && last[&prog] != k) || (in.first_micro_batch() && first[&prog] != k)) continue;
       CollectiveCall c;
       for (const plan::Attribute &a : in.attributes()) {
         if (a.name() == "group") c.group = a.s();

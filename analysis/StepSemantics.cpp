@@ -62,7 +62,8 @@ llvm::Expected<bool> StepSemantics::start(int r, bool untilStable) {
           ++s.next[k];
           continue;
         }
-        if (in.last_micro_batch() && !current.last) {  // not this run: passed over, done at once
+        if ((in.last_micro_batch() && !current.last) || (in.first_micro_batch() && !current.first)) {
+          // not this run: passed over, done at once
           ++s.next[k], moved = true;
           driver_.passedOver(r, i);
           complete(r, i);

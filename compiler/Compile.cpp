@@ -1,5 +1,6 @@
 #include "compiler/Compile.h"
 
+#include <algorithm>
 #include <chrono>
 #include <filesystem>
 #include <functional>
@@ -216,6 +217,11 @@ llvm::Error compileInMemory(mlir::ModuleOp module, const config::ClusterSpec &cl
                    "GEMMs sample by sample, and micro_batch_size 1 has one sample; use micro_batch_size >= 2 or "
                    "leave tp_comm_overlap off");
   }
+  // Megatron asserts --overlap-param-gather only with --use-distributed-optimizer: the option
+  // has nothing to act on otherwise.
+  if (par.has_overlap_param_gather() && !(par.zero1() && par.data_parallel_size() > 1))
+    return error("parallel.overlap_param_gather: only ZeRO-1 gathers parameters over dp (set zero1 with "
+                 "data_parallel_size > 1, or leave overlap_param_gather unset)");
   int t = par.tensor_parallel_size(), p = par.pipeline_parallel_size(), d = par.data_parallel_size(),
       v = par.virtual_pipeline_size(), b = par.micro_batch_size();
   int m = par.global_batch_size() / (b * d);
@@ -269,12 +275,34 @@ llvm::Error compileInMemory(mlir::ModuleOp module, const config::ClusterSpec &cl
                                            par.serial_grad_reduce(), dpWire, &deferred))
         return e;
     }
-    llvm::Expected<StageLayout> layout = stageLayout(module, sets[s], d, par.zero1());
+    std::set<std::string> syncedLater;  // the gradients the optimizer reduces across stages first
+    for (const DeferredSync &sync : deferred) syncedLater.insert(sync.params.begin(), sync.params.end());
+    llvm::Expected<StageLayout> layout =
+        stageLayout(module, sets[s], d, par.zero1(), par.dp_bucket_size_bytes(), syncedLater);
     if (!layout) return llvm::createStringError(llvm::inconvertibleErrorCode(), "pipeline stage %d: %s", s,
                                                 llvm::toString(layout.takeError()).c_str());
     layouts[s] = std::move(*layout);
+    // ZeRO-1 by buckets: each bucket's reduce-scatter in its backward, its parameters' all-gather
+    // at the head of its forward (Megatron's --overlap-grad-reduce and --overlap-param-gather;
+    // overlap_param_gather: false leaves the all-gathers at the end of the optimizer program).
+    bool gatherInForward = !par.has_overlap_param_gather() || par.overlap_param_gather();
+    for (StageBucket &bucket : layouts[s].buckets) bucket.gatherInForward = gatherInForward && bucket.virtualStage >= 0;
+    if (!layouts[s].buckets.empty()) {
+      for (plan::Program &prog : *sets[s].mutable_programs()) {
+        if (prog.kind() == plan::Program::BACKWARD)
+          appendBucketReduceScatters(prog, layouts[s], d, dpWire, par.serial_grad_reduce(), syncedLater);
+        if (prog.kind() == plan::Program::FORWARD) prependParameterGathers(prog, layouts[s], d);
+      }
+    }
     if (s == p - 1) *sets[s].add_programs() = lossProgram(m, d);
     *sets[s].add_programs() = optimizerProgram(layouts[s], t, p, d, par.zero1(), dpWire, deferred);
+    if (std::any_of(layouts[s].buckets.begin(), layouts[s].buckets.end(),
+                    [](const StageBucket &bucket) { return bucket.gatherInForward; }))
+      *sets[s].add_programs() = parameterGatherProgram(layouts[s], d);
+    if (!layouts[s].buckets.empty()) {
+      plan::Program gradientGather = gradientGatherProgram(layouts[s], d, deferred);
+      if (gradientGather.instructions_size()) *sets[s].add_programs() = std::move(gradientGather);
+    }
   }
   // Everything is assembled and checked before anything is written.
   std::vector<std::string> programFiles(p), programBytes(p);

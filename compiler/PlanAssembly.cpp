@@ -153,6 +153,7 @@ class RankPlanAssembler {
       paramCount += sp.elements;
     }
     rp.set_flat_elements(flat.flatElements);
+    for (const StageBucket &b : flat.buckets) rp.add_zero1_buckets(b.elements);
     // Shard and initializer facts come from the IR's argument attributes.
     for (auto f : module.getOps<mlir::func::FuncOp>())
       for (unsigned i = 0; i < f.getNumArguments(); ++i) {
@@ -192,10 +193,11 @@ class RankPlanAssembler {
     // Schedule: the stage's forward/backward list, then the loss (last stage) and the optimizer.
     std::map<std::string, std::pair<int64_t, int64_t>> collectives;  // kind -> count, bytes
     double flops = 0;
-    // lastRun: the step's last run of the program (its last_micro_batch instructions run).
-    auto account = [&](const plan::Program &prog, bool lastRun) {
+    // lastRun / firstRun: the step's last / first run of the program (its last_micro_batch /
+    // first_micro_batch instructions run).
+    auto account = [&](const plan::Program &prog, bool lastRun, bool firstRun) {
       for (const plan::Instruction &in : prog.instructions()) {
-        if (in.last_micro_batch() && !lastRun) continue;
+        if ((in.last_micro_batch() && !lastRun) || (in.first_micro_batch() && !firstRun)) continue;
         flops += in.flops();
         if (in.bytes_moved() == 0 && in.stream() == plan::COMPUTE) continue;
         std::string group;
@@ -229,12 +231,13 @@ class RankPlanAssembler {
     auto programOf = [&](const Task &task) {
       return (task.type == Task::kForward ? "forward_" : "backward_") + std::to_string(task.chunk * p + stage);
     };
-    for (size_t k = 0; k < tasks.size(); ++k) lastEntry[programOf(tasks[k])] = k;
+    std::map<std::string, size_t> firstEntry;
+    for (size_t k = 0; k < tasks.size(); ++k) lastEntry[programOf(tasks[k])] = k, firstEntry.try_emplace(programOf(tasks[k]), k);
     for (size_t k = 0; k < tasks.size(); ++k) {
       plan::ScheduleEntry *e = rp.add_schedule();
       e->set_program(programOf(tasks[k]));
       e->set_micro_batch(tasks[k].microBatch);
-      account(*byName.at(e->program()), lastEntry[e->program()] == k);
+      account(*byName.at(e->program()), lastEntry[e->program()] == k, firstEntry[e->program()] == k);
     }
     int once = 0;
     for (plan::Program::Kind kind : {plan::Program::LOSS, plan::Program::OPTIMIZER}) {
@@ -245,7 +248,7 @@ class RankPlanAssembler {
       plan::ScheduleEntry *e = rp.add_schedule();
       e->set_program(prog->name());
       e->set_micro_batch(-1);
-      account(*prog, true);
+      account(*prog, true, true);
       ++once;
     }
     memory::accountActivations(tasks, acts, once, mem);

@@ -46,6 +46,15 @@ class ProgramBuilder {
     return id;
   }
   int activation(std::vector<int64_t> shape) { return buffer(shape, plan::Buffer::ACTIVATION); }
+  // A view argument (Binding.offset / part_of): what touches it is ordered with what touches
+  // the other views of the same storage only through alsoAfter.
+  int view(plan::Binding::Role role, const std::string &name, std::vector<int64_t> shape, int64_t offset,
+           const std::string &partOf, plan::DType dtype = plan::F32) {
+    int id = argument(role, name, shape, /*inout=*/true, dtype);
+    plan::Binding *b = prog_.mutable_arguments(prog_.arguments_size() - 1);
+    b->set_offset(offset), b->set_part_of(partOf);
+    return id;
+  }
 
   // An instruction built by operand name (plan/InstructionSet.h), on its declared stream.
   plan::Instruction &emit(const InstructionBuilder &built) {
@@ -184,9 +193,10 @@ int addArgumentBuffer(plan::Program &prog, const plan::Buffer &like, plan::Bindi
 // buffer) is added into its argument right after its producer, and appends `tail`
 // instructions (their buffers already in `prog`) each right after the last instruction that
 // touches one of its buffers (tailAtEnd: after everything, waiting for the last compute
-// instruction); the results in `into` are dropped.
+// instruction); the results in `into` are dropped. tailAliases[k] (when given): buffers that
+// tail instruction k's operands alias (views of the same storage): it also follows their writers.
 void insertAccumulations(plan::Program &prog, const std::map<int, int> &into, std::vector<plan::Instruction> tail,
-                         bool tailAtEnd) {
+                         bool tailAtEnd, const std::vector<std::vector<int>> &tailAliases = {}) {
   int old = prog.instructions_size();
   std::vector<plan::Instruction> nodes(prog.instructions().begin(), prog.instructions().end());
   std::vector<std::vector<int>> after(old + 1);  // nodes placed after old instruction i - 1 (0: first)
@@ -215,11 +225,13 @@ void insertAccumulations(plan::Program &prog, const std::map<int, int> &into, st
   }
   std::map<int, std::vector<int>> readers;  // buffer -> tail nodes reading it since its last write
   std::set<int> afterCompute;               // tail nodes that also wait for the last compute instruction
-  for (plan::Instruction &in : tail) {
+  for (size_t k = 0; k < tail.size(); ++k) {
+    plan::Instruction &in = tail[k];
     int anchor = 0;
     std::set<int> waits;
     std::vector<int> touched(in.inputs().begin(), in.inputs().end());
     touched.insert(touched.end(), in.outputs().begin(), in.outputs().end());
+    if (k < tailAliases.size()) touched.insert(touched.end(), tailAliases[k].begin(), tailAliases[k].end());
     for (int b : touched) {
       auto it = producer.find(b);
       if (it == producer.end()) continue;
@@ -266,7 +278,8 @@ void insertAccumulations(plan::Program &prog, const std::map<int, int> &into, st
 
 }  // namespace
 
-llvm::Expected<StageLayout> stageLayout(mlir::ModuleOp module, const plan::ProgramSet &set, int d, bool zero1) {
+llvm::Expected<StageLayout> stageLayout(mlir::ModuleOp module, const plan::ProgramSet &set, int d, bool zero1,
+                                        int64_t bucketBytes, const std::set<std::string> &syncedLater) {
   std::map<std::string, std::pair<bool, bool>> facts;  // name -> (tied, tensor-parallel shard)
   for (auto f : module.getOps<mlir::func::FuncOp>())
     for (unsigned i = 0; i < f.getNumArguments(); ++i)
@@ -284,6 +297,7 @@ llvm::Expected<StageLayout> stageLayout(mlir::ModuleOp module, const plan::Progr
       if (a.role() == plan::Binding::PARAMETER && !bufferOf.count(a.name())) bufferOf[a.name()] = &prog.buffers(a.buffer());
   std::vector<std::string> names;
   std::set<std::string> seen;
+  std::map<std::string, int> stageOf;  // parameter -> the virtual stage whose backward finishes its gradient
   for (const plan::Program &prog : set.programs()) {
     if (prog.kind() != plan::Program::BACKWARD) continue;
     std::map<int, std::string> gradientOf;  // argument buffer -> parameter
@@ -291,13 +305,25 @@ llvm::Expected<StageLayout> stageLayout(mlir::ModuleOp module, const plan::Progr
       if (a.role() == plan::Binding::GRADIENT) gradientOf[a.buffer()] = a.name();
     for (const plan::Instruction &in : prog.instructions())
       if (in.op() == "accumulate" && gradientOf.count(in.outputs(0)) && bufferOf.count(gradientOf[in.outputs(0)]) &&
-          seen.insert(gradientOf[in.outputs(0)]).second)
+          seen.insert(gradientOf[in.outputs(0)]).second) {
         names.push_back(gradientOf[in.outputs(0)]);
+        stageOf[names.back()] = prog.virtual_stage();
+      }
   }
   for (const plan::Program &prog : set.programs())
     for (const plan::Binding &a : prog.arguments())
       if (a.role() == plan::Binding::PARAMETER && seen.insert(a.name()).second) names.push_back(a.name());
   StageLayout layout;
+  bool sharded = zero1 && d > 1;
+  int64_t unit = kFlatAlign * d, filled = 0;
+  // ZeRO-1: closes the open bucket, padded to a multiple of d x kFlatAlign.
+  auto closeBucket = [&] {
+    if (layout.buckets.empty() || layout.buckets.back().elements > 0) return;
+    StageBucket &b = layout.buckets.back();
+    layout.flatElements = (layout.flatElements + unit - 1) / unit * unit;
+    b.elements = layout.flatElements - b.flatBegin;
+    filled = 0;
+  };
   for (size_t k = 0; k < names.size(); ++k) {
     const std::string &name = names[k];
     const plan::Buffer &buf = *bufferOf.at(name);
@@ -313,14 +339,204 @@ llvm::Expected<StageLayout> stageLayout(mlir::ModuleOp module, const plan::Progr
     p.tied = facts[p.name].first;
     p.tpReplicated = !facts[p.name].second;
     p.decay = p.shape.size() >= 2;
+    if (sharded) {
+      auto stage = stageOf.find(name);
+      int virtualStage = stage == stageOf.end() ? -1 : stage->second;
+      // A gradient reduced across stages first (the tied embedding) is a bucket of its own, left
+      // to the optimizer program; the rest of its backward's buckets reduce in the backward.
+      bool alone = syncedLater.count(name) > 0;
+      if (layout.buckets.empty() || layout.buckets.back().virtualStage != virtualStage ||
+          filled + 4 * p.elements > bucketBytes || alone || layout.buckets.back().alone) {
+        closeBucket();
+        StageBucket b;
+        b.flatBegin = layout.flatElements, b.virtualStage = virtualStage, b.alone = alone;
+        layout.buckets.push_back(b);
+      }
+      layout.buckets.back().params.push_back(name);
+      filled += 4 * p.elements;
+      p.flatOffset = layout.flatElements;
+    }
     layout.flatElements += (p.elements + kFlatAlign - 1) / kFlatAlign * kFlatAlign;
     layout.parameters.push_back(std::move(p));
   }
-  if (zero1 && d > 1) {  // every dp rank owns one equal, aligned shard
-    int64_t unit = kFlatAlign * d;
-    layout.flatElements = (layout.flatElements + unit - 1) / unit * unit;
+  if (sharded) {
+    closeBucket();
+    int64_t shard = 0;
+    for (StageBucket &b : layout.buckets) b.shardBegin = shard, shard += b.elements / d;
   }
   return layout;
+}
+
+namespace {
+// A bucket whose reduce-scatter runs in its backward: it has one and no gradient of it is
+// reduced across stages first (the optimizer program's deferred syncs).
+bool reducedInBackward(const StageBucket &b, const std::set<std::string> &syncedLater) {
+  if (b.virtualStage < 0) return false;
+  for (const std::string &p : b.params)
+    if (syncedLater.count(p)) return false;
+  return true;
+}
+
+// An argument viewing elements [offset (+ this rank's part of `partOf`), ... + numel(shape)) of
+// the storage `name` names (Binding.offset / part_of).
+int addView(plan::Program &prog, plan::Binding::Role role, const std::string &name, std::vector<int64_t> shape,
+            int64_t offset, const std::string &partOf, bool inout, plan::DType dtype = plan::F32) {
+  plan::Buffer *b = prog.add_buffers();
+  b->set_id(prog.buffers_size() - 1);
+  for (int64_t dim : shape) b->add_shape(dim);
+  b->set_dtype(dtype);
+  b->set_bytes(planattr::elementBytes(dtype) * elementsOf(shape));
+  b->set_kind(plan::Buffer::ARGUMENT);
+  b->set_first_use(-1), b->set_last_use(-1);
+  plan::Binding *arg = prog.add_arguments();
+  arg->set_buffer(b->id()), arg->set_role(role), arg->set_name(name), arg->set_inout(inout);
+  arg->set_offset(offset), arg->set_part_of(partOf);
+  return b->id();
+}
+
+// A bucket's reduce-scatter from the flat gradients (view `flat`) in place into the rank's part
+// of them (view `shard`, inside `flat`: Megatron's distributed optimizer's grad buffer).
+plan::Instruction bucketReduceScatter(int flat, int shard, const StageBucket &bucket, int d, plan::DType dpWire) {
+  plan::Instruction in;
+  InstructionBuilder(OpId::kReduceScatter)
+      .in("input", flat)
+      .out("result", shard)
+      .attr("group", std::string("dp"))
+      .attr("group_size", int64_t(d))
+      .attr("reduce", std::string("avg"))
+      .attr("dim", int64_t(0))
+      .writeTo(&in);
+  in.set_stream(isa::streamOf(isa::decl(OpId::kReduceScatter), "dp"));
+  in.set_layer(-1);
+  int64_t bytes = 4 * bucket.elements;
+  if (dpWire != plan::F32) bytes = setWireDtype(in, dpWire, bytes);
+  in.set_bytes_moved(isa::decl(OpId::kReduceScatter).bytesMoved(bytes, 0, d));
+  return in;
+}
+}  // namespace
+
+void appendBucketReduceScatters(plan::Program &backward, const StageLayout &layout, int d, plan::DType dpWire,
+                                bool serial, const std::set<std::string> &syncedLater) {
+  std::map<std::string, int> gradientArg;  // parameter -> its GRADIENT argument buffer
+  for (const plan::Binding &a : backward.arguments())
+    if (a.role() == plan::Binding::GRADIENT) gradientArg[a.name()] = a.buffer();
+  std::vector<plan::Instruction> tail;
+  std::vector<std::vector<int>> aliases;
+  for (const StageBucket &bucket : layout.buckets) {
+    if (bucket.virtualStage != backward.virtual_stage() || !reducedInBackward(bucket, syncedLater)) continue;
+    int flat = addView(backward, plan::Binding::GRADIENT, "flat", {bucket.elements}, bucket.flatBegin, "", true);
+    int shard = addView(backward, plan::Binding::GRADIENT, "flat", {bucket.elements / d}, bucket.flatBegin, "dp", true);
+    tail.push_back(bucketReduceScatter(flat, shard, bucket, d, dpWire));
+    tail.back().set_last_micro_batch(true);
+    aliases.emplace_back();
+    for (const std::string &p : bucket.params)
+      if (gradientArg.count(p)) aliases.back().push_back(gradientArg[p]);
+  }
+  if (!tail.empty()) insertAccumulations(backward, {}, std::move(tail), serial, aliases);
+}
+
+void prependParameterGathers(plan::Program &forward, const StageLayout &layout, int d) {
+  std::map<int, size_t> bucketOfArg;  // PARAMETER argument buffer -> its bucket
+  std::map<std::string, size_t> bucketOfParam;
+  for (size_t k = 0; k < layout.buckets.size(); ++k)
+    for (const std::string &p : layout.buckets[k].params) bucketOfParam[p] = k;
+  for (const plan::Binding &a : forward.arguments())
+    if (a.role() == plan::Binding::PARAMETER && bucketOfParam.count(a.name())) bucketOfArg[a.buffer()] = bucketOfParam[a.name()];
+  // The buckets of this virtual stage, in the order the forward first reads them.
+  std::map<size_t, int> firstReader;
+  for (int i = 0; i < forward.instructions_size(); ++i)
+    for (int b : forward.instructions(i).inputs())
+      if (bucketOfArg.count(b)) firstReader.try_emplace(bucketOfArg[b], i);
+  std::vector<size_t> order;
+  for (size_t k = 0; k < layout.buckets.size(); ++k)
+    if (layout.buckets[k].gatherInForward && layout.buckets[k].virtualStage == forward.virtual_stage()) order.push_back(k);
+  if (order.empty()) return;
+  auto readAt = [&](size_t k) { return firstReader.count(k) ? firstReader[k] : forward.instructions_size(); };
+  std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) { return readAt(a) < readAt(b); });
+
+  // Inserted instructions: the gathers first (dp stream), each bucket's cast (16-bit plans)
+  // right before the bucket's first reader (compute stream, after its gather).
+  struct Inserted {
+    int before;  // original instruction index it precedes
+    plan::Instruction in;
+    int waitsForInserted = -1;  // index into `inserted`
+  };
+  std::vector<Inserted> inserted;
+  std::map<size_t, int> readyOf;  // bucket -> the inserted instruction its readers wait for
+  std::map<size_t, int> gathered;  // bucket -> the view its gather writes
+  bool half = layout.computeDtype != plan::F32;
+  for (size_t k : order) {
+    const StageBucket &bucket = layout.buckets[k];
+    int own = addView(forward, plan::Binding::PARAMETER, "flat", {bucket.elements / d}, bucket.flatBegin, "dp", true);
+    int whole = addView(forward, plan::Binding::PARAMETER, "flat", {bucket.elements}, bucket.flatBegin, "", true);
+    Inserted g{0, {}};
+    InstructionBuilder(OpId::kAllGather)
+        .in("input", own)
+        .out("result", whole)
+        .attr("group", std::string("dp"))
+        .attr("group_size", int64_t(d))
+        .attr("dim", int64_t(0))
+        .writeTo(&g.in);
+    g.in.set_stream(isa::streamOf(isa::decl(OpId::kAllGather), "dp"));
+    g.in.set_layer(-1);
+    g.in.set_first_micro_batch(true);
+    g.in.set_bytes_moved(isa::decl(OpId::kAllGather).bytesMoved(4 * bucket.elements, 4 * bucket.elements, d));
+    inserted.push_back(std::move(g));
+    readyOf[k] = int(inserted.size()) - 1;
+    gathered[k] = whole;
+  }
+  if (half)
+    for (size_t k : order) {
+      const StageBucket &bucket = layout.buckets[k];
+      int compute =
+          addView(forward, plan::Binding::PARAMETER, "flat", {bucket.elements}, bucket.flatBegin, "", true, layout.computeDtype);
+      Inserted c{readAt(k), {}, readyOf[k]};
+      InstructionBuilder(OpId::kCast).in("input", gathered[k]).out("output", compute).writeTo(&c.in);
+      c.in.set_stream(plan::COMPUTE);
+      c.in.set_layer(-1);
+      c.in.set_first_micro_batch(true);
+      inserted.push_back(std::move(c));
+      readyOf[k] = int(inserted.size()) - 1;
+    }
+  // The new order: inserted instructions before their original instruction, in insertion order.
+  int old = forward.instructions_size();
+  std::vector<std::vector<int>> before(size_t(old) + 1);
+  for (size_t j = 0; j < inserted.size(); ++j) before[size_t(inserted[j].before)].push_back(int(j));
+  std::vector<int> newOfOld(static_cast<size_t>(old)), newOfInserted(inserted.size());
+  int next = 0;
+  for (int i = 0; i <= old; ++i) {
+    for (int j : before[size_t(i)]) newOfInserted[size_t(j)] = next++;
+    if (i < old) newOfOld[size_t(i)] = next++;
+  }
+  std::vector<plan::Instruction> result(static_cast<size_t>(next));
+  for (size_t j = 0; j < inserted.size(); ++j) {
+    plan::Instruction in = inserted[j].in;
+    if (inserted[j].waitsForInserted >= 0) in.add_wait_for(newOfInserted[size_t(inserted[j].waitsForInserted)]);
+    result[size_t(newOfInserted[j])] = std::move(in);
+  }
+  // Each stream's first reader of a bucket waits for it (later readers follow it in stream order).
+  std::set<std::pair<size_t, int>> waited;  // (bucket, stream)
+  for (int i = 0; i < old; ++i) {
+    plan::Instruction in = forward.instructions(i);
+    std::vector<int> waits;
+    for (int w : in.wait_for()) waits.push_back(newOfOld[size_t(w)]);
+    for (int b : in.inputs()) {
+      auto it = bucketOfArg.find(b);
+      if (it == bucketOfArg.end() || !readyOf.count(it->second)) continue;
+      const plan::Instruction &ready = inserted[size_t(readyOf[it->second])].in;
+      if (waited.insert({it->second, int(in.stream())}).second && ready.stream() != in.stream())
+        waits.push_back(newOfInserted[size_t(readyOf[it->second])]);
+    }
+    std::sort(waits.begin(), waits.end());
+    waits.erase(std::unique(waits.begin(), waits.end()), waits.end());
+    in.clear_wait_for();
+    for (int w : waits) in.add_wait_for(w);
+    result[size_t(newOfOld[size_t(i)])] = std::move(in);
+  }
+  forward.clear_instructions();
+  for (plan::Instruction &in : result) *forward.add_instructions() = std::move(in);
+  recomputeLifetimes(forward);
+  planWorkspace(forward);
 }
 
 llvm::Error foldGradientSync(plan::Program &backward, const plan::Program *gradSync, bool serial, plan::DType dpWire,
@@ -430,27 +646,10 @@ plan::Program lossProgram(int microBatches, int d) {
   return b.finish();
 }
 
-plan::Program optimizerProgram(const StageLayout &layout, int t, int p, int d, bool zero1, plan::DType dpWire,
-                               const std::vector<DeferredSync> &deferred) {
-  bool sharded = zero1 && d > 1;
-  int64_t flat = layout.flatElements, shard = sharded ? flat / d : flat;
-  ProgramBuilder b("optimizer", plan::Program::OPTIMIZER);
-  int params = b.argument(plan::Binding::PARAMETER, "flat", {flat}, true);
-  int grads = b.argument(plan::Binding::GRADIENT, "flat", {flat}, true);
-  int m = b.argument(plan::Binding::OPTIMIZER_STATE, "adam_m", {shard}, true);
-  int v = b.argument(plan::Binding::OPTIMIZER_STATE, "adam_v", {shard}, true);
-  std::map<std::string, int> hyper;
-  for (const char *name : {"learning_rate", "adam_step", "clip_grad", "loss_scale", "weight_decay", "adam_beta1",
-                           "adam_beta2", "adam_eps"})
-    hyper[name] = b.argument(plan::Binding::HYPERPARAMETER, name, {}, false);
-
-  std::vector<planattr::FlatSegment> segments;
-  for (const StageParameter &sp : layout.parameters)
-    segments.push_back({sp.flatOffset, sp.elements, !sp.tied && !sp.tpReplicated, !sp.tied && sp.tpReplicated, sp.decay});
-  std::string segmentText = planattr::encodeSegments(segments);
-
-  // Gradient sync across stages first, in place on the parameters' slices of the flat
-  // gradient buffer (arguments aliasing it: what reads the flat buffer next waits for them).
+namespace {
+// The deferred syncs' instructions at the head of an optimizer program, in place on the
+// parameters' slices of the flat gradients; returns their indices.
+std::vector<int> emitDeferredSyncs(ProgramBuilder &b, const StageLayout &layout, const std::vector<DeferredSync> &deferred) {
   std::vector<int> syncs;
   for (const DeferredSync &sync : deferred) {
     std::vector<int> slices;
@@ -466,33 +665,157 @@ plan::Program optimizerProgram(const StageLayout &layout, int t, int p, int d, b
     in.set_layer(sync.collective.layer());
     syncs.push_back(b.last());
   }
-  // ZeRO-1 (Rajbhandari et al., "ZeRO", SC 2020, section 5.1; Megatron's distributed
-  // optimizer): each dp rank reduces and updates only its 1/d of the flat buffer.
-  b.alsoAfter(grads, syncs);
-  int g = grads;
-  if (sharded) {
-    g = b.activation({shard});
-    plan::Instruction &rs = collective(b, OpId::kReduceScatter, "dp", d, grads, g, 4 * flat, "avg");
-    if (dpWire != plan::F32)
-      rs.set_bytes_moved(isa::decl(OpId::kReduceScatter).bytesMoved(setWireDtype(rs, dpWire, 4 * flat), 0, d));
-  }
-  int squares = b.activation({});
-  InstructionBuilder sq(OpId::kSumSquares);
-  sq.in("grads", g).out("squares", squares).attr("segments", segmentText);
-  if (sharded) sq.attr("shard_group", "dp");
-  // Parameters replicated across tp are counted by the group's first member only (the plan
-  // names the group; the executor reads its position from the rank's plan).
-  if (t > 1) sq.attr("replicated_group", "tp");
-  b.emit(sq);
-  // The global norm: every rank's share summed over the groups that hold other shares.
-  std::vector<std::pair<std::string, int>> groups = {{"tp", t}, {"pp", p}};
-  if (sharded) groups.insert(groups.begin(), {"dp", d});
+  return syncs;
+}
+
+// The all-reduces of the norm's partial sums over the groups holding other shares.
+int normOverGroups(ProgramBuilder &b, int squares, const std::vector<std::pair<std::string, int>> &groups) {
   for (auto [group, size] : groups) {
     if (size <= 1) continue;
     int next = b.activation({});
     collective(b, OpId::kAllReduce, group, size, squares, next, 4, "sum");
     squares = next;
   }
+  return squares;
+}
+
+// A bucket's all-gather in place in the flat parameters (the rank's part inside the whole), and
+// with 16-bit compute the copies remade from them.
+// own: the view of the rank's part the program updated (-1: a view of its own).
+void emitBucketGather(ProgramBuilder &b, const StageBucket &bucket, int d, plan::DType computeDtype, int own = -1) {
+  if (own < 0) own = b.view(plan::Binding::PARAMETER, "flat", {bucket.elements / d}, bucket.flatBegin, "dp");
+  int whole = b.view(plan::Binding::PARAMETER, "flat", {bucket.elements}, bucket.flatBegin, "");
+  collective(b, OpId::kAllGather, "dp", d, own, whole, 4 * bucket.elements);
+  if (computeDtype != plan::F32) {
+    int compute = b.view(plan::Binding::PARAMETER, "flat", {bucket.elements}, bucket.flatBegin, "", computeDtype);
+    b.emit(InstructionBuilder(OpId::kCast).in("input", whole).out("output", compute));
+  }
+}
+
+std::set<std::string> syncedLaterOf(const std::vector<DeferredSync> &deferred) {
+  std::set<std::string> names;
+  for (const DeferredSync &sync : deferred) names.insert(sync.params.begin(), sync.params.end());
+  return names;
+}
+
+// ZeRO-1 by buckets (Rajbhandari et al., "ZeRO", SC 2020, section 5.1; Megatron's distributed
+// optimizer): the reduced gradients of the rank's part of every bucket are in that part of the
+// flat gradients (reduce-scattered in place by the backwards, or here after the cross-stage
+// syncs); the norm over the parts, AdamW on each part in place in the flat parameters, and the
+// all-gathers no forward does.
+plan::Program shardedOptimizerProgram(const StageLayout &layout, int t, int p, int d, plan::DType dpWire,
+                                      const std::vector<DeferredSync> &deferred) {
+  int64_t flat = layout.flatElements;
+  ProgramBuilder b("optimizer", plan::Program::OPTIMIZER);
+  int grads = b.argument(plan::Binding::GRADIENT, "flat", {flat}, true);
+  std::map<std::string, int> hyper;
+  for (const char *name : {"learning_rate", "adam_step", "clip_grad", "loss_scale", "weight_decay", "adam_beta1",
+                           "adam_beta2", "adam_eps"})
+    hyper[name] = b.argument(plan::Binding::HYPERPARAMETER, name, {}, false);
+  // Each bucket's instructions name the segments inside it only.
+  std::vector<std::string> segmentText;
+  for (const StageBucket &bucket : layout.buckets) {
+    std::vector<planattr::FlatSegment> segments;
+    for (const StageParameter &sp : layout.parameters)
+      if (sp.flatOffset >= bucket.flatBegin && sp.flatOffset < bucket.flatBegin + bucket.elements)
+        segments.push_back({sp.flatOffset, sp.elements, !sp.tied && !sp.tpReplicated, !sp.tied && sp.tpReplicated, sp.decay});
+    segmentText.push_back(planattr::encodeSegments(segments));
+  }
+
+  std::vector<int> syncs = emitDeferredSyncs(b, layout, deferred);
+  std::set<std::string> syncedLater = syncedLaterOf(deferred);
+  std::vector<int> shards, readsOfFlat;  // per bucket: its reduced gradients; what read the flat gradients
+  for (const StageBucket &bucket : layout.buckets) {
+    int64_t part = bucket.elements / d;
+    int shard = b.view(plan::Binding::GRADIENT, "flat", {part}, bucket.flatBegin, "dp");
+    shards.push_back(shard);
+    if (reducedInBackward(bucket, syncedLater)) continue;
+    int from = b.view(plan::Binding::GRADIENT, "flat", {bucket.elements}, bucket.flatBegin, "");
+    b.alsoAfter(from, syncs);
+    plan::Instruction rs = bucketReduceScatter(from, shard, bucket, d, dpWire);
+    plan::Instruction &in = b.emit(rs.op(), rs.stream(), {from}, {shard});
+    *in.mutable_attributes() = rs.attributes();
+    in.set_bytes_moved(rs.bytes_moved());
+    readsOfFlat.push_back(b.last());
+  }
+  // The norm: each part's sum of squares, added up, then over dp, tp and pp.
+  int squares = -1;
+  for (size_t k = 0; k < layout.buckets.size(); ++k) {
+    int part = b.activation({});
+    InstructionBuilder sq(OpId::kSumSquares);
+    sq.in("grads", shards[k]).out("squares", part).attr("segments", segmentText[k]).attr("shard_group", std::string("dp"));
+    sq.attr("flat_offset", layout.buckets[k].flatBegin);
+    if (t > 1) sq.attr("replicated_group", std::string("tp"));
+    b.emit(sq);
+    if (squares < 0)
+      squares = part;
+    else
+      b.emit(InstructionBuilder(OpId::kAccumulate).in("input", part).out("accumulator", squares));
+  }
+  squares = normOverGroups(b, squares, {{"dp", d}, {"tp", t}, {"pp", p}});
+  int norm = b.activation({}), factor = b.activation({});
+  b.emit(InstructionBuilder(OpId::kGradNorm)
+             .in("squares", squares)
+             .in("clip_grad", hyper["clip_grad"])
+             .in("loss_scale", hyper["loss_scale"])
+             .out("norm", norm)
+             .out("factor", factor));
+  std::vector<int> owns;  // per bucket: the view of the rank's part of the parameters
+  for (size_t k = 0; k < layout.buckets.size(); ++k) {
+    const StageBucket &bucket = layout.buckets[k];
+    int64_t part = bucket.elements / d;
+    int own = b.view(plan::Binding::PARAMETER, "flat", {part}, bucket.flatBegin, "dp");
+    int m = b.view(plan::Binding::OPTIMIZER_STATE, "adam_m", {part}, bucket.shardBegin, "");
+    int v = b.view(plan::Binding::OPTIMIZER_STATE, "adam_v", {part}, bucket.shardBegin, "");
+    InstructionBuilder adam(OpId::kAdamw);
+    adam.in("params", own).in("grads", shards[k]).in("adam_m", m).in("adam_v", v).in("grad_scale", factor);
+    for (const char *name : {"learning_rate", "adam_step", "weight_decay", "adam_beta1", "adam_beta2", "adam_eps"})
+      adam.in(name, hyper[name]);
+    adam.out("updated", own).out("adam_m", m).out("adam_v", v).attr("segments", segmentText[k]);
+    adam.attr("shard_group", std::string("dp")).attr("flat_offset", bucket.flatBegin);
+    b.emit(adam);
+    owns.push_back(own);
+  }
+  for (size_t k = 0; k < layout.buckets.size(); ++k)
+    if (!layout.buckets[k].gatherInForward) emitBucketGather(b, layout.buckets[k], d, layout.computeDtype, owns[k]);
+  b.alsoAfter(grads, readsOfFlat);
+  b.emit(InstructionBuilder(OpId::kFill).out("output", grads).attr("value", 0.0));  // zero_grad for the next step
+  b.result(plan::Binding::METRIC, "grad_norm", norm);
+  return b.finish();
+}
+}  // namespace
+
+plan::Program optimizerProgram(const StageLayout &layout, int t, int p, int d, bool zero1, plan::DType dpWire,
+                               const std::vector<DeferredSync> &deferred) {
+  if (zero1 && d > 1 && !layout.buckets.empty()) return shardedOptimizerProgram(layout, t, p, d, dpWire, deferred);
+  int64_t flat = layout.flatElements;
+  ProgramBuilder b("optimizer", plan::Program::OPTIMIZER);
+  int params = b.argument(plan::Binding::PARAMETER, "flat", {flat}, true);
+  int grads = b.argument(plan::Binding::GRADIENT, "flat", {flat}, true);
+  int m = b.argument(plan::Binding::OPTIMIZER_STATE, "adam_m", {flat}, true);
+  int v = b.argument(plan::Binding::OPTIMIZER_STATE, "adam_v", {flat}, true);
+  std::map<std::string, int> hyper;
+  for (const char *name : {"learning_rate", "adam_step", "clip_grad", "loss_scale", "weight_decay", "adam_beta1",
+                           "adam_beta2", "adam_eps"})
+    hyper[name] = b.argument(plan::Binding::HYPERPARAMETER, name, {}, false);
+
+  std::vector<planattr::FlatSegment> segments;
+  for (const StageParameter &sp : layout.parameters)
+    segments.push_back({sp.flatOffset, sp.elements, !sp.tied && !sp.tpReplicated, !sp.tied && sp.tpReplicated, sp.decay});
+  std::string segmentText = planattr::encodeSegments(segments);
+
+  // Gradient sync across stages first, in place on the parameters' slices of the flat
+  // gradient buffer (arguments aliasing it: what reads the flat buffer next waits for them).
+  b.alsoAfter(grads, emitDeferredSyncs(b, layout, deferred));
+  int squares = b.activation({});
+  InstructionBuilder sq(OpId::kSumSquares);
+  sq.in("grads", grads).out("squares", squares).attr("segments", segmentText);
+  // Parameters replicated across tp are counted by the group's first member only (the plan
+  // names the group; the executor reads its position from the rank's plan).
+  if (t > 1) sq.attr("replicated_group", "tp");
+  b.emit(sq);
+  // The global norm: every rank's share summed over the groups that hold other shares.
+  squares = normOverGroups(b, squares, {{"tp", t}, {"pp", p}});
   int norm = b.activation({}), factor = b.activation({});
   // norm of the unscaled gradients; factor = clipping / loss_scale, or 0 when the norm is not
   // finite (the update is skipped: fp16 dynamic loss scaling, or the recipe stops).
@@ -502,22 +825,38 @@ plan::Program optimizerProgram(const StageLayout &layout, int t, int p, int d, b
              .in("loss_scale", hyper["loss_scale"])
              .out("norm", norm)
              .out("factor", factor));
-  int updated = sharded ? b.activation({shard}) : params;
   InstructionBuilder adam(OpId::kAdamw);
-  adam.in("params", params).in("grads", g).in("adam_m", m).in("adam_v", v).in("grad_scale", factor);
+  adam.in("params", params).in("grads", grads).in("adam_m", m).in("adam_v", v).in("grad_scale", factor);
   // The hyperparameter arguments bound to the inputs of the same names.
   for (const char *name : {"learning_rate", "adam_step", "weight_decay", "adam_beta1", "adam_beta2", "adam_eps"})
     adam.in(name, hyper[name]);
-  adam.out("updated", updated).out("adam_m", m).out("adam_v", v).attr("segments", segmentText);
-  if (sharded) adam.attr("shard_group", "dp");
+  adam.out("updated", params).out("adam_m", m).out("adam_v", v).attr("segments", segmentText);
   b.emit(adam);
-  if (sharded) collective(b, OpId::kAllGather, "dp", d, updated, params, 4 * flat);
   if (layout.computeDtype != plan::F32) {  // the 16-bit copies the next step computes with
     int compute = b.argument(plan::Binding::PARAMETER, "flat", {flat}, true, layout.computeDtype);
     b.emit(InstructionBuilder(OpId::kCast).in("input", params).out("output", compute));
   }
   b.emit(InstructionBuilder(OpId::kFill).out("output", grads).attr("value", 0.0));  // zero_grad for the next step
   b.result(plan::Binding::METRIC, "grad_norm", norm);
+  return b.finish();
+}
+
+plan::Program parameterGatherProgram(const StageLayout &layout, int d) {
+  ProgramBuilder b("parameter_gather", plan::Program::PARAMETER_GATHER);
+  for (const StageBucket &bucket : layout.buckets)
+    if (bucket.gatherInForward) emitBucketGather(b, bucket, d, layout.computeDtype);
+  return b.finish();
+}
+
+plan::Program gradientGatherProgram(const StageLayout &layout, int d, const std::vector<DeferredSync> &deferred) {
+  ProgramBuilder b("gradient_gather", plan::Program::GRADIENT_GATHER);
+  std::set<std::string> syncedLater = syncedLaterOf(deferred);
+  for (const StageBucket &bucket : layout.buckets) {
+    if (!reducedInBackward(bucket, syncedLater)) continue;
+    int own = b.view(plan::Binding::GRADIENT, "flat", {bucket.elements / d}, bucket.flatBegin, "dp");
+    int whole = b.view(plan::Binding::GRADIENT, "flat", {bucket.elements}, bucket.flatBegin, "");
+    collective(b, OpId::kAllGather, "dp", d, own, whole, 4 * bucket.elements);
+  }
   return b.finish();
 }
 

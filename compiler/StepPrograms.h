@@ -10,6 +10,7 @@
 //   flat buffer (ZeRO-1: reduce-scatter, the shard's update, all-gather), zeroed gradients.
 #pragma once
 
+#include <set>
 #include <string>
 #include <vector>
 
@@ -30,9 +31,25 @@ struct StageParameter {
   bool decay = false;          // AdamW's weight decay (Megatron: matrices, not biases or norms)
 };
 
+// ZeRO-1's unit of communication (Megatron's distributed optimizer buckets): consecutive
+// parameters of one backward, their gradients reduce-scattered over dp as soon as that backward's
+// last run has them, their parameters all-gathered before the next step's forward reads them.
+// dp rank r owns elements [flatBegin + r q, flatBegin + (r + 1) q) of it, q = elements / d: their
+// reduced gradients (in place in the flat gradients), their update, and their AdamW moments at
+// shardBegin of the rank's moments.
+struct StageBucket {
+  int64_t flatBegin = 0, elements = 0;  // elements: a multiple of d x 16
+  int64_t shardBegin = 0;
+  int virtualStage = -1;                // the backward (and forward) of its gradients; -1: none
+  bool gatherInForward = false;         // all-gathered by its forward's first run, else by the optimizer
+  bool alone = false;                   // a gradient reduced across stages first: its own bucket
+  std::vector<std::string> params;
+};
+
 struct StageLayout {
   std::vector<StageParameter> parameters;  // in the order the stage's programs first bind them
-  int64_t flatElements = 0;                // with ZeRO-1 a multiple of d
+  int64_t flatElements = 0;                // with ZeRO-1 the buckets' sum
+  std::vector<StageBucket> buckets;        // ZeRO-1 with d > 1 only
   // The dtype the stage's programs compute with (their PARAMETER arguments'). fp32: the flat
   // buffer itself. bf16 / fp16 (Megatron's mixed precision): a 16-bit flat copy of the fp32
   // master weights, remade by the optimizer program after each update; the main gradients and
@@ -44,7 +61,27 @@ struct StageLayout {
 // attributes (tied copies, tensor-parallel shards), laid out in the order the backwards
 // finish their gradients (a data-parallel bucket is then one contiguous range). Parameters
 // of more than one float dtype in a stage are an error naming two of them.
-llvm::Expected<StageLayout> stageLayout(mlir::ModuleOp module, const plan::ProgramSet &set, int d, bool zero1);
+// With ZeRO-1 (d > 1) the parameters are cut into buckets of at most bucketBytes of fp32
+// gradients (one parameter at least), never across backwards, each padded to a multiple of d x 16;
+// a parameter in `syncedLater` (reduced across stages by the optimizer program first: the tied
+// embedding) is a bucket of its own, so that the rest reduce in their backwards.
+llvm::Expected<StageLayout> stageLayout(mlir::ModuleOp module, const plan::ProgramSet &set, int d, bool zero1,
+                                        int64_t bucketBytes, const std::set<std::string> &syncedLater);
+
+// ZeRO-1: appends to `backward` (after foldGradientSync) the reduce-scatter over dp of each
+// bucket of its virtual stage, in its last run, as soon as the bucket's gradients are final
+// (on the dp stream, overlapping the rest of the backward), from the flat gradients into the
+// rank's part of the bucket, in place; buckets holding a parameter in `syncedLater` (reduced across stages by the
+// optimizer program first) are left to the optimizer program.
+void appendBucketReduceScatters(plan::Program &backward, const StageLayout &layout, int d, plan::DType dpWire,
+                                bool serial, const std::set<std::string> &syncedLater);
+// ZeRO-1: prepends to `forward` the all-gather over dp of each bucket of its virtual stage, in
+// place in the flat parameters (and the 16-bit copies of a 16-bit plan remade from them), in its
+// first run; each instruction reading a bucket's parameters waits for that bucket only.
+void prependParameterGathers(plan::Program &forward, const StageLayout &layout, int d);
+// ZeRO-1: the `parameter_gather` program: every bucket's all-gather (and 16-bit copies), run by
+// the step driver when something outside the step reads the parameters (a checkpoint, an export).
+plan::Program parameterGatherProgram(const StageLayout &layout, int d);
 
 // A gradient-sync collective over a group that spans pipeline stages (the tied embedding's
 // "embedding" group): it cannot run inside a backward (the stages reach their last backward
@@ -71,7 +108,14 @@ void accumulateLoss(plan::Program &forward);
 // loss_sum is zeroed.
 plan::Program lossProgram(int microBatches, int d);
 // The `optimizer` program of a stage (t, p, d: the group sizes of the layout).
+// With ZeRO-1 by buckets (layout.buckets): each bucket's reduce-scatter that no backward ran,
+// AdamW on the rank's part of every bucket, in place, and the all-gather of each bucket that no
+// forward gathers (virtual stage -1).
 plan::Program optimizerProgram(const StageLayout &layout, int t, int p, int d, bool zero1, plan::DType dpWire,
                                const std::vector<DeferredSync> &deferred);
+// ZeRO-1: the `gradient_gather` program: the all-gathers, in place in the flat gradients, of the
+// parts the backwards reduce-scattered (the buckets the optimizer reduces are left as they are),
+// so every replica holds those buckets' reduced gradients whole; empty when no backward reduces.
+plan::Program gradientGatherProgram(const StageLayout &layout, int d, const std::vector<DeferredSync> &deferred);
 
 }  // namespace loom

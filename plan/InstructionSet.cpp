@@ -194,10 +194,11 @@ std::vector<OpDecl> declare() {
       // 16-bit plans: the fp32 master weights into the 16-bit copies the programs compute with.
       make(kCast, "cast", false, {fl("input")}, {fl("output")}, {}, kC, kNo, kMem, 0,
        "output = input in output's dtype (fp32 -> bf16 / fp16 rounds to nearest, ties to even)"),
-      // segments: planattr::FlatSegment's encoding; shard_group: ZeRO-1's, the instruction sees
-      // this rank's shard of the flat buffer.
+      // segments: planattr::FlatSegment's encoding; the grads are the flat elements from
+      // flat_offset on, or with shard_group (ZeRO-1) this rank's part: from flat_offset +
+      // (rank in the group) x numel(grads).
       make(kSumSquares, "sum_squares", false, {f32("grads")}, {f32("squares")},
-       {req("segments", kS), optStr("shard_group"), optStr("replicated_group")}, kC, kNo, kMem, 0,
+       {req("segments", kS), optStr("shard_group"), optStr("replicated_group"), optInt("flat_offset")}, kC, kNo, kMem, 0,
        "the sum of squares of the gradients the norm counts on this rank: segments flagged r (replicated across "
        "replicated_group) only on the group's first member, so the sum over the group counts them once"),
       make(kGradNorm, "grad_norm", false, {f32("squares"), f32("clip_grad"), f32("loss_scale")}, {f32("norm"), f32("factor")},
@@ -205,9 +206,10 @@ std::vector<OpDecl> declare() {
       make(kAdamw, "adamw", false,
        {f32("params"), f32("grads"), f32("adam_m"), f32("adam_v"), f32("grad_scale"), f32("learning_rate"),
         f32("adam_step"), f32("weight_decay"), f32("adam_beta1"), f32("adam_beta2"), f32("adam_eps")},
-       {f32("updated"), f32("adam_m"), f32("adam_v")}, {req("segments", kS), optStr("shard_group")}, kC, kNo, kMem, 0,
-       "AdamW with decoupled weight decay over the flat buffer (or its shard), segment by segment: updated is "
-       "params (or its shard), the moments updated in place"),
+       {f32("updated"), f32("adam_m"), f32("adam_v")}, {req("segments", kS), optStr("shard_group"), optInt("flat_offset")},
+       kC, kNo, kMem, 0,
+       "AdamW with decoupled weight decay over the flat elements that grads covers (as sum_squares'), segment by "
+       "segment: params is those elements or the whole flat buffer, updated those elements, the moments in place"),
   };
   for (size_t k = 0; k < ops.size(); ++k)
     if (int(ops[k].id) != int(k) || ops[k].inputs.size() > size_t(kMaxOperands) ||

@@ -30,7 +30,12 @@ namespace loom {
 //    stream order and wait_for events); a result's bytes are in use only until its producer's
 //    stream runs its next instruction, so an executor that hands results over later keeps them
 //    elsewhere (their slots). MemoryPlan reports stash per micro-batch and chunks in flight.
-inline constexpr uint32_t kPlanVersion = 9;
+// 10: ZeRO-1 by buckets (Megatron's distributed optimizer): the flat buffer is padded bucket by
+//    bucket (RankPlan.zero1_buckets), each bucket's gradients reduce-scattered in place in the
+//    last backward (the rank's part of the bucket) and its parameters all-gathered in place at the
+//    head of the next step's forward (first_micro_batch) or in the `parameter_gather` program;
+//    arguments may be views (Binding.offset, part_of); adamw and sum_squares take flat_offset.
+inline constexpr uint32_t kPlanVersion = 10;
 
 // "" when `version` is this build's; otherwise why `what` (a plan file) cannot be read.
 inline std::string planVersionError(uint32_t version, const std::string &what) {

@@ -168,7 +168,8 @@ class Run {
         });
         if (!failure_.empty()) return;
       }
-      if (in.last_micro_batch() && !ctx_.lastRun) {  // not this run: passed over, done at once
+      if ((in.last_micro_batch() && !ctx_.lastRun) || (in.first_micro_batch() && !ctx_.firstRun)) {
+        // not this run: passed over, done at once
         std::lock_guard<std::mutex> lock(mu_);
         done_[i] = true;
         cv_.notify_all();

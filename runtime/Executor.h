@@ -46,6 +46,9 @@ struct ExecutionContext {
   // The step's last run of this program: its last_micro_batch instructions (gradient sync)
   // run; in earlier runs they are passed over.
   bool lastRun = true;
+  // The step's first run of this program: its first_micro_batch instructions (ZeRO-1's
+  // parameter all-gathers) run; later runs pass over them.
+  bool firstRun = true;
   // Where the rank is, for its heartbeat (null: not reported), and this run's micro-batch.
   Progress *progress = nullptr;
   int microBatch = -1;

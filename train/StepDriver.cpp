@@ -1,5 +1,6 @@
 #include "train/StepDriver.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 
@@ -44,14 +45,22 @@ StepDriver::StepDriver(const plan::RankPlan &plan, const plan::ProgramSet &progr
 Status StepDriver::init(const std::vector<HostTensor> &initial) {
   std::map<std::string, const plan::Program *> byName;
   for (const plan::Program &p : programs_.programs()) byName[p.name()] = &p;
-  std::map<const plan::Program *, size_t> last;
+  std::map<const plan::Program *, size_t> last, first;
   for (const plan::ScheduleEntry &e : plan_.schedule()) {
     auto it = byName.find(e.program());
     if (it == byName.end()) return Status::error("the schedule names program '" + e.program() + "', which the plan lacks");
     last[it->second] = entryProgram_.size();
+    first.try_emplace(it->second, entryProgram_.size());
     entryProgram_.push_back(it->second);
   }
-  for (size_t k = 0; k < entryProgram_.size(); ++k) lastRun_.push_back(last[entryProgram_[k]] == k);
+  for (size_t k = 0; k < entryProgram_.size(); ++k) {
+    lastRun_.push_back(last[entryProgram_[k]] == k);
+    firstRun_.push_back(first[entryProgram_[k]] == k);
+  }
+  for (const plan::Program &p : programs_.programs()) {
+    if (p.kind() == plan::Program::PARAMETER_GATHER) gatherProgram_ = &p;
+    if (p.kind() == plan::Program::GRADIENT_GATHER) gradientGatherProgram_ = &p;
+  }
   lastEntryOf_.resize(2);
   for (size_t k = 0; k < entryProgram_.size(); ++k) {
     int mb = plan_.schedule(int(k)).micro_batch();
@@ -81,14 +90,38 @@ Status StepDriver::init(const std::vector<HostTensor> &initial) {
   for (int i = 0; i < plan_.parameters_size(); ++i)
     LOOM_RETURN_IF_ERROR(backend_.upload(initial[size_t(i)], parameter(plan_.parameters(i).name())));
   LOOM_RETURN_IF_ERROR(parametersChanged());
-  // The optimizer state and scalars the optimizer program names, sized by its buffers.
+  // The optimizer state and the scalars the programs name, the state sized by the views bound
+  // to it (the furthest element any binding reaches).
+  std::map<std::string, int64_t> stateExtent;
   for (const plan::Program &prog : programs_.programs())
     for (const plan::Binding &a : prog.arguments()) {
-      if (a.role() == plan::Binding::OPTIMIZER_STATE && !optimizerState_.count(a.name()))
-        LOOM_RETURN_IF_ERROR(slot("optimizer/" + a.name(), prog.buffers(a.buffer()), &optimizerState_[a.name()]));
+      int64_t extent = a.offset() + planattr::numel(prog.buffers(a.buffer()));
+      if (a.offset() < 0 || (!a.part_of().empty() && a.role() != plan::Binding::PARAMETER && a.role() != plan::Binding::GRADIENT))
+        return Status::error(prog.name() + ": argument '" + a.name() + "' is a view the step cannot bind (corrupt plan)");
+      if (a.role() == plan::Binding::OPTIMIZER_STATE) stateExtent[a.name()] = std::max(stateExtent[a.name()], extent);
       if (a.role() == plan::Binding::HYPERPARAMETER && !hyper_.count(a.name()))
         LOOM_RETURN_IF_ERROR(slot("hyper/" + a.name(), prog.buffers(a.buffer()), &hyper_[a.name()]));
     }
+  for (auto &[name, extent] : stateExtent)
+    LOOM_RETURN_IF_ERROR(backend_.storage("optimizer/" + name, extent, plan::F32, &optimizerState_[name]));
+  return Status::ok();
+}
+
+Status StepDriver::view(const ArgumentView &storage, const plan::Program &prog, const plan::Binding &a,
+                        ArgumentView *out) const {
+  int64_t n = planattr::numel(prog.buffers(a.buffer())), start = a.offset();
+  if (!a.part_of().empty()) {
+    int position = a.part_of() == "dp" ? plan_.dp_rank() : a.part_of() == "tp" ? plan_.tp_rank()
+                   : a.part_of() == "pp" ? plan_.pp_rank() : -1;
+    if (position < 0)
+      return Status::error(prog.name() + ": argument '" + a.name() + "' is a part of group '" + a.part_of() +
+                           "', which the step does not know (corrupt plan)");
+    start += position * n;
+  }
+  if (start < 0 || start + n > storage.count)
+    return Status::error(prog.name() + ": argument '" + a.name() + "' views elements [" + std::to_string(start) + ", " +
+                         std::to_string(start + n) + ") of storage of " + std::to_string(storage.count) + " (corrupt plan)");
+  *out = slice(storage, start, n);
   return Status::ok();
 }
 
@@ -97,6 +130,7 @@ Status StepDriver::slot(const std::string &key, const plan::Buffer &buffer, Argu
 }
 
 Status StepDriver::parametersChanged() {
+  parametersStale_ = false;  // written whole
   if (computeDtype_ == plan::F32) return Status::ok();
   return backend_.cast(params_, params16_, computeDtype_);
 }
@@ -117,12 +151,22 @@ Status StepDriver::bind(const plan::Program &prog, int mb, DataSource *data, int
     const plan::Buffer &buffer = prog.buffers(a.buffer());
     ArgumentView v;
     switch (a.role()) {
-      case plan::Binding::PARAMETER:
-        v = buffer.dtype() == plan::F32 ? parameter(a.name()) : sliceOf(params16_, a.name());
+      case plan::Binding::PARAMETER: {
+        const ArgumentView &flat = buffer.dtype() == plan::F32 ? params_ : params16_;
+        if (a.name() == "flat")
+          LOOM_RETURN_IF_ERROR(view(flat, prog, a, &v));
+        else
+          v = sliceOf(flat, a.name());
         break;
-      case plan::Binding::GRADIENT: v = gradient(a.name()); break;
+      }
+      case plan::Binding::GRADIENT:
+        if (a.name() == "flat")
+          LOOM_RETURN_IF_ERROR(view(grads_, prog, a, &v));
+        else
+          v = gradient(a.name());
+        break;
       case plan::Binding::LOSS: v = lossSum_; break;
-      case plan::Binding::OPTIMIZER_STATE: v = optimizerState_[a.name()]; break;
+      case plan::Binding::OPTIMIZER_STATE: LOOM_RETURN_IF_ERROR(view(optimizerState_[a.name()], prog, a, &v)); break;
       case plan::Binding::HYPERPARAMETER: v = hyper_[a.name()]; break;
       case plan::Binding::STASH: {
         std::string pool = "stash/" + std::to_string(prog.virtual_stage());
@@ -179,6 +223,7 @@ Status StepDriver::runEntry(size_t entry, DataSource *data, int64_t step, bool e
   ctx.training = !evaluate;
   ctx.lossScale = evaluate ? 1.0f : lossScale_;
   ctx.lastRun = lastRun_[entry];
+  ctx.firstRun = firstRun_[entry];
   ctx.progress = progress_;
   ctx.microBatch = mb;
   if (!evaluate && step == stallStep_) ctx.testStallOp = stallOp_.c_str();
@@ -275,6 +320,7 @@ Status StepDriver::runGradients(DataSource *data, int64_t step, bool evaluate, b
     }
   }
   LOOM_RETURN_IF_ERROR(backend_.synchronize());
+  parametersStale_ = false;  // the forwards' first runs gathered every bucket (ZeRO-1)
   if (!collectives_) return Status::ok();
   if (progress_) progress_->waitingOutside("the delivery of the step's pipeline sends");
   Status flushed = collectives_->flush();
@@ -302,7 +348,32 @@ Status StepDriver::runOptimizer(const OptimizerScalars &s, double *gradNorm) {
     ran = true;
   }
   if (!ran) return Status::error("the plan has no optimizer program in its schedule");
+  parametersStale_ = gatherProgram_ != nullptr;  // each rank updated its own parts only
   return Status::ok();
+}
+
+Status StepDriver::runOutsideSchedule(const plan::Program &program) {
+  std::vector<ArgumentView> args;
+  LOOM_RETURN_IF_ERROR(bind(program, -1, nullptr, 0, /*evaluate=*/false, &args));
+  ExecutionContext ctx;
+  ctx.collectives = collectives_;
+  ctx.progress = progress_;
+  std::vector<float *> noSlots;
+  std::vector<uint16_t *> noHalfSlots;
+  ctx.resultSlots = &noSlots, ctx.halfResultSlots = &noHalfSlots;
+  LOOM_RETURN_IF_ERROR(backend_.run(program, args, [](int, const float *, int64_t) {}, ctx));
+  return backend_.synchronize();
+}
+
+Status StepDriver::gatherParameters() {
+  if (!parametersStale_ || !gatherProgram_) return Status::ok();
+  LOOM_RETURN_IF_ERROR(runOutsideSchedule(*gatherProgram_));
+  parametersStale_ = false;
+  return Status::ok();
+}
+
+Status StepDriver::gatherGradients() {
+  return gradientGatherProgram_ ? runOutsideSchedule(*gradientGatherProgram_) : Status::ok();
 }
 
 }  // namespace loom

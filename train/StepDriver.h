@@ -49,6 +49,17 @@ class StepDriver {
   // The optimizer program: *gradNorm (not finite: the update was skipped) and the update.
   Status runOptimizer(const OptimizerScalars &scalars, double *gradNorm);
 
+  // ZeRO-1: after an update each rank holds only its own parts of the parameters until the next
+  // step's forwards gather them; this gathers them now (the plan's parameter_gather program, a
+  // collective over dp: every rank calls it at the same point) for a reader outside the step.
+  // Nothing to do when the parameters are whole.
+  Status gatherParameters();
+  // ZeRO-1: between runGradients and runOptimizer each rank holds the reduced gradients of its
+  // own parts of the buckets the backwards reduce-scattered; this gathers them whole (the plan's
+  // gradient_gather program, a collective over dp) for a reader (--dump-grads). The buckets the
+  // optimizer reduces still hold each replica's own gradients.
+  Status gatherGradients();
+
   // The rank's state, for checkpoints and exports (backend memory).
   ArgumentView parameter(const std::string &name) const { return sliceOf(params_, name); }
   ArgumentView gradient(const std::string &name) const { return sliceOf(grads_, name); }
@@ -77,7 +88,11 @@ class StepDriver {
   Status bind(const plan::Program &prog, int mb, DataSource *data, int64_t step, bool evaluate,
               std::vector<ArgumentView> *args);
   Status slot(const std::string &key, const plan::Buffer &buffer, ArgumentView *out);
+  // The part of `storage` a view argument binds (Binding.offset, part_of).
+  Status view(const ArgumentView &storage, const plan::Program &prog, const plan::Binding &a, ArgumentView *out) const;
   Status readMetric(const plan::Program &prog, const std::string &name, double *value);
+  // A program outside the schedule (a gather), run to completion.
+  Status runOutsideSchedule(const plan::Program &program);
 
   const plan::RankPlan &plan_;
   const plan::ProgramSet &programs_;
@@ -93,6 +108,10 @@ class StepDriver {
   std::string dumpBatches_;
   std::vector<const plan::Program *> entryProgram_;  // per schedule entry
   std::vector<bool> lastRun_;                       // per entry: the program's last run of the step
+  std::vector<bool> firstRun_;                      // per entry: the program's first run of the step
+  const plan::Program *gatherProgram_ = nullptr;    // ZeRO-1's parameter_gather (outside the schedule)
+  const plan::Program *gradientGatherProgram_ = nullptr;  // ZeRO-1's gradient_gather (outside the schedule)
+  bool parametersStale_ = false;                    // only the rank's own parts are current
   std::map<std::string, const plan::Parameter *> paramByName_;
   ArgumentView params_, grads_, lossSum_;
   plan::DType computeDtype_ = plan::F32;  // the programs' PARAMETER dtype

@@ -26,6 +26,7 @@ std::string flatLayoutOf(const plan::RankPlan &plan) {
   std::string text = std::to_string(plan.flat_elements());
   for (const plan::Parameter &p : plan.parameters())
     text += ";" + p.name() + "@" + std::to_string(p.flat_offset()) + ":" + std::to_string(elementsOf(p));
+  for (int64_t bucket : plan.zero1_buckets()) text += ";bucket:" + std::to_string(bucket);
   return checksumHex(checksum64(text));
 }
 
@@ -93,6 +94,7 @@ Status Trainer::evaluate(DataSource *data, int64_t batch, double *loss) {
 
 Status Trainer::hostGradients(std::map<std::string, HostTensor> *out) {
   out->clear();
+  LOOM_RETURN_IF_ERROR(driver_.gatherGradients());
   LOOM_RETURN_IF_ERROR(backend_->synchronize());
   for (const plan::Parameter &p : plan_.parameters()) {
     HostTensor &t = (*out)[p.name()];
@@ -104,6 +106,7 @@ Status Trainer::hostGradients(std::map<std::string, HostTensor> *out) {
 
 Status Trainer::hostParameters(std::map<std::string, HostTensor> *out) {
   out->clear();
+  LOOM_RETURN_IF_ERROR(driver_.gatherParameters());
   LOOM_RETURN_IF_ERROR(backend_->synchronize());
   for (const plan::Parameter &p : plan_.parameters()) {
     HostTensor &t = (*out)[p.name()];

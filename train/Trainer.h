@@ -70,8 +70,11 @@ class Trainer {
   // Forward passes only over global batch `batch` of `data`: the validation loss.
   Status evaluate(DataSource *data, int64_t batch, double *loss);
 
-  // This step's gradients (--dump-grads), by parameter name. With ZeRO-1 they are this
-  // replica's own (the optimizer reduce-scatters them): see gradientsSynchronized().
+  // This step's gradients (--dump-grads), by parameter name (a collective with ZeRO-1: the
+  // plan's gradient_gather). With ZeRO-1 the buckets the backwards reduce-scattered hold the
+  // reduced gradients (gathered whole), the others (reduced by the optimizer: a pipeline-tied
+  // embedding) each replica's own: see gradientsSynchronized(). A reader averaging the replicas
+  // gets the reduced gradients either way.
   Status hostGradients(std::map<std::string, HostTensor> *out);
   bool gradientsSynchronized() const { return !plan_.zero1() || plan_.d() == 1; }
   // What the backend holds for this rank (to compare with the plan's memory.peak_bytes).

@@ -347,7 +347,8 @@ Status TrainingLoop::run() {
       char loss[32];
       std::snprintf(loss, sizeof loss, "%.9g", r.loss);
       if (r.hasLoss) f.metadata["__loss__"] = loss;
-      // ZeRO-1: each replica's own gradients (the optimizer reduce-scatters them): the reader averages.
+      // ZeRO-1: some buckets hold each replica's own gradients (the optimizer reduces them): the
+      // reader averages the replicas (the reduced ones are the same on every replica).
       f.metadata["__dp_synchronized__"] = trainer_.gradientsSynchronized() ? "true" : "false";
       std::filesystem::create_directories(opt_.dumpGrads);
       LOOM_RETURN_IF_ERROR(

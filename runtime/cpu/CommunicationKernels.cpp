@@ -184,6 +184,12 @@ Status gatherOrScatter(CpuKernelContext &ctx, const KernelCall &k, bool gather) 
   int64_t a0 = 0, a1 = outer, cols = lb.shape_size() > 0 ? std::max<int64_t>(lb.shape(lb.shape_size() - 1), 1) : 1;
   LOOM_RETURN_IF_ERROR(k.sliceRange(outer, k.numel(large) / cols, &a0, &a1));
   if (d == 0) {  // along the first dimension the members' blocks are contiguous: no re-layout
+    if (gather && s.data >= l.data && s.data < l.data + size_t(g * n) * s.element) {
+      // In place (ZeRO-1's parameter gather: the rank's part inside the whole): from a copy, as
+      // the collective writes every block.
+      std::vector<char> mine(s.data, s.data + size_t(n) * s.element);
+      return c->allGather(group, mine.data(), l.data, n, s.dtype);
+    }
     if (gather) return c->allGather(group, s.data, l.data, n, s.dtype);
     LOOM_RETURN_IF_ERROR(c->reduceScatter(group, l.data, s.data, n, s.dtype));
     if (k.str("reduce") == "avg") divideElements(s.dtype, s.data, n, float(g));

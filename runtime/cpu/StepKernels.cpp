@@ -46,7 +46,7 @@ Status flatRange(CpuKernelContext &c, const KernelCall &k, int64_t count, std::v
   if (!planattr::decodeSegments(k.str("segments"), segments))
     return Status::error(std::string(k.decl.name) + ": malformed segments attribute (corrupt plan)");
   std::string shardGroup = k.str("shard_group");
-  *range = {shardGroup.empty() ? 0 : c.shardStart(shardGroup, count), count};
+  *range = {k.i64("flat_offset") + (shardGroup.empty() ? 0 : c.shardStart(shardGroup, count)), count};
   return Status::ok();
 }
 
@@ -74,12 +74,14 @@ Status adamw(CpuKernelContext &c, const KernelCall &k) {
   std::vector<planattr::FlatSegment> segments;
   FlatRange range;
   LOOM_RETURN_IF_ERROR(flatRange(c, k, k.numel(grads), &segments, &range));
-  if (k.numel(params) < range.begin + range.count)
+  // params: exactly the updated elements (ZeRO-1's buckets, in place) or the whole flat buffer.
+  bool exact = k.numel(params) == range.count;
+  if (!exact && k.numel(params) < range.begin + range.count)
     return Status::error("adamw: shard outside the parameters (corrupt plan)");
   auto scalar = [&](const char *name) { return c.f(k.in(name))[0]; };
   AdamWHyper h{scalar("grad_scale"),   scalar("learning_rate"), scalar("adam_step"), scalar("weight_decay"),
                scalar("adam_beta1"),   scalar("adam_beta2"),    scalar("adam_eps")};
-  adamwFlat(c.f(params) + range.begin, c.f(grads), c.f(k.in("adam_m")), c.f(k.in("adam_v")), c.f(k.out("updated")),
+  adamwFlat(c.f(params) + (exact ? 0 : range.begin), c.f(grads), c.f(k.in("adam_m")), c.f(k.in("adam_v")), c.f(k.out("updated")),
             segments, range, h);
   return Status::ok();
 }

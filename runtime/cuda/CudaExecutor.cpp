@@ -95,7 +95,8 @@ class DeviceRun {
       int k = int(in.stream());
       st_ = e_.streams_[k];
       Status s = Status::ok();
-      if (in.last_micro_batch() && !ctx_.lastRun) {  // not this run: its event marks nothing pending
+      if ((in.last_micro_batch() && !ctx_.lastRun) || (in.first_micro_batch() && !ctx_.firstRun)) {
+        // not this run: its event marks nothing pending
         if (awaited[i]) s = cudaStatus(cudaEventRecord(e_.events_[i], st_), "event");
         if (!s.isOk()) return Status::error(prog_.name() + " instruction " + std::to_string(i) + ": " + s.message());
         continue;
@@ -769,7 +770,7 @@ class DeviceRun {
     std::string shardGroup = call.str("shard_group");
     bool adam = call.decl.id == isa::OpId::kAdamw;
     int64_t shard = numel(call.in("grads"));  // the shard (ZeRO-1) or the whole flat buffer
-    int64_t begin = shardGroup.empty() ? 0 : shardStart(shardGroup, shard), end = begin + shard;
+    int64_t begin = call.i64("flat_offset") + (shardGroup.empty() ? 0 : shardStart(shardGroup, shard)), end = begin + shard;
     auto forEach = [&](auto body) {  // body(local offset, elements, segment)
       planattr::forEachSegmentIn(segments, begin, shard, [&](int64_t lo, int64_t hi, const planattr::FlatSegment &sg) {
         body(lo, hi - lo, sg);
@@ -791,7 +792,9 @@ class DeviceRun {
           cudaMemcpyAsync(f(call.out("squares")), &value, sizeof(float), cudaMemcpyHostToDevice, st_), "copy the squares"));
       return cudaStatus(cudaStreamSynchronize(st_), "copy the squares");
     }
-    if (numel(call.in("params")) < end) return Status::error("adamw: shard outside the parameters (corrupt plan)");
+    // params: exactly the updated elements (ZeRO-1's buckets, in place) or the whole flat buffer.
+    bool exact = numel(call.in("params")) == shard;
+    if (!exact && numel(call.in("params")) < end) return Status::error("adamw: shard outside the parameters (corrupt plan)");
     // The hyperparameters: grad_scale, learning_rate, adam_step, weight_decay, beta1, beta2, eps.
     float h[7];
     const char *hyper[7] = {"grad_scale", "learning_rate", "adam_step", "weight_decay", "adam_beta1", "adam_beta2",
@@ -801,7 +804,7 @@ class DeviceRun {
       LOOM_RETURN_IF_ERROR(toHost(v, f(call.in(hyper[k])), 1));
       h[k] = v[0];
     }
-    float *param = f(call.in("params")) + begin, *grad = f(call.in("grads")), *out = f(call.out("updated"));
+    float *param = f(call.in("params")) + (exact ? 0 : begin), *grad = f(call.in("grads")), *out = f(call.out("updated"));
     if (out != param)
       LOOM_RETURN_IF_ERROR(cudaStatus(
           cudaMemcpyAsync(out, param, size_t(shard) * sizeof(float), cudaMemcpyDeviceToDevice, st_), "copy the shard"));

@@ -62,6 +62,7 @@ CONFIGS = {
     "t2p2d1-odd-vocab": (2, 2, 1, 1, 2, "ONE_F_ONE_B", "RECOMPUTE_NONE", 997),
     "t1p1d2-zero1": (1, 1, 2, 1, 1, "", "RECOMPUTE_NONE", 1000, True),
     "t2p2d2-zero1": (2, 2, 2, 1, 2, "ONE_F_ONE_B", "RECOMPUTE_NONE", 1000, True),
+    "t1p2d2v2-interleaved-zero1": (1, 2, 2, 2, 2, "INTERLEAVED_ONE_F_ONE_B", "RECOMPUTE_NONE", 1000, True),
     "t2p1d1-sequence-parallel": (2, 1, 1, 1, 1, "", "RECOMPUTE_NONE", 1000, False, True),
     "t4p1d1-sequence-parallel-odd-vocab": (4, 1, 1, 1, 1, "", "RECOMPUTE_NONE", 997, False, True),
     "t2p2d2-sequence-parallel-zero1": (2, 2, 2, 1, 2, "ONE_F_ONE_B", "RECOMPUTE_NONE", 1000, True, True),
@@ -146,6 +147,11 @@ TOLERANCE = {"fp32": {"loss1": 1e-5, "loss": 1e-4, "grad": 1e-4, "params": 1e-4}
 CLUSTER_PRECISION = {"bf16": "PRECISION_BF16", "fp16": "PRECISION_FP16"}
 
 
+# Data-parallel buckets (all-reduce, and ZeRO-1's reduce-scatter and parameter all-gather) of
+# at most 40 kB of fp32 gradients: several per stage even for the tiny models.
+DP_BUCKET_BYTES = 40000
+
+
 def cluster_config(name, t, p, d, v, m, schedule, recompute, work, zero1=False, sp=False, bf16_reduce=False,
                    per_node=0, tp_overlap=False):
     out = os.path.join(work, name + ".pbtxt")
@@ -162,6 +168,7 @@ def cluster_config(name, t, p, d, v, m, schedule, recompute, work, zero1=False, 
                 f"parallel {{ tensor_parallel_size: {t} pipeline_parallel_size: {p} data_parallel_size: {d} "
                 f"virtual_pipeline_size: {v} micro_batch_size: {MICRO_BATCH} global_batch_size: {MICRO_BATCH * m * d} "
                 f"recompute: {recompute} {sched} zero1: {'true' if zero1 else 'false'} "
+                f"dp_bucket_size_bytes: {DP_BUCKET_BYTES} "
                 f"sequence_parallel: {'true' if sp else 'false'} }}\n")
     return out
 
