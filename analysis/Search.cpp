@@ -105,7 +105,7 @@ plan::MemoryPlan estimateStageMemory(const LayerProbe &probe, const config::Para
   }
   acts.inputsPerMicroBatch = probe.inputs;
   bool sharded = par.zero1() && d > 1;
-  acts.workspace = std::max(probe.workspace, sharded ? 2 * 4 * flat / d : 0);
+  acts.workspace = probe.workspace;  // ZeRO-1 reduces and updates in place: no shard-sized temporaries
   plan::MemoryPlan mem;
   mem.set_scratch_bytes(probe.scratch);
   mem.set_half_weight_bytes(int64_t(probe.backendHalfPerElement * double(flat)));
