@@ -185,7 +185,10 @@ std::string describe(const config::ParallelConfig &p) {
   return llvm::formatv("t={0} p={1} d={2} v={3} b={4} {5}{6}{7}{8} {9}", p.tensor_parallel_size(),
                        p.pipeline_parallel_size(), p.data_parallel_size(), p.virtual_pipeline_size(),
                        p.micro_batch_size(), p.recompute() == config::RECOMPUTE_FULL ? "recompute" : "no-recompute",
-                       p.sequence_parallel() ? " sp" : "", p.zero1() ? " zero1" : "",
+                       p.sequence_parallel() ? " sp" : "",
+                       !p.zero1()                                                      ? ""
+                       : p.has_overlap_param_gather() && !p.overlap_param_gather()    ? " zero1 no-param-overlap"
+                                                                                        : " zero1",
                        p.tp_comm_overlap() ? " tp-overlap" : "", schedule)
       .str();
 }
@@ -328,22 +331,44 @@ llvm::Error searchConfigurations(const config::ModelConfig &model, const config:
   evaluateAll(candidates, evaluate, "loomc search: compiling and simulating candidates");
   if (!failure.empty()) return error("a candidate failed to compile or simulate: " + failure);
   rank(candidates, evaluate);
+  // Variants the closed-form estimate does not tell apart, only the plan's simulation: the best
+  // `top` that `applies` to are compiled and simulated again changed by `apply`, and ranked
+  // beside the rest; returns how many.
+  auto tryVariants = [&](const char *what, auto applies, auto apply) -> llvm::Expected<int> {
+    std::vector<SearchCandidate> variants;
+    for (size_t i = 0; i < out->ranked.size() && int(variants.size()) < std::max(options.top, 1); ++i) {
+      if (!applies(out->ranked[i].parallel)) continue;
+      SearchCandidate variant = out->ranked[i];
+      apply(variant.parallel), variant.evaluated = false, variant.prediction = StepPrediction{};
+      variants.push_back(variant);
+    }
+    evaluateAll(variants, variants.size(), what);
+    if (!failure.empty()) return error("a candidate failed to compile or simulate: " + failure);
+    rank(variants, variants.size());
+    return int(variants.size());
+  };
   // Tensor-parallel overlap (parallel.tp_comm_overlap) trades exposed all-reduces for smaller
-  // GEMMs and more collective calls: the closed-form estimate does not model it, the plan's
-  // simulation does. So the best `top` with an all-reduce to overlap (t > 1, no sequence
-  // parallelism) are compiled and simulated again with it, and ranked beside the rest.
-  std::vector<SearchCandidate> overlapped;
-  for (size_t i = 0; i < out->ranked.size() && int(overlapped.size()) < std::max(options.top, 1); ++i) {
-    const config::ParallelConfig &par = out->ranked[i].parallel;
-    if (par.tensor_parallel_size() < 2 || par.sequence_parallel() || par.tp_comm_overlap()) continue;
-    SearchCandidate variant = out->ranked[i];
-    variant.parallel.set_tp_comm_overlap(true), variant.evaluated = false, variant.prediction = StepPrediction{};
-    overlapped.push_back(variant);
-  }
-  evaluateAll(overlapped, overlapped.size(), "loomc search: the best with tensor-parallel overlap");
-  if (!failure.empty()) return error("a candidate failed to compile or simulate: " + failure);
-  out->overlapVariants = int(overlapped.size());
-  rank(overlapped, overlapped.size());
+  // GEMMs and more collective calls: tried on the best with an all-reduce to overlap (t > 1, no
+  // sequence parallelism).
+  llvm::Expected<int> overlapped = tryVariants(
+      "loomc search: the best with tensor-parallel overlap",
+      [](const config::ParallelConfig &par) {
+        return par.tensor_parallel_size() > 1 && !par.sequence_parallel() && !par.tp_comm_overlap();
+      },
+      [](config::ParallelConfig &par) { par.set_tp_comm_overlap(true); });
+  if (!overlapped) return overlapped.takeError();
+  out->overlapVariants = *overlapped;
+  // ZeRO-1's parameter all-gathers in the next step's first forward (the default) delay a
+  // pipeline's first stage as much as they overlap it: tried at the optimizer's end instead
+  // (parallel.overlap_param_gather: false) on the best with ZeRO-1.
+  llvm::Expected<int> gathered = tryVariants(
+      "loomc search: the best with ZeRO-1's gathers in the optimizer",
+      [](const config::ParallelConfig &par) {
+        return par.zero1() && par.data_parallel_size() > 1 && !par.has_overlap_param_gather();
+      },
+      [](config::ParallelConfig &par) { par.set_overlap_param_gather(false); });
+  if (!gathered) return gathered.takeError();
+  out->paramGatherVariants = *gathered;
   out->seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
   return llvm::Error::success();
 }
@@ -354,10 +379,10 @@ std::string searchText(const SearchResult &r, const config::ClusterSpec &cluster
   os << llvm::formatv("{0} configurations of {1} x {2} devices: {3} invalid for the model or batch, {4} over 1.25x the "
                       "device's memory by the estimate, {5} not evaluated (outside the estimate's best), {6} compiled "
                       "and simulated, of which {7} refused by the compiled plans' memory check; {8} of the best "
-                      "also with tensor-parallel overlap; {9:F1} s\n",
+                      "also with tensor-parallel overlap, {9} with ZeRO-1's gathers after the optimizer; {10:F1} s\n",
                       r.enumerated, cluster.nodes(), cluster.devices_per_node(), r.invalid, r.overEstimate,
-                      r.notEvaluated, r.ranked.size() + r.refusedByPlan - r.overlapVariants, r.refusedByPlan,
-                      r.overlapVariants, r.seconds);
+                      r.notEvaluated, r.ranked.size() + r.refusedByPlan - r.overlapVariants - r.paramGatherVariants,
+                      r.refusedByPlan, r.overlapVariants, r.paramGatherVariants, r.seconds);
   if (!r.exampleRefusal.empty()) os << "  e.g. " << r.exampleRefusal << "\n";
   if (!r.ranked.empty())
     os << llvm::formatv("  the estimate's peak memory (the memory plan's accounting over a compiled 4-layer probe) is "
@@ -394,6 +419,8 @@ std::string searchJson(const SearchResult &r, int top) {
                                 {"sequence_parallel", c.sequence_parallel()},
                                 {"zero1", c.zero1()},
                                 {"tp_comm_overlap", c.tp_comm_overlap()},
+                                {"overlap_param_gather", c.zero1() && c.data_parallel_size() > 1 &&
+                                                             (!c.has_overlap_param_gather() || c.overlap_param_gather())},
                                 {"schedule", config::PipelineSchedule_Name(c.schedule())}};
     nlohmann::ordered_json prediction = predictionObject(r.ranked[i].prediction);
     for (auto &[key, value] : prediction.items()) j[key] = value;

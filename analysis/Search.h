@@ -8,7 +8,8 @@
 // files) and simulated (compiler/StepSimulator.h: one rank per stage), those whose compiled
 // plans do not fit are dropped with the plan's reason, and the rest are ranked by predicted
 // model TFLOP/s per device. The best `top` with a tensor-parallel all-reduce are compiled and
-// simulated again with parallel.tp_comm_overlap and ranked beside them.
+// simulated again with parallel.tp_comm_overlap, and the best `top` with ZeRO-1 with
+// parallel.overlap_param_gather: false, and ranked beside them.
 #pragma once
 
 #include <functional>
@@ -47,6 +48,7 @@ struct SearchResult {
   std::vector<SearchCandidate> ranked;  // evaluated and fitting, best first
   int enumerated = 0, invalid = 0, overEstimate = 0, refusedByPlan = 0, notEvaluated = 0;
   int overlapVariants = 0;  // the best again with parallel.tp_comm_overlap (compiled, simulated)
+  int paramGatherVariants = 0;  // the best ZeRO-1 ones again with overlap_param_gather: false
   std::string exampleRefusal;  // one compiled plan's memory refusal, for the summary
   double worstMemoryEstimateError = 0;  // |estimated / compiled peak - 1|, worst over the compiled
   double seconds = 0;
