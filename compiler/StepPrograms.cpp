@@ -692,6 +692,25 @@ void emitBucketGather(ProgramBuilder &b, const StageBucket &bucket, int d, plan:
   }
 }
 
+// The optimizer's HYPERPARAMETER arguments, by name.
+std::map<std::string, int> hyperparameterArguments(ProgramBuilder &b) {
+  std::map<std::string, int> hyper;
+  for (const char *name : {"learning_rate", "adam_step", "clip_grad", "loss_scale", "weight_decay", "adam_beta1",
+                           "adam_beta2", "adam_eps"})
+    hyper[name] = b.argument(plan::Binding::HYPERPARAMETER, name, {}, false);
+  return hyper;
+}
+
+// The `segments` attribute of the parameters starting in flat elements [begin, end): the norm's
+// counting (tied copies and tp-replicated ones) and AdamW's weight decay per parameter.
+std::string segmentsIn(const StageLayout &layout, int64_t begin, int64_t end) {
+  std::vector<planattr::FlatSegment> segments;
+  for (const StageParameter &sp : layout.parameters)
+    if (sp.flatOffset >= begin && sp.flatOffset < end)
+      segments.push_back({sp.flatOffset, sp.elements, !sp.tied && !sp.tpReplicated, !sp.tied && sp.tpReplicated, sp.decay});
+  return planattr::encodeSegments(segments);
+}
+
 std::set<std::string> syncedLaterOf(const std::vector<DeferredSync> &deferred) {
   std::set<std::string> names;
   for (const DeferredSync &sync : deferred) names.insert(sync.params.begin(), sync.params.end());
@@ -708,19 +727,11 @@ plan::Program shardedOptimizerProgram(const StageLayout &layout, int t, int p, i
   int64_t flat = layout.flatElements;
   ProgramBuilder b("optimizer", plan::Program::OPTIMIZER);
   int grads = b.argument(plan::Binding::GRADIENT, "flat", {flat}, true);
-  std::map<std::string, int> hyper;
-  for (const char *name : {"learning_rate", "adam_step", "clip_grad", "loss_scale", "weight_decay", "adam_beta1",
-                           "adam_beta2", "adam_eps"})
-    hyper[name] = b.argument(plan::Binding::HYPERPARAMETER, name, {}, false);
+  std::map<std::string, int> hyper = hyperparameterArguments(b);
   // Each bucket's instructions name the segments inside it only.
   std::vector<std::string> segmentText;
-  for (const StageBucket &bucket : layout.buckets) {
-    std::vector<planattr::FlatSegment> segments;
-    for (const StageParameter &sp : layout.parameters)
-      if (sp.flatOffset >= bucket.flatBegin && sp.flatOffset < bucket.flatBegin + bucket.elements)
-        segments.push_back({sp.flatOffset, sp.elements, !sp.tied && !sp.tpReplicated, !sp.tied && sp.tpReplicated, sp.decay});
-    segmentText.push_back(planattr::encodeSegments(segments));
-  }
+  for (const StageBucket &bucket : layout.buckets)
+    segmentText.push_back(segmentsIn(layout, bucket.flatBegin, bucket.flatBegin + bucket.elements));
 
   std::vector<int> syncs = emitDeferredSyncs(b, layout, deferred);
   std::set<std::string> syncedLater = syncedLaterOf(deferred);
@@ -794,15 +805,9 @@ plan::Program optimizerProgram(const StageLayout &layout, int t, int p, int d, b
   int grads = b.argument(plan::Binding::GRADIENT, "flat", {flat}, true);
   int m = b.argument(plan::Binding::OPTIMIZER_STATE, "adam_m", {flat}, true);
   int v = b.argument(plan::Binding::OPTIMIZER_STATE, "adam_v", {flat}, true);
-  std::map<std::string, int> hyper;
-  for (const char *name : {"learning_rate", "adam_step", "clip_grad", "loss_scale", "weight_decay", "adam_beta1",
-                           "adam_beta2", "adam_eps"})
-    hyper[name] = b.argument(plan::Binding::HYPERPARAMETER, name, {}, false);
+  std::map<std::string, int> hyper = hyperparameterArguments(b);
 
-  std::vector<planattr::FlatSegment> segments;
-  for (const StageParameter &sp : layout.parameters)
-    segments.push_back({sp.flatOffset, sp.elements, !sp.tied && !sp.tpReplicated, !sp.tied && sp.tpReplicated, sp.decay});
-  std::string segmentText = planattr::encodeSegments(segments);
+  std::string segmentText = segmentsIn(layout, 0, layout.flatElements);
 
   // Gradient sync across stages first, in place on the parameters' slices of the flat
   // gradient buffer (arguments aliasing it: what reads the flat buffer next waits for them).
