@@ -668,15 +668,26 @@ std::vector<int> emitDeferredSyncs(ProgramBuilder &b, const StageLayout &layout,
   return syncs;
 }
 
-// The all-reduces of the norm's partial sums over the groups holding other shares.
-int normOverGroups(ProgramBuilder &b, int squares, const std::vector<std::pair<std::string, int>> &groups) {
+// The global norm: the rank's partial sum of squares all-reduced over the groups holding other
+// shares, then grad_norm: the norm of the unscaled gradients and the factor AdamW scales them by
+// (clipping / loss_scale, or 0 when the norm is not finite: the update is skipped, fp16 dynamic
+// loss scaling, or the recipe stops). Returns (norm, factor).
+std::pair<int, int> clippedNorm(ProgramBuilder &b, int squares, const std::vector<std::pair<std::string, int>> &groups,
+                                std::map<std::string, int> &hyper) {
   for (auto [group, size] : groups) {
     if (size <= 1) continue;
     int next = b.activation({});
     collective(b, OpId::kAllReduce, group, size, squares, next, 4, "sum");
     squares = next;
   }
-  return squares;
+  int norm = b.activation({}), factor = b.activation({});
+  b.emit(InstructionBuilder(OpId::kGradNorm)
+             .in("squares", squares)
+             .in("clip_grad", hyper["clip_grad"])
+             .in("loss_scale", hyper["loss_scale"])
+             .out("norm", norm)
+             .out("factor", factor));
+  return {norm, factor};
 }
 
 // A bucket's all-gather in place in the flat parameters (the rank's part inside the whole), and
@@ -763,14 +774,7 @@ plan::Program shardedOptimizerProgram(const StageLayout &layout, int t, int p, i
     else
       b.emit(InstructionBuilder(OpId::kAccumulate).in("input", part).out("accumulator", squares));
   }
-  squares = normOverGroups(b, squares, {{"dp", d}, {"tp", t}, {"pp", p}});
-  int norm = b.activation({}), factor = b.activation({});
-  b.emit(InstructionBuilder(OpId::kGradNorm)
-             .in("squares", squares)
-             .in("clip_grad", hyper["clip_grad"])
-             .in("loss_scale", hyper["loss_scale"])
-             .out("norm", norm)
-             .out("factor", factor));
+  auto [norm, factor] = clippedNorm(b, squares, {{"dp", d}, {"tp", t}, {"pp", p}}, hyper);
   std::vector<int> owns;  // per bucket: the view of the rank's part of the parameters
   for (size_t k = 0; k < layout.buckets.size(); ++k) {
     const StageBucket &bucket = layout.buckets[k];
@@ -819,17 +823,7 @@ plan::Program optimizerProgram(const StageLayout &layout, int t, int p, int d, b
   // names the group; the executor reads its position from the rank's plan).
   if (t > 1) sq.attr("replicated_group", "tp");
   b.emit(sq);
-  // The global norm: every rank's share summed over the groups that hold other shares.
-  squares = normOverGroups(b, squares, {{"tp", t}, {"pp", p}});
-  int norm = b.activation({}), factor = b.activation({});
-  // norm of the unscaled gradients; factor = clipping / loss_scale, or 0 when the norm is not
-  // finite (the update is skipped: fp16 dynamic loss scaling, or the recipe stops).
-  b.emit(InstructionBuilder(OpId::kGradNorm)
-             .in("squares", squares)
-             .in("clip_grad", hyper["clip_grad"])
-             .in("loss_scale", hyper["loss_scale"])
-             .out("norm", norm)
-             .out("factor", factor));
+  auto [norm, factor] = clippedNorm(b, squares, {{"tp", t}, {"pp", p}}, hyper);
   InstructionBuilder adam(OpId::kAdamw);
   adam.in("params", params).in("grads", grads).in("adam_m", m).in("adam_v", v).in("grad_scale", factor);
   // The hyperparameter arguments bound to the inputs of the same names.
