@@ -361,7 +361,8 @@ struct Head {
   int64_t S, hd;
   bool causal;
   float dropout;
-  uint64_t seed, stream, counterBase;  // the dropout mask's counter of P[i][j]: base + i * S + j
+  uint64_t seed, stream, counterBase;  // the dropout mask's counter of P[i][j]: base + i * counterLd + j
+  int64_t counterLd = 0;               // 0: S (a whole head); a ring block's: the whole sequence's
   // Keys row i sees: all, or up to i with the causal mask.
   int64_t keysOf(int64_t i) const { return causal ? i + 1 : S; }
   // Columns the block of queries starting at i0 needs.
@@ -406,6 +407,12 @@ void probabilitiesRow(float *row, int64_t n, float lse) {
 LOOM_VECTOR_CLONES
 void softmaxGradRow(const float *p, float *r, int64_t n) {
   float dot = laneDot(p, r, n);
+  for (int64_t j = 0; j < n; ++j) r[j] = p[j] * (r[j] - dot);
+}
+
+// r[0, n) = p * (r - dot) with the row's rowsum(P * dP) given (a ring block's rows).
+LOOM_VECTOR_CLONES
+void softmaxGradRowGiven(const float *p, float *r, int64_t n, float dot) {
   for (int64_t j = 0; j < n; ++j) r[j] = p[j] * (r[j] - dot);
 }
 
@@ -470,7 +477,8 @@ void headDropout(const Head &h, float *x) {
   if (h.dropout <= 0) return;
   parallelRows(h.S, [&](int64_t begin, int64_t end) {
     for (int64_t i = begin; i < end; ++i)
-      dropoutRow(x + i * h.S, h.keysOf(i), h.counterBase + uint64_t(i * h.S), h.dropout, h.seed, h.stream);
+      dropoutRow(x + i * h.S, h.keysOf(i), h.counterBase + uint64_t(i * (h.counterLd ? h.counterLd : h.S)), h.dropout,
+                 h.seed, h.stream);
   });
 }
 
@@ -495,9 +503,13 @@ void headForward(const Head &h, float *out, int64_t ldo, float *lse, float *p) {
 // With P the probabilities (from the forward's statistics `lse`) and D = P * keep / (1 - rate):
 //   dV += D^T g, dD = g V^T, dP = dD * keep / (1 - rate), dS = P * (dP - rowsum(P * dP)),
 //   dQ = dS K / sqrt(hd), dK += dS^T Q / sqrt(hd).
-// dq is written; dk and dv are added to (the caller zeroes them). Without dropout D is P.
+// dq is written (added to with accumulateDq); dk and dv are added to (the caller zeroes them).
+// Without dropout D is P. delta (nullable): each row's rowsum(P * dP) over all its keys, given
+// when this head sees only some of them (a ring block: rowsum(dO * O) of the whole row,
+// FlashAttention-2's D); else summed here over the row.
 void headBackward(const Head &h, const float *g, int64_t ldg, const float *lse, float *dq, float *dk, float *dv,
-                  int64_t ldd, int64_t ldkv, float *p, float *d, float *dp) {
+                  int64_t ldd, int64_t ldkv, float *p, float *d, float *dp, const float *delta = nullptr,
+                  bool accumulateDq = false) {
   float scale = 1.0f / std::sqrt(float(h.hd));
   headProbs(h, p, nullptr, lse);
   if (h.dropout > 0) {
@@ -518,13 +530,17 @@ void headBackward(const Head &h, const float *g, int64_t ldg, const float *lse, 
       float *r = dp + i * h.S;
       int64_t n = h.keysOf(i);
       if (h.dropout > 0) keptRow(d + i * h.S, r, n, 1.0f / (1.0f - h.dropout));  // dD -> dP
-      softmaxGradRow(pr, r, n);
+      if (delta)
+        softmaxGradRowGiven(pr, r, n, delta[i]);
+      else
+        softmaxGradRow(pr, r, n);
       std::fill(r + n, r + h.rowColumns(i), 0.0f);
     }
   });
   for (int64_t i0 = 0; i0 < h.S; i0 += kBlock) {
     int64_t rows = std::min(kBlock, h.S - i0), cols = h.blockKeys(i0);
-    gemm(false, false, rows, h.hd, cols, scale, dp + i0 * h.S, h.S, h.k, h.ldk, 0.0f, dq + i0 * ldd, ldd);
+    gemm(false, false, rows, h.hd, cols, scale, dp + i0 * h.S, h.S, h.k, h.ldk, accumulateDq ? 1.0f : 0.0f,
+         dq + i0 * ldd, ldd);
     gemm(true, false, cols, h.hd, rows, scale, dp + i0 * h.S, h.S, h.q + i0 * h.ldq, h.ldq, 1.0f, dk, ldkv);
   }
 }
@@ -589,6 +605,63 @@ void attentionBackward(const float *qkv, const float *keyMask, const float *g, c
     headBackward(attentionHead(qkv, keyMask, s, b, h), g + b * S * H + h * hd, H, lse + (b * s.heads + h) * S, dq, dk,
                  dv, ld, ld, p, d, dp);
   });
+}
+
+// Context parallelism's ring attention, one block at a time (Liu et al., "Ring Attention",
+// 2023; Megatron-Core's context parallelism): a query chunk against one key chunk of the same
+// length, the keys before the queries (a full block) or the same positions (the causal
+// diagonal). Each block is a whole head of the kernels above over `len` rows; its dropout
+// counters are those of the whole sequence's head (counterBase at the block's corner,
+// counterLd the whole sequence).
+namespace {
+Head blockHead(const AttentionBlock &b) {
+  Head h{b.q,   b.k,       b.v,      b.ld,   b.ld,   b.ld,          nullptr, nullptr, nullptr, nullptr,
+         b.len, b.headDim, b.causal, b.dropout, b.seed, b.stream, b.counterBase};
+  h.counterLd = b.counterLd;
+  return h;
+}
+}  // namespace
+
+int64_t attentionBlockScratchFloats(int64_t len, bool backward) { return headScratchFloats(len, backward); }
+
+void attentionBlockForward(const AttentionBlock &b, float *out, int64_t ldo, float *lse, float *scratch) {
+  headForward(blockHead(b), out, ldo, lse, scratch);
+}
+
+void attentionBlockBackward(const AttentionBlock &b, const float *g, int64_t ldg, const float *lse,
+                            const float *delta, float *dq, float *dk, float *dv, int64_t ldd, float *scratch) {
+  int64_t S = b.len;
+  headBackward(blockHead(b), g, ldg, lse, dq, dk, dv, ldd, ldd, scratch, scratch + S * S, scratch + 2 * S * S, delta,
+               /*accumulateDq=*/true);
+}
+
+void mergeAttentionBlock(float *out, float *lse, int64_t ldo, const float *part, const float *partLse, int64_t ldp,
+                         int64_t rows, int64_t headDim) {
+  const float inf = std::numeric_limits<float>::infinity();
+  for (int64_t i = 0; i < rows; ++i) {
+    float pl = partLse[i];
+    if (pl == inf) continue;  // the block's row saw no key
+    float *o = out + i * ldo;
+    const float *x = part + i * ldp;
+    if (lse[i] == -inf) {  // the row's first block
+      std::copy(x, x + headDim, o);
+      lse[i] = pl;
+      continue;
+    }
+    float m = std::max(lse[i], pl);
+    float merged = m + std::log(std::exp(lse[i] - m) + std::exp(pl - m));
+    float a = std::exp(lse[i] - merged), c = std::exp(pl - merged);
+    for (int64_t j = 0; j < headDim; ++j) o[j] = a * o[j] + c * x[j];
+    lse[i] = merged;
+  }
+}
+
+void attentionRowDots(const float *g, const float *out, int64_t ld, int64_t rows, int64_t headDim, float *delta) {
+  for (int64_t i = 0; i < rows; ++i) {
+    double sum = 0;
+    for (int64_t j = 0; j < headDim; ++j) sum += double(g[i * ld + j]) * double(out[i * ld + j]);
+    delta[i] = float(sum);
+  }
 }
 
 // bf16 attention with FlashAttention's rounding points (Dao 2023, FlashAttention-2, section

@@ -69,6 +69,35 @@ void attentionForwardBf16(const uint16_t *qkv, const float *keyMask, uint16_t *o
 void attentionBackwardBf16(const uint16_t *qkv, const float *keyMask, const uint16_t *g, const float *lse,
                            uint16_t *dqkv, const AttentionShape &s, float *scratch);
 
+// Context parallelism's ring attention, block by block: one head's query chunk against one key
+// chunk of the same `len` rows (q, k, v rows `ld` apart). causal: the diagonal block (query i
+// sees keys 0..i); else every key (a chunk before the queries'). Dropout on the probabilities
+// with the whole sequence's counters: P[i][j]'s is counterBase + i * counterLd + j (counterBase
+// at the block's corner of the whole head, counterLd its sequence length).
+struct AttentionBlock {
+  const float *q, *k, *v;
+  int64_t ld, len, headDim;
+  bool causal;
+  float dropout;
+  uint64_t seed, stream, counterBase;
+  int64_t counterLd;
+};
+int64_t attentionBlockScratchFloats(int64_t len, bool backward);
+// The block's output (rows ldo apart) and its rows' log-sum-exp.
+void attentionBlockForward(const AttentionBlock &b, float *out, int64_t ldo, float *lse, float *scratch);
+// out, lse (rows ldo apart; lse -inf: nothing yet) combined with a block's part and partLse:
+// lse' = log(e^lse + e^partLse), out' = out e^(lse - lse') + part e^(partLse - lse') (the
+// softmax over the union of the keys; a part's +inf row saw no key and is skipped).
+void mergeAttentionBlock(float *out, float *lse, int64_t ldo, const float *part, const float *partLse, int64_t ldp,
+                         int64_t rows, int64_t headDim);
+// delta[i] = rowsum(g * out) over a head's rows (FlashAttention-2's D: the softmax backward's
+// rowsum(P * dP) over all of a row's keys, from the merged output).
+void attentionRowDots(const float *g, const float *out, int64_t ld, int64_t rows, int64_t headDim, float *delta);
+// The block's gradients from the merged lse and delta of its query rows: dq (rows ldd apart, as
+// dk and dv) added to, dk and dv added to.
+void attentionBlockBackward(const AttentionBlock &b, const float *g, int64_t ldg, const float *lse, const float *delta,
+                            float *dq, float *dk, float *dv, int64_t ldd, float *scratch);
+
 // Grouped-query attention over q [B,S,heads*hd] and k, v [B,S,kvHeads*hd]: local query head h
 // uses KV head (firstHead + h) / headsPerKv (firstHead: the global index of this rank's first
 // query head when k and v hold every KV head; 0 when they are split alike). Causal or not,
