@@ -3,6 +3,7 @@
 #include <filesystem>
 
 #include "analysis/Units.h"
+#include "plan/Layout.h"
 #include "plan/MemoryAccounting.h"
 #include "plan/PlanAttributes.h"
 #include "llvm/Support/JSON.h"
@@ -100,8 +101,15 @@ std::string programsAsText(const PlanDirectory &plans, int rank) {
   const plan::RankPlan &rp = plans.ranks[rank];
   std::string s;
   llvm::raw_string_ostream os(s);
-  os << llvm::formatv("rank {0} (tp {1}, dp {2}, pp {3}) of {4}; programs from {5}\n", rp.rank(), rp.tp_rank(),
-                      rp.dp_rank(), rp.pp_rank(), rp.world_size(), rp.programs_file());
+  os << llvm::formatv("rank {0} (tp {1}, dp {2}, pp {3}{6}) of {4}; programs from {5}\n", rp.rank(), rp.tp_rank(),
+                      rp.dp_rank(), rp.pp_rank(), rp.world_size(), rp.programs_file(),
+                      rp.c() > 1 ? ", cp " + std::to_string(rp.cp_rank()) : std::string());
+  if (rp.c() > 1) {  // context parallelism: the rank's two chunks of each sample's sequence
+    ContextChunks ch{rp.seq_length(), rp.c(), rp.cp_rank()};
+    int64_t C = ch.chunk(), first = ch.chunkOf(ch.rank, 0), second = ch.chunkOf(ch.rank, 1);
+    os << llvm::formatv("  context chunks {0} and {1} of {2}: tokens [{3}, {4}) and [{5}, {6}) of {7}\n", first, second,
+                        2 * rp.c(), first * C, (first + 1) * C, second * C, (second + 1) * C, rp.seq_length());
+  }
   for (const plan::Group &g : rp.groups()) {
     os << "  group " << g.name() << ": ranks";
     for (int r : g.ranks()) os << " " << r;

@@ -50,8 +50,8 @@ llvm::Expected<LayerProbe> probeLayers(const config::ModelConfig &model, const c
   config::ModelConfig m = model;
   m.set_num_layers(4);
   config::ClusterSpec c = cluster;
-  int64_t t = candidate.tensor_parallel_size();
-  c.set_nodes(3), c.set_devices_per_node(t);
+  int64_t t = candidate.tensor_parallel_size(), cp = std::max<int64_t>(1, candidate.context_parallel_size());
+  c.set_nodes(3), c.set_devices_per_node(t * cp);
   c.mutable_device()->set_memory_bytes(0);  // measured, not refused
   config::ParallelConfig &par = *c.mutable_parallel();
   par = candidate;
@@ -92,7 +92,7 @@ llvm::Expected<LayerProbe> probeLayers(const config::ModelConfig &model, const c
 plan::MemoryPlan estimateStageMemory(const LayerProbe &probe, const config::ParallelConfig &par, int64_t numLayers,
                                      int stage, const StageSchedule &tasks) {
   int p = int(par.pipeline_parallel_size()), v = std::max(1, int(par.virtual_pipeline_size()));
-  int64_t d = par.data_parallel_size();
+  int64_t d = par.data_parallel_size() * std::max<int64_t>(1, par.context_parallel_size());  // ZeRO-1's shards
   double layersPerChunk = double(numLayers) / double(p * v);
   memory::StageActivations acts;
   int64_t flat = 0;
@@ -126,6 +126,7 @@ Estimate estimate(const config::ModelConfig &model, const config::ClusterSpec &c
          d = double(par.data_parallel_size()), v = double(par.virtual_pipeline_size()),
          b = double(par.micro_batch_size());
   double m = double(par.global_batch_size()) / (b * d);
+  double cp = double(std::max<int64_t>(1, par.context_parallel_size()));
   double h = double(model.hidden_size()), s = double(model.seq_length()), L = double(model.num_layers()),
          f = double(model.ffn_hidden_size());
   double V = double(paddedVocabSize(model, par.tensor_parallel_size()));
@@ -133,11 +134,12 @@ Estimate estimate(const config::ModelConfig &model, const config::ClusterSpec &c
   double kv = llama && model.num_key_value_heads() > 0
                   ? h * double(model.num_key_value_heads()) / double(model.num_attention_heads())
                   : h;
-  double tokens = b * s;
+  double tokens = b * s / cp;  // a rank's: context parallelism holds s / cp of each sample
   // Forward GEMM FLOPs of one layer on one tp rank: qkv, the output projection, the MLP
-  // (LLaMA's gated MLP has three matrices); attention's two batched GEMMs.
+  // (LLaMA's gated MLP has three matrices); attention's two batched GEMMs (the rank's queries
+  // against the whole sequence's keys).
   double layerParams = h * (h + 2 * kv) + h * h + (llama ? 3 : 2) * h * f;
-  double gemmFlops = 2 * tokens * layerParams / t, attentionFlops = 4 * b * s * s * h / t;
+  double gemmFlops = 2 * tokens * layerParams / t, attentionFlops = 4 * tokens * s * h / t;
   auto gemm = [&](double flops, int pieces) { return pieces * cost.computeSeconds("linear", flops / pieces, 0); };
   double layerForward = gemm(gemmFlops, llama ? 7 : 4) + cost.computeSeconds("attention", attentionFlops, 0);
   // Memory-bound work of a layer (norms, activation, residual adds, dropout): ~12 passes over
@@ -167,9 +169,14 @@ Estimate estimate(const config::ModelConfig &model, const config::ClusterSpec &c
   double pp = m * 2 * v * ring(activation / (par.sequence_parallel() || scatterGather ? t : 1), p, t * p, 1);
   if (scatterGather) pp += m * 2 * v * ring((t - 1) / t * activation, t, t, int(t - 1));
   double stageParams = L / p * layerParams / t + V * h / t;
-  double dp = ring(2 * (d - 1) / d * stageParams * 4, d, t * p * d, int(2 * (d - 1)));
+  // Weight gradients average over the d x cp ranks of a (tp, pp) position.
+  double dp = ring(2 * (d * cp - 1) / (d * cp) * stageParams * 4, d * cp, t * p * d * cp, int(2 * (d * cp - 1)));
+  // Context parallelism: per layer and micro-batch the keys and values (GPT: the fused qkv)
+  // all-gathered over cp in the forward (again when recomputed), reduce-scattered in the backward.
+  double keys = tokens * (llama ? 2 * kv : 3 * h) / t * 4;
+  double context = m * L / p * (recompute ? 3 : 2) * ring((cp - 1) * keys, cp, t * cp, int(cp - 1));
   Estimate e;
-  e.seconds = pipeline + tp + pp + dp;
+  e.seconds = pipeline + tp + pp + dp + context;
   // Memory: the first and the last stage's plans as the compiler would count them.
   for (int k : {0, int(p) - 1})
     e.bytes = std::max(e.bytes, double(estimateStageMemory(probe, par, model.num_layers(), k,
@@ -182,14 +189,15 @@ std::string describe(const config::ParallelConfig &p) {
                          : p.schedule() == config::GPIPE                     ? "GPipe"
                          : p.schedule() == config::INTERLEAVED_ONE_F_ONE_B ? "interleaved"
                                                                            : "1F1B";
-  return llvm::formatv("t={0} p={1} d={2} v={3} b={4} {5}{6}{7}{8} {9}", p.tensor_parallel_size(),
+  std::string context = p.context_parallel_size() > 1 ? " c=" + std::to_string(p.context_parallel_size()) : "";
+  return llvm::formatv("t={0} p={1} d={2} v={3} b={4}{10} {5}{6}{7}{8} {9}", p.tensor_parallel_size(),
                        p.pipeline_parallel_size(), p.data_parallel_size(), p.virtual_pipeline_size(),
                        p.micro_batch_size(), p.recompute() == config::RECOMPUTE_FULL ? "recompute" : "no-recompute",
                        p.sequence_parallel() ? " sp" : "",
                        !p.zero1()                                                      ? ""
                        : p.has_overlap_param_gather() && !p.overlap_param_gather()    ? " zero1 no-param-overlap"
                                                                                         : " zero1",
-                       p.tp_comm_overlap() ? " tp-overlap" : "", schedule)
+                       p.tp_comm_overlap() ? " tp-overlap" : "", schedule, context)
       .str();
 }
 
@@ -203,7 +211,14 @@ llvm::Error searchConfigurations(const config::ModelConfig &model, const config:
   if (batch <= 0) return error(options.clusterPath + ": error: field 'parallel.global_batch_size' must be set to search");
   CostModel cost(cluster, cluster.device().kind() == config::CUDA ? GemmPrecision::kBf16 : GemmPrecision::kFp32, false);
   std::vector<SearchCandidate> candidates;
-  std::map<std::tuple<int64_t, int64_t, bool, bool>, LayerProbe> probes;
+  std::map<std::tuple<int64_t, int64_t, bool, bool, int64_t>, LayerProbe> probes;
+  // Context parallelism is tried where the sequence splits into 2 cp chunks and the layout keeps
+  // a cp group inside a node (cp ranks are next to tp's; the CUDA backend has no cp kernels yet).
+  std::vector<int64_t> contexts = {1};
+  if (cluster.device().kind() == config::CPU)
+    for (int64_t cp : {2, 4, 8})
+      if (model.seq_length() % (2 * cp) == 0) contexts.push_back(cp);
+  for (int64_t cp : contexts)
   for (int64_t t : divisors(cluster.devices_per_node()))
     for (int64_t p : divisors(world / t))
       for (int64_t v : {1, 2, 4})
@@ -212,14 +227,16 @@ llvm::Error searchConfigurations(const config::ModelConfig &model, const config:
             for (bool sp : {false, true})
               for (bool zero1 : {false, true})
                 for (config::PipelineSchedule schedule : {config::GPIPE, config::ONE_F_ONE_B, config::INTERLEAVED_ONE_F_ONE_B}) {
-                  int64_t d = world / (t * p);
+                  int64_t d = world / (t * p * cp);
+                  if (world % (t * p * cp) != 0 || cluster.devices_per_node() % (t * cp) != 0) continue;
                   if ((v > 1) != (schedule == config::INTERLEAVED_ONE_F_ONE_B) || (p == 1 && schedule != config::ONE_F_ONE_B) ||
-                      (sp && t == 1) || (zero1 && d == 1) || p * v > model.num_layers())
+                      (sp && t == 1) || (zero1 && d * cp == 1) || p * v > model.num_layers())
                     continue;
                   ++out->enumerated;
                   config::ClusterSpec c = cluster;
                   config::ParallelConfig &par = *c.mutable_parallel();
                   par.set_tensor_parallel_size(t), par.set_pipeline_parallel_size(p), par.set_data_parallel_size(d);
+                  par.set_context_parallel_size(cp);
                   par.set_virtual_pipeline_size(v), par.set_micro_batch_size(b), par.set_global_batch_size(batch);
                   par.set_recompute(recompute ? config::RECOMPUTE_FULL : config::RECOMPUTE_NONE);
                   par.set_sequence_parallel(sp), par.set_zero1(zero1), par.set_schedule(schedule);
@@ -239,8 +256,8 @@ llvm::Error searchConfigurations(const config::ModelConfig &model, const config:
                     ++out->invalid;
                     continue;
                   }
-                  // One probe per (t, b, recomputation, sequence parallelism).
-                  std::tuple<int64_t, int64_t, bool, bool> key{t, b, recompute, sp};
+                  // One probe per (t, b, recomputation, sequence parallelism, cp).
+                  std::tuple<int64_t, int64_t, bool, bool, int64_t> key{t, b, recompute, sp, cp};
                   auto found = probes.find(key);
                   if (found == probes.end()) {
                     auto probe = probeLayers(model, cluster, par, options);
@@ -417,6 +434,7 @@ std::string searchJson(const SearchResult &r, int top) {
                                 {"global_batch_size", c.global_batch_size()},
                                 {"recompute", config::RecomputeMode_Name(c.recompute())},
                                 {"sequence_parallel", c.sequence_parallel()},
+                                {"context_parallel_size", std::max<int64_t>(1, c.context_parallel_size())},
                                 {"zero1", c.zero1()},
                                 {"tp_comm_overlap", c.tp_comm_overlap()},
                                 {"overlap_param_gather", c.zero1() && c.data_parallel_size() > 1 &&

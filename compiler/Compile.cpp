@@ -64,14 +64,17 @@ std::string precisionOverride(config::Precision p) {
 std::string crossNodeLinks(const config::ClusterSpec &cluster) {
   const config::ParallelConfig &p = cluster.parallel();
   if (p.has_scatter_gather() && !p.scatter_gather()) return "";
-  ParallelLayout layout{int(p.tensor_parallel_size()), int(p.pipeline_parallel_size()), int(p.data_parallel_size())};
+  ParallelLayout layout{int(p.tensor_parallel_size()), int(p.pipeline_parallel_size()), int(p.data_parallel_size()),
+                        std::max<int>(1, int(p.context_parallel_size()))};
   int64_t perNode = std::max<int64_t>(cluster.devices_per_node(), 1);
   std::set<std::pair<int, int>> links;
   for (int a = 0; a < layout.p && layout.p > 1; ++a) {
     int b = (a + 1) % layout.p;
     for (int dp = 0; dp < layout.d; ++dp)
-      for (int tp = 0; tp < layout.t; ++tp)
-        if (layout.rankOf(tp, dp, a) / perNode != layout.rankOf(tp, dp, b) / perNode) links.insert(std::minmax(a, b));
+      for (int cp = 0; cp < layout.c; ++cp)
+        for (int tp = 0; tp < layout.t; ++tp)
+          if (layout.rankOf(tp, dp, a, cp) / perNode != layout.rankOf(tp, dp, b, cp) / perNode)
+            links.insert(std::minmax(a, b));
   }
   std::string list;
   for (auto [a, b] : links) list += (list.empty() ? "" : ",") + std::to_string(a) + "," + std::to_string(b);
@@ -120,17 +123,18 @@ llvm::Error runCompilerPasses(mlir::ModuleOp module, const config::ClusterSpec &
   }
   if (stageLayout) *stageLayout = layout;
   std::string crossing = crossNodeLinks(cluster);
+  int64_t cp = std::max<int64_t>(1, p.context_parallel_size());
   std::string layoutOption;
   for (int64_t n : layout) layoutOption += (layoutOption.empty() ? " layout=" : ",") + std::to_string(n);
   return run(llvm::formatv(
-      "loom-tensor-parallel{{tp={0} sequence-parallel={8}},loom-mixed-precision{{dtype={10}},"
-      "loom-pipeline-stages{{pp={1} vp={2}{9}},loom-autodiff,"
-      "loom-data-parallel{{dp={3} bucket-bytes={4} zero1={7}},loom-pipeline-partition,loom-recompute{{mode={5}},"
+      "loom-tensor-parallel{{tp={0} sequence-parallel={8}},loom-context-parallel{{cp={12}},"
+      "loom-mixed-precision{{dtype={10}},loom-pipeline-stages{{pp={1} vp={2}{9}},loom-autodiff,"
+      "loom-data-parallel{{dp={3} bucket-bytes={4} zero1={7}{13}},loom-pipeline-partition,loom-recompute{{mode={5}},"
       "loom-micro-batches{{count={6}},loom-scatter-gather{{tp={0}{11}}",
-      p.tensor_parallel_size(), p.pipeline_parallel_size(), p.virtual_pipeline_size(), p.data_parallel_size(),
+      p.tensor_parallel_size(), p.pipeline_parallel_size(), p.virtual_pipeline_size(), p.data_parallel_size() * cp,
       p.dp_bucket_size_bytes(), recomputeName(p.recompute()), microBatches, p.zero1() ? "true" : "false",
       p.sequence_parallel() ? "true" : "false", layoutOption, precisionOverride(p.precision()),
-      crossing.empty() ? std::string() : " crossing=" + crossing));
+      crossing.empty() ? std::string() : " crossing=" + crossing, cp, cp > 1 ? " group=dpcp" : ""));
 }
 
 llvm::Error compile(const config::ModelConfig &model, const config::ClusterSpec &cluster, const CompileOptions &opt,
@@ -219,9 +223,14 @@ llvm::Error compileInMemory(mlir::ModuleOp module, const config::ClusterSpec &cl
   }
   // Megatron asserts --overlap-param-gather only with --use-distributed-optimizer: the option
   // has nothing to act on otherwise.
-  if (par.has_overlap_param_gather() && !(par.zero1() && par.data_parallel_size() > 1))
+  int c = std::max<int>(1, int(par.context_parallel_size()));
+  if (par.has_overlap_param_gather() && !(par.zero1() && par.data_parallel_size() * c > 1))
     return error("parallel.overlap_param_gather: only ZeRO-1 gathers parameters over dp (set zero1 with "
                  "data_parallel_size > 1, or leave overlap_param_gather unset)");
+  // The weight gradients' reduction: over dp, or with context parallelism over the d x c ranks
+  // that hold the same weights (Megatron-Core's data-parallel group "with context parallel").
+  std::string dpGroup = c > 1 ? "dpcp" : "dp";
+  int dReduce = par.data_parallel_size() * c;
   int t = par.tensor_parallel_size(), p = par.pipeline_parallel_size(), d = par.data_parallel_size(),
       v = par.virtual_pipeline_size(), b = par.micro_batch_size();
   int m = par.global_batch_size() / (b * d);
@@ -278,10 +287,11 @@ llvm::Error compileInMemory(mlir::ModuleOp module, const config::ClusterSpec &cl
     std::set<std::string> syncedLater;  // the gradients the optimizer reduces across stages first
     for (const DeferredSync &sync : deferred) syncedLater.insert(sync.params.begin(), sync.params.end());
     llvm::Expected<StageLayout> layout =
-        stageLayout(module, sets[s], d, par.zero1(), par.dp_bucket_size_bytes(), syncedLater);
+        stageLayout(module, sets[s], dReduce, par.zero1(), par.dp_bucket_size_bytes(), syncedLater);
     if (!layout) return llvm::createStringError(llvm::inconvertibleErrorCode(), "pipeline stage %d: %s", s,
                                                 llvm::toString(layout.takeError()).c_str());
     layouts[s] = std::move(*layout);
+    layouts[s].dpGroup = dpGroup;
     // ZeRO-1 by buckets: each bucket's reduce-scatter in its backward, its parameters' all-gather
     // at the head of its forward (Megatron's --overlap-grad-reduce and --overlap-param-gather;
     // overlap_param_gather: false leaves the all-gathers at the end of the optimizer program).
@@ -290,17 +300,17 @@ llvm::Error compileInMemory(mlir::ModuleOp module, const config::ClusterSpec &cl
     if (!layouts[s].buckets.empty()) {
       for (plan::Program &prog : *sets[s].mutable_programs()) {
         if (prog.kind() == plan::Program::BACKWARD)
-          appendBucketReduceScatters(prog, layouts[s], d, dpWire, par.serial_grad_reduce(), syncedLater);
-        if (prog.kind() == plan::Program::FORWARD) prependParameterGathers(prog, layouts[s], d);
+          appendBucketReduceScatters(prog, layouts[s], dReduce, dpWire, par.serial_grad_reduce(), syncedLater);
+        if (prog.kind() == plan::Program::FORWARD) prependParameterGathers(prog, layouts[s], dReduce);
       }
     }
-    if (s == p - 1) *sets[s].add_programs() = lossProgram(m, d);
-    *sets[s].add_programs() = optimizerProgram(layouts[s], t, p, d, par.zero1(), dpWire, deferred);
+    if (s == p - 1) *sets[s].add_programs() = lossProgram(m, dpGroup, dReduce);
+    *sets[s].add_programs() = optimizerProgram(layouts[s], t, p, dReduce, par.zero1(), dpWire, deferred);
     if (std::any_of(layouts[s].buckets.begin(), layouts[s].buckets.end(),
                     [](const StageBucket &bucket) { return bucket.gatherInForward; }))
-      *sets[s].add_programs() = parameterGatherProgram(layouts[s], d);
+      *sets[s].add_programs() = parameterGatherProgram(layouts[s], dReduce);
     if (!layouts[s].buckets.empty()) {
-      plan::Program gradientGather = gradientGatherProgram(layouts[s], d, deferred);
+      plan::Program gradientGather = gradientGatherProgram(layouts[s], dReduce, deferred);
       if (gradientGather.instructions_size()) *sets[s].add_programs() = std::move(gradientGather);
     }
   }

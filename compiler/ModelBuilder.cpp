@@ -93,7 +93,7 @@ class TrainStepBuilder {
   Value dropout(Value x, float rate) {
     if (rate == 0) return x;
     return op<DropoutOp>(x.getType(), x, b_.getF32FloatAttr(rate), b_.getI64IntegerAttr(nextStream_++),
-                         /*rank_distinct=*/nullptr);
+                         /*rank_distinct=*/nullptr, /*context_parallel_group=*/nullptr);
   }
 
   Value layerNorm(Value x, const std::string &prefix) {
@@ -128,7 +128,7 @@ class TrainStepBuilder {
                                  causal ? b_.getUnitAttr() : nullptr,
                                  b_.getF32FloatAttr(cfg_.attention_dropout()),
                                  b_.getI64IntegerAttr(cfg_.attention_dropout() > 0 ? nextStream_++ : 0),
-                                 /*rank_distinct_dropout=*/nullptr);
+                                 /*rank_distinct_dropout=*/nullptr, /*context_parallel_group=*/nullptr);
     Value proj = linear(attn, prefix + ".attn.c_proj", hidden_, hidden_, scaledStd);
     x = op<AddOp>(x, dropout(proj, cfg_.hidden_dropout()));
     h = layerNorm(x, prefix + ".ln_2");
@@ -144,7 +144,7 @@ class TrainStepBuilder {
     wordOut = param(root + ".wte.weight", {vocab_, hidden_}, "normal", std);
     Value wpe = param(root + ".wpe.weight", {cfg_.max_position_embeddings(), hidden_}, "normal", std);
     Value x = op<EmbeddingOp>(tensor({batch_, seq_, hidden_}), tokens, wordOut, wpe,
-                              /*vocab_parallel_group=*/nullptr);
+                              /*vocab_parallel_group=*/nullptr, /*context_parallel_group=*/nullptr);
     x = dropout(x, cfg_.hidden_dropout());
     // Each layer's ops are located by the layer's name, so errors name the layer.
     mlir::Location outside = loc_;
@@ -184,13 +184,13 @@ class TrainStepBuilder {
     Value q = linearOutIn(h, prefix + ".self_attn.q_proj", hidden_, heads * hd, std);
     Value k = linearOutIn(h, prefix + ".self_attn.k_proj", hidden_, kvHeads * hd, std);
     Value v = linearOutIn(h, prefix + ".self_attn.v_proj", hidden_, kvHeads * hd, std);
-    q = op<RotaryOp>(q.getType(), q, b_.getI64IntegerAttr(hd), b_.getF32FloatAttr(cfg_.rope_theta()), nullptr);
-    k = op<RotaryOp>(k.getType(), k, b_.getI64IntegerAttr(hd), b_.getF32FloatAttr(cfg_.rope_theta()), nullptr);
+    q = op<RotaryOp>(q.getType(), q, b_.getI64IntegerAttr(hd), b_.getF32FloatAttr(cfg_.rope_theta()), nullptr, nullptr);
+    k = op<RotaryOp>(k.getType(), k, b_.getI64IntegerAttr(hd), b_.getF32FloatAttr(cfg_.rope_theta()), nullptr, nullptr);
     Value a = op<GroupedAttentionOp>(q.getType(), /*lse=*/mlir::Type(), q, k, v, b_.getI64IntegerAttr(heads), b_.getI64IntegerAttr(kvHeads),
                                      b_.getUnitAttr(), b_.getF32FloatAttr(cfg_.attention_dropout()),
                                      b_.getI64IntegerAttr(cfg_.attention_dropout() > 0 ? nextStream_++ : 0),
                                      /*rank_distinct_dropout=*/nullptr, /*kv_replicated_group=*/nullptr,
-                                     b_.getI64IntegerAttr(1));
+                                     b_.getI64IntegerAttr(1), /*context_parallel_group=*/nullptr);
     Value o = linearOutIn(a, prefix + ".self_attn.o_proj", heads * hd, hidden_, scaledStd);
     x = op<AddOp>(x, dropout(o, cfg_.hidden_dropout()));
     h = rmsNorm(x, prefix + ".post_attention_layernorm");
@@ -207,7 +207,8 @@ class TrainStepBuilder {
   Value buildLlama() {
     Value tokens = deferInput("tokens", b_.getI32Type());
     Value embed = param("model.embed_tokens.weight", {vocab_, hidden_}, "normal", cfg_.init_method_std());
-    Value x = op<EmbeddingOp>(tensor({batch_, seq_, hidden_}), tokens, embed, Value(), /*vocab_parallel_group=*/nullptr);
+    Value x = op<EmbeddingOp>(tensor({batch_, seq_, hidden_}), tokens, embed, Value(), /*vocab_parallel_group=*/nullptr,
+                              /*context_parallel_group=*/nullptr);
     x = dropout(x, cfg_.hidden_dropout());
     mlir::Location outside = loc_;
     for (int64_t l = 0; l < cfg_.num_layers(); ++l) {

@@ -59,7 +59,8 @@ class RankPlanAssembler {
         par(cluster.parallel()), facts(req.facts), modelName(req.modelName), paddedVocab(req.paddedVocab),
         modelFlopsPerToken(req.modelFlopsPerToken), kind(req.kind), t(par.tensor_parallel_size()),
         p(par.pipeline_parallel_size()), d(par.data_parallel_size()), v(par.virtual_pipeline_size()),
-        b(par.micro_batch_size()), m(req.microBatches), layout{t, p, d}, vocab(facts.vocabSize) {
+        b(par.micro_batch_size()), m(req.microBatches), layout{t, p, d, std::max<int>(1, int(par.context_parallel_size()))},
+        vocab(facts.vocabSize) {
     for (const plan::ProgramSet &set : sets)
       for (const plan::Program &prog : set.programs()) byName[prog.name()] = &prog;
   }
@@ -102,11 +103,15 @@ class RankPlanAssembler {
     rp.set_tp_rank(layout.tpOf(rank));
     rp.set_dp_rank(layout.dpOf(rank));
     rp.set_pp_rank(stage);
+    rp.set_cp_rank(layout.cpOf(rank));
+    rp.set_c(layout.c);
     rp.set_t(t), rp.set_p(p), rp.set_d(d), rp.set_v(v);
     rp.set_model(modelName);
     rp.set_programs_file(programFiles[stage]);
     rp.set_programs_checksum(checksums[stage]);
-    for (const char *g : {"tp", "pp", "dp", "embedding"}) {
+    std::vector<const char *> groups = {"tp", "pp", "dp", "embedding"};
+    if (layout.c > 1) groups.insert(groups.end(), {"cp", "dpcp"});
+    for (const char *g : groups) {
       plan::Group *grp = rp.add_groups();
       grp->set_name(g);
       std::vector<int> members = groupMembers(layout, g, rank);
@@ -212,7 +217,7 @@ class RankPlanAssembler {
     // adds, then the schedule's walk over the stashes, inputs and the largest arena.
     plan::MemoryPlan *mem = rp.mutable_memory();
     backendScratch(stage, paramCount, mem);
-    memory::accountWeights(flat.flatElements, flat.computeDtype, par.zero1() ? d : 1, mem);
+    memory::accountWeights(flat.flatElements, flat.computeDtype, par.zero1() ? d * layout.c : 1, mem);
     memory::StageActivations acts;
     for (const plan::Program &prog : sets[stage].programs())
       if (prog.workspace_bytes() > acts.workspace) acts.workspace = prog.workspace_bytes(), acts.workspaceProgram = prog.name();
@@ -329,7 +334,8 @@ std::string compileSummary(const PlanRequest &req, const std::vector<plan::RankP
   ScheduleKind kind = req.kind;
   int t = par.tensor_parallel_size(), p = par.pipeline_parallel_size(), d = par.data_parallel_size(),
       v = par.virtual_pipeline_size(), b = par.micro_batch_size(), m = req.microBatches;
-  ParallelLayout layout{t, p, d};
+  int c = std::max<int>(1, int(par.context_parallel_size()));
+  ParallelLayout layout{t, p, d, c};
   double totalFlops = 0;
   std::map<int, const plan::RankPlan *> firstOfStage;  // ranks of a stage are alike
   for (const plan::RankPlan &rp : plans) {
@@ -341,10 +347,16 @@ std::string compileSummary(const PlanRequest &req, const std::vector<plan::RankP
   os << llvm::formatv("model {0}: {1} layers, hidden {2}, {3} heads, seq {4}, vocab {5} (padded to {6})\n",
                       modelName, facts.numLayers, facts.hiddenSize, facts.numHeads, facts.seqLength, vocab,
                       paddedVocab);
-  os << llvm::formatv("parallelism: t={0} p={1} d={2} v={3} ({4} ranks), micro-batch {5}, global batch {6}, "
+  os << llvm::formatv("parallelism: t={0} p={1} d={2} v={3}{10} ({4} ranks), micro-batch {5}, global batch {6}, "
                       "{7} micro-batches, schedule {8}, recompute {9}\n",
                       t, p, d, v, layout.world(), b, par.global_batch_size(), m, toString(kind),
-                      recomputeName(par.recompute()));
+                      recomputeName(par.recompute()), c > 1 ? " c=" + std::to_string(c) : std::string());
+  if (c > 1) {
+    ContextChunks chunks{facts.seqLength, c, 0};
+    os << llvm::formatv("context parallelism: {0} chunks of {1} tokens; cp rank r holds chunks r and {2}-r "
+                        "(tokens [r*{1}, (r+1)*{1}) and [({2}-r)*{1}, ({3}-r)*{1}))\n",
+                        2 * c, chunks.chunk(), 2 * c - 1, 2 * c);
+  }
   os << llvm::formatv("pipeline bubble (unit-time simulation, tb = 2 tf): {0:F4}\n", bubble);
   os << llvm::formatv("model FLOPs per step: {0:e} ({1:e} per token, from the IR: forward GEMMs and attention x 3, "
                       "no recomputation; the MFU numerator of the training log and the benchmarks)\n",

@@ -396,17 +396,18 @@ int addView(plan::Program &prog, plan::Binding::Role role, const std::string &na
 
 // A bucket's reduce-scatter from the flat gradients (view `flat`) in place into the rank's part
 // of them (view `shard`, inside `flat`: Megatron's distributed optimizer's grad buffer).
-plan::Instruction bucketReduceScatter(int flat, int shard, const StageBucket &bucket, int d, plan::DType dpWire) {
+plan::Instruction bucketReduceScatter(int flat, int shard, const StageBucket &bucket, const std::string &group, int d,
+                                      plan::DType dpWire) {
   plan::Instruction in;
   InstructionBuilder(OpId::kReduceScatter)
       .in("input", flat)
       .out("result", shard)
-      .attr("group", std::string("dp"))
+      .attr("group", group)
       .attr("group_size", int64_t(d))
       .attr("reduce", std::string("avg"))
       .attr("dim", int64_t(0))
       .writeTo(&in);
-  in.set_stream(isa::streamOf(isa::decl(OpId::kReduceScatter), "dp"));
+  in.set_stream(isa::streamOf(isa::decl(OpId::kReduceScatter), group));
   in.set_layer(-1);
   int64_t bytes = 4 * bucket.elements;
   if (dpWire != plan::F32) bytes = setWireDtype(in, dpWire, bytes);
@@ -425,8 +426,9 @@ void appendBucketReduceScatters(plan::Program &backward, const StageLayout &layo
   for (const StageBucket &bucket : layout.buckets) {
     if (bucket.virtualStage != backward.virtual_stage() || !reducedInBackward(bucket, syncedLater)) continue;
     int flat = addView(backward, plan::Binding::GRADIENT, "flat", {bucket.elements}, bucket.flatBegin, "", true);
-    int shard = addView(backward, plan::Binding::GRADIENT, "flat", {bucket.elements / d}, bucket.flatBegin, "dp", true);
-    tail.push_back(bucketReduceScatter(flat, shard, bucket, d, dpWire));
+    int shard =
+        addView(backward, plan::Binding::GRADIENT, "flat", {bucket.elements / d}, bucket.flatBegin, layout.dpGroup, true);
+    tail.push_back(bucketReduceScatter(flat, shard, bucket, layout.dpGroup, d, dpWire));
     tail.back().set_last_micro_batch(true);
     aliases.emplace_back();
     for (const std::string &p : bucket.params)
@@ -467,17 +469,18 @@ void prependParameterGathers(plan::Program &forward, const StageLayout &layout, 
   bool half = layout.computeDtype != plan::F32;
   for (size_t k : order) {
     const StageBucket &bucket = layout.buckets[k];
-    int own = addView(forward, plan::Binding::PARAMETER, "flat", {bucket.elements / d}, bucket.flatBegin, "dp", true);
+    int own =
+        addView(forward, plan::Binding::PARAMETER, "flat", {bucket.elements / d}, bucket.flatBegin, layout.dpGroup, true);
     int whole = addView(forward, plan::Binding::PARAMETER, "flat", {bucket.elements}, bucket.flatBegin, "", true);
     Inserted g{0, {}};
     InstructionBuilder(OpId::kAllGather)
         .in("input", own)
         .out("result", whole)
-        .attr("group", std::string("dp"))
+        .attr("group", layout.dpGroup)
         .attr("group_size", int64_t(d))
         .attr("dim", int64_t(0))
         .writeTo(&g.in);
-    g.in.set_stream(isa::streamOf(isa::decl(OpId::kAllGather), "dp"));
+    g.in.set_stream(isa::streamOf(isa::decl(OpId::kAllGather), layout.dpGroup));
     g.in.set_layer(-1);
     g.in.set_first_micro_batch(true);
     g.in.set_bytes_moved(isa::decl(OpId::kAllGather).bytesMoved(4 * bucket.elements, 4 * bucket.elements, d));
@@ -589,7 +592,8 @@ llvm::Error foldGradientSync(plan::Program &backward, const plan::Program *gradS
       plan::Instruction in = src;
       in.clear_inputs(), in.clear_outputs(), in.clear_wait_for();
       std::string group = planattr::str(src, "group");
-      bool withinStage = group == "tp" || group == "dp";
+      bool dataParallel = group == "dp" || group == "dpcp";  // the weight gradients' reduction
+      bool withinStage = group == "tp" || dataParallel;
       DeferredSync later;
       int64_t bytes = 0;
       for (int k = 0; k < src.inputs_size(); ++k) {
@@ -604,7 +608,7 @@ llvm::Error foldGradientSync(plan::Program &backward, const plan::Program *gradS
       // The collective reduces the fp32 main gradients, whatever the dtype the backward
       // computed them in (Megatron's --accumulate-allreduce-grads-in-fp32), or, over dp with
       // grad_reduce_in_bf16, moves them as bf16 (widened back into the main gradients).
-      if (group == "dp" && dpWire != plan::F32) bytes = setWireDtype(in, dpWire, bytes);
+      if (dataParallel && dpWire != plan::F32) bytes = setWireDtype(in, dpWire, bytes);
       if (const isa::OpDecl *decl = isa::find(src.op()); decl && decl->bytesMoved)
         in.set_bytes_moved(decl->bytesMoved(bytes, bytes, planattr::i64(src, "group_size", 1)));
       if (!withinStage) {
@@ -631,7 +635,7 @@ void accumulateLoss(plan::Program &forward) {
   if (!into.empty()) insertAccumulations(forward, into, {}, false);
 }
 
-plan::Program lossProgram(int microBatches, int d) {
+plan::Program lossProgram(int microBatches, const std::string &group, int d) {
   ProgramBuilder b("loss", plan::Program::LOSS);
   int sum = b.argument(plan::Binding::LOSS, "loss_sum", {}, /*inout=*/true);
   int mean = b.activation({});
@@ -639,7 +643,7 @@ plan::Program lossProgram(int microBatches, int d) {
   int reduced = mean;
   if (d > 1) {
     reduced = b.activation({});
-    collective(b, OpId::kAllReduce, "dp", d, mean, reduced, 4, "avg");
+    collective(b, OpId::kAllReduce, group, d, mean, reduced, 4, "avg");
   }
   b.emit(InstructionBuilder(OpId::kFill).out("output", sum).attr("value", 0.0));
   b.result(plan::Binding::METRIC, "loss", reduced);
@@ -693,10 +697,11 @@ std::pair<int, int> clippedNorm(ProgramBuilder &b, int squares, const std::vecto
 // A bucket's all-gather in place in the flat parameters (the rank's part inside the whole), and
 // with 16-bit compute the copies remade from them.
 // own: the view of the rank's part the program updated (-1: a view of its own).
-void emitBucketGather(ProgramBuilder &b, const StageBucket &bucket, int d, plan::DType computeDtype, int own = -1) {
-  if (own < 0) own = b.view(plan::Binding::PARAMETER, "flat", {bucket.elements / d}, bucket.flatBegin, "dp");
+void emitBucketGather(ProgramBuilder &b, const StageLayout &layout, const StageBucket &bucket, int d, int own = -1) {
+  plan::DType computeDtype = layout.computeDtype;
+  if (own < 0) own = b.view(plan::Binding::PARAMETER, "flat", {bucket.elements / d}, bucket.flatBegin, layout.dpGroup);
   int whole = b.view(plan::Binding::PARAMETER, "flat", {bucket.elements}, bucket.flatBegin, "");
-  collective(b, OpId::kAllGather, "dp", d, own, whole, 4 * bucket.elements);
+  collective(b, OpId::kAllGather, layout.dpGroup, d, own, whole, 4 * bucket.elements);
   if (computeDtype != plan::F32) {
     int compute = b.view(plan::Binding::PARAMETER, "flat", {bucket.elements}, bucket.flatBegin, "", computeDtype);
     b.emit(InstructionBuilder(OpId::kCast).in("input", whole).out("output", compute));
@@ -749,12 +754,12 @@ plan::Program shardedOptimizerProgram(const StageLayout &layout, int t, int p, i
   std::vector<int> shards, readsOfFlat;  // per bucket: its reduced gradients; what read the flat gradients
   for (const StageBucket &bucket : layout.buckets) {
     int64_t part = bucket.elements / d;
-    int shard = b.view(plan::Binding::GRADIENT, "flat", {part}, bucket.flatBegin, "dp");
+    int shard = b.view(plan::Binding::GRADIENT, "flat", {part}, bucket.flatBegin, layout.dpGroup);
     shards.push_back(shard);
     if (reducedInBackward(bucket, syncedLater)) continue;
     int from = b.view(plan::Binding::GRADIENT, "flat", {bucket.elements}, bucket.flatBegin, "");
     b.alsoAfter(from, syncs);
-    plan::Instruction rs = bucketReduceScatter(from, shard, bucket, d, dpWire);
+    plan::Instruction rs = bucketReduceScatter(from, shard, bucket, layout.dpGroup, d, dpWire);
     plan::Instruction &in = b.emit(rs.op(), rs.stream(), {from}, {shard});
     *in.mutable_attributes() = rs.attributes();
     in.set_bytes_moved(rs.bytes_moved());
@@ -765,7 +770,7 @@ plan::Program shardedOptimizerProgram(const StageLayout &layout, int t, int p, i
   for (size_t k = 0; k < layout.buckets.size(); ++k) {
     int part = b.activation({});
     InstructionBuilder sq(OpId::kSumSquares);
-    sq.in("grads", shards[k]).out("squares", part).attr("segments", segmentText[k]).attr("shard_group", std::string("dp"));
+    sq.in("grads", shards[k]).out("squares", part).attr("segments", segmentText[k]).attr("shard_group", layout.dpGroup);
     sq.attr("flat_offset", layout.buckets[k].flatBegin);
     if (t > 1) sq.attr("replicated_group", std::string("tp"));
     b.emit(sq);
@@ -774,12 +779,12 @@ plan::Program shardedOptimizerProgram(const StageLayout &layout, int t, int p, i
     else
       b.emit(InstructionBuilder(OpId::kAccumulate).in("input", part).out("accumulator", squares));
   }
-  auto [norm, factor] = clippedNorm(b, squares, {{"dp", d}, {"tp", t}, {"pp", p}}, hyper);
+  auto [norm, factor] = clippedNorm(b, squares, {{layout.dpGroup, d}, {"tp", t}, {"pp", p}}, hyper);
   std::vector<int> owns;  // per bucket: the view of the rank's part of the parameters
   for (size_t k = 0; k < layout.buckets.size(); ++k) {
     const StageBucket &bucket = layout.buckets[k];
     int64_t part = bucket.elements / d;
-    int own = b.view(plan::Binding::PARAMETER, "flat", {part}, bucket.flatBegin, "dp");
+    int own = b.view(plan::Binding::PARAMETER, "flat", {part}, bucket.flatBegin, layout.dpGroup);
     int m = b.view(plan::Binding::OPTIMIZER_STATE, "adam_m", {part}, bucket.shardBegin, "");
     int v = b.view(plan::Binding::OPTIMIZER_STATE, "adam_v", {part}, bucket.shardBegin, "");
     InstructionBuilder adam(OpId::kAdamw);
@@ -787,12 +792,12 @@ plan::Program shardedOptimizerProgram(const StageLayout &layout, int t, int p, i
     for (const char *name : {"learning_rate", "adam_step", "weight_decay", "adam_beta1", "adam_beta2", "adam_eps"})
       adam.in(name, hyper[name]);
     adam.out("updated", own).out("adam_m", m).out("adam_v", v).attr("segments", segmentText[k]);
-    adam.attr("shard_group", std::string("dp")).attr("flat_offset", bucket.flatBegin);
+    adam.attr("shard_group", layout.dpGroup).attr("flat_offset", bucket.flatBegin);
     b.emit(adam);
     owns.push_back(own);
   }
   for (size_t k = 0; k < layout.buckets.size(); ++k)
-    if (!layout.buckets[k].gatherInForward) emitBucketGather(b, layout.buckets[k], d, layout.computeDtype, owns[k]);
+    if (!layout.buckets[k].gatherInForward) emitBucketGather(b, layout, layout.buckets[k], d, owns[k]);
   b.alsoAfter(grads, readsOfFlat);
   b.emit(InstructionBuilder(OpId::kFill).out("output", grads).attr("value", 0.0));  // zero_grad for the next step
   b.result(plan::Binding::METRIC, "grad_norm", norm);
@@ -843,7 +848,7 @@ plan::Program optimizerProgram(const StageLayout &layout, int t, int p, int d, b
 plan::Program parameterGatherProgram(const StageLayout &layout, int d) {
   ProgramBuilder b("parameter_gather", plan::Program::PARAMETER_GATHER);
   for (const StageBucket &bucket : layout.buckets)
-    if (bucket.gatherInForward) emitBucketGather(b, bucket, d, layout.computeDtype);
+    if (bucket.gatherInForward) emitBucketGather(b, layout, bucket, d);
   return b.finish();
 }
 
@@ -852,9 +857,9 @@ plan::Program gradientGatherProgram(const StageLayout &layout, int d, const std:
   std::set<std::string> syncedLater = syncedLaterOf(deferred);
   for (const StageBucket &bucket : layout.buckets) {
     if (!reducedInBackward(bucket, syncedLater)) continue;
-    int own = b.view(plan::Binding::GRADIENT, "flat", {bucket.elements / d}, bucket.flatBegin, "dp");
+    int own = b.view(plan::Binding::GRADIENT, "flat", {bucket.elements / d}, bucket.flatBegin, layout.dpGroup);
     int whole = b.view(plan::Binding::GRADIENT, "flat", {bucket.elements}, bucket.flatBegin, "");
-    collective(b, OpId::kAllGather, "dp", d, own, whole, 4 * bucket.elements);
+    collective(b, OpId::kAllGather, layout.dpGroup, d, own, whole, 4 * bucket.elements);
   }
   return b.finish();
 }

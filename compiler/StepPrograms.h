@@ -55,6 +55,9 @@ struct StageLayout {
   // master weights, remade by the optimizer program after each update; the main gradients and
   // the AdamW moments stay fp32.
   plan::DType computeDtype = plan::F32;
+  // The weight gradients' reduction group (ZeRO-1's shards, the norm's sum over them): "dp", or
+  // "dpcp" (the d x c ranks of a (tp, pp) position) with context parallelism.
+  std::string dpGroup = "dp";
 };
 
 // The stage's parameters from its programs' PARAMETER arguments and the IR's argument
@@ -106,7 +109,7 @@ void accumulateLoss(plan::Program &forward);
 
 // The last stage's `loss` program: loss_sum / m, averaged over dp, as METRIC "loss"; then
 // loss_sum is zeroed.
-plan::Program lossProgram(int microBatches, int d);
+plan::Program lossProgram(int microBatches, const std::string &group, int d);
 // The `optimizer` program of a stage (t, p, d: the group sizes of the layout).
 // With ZeRO-1 by buckets (layout.buckets): each bucket's reduce-scatter that no backward ran,
 // AdamW on the rank's part of every bucket, in place, and the all-gather of each bucket that no

@@ -175,31 +175,40 @@ llvm::Error finishClusterSpec(config::ClusterSpec &c, const std::string &path) {
   if (p.pipeline_parallel_size() == 0) p.set_pipeline_parallel_size(1);
   if (p.virtual_pipeline_size() == 0) p.set_virtual_pipeline_size(1);
   if (p.micro_batch_size() == 0) p.set_micro_batch_size(1);
+  if (p.context_parallel_size() == 0) p.set_context_parallel_size(1);
   if (p.dp_bucket_size_bytes() == 0) p.set_dp_bucket_size_bytes(25 * 1000 * 1000);
   for (auto [name, v] : {std::pair{"parallel.tensor_parallel_size", p.tensor_parallel_size()},
                          std::pair{"parallel.pipeline_parallel_size", p.pipeline_parallel_size()},
                          std::pair{"parallel.virtual_pipeline_size", p.virtual_pipeline_size()},
                          std::pair{"parallel.micro_batch_size", p.micro_batch_size()},
                          std::pair{"parallel.data_parallel_size", p.data_parallel_size()},
+                         std::pair{"parallel.context_parallel_size", p.context_parallel_size()},
                          std::pair{"parallel.global_batch_size", p.global_batch_size()}})
     if (v < 0) return fieldError(path, name, llvm::formatv("must be >= 0, got {0}", v));
-  int64_t tp = p.tensor_parallel_size() * p.pipeline_parallel_size();
+  int64_t cp = p.context_parallel_size();
+  int64_t tp = p.tensor_parallel_size() * p.pipeline_parallel_size() * cp;
+  // "t * p" or, with context parallelism, "t * p * c", and their values.
+  std::string names = cp > 1 ? "t * p * c" : "t * p";
+  std::string values = llvm::formatv("{0} * {1}", p.tensor_parallel_size(), p.pipeline_parallel_size()).str() +
+                       (cp > 1 ? " * " + std::to_string(cp) : "");
   if (p.data_parallel_size() == 0) {
     if (world % tp != 0)
       return fieldError(path, "parallel",
-                        llvm::formatv("t * p = {0} * {1} = {2} does not divide the world size {3} "
+                        llvm::formatv("{0} = {1} = {2} does not divide the world size {3} "
                                       "(nodes {4} * devices_per_node {5})",
-                                      p.tensor_parallel_size(), p.pipeline_parallel_size(), tp,
-                                      world, c.nodes(), c.devices_per_node()));
+                                      names, values, tp, world, c.nodes(), c.devices_per_node()));
     p.set_data_parallel_size(world / tp);
   }
   if (tp * p.data_parallel_size() != world)
     return fieldError(path, "parallel",
-                      llvm::formatv("t * p * d = {0} * {1} * {2} = {3} but the world size is {4} "
+                      llvm::formatv("{0} * d = {1} * {2} = {3} but the world size is {4} "
                                     "(nodes {5} * devices_per_node {6})",
-                                    p.tensor_parallel_size(), p.pipeline_parallel_size(),
-                                    p.data_parallel_size(), tp * p.data_parallel_size(), world,
+                                    names, values, p.data_parallel_size(), tp * p.data_parallel_size(), world,
                                     c.nodes(), c.devices_per_node()));
+  if (cp > 1 && c.device().kind() == config::CUDA)
+    return fieldError(path, "parallel.context_parallel_size",
+                      "context parallelism runs on the CPU backend only so far (its CUDA kernels are not written); "
+                      "set it to 1 for a CUDA cluster");
   int64_t perStep = p.micro_batch_size() * p.data_parallel_size();
   if (p.global_batch_size() == 0) p.set_global_batch_size(perStep);
   if (p.global_batch_size() % perStep != 0)
@@ -242,9 +251,21 @@ llvm::Error checkModelFitsCluster(const config::ModelConfig &m, const config::Cl
     return fieldError(clusterPath, "parallel.tensor_parallel_size",
                       llvm::formatv("t = {0} does not divide ffn_hidden_size = {1} of model '{2}'", t,
                                     m.ffn_hidden_size(), m.name()));
-  if (p.sequence_parallel() && m.seq_length() % t != 0)
+  int64_t cp = std::max<int64_t>(1, p.context_parallel_size());
+  if (cp > 1 && m.seq_length() % (2 * cp) != 0)
+    return fieldError(clusterPath, "parallel.context_parallel_size",
+                      llvm::formatv("2 * c = {0} does not divide seq_length = {1} of model '{2}' (context parallelism "
+                                    "cuts the sequence into 2c equal chunks); pick c dividing {3}",
+                                    2 * cp, m.seq_length(), m.name(), m.seq_length() / 2));
+  if (cp > 1 && m.architecture() == config::BERT)
+    return fieldError(clusterPath, "parallel.context_parallel_size",
+                      llvm::formatv("context parallelism is not supported for model '{0}' (BERT: its attention masks "
+                                    "padded keys, which the chunked attention does not take); set it to 1",
+                                    m.name()));
+  if (p.sequence_parallel() && (m.seq_length() / cp) % t != 0)
     return fieldError(clusterPath, "parallel.sequence_parallel",
-                      llvm::formatv("t = {0} does not divide seq_length = {1}", t, m.seq_length()));
+                      cp > 1 ? llvm::formatv("t = {0} does not divide seq_length / c = {1} / {2}", t, m.seq_length(), cp).str()
+                             : llvm::formatv("t = {0} does not divide seq_length = {1}", t, m.seq_length()).str());
   int64_t chunks = p.pipeline_parallel_size() * p.virtual_pipeline_size();
   if (p.layers_per_stage_size() > 0) {
     int64_t sum = 0;

@@ -130,7 +130,7 @@ mlir::LogicalResult LoomDialect::verifyOperationAttribute(mlir::Operation *op,
     return mlir::success();
   }
   bool isCount = isOneOf(name, {attr::kLayer, attr::kBucket, attr::kStage, attr::kVocabDivisibleBy, attr::kTensorParallel,
-                                "loom.data_parallel_size", "loom.pipeline_parallel_size",
+                                "loom.data_parallel_size", "loom.context_parallel_size", "loom.pipeline_parallel_size",
                                 "loom.virtual_pipeline_size", "loom.micro_batches"});
   if (!isCount) return op->emitError() << "attribute '" << name << "' is not a known loom attribute";
   auto i = mlir::dyn_cast<mlir::IntegerAttr>(attr.getValue());

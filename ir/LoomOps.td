@@ -18,11 +18,14 @@ def Loom_EmbeddingOp : Loom_Op<"embedding", [Pure]> {
     `word` is this rank's vocab shard: its first row is `rank_in_group * rows`, and tokens
     outside the shard contribute zero (Megatron's masked lookup; an all_reduce over the
     group completes the sum). `position` is `[max_positions, hidden]` with
-    `max_positions >= seq`. Without `position` only the token embedding is returned.
+    `max_positions >= seq`. Without `position` only the token embedding is returned. With
+    `context_parallel_group` the tokens are this rank's chunks of the sequence (plan/Layout.h's
+    ContextChunks) and `s` is each token's global position.
   }];
   let arguments = (ins Loom_IndexTensor:$tokens, Loom_FloatTensor:$word,
                        Optional<Loom_FloatTensor>:$position,
-                       OptionalAttr<StrAttr>:$vocab_parallel_group);
+                       OptionalAttr<StrAttr>:$vocab_parallel_group,
+                       OptionalAttr<StrAttr>:$context_parallel_group);
   let results = (outs Loom_FloatTensor:$result);
   let assemblyFormat = [{
     $tokens `,` $word (`,` $position^)? attr-dict `:` functional-type(operands, results)
@@ -93,12 +96,19 @@ def Loom_AttentionOp : Loom_Op<"attention", [Pure]> {
     scaled, masked scores, so that `attention_grad` recomputes the probabilities as
     `exp(s - lse)` in one pass instead of the softmax's max, sum and scale. A row whose keys
     are all masked has `lse = +inf` (its probabilities are 0). loom-autodiff adds it.
+
+    With `context_parallel_group` (loom-context-parallel) `qkv` holds the whole sequence,
+    all-gathered over that group (member j's chunks j and 2c-1-j at rows [2jC, 2jC + 2C) for
+    chunks of C tokens), and the queries are this rank's own rows of it: the result and `lse`
+    cover the rank's S / c tokens, each query attending to the keys at global positions up to
+    its own (the dropout counters are the whole sequence's).
   }];
   let arguments = (ins Loom_FloatTensor:$qkv, Optional<Loom_MaskTensor>:$key_mask,
                        I64Attr:$num_heads, UnitAttr:$causal,
                        DefaultValuedAttr<F32Attr, "0.0">:$dropout,
                        DefaultValuedAttr<I64Attr, "0">:$stream,
-                       OptionalAttr<StrAttr>:$rank_distinct_dropout);
+                       OptionalAttr<StrAttr>:$rank_distinct_dropout,
+                       OptionalAttr<StrAttr>:$context_parallel_group);
   let results = (outs Loom_FloatTensor:$result, Optional<Loom_StatsTensor>:$lse);
   let assemblyFormat = [{
     $qkv (`,` $key_mask^)? attr-dict `:` functional-type(operands, results)
@@ -112,11 +122,14 @@ def Loom_DropoutOp : Loom_Op<"dropout", [SameOperandsAndResultType]> {
     `stream` names the random stream so that the passes can make seeds identical
     across a tensor-parallel group outside parallel regions and distinct inside them
     (Megatron-LM paper, section 3: dropout seeds): with `rank_distinct = "GROUP"` the stream
-    also depends on the rank's position in that group.
+    also depends on the rank's position in that group. With `context_parallel_group` the input
+    `[batch, seq, ...]` holds this rank's chunks of the sequence and each element's counter is
+    the one of its global position (the masks of c = 1, cut into chunks).
   }];
   let arguments = (ins Loom_FloatTensor:$input, F32Attr:$rate,
                        DefaultValuedAttr<I64Attr, "0">:$stream,
-                       OptionalAttr<StrAttr>:$rank_distinct);
+                       OptionalAttr<StrAttr>:$rank_distinct,
+                       OptionalAttr<StrAttr>:$context_parallel_group);
   let results = (outs Loom_FloatTensor:$result);
   let assemblyFormat = "$input attr-dict `:` type($result)";
   let hasVerifier = 1;
@@ -182,9 +195,11 @@ def Loom_RotaryOp : Loom_Op<"rotary", [Pure, SameOperandsAndResultType]> {
     `y1 = x1 cos(s f) - x2 sin(s f)`, `y2 = x2 cos(s f) + x1 sin(s f)` (Su et al. 2021,
     RoFormer, section 3.4, in the layout of Hugging Face's `rotate_half`). With `inverse`
     the rotation is by `-s f`: the gradient of the forward rotation. The positions are
-    0 .. seq-1 of the full sequence.
+    0 .. seq-1 of the full sequence, or with `context_parallel_group` the global positions of
+    this rank's chunks.
   }];
-  let arguments = (ins Loom_FloatTensor:$input, I64Attr:$head_dim, F32Attr:$theta, UnitAttr:$inverse);
+  let arguments = (ins Loom_FloatTensor:$input, I64Attr:$head_dim, F32Attr:$theta, UnitAttr:$inverse,
+                       OptionalAttr<StrAttr>:$context_parallel_group);
   let results = (outs Loom_FloatTensor:$result);
   let assemblyFormat = "$input attr-dict `:` type($result)";
   let hasVerifier = 1;
@@ -214,7 +229,9 @@ def Loom_GroupedAttentionOp : Loom_Op<"grouped_attention", [Pure]> {
     parallelism with more ranks than KV heads), `q` holds this rank's slice of the query heads
     (block `rank_in_group` of `group_size`) while `k` and `v` hold all KV heads. The optional
     result `lse` `[batch, num_heads, seq]` keeps the softmax statistics for the backward, as
-    `loom.attention`'s.
+    `loom.attention`'s. With `context_parallel_group`, `q` holds this rank's chunks of the
+    sequence and `k`, `v` the whole sequence all-gathered over that group (in its order, as
+    `loom.attention` describes).
   }];
   let arguments = (ins Loom_FloatTensor:$q, Loom_FloatTensor:$k, Loom_FloatTensor:$v,
                        I64Attr:$num_heads, I64Attr:$num_kv_heads, UnitAttr:$causal,
@@ -222,7 +239,8 @@ def Loom_GroupedAttentionOp : Loom_Op<"grouped_attention", [Pure]> {
                        DefaultValuedAttr<I64Attr, "0">:$stream,
                        OptionalAttr<StrAttr>:$rank_distinct_dropout,
                        OptionalAttr<StrAttr>:$kv_replicated_group,
-                       DefaultValuedAttr<I64Attr, "1">:$group_size);
+                       DefaultValuedAttr<I64Attr, "1">:$group_size,
+                       OptionalAttr<StrAttr>:$context_parallel_group);
   let results = (outs Loom_FloatTensor:$result, Optional<Loom_StatsTensor>:$lse);
   let assemblyFormat = [{
     $q `,` $k `,` $v attr-dict `:` functional-type(operands, results)
@@ -316,10 +334,12 @@ def Loom_AddPositionOp : Loom_Op<"add_position", [Pure]> {
   let summary = "add learned position embeddings: `out[b, s, :] = input[b, s, :] + position[s0 + s, :]`";
   let description = [{
     `s0` is 0, or with `sequence_parallel_group` (the input is this rank's slice of the
-    sequence) the rank's position in the group times the slice's length.
+    sequence) the rank's position in the group times the slice's length. With
+    `context_parallel_group` the local position `s0 + s` is mapped to its global one.
   }];
   let arguments = (ins Loom_FloatTensor:$input, Loom_FloatTensor:$position,
-                       OptionalAttr<StrAttr>:$sequence_parallel_group);
+                       OptionalAttr<StrAttr>:$sequence_parallel_group,
+                       OptionalAttr<StrAttr>:$context_parallel_group);
   let results = (outs Loom_FloatTensor:$result);
   let assemblyFormat = "$input `,` $position attr-dict `:` functional-type(operands, results)";
   let hasVerifier = 1;
@@ -380,7 +400,8 @@ def Loom_AttentionGradOp : Loom_Op<"attention_grad", [Pure]> {
                        I64Attr:$num_heads, UnitAttr:$causal,
                        DefaultValuedAttr<F32Attr, "0.0">:$dropout,
                        DefaultValuedAttr<I64Attr, "0">:$stream,
-                       OptionalAttr<StrAttr>:$rank_distinct_dropout);
+                       OptionalAttr<StrAttr>:$rank_distinct_dropout,
+                       OptionalAttr<StrAttr>:$context_parallel_group);
   let results = (outs Loom_FloatTensor:$result);
   let assemblyFormat = [{
     $qkv `,` $grad `,` $lse (`,` $key_mask^)? attr-dict `:` functional-type(operands, results)
@@ -398,7 +419,8 @@ def Loom_EmbeddingGradOp : Loom_Op<"embedding_grad", [Pure]> {
 
 def Loom_PositionGradOp : Loom_Op<"position_grad", [Pure]> {
   let summary = "gradient of the position embedding: `d[s0 + s, :] = sum_b grad[b, s, :]`, zero elsewhere";
-  let arguments = (ins Loom_FloatTensor:$grad, OptionalAttr<StrAttr>:$sequence_parallel_group);
+  let arguments = (ins Loom_FloatTensor:$grad, OptionalAttr<StrAttr>:$sequence_parallel_group,
+                       OptionalAttr<StrAttr>:$context_parallel_group);
   let results = (outs Loom_FloatTensor:$result);
   let assemblyFormat = "$grad attr-dict `:` functional-type(operands, results)";
 }
@@ -459,7 +481,8 @@ def Loom_GroupedAttentionGradOp : Loom_Op<"grouped_attention_grad", [Pure]> {
                        DefaultValuedAttr<I64Attr, "0">:$stream,
                        OptionalAttr<StrAttr>:$rank_distinct_dropout,
                        OptionalAttr<StrAttr>:$kv_replicated_group,
-                       DefaultValuedAttr<I64Attr, "1">:$group_size);
+                       DefaultValuedAttr<I64Attr, "1">:$group_size,
+                       OptionalAttr<StrAttr>:$context_parallel_group);
   let results = (outs Loom_FloatTensor:$grad_q, Loom_FloatTensor:$grad_k, Loom_FloatTensor:$grad_v);
   let assemblyFormat = [{
     $q `,` $k `,` $v `,` $grad `,` $lse attr-dict `:` functional-type(operands, results)

@@ -170,10 +170,16 @@ LogicalResult AttentionOp::verify() {
     return emitOpError() << "qkv dim 2 (" << qkv[2] << ") must be 3 * num_heads (" << heads
                          << ") * head_dim";
   int64_t hidden = qkv[2] / 3;
+  // Context parallelism: the queries are this rank's S / c rows of the gathered sequence.
+  bool chunked = bool(getContextParallelGroup());
   if (failed(requireDim(*this, "result", 0, out[0], qkv[0], "batch of qkv")) ||
-      failed(requireDim(*this, "result", 1, out[1], qkv[1], "sequence of qkv")) ||
+      (!chunked && failed(requireDim(*this, "result", 1, out[1], qkv[1], "sequence of qkv"))) ||
       failed(requireDim(*this, "result", 2, out[2], hidden, "qkv dim 2 / 3")))
     return mlir::failure();
+  if (chunked && (out[1] < 1 || qkv[1] % out[1] != 0))
+    return emitOpError() << "result dim 1 (" << out[1] << ") must divide qkv dim 1 (" << qkv[1]
+                         << ": the sequence gathered over context_parallel_group)";
+  if (chunked && getKeyMask()) return emitOpError() << "key_mask with context_parallel_group is not supported";
   if (Value m = getKeyMask()) {
     if (failed(requireRank(*this, m, "key_mask", 2)) ||
         failed(requireDim(*this, "key_mask", 0, tensorOf(m).getDimSize(0), qkv[0], "batch")) ||
@@ -182,7 +188,7 @@ LogicalResult AttentionOp::verify() {
   }
   float p = getDropout().convertToFloat();
   if (!(p >= 0 && p < 1)) return emitOpError() << "dropout must be in [0, 1), got " << p;
-  return requireStatistics(*this, getLse(), getQkv(), heads);
+  return requireStatistics(*this, getLse(), getResult(), heads);
 }
 
 LogicalResult AttentionGradOp::verify() {
@@ -190,7 +196,7 @@ LogicalResult AttentionGradOp::verify() {
   if (getNumHeads() < 1) return emitOpError() << "num_heads must be >= 1, got " << getNumHeads();
   if (getResult().getType() != getQkv().getType())
     return emitOpError() << "result type " << getResult().getType() << " must equal qkv's type " << getQkv().getType();
-  return requireStatistics(*this, getLse(), getQkv(), getNumHeads());
+  return requireStatistics(*this, getLse(), getContextParallelGroup() ? getGrad() : getQkv(), getNumHeads());
 }
 
 LogicalResult RmsNormOp::verify() {
@@ -234,9 +240,12 @@ LogicalResult GroupedAttentionOp::verify() {
   int64_t hd = q[2] / heads;
   for (auto [name, shape] : {std::pair{"k", k}, std::pair{"v", v}})
     if (failed(requireDim(*this, name, 0, shape[0], q[0], "batch of q")) ||
-        failed(requireDim(*this, name, 1, shape[1], q[1], "sequence of q")) ||
+        (!getContextParallelGroup() && failed(requireDim(*this, name, 1, shape[1], q[1], "sequence of q"))) ||
         failed(requireDim(*this, name, 2, shape[2], kvHeads * hd, "num_kv_heads * head_dim")))
       return mlir::failure();
+  if (getContextParallelGroup() && (k[1] != v[1] || q[1] < 1 || k[1] % q[1] != 0))
+    return emitOpError() << "q dim 1 (" << q[1] << ") must divide k and v dim 1 (" << k[1] << ", " << v[1]
+                         << ": the sequence gathered over context_parallel_group)";
   if (getResult().getType() != getQ().getType())
     return emitOpError() << "result type " << getResult().getType() << " must equal q's type " << getQ().getType();
   float p = getDropout().convertToFloat();

@@ -124,7 +124,7 @@ struct DataParallelPass : impl::LoomDataParallelBase<DataParallelPass> {
       if (filled > 0 && filled + bytesOf(g) > bucketBytes) ++bucket, filled = 0;
       filled += bytesOf(g);
       wrapResult(ret, i, [&](mlir::OpBuilder &b, mlir::Value v) {
-        auto ar = b.create<AllReduceOp>(v.getLoc(), v.getType(), v, b.getStringAttr("dp"),
+        auto ar = b.create<AllReduceOp>(v.getLoc(), v.getType(), v, b.getStringAttr(group),
                                         b.getI64IntegerAttr(dataParallel), b.getStringAttr("avg"));
         ar->setAttr(attr::kBucket, b.getI64IntegerAttr(bucket));
         return ar.getOperation();

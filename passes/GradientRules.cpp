@@ -26,11 +26,13 @@ mlir::FailureOr<Grads> gradientOf(mlir::OpBuilder &b, mlir::Operation *op, llvm:
         Grads d = none;
         d[1] = b.create<EmbeddingGradOp>(loc, o.getWord().getType(), o.getTokens(), g,
                                          o.getVocabParallelGroupAttr());
-        if (o.getPosition()) d[2] = b.create<PositionGradOp>(loc, o.getPosition().getType(), g, nullptr);
+        if (o.getPosition())
+          d[2] = b.create<PositionGradOp>(loc, o.getPosition().getType(), g, nullptr, o.getContextParallelGroupAttr());
         return d;
       })
       .Case([&](AddPositionOp o) -> mlir::FailureOr<Grads> {
-        return Grads{g, b.create<PositionGradOp>(loc, o.getPosition().getType(), g, o.getSequenceParallelGroupAttr())};
+        return Grads{g, b.create<PositionGradOp>(loc, o.getPosition().getType(), g, o.getSequenceParallelGroupAttr(),
+                                                 o.getContextParallelGroupAttr())};
       })
       .Case([&](LayerNormOp o) -> mlir::FailureOr<Grads> {
         auto lg = b.create<LayerNormGradOp>(loc, o.getInput().getType(), o.getGamma().getType(),
@@ -60,7 +62,8 @@ mlir::FailureOr<Grads> gradientOf(mlir::OpBuilder &b, mlir::Operation *op, llvm:
         if (!o.getLse()) return o.emitOpError() << "has no softmax statistics (lse) result to differentiate with";
         d[0] = b.create<AttentionGradOp>(loc, o.getQkv().getType(), o.getQkv(), g, o.getLse(), o.getKeyMask(),
                                          o.getNumHeadsAttr(), o.getCausalAttr(), o.getDropoutAttr(),
-                                         o.getStreamAttr(), o.getRankDistinctDropoutAttr());
+                                         o.getStreamAttr(), o.getRankDistinctDropoutAttr(),
+                                         o.getContextParallelGroupAttr());
         return d;
       })
       .Case([&](RmsNormOp o) -> mlir::FailureOr<Grads> {
@@ -71,7 +74,7 @@ mlir::FailureOr<Grads> gradientOf(mlir::OpBuilder &b, mlir::Operation *op, llvm:
       .Case([&](RotaryOp o) -> mlir::FailureOr<Grads> {
         // A rotation: its transpose is the rotation by the opposite angle.
         return Grads{b.create<RotaryOp>(loc, o.getType(), g, o.getHeadDimAttr(), o.getThetaAttr(),
-                                        o.getInverse() ? nullptr : b.getUnitAttr())};
+                                        o.getInverse() ? nullptr : b.getUnitAttr(), o.getContextParallelGroupAttr())};
       })
       .Case([&](SwigluOp o) -> mlir::FailureOr<Grads> {
         auto sg = b.create<SwigluGradOp>(loc, o.getType(), o.getType(), o.getGate(), o.getUp(), g);
@@ -83,13 +86,14 @@ mlir::FailureOr<Grads> gradientOf(mlir::OpBuilder &b, mlir::Operation *op, llvm:
             loc, o.getQ().getType(), o.getK().getType(), o.getV().getType(), o.getQ(), o.getK(), o.getV(), g,
             o.getLse(),
             o.getNumHeadsAttr(), o.getNumKvHeadsAttr(), o.getCausalAttr(), o.getDropoutAttr(), o.getStreamAttr(),
-            o.getRankDistinctDropoutAttr(), o.getKvReplicatedGroupAttr(), o.getGroupSizeAttr());
+            o.getRankDistinctDropoutAttr(), o.getKvReplicatedGroupAttr(), o.getGroupSizeAttr(),
+            o.getContextParallelGroupAttr());
         return Grads{ag.getGradQ(), ag.getGradK(), ag.getGradV()};
       })
       .Case([&](DropoutOp o) -> mlir::FailureOr<Grads> {
         // The same mask, regenerated from the same counter-based stream.
         return Grads{b.create<DropoutOp>(loc, o.getType(), g, o.getRateAttr(), o.getStreamAttr(),
-                                         o.getRankDistinctAttr())};
+                                         o.getRankDistinctAttr(), o.getContextParallelGroupAttr())};
       })
       .Case([&](AddOp) -> mlir::FailureOr<Grads> { return Grads{g, g}; })
       .Case([&](CrossEntropyOp o) -> mlir::FailureOr<Grads> {

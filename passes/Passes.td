@@ -52,6 +52,22 @@ def LoomTensorParallel : Pass<"loom-tensor-parallel", "mlir::ModuleOp"> {
   ];
 }
 
+def LoomContextParallel : Pass<"loom-context-parallel", "mlir::ModuleOp"> {
+  let summary = "Context parallelism: every token-wise op on this rank's chunks of the sequence";
+  let description = [{
+    Megatron-Core's context parallelism (cp ranks, the sequence in 2 cp chunks, rank i holding
+    chunks i and 2cp-1-i for causal load balance), after loom-tensor-parallel: the sequence
+    dimension (dim 1) of the data inputs and of every activation is divided by cp; each
+    attention core's keys and values (GPT's fused qkv) are all-gathered over "cp" before it
+    (Megatron-Core's cp_comm_type "all_gather"; autodiff makes the gradient a reduce-scatter)
+    and the core computes the rank's queries against them; the ops that depend on a token's
+    position (learned positions, rotary, dropout counters, attention) carry
+    `context_parallel_group = "cp"` and map local tokens to global positions. The sequence must
+    be a multiple of 2 cp; a padding mask (key_mask) is refused.
+  }];
+  let options = [Option<"cp", "cp", "int64_t", "1", "context-parallel degree c">];
+}
+
 def LoomMixedPrecision : Pass<"loom-mixed-precision", "mlir::ModuleOp"> {
   let summary = "Apply the precision policy: 16-bit weights for compute and activations";
   let description = [{
@@ -97,6 +113,8 @@ def LoomDataParallel : Pass<"loom-data-parallel", "mlir::ModuleOp"> {
     Option<"dataParallel", "dp", "int64_t", "1", "data-parallel degree d">,
     Option<"bucketBytes", "bucket-bytes", "int64_t", "25000000", "bucket size in bytes">,
     Option<"zero1", "zero1", "bool", "false", "shard optimizer state (reduce-scatter gradients)">,
+    Option<"group", "group", "std::string", "\"dp\"",
+           "the group the gradients are averaged over (dpcp: the d x c ranks with context parallelism)">,
   ];
 }
 

@@ -451,7 +451,7 @@ class Sharder {
     e.setVocabParallelGroup(kGroup);
     mlir::Operation *reduced = leaveRegion(e.getLoc(), e.getResult());
     mlir::Value out = reduced->getResult(0);
-    if (position) out = b_.create<AddPositionOp>(e.getLoc(), out.getType(), out, position, nullptr);
+    if (position) out = b_.create<AddPositionOp>(e.getLoc(), out.getType(), out, position, nullptr, nullptr);
     e.getResult().replaceAllUsesExcept(out, reduced);
     if (sp_) retypeSequence(reduced->getResult(0));
   }

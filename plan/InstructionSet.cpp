@@ -40,6 +40,7 @@ std::vector<A> attentionAttrs(bool grouped) {
   if (grouped) a.push_back(req("num_kv_heads", kI));
   a.insert(a.end(), {flagA("causal"), optF("dropout"), optInt("stream"), optStr("rank_distinct_dropout")});
   if (grouped) a.insert(a.end(), {optStr("kv_replicated_group"), optInt("group_size", 1)});
+  a.push_back(optStr("context_parallel_group"));
   return a;
 }
 std::vector<A> crossEntropyAttrs() { return {req("valid_vocab", kI), optStr("vocab_parallel_group")}; }
@@ -64,13 +65,15 @@ double gemmFlops(const Shapes &in, const Shapes &out) { return 2.0 * numel(out[0
 double weightGradFlops(const Shapes &in, const Shapes &out) {
   return 2.0 * numel(out[0]) * (numel(in[0]) / in[0].back());
 }
-// Forward: QK^T and PV, 2 GEMMs of 2 b s^2 h; the result is [b, s, h].
-double attentionFlops(const Shapes &, const Shapes &out) { return 4.0 * numel(out[0]) * out[0][1]; }
-// Backward: QK^T recomputed, then dV, dP, dQ, dK: 5 GEMMs of 2 b s^2 h, from the incoming
-// gradient (operand `grad`, [b, s, h]).
-template <int Grad>
+// Forward: QK^T and PV, 2 GEMMs of 2 b s s_k h; the result is [b, s, h] and operand `Keys`
+// holds the s_k keys (s_k = s, or with context parallelism the gathered sequence: s = s_k / c).
+template <int Keys>
+double attentionFlops(const Shapes &in, const Shapes &out) { return 4.0 * numel(out[0]) * in[Keys][1]; }
+// Backward: QK^T recomputed, then dV, dP, dQ, dK: 5 GEMMs of 2 b s s_k h, from the incoming
+// gradient (operand `Grad`, [b, s, h]).
+template <int Grad, int Keys>
 double attentionGradFlops(const Shapes &in, const Shapes &) {
-  return 10.0 * numel(in[Grad]) * in[Grad][1];
+  return 10.0 * numel(in[Grad]) * in[Keys][1];
 }
 
 // Bytes per rank on a ring (Megatron's and NCCL's ring algorithms).
@@ -100,9 +103,9 @@ std::vector<OpDecl> declare() {
       // The loom dialect's ops (ir/LoomOps.td has their math; the attributes and defaults here
       // are the dialect's, checked by tests/plan/instruction_set_test).
       make(kEmbedding, "embedding", true, {i32("tokens"), fl("word"), optFl("position")}, {fl("result")},
-       {optStr("vocab_parallel_group")}, kC, kNo, kMem),
+       {optStr("vocab_parallel_group"), optStr("context_parallel_group")}, kC, kNo, kMem),
       make(kAddPosition, "add_position", true, {fl("input"), fl("position")}, {fl("result")},
-       {optStr("sequence_parallel_group")}, kC, kNo, kMem),
+       {optStr("sequence_parallel_group"), optStr("context_parallel_group")}, kC, kNo, kMem),
       make(kLayerNorm, "layer_norm", true, {fl("input"), fl("gamma"), fl("beta")}, {fl("result")}, {optF("epsilon", 1e-5)},
        kC, kNo, kMem),
       make(kLinear, "linear", true, {fl("input"), fl("weight"), optFl("bias")}, {fl("result")},
@@ -113,9 +116,9 @@ std::vector<OpDecl> declare() {
       make(kAddBias, "add_bias", true, {fl("input"), fl("bias")}, {fl("result")}, {}, kC, kNo, kMem),
       make(kGelu, "gelu", true, {fl("input")}, {fl("result")}, {}, kC, kNo, kMem),
       make(kAttention, "attention", true, {fl("qkv"), optFl("key_mask")}, {fl("result"), optFl("lse")},
-       attentionAttrs(false), kC, kNo, kAttnCost, 0, "", attentionFlops),
+       attentionAttrs(false), kC, kNo, kAttnCost, 0, "", attentionFlops<0>),
       make(kDropout, "dropout", true, {fl("input")}, {fl("result")},
-       {req("rate", kF), optInt("stream"), optStr("rank_distinct")}, kC, kNo, kMem),
+       {req("rate", kF), optInt("stream"), optStr("rank_distinct"), optStr("context_parallel_group")}, kC, kNo, kMem),
       make(kAdd, "add", true, {fl("lhs"), fl("rhs")}, {fl("result")}, {}, kC, kNo, kMem),
       make(kIdentity, "identity", true, {fl("input")}, {fl("result")}, {req("group", kS), req("group_size", kI)}, kC, kNo, kNoCost),
       make(kCrossEntropy, "cross_entropy", true, {fl("logits"), i32("labels"), optFl("loss_mask")},
@@ -124,10 +127,10 @@ std::vector<OpDecl> declare() {
       make(kRmsNorm, "rms_norm", true, {fl("input"), fl("gamma")}, {fl("result")}, {optF("epsilon", 1e-6)}, kC, kNo,
        kMem),
       make(kRotary, "rotary", true, {fl("input")}, {fl("result")},
-       {req("head_dim", kI), req("theta", kF), flagA("inverse")}, kC, kNo, kMem),
+       {req("head_dim", kI), req("theta", kF), flagA("inverse"), optStr("context_parallel_group")}, kC, kNo, kMem),
       make(kSwiglu, "swiglu", true, {fl("gate"), fl("up")}, {fl("result")}, {}, kC, kNo, kMem),
       make(kGroupedAttention, "grouped_attention", true, {fl("q"), fl("k"), fl("v")}, {fl("result"), optFl("lse")},
-       attentionAttrs(true), kC, kNo, kAttnCost, 0, "", attentionFlops),
+       attentionAttrs(true), kC, kNo, kAttnCost, 0, "", attentionFlops<1>),
       make(kWeightGrad, "weight_grad", true, {fl("input"), fl("grad")}, {fl("result")}, {flagA("transpose_weight")}, kC,
        kNo, kGemmCost, 0, "", weightGradFlops),
       make(kBiasGrad, "bias_grad", true, {fl("grad")}, {fl("result")}, {}, kC, kNo, kMem),
@@ -135,11 +138,11 @@ std::vector<OpDecl> declare() {
        {fl("grad_input"), fl("grad_gamma"), fl("grad_beta")}, {optF("epsilon", 1e-5)}, kC, kNo, kMem),
       make(kGeluGrad, "gelu_grad", true, {fl("input"), fl("grad")}, {fl("result")}, {}, kC, kNo, kMem),
       make(kAttentionGrad, "attention_grad", true, {fl("qkv"), fl("grad"), fl("lse"), optFl("key_mask")}, {fl("result")},
-       attentionAttrs(false), kC, kNo, kAttnCost, 0, "", attentionGradFlops<1>),
+       attentionAttrs(false), kC, kNo, kAttnCost, 0, "", attentionGradFlops<1, 0>),
       make(kEmbeddingGrad, "embedding_grad", true, {i32("tokens"), fl("grad")}, {fl("result")},
        {optStr("vocab_parallel_group")}, kC, kNo, kMem),
-      make(kPositionGrad, "position_grad", true, {fl("grad")}, {fl("result")}, {optStr("sequence_parallel_group")}, kC,
-       kNo, kMem),
+      make(kPositionGrad, "position_grad", true, {fl("grad")}, {fl("result")},
+       {optStr("sequence_parallel_group"), optStr("context_parallel_group")}, kC, kNo, kMem),
       // The loss's incoming gradient is a scalar, the mask [batch, seq]: told apart by rank.
       make(kCrossEntropyGrad, "cross_entropy_grad", true,
        {fl("logits"), i32("labels"), fl("lse"), optFl("grad", 0), optFl("loss_mask", 2)}, {fl("result")},
@@ -150,7 +153,7 @@ std::vector<OpDecl> declare() {
        kNo, kMem),
       make(kGroupedAttentionGrad, "grouped_attention_grad", true, {fl("q"), fl("k"), fl("v"), fl("grad"), fl("lse")},
        {fl("grad_q"), fl("grad_k"), fl("grad_v")}, attentionAttrs(true), kC, kNo, kAttnCost, 0, "",
-       attentionGradFlops<3>),
+       attentionGradFlops<3, 1>),
 
       // Megatron's vocab-parallel cross-entropy as its steps (compiler/Lowering.cpp): local max
       // -> all-reduce (max) -> local sums of exponentials and the target logit -> all-reduce

@@ -111,8 +111,10 @@ const OpDecl *find(std::string_view op);
 
 // The declared stream of an instruction of `d` with group attribute `group`.
 plan::Stream streamOf(const OpDecl &d, std::string_view group);
+// Context parallelism's "cp" collectives carry activations, as tp's do: the TP stream; "dpcp"
+// (weight gradients with context parallelism) is the DP stream's.
 inline plan::Stream streamOfGroup(std::string_view group) {
-  return group == "tp" ? plan::TP : group == "pp" ? plan::PP : plan::DP;
+  return group == "tp" || group == "cp" ? plan::TP : group == "pp" ? plan::PP : plan::DP;
 }
 bool isCollective(std::string_view op);
 bool isCommunication(std::string_view op);

@@ -35,7 +35,10 @@ namespace loom {
 //    last backward (the rank's part of the bucket) and its parameters all-gathered in place at the
 //    head of the next step's forward (first_micro_batch) or in the `parameter_gather` program;
 //    arguments may be views (Binding.offset, part_of); adamw and sum_squares take flat_offset.
-inline constexpr uint32_t kPlanVersion = 10;
+// 11: context parallelism: RankPlan.c and cp_rank, the groups "cp" and "dpcp"; token-wise ops
+//    over a rank's sequence chunks carry context_parallel_group (positions, rotary, dropout
+//    counters and attention map a local token to its global position).
+inline constexpr uint32_t kPlanVersion = 11;
 
 // "" when `version` is this build's; otherwise why `what` (a plan file) cannot be read.
 inline std::string planVersionError(uint32_t version, const std::string &what) {

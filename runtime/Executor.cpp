@@ -314,6 +314,19 @@ int64_t cpuAttentionScratchFloats(const plan::Program &program) {
     int input = in.inputs(0);
     if (input < 0 || input >= program.buffers_size() || program.buffers(input).shape_size() < 2) continue;  // checkProgram's
     if (nativeHalfKernel(program, in)) continue;  // a bf16 attention: its scratch is its stream's (below)
+    if (!planattr::str(in, "context_parallel_group").empty()) {
+      // Context parallelism: blocks of half the rank's tokens (the queries: the forward's result,
+      // the backward's incoming gradient; grouped: q), head_dim from the queries.
+      bool grouped = op == "grouped_attention" || op == "grouped_attention_grad";
+      int queries = grouped ? in.inputs(0) : backward ? (in.inputs_size() > 1 ? in.inputs(1) : -1)
+                                                     : (in.outputs_size() ? in.outputs(0) : -1);
+      int64_t heads = std::max<int64_t>(1, planattr::i64(in, "num_heads"));
+      if (queries < 0 || queries >= program.buffers_size() || program.buffers(queries).shape_size() != 3) continue;
+      const plan::Buffer &qb = program.buffers(queries);
+      floats = std::max(floats, cpu::contextAttentionScratchFloats(planattr::dim(qb, 1) / 2, planattr::dim(qb, 2) / heads,
+                                                                   backward));
+      continue;
+    }
     floats = std::max(floats, cpu::attentionScratchFloats(planattr::dim(program.buffers(input), 1), backward));
   }
   return floats;

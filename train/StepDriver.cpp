@@ -25,6 +25,29 @@ Status unbound(const plan::Program &prog, const plan::Binding &a, int mb) {
                        a.name() + "' (micro-batch " + std::to_string(mb) + "): the plan and the schedule disagree");
 }
 
+// Context parallelism: each [count, S] tensor of the batch cut to this rank's two chunks along
+// the sequence (the labels were shifted before the cut, so each token keeps its next one).
+std::map<std::string, HostTensor> contextChunksOf(const std::map<std::string, HostTensor> &batch,
+                                                  const ContextChunks &chunks) {
+  std::map<std::string, HostTensor> out;
+  int64_t C = chunks.chunk();
+  for (const auto &[name, t] : batch) {
+    int64_t count = t.shape.empty() ? 0 : t.shape[0];
+    HostTensor cut{{count, chunks.local()}};
+    cut.isInt = t.isInt;
+    for (int64_t b = 0; b < count; ++b)
+      for (int which = 0; which < 2; ++which) {
+        int64_t from = b * chunks.seq + chunks.chunkOf(chunks.rank, which) * C;
+        if (t.isInt)
+          cut.ints.insert(cut.ints.end(), t.ints.begin() + from, t.ints.begin() + from + C);
+        else
+          cut.data.insert(cut.data.end(), t.data.begin() + from, t.data.begin() + from + C);
+      }
+    out[name] = std::move(cut);
+  }
+  return out;
+}
+
 }  // namespace
 
 uint64_t dropoutSeed(uint64_t seed, int64_t step, int dp, int mb) {
@@ -111,8 +134,10 @@ Status StepDriver::view(const ArgumentView &storage, const plan::Program &prog, 
                         ArgumentView *out) const {
   int64_t n = planattr::numel(prog.buffers(a.buffer())), start = a.offset();
   if (!a.part_of().empty()) {
+    int c = std::max(1, plan_.c());
     int position = a.part_of() == "dp" ? plan_.dp_rank() : a.part_of() == "tp" ? plan_.tp_rank()
-                   : a.part_of() == "pp" ? plan_.pp_rank() : -1;
+                   : a.part_of() == "pp" ? plan_.pp_rank() : a.part_of() == "cp" ? plan_.cp_rank()
+                   : a.part_of() == "dpcp" ? plan_.dp_rank() * c + plan_.cp_rank() : -1;
     if (position < 0)
       return Status::error(prog.name() + ": argument '" + a.name() + "' is a part of group '" + a.part_of() +
                            "', which the step does not know (corrupt plan)");
@@ -181,7 +206,8 @@ Status StepDriver::bind(const plan::Program &prog, int mb, DataSource *data, int
         if (!batchReady_[mb]) {
           std::map<std::string, HostTensor> batch =
               makeBatch(*data, firstSampleOf(plan_, step, mb), plan_.micro_batch_size(), plan_.seq_length());
-          if (!dumpBatches_.empty() && !evaluate && plan_.tp_rank() == 0 && plan_.pp_rank() == 0) {
+          if (!dumpBatches_.empty() && !evaluate && plan_.tp_rank() == 0 && plan_.pp_rank() == 0 &&
+              plan_.cp_rank() == 0) {  // the whole samples, before a context-parallel cut
             SafetensorsFile f;
             f.tensors = batch;
             char name[96];
@@ -189,6 +215,7 @@ Status StepDriver::bind(const plan::Program &prog, int mb, DataSource *data, int
                           plan_.dp_rank(), mb);
             LOOM_RETURN_IF_ERROR(writeSafetensors(dumpBatches_ + name, f));
           }
+          if (plan_.c() > 1) batch = contextChunksOf(batch, ContextChunks{plan_.seq_length(), plan_.c(), plan_.cp_rank()});
           for (auto &[name, t] : batch) {
             ArgumentView input;
             LOOM_RETURN_IF_ERROR(backend_.storage("input/" + name + "/" + inputSlot,

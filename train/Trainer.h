@@ -76,7 +76,7 @@ class Trainer {
   // embedding) each replica's own: see gradientsSynchronized(). A reader averaging the replicas
   // gets the reduced gradients either way.
   Status hostGradients(std::map<std::string, HostTensor> *out);
-  bool gradientsSynchronized() const { return !plan_.zero1() || plan_.d() == 1; }
+  bool gradientsSynchronized() const { return !plan_.zero1() || plan_.d() * std::max(1, plan_.c()) == 1; }
   // What the backend holds for this rank (to compare with the plan's memory.peak_bytes).
   int64_t allocatedBytes() const { return backend_->allocatedBytes(); }
   // Seconds this rank spent in its own kernels so far (runtime/Progress.h computeSeconds; -1:

@@ -35,7 +35,7 @@ TrainingLoop::TrainingLoop(Trainer &trainer, control::CoordinatorClient &client,
 
 bool TrainingLoop::logs() const {
   const plan::RankPlan &p = trainer_.plan();
-  return trainer_.isLossRank() && p.tp_rank() == 0 && p.dp_rank() == 0;
+  return trainer_.isLossRank() && p.tp_rank() == 0 && p.dp_rank() == 0 && p.cp_rank() == 0;
 }
 
 int64_t residentBytes() {
@@ -58,7 +58,7 @@ double peakMemoryMiB() {
 // same layout (resharding is future work).
 std::string layoutOf(const plan::RankPlan &p) {
   return std::to_string(p.t()) + "," + std::to_string(p.p()) + "," + std::to_string(p.d()) + "," +
-         std::to_string(p.v()) + (p.zero1() ? ",zero1" : "");
+         std::to_string(p.v()) + (p.c() > 1 ? ",c" + std::to_string(p.c()) : "") + (p.zero1() ? ",zero1" : "");
 }
 
 // "dim,parts,index,global dims...": where a shard sits in its parameter (dim -1: replicated).

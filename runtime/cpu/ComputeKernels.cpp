@@ -2,6 +2,7 @@
 // cross-entropy's steps), registered by declared op: each reads its operands by their
 // declared names and its attributes with their declared defaults (plan/InstructionSet.cpp).
 #include <algorithm>
+#include <climits>
 #include <cstring>
 
 #include "runtime/cpu/CpuKernelContext.h"
@@ -12,21 +13,52 @@ namespace {
 
 using isa::OpId;
 
-Status embedding(CpuKernelContext &c, const KernelCall &k) {
-  int tok = k.in("tokens"), w = k.in("word");
-  int64_t rows = k.dim(w, 0), hidden = k.dim(w, 1);
-  embeddingForward(c.i(tok), c.f(w), c.f(k.in("position")), c.f(k.out("result")), k.numel(tok), k.dim(tok, 1), hidden,
-                   c.shardStart(k.str("vocab_parallel_group"), rows), rows);
+// Context parallelism's global positions of an operand's `rows` sequence rows (a sequence-
+// parallel slice of them starting at `first` of the rank's `local` tokens), checked against a
+// table of `tableRows` rows.
+Status contextPositions(CpuKernelContext &c, const KernelCall &k, int64_t first, int64_t rows, int64_t local,
+                        int64_t tableRows, std::vector<int64_t> *out) {
+  ContextChunks ch = c.chunks(k.str("context_parallel_group"), local);
+  if (local % 2 || ch.rank < 0 || ch.rank >= ch.c)
+    return Status::error(std::string(k.decl.name) + ": " + std::to_string(local) +
+                         " local tokens are not two chunks (corrupt plan)");
+  *out = c.positions(k.str("context_parallel_group"), first, rows, local);
+  for (int64_t p : *out)
+    if (p < 0 || p >= tableRows)
+      return Status::error(std::string(k.decl.name) + ": global position " + std::to_string(p) +
+                           " is outside the position table of " + std::to_string(tableRows) + " rows (corrupt plan)");
   return Status::ok();
 }
 
-// A sequence-parallel slice starts at its rank's offset of the positions (fp32 or bf16: T).
+Status embedding(CpuKernelContext &c, const KernelCall &k) {
+  int tok = k.in("tokens"), w = k.in("word"), pos = k.in("position"), out = k.out("result");
+  int64_t rows = k.dim(w, 0), hidden = k.dim(w, 1), seq = k.dim(tok, 1);
+  bool chunked = pos >= 0 && !k.str("context_parallel_group").empty();
+  embeddingForward(c.i(tok), c.f(w), chunked ? nullptr : c.f(pos), c.f(out), k.numel(tok), seq, hidden,
+                   c.shardStart(k.str("vocab_parallel_group"), rows), rows);
+  if (chunked) {  // the positions of this rank's chunks, added in place
+    std::vector<int64_t> at;
+    LOOM_RETURN_IF_ERROR(contextPositions(c, k, 0, seq, seq, k.dim(pos, 0), &at));
+    addPositionForward(c.f(out), c.f(pos), c.f(out), k.dim(tok, 0), seq, hidden, at.data());
+  }
+  return Status::ok();
+}
+
+// A sequence-parallel slice starts at its rank's offset of the positions (fp32 or bf16: T);
+// with context parallelism each row's global position is looked up.
 template <typename T>
 Status addPosition(CpuKernelContext &c, const KernelCall &k) {
-  int x = k.in("input");
-  int64_t first = c.shardStart(k.str("sequence_parallel_group"), k.dim(x, 1));
-  addPositionForward(c.at<T>(x), c.at<T>(k.in("position")) + first * k.dim(x, 2), c.at<T>(k.out("result")),
-                     k.dim(x, 0), k.dim(x, 1), k.dim(x, 2));
+  int x = k.in("input"), pos = k.in("position");
+  std::string sp = k.str("sequence_parallel_group");
+  int64_t rows = k.dim(x, 1), first = c.shardStart(sp, rows);
+  if (!k.str("context_parallel_group").empty()) {
+    std::vector<int64_t> at;
+    LOOM_RETURN_IF_ERROR(contextPositions(c, k, first, rows, rows * c.groupSize(sp), k.dim(pos, 0), &at));
+    addPositionForward(c.at<T>(x), c.at<T>(pos), c.at<T>(k.out("result")), k.dim(x, 0), rows, k.dim(x, 2), at.data());
+    return Status::ok();
+  }
+  addPositionForward(c.at<T>(x), c.at<T>(pos) + first * k.dim(x, 2), c.at<T>(k.out("result")), k.dim(x, 0), rows,
+                     k.dim(x, 2));
   return Status::ok();
 }
 
@@ -77,16 +109,55 @@ Status identity(CpuKernelContext &c, const KernelCall &k) {
   return Status::ok();
 }
 
+// With context parallelism the input [B, L, ...] holds the rank's two chunks of L / 2 tokens and
+// each element takes the counter of its global position in the [B, L c, ...] sequence, so that
+// the masks are those of c = 1 cut into chunks (a sequence-parallel slice, L = S / (c t) with
+// its own tp stream, is counted as if it were the sequence: distinct, not c = 1's).
 template <typename T>
 Status dropout(CpuKernelContext &c, const KernelCall &k) {
-  dropoutForward(c.at<T>(k.in("input")), c.at<T>(k.out("result")), k.numel(k.in("input")), c.dropout(k.f64("rate")),
-                 c.run->seed, c.dropoutStream(k.i64("stream"), k.str("rank_distinct")));
+  int x = k.in("input");
+  const T *in = c.at<T>(x);
+  T *out = c.at<T>(k.out("result"));
+  float rate = c.dropout(k.f64("rate"));
+  uint64_t stream = c.dropoutStream(k.i64("stream"), k.str("rank_distinct"));
+  std::string cp = k.str("context_parallel_group");
+  if (cp.empty() || k.buffer(x).shape_size() < 2) {
+    dropoutForward(in, out, k.numel(x), rate, c.run->seed, stream);
+    return Status::ok();
+  }
+  int64_t B = k.dim(x, 0), L = k.dim(x, 1), width = k.numel(x) / std::max<int64_t>(1, B * L);
+  ContextChunks ch = c.chunks(cp, L);
+  if (L % 2) return Status::error("dropout: " + std::to_string(L) + " local tokens are not two chunks (corrupt plan)");
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t which = 0; which < 2; ++which) {
+      int64_t at = (b * L + which * ch.chunk()) * width, global = b * ch.seq + ch.globalOf(which * ch.chunk());
+      dropoutForward(in + at, out + at, ch.chunk() * width, rate, c.run->seed, stream, uint64_t(global * width));
+    }
+  return Status::ok();
+}
+
+// Context parallelism's members and this rank's place among them for an attention instruction
+// whose queries hold `local` tokens and keys `keys` (the gathered sequence).
+Status contextMembers(CpuKernelContext &c, const KernelCall &k, int64_t local, int64_t keys, int *members,
+                      int *rank) {
+  ContextChunks ch = c.chunks(k.str("context_parallel_group"), local);
+  *members = ch.c, *rank = ch.rank;
+  if (local % 2 || ch.seq != keys || ch.rank < 0 || ch.rank >= ch.c)
+    return Status::error(std::string(k.decl.name) + ": " + std::to_string(local) + " queries against " +
+                         std::to_string(keys) + " keys do not fit the " + std::to_string(ch.c) +
+                         " members of group '" + k.str("context_parallel_group") + "' (corrupt plan)");
   return Status::ok();
 }
 
 Status attention(CpuKernelContext &c, const KernelCall &k) {
   AttentionShape s;
   LOOM_RETURN_IF_ERROR(attentionShapeOf(c, k, &s));
+  if (!k.str("context_parallel_group").empty()) {
+    int members, rank;
+    LOOM_RETURN_IF_ERROR(contextMembers(c, k, k.dim(k.out("result"), 1), s.seq, &members, &rank));
+    contextAttentionForward(c.f(k.in("qkv")), c.f(k.out("result")), c.f(k.out("lse")), s, members, rank, c.scratch);
+    return Status::ok();
+  }
   attentionForward(c.f(k.in("qkv")), c.f(k.in("key_mask")), c.f(k.out("result")), c.f(k.out("lse")), s, c.scratch);
   return Status::ok();
 }
@@ -94,6 +165,13 @@ Status attention(CpuKernelContext &c, const KernelCall &k) {
 Status attentionGrad(CpuKernelContext &c, const KernelCall &k) {
   AttentionShape s;
   LOOM_RETURN_IF_ERROR(attentionShapeOf(c, k, &s));
+  if (!k.str("context_parallel_group").empty()) {
+    int members, rank;
+    LOOM_RETURN_IF_ERROR(contextMembers(c, k, k.dim(k.in("grad"), 1), s.seq, &members, &rank));
+    contextAttentionBackward(c.f(k.in("qkv")), c.f(k.in("grad")), c.f(k.in("lse")), c.f(k.out("result")), s, members,
+                             rank, c.scratch);
+    return Status::ok();
+  }
   attentionBackward(c.f(k.in("qkv")), c.f(k.in("key_mask")), c.f(k.in("grad")), c.f(k.in("lse")), c.f(k.out("result")),
                     s, c.scratch);
   return Status::ok();
@@ -115,6 +193,13 @@ namespace {
 Status groupedAttention(CpuKernelContext &c, const KernelCall &k) {
   GroupedAttentionShape s;
   LOOM_RETURN_IF_ERROR(groupedAttentionShapeOf(c, k, &s));
+  if (!k.str("context_parallel_group").empty()) {
+    int members, rank;
+    LOOM_RETURN_IF_ERROR(contextMembers(c, k, s.seq, k.dim(k.in("k"), 1), &members, &rank));
+    contextGroupedAttentionForward(c.f(k.in("q")), c.f(k.in("k")), c.f(k.in("v")), c.f(k.out("result")),
+                                   c.f(k.out("lse")), s, members, rank, c.scratch);
+    return Status::ok();
+  }
   groupedAttentionForward(c.f(k.in("q")), c.f(k.in("k")), c.f(k.in("v")), c.f(k.out("result")), c.f(k.out("lse")), s,
                           c.scratch);
   return Status::ok();
@@ -123,6 +208,14 @@ Status groupedAttention(CpuKernelContext &c, const KernelCall &k) {
 Status groupedAttentionGrad(CpuKernelContext &c, const KernelCall &k) {
   GroupedAttentionShape s;
   LOOM_RETURN_IF_ERROR(groupedAttentionShapeOf(c, k, &s));
+  if (!k.str("context_parallel_group").empty()) {
+    int members, rank;
+    LOOM_RETURN_IF_ERROR(contextMembers(c, k, s.seq, k.dim(k.in("k"), 1), &members, &rank));
+    contextGroupedAttentionBackward(c.f(k.in("q")), c.f(k.in("k")), c.f(k.in("v")), c.f(k.in("grad")),
+                                    c.f(k.in("lse")), c.f(k.out("grad_q")), c.f(k.out("grad_k")),
+                                    c.f(k.out("grad_v")), s, members, rank, c.scratch);
+    return Status::ok();
+  }
   groupedAttentionBackward(c.f(k.in("q")), c.f(k.in("k")), c.f(k.in("v")), c.f(k.in("grad")), c.f(k.in("lse")),
                            c.f(k.out("grad_q")), c.f(k.out("grad_k")), c.f(k.out("grad_v")), s, c.scratch);
   return Status::ok();
@@ -151,8 +244,11 @@ Status rotaryKernel(CpuKernelContext &c, const KernelCall &k) {
   int x = k.in("input");
   int64_t hd = k.i64("head_dim");
   if (hd < 2 || hd % 2 || k.dim(x, 2) % hd) return Status::error("rotary: bad head_dim (corrupt plan)");
+  std::vector<int64_t> at;  // context parallelism: the chunks' global positions
+  if (!k.str("context_parallel_group").empty())
+    LOOM_RETURN_IF_ERROR(contextPositions(c, k, 0, k.dim(x, 1), k.dim(x, 1), INT64_MAX, &at));
   rotary(c.at<T>(x), c.at<T>(k.out("result")), k.dim(x, 0), k.dim(x, 1), k.dim(x, 2) / hd, hd, float(k.f64("theta")),
-         k.flag("inverse"));
+         k.flag("inverse"), at.empty() ? nullptr : at.data());
   return Status::ok();
 }
 
@@ -211,7 +307,14 @@ Status embeddingGrad(CpuKernelContext &c, const KernelCall &k) {
 template <typename T>
 Status positionGrad(CpuKernelContext &c, const KernelCall &k) {
   int g = k.in("grad"), y = k.out("result");
-  int64_t first = c.shardStart(k.str("sequence_parallel_group"), k.dim(g, 1)), hidden = k.dim(g, 2);
+  std::string sp = k.str("sequence_parallel_group");
+  int64_t rows = k.dim(g, 1), first = c.shardStart(sp, rows), hidden = k.dim(g, 2);
+  if (!k.str("context_parallel_group").empty()) {  // each row into its global position's
+    std::vector<int64_t> at;
+    LOOM_RETURN_IF_ERROR(contextPositions(c, k, first, rows, rows * c.groupSize(sp), k.dim(y, 0), &at));
+    positionBackward(c.at<T>(g), c.at<T>(y), k.dim(g, 0), rows, hidden, k.dim(y, 0), at.data());
+    return Status::ok();
+  }
   std::fill_n(c.at<T>(y), k.numel(y), T(0));
   positionBackward(c.at<T>(g), c.at<T>(y) + first * hidden, k.dim(g, 0), k.dim(g, 1), hidden, k.dim(y, 0) - first);
   return Status::ok();

@@ -3,6 +3,7 @@
 // the kernels' scratch. The CPU executor (runtime/Executor.cpp) owns one per run.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <string>
 #include <type_traits>
@@ -41,6 +42,23 @@ struct CpuKernelContext {
   }
   int64_t shardStart(const std::string &group, int64_t rows) const {
     return loom::shardStart(run->collectives, group, rows);
+  }
+  // Context parallelism: this rank's chunks of the sequence over `group` for an operand holding
+  // `local` tokens of each sample (c = 1, rank 0 without the group or collectives).
+  ContextChunks chunks(const std::string &group, int64_t local) const {
+    if (group.empty() || !run->collectives) return ContextChunks{local, 1, 0};
+    int c = std::max(1, run->collectives->sizeOf(group));
+    return ContextChunks{local * c, c, run->collectives->rankIn(group)};
+  }
+  // The global positions of rows [first, first + rows) of this rank's `local` tokens.
+  std::vector<int64_t> positions(const std::string &group, int64_t first, int64_t rows, int64_t local) const {
+    ContextChunks ch = chunks(group, local);
+    std::vector<int64_t> global(static_cast<size_t>(rows));
+    for (int64_t r = 0; r < rows; ++r) global[size_t(r)] = ch.globalOf(first + r);
+    return global;
+  }
+  int groupSize(const std::string &group) const {
+    return group.empty() || !run->collectives ? 1 : run->collectives->sizeOf(group);
   }
   uint64_t dropoutStream(int64_t stream, const std::string &distinctGroup) const {
     return loom::dropoutStream(run->collectives, stream, distinctGroup);

@@ -121,8 +121,11 @@ Status cast(CpuKernelContext &c, const KernelCall &k) {
 }
 
 // out[t] = word[tokens[t] - rowStart] (0 outside the shard) + position[t % seq], rounded once.
+// Context parallelism's chunked forms run as fp32 over widened copies (their kernels are fp32).
+bool chunked(const KernelCall &k) { return !k.str("context_parallel_group").empty(); }
+
 bool embeddingTakes(const KernelCall &k) {
-  return allBf16(k, {k.in("word"), k.in("position"), k.out("result")});
+  return !chunked(k) && allBf16(k, {k.in("word"), k.in("position"), k.out("result")});
 }
 
 Status embedding(CpuKernelContext &c, const KernelCall &k) {
@@ -215,6 +218,7 @@ Status embeddingGrad(CpuKernelContext &c, const KernelCall &k) {
 // Attention over bf16 qkv (FlashAttention's rounding points: runtime/cpu/Kernels.h): the key
 // mask and the statistics fp32, the result (forward out, backward dqkv) and grad bf16.
 bool attentionTakes(const KernelCall &k) {
+  if (chunked(k)) return false;
   bool backward = k.decl.id == OpId::kAttentionGrad;
   int mask = k.in("key_mask"), lse = backward ? k.in("lse") : k.out("lse");
   return allBf16(k, {k.in("qkv"), k.out("result"), backward ? k.in("grad") : -1}) &&
@@ -247,6 +251,7 @@ Status attentionGrad(CpuKernelContext &c, const KernelCall &k) {
 
 // Grouped-query attention over bf16 q, k, v (and grad, grad_q/k/v); lse fp32.
 bool groupedAttentionTakes(const KernelCall &k) {
+  if (chunked(k)) return false;
   bool backward = k.decl.id == OpId::kGroupedAttentionGrad;
   int lse = backward ? k.in("lse") : k.out("lse");
   if (backward)

@@ -324,18 +324,20 @@ void dropoutRange(const float *x, float *y, int64_t n, int64_t first, float rate
 }
 
 template <typename T>
-void dropoutOf(const T *x, T *y, int64_t count, float rate, uint64_t seed, uint64_t stream) {
+void dropoutOf(const T *x, T *y, int64_t count, float rate, uint64_t seed, uint64_t stream, uint64_t counterBase) {
   elementwise<1, 1, T>(count, {x}, {y}, [&](auto &in, auto &out, int64_t n, int64_t first) {
-    dropoutRange(in[0], out[0], n, first, rate, seed, stream);
+    dropoutRange(in[0], out[0], n, int64_t(counterBase) + first, rate, seed, stream);
   });
 }
 }  // namespace
 
-void dropoutForward(const float *x, float *y, int64_t count, float rate, uint64_t seed, uint64_t stream) {
-  dropoutOf(x, y, count, rate, seed, stream);
+void dropoutForward(const float *x, float *y, int64_t count, float rate, uint64_t seed, uint64_t stream,
+                    uint64_t counterBase) {
+  dropoutOf(x, y, count, rate, seed, stream, counterBase);
 }
-void dropoutForward(const uint16_t *x, uint16_t *y, int64_t count, float rate, uint64_t seed, uint64_t stream) {
-  dropoutOf(x, y, count, rate, seed, stream);
+void dropoutForward(const uint16_t *x, uint16_t *y, int64_t count, float rate, uint64_t seed, uint64_t stream,
+                    uint64_t counterBase) {
+  dropoutOf(x, y, count, rate, seed, stream, counterBase);
 }
 
 namespace {
@@ -664,6 +666,158 @@ void attentionRowDots(const float *g, const float *out, int64_t ld, int64_t rows
   }
 }
 
+// Context parallelism over all-gathered keys and values (Megatron-Core's cp_comm_type
+// "all_gather"): this rank's queries are its two chunks of C tokens (global chunks `rank` and
+// 2c-1-rank), the keys and values the whole sequence as the all-gather left it, 2c chunks in
+// member order (member j's chunks j and 2c-1-j at rows 2jC and 2jC + C). Each query chunk meets
+// the key chunks at or before it, one block each (the diagonal one causal), and the blocks are
+// merged by their log-sum-exp; the backward runs the same blocks from the merged statistics and
+// each row's rowsum(dO * O) (FlashAttention-2's D, with O recomputed). The dropout counters
+// are the whole sequence's, so the masks are those of c = 1.
+namespace {
+
+struct ChunkedHead {
+  const float *q, *k, *v;  // this head's first local query row; first gathered key / value row
+  int64_t ldq, ldkv, C, hd;
+  int c, rank;
+  bool causal;
+  float dropout;
+  uint64_t seed, stream, counterBase;  // counterBase: the head's corner of the S x S counters
+  int64_t S() const { return 2 * c * C; }
+  int64_t chunkOf(int member, int which) const { return which == 0 ? member : 2 * c - 1 - member; }
+  // Block (query chunk qi of this rank, gathered key slot) as a Head of C rows.
+  Head block(int qi, int slot) const {
+    int64_t gq = chunkOf(rank, qi), gk = chunkOf(slot / 2, slot % 2);
+    Head h{q + qi * C * ldq, k + slot * C * ldkv, v + slot * C * ldkv, ldq, ldkv, ldkv, nullptr, nullptr, nullptr,
+           nullptr, C, hd, causal && gk == gq, dropout, seed, stream,
+           counterBase + uint64_t(gq * C) * uint64_t(S()) + uint64_t(gk * C)};
+    h.counterLd = S();
+    return h;
+  }
+  bool sees(int qi, int slot) const { return !causal || chunkOf(slot / 2, slot % 2) <= chunkOf(rank, qi); }
+};
+
+int64_t chunkedScratchFloats(int64_t C, int64_t hd, bool backward) {
+  // A block's, its part and part statistics, then (backward) O, its statistics and D.
+  return headScratchFloats(C, backward) + C * hd + C + (backward ? 2 * C * hd + 4 * C : 2 * C);
+}
+
+// out (2C rows, ldo apart), lse (2C; null: kept in the scratch).
+void chunkedHeadForward(const ChunkedHead &h, float *out, int64_t ldo, float *lse, float *scratch) {
+  int64_t C = h.C, hd = h.hd;
+  float *part = scratch + headScratchFloats(C, false), *partLse = part + C * hd, *ownLse = partLse + C;
+  if (!lse) lse = ownLse;
+  for (int qi = 0; qi < 2; ++qi) {
+    float *o = out + qi * C * ldo, *l = lse + qi * C;
+    std::fill(l, l + C, -std::numeric_limits<float>::infinity());
+    zeroRows(o, C, hd, ldo);
+    for (int slot = 0; slot < 2 * h.c; ++slot) {
+      if (!h.sees(qi, slot)) continue;
+      headForward(h.block(qi, slot), part, hd, partLse, scratch);
+      mergeAttentionBlock(o, l, ldo, part, partLse, hd, C, hd);
+    }
+  }
+}
+
+// dq (2C rows, ldq apart), dk and dv (the gathered rows, ldkv apart) added to.
+void chunkedHeadBackward(const ChunkedHead &h, const float *g, int64_t ldg, const float *lse, float *dq, float *dk,
+                         float *dv, float *scratch) {
+  int64_t C = h.C, hd = h.hd, block = headScratchFloats(C, true);
+  float *o = scratch + block + C * hd + C, *oLse = o + 2 * C * hd, *delta = oLse + 2 * C;
+  // O again (the forward's scratch fits in the backward's), then D = rowsum(dO * O).
+  chunkedHeadForward(h, o, hd, oLse, scratch);
+  for (int64_t i = 0; i < 2 * C; ++i) {
+    double sum = 0;
+    for (int64_t j = 0; j < hd; ++j) sum += double(g[i * ldg + j]) * double(o[i * hd + j]);
+    delta[i] = float(sum);
+  }
+  float *p = scratch, *d = p + C * C, *dp = d + C * C;
+  for (int qi = 0; qi < 2; ++qi)
+    for (int slot = 0; slot < 2 * h.c; ++slot) {
+      if (!h.sees(qi, slot)) continue;
+      headBackward(h.block(qi, slot), g + qi * C * ldg, ldg, lse + qi * C, dq + qi * C * h.ldq,
+                   dk + slot * C * h.ldkv, dv + slot * C * h.ldkv, h.ldq, h.ldkv, p, d, dp, delta + qi * C,
+                   /*accumulateDq=*/true);
+    }
+}
+
+}  // namespace
+
+int64_t contextAttentionScratchFloats(int64_t chunk, int64_t headDim, bool backward) {
+  return kHeadGroups * chunkedScratchFloats(chunk, headDim, backward);
+}
+
+namespace {
+ChunkedHead gatheredHead(const float *qkv, const AttentionShape &s, int c, int rank, int64_t b, int64_t h) {
+  int64_t hd = s.headDim, ld = 3 * s.heads * hd, S = s.seq, C = S / (2 * c);
+  const float *base = qkv + b * S * ld + h * 3 * hd;
+  return ChunkedHead{base + rank * 2 * C * ld, base + hd, base + 2 * hd, ld, ld, C, hd, c, rank, s.causal, s.dropout,
+                     s.seed, s.stream, uint64_t((b * s.heads + h) * S) * uint64_t(S)};
+}
+}  // namespace
+
+void contextAttentionForward(const float *qkv, float *out, float *lse, const AttentionShape &s, int c, int rank,
+                             float *scratch) {
+  int64_t H = s.heads * s.headDim, L = s.seq / c, C = L / 2;
+  inHeadGroups(s.batch * s.heads, chunkedScratchFloats(C, s.headDim, false), scratch, true, [&](int64_t i, float *p) {
+    int64_t b = i / s.heads, h = i % s.heads;
+    chunkedHeadForward(gatheredHead(qkv, s, c, rank, b, h), out + b * L * H + h * s.headDim, H,
+                       lse ? lse + (b * s.heads + h) * L : nullptr, p);
+  });
+}
+
+void contextAttentionBackward(const float *qkv, const float *g, const float *lse, float *dqkv,
+                              const AttentionShape &s, int c, int rank, float *scratch) {
+  int64_t hd = s.headDim, H = s.heads * hd, ld = 3 * H, S = s.seq, L = S / c, C = L / 2;
+  std::fill(dqkv, dqkv + s.batch * S * ld, 0.0f);  // other members' query rows stay 0
+  inHeadGroups(s.batch * s.heads, chunkedScratchFloats(C, hd, true), scratch, true, [&](int64_t i, float *p) {
+    int64_t b = i / s.heads, h = i % s.heads;
+    float *dq = dqkv + b * S * ld + rank * 2 * C * ld + h * 3 * hd, *dk = dqkv + b * S * ld + h * 3 * hd + hd;
+    chunkedHeadBackward(gatheredHead(qkv, s, c, rank, b, h), g + b * L * H + h * hd, H, lse + (b * s.heads + h) * L,
+                        dq, dk, dk + hd, p);
+  });
+}
+
+namespace {
+// s.seq: the local S / c queries; k and v hold c times as many rows.
+ChunkedHead chunkedGroupedHead(const float *q, const float *k, const float *v, const GroupedAttentionShape &s, int c,
+                               int rank, int64_t b, int64_t h) {
+  int64_t hd = s.headDim, L = s.seq, S = L * c, ldq = s.heads * hd, ldkv = s.kvHeads * hd, kv = s.kvHeadOf(h);
+  return ChunkedHead{q + b * L * ldq + h * hd, k + b * S * ldkv + kv * hd, v + b * S * ldkv + kv * hd, ldq, ldkv,
+                     L / 2, hd, c, rank, s.causal, s.dropout, s.seed, s.stream,
+                     uint64_t((b * s.heads + h) * S) * uint64_t(S)};
+}
+}  // namespace
+
+void contextGroupedAttentionForward(const float *q, const float *k, const float *v, float *out, float *lse,
+                                    const GroupedAttentionShape &s, int c, int rank, float *scratch) {
+  int64_t L = s.seq, ldq = s.heads * s.headDim;
+  inHeadGroups(s.batch * s.heads, chunkedScratchFloats(L / 2, s.headDim, false), scratch, true,
+               [&](int64_t i, float *p) {
+                 int64_t b = i / s.heads, h = i % s.heads;
+                 chunkedHeadForward(chunkedGroupedHead(q, k, v, s, c, rank, b, h), out + b * L * ldq + h * s.headDim,
+                                    ldq, lse ? lse + (b * s.heads + h) * L : nullptr, p);
+               });
+}
+
+void contextGroupedAttentionBackward(const float *q, const float *k, const float *v, const float *g, const float *lse,
+                                     float *dq, float *dk, float *dv, const GroupedAttentionShape &s, int c, int rank,
+                                     float *scratch) {
+  int64_t hd = s.headDim, L = s.seq, S = L * c, ldq = s.heads * hd, ldkv = s.kvHeads * hd;
+  std::fill(dq, dq + s.batch * L * ldq, 0.0f);
+  std::fill(dk, dk + s.batch * S * ldkv, 0.0f);
+  std::fill(dv, dv + s.batch * S * ldkv, 0.0f);
+  int64_t items = s.batch * s.heads, mid = items / 2;
+  auto kvOf = [&](int64_t i) { return (i / s.heads) * s.kvHeads + s.kvHeadOf(i % s.heads); };
+  bool splittable = items >= 2 && kvOf(mid - 1) != kvOf(mid);
+  inHeadGroups(items, chunkedScratchFloats(L / 2, hd, true), scratch, splittable, [&](int64_t i, float *p) {
+    int64_t b = i / s.heads, h = i % s.heads;
+    int64_t qo = b * L * ldq + h * hd, kvo = b * S * ldkv + s.kvHeadOf(h) * hd;
+    chunkedHeadBackward(chunkedGroupedHead(q, k, v, s, c, rank, b, h), g + qo, ldq, lse + (b * s.heads + h) * L,
+                        dq + qo, dk + kvo, dv + kvo, p);
+  });
+}
+
 // bf16 attention with FlashAttention's rounding points (Dao 2023, FlashAttention-2, section
 // 3.1; Megatron's fused attention in bf16 rounds alike): the scores S = q k^T / sqrt(hd) and the
 // softmax in fp32 from bf16 q and k; the probabilities (after dropout) rounded to bf16 for
@@ -978,7 +1132,7 @@ struct RotaryTables {
 };
 const RotaryTables &rotaryTables(int64_t seq, int64_t headDim, float theta) {
   static thread_local RotaryTables t;
-  if (t.seq == seq && t.headDim == headDim && t.theta == theta) return t;
+  if (t.seq >= seq && t.headDim == headDim && t.theta == theta) return t;  // rows < seq are the same
   int64_t half = headDim / 2;
   t.seq = seq, t.headDim = headDim, t.theta = theta;
   t.cosT.resize(size_t(seq * half)), t.sinT.resize(size_t(seq * half));
@@ -995,15 +1149,17 @@ const RotaryTables &rotaryTables(int64_t seq, int64_t headDim, float theta) {
 namespace {
 template <typename T>
 void rotaryOf(const T *x, T *y, int64_t batch, int64_t seq, int64_t heads, int64_t headDim, float theta,
-              bool inverse) {
-  int64_t half = headDim / 2, width = heads * headDim;
-  const RotaryTables &t = rotaryTables(seq, headDim, theta);
+              bool inverse, const int64_t *positions) {
+  int64_t half = headDim / 2, width = heads * headDim, rowsNeeded = seq;
+  if (positions)
+    for (int64_t s = 0; s < seq; ++s) rowsNeeded = std::max(rowsNeeded, positions[s] + 1);
+  const RotaryTables &t = rotaryTables(rowsNeeded, headDim, theta);
   const float *cosT = t.cosT.data(), *sinT = t.sinT.data();
   // Rows (batch, position) split over the threads: elementwise, the same bits for any split.
   parallelFor(batch * seq, grainFor(width), [&](int64_t r0, int64_t r1) {
     RowViews<T> views(2, width);
     for (int64_t r = r0; r < r1; ++r) {
-      int64_t s = r % seq;
+      int64_t s = positions ? positions[r % seq] : r % seq;
       const float *xrow = views.in(0, x + r * width);
       float *yrow = views.out(1, y + r * width);
       for (int64_t h = 0; h < heads; ++h) {
@@ -1049,12 +1205,12 @@ void swigluBackwardOf(const T *gate, const T *up, const T *g, T *dgate, T *dup, 
 }  // namespace
 
 void rotary(const float *x, float *y, int64_t batch, int64_t seq, int64_t heads, int64_t headDim, float theta,
-            bool inverse) {
-  rotaryOf(x, y, batch, seq, heads, headDim, theta, inverse);
+            bool inverse, const int64_t *positions) {
+  rotaryOf(x, y, batch, seq, heads, headDim, theta, inverse, positions);
 }
 void rotary(const uint16_t *x, uint16_t *y, int64_t batch, int64_t seq, int64_t heads, int64_t headDim, float theta,
-            bool inverse) {
-  rotaryOf(x, y, batch, seq, heads, headDim, theta, inverse);
+            bool inverse, const int64_t *positions) {
+  rotaryOf(x, y, batch, seq, heads, headDim, theta, inverse, positions);
 }
 void swigluForward(const float *gate, const float *up, float *y, int64_t count) {
   swigluForwardOf(gate, up, y, count);
@@ -1103,28 +1259,32 @@ void embeddingBackward(const int32_t *tokens, const float *g, float *dword, int6
 namespace {
 // Each position's sum over the batch, in batch order, in fp32 (rows split over the threads).
 template <typename T>
-void positionBackwardOf(const T *g, T *dposition, int64_t batch, int64_t seq, int64_t hidden, int64_t positions) {
+void positionBackwardOf(const T *g, T *dposition, int64_t batch, int64_t seq, int64_t hidden, int64_t positions,
+                        const int64_t *rowOf) {
   std::fill(dposition, dposition + positions * hidden, T(0));
   parallelFor(seq, grainFor(batch * hidden), [&](int64_t s0, int64_t s1) {
     RowViews<T> views(2, hidden);
     for (int64_t s = s0; s < s1; ++s) {
-      float *sum = views.out(1, dposition + s * hidden);
+      int64_t row = rowOf ? rowOf[s] : s;
+      float *sum = views.out(1, dposition + row * hidden);
       std::fill(sum, sum + hidden, 0.0f);
       for (int64_t b = 0; b < batch; ++b) {
         const float *gr = views.in(0, g + (b * seq + s) * hidden);
         for (int64_t i = 0; i < hidden; ++i) sum[i] += gr[i];
       }
-      views.put(1, dposition + s * hidden);
+      views.put(1, dposition + row * hidden);
     }
   });
 }
 
 template <typename T>
-void addPositionOf(const T *x, const T *position, T *out, int64_t batch, int64_t seq, int64_t hidden) {
+void addPositionOf(const T *x, const T *position, T *out, int64_t batch, int64_t seq, int64_t hidden,
+                   const int64_t *positions) {
   parallelFor(batch * seq, grainFor(hidden), [&](int64_t r0, int64_t r1) {
     RowViews<T> views(3, hidden);
     for (int64_t r = r0; r < r1; ++r) {
-      const float *xr = views.in(0, x + r * hidden), *pr = views.in(1, position + (r % seq) * hidden);
+      int64_t s = positions ? positions[r % seq] : r % seq;
+      const float *xr = views.in(0, x + r * hidden), *pr = views.in(1, position + s * hidden);
       float *o = views.out(2, out + r * hidden);
       for (int64_t i = 0; i < hidden; ++i) o[i] = xr[i] + pr[i];
       views.put(2, out + r * hidden);
@@ -1148,20 +1308,20 @@ void addBiasOf(const T *x, const T *bias, T *y, int64_t rows, int64_t n) {
 }  // namespace
 
 void positionBackward(const float *g, float *dposition, int64_t batch, int64_t seq, int64_t hidden,
-                      int64_t positions) {
-  positionBackwardOf(g, dposition, batch, seq, hidden, positions);
+                      int64_t positions, const int64_t *rowOf) {
+  positionBackwardOf(g, dposition, batch, seq, hidden, positions, rowOf);
 }
 void positionBackward(const uint16_t *g, uint16_t *dposition, int64_t batch, int64_t seq, int64_t hidden,
-                      int64_t positions) {
-  positionBackwardOf(g, dposition, batch, seq, hidden, positions);
+                      int64_t positions, const int64_t *rowOf) {
+  positionBackwardOf(g, dposition, batch, seq, hidden, positions, rowOf);
 }
 void addPositionForward(const float *x, const float *position, float *out, int64_t batch, int64_t seq,
-                        int64_t hidden) {
-  addPositionOf(x, position, out, batch, seq, hidden);
+                        int64_t hidden, const int64_t *positions) {
+  addPositionOf(x, position, out, batch, seq, hidden, positions);
 }
 void addPositionForward(const uint16_t *x, const uint16_t *position, uint16_t *out, int64_t batch, int64_t seq,
-                        int64_t hidden) {
-  addPositionOf(x, position, out, batch, seq, hidden);
+                        int64_t hidden, const int64_t *positions) {
+  addPositionOf(x, position, out, batch, seq, hidden, positions);
 }
 void addBiasForward(const float *x, const float *bias, float *y, int64_t rows, int64_t n) {
   addBiasOf(x, bias, y, rows, n);

@@ -39,8 +39,11 @@ void geluForward(const uint16_t *x, uint16_t *y, int64_t count);
 void geluBackward(const uint16_t *x, const uint16_t *g, uint16_t *dx, int64_t count);
 
 // Inverted dropout: y = x * keep / (1 - rate), keep = uniform(seed, stream, i) >= rate.
-void dropoutForward(const float *x, float *y, int64_t count, float rate, uint64_t seed, uint64_t stream);
-void dropoutForward(const uint16_t *x, uint16_t *y, int64_t count, float rate, uint64_t seed, uint64_t stream);
+// Element i's mask from counter counterBase + i.
+void dropoutForward(const float *x, float *y, int64_t count, float rate, uint64_t seed, uint64_t stream,
+                    uint64_t counterBase = 0);
+void dropoutForward(const uint16_t *x, uint16_t *y, int64_t count, float rate, uint64_t seed, uint64_t stream,
+                    uint64_t counterBase = 0);
 
 // Attention core over qkv [B,S,3*heads*hd] laid out per head [heads,3,hd]; out [B,S,heads*hd].
 // keyMask [B,S] (nullable): 0 masks that key. Dropout on probabilities with (seed, stream).
@@ -98,6 +101,20 @@ void attentionRowDots(const float *g, const float *out, int64_t ld, int64_t rows
 void attentionBlockBackward(const AttentionBlock &b, const float *g, int64_t ldg, const float *lse, const float *delta,
                             float *dq, float *dk, float *dv, int64_t ldd, float *scratch);
 
+// Context parallelism's attention over all-gathered keys and values (Megatron-Core's
+// cp_comm_type "all_gather"; c members, this one at `rank`): the rank's queries are its chunks
+// `rank` and 2c-1-rank of C = S / 2c tokens each, the keys and values all 2c chunks in the
+// all-gather's member order (member j's chunks j and 2c-1-j at rows 2jC and 2jC + C). Causal
+// by global position; dropout with the whole sequence's counters (the masks of c = 1).
+// Scratch: contextAttentionScratchFloats(C, headDim, backward).
+int64_t contextAttentionScratchFloats(int64_t chunk, int64_t headDim, bool backward);
+// qkv [B, S, 3 heads hd] gathered (s.seq = S); out [B, S/c, heads hd]; lse [B, heads, S/c]
+// (nullable forward). dqkv: the gathered shape, 0 at the other members' query rows.
+void contextAttentionForward(const float *qkv, float *out, float *lse, const AttentionShape &s, int c, int rank,
+                             float *scratch);
+void contextAttentionBackward(const float *qkv, const float *g, const float *lse, float *dqkv,
+                              const AttentionShape &s, int c, int rank, float *scratch);
+
 // Grouped-query attention over q [B,S,heads*hd] and k, v [B,S,kvHeads*hd]: local query head h
 // uses KV head (firstHead + h) / headsPerKv (firstHead: the global index of this rank's first
 // query head when k and v hold every KV head; 0 when they are split alike). Causal or not,
@@ -115,6 +132,13 @@ void groupedAttentionForward(const float *q, const float *k, const float *v, flo
                              const GroupedAttentionShape &s, float *scratch);
 void groupedAttentionBackward(const float *q, const float *k, const float *v, const float *g, const float *lse,
                               float *dq, float *dk, float *dv, const GroupedAttentionShape &s, float *scratch);
+// Context parallelism's grouped form (contextAttentionForward's chunks): q [B, S/c, heads hd]
+// (s.seq = S/c), k and v [B, S, kvHeads hd] gathered.
+void contextGroupedAttentionForward(const float *q, const float *k, const float *v, float *out, float *lse,
+                                    const GroupedAttentionShape &s, int c, int rank, float *scratch);
+void contextGroupedAttentionBackward(const float *q, const float *k, const float *v, const float *g, const float *lse,
+                                     float *dq, float *dk, float *dv, const GroupedAttentionShape &s, int c, int rank,
+                                     float *scratch);
 // The same over bf16 q, k, v, out, g, dq, dk, dv with attentionForwardBf16's rounding points; a
 // KV head's dK and dV summed over its query heads in fp32 (in the scratch) and rounded once.
 int64_t groupedAttentionScratchFloatsBf16(const GroupedAttentionShape &s, bool backward);
@@ -133,12 +157,13 @@ void rmsNormForward(const uint16_t *x, const uint16_t *gamma, uint16_t *y, int64
 void rmsNormBackward(const uint16_t *x, const uint16_t *gamma, const uint16_t *g, uint16_t *dx, uint16_t *dgamma,
                      int64_t rows, int64_t n, float eps);
 
-// Rotary embedding (rotate-half) of x [B,S,heads*hd] at positions 0..S-1 with frequencies
-// theta^(-2j/hd); `inverse` rotates by the opposite angle (the gradient).
+// Rotary embedding (rotate-half) of x [B,S,heads*hd] at positions 0..S-1 (or positions[s],
+// context parallelism's chunks) with frequencies theta^(-2j/hd); `inverse` rotates by the
+// opposite angle (the gradient).
 void rotary(const float *x, float *y, int64_t batch, int64_t seq, int64_t heads, int64_t headDim, float theta,
-            bool inverse);
+            bool inverse, const int64_t *positions = nullptr);
 void rotary(const uint16_t *x, uint16_t *y, int64_t batch, int64_t seq, int64_t heads, int64_t headDim, float theta,
-            bool inverse);
+            bool inverse, const int64_t *positions = nullptr);
 
 // y = silu(gate) * up; the backward gives dgate and dup.
 void swigluForward(const float *gate, const float *up, float *y, int64_t count);
@@ -154,16 +179,17 @@ void embeddingForward(const int32_t *tokens, const float *word, const float *pos
 // dword[rows, hidden] = scatter-add of g rows at tokens inside the shard (zeroed first).
 void embeddingBackward(const int32_t *tokens, const float *g, float *dword, int64_t tokenCount,
                        int64_t hidden, int64_t rowStart, int64_t rows);
-// dposition[positions, hidden]: sum over the batch, zero beyond seq.
+// dposition[positions, hidden]: row s (or rowOf[s]) the sum over the batch of g[b, s], the
+// other rows zero.
 void positionBackward(const float *g, float *dposition, int64_t batch, int64_t seq, int64_t hidden,
-                      int64_t positions);
+                      int64_t positions, const int64_t *rowOf = nullptr);
 void positionBackward(const uint16_t *g, uint16_t *dposition, int64_t batch, int64_t seq, int64_t hidden,
-                      int64_t positions);
-// out[b,s,:] = x[b,s,:] + position[s,:]
+                      int64_t positions, const int64_t *rowOf = nullptr);
+// out[b,s,:] = x[b,s,:] + position[s,:] (or position[positions[s], :]); in place allowed.
 void addPositionForward(const float *x, const float *position, float *out, int64_t batch, int64_t seq,
-                        int64_t hidden);
+                        int64_t hidden, const int64_t *positions = nullptr);
 void addPositionForward(const uint16_t *x, const uint16_t *position, uint16_t *out, int64_t batch, int64_t seq,
-                        int64_t hidden);
+                        int64_t hidden, const int64_t *positions = nullptr);
 // y[r, :] = x[r, :] + bias over rows of n.
 void addBiasForward(const float *x, const float *bias, float *y, int64_t rows, int64_t n);
 void addBiasForward(const uint16_t *x, const uint16_t *bias, uint16_t *y, int64_t rows, int64_t n);

@@ -32,14 +32,15 @@ from gpt_oracle import Gpt2, read_safetensors
 from llama_oracle import Llama
 
 # (t, p, d, v, micro-batches m, schedule, recompute, vocab[, zero1[, sequence parallel[, grad_reduce_in_bf16[,
-#  devices per node[, tp_comm_overlap]]]]])
+#  devices per node[, tp_comm_overlap[, context parallel c]]]]]])
 # grad_reduce_in_bf16 (the dp reduction moving bf16) is a bf16 plan's option: those
 # configurations run with --precision bf16 only. Devices per node (default: all ranks on one
 # node) smaller than a stage's ranks puts neighbouring stages on different nodes, where the
 # pipeline messages take PTD-P's scatter/gather (each tp rank sends 1/t, all-gathered on arrival).
 # tp_comm_overlap runs the GEMMs that feed a tp all-reduce in row blocks, each block's
 # all-reduce overlapping the next block's GEMM; with sequence parallelism the all-gathers and
-# reduce-scatters beside their GEMMs sample by sample.
+# reduce-scatters beside their GEMMs sample by sample. Context parallelism (c) cuts each sample's
+# sequence into 2c chunks, rank i holding chunks i and 2c-1-i; the reference sees whole samples.
 CONFIGS = {
     "t1p1d1": (1, 1, 1, 1, 1, "", "RECOMPUTE_NONE", 1000),
     "t2p1d1": (2, 1, 1, 1, 1, "", "RECOMPUTE_NONE", 1000),
@@ -80,6 +81,13 @@ CONFIGS = {
                                                       True),
     "t2p2d2-sequence-parallel-zero1-tp-overlap": (2, 2, 2, 1, 2, "ONE_F_ONE_B", "RECOMPUTE_FULL", 1000, True, True, False,
                                                   0, True),
+    "t1p1d1c2": (1, 1, 1, 1, 1, "", "RECOMPUTE_NONE", 1000, False, False, False, 0, False, 2),
+    "t1p1d1c4": (1, 1, 1, 1, 1, "", "RECOMPUTE_NONE", 1000, False, False, False, 0, False, 4),
+    "t2p1d1c2": (2, 1, 1, 1, 1, "", "RECOMPUTE_NONE", 1000, False, False, False, 0, False, 2),
+    "t1p2d1c2-1f1b": (1, 2, 1, 1, 2, "ONE_F_ONE_B", "RECOMPUTE_NONE", 1000, False, False, False, 0, False, 2),
+    "t1p1d2c2-zero1": (1, 1, 2, 1, 1, "", "RECOMPUTE_NONE", 1000, True, False, False, 0, False, 2),
+    "t2p1d1c2-sequence-parallel": (2, 1, 1, 1, 1, "", "RECOMPUTE_NONE", 1000, False, True, False, 0, False, 2),
+    "t2p2d1c2-recompute-full": (2, 2, 1, 1, 2, "ONE_F_ONE_B", "RECOMPUTE_FULL", 1000, False, False, False, 0, False, 2),
 }
 # The representative subset CI runs (the full matrix: --configs all); for the LLaMA family
 # (llama-tiny: 2 KV heads, split for t = 2, replicated for t = 4) its own.
@@ -87,11 +95,13 @@ CI_CONFIGS = ["t1p1d1", "t2p1d1", "t4p1d1-odd-vocab", "t1p2d1-1f1b", "t1p2d1-gpi
               "t2p1d2", "t1p2d2-1f1b", "t2p2d2-1f1b", "t1p2d1v2-interleaved", "t2p2d1-recompute-full",
               "t1p1d1-accumulate-m4", "t2p2d2-zero1", "t2p1d1-sequence-parallel",
               "t2p2d2-sequence-parallel-zero1", "t2p2d1-scatter-gather", "t2p2d1v2-interleaved-scatter-gather",
-              "t2p1d1-tp-overlap", "t2p1d1-sequence-parallel-tp-overlap"]
+              "t2p1d1-tp-overlap", "t2p1d1-sequence-parallel-tp-overlap", "t1p1d1c2", "t2p1d1c2",
+              "t1p2d1c2-1f1b"]
 LLAMA_CI_CONFIGS = ["t1p1d1", "t2p1d1", "t4p1d1-odd-vocab", "t1p2d1-1f1b", "t2p2d1-1f1b", "t1p1d2", "t2p1d2",
                     "t1p2d1v2-interleaved", "t2p2d1-recompute-full", "t2p2d2-zero1", "t2p1d1-sequence-parallel",
                     "t4p1d1-sequence-parallel-odd-vocab", "t2p2d1-scatter-gather", "t2p1d1-tp-overlap",
-                    "t2p1d1-sequence-parallel-tp-overlap"]
+                    "t2p1d1-sequence-parallel-tp-overlap", "t1p1d1c2", "t2p1d1c2", "t1p2d1c2-1f1b",
+                    "t1p1d2c2-zero1"]
 MICRO_BATCH, LR, MIN_LR, WARMUP = 2, 3e-3, 3e-4, 3
 # Adam's epsilon: with Megatron's 1e-8, the rounding noise of gradients that are zero in exact
 # arithmetic (the attention key bias: softmax ignores a constant shift) becomes full-size
@@ -153,7 +163,7 @@ DP_BUCKET_BYTES = 40000
 
 
 def cluster_config(name, t, p, d, v, m, schedule, recompute, work, zero1=False, sp=False, bf16_reduce=False,
-                   per_node=0, tp_overlap=False):
+                   per_node=0, tp_overlap=False, cp=1):
     out = os.path.join(work, name + ".pbtxt")
     sched = f"schedule: {schedule}" if schedule else ""
     if PRECISION in CLUSTER_PRECISION:
@@ -162,9 +172,11 @@ def cluster_config(name, t, p, d, v, m, schedule, recompute, work, zero1=False, 
         sched += " grad_reduce_in_bf16: true"
     if tp_overlap:
         sched += " tp_comm_overlap: true"
+    if cp > 1:
+        sched += f" context_parallel_size: {cp}"
     with open(out, "w") as f:
-        per_node = per_node or t * p * d
-        f.write(f'name: "{name}"\nnodes: {t * p * d // per_node}\ndevices_per_node: {per_node}\ndevice {{ kind: CPU }}\n'
+        per_node = per_node or t * p * d * cp
+        f.write(f'name: "{name}"\nnodes: {t * p * d * cp // per_node}\ndevices_per_node: {per_node}\ndevice {{ kind: CPU }}\n'
                 f"parallel {{ tensor_parallel_size: {t} pipeline_parallel_size: {p} data_parallel_size: {d} "
                 f"virtual_pipeline_size: {v} micro_batch_size: {MICRO_BATCH} global_batch_size: {MICRO_BATCH * m * d} "
                 f"recompute: {recompute} {sched} zero1: {'true' if zero1 else 'false'} "
@@ -289,7 +301,8 @@ def check_config(args, name, cfg, failures):
     bf16_reduce = len(cfg) > 10 and cfg[10]
     per_node = cfg[11] if len(cfg) > 11 else 0
     tp_overlap = len(cfg) > 12 and cfg[12]
-    world = t * p * d
+    cp = cfg[13] if len(cfg) > 13 else 1
+    world = t * p * d * cp
     if bf16_reduce and PRECISION != "bf16":
         print(f"skip {name:28} (grad_reduce_in_bf16: a bf16 plan's option; run with --precision bf16)", flush=True)
         return False
@@ -303,7 +316,7 @@ def check_config(args, name, cfg, failures):
     plans = os.path.join(work, "plans")
     run([os.path.join(args.bin, "loomc"), "compile", model, "--cluster",
          cluster_config(name, t, p, d, v, m, schedule, recompute, work, zero1, sp, bf16_reduce, per_node,
-                        tp_overlap), "--out", plans,
+                        tp_overlap, cp), "--out", plans,
          "--quiet"])
     loomrun = [os.path.join(args.bin, "loomrun"), "--nproc", str(world), "--plans", plans, "--seed", "5"]
     init = os.path.join(work, "init.safetensors")
