@@ -203,6 +203,8 @@ bool stagesAreUniform(const std::vector<RankPrograms> &ranks) {
 
 }  // namespace
 
+// With context parallelism the tp 0 / dp 0 ranks of a stage are its cp group: every cp rank is
+// simulated (their ring of collectives complete).
 std::vector<bool> representativeRanks(const std::vector<RankPrograms> &ranks, bool *onePerStage) {
   *onePerStage = stagesAreUniform(ranks);
   std::vector<bool> chosen(ranks.size(), !*onePerStage);
@@ -223,7 +225,10 @@ llvm::Error checkPlans(const std::vector<RankPrograms> &ranks, CheckResult *resu
   result->linkInFlight = sim.inFlight();
   result->summary = llvm::formatv("checked {0} ranks ({1} simulated{2}): {3} instructions, every collective matched, every "
                            "message received, no deadlock",
-                           ranks.size(), count, uniform && count < ranks.size() ? ", one per pipeline stage" : "",
+                           ranks.size(), count,
+                           !uniform || count == ranks.size() ? ""
+                           : ranks[0].plan->c() > 1        ? ", one per pipeline stage and cp rank"
+                                                           : ", one per pipeline stage",
                            sim.instructionsRun())
                  .str();
   return llvm::Error::success();
