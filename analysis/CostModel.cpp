@@ -64,7 +64,7 @@ double CostModel::compute(const plan::Program &program, const plan::Instruction 
     auto [it, fresh] = programFlops_.try_emplace(&program, 0.0);
     if (fresh)
       for (const plan::Instruction &i : program.instructions())
-        if (!planattr::isCommunication(i.op())) it->second += i.flops();
+        if (!planattr::isCommunication(i.op()) || isAttentionOp(i.op())) it->second += i.flops();  // ring attention computes
     return it->second > 0 ? units * in.flops() / it->second : 0;
   }
   return computeSeconds(in.op(), in.flops(), isGemmOp(in.op()) || isAttentionOp(in.op()) ? 0 : instructionBytes(program, in),
@@ -90,6 +90,14 @@ double CostModel::communication(const plan::Program &program, const plan::Instru
                                 const std::vector<int> &members) const {
   (void)program;
   return transferAmong(in, members, double(in.bytes_moved()));
+}
+
+double CostModel::ringAttention(const plan::Program &program, const plan::Instruction &in,
+                                const std::vector<int> &members) {
+  // Context parallelism's ring: each step's transfer runs beside the previous member's blocks,
+  // so the steps cost the larger of the two (Liu et al. 2023, section 3: the transfer is hidden
+  // when a block's compute takes longer).
+  return std::max(communication(program, in, members), compute(program, in));
 }
 
 double CostModel::communicationLatency(const plan::Instruction &in, const std::vector<int> &members) const {

@@ -151,6 +151,7 @@ class Engine : public StepSemantics::Driver {
     std::vector<Waiter> members;
     size_t partsLeft = 0;
     double start = 0, latency = 0;
+    double computing = 0;  // a ring attention's own blocks (not exposed communication)
     std::string kind;
   };
 
@@ -179,9 +180,9 @@ class Engine : public StepSemantics::Driver {
     }
     auto it = collectives_.find(t.collective);
     if (--it->second.partsLeft > 0) return;  // this member waits (without a core) for the others
-    double end = now_ + it->second.latency;
+    double end = now_ + it->second.latency, exposedFrom = std::min(end, it->second.start + it->second.computing);
     for (const Waiter &w : it->second.members) {
-      state_[size_t(w.rank)].communication.push_back({it->second.kind, {it->second.start, end}});
+      if (end > exposedFrom) state_[size_t(w.rank)].communication.push_back({it->second.kind, {exposedFrom, end}});
       schedule(w.rank, w.index, end);
     }
     collectives_.erase(it);
@@ -225,7 +226,9 @@ class Engine : public StepSemantics::Driver {
   void completed(int r, int i) override {
     RankState &s = state_[size_t(r)];
     const plan::Instruction &in = sem_.instruction(r, i);
-    if (!isa::isCommunication(in.op()) && in.op() != "identity") {
+    // Ring attention (a collective that computes) counts as compute; only the part of its
+    // transfers that its blocks do not cover is exposed communication.
+    if ((!isa::isCommunication(in.op()) || isAttentionOp(in.op())) && in.op() != "identity") {
       s.compute.push_back({s.startAt[size_t(i)], now_});
       s.computeByOp[in.op()] += now_ - s.startAt[size_t(i)];
       s.firstCompute = std::min(s.firstCompute, s.startAt[size_t(i)]);
@@ -285,11 +288,14 @@ class Engine : public StepSemantics::Driver {
       std::vector<Waiter> arrived = sem_.entries(key);
       sem_.forgetCall(key);
       const std::vector<int> &members = sem_.members(r, planattr::str(in, "group"));
-      double seconds = cost_.communication(prog, in, members);
+      bool ring = isAttentionOp(in.op());
+      double seconds = ring ? cost_.ringAttention(prog, in, members) : cost_.communication(prog, in, members);
+      double computing = ring ? cost_.compute(prog, in) : 0.0;
       if (cores_ > 0 && seconds > 0) {  // every member's cores move its part of the data
         int64_t id = nextCollective_++;
         CollectiveCall &call = collectives_[id];
         call.members = arrived, call.partsLeft = arrived.size(), call.start = now_, call.kind = kindOf(in);
+        call.computing = computing;
         // The latency part (wake-ups, hand-offs) takes no core; the rest moves bytes on them.
         call.latency = std::min(seconds, cost_.communicationLatency(in, members));
         for (const Waiter &w : arrived)
@@ -297,10 +303,10 @@ class Engine : public StepSemantics::Driver {
               {w.rank, w.index, std::max(seconds - call.latency, 1e-12), TaskKind::kCollective, -1, id});
         return true;
       }
-      double end = now_ + seconds;
+      double end = now_ + seconds, exposedFrom = std::min(end, now_ + computing);
       for (const Waiter &w : arrived) {
         schedule(w.rank, w.index, end);
-        state_[size_t(w.rank)].communication.push_back({kindOf(in), {now_, end}});
+        if (end > exposedFrom) state_[size_t(w.rank)].communication.push_back({kindOf(in), {exposedFrom, end}});
         if (touched_) touched_->insert(w.rank);
       }
       return true;

@@ -127,14 +127,15 @@ llvm::Error runCompilerPasses(mlir::ModuleOp module, const config::ClusterSpec &
   std::string layoutOption;
   for (int64_t n : layout) layoutOption += (layoutOption.empty() ? " layout=" : ",") + std::to_string(n);
   return run(llvm::formatv(
-      "loom-tensor-parallel{{tp={0} sequence-parallel={8}},loom-context-parallel{{cp={12}},"
+      "loom-tensor-parallel{{tp={0} sequence-parallel={8}},loom-context-parallel{{cp={12} comm={14}},"
       "loom-mixed-precision{{dtype={10}},loom-pipeline-stages{{pp={1} vp={2}{9}},loom-autodiff,"
       "loom-data-parallel{{dp={3} bucket-bytes={4} zero1={7}{13}},loom-pipeline-partition,loom-recompute{{mode={5}},"
       "loom-micro-batches{{count={6}},loom-scatter-gather{{tp={0}{11}}",
       p.tensor_parallel_size(), p.pipeline_parallel_size(), p.virtual_pipeline_size(), p.data_parallel_size() * cp,
       p.dp_bucket_size_bytes(), recomputeName(p.recompute()), microBatches, p.zero1() ? "true" : "false",
       p.sequence_parallel() ? "true" : "false", layoutOption, precisionOverride(p.precision()),
-      crossing.empty() ? std::string() : " crossing=" + crossing, cp, cp > 1 ? " group=dpcp" : ""));
+      crossing.empty() ? std::string() : " crossing=" + crossing, cp, cp > 1 ? " group=dpcp" : "",
+      p.cp_comm_type().empty() ? std::string("p2p") : p.cp_comm_type()));
 }
 
 llvm::Error compile(const config::ModelConfig &model, const config::ClusterSpec &cluster, const CompileOptions &opt,

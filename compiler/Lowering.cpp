@@ -38,10 +38,20 @@ int64_t bytesOf(mlir::Value v) {
 }  // namespace
 
 // The declaration of an IR op's plan instruction (null: none, e.g. func.return).
+// An attention core marked context_parallel_ring is the plan's ring form of it (ring_attention,
+// ring_grouped_attention and their gradients).
 const isa::OpDecl *declOf(mlir::Operation *op) {
   if (op->getName().getDialectNamespace() != "loom") return nullptr;
+  if (op->hasAttr("context_parallel_ring")) return isa::find(("ring_" + op->getName().stripDialect()).str());
   return isa::find(op->getName().stripDialect());
 }
+
+namespace {
+int64_t contextParallelSize(mlir::Operation *op) {
+  auto c = op->getAttrOfType<mlir::IntegerAttr>("context_parallel_size");
+  return c ? std::max<int64_t>(1, c.getInt()) : 1;
+}
+}  // namespace
 
 double flopsOf(mlir::Operation *op) {
   const isa::OpDecl *d = declOf(op);
@@ -55,11 +65,26 @@ double flopsOf(mlir::Operation *op) {
     auto s = mlir::cast<mlir::RankedTensorType>(v.getType()).getShape();
     outputs.emplace_back(s.begin(), s.end());
   }
-  return isa::flopsOf(*d, inputs, outputs);
+  double flops = isa::flopsOf(*d, inputs, outputs);
+  return isa::isRingAttention(d->id) ? flops * double(contextParallelSize(op)) : flops;
 }
 
 int64_t bytesMovedOf(mlir::Operation *op) {
   const isa::OpDecl *d = declOf(op);
+  if (d && isa::isRingAttention(d->id)) {
+    // What the rank sends round the ring: c - 1 times its keys and values (GPT: 2/3 of the fused
+    // qkv), fp32 (the ring runs fp32); the backward c times their gradients as well.
+    int64_t c = contextParallelSize(op);
+    bool grouped = d->id == isa::OpId::kRingGroupedAttention || d->id == isa::OpId::kRingGroupedAttentionGrad;
+    auto floats = [](mlir::Value v) {
+      int64_t n = 1;
+      for (int64_t x : mlir::cast<mlir::RankedTensorType>(v.getType()).getShape()) n *= x;
+      return n;
+    };
+    int64_t kv = 4 * (grouped ? floats(op->getOperand(1)) + floats(op->getOperand(2)) : floats(op->getOperand(0)) * 2 / 3);
+    bool backward = d->id == isa::OpId::kRingAttentionGrad || d->id == isa::OpId::kRingGroupedAttentionGrad;
+    return (c - 1) * kv + (backward ? c * kv : 0);
+  }
   if (!d || !d->bytesMoved) return 0;
   auto size = op->getAttrOfType<mlir::IntegerAttr>("group_size");
   int64_t in = op->getNumOperands() ? bytesOf(op->getOperand(0)) : 0, out = op->getNumResults() ? bytesOf(op->getResult(0)) : 0;
@@ -446,7 +471,8 @@ class ProgramLowering {
     int index = prog_.instructions_size();
     plan::Instruction *in = prog_.add_instructions();
     in->set_op(decl->name);
-    auto group = op.getAttrOfType<mlir::StringAttr>("group");
+    bool ring = isa::isRingAttention(decl->id);
+    auto group = op.getAttrOfType<mlir::StringAttr>(ring ? "context_parallel_group" : "group");
     in->set_stream(isa::streamOf(*decl, group ? group.getValue() : llvm::StringRef()));
     in->set_flops(flopsOf(&op));
     int64_t moved = 0;
@@ -474,7 +500,13 @@ class ProgramLowering {
         producer_[b] = index;
       }
     streamOfInstr_.push_back(in->stream());
-    return copyAttributes(op, in);
+    if (llvm::Error e = copyAttributes(op, in)) return e;
+    if (ring) {  // the collective's group, as every collective names it
+      if (!group) return lowerError(name_ + ": a ring attention without context_parallel_group");
+      plan::Attribute *g = in->add_attributes();
+      g->set_name("group"), g->set_s(group.str());
+    }
+    return llvm::Error::success();
   }
 
   // The op's attributes, less the passes' bookkeeping (layer, stage, backward and grad-sync

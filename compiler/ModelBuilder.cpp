@@ -128,7 +128,8 @@ class TrainStepBuilder {
                                  causal ? b_.getUnitAttr() : nullptr,
                                  b_.getF32FloatAttr(cfg_.attention_dropout()),
                                  b_.getI64IntegerAttr(cfg_.attention_dropout() > 0 ? nextStream_++ : 0),
-                                 /*rank_distinct_dropout=*/nullptr, /*context_parallel_group=*/nullptr);
+                                 /*rank_distinct_dropout=*/nullptr, /*context_parallel_group=*/nullptr,
+                                 /*context_parallel_ring=*/nullptr, b_.getI64IntegerAttr(1));
     Value proj = linear(attn, prefix + ".attn.c_proj", hidden_, hidden_, scaledStd);
     x = op<AddOp>(x, dropout(proj, cfg_.hidden_dropout()));
     h = layerNorm(x, prefix + ".ln_2");
@@ -190,7 +191,8 @@ class TrainStepBuilder {
                                      b_.getUnitAttr(), b_.getF32FloatAttr(cfg_.attention_dropout()),
                                      b_.getI64IntegerAttr(cfg_.attention_dropout() > 0 ? nextStream_++ : 0),
                                      /*rank_distinct_dropout=*/nullptr, /*kv_replicated_group=*/nullptr,
-                                     b_.getI64IntegerAttr(1), /*context_parallel_group=*/nullptr);
+                                     b_.getI64IntegerAttr(1), /*context_parallel_group=*/nullptr,
+                                     /*context_parallel_ring=*/nullptr, b_.getI64IntegerAttr(1));
     Value o = linearOutIn(a, prefix + ".self_attn.o_proj", heads * hd, hidden_, scaledStd);
     x = op<AddOp>(x, dropout(o, cfg_.hidden_dropout()));
     h = rmsNorm(x, prefix + ".post_attention_layernorm");

@@ -205,6 +205,9 @@ llvm::Error finishClusterSpec(config::ClusterSpec &c, const std::string &path) {
                                     "(nodes {5} * devices_per_node {6})",
                                     names, values, p.data_parallel_size(), tp * p.data_parallel_size(), world,
                                     c.nodes(), c.devices_per_node()));
+  if (!p.cp_comm_type().empty() && p.cp_comm_type() != "p2p" && p.cp_comm_type() != "all_gather")
+    return fieldError(path, "parallel.cp_comm_type",
+                      llvm::formatv("must be \"p2p\" (the ring) or \"all_gather\", got \"{0}\"", p.cp_comm_type()));
   if (cp > 1 && c.device().kind() == config::CUDA)
     return fieldError(path, "parallel.context_parallel_size",
                       "context parallelism runs on the CPU backend only so far (its CUDA kernels are not written); "

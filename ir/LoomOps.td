@@ -101,14 +101,20 @@ def Loom_AttentionOp : Loom_Op<"attention", [Pure]> {
     all-gathered over that group (member j's chunks j and 2c-1-j at rows [2jC, 2jC + 2C) for
     chunks of C tokens), and the queries are this rank's own rows of it: the result and `lse`
     cover the rank's S / c tokens, each query attending to the keys at global positions up to
-    its own (the dropout counters are the whole sequence's).
+    its own (the dropout counters are the whole sequence's). With `context_parallel_ring` as
+    well (Megatron-Core's cp_comm_type "p2p"), `qkv` holds only this rank's S / c tokens and the
+    keys and values travel round the group's ring, one member's chunks per step, the blocks'
+    statistics merged step by step (`context_parallel_size` members): the plan's
+    `ring_attention`, a collective over the group.
   }];
   let arguments = (ins Loom_FloatTensor:$qkv, Optional<Loom_MaskTensor>:$key_mask,
                        I64Attr:$num_heads, UnitAttr:$causal,
                        DefaultValuedAttr<F32Attr, "0.0">:$dropout,
                        DefaultValuedAttr<I64Attr, "0">:$stream,
                        OptionalAttr<StrAttr>:$rank_distinct_dropout,
-                       OptionalAttr<StrAttr>:$context_parallel_group);
+                       OptionalAttr<StrAttr>:$context_parallel_group,
+                       UnitAttr:$context_parallel_ring,
+                       DefaultValuedAttr<I64Attr, "1">:$context_parallel_size);
   let results = (outs Loom_FloatTensor:$result, Optional<Loom_StatsTensor>:$lse);
   let assemblyFormat = [{
     $qkv (`,` $key_mask^)? attr-dict `:` functional-type(operands, results)
@@ -231,7 +237,8 @@ def Loom_GroupedAttentionOp : Loom_Op<"grouped_attention", [Pure]> {
     result `lse` `[batch, num_heads, seq]` keeps the softmax statistics for the backward, as
     `loom.attention`'s. With `context_parallel_group`, `q` holds this rank's chunks of the
     sequence and `k`, `v` the whole sequence all-gathered over that group (in its order, as
-    `loom.attention` describes).
+    `loom.attention` describes), or with `context_parallel_ring` the rank's own tokens only
+    (the ring's steps bring the others').
   }];
   let arguments = (ins Loom_FloatTensor:$q, Loom_FloatTensor:$k, Loom_FloatTensor:$v,
                        I64Attr:$num_heads, I64Attr:$num_kv_heads, UnitAttr:$causal,
@@ -240,7 +247,9 @@ def Loom_GroupedAttentionOp : Loom_Op<"grouped_attention", [Pure]> {
                        OptionalAttr<StrAttr>:$rank_distinct_dropout,
                        OptionalAttr<StrAttr>:$kv_replicated_group,
                        DefaultValuedAttr<I64Attr, "1">:$group_size,
-                       OptionalAttr<StrAttr>:$context_parallel_group);
+                       OptionalAttr<StrAttr>:$context_parallel_group,
+                       UnitAttr:$context_parallel_ring,
+                       DefaultValuedAttr<I64Attr, "1">:$context_parallel_size);
   let results = (outs Loom_FloatTensor:$result, Optional<Loom_StatsTensor>:$lse);
   let assemblyFormat = [{
     $q `,` $k `,` $v attr-dict `:` functional-type(operands, results)
@@ -388,23 +397,27 @@ def Loom_GeluGradOp : Loom_Op<"gelu_grad", [Pure, SameOperandsAndResultType]> {
   let assemblyFormat = "$input `,` $grad attr-dict `:` type($result)";
 }
 
-def Loom_AttentionGradOp : Loom_Op<"attention_grad", [Pure]> {
+def Loom_AttentionGradOp : Loom_Op<"attention_grad", [Pure, AttrSizedOperandSegments]> {
   let summary = "gradient of the attention core w.r.t. qkv (probabilities from the forward's statistics)";
   let description = [{
     Same attributes as the forward `loom.attention`, whose `lse` result it takes: the scores
     are recomputed (Q K^T) and the probabilities are `exp(s - lse)`; the dropout mask is
-    regenerated from the counter-based generator.
+    regenerated from the counter-based generator. With `context_parallel_ring`, `out` is the
+    forward's result (the softmax backward's rowsum(dO * O), FlashAttention-2's D, over keys the
+    ring brings one member at a time).
   }];
   let arguments = (ins Loom_FloatTensor:$qkv, Loom_FloatTensor:$grad, Loom_StatsTensor:$lse,
-                       Optional<Loom_MaskTensor>:$key_mask,
+                       Optional<Loom_MaskTensor>:$key_mask, Optional<Loom_FloatTensor>:$out,
                        I64Attr:$num_heads, UnitAttr:$causal,
                        DefaultValuedAttr<F32Attr, "0.0">:$dropout,
                        DefaultValuedAttr<I64Attr, "0">:$stream,
                        OptionalAttr<StrAttr>:$rank_distinct_dropout,
-                       OptionalAttr<StrAttr>:$context_parallel_group);
+                       OptionalAttr<StrAttr>:$context_parallel_group,
+                       UnitAttr:$context_parallel_ring,
+                       DefaultValuedAttr<I64Attr, "1">:$context_parallel_size);
   let results = (outs Loom_FloatTensor:$result);
   let assemblyFormat = [{
-    $qkv `,` $grad `,` $lse (`,` $key_mask^)? attr-dict `:` functional-type(operands, results)
+    $qkv `,` $grad `,` $lse (`,` $key_mask^)? (`out` $out^)? attr-dict `:` functional-type(operands, results)
   }];
   let hasVerifier = 1;
 }
@@ -475,17 +488,19 @@ def Loom_GroupedAttentionGradOp : Loom_Op<"grouped_attention_grad", [Pure]> {
     sums, completed over the group).
   }];
   let arguments = (ins Loom_FloatTensor:$q, Loom_FloatTensor:$k, Loom_FloatTensor:$v, Loom_FloatTensor:$grad,
-                       Loom_StatsTensor:$lse,
+                       Loom_StatsTensor:$lse, Optional<Loom_FloatTensor>:$out,
                        I64Attr:$num_heads, I64Attr:$num_kv_heads, UnitAttr:$causal,
                        DefaultValuedAttr<F32Attr, "0.0">:$dropout,
                        DefaultValuedAttr<I64Attr, "0">:$stream,
                        OptionalAttr<StrAttr>:$rank_distinct_dropout,
                        OptionalAttr<StrAttr>:$kv_replicated_group,
                        DefaultValuedAttr<I64Attr, "1">:$group_size,
-                       OptionalAttr<StrAttr>:$context_parallel_group);
+                       OptionalAttr<StrAttr>:$context_parallel_group,
+                       UnitAttr:$context_parallel_ring,
+                       DefaultValuedAttr<I64Attr, "1">:$context_parallel_size);
   let results = (outs Loom_FloatTensor:$grad_q, Loom_FloatTensor:$grad_k, Loom_FloatTensor:$grad_v);
   let assemblyFormat = [{
-    $q `,` $k `,` $v `,` $grad `,` $lse attr-dict `:` functional-type(operands, results)
+    $q `,` $k `,` $v `,` $grad `,` $lse (`out` $out^)? attr-dict `:` functional-type(operands, results)
   }];
   let hasVerifier = 1;
 }

@@ -5,10 +5,13 @@
 // Rules, read off the op kinds (an op kind without one is an error naming it):
 //   data inputs, activations   dim 1 (the sequence) divided by cp; softmax statistics that
 //                              the IR already has follow their queries;
-//   attention cores            k and v (GPT: the fused qkv) all-gathered over "cp" along the
-//                              sequence before the core, which attends from the rank's own
-//                              queries (autodiff turns the gather into a reduce-scatter of the
-//                              keys' and values' gradients);
+//   attention cores            comm = p2p (Megatron-Core's default): marked
+//                              context_parallel_ring, the keys and values going round the cp
+//                              ring inside the plan's ring_attention (a collective over "cp");
+//                              comm = all_gather: k and v (GPT: the fused qkv) all-gathered over
+//                              "cp" along the sequence before the core, which attends from the
+//                              rank's own queries (autodiff turns the gather into a
+//                              reduce-scatter of the keys' and values' gradients);
 //   position-dependent ops     embedding positions, add_position, rotary and dropout carry
 //                              context_parallel_group: the kernels map local tokens to global
 //                              positions (plan/Layout.h ContextChunks);
@@ -38,7 +41,7 @@ mlir::RankedTensorType scaledDim(mlir::Type t, int64_t dim, int64_t num, int64_t
 
 class Chunker {
  public:
-  Chunker(mlir::func::FuncOp f, int64_t cp) : f_(f), cp_(cp), b_(f.getContext()) {}
+  Chunker(mlir::func::FuncOp f, int64_t cp, bool ring) : f_(f), cp_(cp), ring_(ring), b_(f.getContext()) {}
 
   mlir::LogicalResult run() {
     if (failed(check())) return mlir::failure();
@@ -49,7 +52,14 @@ class Chunker {
       if (mlir::isa<AttentionOp, GroupedAttentionOp>(op)) cores.push_back(op);
       markPositions(op);
     });
-    for (mlir::Operation *core : cores) gatherKeys(core);
+    for (mlir::Operation *core : cores) {
+      if (!ring_) {
+        gatherKeys(core);
+        continue;
+      }
+      core->setAttr("context_parallel_ring", b_.getUnitAttr());
+      core->setAttr("context_parallel_size", b_.getI64IntegerAttr(cp_));
+    }
     auto ret = f_.getBody().front().getTerminator();
     f_.setType(b_.getFunctionType(f_.getBody().front().getArgumentTypes(), ret->getOperandTypes()));
     return mlir::success();
@@ -129,6 +139,7 @@ class Chunker {
 
   mlir::func::FuncOp f_;
   int64_t cp_;
+  bool ring_;
   mlir::OpBuilder b_;
 };
 
@@ -140,6 +151,10 @@ struct ContextParallelPass : impl::LoomContextParallelBase<ContextParallelPass> 
       m.emitError() << "loom-context-parallel: cp must be >= 1, got " << int64_t(cp);
       return signalPassFailure();
     }
+    if (comm != "p2p" && comm != "all_gather") {
+      m.emitError() << "loom-context-parallel: comm must be p2p or all_gather, got '" << comm << "'";
+      return signalPassFailure();
+    }
     if (cp == 1) return;
     auto f = m.lookupSymbol<mlir::func::FuncOp>("train_step");
     if (!f) {
@@ -147,7 +162,7 @@ struct ContextParallelPass : impl::LoomContextParallelBase<ContextParallelPass> 
       return signalPassFailure();
     }
     m->setAttr("loom.context_parallel_size", mlir::IntegerAttr::get(mlir::IntegerType::get(m.getContext(), 64), cp));
-    if (failed(Chunker(f, cp).run())) signalPassFailure();
+    if (failed(Chunker(f, cp, comm == "p2p").run())) signalPassFailure();
   }
 };
 

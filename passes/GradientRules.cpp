@@ -60,10 +60,13 @@ mlir::FailureOr<Grads> gradientOf(mlir::OpBuilder &b, mlir::Operation *op, llvm:
       .Case([&](AttentionOp o) -> mlir::FailureOr<Grads> {
         Grads d = none;
         if (!o.getLse()) return o.emitOpError() << "has no softmax statistics (lse) result to differentiate with";
-        d[0] = b.create<AttentionGradOp>(loc, o.getQkv().getType(), o.getQkv(), g, o.getLse(), o.getKeyMask(),
+        // The ring's backward takes the forward's output (FlashAttention-2's D = rowsum(dO * O)).
+        Value out = o.getContextParallelRing() ? o.getResult() : Value();
+        d[0] = b.create<AttentionGradOp>(loc, o.getQkv().getType(), o.getQkv(), g, o.getLse(), o.getKeyMask(), out,
                                          o.getNumHeadsAttr(), o.getCausalAttr(), o.getDropoutAttr(),
                                          o.getStreamAttr(), o.getRankDistinctDropoutAttr(),
-                                         o.getContextParallelGroupAttr());
+                                         o.getContextParallelGroupAttr(), o.getContextParallelRingAttr(),
+                                         o.getContextParallelSizeAttr());
         return d;
       })
       .Case([&](RmsNormOp o) -> mlir::FailureOr<Grads> {
@@ -84,10 +87,10 @@ mlir::FailureOr<Grads> gradientOf(mlir::OpBuilder &b, mlir::Operation *op, llvm:
         if (!o.getLse()) return o.emitOpError() << "has no softmax statistics (lse) result to differentiate with";
         auto ag = b.create<GroupedAttentionGradOp>(
             loc, o.getQ().getType(), o.getK().getType(), o.getV().getType(), o.getQ(), o.getK(), o.getV(), g,
-            o.getLse(),
+            o.getLse(), o.getContextParallelRing() ? o.getResult() : Value(),
             o.getNumHeadsAttr(), o.getNumKvHeadsAttr(), o.getCausalAttr(), o.getDropoutAttr(), o.getStreamAttr(),
             o.getRankDistinctDropoutAttr(), o.getKvReplicatedGroupAttr(), o.getGroupSizeAttr(),
-            o.getContextParallelGroupAttr());
+            o.getContextParallelGroupAttr(), o.getContextParallelRingAttr(), o.getContextParallelSizeAttr());
         return Grads{ag.getGradQ(), ag.getGradK(), ag.getGradV()};
       })
       .Case([&](DropoutOp o) -> mlir::FailureOr<Grads> {

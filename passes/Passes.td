@@ -57,15 +57,19 @@ def LoomContextParallel : Pass<"loom-context-parallel", "mlir::ModuleOp"> {
   let description = [{
     Megatron-Core's context parallelism (cp ranks, the sequence in 2 cp chunks, rank i holding
     chunks i and 2cp-1-i for causal load balance), after loom-tensor-parallel: the sequence
-    dimension (dim 1) of the data inputs and of every activation is divided by cp; each
-    attention core's keys and values (GPT's fused qkv) are all-gathered over "cp" before it
-    (Megatron-Core's cp_comm_type "all_gather"; autodiff makes the gradient a reduce-scatter)
-    and the core computes the rank's queries against them; the ops that depend on a token's
+    dimension (dim 1) of the data inputs and of every activation is divided by cp. With comm =
+    p2p (Megatron-Core's cp_comm_type "p2p", its default) each attention core is marked
+    `context_parallel_ring`: the plan's ring_attention passes the keys and values round the cp
+    ring, one member's chunks per step, overlapped with that step's blocks. With comm =
+    all_gather each core's keys and values (GPT's fused qkv) are all-gathered over "cp" before it
+    (autodiff makes the gradient a reduce-scatter) and the core computes the rank's queries
+    against them. In both, the ops that depend on a token's
     position (learned positions, rotary, dropout counters, attention) carry
     `context_parallel_group = "cp"` and map local tokens to global positions. The sequence must
     be a multiple of 2 cp; a padding mask (key_mask) is refused.
   }];
-  let options = [Option<"cp", "cp", "int64_t", "1", "context-parallel degree c">];
+  let options = [Option<"cp", "cp", "int64_t", "1", "context-parallel degree c">,
+                 Option<"comm", "comm", "std::string", "\"p2p\"", "p2p (the ring) or all_gather">];
 }
 
 def LoomMixedPrecision : Pass<"loom-mixed-precision", "mlir::ModuleOp"> {

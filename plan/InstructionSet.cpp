@@ -1,5 +1,6 @@
 #include "plan/InstructionSet.h"
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <unordered_map>
@@ -40,7 +41,15 @@ std::vector<A> attentionAttrs(bool grouped) {
   if (grouped) a.push_back(req("num_kv_heads", kI));
   a.insert(a.end(), {flagA("causal"), optF("dropout"), optInt("stream"), optStr("rank_distinct_dropout")});
   if (grouped) a.insert(a.end(), {optStr("kv_replicated_group"), optInt("group_size", 1)});
-  a.push_back(optStr("context_parallel_group"));
+  a.insert(a.end(), {optStr("context_parallel_group"), flagA("context_parallel_ring"), optInt("context_parallel_size", 1)});
+  return a;
+}
+// Context parallelism's ring (attention cores marked context_parallel_ring): the cores' own
+// attributes and the collective's group ("cp", its size context_parallel_size; group_size stays
+// grouped attention's own).
+std::vector<A> ringAttentionAttrs(bool grouped) {
+  std::vector<A> a = attentionAttrs(grouped);
+  a.push_back(req("group", kS));
   return a;
 }
 std::vector<A> crossEntropyAttrs() { return {req("valid_vocab", kI), optStr("vocab_parallel_group")}; }
@@ -67,13 +76,17 @@ double weightGradFlops(const Shapes &in, const Shapes &out) {
 }
 // Forward: QK^T and PV, 2 GEMMs of 2 b s s_k h; the result is [b, s, h] and operand `Keys`
 // holds the s_k keys (s_k = s, or with context parallelism the gathered sequence: s = s_k / c).
+// Keys = -1: the ring's, which meets the whole sequence: s_k = s c for a ring of c (the shapes
+// alone do not say c; attentionFlopsOf with the instruction's group_size does).
 template <int Keys>
-double attentionFlops(const Shapes &in, const Shapes &out) { return 4.0 * numel(out[0]) * in[Keys][1]; }
+double attentionFlops(const Shapes &in, const Shapes &out) {
+  return 4.0 * numel(out[0]) * (Keys < 0 ? out[0][1] : in[Keys][1]);
+}
 // Backward: QK^T recomputed, then dV, dP, dQ, dK: 5 GEMMs of 2 b s s_k h, from the incoming
 // gradient (operand `Grad`, [b, s, h]).
 template <int Grad, int Keys>
 double attentionGradFlops(const Shapes &in, const Shapes &) {
-  return 10.0 * numel(in[Grad]) * in[Keys][1];
+  return 10.0 * numel(in[Grad]) * (Keys < 0 ? in[Grad][1] : in[Keys][1]);
 }
 
 // Bytes per rank on a ring (Megatron's and NCCL's ring algorithms).
@@ -137,7 +150,8 @@ std::vector<OpDecl> declare() {
       make(kLayerNormGrad, "layer_norm_grad", true, {fl("input"), fl("gamma"), fl("grad")},
        {fl("grad_input"), fl("grad_gamma"), fl("grad_beta")}, {optF("epsilon", 1e-5)}, kC, kNo, kMem),
       make(kGeluGrad, "gelu_grad", true, {fl("input"), fl("grad")}, {fl("result")}, {}, kC, kNo, kMem),
-      make(kAttentionGrad, "attention_grad", true, {fl("qkv"), fl("grad"), fl("lse"), optFl("key_mask")}, {fl("result")},
+      make(kAttentionGrad, "attention_grad", true, {fl("qkv"), fl("grad"), fl("lse"), optFl("key_mask", 2), optFl("out", 3)},
+       {fl("result")},
        attentionAttrs(false), kC, kNo, kAttnCost, 0, "", attentionGradFlops<1, 0>),
       make(kEmbeddingGrad, "embedding_grad", true, {i32("tokens"), fl("grad")}, {fl("result")},
        {optStr("vocab_parallel_group")}, kC, kNo, kMem),
@@ -151,7 +165,8 @@ std::vector<OpDecl> declare() {
        {fl("grad_input"), fl("grad_gamma")}, {optF("epsilon", 1e-6)}, kC, kNo, kMem),
       make(kSwigluGrad, "swiglu_grad", true, {fl("gate"), fl("up"), fl("grad")}, {fl("grad_gate"), fl("grad_up")}, {}, kC,
        kNo, kMem),
-      make(kGroupedAttentionGrad, "grouped_attention_grad", true, {fl("q"), fl("k"), fl("v"), fl("grad"), fl("lse")},
+      make(kGroupedAttentionGrad, "grouped_attention_grad", true,
+       {fl("q"), fl("k"), fl("v"), fl("grad"), fl("lse"), optFl("out")},
        {fl("grad_q"), fl("grad_k"), fl("grad_v")}, attentionAttrs(true), kC, kNo, kAttnCost, 0, "",
        attentionGradFlops<3, 1>),
 
@@ -186,6 +201,25 @@ std::vector<OpDecl> declare() {
        StreamRule::kPipeline, Comm::kPointToPoint, kMem, 0, "", nullptr, recvBytes),
       make(kShard, "shard", true, {fl("input")}, {fl("result")}, shardAttrs(), kC, kNo, kMem, 0,
        "this rank's slice along dim of a value replicated over group (PTD-P's scatter, section 4.1)"),
+
+      // Context parallelism's ring attention (Megatron-Core's cp_comm_type "p2p"; Liu et al. 2023):
+      // the attention cores marked context_parallel_ring, each one collective over `group` ("cp"):
+      // context_parallel_size steps, each the rank's queries against one member's two chunks of keys and
+      // values while the next member's travel round the ring (the backward passes the keys' and
+      // values' gradients on after each step). bytes_moved: what the rank sends.
+      make(kRingAttention, "ring_attention", false, {fl("qkv")}, {fl("result"), optFl("lse")}, ringAttentionAttrs(false),
+       StreamRule::kOfGroup, Comm::kCollective, kAttnCost, 1,
+       "attention (GPT's fused qkv, this rank's tokens) with the keys and values round the ring", attentionFlops<-1>),
+      make(kRingAttentionGrad, "ring_attention_grad", false, {fl("qkv"), fl("grad"), fl("lse"), fl("out")},
+       {fl("result")}, ringAttentionAttrs(false), StreamRule::kOfGroup, Comm::kCollective, kAttnCost, 2,
+       "attention_grad round the ring; out: the forward's result (D = rowsum(dO * O))", attentionGradFlops<1, -1>),
+      make(kRingGroupedAttention, "ring_grouped_attention", false, {fl("q"), fl("k"), fl("v")}, {fl("result"), optFl("lse")},
+       ringAttentionAttrs(true), StreamRule::kOfGroup, Comm::kCollective, kAttnCost, 1,
+       "grouped_attention with k and v round the ring", attentionFlops<-1>),
+      make(kRingGroupedAttentionGrad, "ring_grouped_attention_grad", false,
+       {fl("q"), fl("k"), fl("v"), fl("grad"), fl("lse"), fl("out")}, {fl("grad_q"), fl("grad_k"), fl("grad_v")},
+       ringAttentionAttrs(true), StreamRule::kOfGroup, Comm::kCollective, kAttnCost, 2,
+       "grouped_attention_grad round the ring; out: the forward's result", attentionGradFlops<3, -1>),
 
       // The step's own instructions (compiler/StepPrograms.cpp): accumulation, the loss, the
       // optimizer over the flat buffers.
@@ -350,7 +384,16 @@ double flopsOf(const OpDecl &d, const plan::Program &program, const plan::Instru
   std::vector<Shape> inputs, outputs;
   for (int b : in.inputs()) inputs.emplace_back(program.buffers(b).shape().begin(), program.buffers(b).shape().end());
   for (int b : in.outputs()) outputs.emplace_back(program.buffers(b).shape().begin(), program.buffers(b).shape().end());
-  return d.flops(inputs, outputs);
+  double flops = d.flops(inputs, outputs);
+  if (isRingAttention(d.id))  // the rank's queries against every member's keys
+    for (const plan::Attribute &a : in.attributes())
+      if (a.name() == "context_parallel_size") flops *= double(std::max<int64_t>(1, a.i()));
+  return flops;
+}
+
+bool isRingAttention(OpId id) {
+  return id == OpId::kRingAttention || id == OpId::kRingAttentionGrad || id == OpId::kRingGroupedAttention ||
+         id == OpId::kRingGroupedAttentionGrad;
 }
 
 std::optional<std::string> bindOperands(const OpDecl &d, const plan::Program &program, const plan::Instruction &in,

@@ -29,6 +29,7 @@ enum class OpId : uint8_t {
   kCrossEntropyGrad, kRmsNormGrad, kSwigluGrad, kGroupedAttentionGrad,
   kCrossEntropyMax, kCrossEntropySums, kCrossEntropyLoss,
   kAllReduce, kAllGather, kReduceScatter, kSend, kRecv, kShard,
+  kRingAttention, kRingAttentionGrad, kRingGroupedAttention, kRingGroupedAttentionGrad,
   kAccumulate, kFill, kScale, kCast, kSumSquares, kGradNorm, kAdamw,
   kCount
 };
@@ -128,6 +129,8 @@ CostClass costClassOf(std::string_view op);
 using Shape = std::vector<int64_t>;
 double flopsOf(const OpDecl &d, const std::vector<Shape> &inputs, const std::vector<Shape> &outputs);
 double flopsOf(const OpDecl &d, const plan::Program &program, const plan::Instruction &in);
+// Context parallelism's ring attention ops (a collective over "cp" that also computes).
+bool isRingAttention(OpId id);
 // Bytes a collective moves per rank on a ring of `members` (what Instruction.bytes_moved holds):
 // ringFactor (n - 1) / n of the buffer; a send or recv moves its buffer once.
 int64_t ringBytesPerRank(int64_t bytes, int64_t members, int factor);

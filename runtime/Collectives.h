@@ -46,6 +46,14 @@ class Collectives {
   virtual Status recvBytes(const std::string &group, int peer, void *data, int64_t bytes, int tag) = 0;
   // Waits until this rank's sends were delivered (at the end of a step).
   virtual Status flush() { return Status::ok(); }
+  // One step of a ring: `bytes` from `send` to the member at position `sendPeer` and as many
+  // from `recvPeer` into `recv`, both done on return (`send` is not kept). Context
+  // parallelism's ring attention runs it beside its blocks' computation.
+  virtual Status exchangeBytes(const std::string &group, int sendPeer, const void *send, int recvPeer, void *recv,
+                               int64_t bytes, int tag) {
+    LOOM_RETURN_IF_ERROR(sendBytes(group, sendPeer, send, bytes, tag));
+    return recvBytes(group, recvPeer, recv, bytes, tag);
+  }
 
   // The fp32 forms.
   Status allReduce(const std::string &group, float *data, int64_t n, ReduceOp op) {

@@ -309,6 +309,7 @@ int64_t cpuAttentionScratchFloats(const plan::Program &program) {
   int64_t floats = 0;
   for (const plan::Instruction &in : program.instructions()) {
     const std::string &op = in.op();
+    floats = std::max(floats, cpu::ringAttentionScratchOf(program, in));  // context parallelism's ring
     bool backward = op == "attention_grad" || op == "grouped_attention_grad";
     if (!(backward || op == "attention" || op == "grouped_attention") || in.inputs_size() == 0) continue;
     int input = in.inputs(0);

@@ -180,6 +180,32 @@ Status GlooCollectives::recvBytes(const std::string &group, int peer, void *data
   return Status::ok();
 }
 
+// Both directions posted before either is awaited (the ring's members all send and receive at
+// once), and the send awaited too: unlike sendBytes, nothing is copied or left pending.
+Status GlooCollectives::exchangeBytes(const std::string &group, int sendPeer, const void *send, int recvPeer,
+                                     void *recv, int64_t bytes, int tag) {
+  Group *g;
+  LOOM_RETURN_IF_ERROR(groupOf(group, &g));
+  if (!g->context) return Status::error("ring exchange within a group of one (" + group + ")");
+  int n = int(g->ranks.size());
+  if (sendPeer < 0 || sendPeer >= n || recvPeer < 0 || recvPeer >= n)
+    return Status::error("ring exchange: peers " + std::to_string(sendPeer) + ", " + std::to_string(recvPeer) +
+                         " outside group " + group);
+  try {
+    auto in = g->context->createUnboundBuffer(recv, size_t(bytes));
+    auto out = g->context->createUnboundBuffer(const_cast<void *>(send), size_t(bytes));
+    in->recv(recvPeer, uint64_t(tag));
+    out->send(sendPeer, uint64_t(tag));
+    auto timeout = std::chrono::milliseconds(int64_t(timeoutSeconds_ * 1000));
+    in->waitRecv(timeout);
+    out->waitSend(timeout);
+  } catch (const std::exception &e) {
+    return Status::error("ring exchange with ranks " + std::to_string(g->ranks[size_t(sendPeer)]) + " and " +
+                         std::to_string(g->ranks[size_t(recvPeer)]) + " on group " + group + ": " + e.what());
+  }
+  return Status::ok();
+}
+
 Status GlooCollectives::flush() {
   try {
     for (auto &p : pending_) p->buffer->waitSend(std::chrono::milliseconds(int64_t(timeoutSeconds_ * 1000)));

@@ -41,6 +41,8 @@ class GlooCollectives : public Collectives {
   Status sendBytes(const std::string &group, int peer, const void *data, int64_t bytes, int tag) override;
   Status recvBytes(const std::string &group, int peer, void *data, int64_t bytes, int tag) override;
   Status flush() override;
+  Status exchangeBytes(const std::string &group, int sendPeer, const void *send, int recvPeer, void *recv,
+                       int64_t bytes, int tag) override;
 
  private:
   struct Group {

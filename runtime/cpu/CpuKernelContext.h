@@ -129,5 +129,8 @@ const CpuKernelRegistry &cpuKernels();
 void registerComputeKernels(CpuKernelRegistry &registry);
 void registerCommunicationKernels(CpuKernelRegistry &registry);
 void registerStepKernels(CpuKernelRegistry &registry);
+void registerRingAttentionKernels(CpuKernelRegistry &registry);
+// The fp32 scratch a ring attention instruction needs (0 for any other).
+int64_t ringAttentionScratchOf(const plan::Program &program, const plan::Instruction &in);
 
 }  // namespace loom::cpu

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <array>
 #include <cmath>
+#include <thread>
 #include <cstring>
 #include <limits>
 #include <type_traits>
@@ -816,6 +817,156 @@ void contextGroupedAttentionBackward(const float *q, const float *k, const float
     chunkedHeadBackward(chunkedGroupedHead(q, k, v, s, c, rank, b, h), g + qo, ldq, lse + (b * s.heads + h) * L,
                         dq + qo, dk + kvo, dv + kvo, p);
   });
+}
+
+// Context parallelism's ring (Megatron-Core's cp_comm_type "p2p"; Liu et al. 2023, "Ring
+// Attention"): c steps; at step s this rank holds member (rank - s) mod c's two chunks of keys and
+// values, computes its queries' blocks against them (merged by log-sum-exp, as
+// contextAttentionForward does) while they travel on to the next member and the previous
+// member's arrive. The backward walks the same ring with the keys' and values' gradient
+// accumulators following their keys one step behind; after c steps each member's own come home.
+int64_t RingAttentionShape::kvHeadOf(int64_t h) const { return (firstHead + h) / headsPerKv; }
+
+namespace {
+int64_t ringKvFloats(const RingAttentionShape &s) { return s.batch * s.local * s.kvHeads * s.headDim; }
+int64_t ringChunkOf(const RingAttentionShape &s, int member, int which) {
+  return which == 0 ? member : 2 * s.c - 1 - member;
+}
+bool ringSees(const RingAttentionShape &s, int qi, int member, int which) {
+  return !s.causal || ringChunkOf(s, member, which) <= ringChunkOf(s, s.rank, qi);
+}
+// Query chunk qi of (b, h) (q: head h's column of the rank's queries, ldq apart) against chunk
+// `which` of `member` in the packed K / V rows (kvw apart), with the whole sequence's counters.
+Head ringBlock(const RingAttentionShape &s, const float *q, int64_t ldq, const float *k, const float *v, int64_t b,
+               int64_t h, int qi, int member, int which) {
+  int64_t L = s.local, C = L / 2, hd = s.headDim, kvw = s.kvHeads * hd, S = L * s.c;
+  int64_t gq = ringChunkOf(s, s.rank, qi), gk = ringChunkOf(s, member, which);
+  int64_t kvo = (b * L + which * C) * kvw + s.kvHeadOf(h) * hd;
+  Head block{q + qi * C * ldq, k + kvo, v + kvo, ldq, kvw, kvw, nullptr, nullptr, nullptr, nullptr, C, hd,
+             s.causal && gk == gq, s.dropout, s.seed, s.stream,
+             uint64_t((b * s.heads + h) * S) * uint64_t(S) + uint64_t(gq * C) * uint64_t(S) + uint64_t(gk * C)};
+  block.counterLd = S;
+  return block;
+}
+int64_t ringBlockFloats(const RingAttentionShape &s, bool backward) {
+  int64_t C = s.local / 2;
+  return headScratchFloats(C, backward) + (backward ? 0 : C * s.headDim + C);
+}
+
+// The step's transfer on its own thread while the caller computes (the ring's overlap).
+class RingTransfer {
+ public:
+  RingTransfer(const RingExchange &exchange, const float *send, float *recv, int64_t count, bool active) {
+    if (active) thread_ = std::thread([&exchange, send, recv, count, this] { status_ = exchange(send, recv, count); });
+  }
+  Status join() {
+    if (thread_.joinable()) thread_.join();
+    return status_;
+  }
+  ~RingTransfer() {
+    if (thread_.joinable()) thread_.join();
+  }
+
+ private:
+  std::thread thread_;
+  Status status_ = Status::ok();
+};
+}  // namespace
+
+int64_t ringAttentionScratchFloats(const RingAttentionShape &s, bool backward) {
+  int64_t kv = ringKvFloats(s), rows = s.batch * s.heads * s.local;
+  // Two ring slots of K | V (and, backward, of dK | dV); the rows' statistics (backward: D);
+  // the head groups' blocks; the packed local K | V and dK | dV the GPT form's callers keep.
+  return (backward ? 8 : 4) * kv + rows + kHeadGroups * ringBlockFloats(s, backward) + 4 * kv;
+}
+
+Status ringAttentionForward(const float *q, int64_t ldq, int64_t qHeadStride, const float *k, const float *v,
+                            float *out, float *lse, const RingAttentionShape &s, float *scratch,
+                            const RingExchange &exchange) {
+  int64_t L = s.local, C = L / 2, hd = s.headDim, H = s.heads * hd, kv = ringKvFloats(s);
+  float *slot[2] = {scratch, scratch + 2 * kv};
+  float *ownLse = scratch + 4 * kv, *blocks = ownLse + s.batch * s.heads * L;
+  if (!lse) lse = ownLse;
+  std::copy(k, k + kv, slot[0]);
+  std::copy(v, v + kv, slot[0] + kv);
+  std::fill(out, out + s.batch * L * H, 0.0f);
+  std::fill(lse, lse + s.batch * s.heads * L, -std::numeric_limits<float>::infinity());
+  int cur = 0;
+  for (int step = 0; step < s.c; ++step) {
+    int member = (s.rank - step + s.c) % s.c;
+    RingTransfer next(exchange, slot[cur], slot[1 - cur], 2 * kv, step + 1 < s.c);
+    const float *ks = slot[cur], *vs = slot[cur] + kv;
+    inHeadGroups(s.batch * s.heads, ringBlockFloats(s, false), blocks, true, [&](int64_t i, float *p) {
+      int64_t b = i / s.heads, h = i % s.heads;
+      float *part = p + headScratchFloats(C, false), *partLse = part + C * hd;
+      for (int qi = 0; qi < 2; ++qi)
+        for (int which = 0; which < 2; ++which) {
+          if (!ringSees(s, qi, member, which)) continue;
+          headForward(ringBlock(s, q + b * L * ldq + h * qHeadStride, ldq, ks, vs, b, h, qi, member, which), part, hd,
+                      partLse, p);
+          mergeAttentionBlock(out + (b * L + qi * C) * H + h * hd, lse + (b * s.heads + h) * L + qi * C, H, part,
+                              partLse, hd, C, hd);
+        }
+    });
+    LOOM_RETURN_IF_ERROR(next.join());
+    cur = 1 - cur;
+  }
+  return Status::ok();
+}
+
+Status ringAttentionBackward(const float *q, int64_t ldq, int64_t qHeadStride, const float *k, const float *v,
+                             const float *g, const float *out, const float *lse, float *dq, float *dk, float *dv,
+                             const RingAttentionShape &s, float *scratch, const RingExchange &exchange) {
+  int64_t L = s.local, C = L / 2, hd = s.headDim, H = s.heads * hd, kv = ringKvFloats(s), kvw = s.kvHeads * hd;
+  float *slot[2] = {scratch, scratch + 2 * kv}, *grads[2] = {scratch + 4 * kv, scratch + 6 * kv};
+  float *delta = scratch + 8 * kv, *blocks = delta + s.batch * s.heads * L;
+  // D = rowsum(dO * O) over each head's rows (FlashAttention-2's D, for every step's blocks).
+  for (int64_t b = 0; b < s.batch; ++b)
+    for (int64_t h = 0; h < s.heads; ++h)
+      for (int64_t l = 0; l < L; ++l) {
+        const float *gr = g + (b * L + l) * H + h * hd, *orow = out + (b * L + l) * H + h * hd;
+        double sum = 0;
+        for (int64_t j = 0; j < hd; ++j) sum += double(gr[j]) * double(orow[j]);
+        delta[(b * s.heads + h) * L + l] = float(sum);
+      }
+  for (int64_t b = 0; b < s.batch; ++b)
+    for (int64_t l = 0; l < L; ++l)
+      for (int64_t h = 0; h < s.heads; ++h) std::fill_n(dq + (b * L + l) * ldq + h * qHeadStride, hd, 0.0f);
+  std::copy(k, k + kv, slot[0]);
+  std::copy(v, v + kv, slot[0] + kv);
+  std::fill(grads[0], grads[0] + 2 * kv, 0.0f);
+  // Query heads sharing a KV head add into its gradients: such neighbours stay on one thread.
+  int64_t items = s.batch * s.heads, mid = items / 2;
+  auto kvOf = [&](int64_t i) { return (i / s.heads) * s.kvHeads + s.kvHeadOf(i % s.heads); };
+  bool splittable = items >= 2 && kvOf(mid - 1) != kvOf(mid);
+  int cur = 0;
+  for (int step = 0; step < s.c; ++step) {
+    int member = (s.rank - step + s.c) % s.c;
+    RingTransfer next(exchange, slot[cur], slot[1 - cur], 2 * kv, step + 1 < s.c);
+    const float *ks = slot[cur], *vs = slot[cur] + kv;
+    float *dks = grads[cur], *dvs = grads[cur] + kv;
+    inHeadGroups(items, ringBlockFloats(s, true), blocks, splittable, [&](int64_t i, float *p) {
+      int64_t b = i / s.heads, h = i % s.heads;
+      float *d = p + C * C, *dp = d + C * C;
+      const float *qh = q + b * L * ldq + h * qHeadStride;
+      for (int qi = 0; qi < 2; ++qi)
+        for (int which = 0; which < 2; ++which) {
+          if (!ringSees(s, qi, member, which)) continue;
+          int64_t kvo = (b * L + which * C) * kvw + s.kvHeadOf(h) * hd, row = (b * s.heads + h) * L + qi * C;
+          headBackward(ringBlock(s, qh, ldq, ks, vs, b, h, qi, member, which), g + (b * L + qi * C) * H + h * hd, H,
+                       lse + row, dq + (b * L + qi * C) * ldq + h * qHeadStride, dks + kvo, dvs + kvo, ldq, kvw, p, d,
+                       dp, delta + row, /*accumulateDq=*/true);
+        }
+    });
+    LOOM_RETURN_IF_ERROR(next.join());
+    // The accumulators follow their keys: this member's on to the next rank, which holds its
+    // keys at the next step (after the last step each member's own come home).
+    LOOM_RETURN_IF_ERROR(exchange(grads[cur], grads[1 - cur], 2 * kv));
+    cur = 1 - cur;
+  }
+  std::copy(grads[cur], grads[cur] + kv, dk);
+  std::copy(grads[cur] + kv, grads[cur] + 2 * kv, dv);
+  return Status::ok();
 }
 
 // bf16 attention with FlashAttention's rounding points (Dao 2023, FlashAttention-2, section

@@ -8,6 +8,9 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
+
+#include "support/Status.h"
 
 namespace loom::cpu {
 
@@ -147,6 +150,37 @@ void groupedAttentionForwardBf16(const uint16_t *q, const uint16_t *k, const uin
 void groupedAttentionBackwardBf16(const uint16_t *q, const uint16_t *k, const uint16_t *v, const uint16_t *g,
                                   const float *lse, uint16_t *dq, uint16_t *dk, uint16_t *dv,
                                   const GroupedAttentionShape &s, float *scratch);
+
+// Context parallelism's ring attention (Megatron-Core's cp_comm_type "p2p"): the rank's
+// queries are its chunks `rank` and 2c-1-rank (local = 2C tokens), its keys and values the same
+// tokens packed [B, local, kvHeads hd]; the other members' travel round the ring through
+// `exchange` (send `send` to the next member, receive the previous member's into `recv`, count
+// floats each; run on its own thread beside the step's blocks). Query head h reads KV head
+// (firstHead + h) / headsPerKv (GPT: kvHeads = heads, headsPerKv = 1). Causal by global
+// position; dropout with the whole sequence's counters (the masks of c = 1).
+struct RingAttentionShape {
+  int64_t batch, heads, kvHeads, headDim, local;
+  int64_t firstHead, headsPerKv;
+  int c, rank;
+  bool causal;
+  float dropout;
+  uint64_t seed, stream;
+  int64_t kvHeadOf(int64_t h) const;
+};
+using RingExchange = std::function<Status(const float *send, float *recv, int64_t count)>;
+// Scratch of either direction, and 4 x B x local x kvHeads hd floats more that the callers may
+// use past the kernel's own (ringAttentionScratchFloats - 4 kv on): GPT's packed K | V, dK | dV.
+int64_t ringAttentionScratchFloats(const RingAttentionShape &s, bool backward);
+// q: head h's queries of sample b at q + b local ldq + h qHeadStride, rows ldq apart; out
+// [B, local, heads hd]; lse [B, heads, local] (nullable).
+Status ringAttentionForward(const float *q, int64_t ldq, int64_t qHeadStride, const float *k, const float *v,
+                            float *out, float *lse, const RingAttentionShape &s, float *scratch,
+                            const RingExchange &exchange);
+// g and out (the forward's result) [B, local, heads hd]; dq laid out as q (written, its head
+// columns only); dk, dv packed as k, v (written: this member's keys' complete gradients).
+Status ringAttentionBackward(const float *q, int64_t ldq, int64_t qHeadStride, const float *k, const float *v,
+                             const float *g, const float *out, const float *lse, float *dq, float *dk, float *dv,
+                             const RingAttentionShape &s, float *scratch, const RingExchange &exchange);
 
 // RMS norm over rows of length n: y = x / sqrt(mean(x^2) + eps) * gamma; the backward
 // recomputes the statistic.

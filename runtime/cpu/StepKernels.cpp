@@ -104,6 +104,7 @@ const CpuKernelRegistry &cpuKernels() {
     registerComputeKernels(r);
     registerCommunicationKernels(r);
     registerStepKernels(r);
+    registerRingAttentionKernels(r);
     return r;
   }();
   return registry;

@@ -32,7 +32,7 @@ from gpt_oracle import Gpt2, read_safetensors
 from llama_oracle import Llama
 
 # (t, p, d, v, micro-batches m, schedule, recompute, vocab[, zero1[, sequence parallel[, grad_reduce_in_bf16[,
-#  devices per node[, tp_comm_overlap[, context parallel c]]]]]])
+#  devices per node[, tp_comm_overlap[, context parallel c[, cp_comm_type]]]]]]])
 # grad_reduce_in_bf16 (the dp reduction moving bf16) is a bf16 plan's option: those
 # configurations run with --precision bf16 only. Devices per node (default: all ranks on one
 # node) smaller than a stage's ranks puts neighbouring stages on different nodes, where the
@@ -41,6 +41,8 @@ from llama_oracle import Llama
 # all-reduce overlapping the next block's GEMM; with sequence parallelism the all-gathers and
 # reduce-scatters beside their GEMMs sample by sample. Context parallelism (c) cuts each sample's
 # sequence into 2c chunks, rank i holding chunks i and 2c-1-i; the reference sees whole samples.
+# Attention meets the other chunks round a ring (cp_comm_type p2p, the default) or by an
+# all-gather of the keys and values ("all_gather").
 CONFIGS = {
     "t1p1d1": (1, 1, 1, 1, 1, "", "RECOMPUTE_NONE", 1000),
     "t2p1d1": (2, 1, 1, 1, 1, "", "RECOMPUTE_NONE", 1000),
@@ -88,6 +90,11 @@ CONFIGS = {
     "t1p1d2c2-zero1": (1, 1, 2, 1, 1, "", "RECOMPUTE_NONE", 1000, True, False, False, 0, False, 2),
     "t2p1d1c2-sequence-parallel": (2, 1, 1, 1, 1, "", "RECOMPUTE_NONE", 1000, False, True, False, 0, False, 2),
     "t2p2d1c2-recompute-full": (2, 2, 1, 1, 2, "ONE_F_ONE_B", "RECOMPUTE_FULL", 1000, False, False, False, 0, False, 2),
+    "t1p1d1c2-all-gather": (1, 1, 1, 1, 1, "", "RECOMPUTE_NONE", 1000, False, False, False, 0, False, 2, "all_gather"),
+    "t2p2d1c2-all-gather": (2, 2, 1, 1, 2, "ONE_F_ONE_B", "RECOMPUTE_NONE", 1000, False, False, False, 0, False, 2,
+                            "all_gather"),
+    "t1p1d2c4-all-gather-zero1": (1, 1, 2, 1, 1, "", "RECOMPUTE_NONE", 1000, True, False, False, 0, False, 4,
+                                  "all_gather"),
 }
 # The representative subset CI runs (the full matrix: --configs all); for the LLaMA family
 # (llama-tiny: 2 KV heads, split for t = 2, replicated for t = 4) its own.
@@ -96,12 +103,12 @@ CI_CONFIGS = ["t1p1d1", "t2p1d1", "t4p1d1-odd-vocab", "t1p2d1-1f1b", "t1p2d1-gpi
               "t1p1d1-accumulate-m4", "t2p2d2-zero1", "t2p1d1-sequence-parallel",
               "t2p2d2-sequence-parallel-zero1", "t2p2d1-scatter-gather", "t2p2d1v2-interleaved-scatter-gather",
               "t2p1d1-tp-overlap", "t2p1d1-sequence-parallel-tp-overlap", "t1p1d1c2", "t2p1d1c2",
-              "t1p2d1c2-1f1b"]
+              "t1p2d1c2-1f1b", "t1p1d1c2-all-gather"]
 LLAMA_CI_CONFIGS = ["t1p1d1", "t2p1d1", "t4p1d1-odd-vocab", "t1p2d1-1f1b", "t2p2d1-1f1b", "t1p1d2", "t2p1d2",
                     "t1p2d1v2-interleaved", "t2p2d1-recompute-full", "t2p2d2-zero1", "t2p1d1-sequence-parallel",
                     "t4p1d1-sequence-parallel-odd-vocab", "t2p2d1-scatter-gather", "t2p1d1-tp-overlap",
                     "t2p1d1-sequence-parallel-tp-overlap", "t1p1d1c2", "t2p1d1c2", "t1p2d1c2-1f1b",
-                    "t1p1d2c2-zero1"]
+                    "t1p1d2c2-zero1", "t1p1d1c2-all-gather"]
 MICRO_BATCH, LR, MIN_LR, WARMUP = 2, 3e-3, 3e-4, 3
 # Adam's epsilon: with Megatron's 1e-8, the rounding noise of gradients that are zero in exact
 # arithmetic (the attention key bias: softmax ignores a constant shift) becomes full-size
@@ -163,7 +170,7 @@ DP_BUCKET_BYTES = 40000
 
 
 def cluster_config(name, t, p, d, v, m, schedule, recompute, work, zero1=False, sp=False, bf16_reduce=False,
-                   per_node=0, tp_overlap=False, cp=1):
+                   per_node=0, tp_overlap=False, cp=1, cp_comm=""):
     out = os.path.join(work, name + ".pbtxt")
     sched = f"schedule: {schedule}" if schedule else ""
     if PRECISION in CLUSTER_PRECISION:
@@ -174,6 +181,8 @@ def cluster_config(name, t, p, d, v, m, schedule, recompute, work, zero1=False, 
         sched += " tp_comm_overlap: true"
     if cp > 1:
         sched += f" context_parallel_size: {cp}"
+    if cp_comm:
+        sched += f' cp_comm_type: "{cp_comm}"'
     with open(out, "w") as f:
         per_node = per_node or t * p * d * cp
         f.write(f'name: "{name}"\nnodes: {t * p * d * cp // per_node}\ndevices_per_node: {per_node}\ndevice {{ kind: CPU }}\n'
@@ -302,6 +311,7 @@ def check_config(args, name, cfg, failures):
     per_node = cfg[11] if len(cfg) > 11 else 0
     tp_overlap = len(cfg) > 12 and cfg[12]
     cp = cfg[13] if len(cfg) > 13 else 1
+    cp_comm = cfg[14] if len(cfg) > 14 else ""
     world = t * p * d * cp
     if bf16_reduce and PRECISION != "bf16":
         print(f"skip {name:28} (grad_reduce_in_bf16: a bf16 plan's option; run with --precision bf16)", flush=True)
@@ -316,7 +326,7 @@ def check_config(args, name, cfg, failures):
     plans = os.path.join(work, "plans")
     run([os.path.join(args.bin, "loomc"), "compile", model, "--cluster",
          cluster_config(name, t, p, d, v, m, schedule, recompute, work, zero1, sp, bf16_reduce, per_node,
-                        tp_overlap, cp), "--out", plans,
+                        tp_overlap, cp, cp_comm), "--out", plans,
          "--quiet"])
     loomrun = [os.path.join(args.bin, "loomrun"), "--nproc", str(world), "--plans", plans, "--seed", "5"]
     init = os.path.join(work, "init.safetensors")
