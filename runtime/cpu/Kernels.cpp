@@ -873,11 +873,11 @@ class RingTransfer {
 };
 }  // namespace
 
-int64_t ringAttentionScratchFloats(const RingAttentionShape &s, bool backward) {
+int64_t ringAttentionScratchFloats(const RingAttentionShape &s, bool backward, bool packedKeys) {
   int64_t kv = ringKvFloats(s), rows = s.batch * s.heads * s.local;
   // Two ring slots of K | V (and, backward, of dK | dV); the rows' statistics (backward: D);
   // the head groups' blocks; the packed local K | V and dK | dV the GPT form's callers keep.
-  return (backward ? 8 : 4) * kv + rows + kHeadGroups * ringBlockFloats(s, backward) + 4 * kv;
+  return (backward ? 8 : 4) * kv + rows + kHeadGroups * ringBlockFloats(s, backward) + (packedKeys ? 4 * kv : 0);
 }
 
 Status ringAttentionForward(const float *q, int64_t ldq, int64_t qHeadStride, const float *k, const float *v,

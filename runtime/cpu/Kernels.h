@@ -168,9 +168,9 @@ struct RingAttentionShape {
   int64_t kvHeadOf(int64_t h) const;
 };
 using RingExchange = std::function<Status(const float *send, float *recv, int64_t count)>;
-// Scratch of either direction, and 4 x B x local x kvHeads hd floats more that the callers may
-// use past the kernel's own (ringAttentionScratchFloats - 4 kv on): GPT's packed K | V, dK | dV.
-int64_t ringAttentionScratchFloats(const RingAttentionShape &s, bool backward);
+// Scratch of either direction; with packedKeys 4 x B x local x kvHeads hd floats more that the
+// caller may use past the kernel's own (the last 4 kv floats): GPT's packed K | V, dK | dV.
+int64_t ringAttentionScratchFloats(const RingAttentionShape &s, bool backward, bool packedKeys);
 // q: head h's queries of sample b at q + b local ldq + h qHeadStride, rows ldq apart; out
 // [B, local, heads hd]; lse [B, heads, local] (nullable).
 Status ringAttentionForward(const float *q, int64_t ldq, int64_t qHeadStride, const float *k, const float *v,

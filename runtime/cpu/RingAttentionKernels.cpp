@@ -52,7 +52,7 @@ void packKeys(const float *qkv, const RingAttentionShape &s, float *k, float *v)
     }
 }
 float *packedArea(CpuKernelContext &c, const RingAttentionShape &s, bool backward) {
-  return c.scratch + ringAttentionScratchFloats(s, backward) - 4 * s.batch * s.local * s.kvHeads * s.headDim;
+  return c.scratch + ringAttentionScratchFloats(s, backward, true) - 4 * s.batch * s.local * s.kvHeads * s.headDim;
 }
 
 Status ringAttention(CpuKernelContext &c, const KernelCall &k) {
@@ -138,7 +138,7 @@ int64_t ringAttentionScratchOf(const plan::Program &program, const plan::Instruc
   int64_t width = planattr::dim(*q, 2), hd = grouped ? width / heads : width / (3 * heads);
   int64_t kvHeads = grouped ? std::max<int64_t>(1, planattr::dim(*k, 2) / std::max<int64_t>(1, hd)) : heads;
   RingAttentionShape s{planattr::dim(*q, 0), heads, kvHeads, hd, planattr::dim(*q, 1), 0, 1, 1, 0, true, 0, 0, 0};
-  return ringAttentionScratchFloats(s, backward);
+  return ringAttentionScratchFloats(s, backward, !grouped);
 }
 
 void registerRingAttentionKernels(CpuKernelRegistry &r) {
