@@ -35,12 +35,13 @@ Status ringOf(CpuKernelContext &c, const KernelCall &k, int64_t local, RingAtten
   return Status::ok();
 }
 
-// GPT's fused qkv [B, L, 3H] (per head [3, hd]): the shape, and K | V packed [B, L, H] each.
-Status fusedShape(CpuKernelContext &c, const KernelCall &k, RingAttentionShape *s) {
+// GPT's fused qkv [B, L, 3H] (per head [3, hd]): the ring's shape and exchange, and K | V
+// packed [B, L, H] each.
+Status fusedRing(CpuKernelContext &c, const KernelCall &k, RingAttentionShape *s, RingExchange *exchange) {
   AttentionShape a;
   LOOM_RETURN_IF_ERROR(attentionShapeOf(c, k, &a));
   *s = {a.batch, a.heads, a.heads, a.headDim, a.seq, 0, 1, 1, 0, a.causal, a.dropout, a.seed, a.stream};
-  return Status::ok();
+  return ringOf(c, k, s->local, s, exchange);
 }
 void packKeys(const float *qkv, const RingAttentionShape &s, float *k, float *v) {
   int64_t hd = s.headDim, H = s.heads * hd;
@@ -58,8 +59,7 @@ float *packedArea(CpuKernelContext &c, const RingAttentionShape &s, bool backwar
 Status ringAttention(CpuKernelContext &c, const KernelCall &k) {
   RingAttentionShape s;
   RingExchange exchange;
-  LOOM_RETURN_IF_ERROR(fusedShape(c, k, &s));
-  LOOM_RETURN_IF_ERROR(ringOf(c, k, s.local, &s, &exchange));
+  LOOM_RETURN_IF_ERROR(fusedRing(c, k, &s, &exchange));
   int64_t kv = s.batch * s.local * s.heads * s.headDim;
   float *packed = packedArea(c, s, false);
   const float *qkv = c.f(k.in("qkv"));
@@ -71,8 +71,7 @@ Status ringAttention(CpuKernelContext &c, const KernelCall &k) {
 Status ringAttentionGrad(CpuKernelContext &c, const KernelCall &k) {
   RingAttentionShape s;
   RingExchange exchange;
-  LOOM_RETURN_IF_ERROR(fusedShape(c, k, &s));
-  LOOM_RETURN_IF_ERROR(ringOf(c, k, s.local, &s, &exchange));
+  LOOM_RETURN_IF_ERROR(fusedRing(c, k, &s, &exchange));
   int64_t hd = s.headDim, H = s.heads * hd, kv = s.batch * s.local * H;
   float *packed = packedArea(c, s, true), *dk = packed + 2 * kv, *dv = dk + kv;
   const float *qkv = c.f(k.in("qkv"));
@@ -91,21 +90,21 @@ Status ringAttentionGrad(CpuKernelContext &c, const KernelCall &k) {
   return Status::ok();
 }
 
-Status groupedShape(CpuKernelContext &c, const KernelCall &k, RingAttentionShape *s) {
+// Grouped-query attention's separate q, k, v: the ring's shape and exchange.
+Status groupedRing(CpuKernelContext &c, const KernelCall &k, RingAttentionShape *s, RingExchange *exchange) {
   GroupedAttentionShape g;
   LOOM_RETURN_IF_ERROR(groupedAttentionShapeOf(c, k, &g));
   if (k.dim(k.in("k"), 1) != g.seq)
     return Status::error(std::string(k.decl.name) + ": k's tokens differ from q's (corrupt plan)");
   *s = {g.batch, g.heads, g.kvHeads, g.headDim, g.seq, g.firstHead, g.headsPerKv, 1, 0, g.causal, g.dropout, g.seed,
         g.stream};
-  return Status::ok();
+  return ringOf(c, k, s->local, s, exchange);
 }
 
 Status ringGroupedAttention(CpuKernelContext &c, const KernelCall &k) {
   RingAttentionShape s;
   RingExchange exchange;
-  LOOM_RETURN_IF_ERROR(groupedShape(c, k, &s));
-  LOOM_RETURN_IF_ERROR(ringOf(c, k, s.local, &s, &exchange));
+  LOOM_RETURN_IF_ERROR(groupedRing(c, k, &s, &exchange));
   int64_t H = s.heads * s.headDim;
   return ringAttentionForward(c.f(k.in("q")), H, s.headDim, c.f(k.in("k")), c.f(k.in("v")), c.f(k.out("result")),
                               c.f(k.out("lse")), s, c.scratch, exchange);
@@ -114,8 +113,7 @@ Status ringGroupedAttention(CpuKernelContext &c, const KernelCall &k) {
 Status ringGroupedAttentionGrad(CpuKernelContext &c, const KernelCall &k) {
   RingAttentionShape s;
   RingExchange exchange;
-  LOOM_RETURN_IF_ERROR(groupedShape(c, k, &s));
-  LOOM_RETURN_IF_ERROR(ringOf(c, k, s.local, &s, &exchange));
+  LOOM_RETURN_IF_ERROR(groupedRing(c, k, &s, &exchange));
   int64_t H = s.heads * s.headDim;
   return ringAttentionBackward(c.f(k.in("q")), H, s.headDim, c.f(k.in("k")), c.f(k.in("v")), c.f(k.in("grad")),
                                c.f(k.in("out")), c.f(k.in("lse")), c.f(k.out("grad_q")), c.f(k.out("grad_k")),
