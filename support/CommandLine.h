@@ -27,10 +27,31 @@ namespace loom {
 inline bool parseCommandLine(int argc, const char *const *argv, llvm::StringRef overview,
                              llvm::ArrayRef<const llvm::cl::OptionCategory *> categories) {
   llvm::cl::HideUnrelatedOptions(categories);
-  // -h is --help, as in torchrun and Megatron-LM's argparse.
+  std::string prefix = (llvm::sys::path::filename(argc > 0 ? argv[0] : "") + ": ").str();
+  // -h is --help, as in torchrun and Megatron-LM's argparse. Nothing else starting with h is:
+  // llvm::cl makes its one-letter alias "h" a grouping option, so that "--hello" or "--html"
+  // would be "-h" plus letters and print the help (exit 0); a flag starting with h that no
+  // subcommand registers is refused here, as any unknown flag is.
   llvm::SmallVector<const char *, 16> args(argv, argv + argc);
-  for (const char *&a : args)
-    if (llvm::StringRef(a) == "-h") a = "--help";
+  for (int i = 1; i < argc; ++i) {
+    llvm::StringRef a(args[size_t(i)]);
+    if (a == "--") break;
+    if (a == "-h") {
+      args[size_t(i)] = "--help";
+      continue;
+    }
+    if (!a.starts_with("-")) continue;
+    llvm::StringRef name = a.ltrim('-').split('=').first;
+    if (!name.starts_with("h")) continue;
+    bool known = false;
+    for (llvm::cl::SubCommand *sub : llvm::cl::getRegisteredSubcommands())
+      known |= llvm::cl::getRegisteredOptions(*sub).count(name) > 0;
+    if (!known) {
+      llvm::errs() << prefix << "Unknown command line argument '" << a << "'.  Try: '"
+                   << llvm::sys::path::filename(argv[0]) << " --help'\n";
+      return false;
+    }
+  }
   std::string errors;
   llvm::raw_string_ostream os(errors);
   bool ok = llvm::cl::ParseCommandLineOptions(argc, args.data(), overview, &os);
@@ -41,7 +62,6 @@ inline bool parseCommandLine(int argc, const char *const *argv, llvm::StringRef 
   // line per problem plus continuation lines: the first problem is kept, with its continuation
   // and llvm::cl's "Did you mean '--steps'?", as one line; errors that follow from it (the value
   // of an unknown flag taken for a stray argument) are dropped.
-  std::string prefix = (llvm::sys::path::filename(argc > 0 ? argv[0] : "") + ": ").str();
   llvm::SmallVector<llvm::StringRef, 8> lines;
   llvm::StringRef(errors).split(lines, '\n', -1, /*KeepEmpty=*/false);
   std::string line;

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Every binary answers --help: exit 0, its flags listed on stdout, nothing on stderr. An unknown
-# flag and a malformed number are each refused in one line on stderr naming the flag, exit 2.
+# Every binary answers --help (and -h): exit 0, its flags listed on stdout, nothing on stderr. An
+# unknown flag (those starting with h included) and a malformed number are each refused in one
+# line on stderr naming the flag, exit 2.
 set -uo pipefail
 root="${TEST_SRCDIR}/${TEST_WORKSPACE}"
 tmp="${TEST_TMPDIR:-/tmp}/help_test.$$"
@@ -63,6 +64,13 @@ for c in "${cases[@]}"; do
   echo "ok   $bin --help ($(wc -l <<<"$out") lines)"
 
   expect_one_line_error "$bin" "--no-such-flag" "$root/$bin" --no-such-flag 1
+  # Only -h and --help print the help: an unknown flag starting with h is an unknown flag (llvm::cl
+  # would read "--hello" as its one-letter alias -h grouped with letters).
+  expect_one_line_error "$bin" "--hello" "$root/$bin" --hello
+  expect_one_line_error "$bin" "--h" "$root/$bin" --h
+  expect_one_line_error "$bin" "-hx" "$root/$bin" -hx
+  out=$("$root/$bin" -h 2>/dev/null); code=$?
+  if [[ $code -ne 0 ]] || ! grep -q -- "--help" <<<"$out"; then echo "FAIL: $bin -h did not print the help"; fail=1; fi
   number_flag=$(grep -o -- "--[a-z-]*[= ][^ ]*$" <<<"${c#*|}" | sed 's/[= ].*//')
   expect_one_line_error "$bin" "$number_flag" "$root/$bin" "${bad[@]}"
 done
