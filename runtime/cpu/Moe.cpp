@@ -1,0 +1,183 @@
+#include "runtime/cpu/Moe.h"
+
+#include <algorithm>
+#include <cmath>
+#include <vector>
+
+#include "runtime/cpu/Gemm.h"
+
+namespace loom::cpu {
+
+void moeRouteForward(const float *logits, const MoeRouting &r, float *probs, int32_t *chosen, float *weights) {
+  const int64_t E = r.experts, k = r.topK;
+  std::vector<int32_t> order(static_cast<size_t>(E));
+  for (int64_t t = 0; t < r.tokens; ++t) {
+    const float *l = logits + t * E;
+    float *p = probs + t * E;
+    float mx = *std::max_element(l, l + E);
+    double sum = 0;
+    for (int64_t e = 0; e < E; ++e) sum += p[e] = std::exp(l[e] - mx);
+    for (int64_t e = 0; e < E; ++e) p[e] = float(p[e] / sum);
+    for (int64_t e = 0; e < E; ++e) order[size_t(e)] = int32_t(e);
+    // The k largest, largest first; equal probabilities in index order.
+    std::partial_sort(order.begin(), order.begin() + k, order.end(),
+                      [&](int32_t a, int32_t b) { return p[a] > p[b] || (p[a] == p[b] && a < b); });
+    double chosenSum = 0;
+    for (int64_t j = 0; j < k; ++j) chosenSum += p[order[size_t(j)]];
+    for (int64_t j = 0; j < k; ++j) {
+      chosen[t * k + j] = order[size_t(j)];
+      weights[t * k + j] = r.renormalize ? float(p[order[size_t(j)]] / chosenSum) : p[order[size_t(j)]];
+    }
+  }
+}
+
+namespace {
+// count_e / T and P_e of the load-balancing loss.
+void loadBalanceTerms(const float *probs, const int32_t *chosen, const MoeRouting &r, std::vector<double> *share,
+                      std::vector<double> *meanProb) {
+  share->assign(size_t(r.experts), 0.0), meanProb->assign(size_t(r.experts), 0.0);
+  for (int64_t t = 0; t < r.tokens; ++t) {
+    for (int64_t j = 0; j < r.topK; ++j) (*share)[size_t(chosen[t * r.topK + j])] += 1.0;
+    for (int64_t e = 0; e < r.experts; ++e) (*meanProb)[size_t(e)] += probs[t * r.experts + e];
+  }
+  for (int64_t e = 0; e < r.experts; ++e) (*share)[size_t(e)] /= double(r.tokens), (*meanProb)[size_t(e)] /= double(r.tokens);
+}
+}  // namespace
+
+float moeLoadBalancingLoss(const float *probs, const int32_t *chosen, const MoeRouting &r) {
+  std::vector<double> share, meanProb;
+  loadBalanceTerms(probs, chosen, r, &share, &meanProb);
+  double loss = 0;
+  for (int64_t e = 0; e < r.experts; ++e) loss += share[size_t(e)] * meanProb[size_t(e)];
+  return float(double(r.experts) * loss);
+}
+
+void moeRouteBackward(const float *probs, const int32_t *chosen, const float *dweights, float dAux,
+                      const MoeRouting &r, float *dlogits) {
+  const int64_t E = r.experts, k = r.topK;
+  std::vector<double> share, meanProb;
+  loadBalanceTerms(probs, chosen, r, &share, &meanProb);
+  std::vector<double> dp(static_cast<size_t>(E));
+  for (int64_t t = 0; t < r.tokens; ++t) {
+    const float *p = probs + t * E;
+    // The aux loss: d/dp_te of E * sum_e share_e * mean_t p_te is E * share_e / T.
+    for (int64_t e = 0; e < E; ++e) dp[size_t(e)] = double(dAux) * double(E) * share[size_t(e)] / double(r.tokens);
+    // The weights: w_j = p_cj / S (S = sum over the chosen) or w_j = p_cj.
+    double S = 0, dot = 0;
+    for (int64_t j = 0; j < k; ++j) S += p[chosen[t * k + j]], dot += double(dweights[t * k + j]) * p[chosen[t * k + j]];
+    for (int64_t j = 0; j < k; ++j) {
+      double dw = dweights[t * k + j];
+      dp[size_t(chosen[t * k + j])] += r.renormalize ? dw / S - dot / (S * S) : dw;
+    }
+    // Through the softmax: dlogit_e = p_e (dp_e - sum_i p_i dp_i).
+    double pdp = 0;
+    for (int64_t e = 0; e < E; ++e) pdp += double(p[e]) * dp[size_t(e)];
+    for (int64_t e = 0; e < E; ++e) dlogits[t * E + e] = float(double(p[e]) * (dp[size_t(e)] - pdp));
+  }
+}
+
+namespace {
+float silu(float x) { return x / (1.0f + std::exp(-x)); }
+
+// The (token, choice) pairs grouped by expert: a stable counting sort, so each expert's rows are
+// in token order. begin[e] .. begin[e + 1] index `rows` (entries t * k + j).
+void groupByExpert(const int32_t *chosen, const MoeExperts &m, std::vector<int64_t> *begin, std::vector<int64_t> *rows) {
+  int64_t n = m.tokens * m.topK;
+  begin->assign(size_t(m.experts + 1), 0);
+  for (int64_t i = 0; i < n; ++i) ++(*begin)[size_t(chosen[i]) + 1];
+  for (int64_t e = 0; e < m.experts; ++e) (*begin)[size_t(e + 1)] += (*begin)[size_t(e)];
+  std::vector<int64_t> next(begin->begin(), begin->end() - 1);
+  rows->resize(size_t(n));
+  for (int64_t i = 0; i < n; ++i) (*rows)[size_t(next[size_t(chosen[i])]++)] = i;
+}
+}  // namespace
+
+// Scratch (floats): the gathered rows X_e [n, H], gate and up outputs [n, F] each, the activation
+// [n, F], each pair's expert output [T k, H]; backward also dA, dG, dU [n, F] and dX pairs [T k, H].
+int64_t moeExpertsScratchFloats(const MoeExperts &m, bool backward) {
+  int64_t n = m.tokens * m.topK;
+  return n * m.hidden + 3 * n * m.ffn + n * m.hidden + (backward ? 3 * n * m.ffn + n * m.hidden : 0);
+}
+
+void moeExpertsForward(const float *x, const int32_t *chosen, const float *weights, const float *gate, const float *up,
+                       const float *down, const MoeExperts &m, float *y, float *scratch) {
+  const int64_t H = m.hidden, F = m.ffn, k = m.topK, n = m.tokens * k;
+  float *xs = scratch, *gs = xs + n * H, *us = gs + n * F, *as = us + n * F, *pairs = as + n * F;
+  std::vector<int64_t> begin, rows;
+  groupByExpert(chosen, m, &begin, &rows);
+  for (int64_t i = 0; i < n; ++i) std::copy_n(x + (rows[size_t(i)] / k) * H, H, xs + i * H);
+  for (int64_t e = 0; e < m.experts; ++e) {
+    int64_t r0 = begin[size_t(e)], cnt = begin[size_t(e + 1)] - r0;
+    if (cnt == 0) continue;
+    gemm(false, true, cnt, F, H, 1.0f, xs + r0 * H, H, gate + e * F * H, H, 0.0f, gs + r0 * F, F);
+    gemm(false, true, cnt, F, H, 1.0f, xs + r0 * H, H, up + e * F * H, H, 0.0f, us + r0 * F, F);
+    for (int64_t i = r0 * F; i < (r0 + cnt) * F; ++i) as[i] = silu(gs[i]) * us[i];
+    // The expert's outputs straight into their (token, choice) slots.
+    std::vector<float> out(size_t(cnt * H));
+    gemm(false, true, cnt, H, F, 1.0f, as + r0 * F, F, down + e * H * F, F, 0.0f, out.data(), H);
+    for (int64_t i = 0; i < cnt; ++i) std::copy_n(out.data() + i * H, H, pairs + rows[size_t(r0 + i)] * H);
+  }
+  for (int64_t t = 0; t < m.tokens; ++t) {
+    float *yt = y + t * H;
+    std::fill(yt, yt + H, 0.0f);
+    for (int64_t j = 0; j < k; ++j) {
+      float w = weights[t * k + j];
+      const float *pr = pairs + (t * k + j) * H;
+      for (int64_t c = 0; c < H; ++c) yt[c] += w * pr[c];
+    }
+  }
+}
+
+void moeExpertsBackward(const float *x, const int32_t *chosen, const float *weights, const float *gate, const float *up,
+                        const float *down, const float *g, const MoeExperts &m, float *dx, float *dweights,
+                        float *dgate, float *dup, float *ddown, float *scratch) {
+  const int64_t H = m.hidden, F = m.ffn, k = m.topK, n = m.tokens * k;
+  // The forward again (its scratch: X_e, G, U, A and the pairs' outputs).
+  moeExpertsForward(x, chosen, weights, gate, up, down, m, dx, scratch);
+  float *xs = scratch, *gs = xs + n * H, *us = gs + n * F, *as = us + n * F, *pairs = as + n * F;
+  float *da = pairs + n * H, *dgs = da + n * F, *dus = dgs + n * F, *dpairs = dus + n * F;
+  std::vector<int64_t> begin, rows;
+  groupByExpert(chosen, m, &begin, &rows);
+  // dweights[t, j] = g_t . out_tj; the pair's output gradient w_tj g_t, in expert order.
+  std::vector<float> gy(size_t(n * H));
+  for (int64_t i = 0; i < n; ++i) {
+    int64_t pair = rows[size_t(i)], t = pair / k;
+    const float *gt = g + t * H, *pr = pairs + pair * H;
+    double dot = 0;
+    for (int64_t c = 0; c < H; ++c) dot += double(gt[c]) * double(pr[c]);
+    dweights[pair] = float(dot);
+    for (int64_t c = 0; c < H; ++c) gy[size_t(i * H + c)] = weights[pair] * gt[c];
+  }
+  std::fill(dgate, dgate + m.experts * F * H, 0.0f);
+  std::fill(dup, dup + m.experts * F * H, 0.0f);
+  std::fill(ddown, ddown + m.experts * H * F, 0.0f);
+  std::vector<float> dxe;
+  for (int64_t e = 0; e < m.experts; ++e) {
+    int64_t r0 = begin[size_t(e)], cnt = begin[size_t(e + 1)] - r0;
+    if (cnt == 0) continue;
+    const float *gye = gy.data() + r0 * H;
+    // down: Y = A D^T -> dA = gY D, dD = gY^T A.
+    gemm(false, false, cnt, F, H, 1.0f, gye, H, down + e * H * F, F, 0.0f, da + r0 * F, F);
+    gemm(true, false, H, F, cnt, 1.0f, gye, H, as + r0 * F, F, 0.0f, ddown + e * H * F, F);
+    // A = silu(G) U: dU = dA silu(G), dG = dA U silu'(G), silu'(x) = s (1 + x (1 - s)).
+    for (int64_t i = r0 * F; i < (r0 + cnt) * F; ++i) {
+      float s = 1.0f / (1.0f + std::exp(-gs[i]));
+      dus[i] = da[i] * gs[i] * s;
+      dgs[i] = da[i] * us[i] * s * (1.0f + gs[i] * (1.0f - s));
+    }
+    gemm(true, false, F, H, cnt, 1.0f, dgs + r0 * F, F, xs + r0 * H, H, 0.0f, dgate + e * F * H, H);
+    gemm(true, false, F, H, cnt, 1.0f, dus + r0 * F, F, xs + r0 * H, H, 0.0f, dup + e * F * H, H);
+    dxe.assign(size_t(cnt * H), 0.0f);
+    gemm(false, false, cnt, H, F, 1.0f, dgs + r0 * F, F, gate + e * F * H, H, 0.0f, dxe.data(), H);
+    gemm(false, false, cnt, H, F, 1.0f, dus + r0 * F, F, up + e * F * H, H, 1.0f, dxe.data(), H);
+    for (int64_t i = 0; i < cnt; ++i) std::copy_n(dxe.data() + i * H, H, dpairs + rows[size_t(r0 + i)] * H);
+  }
+  for (int64_t t = 0; t < m.tokens; ++t) {  // dx_t: the sum over its choices, in order
+    float *d = dx + t * H;
+    std::fill(d, d + H, 0.0f);
+    for (int64_t j = 0; j < k; ++j)
+      for (int64_t c = 0; c < H; ++c) d[c] += dpairs[(t * k + j) * H + c];
+  }
+}
+
+}  // namespace loom::cpu

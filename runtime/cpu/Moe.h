@@ -1,0 +1,46 @@
+// Mixture-of-experts kernels on the CPU (issue 38's first piece; Mixtral's MoE MLP as Hugging
+// Face's MixtralSparseMoeBlock computes it): the router's softmax, top-k and renormalisation with
+// the load-balancing loss, and the experts' SwiGLU MLPs over the tokens routed to them, tokens
+// grouped by expert so that each expert is one GEMM per matrix. Deterministic: ties in the
+// top-k go to the lower expert index, and every sum runs in a fixed order.
+#pragma once
+
+#include <cstdint>
+
+namespace loom::cpu {
+
+// T tokens, each routed to k of E experts.
+struct MoeRouting {
+  int64_t tokens, experts, topK;
+  bool renormalize;  // Mixtral: the chosen probabilities scaled to sum 1
+};
+
+// probs [T, E] = softmax(logits) (kept for the backward); chosen [T, k] the experts of the k
+// largest probabilities, largest first (ties: the lower index); weights [T, k] their
+// probabilities, renormalised when asked.
+void moeRouteForward(const float *logits, const MoeRouting &r, float *probs, int32_t *chosen, float *weights);
+// The load-balancing loss of Switch Transformer as Hugging Face's Mixtral computes it
+// (load_balancing_loss_func): E * sum_e (count_e / T) * P_e, count_e the tokens that chose e
+// among their k, P_e the mean over tokens of e's probability. Not scaled by a coefficient.
+float moeLoadBalancingLoss(const float *probs, const int32_t *chosen, const MoeRouting &r);
+// dlogits [T, E] from the weights' gradient dweights [T, k] and the load-balancing loss's
+// gradient dAux (its coefficient times the loss's incoming gradient; the counts are constants).
+void moeRouteBackward(const float *probs, const int32_t *chosen, const float *dweights, float dAux,
+                      const MoeRouting &r, float *dlogits);
+
+// The experts' MLPs: x [T, H]; expert e's gate and up [E, F, H] (Hugging Face's w1 and w3, rows
+// per output feature), down [E, H, F] (w2). y[t] = sum_j weights[t, j] down_e(silu(gate_e x_t) *
+// up_e x_t) with e = chosen[t, j], summed over j in order.
+struct MoeExperts {
+  int64_t tokens, hidden, ffn, experts, topK;
+};
+int64_t moeExpertsScratchFloats(const MoeExperts &m, bool backward);
+void moeExpertsForward(const float *x, const int32_t *chosen, const float *weights, const float *gate, const float *up,
+                       const float *down, const MoeExperts &m, float *y, float *scratch);
+// From g = dL/dy: dx [T, H], dweights [T, k], and the experts' weight gradients (written, the
+// same layouts as the weights; an expert no token chose gets zeros).
+void moeExpertsBackward(const float *x, const int32_t *chosen, const float *weights, const float *gate, const float *up,
+                        const float *down, const float *g, const MoeExperts &m, float *dx, float *dweights,
+                        float *dgate, float *dup, float *ddown, float *scratch);
+
+}  // namespace loom::cpu

@@ -1,0 +1,159 @@
+// The MoE kernels (runtime/cpu/Moe.h) against a per-token reference written from Hugging Face's
+// MixtralSparseMoeBlock and load_balancing_loss_func, and their backward against directional
+// derivatives of the forward.
+#include <cmath>
+#include <functional>
+#include <random>
+#include <vector>
+
+#include "gtest/gtest.h"
+#include "runtime/cpu/Moe.h"
+
+namespace loom::cpu {
+namespace {
+
+std::vector<float> randomVector(std::mt19937 &rng, size_t n, float scale = 1.0f) {
+  std::normal_distribution<float> normal(0.0f, scale);
+  std::vector<float> v(n);
+  for (float &x : v) x = normal(rng);
+  return v;
+}
+
+double dot(const std::vector<float> &a, const std::vector<float> &b) {
+  double s = 0;
+  for (size_t i = 0; i < a.size(); ++i) s += double(a[i]) * b[i];
+  return s;
+}
+
+// (f(p + eps v) - f(p - eps v)) / 2 eps for the scalar f of the vector p.
+double directional(std::vector<float> &p, const std::vector<float> &v, const std::function<double()> &f) {
+  const float eps = 1e-2f;
+  std::vector<float> saved = p;
+  for (size_t i = 0; i < p.size(); ++i) p[i] = saved[i] + eps * v[i];
+  double up = f();
+  for (size_t i = 0; i < p.size(); ++i) p[i] = saved[i] - eps * v[i];
+  double down = f();
+  p = saved;
+  return (up - down) / (2 * eps);
+}
+
+TEST(MoeRoute, TopKRenormalisedWithTiesToTheLowerExpert) {
+  // Token 0: experts 1 and 3 tie for first; token 1: 0 and 2 tie for second.
+  std::vector<float> logits = {0.0f, 2.0f, 1.0f, 2.0f, 3.0f, 1.0f, 1.0f, -1.0f};
+  MoeRouting r{2, 4, 2, true};
+  std::vector<float> probs(8), weights(4);
+  std::vector<int32_t> chosen(4);
+  moeRouteForward(logits.data(), r, probs.data(), chosen.data(), weights.data());
+  EXPECT_EQ(chosen, (std::vector<int32_t>{1, 3, 0, 1}));
+  EXPECT_FLOAT_EQ(weights[0], 0.5f);
+  EXPECT_NEAR(weights[2] + weights[3], 1.0f, 1e-6);
+  EXPECT_NEAR(weights[2] / weights[3], std::exp(2.0f), 1e-4);
+  // Hugging Face's loss: E * sum_e (tokens choosing e / T) * mean_t p_te.
+  double want = 0;
+  for (int e = 0; e < 4; ++e) {
+    double count = 0, mean = (probs[size_t(e)] + probs[size_t(4 + e)]) / 2;
+    for (int32_t c : chosen) count += c == e;
+    want += count / 2 * mean;
+  }
+  EXPECT_NEAR(moeLoadBalancingLoss(probs.data(), chosen.data(), r), 4 * want, 1e-6);
+}
+
+TEST(MoeRoute, BackwardIsTheDerivativeOfTheForward) {
+  std::mt19937 rng(3);
+  for (bool renormalize : {true, false}) {
+    MoeRouting r{6, 5, 2, renormalize};
+    std::vector<float> logits = randomVector(rng, 30), dweights = randomVector(rng, 12), dir = randomVector(rng, 30);
+    const float dAux = 0.7f;
+    std::vector<float> probs(30), weights(12), dlogits(30);
+    std::vector<int32_t> chosen(12), fixed;
+    moeRouteForward(logits.data(), r, probs.data(), chosen.data(), weights.data());
+    fixed = chosen;
+    moeRouteBackward(probs.data(), chosen.data(), dweights.data(), dAux, r, dlogits.data());
+    auto loss = [&] {
+      moeRouteForward(logits.data(), r, probs.data(), chosen.data(), weights.data());
+      EXPECT_EQ(chosen, fixed);  // the step stays inside the same routing
+      return dot(dweights, weights) + dAux * moeLoadBalancingLoss(probs.data(), chosen.data(), r);
+    };
+    EXPECT_NEAR(directional(logits, dir, loss), dot(dlogits, dir), 2e-3) << "renormalize " << renormalize;
+  }
+}
+
+struct Block {
+  MoeExperts m;
+  std::vector<float> x, weights, gate, up, down;
+  std::vector<int32_t> chosen;
+};
+
+Block randomBlock(std::mt19937 &rng, MoeExperts m) {
+  Block b{m, randomVector(rng, size_t(m.tokens * m.hidden)), {}, randomVector(rng, size_t(m.experts * m.ffn * m.hidden), 0.3f),
+          randomVector(rng, size_t(m.experts * m.ffn * m.hidden), 0.3f),
+          randomVector(rng, size_t(m.experts * m.hidden * m.ffn), 0.3f), {}};
+  // Routing from random logits (expert E - 1 never chosen when there are more than 2 k experts).
+  MoeRouting r{m.tokens, m.experts, m.topK, true};
+  std::vector<float> logits = randomVector(rng, size_t(m.tokens * m.experts)), probs(logits.size());
+  if (m.experts > 2 * m.topK)
+    for (int64_t t = 0; t < m.tokens; ++t) logits[size_t(t * m.experts + m.experts - 1)] = -30.0f;
+  b.weights.resize(size_t(m.tokens * m.topK)), b.chosen.resize(b.weights.size());
+  moeRouteForward(logits.data(), r, probs.data(), b.chosen.data(), b.weights.data());
+  return b;
+}
+
+TEST(MoeExpertsKernel, ForwardMatchesThePerTokenReference) {
+  std::mt19937 rng(5);
+  MoeExperts m{9, 6, 10, 5, 2};
+  Block b = randomBlock(rng, m);
+  std::vector<float> y(size_t(m.tokens * m.hidden)), scratch(size_t(moeExpertsScratchFloats(m, false)));
+  moeExpertsForward(b.x.data(), b.chosen.data(), b.weights.data(), b.gate.data(), b.up.data(), b.down.data(), m,
+                    y.data(), scratch.data());
+  for (int64_t t = 0; t < m.tokens; ++t)
+    for (int64_t c = 0; c < m.hidden; ++c) {
+      double want = 0;
+      for (int64_t j = 0; j < m.topK; ++j) {
+        int64_t e = b.chosen[size_t(t * m.topK + j)];
+        double out = 0;
+        for (int64_t f = 0; f < m.ffn; ++f) {
+          double g = 0, u = 0;
+          for (int64_t h = 0; h < m.hidden; ++h) {
+            g += double(b.gate[size_t((e * m.ffn + f) * m.hidden + h)]) * b.x[size_t(t * m.hidden + h)];
+            u += double(b.up[size_t((e * m.ffn + f) * m.hidden + h)]) * b.x[size_t(t * m.hidden + h)];
+          }
+          out += double(b.down[size_t((e * m.hidden + c) * m.ffn + f)]) * (g / (1 + std::exp(-g))) * u;
+        }
+        want += b.weights[size_t(t * m.topK + j)] * out;
+      }
+      EXPECT_NEAR(y[size_t(t * m.hidden + c)], want, 1e-4 * (1 + std::abs(want))) << t << " " << c;
+    }
+}
+
+TEST(MoeExpertsKernel, BackwardIsTheDerivativeOfTheForward) {
+  std::mt19937 rng(9);
+  MoeExperts m{7, 4, 6, 5, 2};
+  Block b = randomBlock(rng, m);
+  std::vector<float> g = randomVector(rng, size_t(m.tokens * m.hidden));
+  std::vector<float> dx(b.x.size()), dweights(b.weights.size()), dgate(b.gate.size()), dup(b.up.size()),
+      ddown(b.down.size()), y(b.x.size()), scratch(size_t(moeExpertsScratchFloats(m, true)));
+  moeExpertsBackward(b.x.data(), b.chosen.data(), b.weights.data(), b.gate.data(), b.up.data(), b.down.data(), g.data(),
+                     m, dx.data(), dweights.data(), dgate.data(), dup.data(), ddown.data(), scratch.data());
+  auto loss = [&] {
+    moeExpertsForward(b.x.data(), b.chosen.data(), b.weights.data(), b.gate.data(), b.up.data(), b.down.data(), m,
+                      y.data(), scratch.data());
+    return dot(g, y);
+  };
+  struct Arg {
+    const char *name;
+    std::vector<float> *value;
+    const std::vector<float> *grad;
+  } args[] = {{"x", &b.x, &dx},        {"weights", &b.weights, &dweights}, {"gate", &b.gate, &dgate},
+              {"up", &b.up, &dup},      {"down", &b.down, &ddown}};
+  for (const Arg &a : args) {
+    std::vector<float> dir = randomVector(rng, a.value->size());
+    double want = directional(*a.value, dir, loss), got = dot(*a.grad, dir);
+    EXPECT_NEAR(got, want, 2e-3 * (1 + std::abs(want))) << a.name;
+  }
+  // Expert E - 1 was chosen by no token: its weights' gradients are zero.
+  for (int64_t i = (m.experts - 1) * m.ffn * m.hidden; i < m.experts * m.ffn * m.hidden; ++i)
+    ASSERT_EQ(dgate[size_t(i)], 0.0f);
+}
+
+}  // namespace
+}  // namespace loom::cpu
