@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "plan/InstructionSet.h"
 #include "plan/PlanAttributes.h"
 
 namespace loom {
@@ -64,7 +65,7 @@ double CostModel::compute(const plan::Program &program, const plan::Instruction 
     auto [it, fresh] = programFlops_.try_emplace(&program, 0.0);
     if (fresh)
       for (const plan::Instruction &i : program.instructions())
-        if (!planattr::isCommunication(i.op()) || isAttentionOp(i.op())) it->second += i.flops();  // ring attention computes
+        if (!planattr::isCommunication(i.op()) || isa::isRingAttention(i.op())) it->second += i.flops();  // the ring computes
     return it->second > 0 ? units * in.flops() / it->second : 0;
   }
   return computeSeconds(in.op(), in.flops(), isGemmOp(in.op()) || isAttentionOp(in.op()) ? 0 : instructionBytes(program, in),

@@ -42,8 +42,9 @@ int64_t bytesOf(mlir::Value v) {
 // ring_grouped_attention and their gradients).
 const isa::OpDecl *declOf(mlir::Operation *op) {
   if (op->getName().getDialectNamespace() != "loom") return nullptr;
-  if (op->hasAttr("context_parallel_ring")) return isa::find(("ring_" + op->getName().stripDialect()).str());
-  return isa::find(op->getName().stripDialect());
+  const isa::OpDecl *d = isa::find(op->getName().stripDialect());
+  if (d && op->hasAttr("context_parallel_ring")) return isa::ringFormOf(d->id);
+  return d;
 }
 
 namespace {

@@ -395,6 +395,20 @@ bool isRingAttention(OpId id) {
   return id == OpId::kRingAttention || id == OpId::kRingAttentionGrad || id == OpId::kRingGroupedAttention ||
          id == OpId::kRingGroupedAttentionGrad;
 }
+bool isRingAttention(std::string_view op) {
+  const OpDecl *d = find(op);
+  return d && isRingAttention(d->id);
+}
+
+const OpDecl *ringFormOf(OpId id) {
+  switch (id) {
+    case OpId::kAttention: return &decl(OpId::kRingAttention);
+    case OpId::kAttentionGrad: return &decl(OpId::kRingAttentionGrad);
+    case OpId::kGroupedAttention: return &decl(OpId::kRingGroupedAttention);
+    case OpId::kGroupedAttentionGrad: return &decl(OpId::kRingGroupedAttentionGrad);
+    default: return nullptr;
+  }
+}
 
 std::optional<std::string> bindOperands(const OpDecl &d, const plan::Program &program, const plan::Instruction &in,
                                         BoundOperands *bound) {

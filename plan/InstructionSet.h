@@ -131,6 +131,10 @@ double flopsOf(const OpDecl &d, const std::vector<Shape> &inputs, const std::vec
 double flopsOf(const OpDecl &d, const plan::Program &program, const plan::Instruction &in);
 // Context parallelism's ring attention ops (a collective over "cp" that also computes).
 bool isRingAttention(OpId id);
+bool isRingAttention(std::string_view op);
+// The ring form of an attention core (attention, grouped_attention and their gradients; the
+// IR op marked context_parallel_ring lowers to it); null for any other op.
+const OpDecl *ringFormOf(OpId id);
 // Bytes a collective moves per rank on a ring of `members` (what Instruction.bytes_moved holds):
 // ringFactor (n - 1) / n of the buffer; a send or recv moves its buffer once.
 int64_t ringBytesPerRank(int64_t bytes, int64_t members, int factor);

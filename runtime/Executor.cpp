@@ -307,22 +307,25 @@ const cpu::HalfKernel *nativeHalfKernel(const plan::Program &program, const plan
 
 int64_t cpuAttentionScratchFloats(const plan::Program &program) {
   int64_t floats = 0;
+  using isa::OpId;
   for (const plan::Instruction &in : program.instructions()) {
-    const std::string &op = in.op();
     floats = std::max(floats, cpu::ringAttentionScratchOf(program, in));  // context parallelism's ring
-    bool backward = op == "attention_grad" || op == "grouped_attention_grad";
-    if (!(backward || op == "attention" || op == "grouped_attention") || in.inputs_size() == 0) continue;
+    const isa::OpDecl *d = isa::find(in.op());
+    if (!d) continue;
+    bool grouped = d->id == OpId::kGroupedAttention || d->id == OpId::kGroupedAttentionGrad;
+    bool backward = d->id == OpId::kAttentionGrad || d->id == OpId::kGroupedAttentionGrad;
+    if (!(grouped || backward || d->id == OpId::kAttention) || in.inputs_size() == 0) continue;
     int input = in.inputs(0);
     if (input < 0 || input >= program.buffers_size() || program.buffers(input).shape_size() < 2) continue;  // checkProgram's
     if (nativeHalfKernel(program, in)) continue;  // a bf16 attention: its scratch is its stream's (below)
     if (!planattr::str(in, "context_parallel_group").empty()) {
-      // Context parallelism: blocks of half the rank's tokens (the queries: the forward's result,
-      // the backward's incoming gradient; grouped: q), head_dim from the queries.
-      bool grouped = op == "grouped_attention" || op == "grouped_attention_grad";
-      int queries = grouped ? in.inputs(0) : backward ? (in.inputs_size() > 1 ? in.inputs(1) : -1)
-                                                     : (in.outputs_size() ? in.outputs(0) : -1);
+      // Context parallelism: blocks of half the rank's tokens (the queries: grouped q, else the
+      // forward's result or the backward's incoming gradient), head_dim from the queries.
+      KernelCall call(*d, program, in);
+      if (!call.bind().isOk()) continue;  // checkProgram's
+      int queries = grouped ? call.in("q") : backward ? call.in("grad") : call.out("result");
       int64_t heads = std::max<int64_t>(1, planattr::i64(in, "num_heads"));
-      if (queries < 0 || queries >= program.buffers_size() || program.buffers(queries).shape_size() != 3) continue;
+      if (queries < 0 || program.buffers(queries).shape_size() != 3) continue;
       const plan::Buffer &qb = program.buffers(queries);
       floats = std::max(floats, cpu::contextAttentionScratchFloats(planattr::dim(qb, 1) / 2, planattr::dim(qb, 2) / heads,
                                                                    backward));

@@ -9,6 +9,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "plan/Layout.h"
 #include "runtime/cpu/FastExp.h"
 #include "runtime/cpu/Gemm.h"
 #include "runtime/cpu/HalfPrecision.h"
@@ -677,6 +678,24 @@ void attentionRowDots(const float *g, const float *out, int64_t ld, int64_t rows
 // are the whole sequence's, so the masks are those of c = 1.
 namespace {
 
+// Query chunk qi of `chunks`' rank (rows from q) against chunk `which` of `member` (rows from k,
+// v) of one head, C rows each: the diagonal block causal, the dropout counters the whole
+// sequence's (headBase: the head's corner of its S x S counters). Both context-parallel forms
+// (the gathered keys and the ring) build their blocks here.
+Head chunkPairHead(const ContextChunks &chunks, const float *q, int64_t ldq, const float *k, const float *v,
+                   int64_t ldkv, int64_t hd, int qi, int member, int which, bool causal, float dropout, uint64_t seed,
+                   uint64_t stream, uint64_t headBase) {
+  int64_t C = chunks.chunk(), S = chunks.seq, gq = chunks.chunkOf(chunks.rank, qi), gk = chunks.chunkOf(member, which);
+  Head h{q, k, v, ldq, ldkv, ldkv, nullptr, nullptr, nullptr, nullptr, C, hd, causal && gk == gq, dropout, seed, stream,
+         headBase + uint64_t(gq * C) * uint64_t(S) + uint64_t(gk * C)};
+  h.counterLd = S;
+  return h;
+}
+// Whether query chunk qi of the rank sees any key of chunk `which` of `member`.
+bool chunkPairVisible(const ContextChunks &chunks, int qi, int member, int which, bool causal) {
+  return !causal || chunks.chunkOf(member, which) <= chunks.chunkOf(chunks.rank, qi);
+}
+
 struct ChunkedHead {
   const float *q, *k, *v;  // this head's first local query row; first gathered key / value row
   int64_t ldq, ldkv, C, hd;
@@ -684,18 +703,13 @@ struct ChunkedHead {
   bool causal;
   float dropout;
   uint64_t seed, stream, counterBase;  // counterBase: the head's corner of the S x S counters
-  int64_t S() const { return 2 * c * C; }
-  int64_t chunkOf(int member, int which) const { return which == 0 ? member : 2 * c - 1 - member; }
-  // Block (query chunk qi of this rank, gathered key slot) as a Head of C rows.
+  ContextChunks chunks() const { return ContextChunks{2 * c * C, c, rank}; }
+  // Block (query chunk qi of this rank, gathered key slot: member slot / 2's chunk slot % 2).
   Head block(int qi, int slot) const {
-    int64_t gq = chunkOf(rank, qi), gk = chunkOf(slot / 2, slot % 2);
-    Head h{q + qi * C * ldq, k + slot * C * ldkv, v + slot * C * ldkv, ldq, ldkv, ldkv, nullptr, nullptr, nullptr,
-           nullptr, C, hd, causal && gk == gq, dropout, seed, stream,
-           counterBase + uint64_t(gq * C) * uint64_t(S()) + uint64_t(gk * C)};
-    h.counterLd = S();
-    return h;
+    return chunkPairHead(chunks(), q + qi * C * ldq, ldq, k + slot * C * ldkv, v + slot * C * ldkv, ldkv, hd, qi,
+                         slot / 2, slot % 2, causal, dropout, seed, stream, counterBase);
   }
-  bool sees(int qi, int slot) const { return !causal || chunkOf(slot / 2, slot % 2) <= chunkOf(rank, qi); }
+  bool sees(int qi, int slot) const { return chunkPairVisible(chunks(), qi, slot / 2, slot % 2, causal); }
 };
 
 int64_t chunkedScratchFloats(int64_t C, int64_t hd, bool backward) {
@@ -829,24 +843,18 @@ int64_t RingAttentionShape::kvHeadOf(int64_t h) const { return (firstHead + h) /
 
 namespace {
 int64_t ringKvFloats(const RingAttentionShape &s) { return s.batch * s.local * s.kvHeads * s.headDim; }
-int64_t ringChunkOf(const RingAttentionShape &s, int member, int which) {
-  return which == 0 ? member : 2 * s.c - 1 - member;
-}
+ContextChunks ringChunks(const RingAttentionShape &s) { return ContextChunks{s.local * s.c, s.c, s.rank}; }
 bool ringSees(const RingAttentionShape &s, int qi, int member, int which) {
-  return !s.causal || ringChunkOf(s, member, which) <= ringChunkOf(s, s.rank, qi);
+  return chunkPairVisible(ringChunks(s), qi, member, which, s.causal);
 }
 // Query chunk qi of (b, h) (q: head h's column of the rank's queries, ldq apart) against chunk
-// `which` of `member` in the packed K / V rows (kvw apart), with the whole sequence's counters.
+// `which` of `member` in the packed K / V rows (kvw apart).
 Head ringBlock(const RingAttentionShape &s, const float *q, int64_t ldq, const float *k, const float *v, int64_t b,
                int64_t h, int qi, int member, int which) {
   int64_t L = s.local, C = L / 2, hd = s.headDim, kvw = s.kvHeads * hd, S = L * s.c;
-  int64_t gq = ringChunkOf(s, s.rank, qi), gk = ringChunkOf(s, member, which);
   int64_t kvo = (b * L + which * C) * kvw + s.kvHeadOf(h) * hd;
-  Head block{q + qi * C * ldq, k + kvo, v + kvo, ldq, kvw, kvw, nullptr, nullptr, nullptr, nullptr, C, hd,
-             s.causal && gk == gq, s.dropout, s.seed, s.stream,
-             uint64_t((b * s.heads + h) * S) * uint64_t(S) + uint64_t(gq * C) * uint64_t(S) + uint64_t(gk * C)};
-  block.counterLd = S;
-  return block;
+  return chunkPairHead(ringChunks(s), q + qi * C * ldq, ldq, k + kvo, v + kvo, kvw, hd, qi, member, which, s.causal,
+                       s.dropout, s.seed, s.stream, uint64_t((b * s.heads + h) * S) * uint64_t(S));
 }
 int64_t ringBlockFloats(const RingAttentionShape &s, bool backward) {
   int64_t C = s.local / 2;
