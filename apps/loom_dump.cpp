@@ -130,10 +130,16 @@ int main(int argc, char **argv) {
   os << "module: " << (module->getName() ? *module->getName() : "<unnamed>") << "\n";
   std::string heads = std::to_string(facts->numHeads) + " heads";
   if (facts->numKvHeads != facts->numHeads) heads += " (" + std::to_string(facts->numKvHeads) + " KV heads)";
-  os << llvm::formatv("model: {0}, {1} layers, hidden {2}, {3}, ffn {4}, seq {5}, vocab {6} (padded to {7} for t = 1)"
+  std::string experts;
+  if (facts->numExperts > 0)
+    experts = llvm::formatv(", {0} experts (top {1}) in every {2}", facts->numExperts, facts->expertsPerToken,
+                            facts->moeLayerFreq == 1 ? std::string("layer") : std::to_string(facts->moeLayerFreq) + " layers")
+                  .str();
+  os << llvm::formatv("model: {0}, {1} layers, hidden {2}, {3}, ffn {4}{9}, seq {5}, vocab {6} (padded to {7} for t = 1)"
                       "{8}\n",
                       facts->architecture, facts->numLayers, facts->hiddenSize, heads, facts->ffnHiddenSize,
-                      facts->seqLength, facts->vocabSize, padded, facts->tiedEmbeddings ? ", tied embeddings" : "");
+                      facts->seqLength, facts->vocabSize, padded, facts->tiedEmbeddings ? ", tied embeddings" : "",
+                      experts);
   os << "parameters: " << withCommas(s.parameters) << "\n";
   if (s.vocabPaddingParameters > 0)
     os << "parameters without vocab padding: " << withCommas(s.parametersWithoutPadding()) << " ("

@@ -66,8 +66,8 @@ double flopsOf(mlir::Operation *op) {
     auto s = mlir::cast<mlir::RankedTensorType>(v.getType()).getShape();
     outputs.emplace_back(s.begin(), s.end());
   }
-  double flops = isa::flopsOf(*d, inputs, outputs);
-  return isa::isRingAttention(d->id) ? flops * double(contextParallelSize(op)) : flops;
+  auto times = d->flopsTimesAttr ? op->getAttrOfType<mlir::IntegerAttr>(d->flopsTimesAttr) : mlir::IntegerAttr();
+  return isa::flopsOf(*d, inputs, outputs, times ? times.getInt() : 1);
 }
 
 int64_t bytesMovedOf(mlir::Operation *op) {

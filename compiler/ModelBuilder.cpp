@@ -196,11 +196,38 @@ class TrainStepBuilder {
     Value o = linearOutIn(a, prefix + ".self_attn.o_proj", heads * hd, hidden_, scaledStd);
     x = op<AddOp>(x, dropout(o, cfg_.hidden_dropout()));
     h = rmsNorm(x, prefix + ".post_attention_layernorm");
-    Value gate = linearOutIn(h, prefix + ".mlp.gate_proj", hidden_, ffn, std);
-    Value up = linearOutIn(h, prefix + ".mlp.up_proj", hidden_, ffn, std);
-    Value m = op<SwigluOp>(gate, up);
-    Value down = linearOutIn(m, prefix + ".mlp.down_proj", ffn, hidden_, scaledStd);
+    Value down;
+    if (isMoeLayer(layer_)) {
+      down = moeMlp(h, prefix + ".block_sparse_moe", std, scaledStd);
+    } else {
+      Value gate = linearOutIn(h, prefix + ".mlp.gate_proj", hidden_, ffn, std);
+      Value up = linearOutIn(h, prefix + ".mlp.up_proj", hidden_, ffn, std);
+      Value m = op<SwigluOp>(gate, up);
+      down = linearOutIn(m, prefix + ".mlp.down_proj", ffn, hidden_, scaledStd);
+    }
     return op<AddOp>(x, dropout(down, cfg_.hidden_dropout()));
+  }
+
+  // Every moe_layer_freq-th layer from layer 0 (Megatron-Core's --moe-layer-freq).
+  bool isMoeLayer(int64_t layer) const { return cfg_.num_experts() > 0 && layer % cfg_.moe_layer_freq() == 0; }
+
+  // Mixtral's sparse MoE block (Hugging Face's MixtralSparseMoeBlock): the router, a linear
+  // without bias kept whole on every tensor-parallel rank, and the experts' SwiGLU MLPs stacked
+  // [E, F, H] (w1: gate, w3: up) and [E, H, F] (w2: down), the output projection with the
+  // residual branches' scaled init.
+  Value moeMlp(Value h, const std::string &prefix, double std, double scaledStd) {
+    int64_t E = cfg_.num_experts(), F = cfg_.ffn_hidden_size();
+    Value logits = linearOutIn(h, prefix + ".gate", hidden_, E, std);
+    logits.getDefiningOp()->setAttr(attr::kReplicated, b_.getUnitAttr());
+    Value gate = param(prefix + ".experts.w1.weight", {E, F, hidden_}, "normal", std);
+    Value up = param(prefix + ".experts.w3.weight", {E, F, hidden_}, "normal", std);
+    Value down = param(prefix + ".experts.w2.weight", {E, hidden_, F}, "normal", scaledStd);
+    auto moe = b_.create<MoeOp>(loc_, mlir::TypeRange{h.getType(), tensor({}, b_.getF32Type())}, h, logits, gate, up,
+                                down, b_.getI64IntegerAttr(cfg_.num_experts_per_tok()),
+                                b_.getF32FloatAttr(cfg_.capacity_factor()),
+                                b_.getF32FloatAttr(cfg_.router_aux_loss_coef()));
+    moe->setAttr(attr::kLayer, b_.getI64IntegerAttr(layer_));
+    return moe.getResult();
   }
 
   // LLaMA in Hugging Face LlamaForCausalLM's parameter names and layouts: token embedding

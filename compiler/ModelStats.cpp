@@ -68,6 +68,11 @@ ModelStats computeModelStats(mlir::ModuleOp module) {
     } else if (auto ga = mlir::dyn_cast<GroupedAttentionOp>(op)) {
       int64_t seq = mlir::cast<mlir::RankedTensorType>(ga.getResult().getType()).getShape()[1];
       flops = 4.0 * numElements(ga.getResult()) * seq;
+    } else if (auto moe = mlir::dyn_cast<MoeOp>(op)) {
+      // Each token through its top_k experts: gate, up and down, 2 H F each (the router is a
+      // loom.linear, counted as one).
+      int64_t ffn = mlir::cast<mlir::RankedTensorType>(moe.getGate().getType()).getShape()[1];
+      flops = 6.0 * numElements(moe.getResult()) * ffn * double(moe.getTopK());
     }
     s.forwardFlops += flops;
     if (inLayer) s.forwardFlopsInLayers += flops;

@@ -139,6 +139,11 @@ class RankPlanAssembler {
     rp.set_norm_epsilon(facts.normEpsilon);
     rp.set_rope_theta(facts.ropeTheta);
     rp.set_tie_word_embeddings(facts.tiedEmbeddings);
+    rp.set_num_experts(int32_t(facts.numExperts));
+    rp.set_num_experts_per_tok(int32_t(facts.expertsPerToken));
+    rp.set_moe_layer_freq(int32_t(facts.moeLayerFreq));
+    rp.set_router_aux_loss_coef(facts.routerAuxLossCoef);
+    rp.set_capacity_factor(facts.capacityFactor);
     rp.set_model_flops_per_token(modelFlopsPerToken);
   }
 

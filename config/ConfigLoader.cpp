@@ -49,6 +49,32 @@ llvm::Error fieldError(const std::string &path, const llvm::Twine &field, const 
   return error(path + ": error: field '" + field + "' " + what);
 }
 
+// Mixture of experts (LLAMA with num_experts > 0).
+llvm::Error validateMoe(const config::ModelConfig &m, const std::string &path) {
+  if (m.num_experts() < 0) return fieldError(path, "num_experts", llvm::formatv("must be >= 0, got {0}", m.num_experts()));
+  if (m.num_experts() == 0) {
+    for (auto [name, set] : {std::pair{"num_experts_per_tok", m.num_experts_per_tok() != 0},
+                             std::pair{"moe_layer_freq", m.moe_layer_freq() != 0},
+                             std::pair{"router_aux_loss_coef", m.router_aux_loss_coef() != 0},
+                             std::pair{"capacity_factor", m.capacity_factor() != 0}})
+      if (set) return fieldError(path, name, "applies to mixture-of-experts models only (set num_experts)");
+    return llvm::Error::success();
+  }
+  if (m.num_experts_per_tok() < 1 || m.num_experts_per_tok() > m.num_experts())
+    return fieldError(path, "num_experts_per_tok",
+                      llvm::formatv("(top-k) must be in 1..num_experts = {0}, got {1}", m.num_experts(),
+                                    m.num_experts_per_tok()));
+  if (m.moe_layer_freq() < 1 || m.moe_layer_freq() > m.num_layers())
+    return fieldError(path, "moe_layer_freq",
+                      llvm::formatv("must be in 1..num_layers = {0}, got {1}", m.num_layers(), m.moe_layer_freq()));
+  if (!(m.router_aux_loss_coef() >= 0))
+    return fieldError(path, "router_aux_loss_coef", llvm::formatv("must be >= 0, got {0}", m.router_aux_loss_coef()));
+  if (!(m.capacity_factor() >= 0))
+    return fieldError(path, "capacity_factor",
+                      llvm::formatv("must be >= 0 (0: dropless), got {0}", m.capacity_factor()));
+  return llvm::Error::success();
+}
+
 }  // namespace
 
 void applyModelDefaults(config::ModelConfig &m) {
@@ -61,6 +87,8 @@ void applyModelDefaults(config::ModelConfig &m) {
   if (m.num_key_value_heads() == 0) m.set_num_key_value_heads(m.num_attention_heads());
   if (m.rope_theta() == 0) m.set_rope_theta(10000.0f);
   if (m.rms_norm_eps() == 0) m.set_rms_norm_eps(1e-5f);
+  if (m.num_experts() > 0 && m.num_experts_per_tok() == 0) m.set_num_experts_per_tok(2);
+  if (m.num_experts() > 0 && m.moe_layer_freq() == 0) m.set_moe_layer_freq(1);
 }
 
 llvm::Error validateModelConfig(const config::ModelConfig &m, const std::string &path) {
@@ -101,6 +129,9 @@ llvm::Error validateModelConfig(const config::ModelConfig &m, const std::string 
                                       "(rotary embeddings rotate pairs of dimensions)",
                                       m.hidden_size(), m.num_attention_heads(), headDim));
     if (!(m.rms_norm_eps() > 0)) return fieldError(path, "rms_norm_eps", "must be > 0");
+    if (llvm::Error e = validateMoe(m, path)) return e;
+  } else if (m.num_experts() != 0) {
+    return fieldError(path, "num_experts", "applies to architecture LLAMA only (Mixtral-style MoE MLPs)");
   } else if (m.tie_word_embeddings() || m.num_key_value_heads() != m.num_attention_heads()) {
     return fieldError(path, m.tie_word_embeddings() ? "tie_word_embeddings" : "num_key_value_heads",
                       "applies to architecture LLAMA only (GPT and BERT tie their embeddings and use all heads)");
@@ -208,6 +239,11 @@ llvm::Error finishClusterSpec(config::ClusterSpec &c, const std::string &path) {
   if (!p.cp_comm_type().empty() && p.cp_comm_type() != "p2p" && p.cp_comm_type() != "all_gather")
     return fieldError(path, "parallel.cp_comm_type",
                       llvm::formatv("must be \"p2p\" (the ring) or \"all_gather\", got \"{0}\"", p.cp_comm_type()));
+  if (p.expert_parallel_size() < 0 || p.expert_parallel_size() > 1)
+    return fieldError(path, "parallel.expert_parallel_size",
+                      llvm::formatv("expert parallelism is not built yet (the experts are replicated on every "
+                                    "data-parallel rank); set it to 1, got {0}",
+                                    p.expert_parallel_size()));
   if (cp > 1 && c.device().kind() == config::CUDA)
     return fieldError(path, "parallel.context_parallel_size",
                       "context parallelism runs on the CPU backend only so far (its CUDA kernels are not written); "
@@ -269,6 +305,21 @@ llvm::Error checkModelFitsCluster(const config::ModelConfig &m, const config::Cl
     return fieldError(clusterPath, "parallel.sequence_parallel",
                       cp > 1 ? llvm::formatv("t = {0} does not divide seq_length / c = {1} / {2}", t, m.seq_length(), cp).str()
                              : llvm::formatv("t = {0} does not divide seq_length = {1}", t, m.seq_length()).str());
+  if (m.num_experts() > 0) {
+    // What the MoE layers do not run with yet: one line naming the field to change.
+    const char *field = p.sequence_parallel()                       ? "parallel.sequence_parallel"
+                        : cp > 1                                    ? "parallel.context_parallel_size"
+                        : p.precision() == config::PRECISION_BF16 || p.precision() == config::PRECISION_FP16 ||
+                                  (p.precision() == config::PRECISION_OF_MODEL && m.params_dtype() != config::FP32)
+                            ? "parallel.precision"
+                        : c.device().kind() == config::CUDA ? "device.kind"
+                                                            : nullptr;
+    if (field)
+      return fieldError(clusterPath, field,
+                        llvm::formatv("model '{0}' has mixture-of-experts layers, which run so far on the CPU backend, "
+                                      "in fp32, without sequence or context parallelism",
+                                      m.name()));
+  }
   int64_t chunks = p.pipeline_parallel_size() * p.virtual_pipeline_size();
   if (p.layers_per_stage_size() > 0) {
     int64_t sum = 0;

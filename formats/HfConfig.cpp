@@ -24,7 +24,8 @@ double f32Decimal(double v) {
 
 HfModelClass hfModelClassOf(const plan::RankPlan &plan, bool hasGpt2Names, bool hasLlamaNames) {
   if (plan.architecture() == "gpt" && hasGpt2Names) return HfModelClass::kGpt2;
-  if (plan.architecture() == "llama" && hasLlamaNames) return HfModelClass::kLlama;
+  if (plan.architecture() == "llama" && hasLlamaNames)
+    return plan.num_experts() > 0 ? HfModelClass::kMixtral : HfModelClass::kLlama;
   return HfModelClass::kNone;
 }
 
@@ -65,6 +66,20 @@ std::string hfConfigJson(const plan::RankPlan &p, HfModelClass cls) {
          {"mlp_bias", false},
          {"tie_word_embeddings", p.tie_word_embeddings()},
          {"torch_dtype", "float32"}};
+    if (cls == HfModelClass::kMixtral) {
+      // Keys of transformers' MixtralConfig; moe_layer_freq and capacity_factor are Loom's
+      // (Mixtral has every layer MoE and no capacity), written only when they say otherwise.
+      c["architectures"] = nlohmann::ordered_json::array({"MixtralForCausalLM"});
+      c["model_type"] = "mixtral";
+      c.erase("mlp_bias");
+      c.erase("attention_bias");
+      c["num_local_experts"] = p.num_experts();
+      c["num_experts_per_tok"] = p.num_experts_per_tok();
+      c["router_aux_loss_coef"] = f32Decimal(p.router_aux_loss_coef());
+      c["output_router_logits"] = p.router_aux_loss_coef() > 0;
+      if (p.moe_layer_freq() > 1) c["moe_layer_freq"] = p.moe_layer_freq();
+      if (p.capacity_factor() > 0) c["capacity_factor"] = f32Decimal(p.capacity_factor());
+    }
   }
   return c.dump(2) + "\n";
 }

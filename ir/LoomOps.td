@@ -257,6 +257,37 @@ def Loom_GroupedAttentionOp : Loom_Op<"grouped_attention", [Pure]> {
   let hasVerifier = 1;
 }
 
+def Loom_MoeOp : Loom_Op<"moe", [Pure]> {
+  let summary = "a mixture-of-experts MLP: top-k routing over SwiGLU experts (Mixtral)";
+  let description = [{
+    `input` is `[batch, seq, hidden]`, `logits` the router's `[batch, seq, E]` (a `loom.linear`
+    of the same input), `gate` and `up` `[E, ffn, hidden]` and `down` `[E, hidden, ffn]` the E
+    experts' weights stacked (Hugging Face Mixtral's w1, w3 and w2 of each expert, rows per output
+    feature). Per token (Mixtral; Jiang et al. 2024, section 2.1): `p = softmax(logits)`, the
+    `top_k` largest `p` (ties to the lower expert index) renormalised to sum 1 as the weights
+    `w_j`, and `y = sum_j w_j down_e(silu(gate_e x) * up_e x)` over the chosen experts `e`.
+    With `capacity_factor > 0` each expert takes at most `ceil(capacity_factor * T * top_k / E)`
+    of the micro-batch's `T` tokens: its assignments with the smallest weights (ties: the later
+    token) are dropped and add nothing (Megatron-Core's "probs" drop policy; the kept weights
+    are not renormalised again). `aux` is the layer's load-balancing loss (Switch Transformer,
+    Fedus et al. 2021, section 2.2, as Hugging Face's load_balancing_loss_func computes it) from
+    all the assignments before any drop: `E * sum_e (count_e / T) * P_e`, `count_e` the
+    assignments to expert e, `P_e` the mean of `p_e` over the tokens. The training loss is the
+    function's result plus `aux_loss_coef * aux` of every MoE layer: the op's gradient adds the
+    coefficient's share to the router's (Megatron-Core's MoEAuxLossAutoScaler), so `aux` itself
+    need not reach the returned loss.
+  }];
+  let arguments = (ins Loom_FloatTensor:$input, Loom_FloatTensor:$logits, Loom_FloatTensor:$gate,
+                       Loom_FloatTensor:$up, Loom_FloatTensor:$down, I64Attr:$top_k,
+                       DefaultValuedAttr<F32Attr, "0.0">:$capacity_factor,
+                       DefaultValuedAttr<F32Attr, "0.0">:$aux_loss_coef);
+  let results = (outs Loom_FloatTensor:$result, Loom_Scalar:$aux);
+  let assemblyFormat = [{
+    $input `,` $logits `,` $gate `,` $up `,` $down attr-dict `:` functional-type(operands, results)
+  }];
+  let hasVerifier = 1;
+}
+
 //===----------------------------------------------------------------------===//
 // Communication ops (inserted by the passes). `group` names the process group:
 // "tp", "pp", "dp" or "embedding"; `group_size` is its size.
@@ -501,6 +532,30 @@ def Loom_GroupedAttentionGradOp : Loom_Op<"grouped_attention_grad", [Pure]> {
   let results = (outs Loom_FloatTensor:$grad_q, Loom_FloatTensor:$grad_k, Loom_FloatTensor:$grad_v);
   let assemblyFormat = [{
     $q `,` $k `,` $v `,` $grad `,` $lse (`out` $out^)? attr-dict `:` functional-type(operands, results)
+  }];
+  let hasVerifier = 1;
+}
+
+def Loom_MoeGradOp : Loom_Op<"moe_grad", [Pure]> {
+  let summary = "gradients of moe w.r.t. its input, the router logits and the experts' weights";
+  let description = [{
+    The routing is recomputed from `logits` (the same top-k, the same drops). From `grad`
+    (dL/dresult): the experts' weight gradients and `grad_input` through the kept assignments;
+    `grad_logits` through the renormalised weights and the softmax, plus
+    `aux_loss_coef * loss_scale` times the load-balancing loss's gradient (through the mean
+    probabilities; the counts are constants). `loss_scale` is the share of the step's loss one
+    run of the program carries (1 / micro-batches, set by loom-micro-batches), as
+    `loom.cross_entropy_grad`'s.
+  }];
+  let arguments = (ins Loom_FloatTensor:$input, Loom_FloatTensor:$logits, Loom_FloatTensor:$gate,
+                       Loom_FloatTensor:$up, Loom_FloatTensor:$down, Loom_FloatTensor:$grad, I64Attr:$top_k,
+                       DefaultValuedAttr<F32Attr, "0.0">:$capacity_factor,
+                       DefaultValuedAttr<F32Attr, "0.0">:$aux_loss_coef,
+                       DefaultValuedAttr<F32Attr, "1.0">:$loss_scale);
+  let results = (outs Loom_FloatTensor:$grad_input, Loom_FloatTensor:$grad_logits, Loom_FloatTensor:$grad_gate,
+                      Loom_FloatTensor:$grad_up, Loom_FloatTensor:$grad_down);
+  let assemblyFormat = [{
+    $input `,` $logits `,` $gate `,` $up `,` $down `,` $grad attr-dict `:` functional-type(operands, results)
   }];
   let hasVerifier = 1;
 }

@@ -93,6 +93,16 @@ mlir::FailureOr<Grads> gradientOf(mlir::OpBuilder &b, mlir::Operation *op, llvm:
             o.getContextParallelGroupAttr(), o.getContextParallelRingAttr(), o.getContextParallelSizeAttr());
         return Grads{ag.getGradQ(), ag.getGradK(), ag.getGradV()};
       })
+      .Case([&](MoeOp o) -> mlir::FailureOr<Grads> {
+        // The routing recomputed from the logits; the load-balancing loss's gradient joins the
+        // router's inside the op (aux has no users: its share of the loss is aux_loss_coef).
+        if (!g) return Grads(none);
+        auto mg = b.create<MoeGradOp>(loc, o.getInput().getType(), o.getLogits().getType(), o.getGate().getType(),
+                                      o.getUp().getType(), o.getDown().getType(), o.getInput(), o.getLogits(),
+                                      o.getGate(), o.getUp(), o.getDown(), g, o.getTopKAttr(),
+                                      o.getCapacityFactorAttr(), o.getAuxLossCoefAttr(), b.getF32FloatAttr(1.0f));
+        return Grads{mg.getGradInput(), mg.getGradLogits(), mg.getGradGate(), mg.getGradUp(), mg.getGradDown()};
+      })
       .Case([&](DropoutOp o) -> mlir::FailureOr<Grads> {
         // The same mask, regenerated from the same counter-based stream.
         return Grads{b.create<DropoutOp>(loc, o.getType(), g, o.getRateAttr(), o.getStreamAttr(),

@@ -20,6 +20,8 @@ struct MicroBatchesPass : impl::LoomMicroBatchesBase<MicroBatchesPass> {
     getOperation().walk([&](CrossEntropyGradOp g) {
       if (!g.getGrad()) g.setLossScaleAttr(b.getF32FloatAttr(1.0f / float(count)));
     });
+    // The load-balancing losses' share of the step's loss, likewise.
+    getOperation().walk([&](MoeGradOp g) { g.setLossScaleAttr(b.getF32FloatAttr(1.0f / float(count))); });
     getOperation()->setAttr("loom.micro_batches", b.getI64IntegerAttr(count));
   }
 };

@@ -77,7 +77,8 @@ mlir::FailureOr<ModelFacts> readModelFacts(mlir::ModuleOp module) {
   if (facts.seqLength == 0) return f.emitError() << "@train_step has no argument with loom.input = \"tokens\"";
 
   std::set<int64_t> layers;
-  bool sawCausal = false, sawBidirectional = false, sawLlama = false;
+  bool sawCausal = false, sawBidirectional = false, sawLlama = false, sawSecondMoe = false;
+  int64_t firstMoeLayer = -1;
   mlir::Value word, outputWeight;
   mlir::WalkResult walk = f.walk([&](mlir::Operation *op) -> mlir::WalkResult {
     if (auto l = op->getAttrOfType<mlir::IntegerAttr>(attr::kLayer)) layers.insert(l.getInt());
@@ -97,6 +98,20 @@ mlir::FailureOr<ModelFacts> readModelFacts(mlir::ModuleOp module) {
       sawLlama = true;
     } else if (mlir::isa<GeluOp, SwigluOp>(op) && facts.ffnHiddenSize == 0 && op->hasAttr(attr::kLayer)) {
       facts.ffnHiddenSize = tensorOf(op->getResult(0)).getShape().back();
+    } else if (auto m = mlir::dyn_cast<MoeOp>(op)) {
+      auto layer = op->getAttrOfType<mlir::IntegerAttr>(attr::kLayer);
+      if (facts.numExperts == 0) {
+        facts.numExperts = tensorOf(m.getGate()).getDimSize(0);
+        facts.expertsPerToken = m.getTopK();
+        facts.routerAuxLossCoef = m.getAuxLossCoef().convertToDouble();
+        facts.capacityFactor = m.getCapacityFactor().convertToDouble();
+        facts.moeLayerFreq = 1;
+        if (facts.ffnHiddenSize == 0) facts.ffnHiddenSize = tensorOf(m.getGate()).getDimSize(1);
+        firstMoeLayer = layer ? layer.getInt() : -1;
+      } else if (!sawSecondMoe && layer && firstMoeLayer >= 0 && layer.getInt() > firstMoeLayer) {
+        facts.moeLayerFreq = layer.getInt() - firstMoeLayer;
+        sawSecondMoe = true;
+      }
     } else if (auto n = mlir::dyn_cast<LayerNormOp>(op); n && facts.normEpsilon == 0) {
       facts.normEpsilon = n.getEpsilon().convertToDouble();
     } else if (auto n = mlir::dyn_cast<RmsNormOp>(op)) {

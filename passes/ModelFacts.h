@@ -32,6 +32,11 @@ struct ModelFacts {
   // The dtype the parameters compute in: "f32" | "bf16" | "f16" (the module's loom.params_dtype
   // policy, or the parameters' element type).
   std::string paramsDtype;
+  // Mixture of experts (the first loom.moe; 0 experts without one): experts, top-k, the layers
+  // between MoE layers (from the first two MoE layers' loom.layer; 1 with one MoE layer), the
+  // load-balancing loss's coefficient and the capacity factor.
+  int64_t numExperts = 0, expertsPerToken = 0, moeLayerFreq = 0;
+  double routerAuxLossCoef = 0, capacityFactor = 0;
 };
 
 // Reads the facts of a module's @train_step; a missing piece (no @train_step, no embedding,

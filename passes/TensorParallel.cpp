@@ -14,8 +14,9 @@
 //                      sequence-parallel reduce_scatter, then its bias;
 //   linear -> logits   vocab-parallel: output features split, fused vocab-parallel
 //                      cross_entropy;
-//   the rest           layer_norm, add, dropout, gelu, add_bias, add_position and
-//                      cross_entropy on replicated values stay replicated.
+//   the rest           layer_norm, add, dropout, gelu, add_bias, add_position,
+//                      cross_entropy and moe (its router a loom.replicated linear) on
+//                      replicated values stay replicated.
 // A linear or attention op marked `loom.replicated` stays whole on every rank. A linear that
 // fits no rule (its output reaches a layer norm, say), an attention core whose qkv is not
 // column-split, and any other op kind are errors naming the op: nothing silently stays
@@ -111,6 +112,15 @@ class Sharder {
         if (replicated) return mlir::WalkResult::advance();
         if (failed(shardParam(e, 1, 0))) return mlir::WalkResult::interrupt();
         embeddings_.push_back(e);
+        return mlir::WalkResult::advance();
+      }
+      if (mlir::isa<MoeOp>(op)) {
+        // The experts stay whole on every rank of the group, over the replicated tokens (expert
+        // tensor parallelism is not done). Sequence parallelism would hand it a slice of the
+        // tokens, whose load-balancing statistics differ from the whole sequence's.
+        if (sp_)
+          return op->emitOpError() << "loom-tensor-parallel: a mixture-of-experts layer does not run under sequence "
+                                      "parallelism yet; set sequence_parallel to false";
         return mlir::WalkResult::advance();
       }
       if (mlir::isa<LayerNormOp, RmsNormOp, AddOp, DropoutOp, GeluOp, AddBiasOp, AddPositionOp, CrossEntropyOp,

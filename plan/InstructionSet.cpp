@@ -89,6 +89,13 @@ double attentionGradFlops(const Shapes &in, const Shapes &) {
   return 10.0 * numel(in[Grad]) * (Keys < 0 ? in[Grad][1] : in[Keys][1]);
 }
 
+// A mixture-of-experts MLP per routed (token, expert) pair, times top_k (flopsTimesAttr): gate,
+// up and down, 3 GEMMs of 2 H F (operand 2, gate, is [E, F, H]); the backward recomputes them and
+// adds 6 more (the activation's and the weights' gradients of each): 18 H F.
+double moeFlops(const Shapes &in, const Shapes &) { return 6.0 * numel(in[0]) * in[2][1]; }
+double moeGradFlops(const Shapes &in, const Shapes &) { return 18.0 * numel(in[0]) * in[2][1]; }
+std::vector<A> moeAttrs() { return {req("top_k", kI), optF("capacity_factor"), optF("aux_loss_coef")}; }
+
 // Bytes per rank on a ring (Megatron's and NCCL's ring algorithms).
 int64_t allReduceBytes(int64_t in, int64_t, int64_t g) { return ringBytesPerRank(in, g, 2); }
 int64_t gatherBytes(int64_t, int64_t out, int64_t g) { return ringBytesPerRank(out, g, 1); }
@@ -104,9 +111,10 @@ constexpr CostClass kMem = CostClass::kMemory, kGemmCost = CostClass::kGemm, kAt
 OpDecl make(OpId id, const char *name, bool dialectOp, std::vector<O> inputs, std::vector<O> outputs,
             std::vector<A> attributes, StreamRule stream, Comm comm, CostClass cost, int ringFactor = 0,
             const char *summary = "", double (*flops)(const Shapes &, const Shapes &) = nullptr,
-            int64_t (*bytesMoved)(int64_t, int64_t, int64_t) = nullptr) {
+            int64_t (*bytesMoved)(int64_t, int64_t, int64_t) = nullptr, const char *flopsTimesAttr = nullptr) {
   OpDecl d{id, name, dialectOp, std::move(inputs), std::move(outputs), std::move(attributes), stream, comm, cost};
   d.ringFactor = ringFactor, d.summary = summary, d.flops = flops, d.bytesMoved = bytesMoved;
+  d.flopsTimesAttr = flopsTimesAttr;
   return d;
 }
 
@@ -169,6 +177,16 @@ std::vector<OpDecl> declare() {
        {fl("q"), fl("k"), fl("v"), fl("grad"), fl("lse"), optFl("out")},
        {fl("grad_q"), fl("grad_k"), fl("grad_v")}, attentionAttrs(true), kC, kNo, kAttnCost, 0, "",
        attentionGradFlops<3, 1>),
+      make(kMoe, "moe", true, {fl("input"), fl("logits"), fl("gate"), fl("up"), fl("down")}, {fl("result"), f32("aux")},
+       moeAttrs(), kC, kNo, kGemmCost, 0, "", moeFlops, nullptr, "top_k"),
+      make(kMoeGrad, "moe_grad", true, {fl("input"), fl("logits"), fl("gate"), fl("up"), fl("down"), fl("grad")},
+       {fl("grad_input"), fl("grad_logits"), fl("grad_gate"), fl("grad_up"), fl("grad_down")},
+       [] {
+         std::vector<A> a = moeAttrs();
+         a.push_back(optF("loss_scale", 1.0));
+         return a;
+       }(),
+       kC, kNo, kGemmCost, 0, "", moeGradFlops, nullptr, "top_k"),
 
       // Megatron's vocab-parallel cross-entropy as its steps (compiler/Lowering.cpp): local max
       // -> all-reduce (max) -> local sums of exponentials and the target logit -> all-reduce
@@ -209,17 +227,20 @@ std::vector<OpDecl> declare() {
       // values' gradients on after each step). bytes_moved: what the rank sends.
       make(kRingAttention, "ring_attention", false, {fl("qkv")}, {fl("result"), optFl("lse")}, ringAttentionAttrs(false),
        StreamRule::kOfGroup, Comm::kCollective, kAttnCost, 1,
-       "attention (GPT's fused qkv, this rank's tokens) with the keys and values round the ring", attentionFlops<-1>),
+       "attention (GPT's fused qkv, this rank's tokens) with the keys and values round the ring", attentionFlops<-1>,
+       nullptr, "context_parallel_size"),
       make(kRingAttentionGrad, "ring_attention_grad", false, {fl("qkv"), fl("grad"), fl("lse"), fl("out")},
        {fl("result")}, ringAttentionAttrs(false), StreamRule::kOfGroup, Comm::kCollective, kAttnCost, 2,
-       "attention_grad round the ring; out: the forward's result (D = rowsum(dO * O))", attentionGradFlops<1, -1>),
+       "attention_grad round the ring; out: the forward's result (D = rowsum(dO * O))", attentionGradFlops<1, -1>,
+       nullptr, "context_parallel_size"),
       make(kRingGroupedAttention, "ring_grouped_attention", false, {fl("q"), fl("k"), fl("v")}, {fl("result"), optFl("lse")},
        ringAttentionAttrs(true), StreamRule::kOfGroup, Comm::kCollective, kAttnCost, 1,
-       "grouped_attention with k and v round the ring", attentionFlops<-1>),
+       "grouped_attention with k and v round the ring", attentionFlops<-1>, nullptr, "context_parallel_size"),
       make(kRingGroupedAttentionGrad, "ring_grouped_attention_grad", false,
        {fl("q"), fl("k"), fl("v"), fl("grad"), fl("lse"), fl("out")}, {fl("grad_q"), fl("grad_k"), fl("grad_v")},
        ringAttentionAttrs(true), StreamRule::kOfGroup, Comm::kCollective, kAttnCost, 2,
-       "grouped_attention_grad round the ring; out: the forward's result", attentionGradFlops<3, -1>),
+       "grouped_attention_grad round the ring; out: the forward's result", attentionGradFlops<3, -1>, nullptr,
+       "context_parallel_size"),
 
       // The step's own instructions (compiler/StepPrograms.cpp): accumulation, the loss, the
       // optimizer over the flat buffers.
@@ -375,8 +396,9 @@ int64_t ringBytesPerRank(int64_t bytes, int64_t members, int factor) {
   return members <= 1 ? 0 : factor * bytes * (members - 1) / members;
 }
 
-double flopsOf(const OpDecl &d, const std::vector<Shape> &inputs, const std::vector<Shape> &outputs) {
-  return d.flops ? d.flops(inputs, outputs) : 0.0;
+double flopsOf(const OpDecl &d, const std::vector<Shape> &inputs, const std::vector<Shape> &outputs,
+               int64_t timesAttr) {
+  return d.flops ? d.flops(inputs, outputs) * double(std::max<int64_t>(1, timesAttr)) : 0.0;
 }
 
 double flopsOf(const OpDecl &d, const plan::Program &program, const plan::Instruction &in) {
@@ -384,11 +406,11 @@ double flopsOf(const OpDecl &d, const plan::Program &program, const plan::Instru
   std::vector<Shape> inputs, outputs;
   for (int b : in.inputs()) inputs.emplace_back(program.buffers(b).shape().begin(), program.buffers(b).shape().end());
   for (int b : in.outputs()) outputs.emplace_back(program.buffers(b).shape().begin(), program.buffers(b).shape().end());
-  double flops = d.flops(inputs, outputs);
-  if (isRingAttention(d.id))  // the rank's queries against every member's keys
+  int64_t times = 1;
+  if (d.flopsTimesAttr)
     for (const plan::Attribute &a : in.attributes())
-      if (a.name() == "context_parallel_size") flops *= double(std::max<int64_t>(1, a.i()));
-  return flops;
+      if (a.name() == d.flopsTimesAttr) times = a.i();
+  return flopsOf(d, inputs, outputs, times);
 }
 
 bool isRingAttention(OpId id) {

@@ -27,6 +27,7 @@ enum class OpId : uint8_t {
   kCrossEntropy, kRmsNorm, kRotary, kSwiglu, kGroupedAttention,
   kWeightGrad, kBiasGrad, kLayerNormGrad, kGeluGrad, kAttentionGrad, kEmbeddingGrad, kPositionGrad,
   kCrossEntropyGrad, kRmsNormGrad, kSwigluGrad, kGroupedAttentionGrad,
+  kMoe, kMoeGrad,
   kCrossEntropyMax, kCrossEntropySums, kCrossEntropyLoss,
   kAllReduce, kAllGather, kReduceScatter, kSend, kRecv, kShard,
   kRingAttention, kRingAttentionGrad, kRingGroupedAttention, kRingGroupedAttentionGrad,
@@ -102,6 +103,10 @@ struct OpDecl {
   // Communication: bytes moved per rank, from the bytes of its (first) input and output and the
   // group's size (null: none).
   int64_t (*bytesMoved)(int64_t inputBytes, int64_t outputBytes, int64_t groupSize) = nullptr;
+  // An integer attribute the FLOPs from the shapes are multiplied by (null: none): what the
+  // shapes do not say (a ring's members, each meeting the rank's queries; the experts each
+  // token is routed to).
+  const char *flopsTimesAttr = nullptr;
 };
 
 // Every declared op, in OpId order.
@@ -127,7 +132,9 @@ CostClass costClassOf(std::string_view op);
 // Instruction.flops): GEMMs 2mnk, attention forward 4 b s^2 h, its backward 10 b s^2 h.
 // Shapes are the operands' in declared order (as the IR op or the instruction has them).
 using Shape = std::vector<int64_t>;
-double flopsOf(const OpDecl &d, const std::vector<Shape> &inputs, const std::vector<Shape> &outputs);
+// `timesAttr`: the value of the op's flopsTimesAttr attribute (1 when it has none).
+double flopsOf(const OpDecl &d, const std::vector<Shape> &inputs, const std::vector<Shape> &outputs,
+               int64_t timesAttr = 1);
 double flopsOf(const OpDecl &d, const plan::Program &program, const plan::Instruction &in);
 // Context parallelism's ring attention ops (a collective over "cp" that also computes).
 bool isRingAttention(OpId id);

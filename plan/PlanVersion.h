@@ -38,7 +38,9 @@ namespace loom {
 // 11: context parallelism: RankPlan.c and cp_rank, the groups "cp" and "dpcp"; token-wise ops
 //    over a rank's sequence chunks carry context_parallel_group (positions, rotary, dropout
 //    counters and attention map a local token to its global position).
-inline constexpr uint32_t kPlanVersion = 11;
+// 12: mixture of experts: the moe / moe_grad instructions, RankPlan's num_experts and its MoE
+//    facts.
+inline constexpr uint32_t kPlanVersion = 12;
 
 // "" when `version` is this build's; otherwise why `what` (a plan file) cannot be read.
 inline std::string planVersionError(uint32_t version, const std::string &what) {

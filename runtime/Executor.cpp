@@ -310,6 +310,7 @@ int64_t cpuAttentionScratchFloats(const plan::Program &program) {
   using isa::OpId;
   for (const plan::Instruction &in : program.instructions()) {
     floats = std::max(floats, cpu::ringAttentionScratchOf(program, in));  // context parallelism's ring
+    floats = std::max(floats, cpu::moeScratchOf(program, in));  // mixture of experts
     const isa::OpDecl *d = isa::find(in.op());
     if (!d) continue;
     bool grouped = d->id == OpId::kGroupedAttention || d->id == OpId::kGroupedAttentionGrad;

@@ -21,6 +21,17 @@
 namespace loom {
 
 
+// Mixture of experts' statistics over runs of programs (the CPU moe kernel adds each
+// instruction's): the load-balancing losses, their count, and the assignments dropped by
+// capacity out of all assigned.
+struct MoeTally {
+  double auxSum = 0;
+  int64_t layers = 0, dropped = 0, assigned = 0;
+  void add(double aux, int64_t droppedNow, int64_t assignedNow) {
+    auxSum += aux, ++layers, dropped += droppedNow, assigned += assignedNow;
+  }
+};
+
 struct ExecutionContext {
   Collectives *collectives = nullptr;  // required by programs with communication
   uint64_t seed = 1234;                // dropout seed of this step and micro-batch
@@ -66,6 +77,8 @@ struct ExecutionContext {
   // sleep of this many times its own duration (0: none), inside the instruction, so the rank
   // is that much slower at its own work.
   double testSlowdown = 0;
+  // Where the moe instructions add their statistics (null: nowhere).
+  MoeTally *moeTally = nullptr;
 };
 
 // One argument's storage, owned by the caller: fp32 (f), int32 (i) or 16-bit (h: bf16 or fp16,

@@ -15,6 +15,7 @@
 #include "formats/Checkpoint.h"
 #include "formats/HfConfig.h"
 #include "formats/HfGpt2.h"
+#include "formats/HfLlama.h"
 #include "formats/Safetensors.h"
 #include "runtime/Shards.h"
 
@@ -272,7 +273,9 @@ Status TrainingLoop::exportModel() {
   for (const std::string &copy : tiedCopies) global.erase(copy);  // the twin holds the same values
   HfModelClass cls = hfModelClassOf(p, global.count("transformer.wte.weight") > 0,
                                     global.count("model.embed_tokens.weight") > 0);
-  out.tensors = cls == HfModelClass::kGpt2 ? toHuggingFaceGpt2(global, p.vocab_size(), p.num_attention_heads()) : global;
+  out.tensors = cls == HfModelClass::kGpt2   ? toHuggingFaceGpt2(global, p.vocab_size(), p.num_attention_heads())
+                : cls == HfModelClass::kNone ? global
+                                             : toHuggingFaceLlama(global);
   LOOM_RETURN_IF_ERROR(writeSafetensors(opt_.exportPath, out));
   std::string config;
   if (cls != HfModelClass::kNone) {
@@ -292,6 +295,7 @@ Status TrainingLoop::exportModel() {
   std::printf(" exported %zu tensors (%s) to %s%s\n", out.tensors.size(),
               cls == HfModelClass::kGpt2    ? "Hugging Face GPT2LMHeadModel"
               : cls == HfModelClass::kLlama ? "Hugging Face LlamaForCausalLM"
+              : cls == HfModelClass::kMixtral ? "Hugging Face MixtralForCausalLM"
                                             : "the IR's parameter names",
               opt_.exportPath.c_str(), config.empty() ? "" : (", " + config).c_str());
   return Status::ok();

@@ -132,5 +132,8 @@ void registerStepKernels(CpuKernelRegistry &registry);
 void registerRingAttentionKernels(CpuKernelRegistry &registry);
 // The fp32 scratch a ring attention instruction needs (0 for any other).
 int64_t ringAttentionScratchOf(const plan::Program &program, const plan::Instruction &in);
+void registerMoeKernels(CpuKernelRegistry &registry);
+// The fp32 scratch a moe or moe_grad instruction needs (0 for any other).
+int64_t moeScratchOf(const plan::Program &program, const plan::Instruction &in);
 
 }  // namespace loom::cpu

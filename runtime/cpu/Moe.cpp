@@ -76,51 +76,78 @@ void moeRouteBackward(const float *probs, const int32_t *chosen, const float *dw
   }
 }
 
+int64_t moeCapacity(double factor, int64_t tokens, int64_t topK, int64_t experts) {
+  return int64_t(std::ceil(factor * double(tokens) * double(topK) / double(experts)));
+}
+
+int64_t moeDropOverCapacity(const int32_t *chosen, const float *weights, const MoeRouting &r, int64_t capacity,
+                            int32_t *kept) {
+  const int64_t n = r.tokens * r.topK;
+  std::copy_n(chosen, n, kept);
+  // Each expert's assignments, largest weight first (ties: the earlier token), past the capacity
+  // dropped.
+  std::vector<std::vector<int64_t>> byExpert(static_cast<size_t>(r.experts));
+  for (int64_t i = 0; i < n; ++i) byExpert[size_t(chosen[i])].push_back(i);
+  int64_t dropped = 0;
+  for (std::vector<int64_t> &pairs : byExpert) {
+    if (int64_t(pairs.size()) <= capacity) continue;
+    std::stable_sort(pairs.begin(), pairs.end(), [&](int64_t a, int64_t b) { return weights[a] > weights[b]; });
+    for (size_t j = size_t(capacity); j < pairs.size(); ++j) kept[pairs[j]] = -1, ++dropped;
+  }
+  return dropped;
+}
+
 namespace {
 float silu(float x) { return x / (1.0f + std::exp(-x)); }
 
 // The (token, choice) pairs grouped by expert: a stable counting sort, so each expert's rows are
 // in token order. begin[e] .. begin[e + 1] index `rows` (entries t * k + j).
+// Dropped pairs (chosen -1) are in no group; rows holds the kept ones.
 void groupByExpert(const int32_t *chosen, const MoeExperts &m, std::vector<int64_t> *begin, std::vector<int64_t> *rows) {
   int64_t n = m.tokens * m.topK;
   begin->assign(size_t(m.experts + 1), 0);
-  for (int64_t i = 0; i < n; ++i) ++(*begin)[size_t(chosen[i]) + 1];
+  for (int64_t i = 0; i < n; ++i)
+    if (chosen[i] >= 0) ++(*begin)[size_t(chosen[i]) + 1];
   for (int64_t e = 0; e < m.experts; ++e) (*begin)[size_t(e + 1)] += (*begin)[size_t(e)];
   std::vector<int64_t> next(begin->begin(), begin->end() - 1);
-  rows->resize(size_t(n));
-  for (int64_t i = 0; i < n; ++i) (*rows)[size_t(next[size_t(chosen[i])]++)] = i;
+  rows->resize(size_t(begin->back()));
+  for (int64_t i = 0; i < n; ++i)
+    if (chosen[i] >= 0) (*rows)[size_t(next[size_t(chosen[i])]++)] = i;
 }
 }  // namespace
 
 // Scratch (floats): the gathered rows X_e [n, H], gate and up outputs [n, F] each, the activation
-// [n, F], each pair's expert output [T k, H]; backward also dA, dG, dU [n, F] and dX pairs [T k, H].
+// [n, F], each pair's expert output [T k, H] and an expert's output rows [n, H]; backward also dA,
+// dG, dU [n, F], the pairs' input gradients [T k, H], the outputs' gradients and an expert's input
+// gradient rows [n, H] each.
 int64_t moeExpertsScratchFloats(const MoeExperts &m, bool backward) {
   int64_t n = m.tokens * m.topK;
-  return n * m.hidden + 3 * n * m.ffn + n * m.hidden + (backward ? 3 * n * m.ffn + n * m.hidden : 0);
+  return 3 * n * m.hidden + 3 * n * m.ffn + (backward ? 3 * n * m.ffn + 3 * n * m.hidden : 0);
 }
 
 void moeExpertsForward(const float *x, const int32_t *chosen, const float *weights, const float *gate, const float *up,
                        const float *down, const MoeExperts &m, float *y, float *scratch) {
   const int64_t H = m.hidden, F = m.ffn, k = m.topK, n = m.tokens * k;
-  float *xs = scratch, *gs = xs + n * H, *us = gs + n * F, *as = us + n * F, *pairs = as + n * F;
+  float *xs = scratch, *gs = xs + n * H, *us = gs + n * F, *as = us + n * F, *pairs = as + n * F, *out = pairs + n * H;
   std::vector<int64_t> begin, rows;
   groupByExpert(chosen, m, &begin, &rows);
-  for (int64_t i = 0; i < n; ++i) std::copy_n(x + (rows[size_t(i)] / k) * H, H, xs + i * H);
+  int64_t kept = int64_t(rows.size());
+  for (int64_t i = 0; i < kept; ++i) std::copy_n(x + (rows[size_t(i)] / k) * H, H, xs + i * H);
   for (int64_t e = 0; e < m.experts; ++e) {
     int64_t r0 = begin[size_t(e)], cnt = begin[size_t(e + 1)] - r0;
     if (cnt == 0) continue;
     gemm(false, true, cnt, F, H, 1.0f, xs + r0 * H, H, gate + e * F * H, H, 0.0f, gs + r0 * F, F);
     gemm(false, true, cnt, F, H, 1.0f, xs + r0 * H, H, up + e * F * H, H, 0.0f, us + r0 * F, F);
     for (int64_t i = r0 * F; i < (r0 + cnt) * F; ++i) as[i] = silu(gs[i]) * us[i];
-    // The expert's outputs straight into their (token, choice) slots.
-    std::vector<float> out(size_t(cnt * H));
-    gemm(false, true, cnt, H, F, 1.0f, as + r0 * F, F, down + e * H * F, F, 0.0f, out.data(), H);
-    for (int64_t i = 0; i < cnt; ++i) std::copy_n(out.data() + i * H, H, pairs + rows[size_t(r0 + i)] * H);
+    // The expert's outputs, then into their (token, choice) slots.
+    gemm(false, true, cnt, H, F, 1.0f, as + r0 * F, F, down + e * H * F, F, 0.0f, out + r0 * H, H);
+    for (int64_t i = 0; i < cnt; ++i) std::copy_n(out + (r0 + i) * H, H, pairs + rows[size_t(r0 + i)] * H);
   }
   for (int64_t t = 0; t < m.tokens; ++t) {
     float *yt = y + t * H;
     std::fill(yt, yt + H, 0.0f);
     for (int64_t j = 0; j < k; ++j) {
+      if (chosen[t * k + j] < 0) continue;  // dropped: adds nothing
       float w = weights[t * k + j];
       const float *pr = pairs + (t * k + j) * H;
       for (int64_t c = 0; c < H; ++c) yt[c] += w * pr[c];
@@ -135,27 +162,28 @@ void moeExpertsBackward(const float *x, const int32_t *chosen, const float *weig
   // The forward again (its scratch: X_e, G, U, A and the pairs' outputs).
   moeExpertsForward(x, chosen, weights, gate, up, down, m, dx, scratch);
   float *xs = scratch, *gs = xs + n * H, *us = gs + n * F, *as = us + n * F, *pairs = as + n * F;
-  float *da = pairs + n * H, *dgs = da + n * F, *dus = dgs + n * F, *dpairs = dus + n * F;
+  float *da = pairs + 2 * n * H, *dgs = da + n * F, *dus = dgs + n * F, *dpairs = dus + n * F, *gy = dpairs + n * H;
+  float *dxe = gy + n * H;
   std::vector<int64_t> begin, rows;
   groupByExpert(chosen, m, &begin, &rows);
-  // dweights[t, j] = g_t . out_tj; the pair's output gradient w_tj g_t, in expert order.
-  std::vector<float> gy(size_t(n * H));
-  for (int64_t i = 0; i < n; ++i) {
+  // dweights[t, j] = g_t . out_tj; the pair's output gradient w_tj g_t, in expert order. A
+  // dropped pair's weight gets no gradient here (its output was not added).
+  std::fill(dweights, dweights + n, 0.0f);
+  for (int64_t i = 0; i < int64_t(rows.size()); ++i) {
     int64_t pair = rows[size_t(i)], t = pair / k;
     const float *gt = g + t * H, *pr = pairs + pair * H;
     double dot = 0;
     for (int64_t c = 0; c < H; ++c) dot += double(gt[c]) * double(pr[c]);
     dweights[pair] = float(dot);
-    for (int64_t c = 0; c < H; ++c) gy[size_t(i * H + c)] = weights[pair] * gt[c];
+    for (int64_t c = 0; c < H; ++c) gy[i * H + c] = weights[pair] * gt[c];
   }
   std::fill(dgate, dgate + m.experts * F * H, 0.0f);
   std::fill(dup, dup + m.experts * F * H, 0.0f);
   std::fill(ddown, ddown + m.experts * H * F, 0.0f);
-  std::vector<float> dxe;
   for (int64_t e = 0; e < m.experts; ++e) {
     int64_t r0 = begin[size_t(e)], cnt = begin[size_t(e + 1)] - r0;
     if (cnt == 0) continue;
-    const float *gye = gy.data() + r0 * H;
+    const float *gye = gy + r0 * H;
     // down: Y = A D^T -> dA = gY D, dD = gY^T A.
     gemm(false, false, cnt, F, H, 1.0f, gye, H, down + e * H * F, F, 0.0f, da + r0 * F, F);
     gemm(true, false, H, F, cnt, 1.0f, gye, H, as + r0 * F, F, 0.0f, ddown + e * H * F, F);
@@ -167,16 +195,16 @@ void moeExpertsBackward(const float *x, const int32_t *chosen, const float *weig
     }
     gemm(true, false, F, H, cnt, 1.0f, dgs + r0 * F, F, xs + r0 * H, H, 0.0f, dgate + e * F * H, H);
     gemm(true, false, F, H, cnt, 1.0f, dus + r0 * F, F, xs + r0 * H, H, 0.0f, dup + e * F * H, H);
-    dxe.assign(size_t(cnt * H), 0.0f);
-    gemm(false, false, cnt, H, F, 1.0f, dgs + r0 * F, F, gate + e * F * H, H, 0.0f, dxe.data(), H);
-    gemm(false, false, cnt, H, F, 1.0f, dus + r0 * F, F, up + e * F * H, H, 1.0f, dxe.data(), H);
-    for (int64_t i = 0; i < cnt; ++i) std::copy_n(dxe.data() + i * H, H, dpairs + rows[size_t(r0 + i)] * H);
+    gemm(false, false, cnt, H, F, 1.0f, dgs + r0 * F, F, gate + e * F * H, H, 0.0f, dxe, H);
+    gemm(false, false, cnt, H, F, 1.0f, dus + r0 * F, F, up + e * F * H, H, 1.0f, dxe, H);
+    for (int64_t i = 0; i < cnt; ++i) std::copy_n(dxe + i * H, H, dpairs + rows[size_t(r0 + i)] * H);
   }
-  for (int64_t t = 0; t < m.tokens; ++t) {  // dx_t: the sum over its choices, in order
+  for (int64_t t = 0; t < m.tokens; ++t) {  // dx_t: the sum over its kept choices, in order
     float *d = dx + t * H;
     std::fill(d, d + H, 0.0f);
     for (int64_t j = 0; j < k; ++j)
-      for (int64_t c = 0; c < H; ++c) d[c] += dpairs[(t * k + j) * H + c];
+      if (chosen[t * k + j] >= 0)
+        for (int64_t c = 0; c < H; ++c) d[c] += dpairs[(t * k + j) * H + c];
   }
 }
 

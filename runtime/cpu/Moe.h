@@ -28,7 +28,15 @@ float moeLoadBalancingLoss(const float *probs, const int32_t *chosen, const MoeR
 void moeRouteBackward(const float *probs, const int32_t *chosen, const float *dweights, float dAux,
                       const MoeRouting &r, float *dlogits);
 
-// The experts' MLPs: x [T, H]; expert e's gate and up [E, F, H] (Hugging Face's w1 and w3, rows
+// Expert capacity (Megatron-Core's get_capacity): ceil(factor * T * k / E) assignments per expert.
+int64_t moeCapacity(double factor, int64_t tokens, int64_t topK, int64_t experts);
+// kept [T, k]: chosen, with the assignments past an expert's capacity -1 (dropped): each expert
+// keeps those with the largest weights, ties to the earlier token (Megatron-Core's "probs" drop
+// policy). Returns how many were dropped.
+int64_t moeDropOverCapacity(const int32_t *chosen, const float *weights, const MoeRouting &r, int64_t capacity,
+                            int32_t *kept);
+
+// The experts' MLPs: x [T, H]; chosen [T, k] (-1: a dropped assignment, which adds nothing); expert e's gate and up [E, F, H] (Hugging Face's w1 and w3, rows
 // per output feature), down [E, H, F] (w2). y[t] = sum_j weights[t, j] down_e(silu(gate_e x_t) *
 // up_e x_t) with e = chosen[t, j], summed over j in order.
 struct MoeExperts {

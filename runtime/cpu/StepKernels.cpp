@@ -105,6 +105,7 @@ const CpuKernelRegistry &cpuKernels() {
     registerCommunicationKernels(r);
     registerStepKernels(r);
     registerRingAttentionKernels(r);
+    registerMoeKernels(r);
     return r;
   }();
   return registry;

@@ -36,7 +36,9 @@ class Llama:
         x1, x2 = x[..., : x.shape[-1] // 2], x[..., x.shape[-1] // 2:]
         return torch.cat((-x2, x1), dim=-1)
 
-    def loss(self, tokens, labels, loss_mask):
+    def logits(self, tokens):
+        """The logits [B, S, vocab] of tokens [B, S]: embedding, the layers (attention, then
+        self.mlp), final norm, output layer."""
         c, r = self.c, self.r
         rs, rp = self.attention_rounding
         p = {k: r(v) for k, v in self.p.items()}  # the weights the ops read
@@ -63,12 +65,25 @@ class Llama:
             y = r((att @ v).transpose(1, 2).reshape(B, S, H * hd))
             x = r(x + r(y @ p[pre + "self_attn.o_proj.weight"].t()))
             h = r(self.rms_norm(x, p[pre + "post_attention_layernorm.weight"]))
-            gate, up = r(h @ p[pre + "mlp.gate_proj.weight"].t()), r(h @ p[pre + "mlp.up_proj.weight"].t())
-            m = r(F.silu(gate) * up)
-            x = r(x + r(m @ p[pre + "mlp.down_proj.weight"].t()))
+            x = r(x + self.mlp(p, pre, h))
         x = r(self.rms_norm(x, p["model.norm.weight"]))
         head = p["model.embed_tokens.weight"] if c["tie_word_embeddings"] else p["lm_head.weight"]
-        logits = r(x @ head.t())
-        per_token = F.cross_entropy(logits.reshape(B * S, -1), labels.reshape(-1).long(), reduction="none")
+        return r(x @ head.t())
+
+    def mlp(self, p, pre, h):
+        """The SwiGLU MLP of the layer whose parameter names start with pre, on its normalised
+        input h [B, S, hidden]: down(silu(gate(h)) * up(h)). p: the weights the ops read."""
+        r = self.r
+        gate, up = r(h @ p[pre + "mlp.gate_proj.weight"].t()), r(h @ p[pre + "mlp.up_proj.weight"].t())
+        m = r(F.silu(gate) * up)
+        return r(m @ p[pre + "mlp.down_proj.weight"].t())
+
+    @staticmethod
+    def cross_entropy(logits, labels, loss_mask):
+        """The mean cross-entropy over the unmasked tokens."""
+        per_token = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), labels.reshape(-1).long(), reduction="none")
         mask = loss_mask.reshape(-1)
         return (per_token * mask).sum() / mask.sum()
+
+    def loss(self, tokens, labels, loss_mask):
+        return self.cross_entropy(self.logits(tokens), labels, loss_mask)

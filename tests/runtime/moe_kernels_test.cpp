@@ -78,6 +78,23 @@ TEST(MoeRoute, BackwardIsTheDerivativeOfTheForward) {
   }
 }
 
+TEST(MoeCapacity, EachExpertKeepsItsLargestWeightsTiesToTheEarlierToken) {
+  EXPECT_EQ(moeCapacity(1.0, 64, 2, 4), 32);
+  EXPECT_EQ(moeCapacity(1.25, 10, 1, 4), 4);  // ceil(3.125)
+  EXPECT_EQ(moeCapacity(0.5, 6, 2, 4), 2);    // ceil(1.5)
+  // 5 tokens, top-1 of 2 experts: expert 0 chosen by tokens 0, 1, 3, 4 with weights .9 .6 .6 .7,
+  // expert 1 by token 2. Capacity 2: expert 0 keeps tokens 0 (.9) and 4 (.7); 1 and 3 tie at .6
+  // and both fall past the capacity.
+  MoeRouting r{5, 2, 1, false};
+  std::vector<int32_t> chosen = {0, 0, 1, 0, 0}, kept(5);
+  std::vector<float> weights = {0.9f, 0.6f, 0.8f, 0.6f, 0.7f};
+  EXPECT_EQ(moeDropOverCapacity(chosen.data(), weights.data(), r, 2, kept.data()), 2);
+  EXPECT_EQ(kept, (std::vector<int32_t>{0, -1, 1, -1, 0}));
+  // Capacity 3: of the tie, the earlier token (1) is kept.
+  EXPECT_EQ(moeDropOverCapacity(chosen.data(), weights.data(), r, 3, kept.data()), 1);
+  EXPECT_EQ(kept, (std::vector<int32_t>{0, 0, 1, -1, 0}));
+}
+
 struct Block {
   MoeExperts m;
   std::vector<float> x, weights, gate, up, down;
@@ -126,9 +143,12 @@ TEST(MoeExpertsKernel, ForwardMatchesThePerTokenReference) {
 }
 
 TEST(MoeExpertsKernel, BackwardIsTheDerivativeOfTheForward) {
+  for (bool drop : {false, true}) {
   std::mt19937 rng(9);
   MoeExperts m{7, 4, 6, 5, 2};
   Block b = randomBlock(rng, m);
+  // Dropped assignments (capacity) add nothing: their weights get no gradient.
+  if (drop) b.chosen[1] = b.chosen[4] = b.chosen[9] = -1;
   std::vector<float> g = randomVector(rng, size_t(m.tokens * m.hidden));
   std::vector<float> dx(b.x.size()), dweights(b.weights.size()), dgate(b.gate.size()), dup(b.up.size()),
       ddown(b.down.size()), y(b.x.size()), scratch(size_t(moeExpertsScratchFloats(m, true)));
@@ -148,11 +168,14 @@ TEST(MoeExpertsKernel, BackwardIsTheDerivativeOfTheForward) {
   for (const Arg &a : args) {
     std::vector<float> dir = randomVector(rng, a.value->size());
     double want = directional(*a.value, dir, loss), got = dot(*a.grad, dir);
-    EXPECT_NEAR(got, want, 2e-3 * (1 + std::abs(want))) << a.name;
+    EXPECT_NEAR(got, want, 2e-3 * (1 + std::abs(want))) << a.name << (drop ? " with drops" : "");
   }
   // Expert E - 1 was chosen by no token: its weights' gradients are zero.
   for (int64_t i = (m.experts - 1) * m.ffn * m.hidden; i < m.experts * m.ffn * m.hidden; ++i)
     ASSERT_EQ(dgate[size_t(i)], 0.0f);
+  if (drop)
+    for (int pair : {1, 4, 9}) EXPECT_EQ(dweights[size_t(pair)], 0.0f) << pair;
+  }
 }
 
 }  // namespace

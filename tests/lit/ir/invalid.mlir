@@ -313,3 +313,35 @@ func.func @weight_grad_empty(%x: tensor<4x0xf32>, %g: tensor<4x8xf32>) {
   %0 = loom.weight_grad %x, %g : (tensor<4x0xf32>, tensor<4x8xf32>) -> tensor<0x8xf32>
   return
 }
+
+// -----
+
+func.func @moe_top_k(%x: tensor<2x8x16xf32>, %l: tensor<2x8x4xf32>, %g: tensor<4x32x16xf32>, %d: tensor<4x16x32xf32>) {
+  // expected-error @+1 {{'loom.moe' op top_k must be in 1..4 (the experts), got 5}}
+  %0, %1 = loom.moe %x, %l, %g, %g, %d {top_k = 5 : i64} : (tensor<2x8x16xf32>, tensor<2x8x4xf32>, tensor<4x32x16xf32>, tensor<4x32x16xf32>, tensor<4x16x32xf32>) -> (tensor<2x8x16xf32>, tensor<f32>)
+  return
+}
+
+// -----
+
+func.func @moe_logits(%x: tensor<2x8x16xf32>, %l: tensor<2x8x3xf32>, %g: tensor<4x32x16xf32>, %d: tensor<4x16x32xf32>) {
+  // expected-error @+1 {{'loom.moe' op logits dim 2 is 3 but must be 4 (the experts of gate, dim 0)}}
+  %0, %1 = loom.moe %x, %l, %g, %g, %d {top_k = 2 : i64} : (tensor<2x8x16xf32>, tensor<2x8x3xf32>, tensor<4x32x16xf32>, tensor<4x32x16xf32>, tensor<4x16x32xf32>) -> (tensor<2x8x16xf32>, tensor<f32>)
+  return
+}
+
+// -----
+
+func.func @moe_down(%x: tensor<2x8x16xf32>, %l: tensor<2x8x4xf32>, %g: tensor<4x32x16xf32>, %d: tensor<4x32x16xf32>) {
+  // expected-error @+1 {{'loom.moe' op down dim 1 is 32 but must be 16 (hidden size of input)}}
+  %0, %1 = loom.moe %x, %l, %g, %g, %d {top_k = 2 : i64} : (tensor<2x8x16xf32>, tensor<2x8x4xf32>, tensor<4x32x16xf32>, tensor<4x32x16xf32>, tensor<4x32x16xf32>) -> (tensor<2x8x16xf32>, tensor<f32>)
+  return
+}
+
+// -----
+
+func.func @moe_capacity(%x: tensor<2x8x16xf32>, %l: tensor<2x8x4xf32>, %g: tensor<4x32x16xf32>, %d: tensor<4x16x32xf32>) {
+  // expected-error @+1 {{'loom.moe' op capacity_factor must be >= 0 (0: dropless), got -1}}
+  %0, %1 = loom.moe %x, %l, %g, %g, %d {top_k = 2 : i64, capacity_factor = -1.0 : f32} : (tensor<2x8x16xf32>, tensor<2x8x4xf32>, tensor<4x32x16xf32>, tensor<4x32x16xf32>, tensor<4x16x32xf32>) -> (tensor<2x8x16xf32>, tensor<f32>)
+  return
+}

@@ -1,0 +1,148 @@
+"""An independent Mixtral in PyTorch: the oracle Loom's mixture-of-experts training is checked
+against.
+
+Written from Hugging Face's MixtralForCausalLM (modeling_mixtral.py: MixtralSparseMoeBlock and
+load_balancing_loss_func) and its config.json, with its parameter names and nn.Linear [out, in]
+layout. Everything but the MLP is the LLaMA of llama_oracle.py (attention, RMSNorm, rotary
+embeddings, embedding and output layer, cross-entropy): Mixtral subclasses it and replaces the
+MLP of each MoE layer, one whose weights are named
+
+    model.layers.{i}.block_sparse_moe.gate.weight          [E, H]  the router (no bias)
+    model.layers.{i}.block_sparse_moe.experts.{e}.w1.weight [F, H]  expert e's gate projection
+    model.layers.{i}.block_sparse_moe.experts.{e}.w3.weight [F, H]  its up projection
+    model.layers.{i}.block_sparse_moe.experts.{e}.w2.weight [H, F]  its down projection
+
+(a layer with LLaMA's mlp.gate_proj instead stays a dense LLaMA MLP: Megatron-Core's
+--moe-layer-freq). The MoE block, on the normalised hidden h [B, S, H] flattened to T tokens:
+
+- router logits h gate^T; probabilities softmax(logits) in fp32; each token's k experts of the
+  k largest probabilities (largest first, ties to the lower expert: a stable sort, where
+  torch.topk leaves ties unspecified); their probabilities renormalised to sum 1 (Mixtral).
+- capacity (config capacity_factor > 0; absent or 0: dropless): each expert keeps at most
+  C = ceil(capacity_factor * T * k / E) of the (token, slot) assignments routed to it, those of
+  the largest renormalised weight, ties to the lower token (Megatron-Core's "probs" drop
+  policy). A dropped assignment adds nothing to its token's output; the kept weights are not
+  renormalised again.
+- expert e: w2(silu(w1 x) * w3 x) on its kept tokens, each token's output the sum over its kept
+  slots of weight * expert output (index_add, as Hugging Face does).
+- the layer's load-balancing loss (load_balancing_loss_func on this layer's logits alone, from
+  all top-k assignments before any drop): E * sum_e (count_e / T) * P_e, count_e the
+  assignments to expert e, P_e the mean over tokens of e's probability. Its gradient flows
+  through P only.
+
+The training objective is ce + router_aux_loss_coef * (sum of the MoE layers' losses): each
+layer's loss on its own (Megatron-Core), where Hugging Face concatenates the layers' logits
+into one. Nothing here imports or mirrors Loom's code.
+"""
+import math
+
+import torch
+import torch.nn.functional as F
+
+from llama_oracle import Llama
+
+
+class Mixtral(Llama):
+    # precision: as Llama's (the attention and the dense layers round as there; the MoE block
+    # rounds each op's output, its softmax in fp32 as Hugging Face's), but MoE is checked in
+    # fp32 only.
+    def __init__(self, weights, config, precision="fp32"):
+        super().__init__(weights, config, precision)
+        self.experts = config["num_local_experts"]
+        self.top_k = config["num_experts_per_tok"]
+        self.aux_coef = config.get("router_aux_loss_coef", 0.0)
+        self.capacity_factor = config.get("capacity_factor") or 0.0
+        self._layers = None  # while losses() runs: each MoE layer's (aux, dropped, assigned)
+        # The smallest margin of any routing decision since it was last reset (run_oracle sets it
+        # to inf): between a token's k-th and (k+1)-th probability, and between the last kept and
+        # the first dropped weight of an expert over capacity. Below the runs' rounding
+        # differences, two correct implementations may decide differently.
+        self.min_gap = float("inf")
+
+    def capacity(self, tokens):
+        """The assignments an expert keeps of a micro-batch of `tokens` tokens (None: dropless)."""
+        if self.capacity_factor <= 0:
+            return None
+        return math.ceil(self.capacity_factor * tokens * self.top_k / self.experts)
+
+    def route(self, logits):
+        """(probs [T, E] fp32, weights [T, k] renormalised, experts [T, k]) of router logits [T, E]."""
+        probs = logits.float().softmax(-1)
+        top, experts = probs.sort(dim=-1, descending=True, stable=True)  # ties: the lower expert
+        if self.top_k < top.shape[-1]:  # how near a token came to another choice (run_oracle's tie check)
+            self.min_gap = min(self.min_gap, (top[:, self.top_k - 1] - top[:, self.top_k]).min().item())
+        top, experts = top[:, : self.top_k], experts[:, : self.top_k]
+        return probs, top / top.sum(-1, keepdim=True), experts
+
+    def aux_loss(self, probs, experts):
+        """The load-balancing loss of one layer from all its top-k assignments (experts [T, k]):
+        E * sum_e (count_e / T) * P_e; the counts are constants."""
+        T, E = probs.shape
+        count = F.one_hot(experts, E).sum((0, 1)).to(probs.dtype)  # [E], no gradient
+        return E * ((count / T) * probs.mean(0)).sum()
+
+    def kept(self, weights, experts, e, capacity):
+        """(tokens, slots) of the assignments to expert e that it keeps, in token order."""
+        tok, slot = torch.where(experts == e)  # row-major: tokens ascending (one slot per token)
+        if capacity is not None and tok.numel() > capacity:
+            w = weights.detach()[tok, slot]
+            order = w.sort(dim=0, descending=True, stable=True).indices  # ties: lower token
+            self.min_gap = min(self.min_gap, (w[order[capacity - 1]] - w[order[capacity]]).item())
+            keep = order[:capacity].sort().values
+            tok, slot = tok[keep], slot[keep]
+        return tok, slot
+
+    def moe(self, p, pre, h):
+        """The MoE block of the layer whose names start with pre on h [B, S, H] (p: the weights
+        the ops read): (output [B, S, H], the layer's load-balancing loss, assignments dropped,
+        assignments made)."""
+        r, E = self.r, self.experts
+        moe = pre + "block_sparse_moe."
+        shape = h.shape
+        x = h.reshape(-1, shape[-1])
+        T = x.shape[0]
+        probs, weights, experts = self.route(r(x @ p[moe + "gate.weight"].t()))
+        aux = self.aux_loss(probs, experts)
+        weights = r(weights)
+        capacity = self.capacity(T)
+        out = torch.zeros_like(x)
+        kept = 0
+        for e in range(E):
+            tok, slot = self.kept(weights, experts, e, capacity)
+            kept += tok.numel()
+            if tok.numel() == 0:
+                continue
+            xe = x[tok]
+            gate = r(xe @ p[f"{moe}experts.{e}.w1.weight"].t())
+            up = r(xe @ p[f"{moe}experts.{e}.w3.weight"].t())
+            y = r(r(r(F.silu(gate) * up) @ p[f"{moe}experts.{e}.w2.weight"].t()) * weights[tok, slot, None])
+            out = out.index_add(0, tok, y)
+        assigned = T * self.top_k
+        return r(out).reshape(shape), aux, assigned - kept, assigned
+
+    def mlp(self, p, pre, h):
+        if pre + "mlp.gate_proj.weight" in p:  # a dense layer
+            return super().mlp(p, pre, h)
+        y, aux, dropped, assigned = self.moe(p, pre, h)
+        if self._layers is not None:
+            self._layers.append((aux, dropped, assigned))
+        return y
+
+    def losses(self, tokens, labels, loss_mask):
+        """(ce, aux_sum, dropped, assigned): the mean cross-entropy over the unmasked tokens, the
+        sum of the MoE layers' load-balancing losses (a tensor with its gradient, not scaled by
+        the coefficient), and the (token, slot) assignments dropped for capacity and made, over
+        all MoE layers (ints)."""
+        self._layers = []
+        try:
+            ce = self.cross_entropy(self.logits(tokens), labels, loss_mask)
+            layers = self._layers
+        finally:
+            self._layers = None
+        aux = sum((a for a, _, _ in layers), torch.zeros((), dtype=torch.float32))
+        return ce, aux, sum(d for _, d, _ in layers), sum(n for _, _, n in layers)
+
+    def loss(self, tokens, labels, loss_mask):
+        """The training objective: ce + router_aux_loss_coef * aux_sum."""
+        ce, aux, _, _ = self.losses(tokens, labels, loss_mask)
+        return ce + self.aux_coef * aux
