@@ -6,6 +6,8 @@
 // instruction of the plan; the driver only binds storage and orders program runs.
 #pragma once
 
+#include <utility>
+
 #include <map>
 #include <string>
 #include <vector>
@@ -80,6 +82,8 @@ class StepDriver {
   void slowForTest(double factor) { slowdown_ = factor; }
   Progress *progress() const { return progress_; }
   void setLossScale(float scale) { lossScale_ = scale; }
+  // The mixture-of-experts statistics of the training runs since the last call (then zeroed).
+  MoeTally takeMoeTally() { return std::exchange(moeTally_, MoeTally{}); }
   // Every training micro-batch's inputs written here (the oracle reads them).
   void setDumpBatches(const std::string &dir) { dumpBatches_ = dir; }
 
@@ -105,6 +109,7 @@ class StepDriver {
   std::string stallOp_;
   double slowdown_ = 0;
   float lossScale_ = 1.0f;
+  MoeTally moeTally_;
   std::string dumpBatches_;
   std::vector<const plan::Program *> entryProgram_;  // per schedule entry
   std::vector<bool> lastRun_;                       // per entry: the program's last run of the step

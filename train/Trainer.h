@@ -82,6 +82,8 @@ class Trainer {
   // Seconds this rank spent in its own kernels so far (runtime/Progress.h computeSeconds; -1:
   // not measured, e.g. without a Progress or on CUDA).
   double computeSeconds() const { return driver_.progress() ? driver_.progress()->computeSeconds() : -1; }
+  // This rank's mixture-of-experts statistics since the last call (runtime/Executor.h MoeTally).
+  MoeTally takeMoeTally() { return driver_.takeMoeTally(); }
   // Parameters by name (host copies).
   Status hostParameters(std::map<std::string, HostTensor> *out);
   // Checkpoint shard of this rank: parameters and AdamW moments (and fp16's scale).

@@ -314,6 +314,33 @@ std::string TrainingLoop::reportMetrics(int64_t it, bool skipped, bool logIterat
   return reporter_->takeVerdict();
 }
 
+Status TrainingLoop::gatherMoeStatistics(int64_t it, bool *have, double *auxLoss, double *droppedFraction) {
+  const plan::RankPlan &p = trainer_.plan();
+  *have = p.num_experts() > 0;
+  if (!*have) return Status::ok();
+  MoeTally mine = trainer_.takeMoeTally();
+  char text[160];
+  std::snprintf(text, sizeof text, "%.17g %lld %lld %lld", mine.auxSum, (long long)mine.layers, (long long)mine.dropped,
+                (long long)mine.assigned);
+  auto key = [it](int rank) { return "moe-statistics/" + std::to_string(it) + "/" + std::to_string(rank); };
+  LOOM_RETURN_IF_ERROR(client_.kvSet(key(p.rank()), text));
+  if (!logs()) return Status::ok();
+  // Every rank's, tensor-parallel replicas included: they add the same to both sums of a mean.
+  MoeTally all;
+  for (int r = 0; r < p.world_size(); ++r) {
+    std::string value;
+    LOOM_RETURN_IF_ERROR(client_.kvGet(key(r), kMoeStatisticsWaitMs, &value));
+    double aux = 0;
+    long long layers = 0, dropped = 0, assigned = 0;
+    if (std::sscanf(value.c_str(), "%lf %lld %lld %lld", &aux, &layers, &dropped, &assigned) != 4)
+      return Status::error("rank " + std::to_string(r) + " posted unreadable MoE statistics '" + value + "'");
+    all.auxSum += aux, all.layers += layers, all.dropped += dropped, all.assigned += assigned;
+  }
+  *auxLoss = all.layers > 0 ? all.auxSum / double(all.layers) : 0;
+  *droppedFraction = all.assigned > 0 ? double(all.dropped) / double(all.assigned) : 0;
+  return Status::ok();
+}
+
 Status TrainingLoop::writeScalars(int64_t step, const std::map<std::string, double> &values) {
   if (tensorboard_) LOOM_RETURN_IF_ERROR(tensorboard_->scalars(step, values));
   if (metricsFile_) LOOM_RETURN_IF_ERROR(metricsFile_->scalars(step, values));
@@ -388,7 +415,16 @@ Status TrainingLoop::run() {
         std::printf(" iteration %8lld/%8lld | skipped: inf/NaN gradients at loss scale %.0f (halved)\n",
                     (long long)it, (long long)opt_.trainIters, r.lossScale);
     }
+    bool moe = false;
+    double auxLoss = 0, droppedFraction = 0;
+    if (logIteration) LOOM_RETURN_IF_ERROR(gatherMoeStatistics(it, &moe, &auxLoss, &droppedFraction));
     if (!skipped && logs() && logIteration) {
+      // Megatron-Core's MoE logging: the load-balancing loss averaged over the MoE layers (and
+      // micro-batches and replicas), and here the share of assignments capacity dropped.
+      char moeText[96] = "";
+      if (moe)
+        std::snprintf(moeText, sizeof moeText, " | load balancing loss: %.6E | dropped assignments: %.2f%%", auxLoss,
+                      100 * droppedFraction);
       double mfu = p.device_peak_flops() > 0
                        ? modelFlopsPerStep(p) / (seconds * p.world_size() * p.device_peak_flops())
                        : 0;
@@ -396,11 +432,11 @@ Status TrainingLoop::run() {
       char scale[48] = "";
       if (r.lossScale > 0) std::snprintf(scale, sizeof scale, " | loss scale: %.1f", r.lossScale);
       std::printf(" iteration %8lld/%8lld | consumed samples: %10lld | elapsed time per iteration (ms): %.1f | "
-                  "learning rate: %.3E | global batch size: %5d | lm loss: %.6E%s | grad norm: %.3f | "
+                  "learning rate: %.3E | global batch size: %5d | lm loss: %.6E%s%s | grad norm: %.3f | "
                   "tokens per second: %.0f | MFU: %.1f%% | peak memory (MiB): %.1f%s\n",
                   (long long)it, (long long)opt_.trainIters, (long long)(it * p.global_batch_size()), seconds * 1000,
-                  lr, p.global_batch_size(), r.loss, scale, norm, tokensPerStep / seconds, 100 * mfu, peakMemoryMiB(),
-                  straggler.c_str());
+                  lr, p.global_batch_size(), r.loss, moeText, scale, norm, tokensPerStep / seconds, 100 * mfu,
+                  peakMemoryMiB(), straggler.c_str());
       std::fflush(stdout);
       // Megatron-LM's TensorBoard scalars (throughput: model TFLOP/s per device).
       std::map<std::string, double> scalars = {
@@ -408,6 +444,7 @@ Status TrainingLoop::run() {
           {"throughput", modelFlopsPerStep(p) / (seconds * p.world_size()) / 1e12}, {"mem-peak", peakMemoryMiB()},
           {"tokens-per-second", tokensPerStep / seconds}};
       if (r.lossScale > 0) scalars["loss-scale"] = r.lossScale;
+      if (moe) scalars["load_balancing_loss"] = auxLoss, scalars["moe-dropped-fraction"] = droppedFraction;
       LOOM_RETURN_IF_ERROR(writeScalars(it, scalars));
     }
     if (it == start + 1) {  // every rank: what it holds against what its plan says

@@ -68,6 +68,11 @@ class TrainingLoop {
   Status exportModel();
   bool logs() const;
   std::string reportMetrics(int64_t iteration, bool skipped, bool logIteration);
+  // Mixture of experts at a log iteration: every rank posts its statistics since the last log
+  // line to the coordinator's store; the logging rank sums every rank's into the mean
+  // load-balancing loss per MoE layer run and the fraction of assignments dropped (false in
+  // *have: a dense model).
+  Status gatherMoeStatistics(int64_t iteration, bool *have, double *auxLoss, double *droppedFraction);
 
   Trainer &trainer_;
   control::CoordinatorClient &client_;
@@ -77,6 +82,9 @@ class TrainingLoop {
   int64_t skipped_ = 0;  // fp16 steps skipped so far (checkpointed)
   // The straggler report: this rank's kernel time since the last log iteration.
   static constexpr int64_t kStragglerWaitMs = 2000;
+  // How long the logging rank waits for every rank's MoE statistics of a log iteration (they
+  // finish the same step; a dead rank is the coordinator's to report).
+  static constexpr int64_t kMoeStatisticsWaitMs = 120000;
   double computeInInterval_ = 0;
   int64_t iterationsInInterval_ = 0;
   std::unique_ptr<StragglerReporter> reporter_;

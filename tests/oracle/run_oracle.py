@@ -387,7 +387,8 @@ def check_config(args, name, cfg, failures):
                    "--adam-eps", str(ADAM_EPS),
                    "--dump-batches", os.path.join(work, "batches"), "--dump-grads", os.path.join(work, "grads"),
                    "--trace", os.path.join(work, "trace"),
-                   "--loss-log", os.path.join(work, "loss.log"), "--export", os.path.join(work, "final.safetensors")])
+                   "--loss-log", os.path.join(work, "loss.log"), "--metrics-file", os.path.join(work, "metrics.jsonl"),
+                   "--export", os.path.join(work, "final.safetensors")])
     seconds = time.time() - started
     if per_node and t > 1 and not sp:  # the layout is here for scatter/gather: it must be in the plan
         with open(os.path.join(work, "trace", "rank_0.json")) as f:
@@ -428,6 +429,13 @@ def check_config(args, name, cfg, failures):
     updates = 0
     moe_dropped = moe_assigned = 0  # the oracle's (token, slot) assignments over all steps
     tie_step, before_tie = 0, None
+    # Loom's logged MoE statistics per iteration (the load-balancing loss per MoE layer run, the
+    # fraction of assignments dropped), checked against the oracle's.
+    metrics = {}
+    if isinstance(oracle, Mixtral):
+        with open(os.path.join(work, "metrics.jsonl")) as f:
+            metrics = {m["iteration"]: m for m in map(json.loads, f)}
+        moe_layers = len({k.split(".")[2] for k in weights if k.endswith("block_sparse_moe.gate.weight")})
     for step in range(args.steps):
         batches = sorted(glob.glob(os.path.join(work, "batches", f"batch_step{step:05d}_*.safetensors")))
         if len(batches) != d * m:
@@ -438,6 +446,7 @@ def check_config(args, name, cfg, failures):
         skipped = step + 1 not in log
         if isinstance(oracle, Mixtral):
             oracle.min_gap = float("inf")
+            step_aux, step_dropped, step_assigned = 0.0, 0, 0
         scale = scale_now if skipped else log[step + 1][1]
         for path in batches:
             b, _ = read_safetensors(path)
@@ -448,6 +457,8 @@ def check_config(args, name, cfg, failures):
                 (loss * scale).backward()
                 total += ce.item() / len(batches)
                 moe_dropped, moe_assigned = moe_dropped + dropped, moe_assigned + assigned
+                step_aux, step_dropped, step_assigned = (step_aux + aux.item(), step_dropped + dropped,
+                                                         step_assigned + assigned)
                 continue
             loss = oracle.loss(b["tokens"], b["labels"], b["loss_mask"]) / len(batches)
             (loss * scale).backward()
@@ -490,6 +501,15 @@ def check_config(args, name, cfg, failures):
             group["lr"] = lr_at(updates, args.steps)
         opt.step()
         tol = TOLERANCE[PRECISION]["loss1" if step == 0 else "loss"]
+        if isinstance(oracle, Mixtral):
+            logged = metrics.get(step + 1, {})
+            want_aux = step_aux / (moe_layers * len(batches))
+            got_aux, got_dropped = logged.get("load_balancing_loss"), logged.get("moe-dropped-fraction")
+            if got_aux is None or abs(got_aux - want_aux) >= tol * abs(want_aux):
+                problems.append(f"load-balancing loss at step {step + 1}: Loom {got_aux}, oracle {want_aux:.9g}")
+            if got_dropped is None or abs(got_dropped - step_dropped / step_assigned) > 1e-9:
+                problems.append(f"dropped fraction at step {step + 1}: Loom {got_dropped}, oracle "
+                                f"{step_dropped / step_assigned:.9g}")
         diff = abs(log[step + 1][0] - total) / abs(total)
         worst_loss = max(worst_loss, diff)
         if diff >= tol:
