@@ -29,8 +29,10 @@ double interpolateInLog(std::vector<std::pair<double, double>> pts, double x) {
 
 }  // namespace
 
-bool isGemmOp(const std::string &op) { return op == "linear" || op == "weight_grad"; }
-bool isAttentionOp(const std::string &op) { return op.find("attention") != std::string::npos; }
+// By the instruction set's cost class (GEMMs: linear, weight_grad, the MoE experts; attention:
+// the cores, their gradients and ring forms).
+bool isGemmOp(const std::string &op) { return isa::costClassOf(op) == isa::CostClass::kGemm; }
+bool isAttentionOp(const std::string &op) { return isa::costClassOf(op) == isa::CostClass::kAttention; }
 
 double instructionBytes(const plan::Program &program, const plan::Instruction &in) {
   int64_t bytes = 0;
@@ -65,7 +67,7 @@ double CostModel::compute(const plan::Program &program, const plan::Instruction 
     auto [it, fresh] = programFlops_.try_emplace(&program, 0.0);
     if (fresh)
       for (const plan::Instruction &i : program.instructions())
-        if (!planattr::isCommunication(i.op()) || isa::isRingAttention(i.op())) it->second += i.flops();  // the ring computes
+        if (!planattr::isCommunication(i.op()) || isa::computesToo(i.op())) it->second += i.flops();  // these compute
     return it->second > 0 ? units * in.flops() / it->second : 0;
   }
   return computeSeconds(in.op(), in.flops(), isGemmOp(in.op()) || isAttentionOp(in.op()) ? 0 : instructionBytes(program, in),
@@ -93,12 +95,14 @@ double CostModel::communication(const plan::Program &program, const plan::Instru
   return transferAmong(in, members, double(in.bytes_moved()));
 }
 
-double CostModel::ringAttention(const plan::Program &program, const plan::Instruction &in,
-                                const std::vector<int> &members) {
+double CostModel::computingCollective(const plan::Program &program, const plan::Instruction &in,
+                                      const std::vector<int> &members) {
   // Context parallelism's ring: each step's transfer runs beside the previous member's blocks,
   // so the steps cost the larger of the two (Liu et al. 2023, section 3: the transfer is hidden
-  // when a block's compute takes longer).
-  return std::max(communication(program, in, members), compute(program, in));
+  // when a block's compute takes longer). The expert-parallel MoE dispatches, computes, then
+  // combines: the sum.
+  if (isa::isRingAttention(in.op())) return std::max(communication(program, in, members), compute(program, in));
+  return communication(program, in, members) + compute(program, in);
 }
 
 double CostModel::communicationLatency(const plan::Instruction &in, const std::vector<int> &members) const {

@@ -32,9 +32,9 @@ class CostModel {
   double compute(const plan::Program &program, const plan::Instruction &in);
   // Seconds for a collective, send or recv among `members` (global ranks).
   double communication(const plan::Program &program, const plan::Instruction &in, const std::vector<int> &members) const;
-  // A ring attention instruction (a collective over "cp" that computes): its transfers
-  // overlapped with its blocks.
-  double ringAttention(const plan::Program &program, const plan::Instruction &in, const std::vector<int> &members);
+  // A collective that computes (isa::computesToo): ring attention's transfers overlapped with
+  // its blocks, the expert-parallel MoE's after and before its experts.
+  double computingCollective(const plan::Program &program, const plan::Instruction &in, const std::vector<int> &members);
   // The part of communication() that does not grow with the bytes (the link's per-step
   // latency: wake-ups and hand-offs, waiting rather than moving data).
   double communicationLatency(const plan::Instruction &in, const std::vector<int> &members) const;

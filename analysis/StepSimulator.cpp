@@ -226,9 +226,9 @@ class Engine : public StepSemantics::Driver {
   void completed(int r, int i) override {
     RankState &s = state_[size_t(r)];
     const plan::Instruction &in = sem_.instruction(r, i);
-    // Ring attention (a collective that computes) counts as compute; only the part of its
-    // transfers that its blocks do not cover is exposed communication.
-    if ((!isa::isCommunication(in.op()) || isa::isRingAttention(in.op())) && in.op() != "identity") {
+    // A collective that computes (ring attention, expert-parallel MoE) counts as compute; only
+    // the part of its transfers that its computation does not cover is exposed communication.
+    if ((!isa::isCommunication(in.op()) || isa::computesToo(in.op())) && in.op() != "identity") {
       s.compute.push_back({s.startAt[size_t(i)], now_});
       s.computeByOp[in.op()] += now_ - s.startAt[size_t(i)];
       s.firstCompute = std::min(s.firstCompute, s.startAt[size_t(i)]);
@@ -288,9 +288,9 @@ class Engine : public StepSemantics::Driver {
       std::vector<Waiter> arrived = sem_.entries(key);
       sem_.forgetCall(key);
       const std::vector<int> &members = sem_.members(r, planattr::str(in, "group"));
-      bool ring = isa::isRingAttention(in.op());
-      double seconds = ring ? cost_.ringAttention(prog, in, members) : cost_.communication(prog, in, members);
-      double computing = ring ? cost_.compute(prog, in) : 0.0;
+      bool computes = isa::computesToo(in.op());
+      double seconds = computes ? cost_.computingCollective(prog, in, members) : cost_.communication(prog, in, members);
+      double computing = computes ? cost_.compute(prog, in) : 0.0;
       if (cores_ > 0 && seconds > 0) {  // every member's cores move its part of the data
         int64_t id = nextCollective_++;
         CollectiveCall &call = collectives_[id];

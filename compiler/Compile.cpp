@@ -128,14 +128,16 @@ llvm::Error runCompilerPasses(mlir::ModuleOp module, const config::ClusterSpec &
   for (int64_t n : layout) layoutOption += (layoutOption.empty() ? " layout=" : ",") + std::to_string(n);
   return run(llvm::formatv(
       "loom-tensor-parallel{{tp={0} sequence-parallel={8}},loom-context-parallel{{cp={12} comm={14}},"
+      "loom-expert-parallel{{ep={15}},"
       "loom-mixed-precision{{dtype={10}},loom-pipeline-stages{{pp={1} vp={2}{9}},loom-autodiff,"
-      "loom-data-parallel{{dp={3} bucket-bytes={4} zero1={7}{13}},loom-pipeline-partition,loom-recompute{{mode={5}},"
+      "loom-data-parallel{{dp={3} bucket-bytes={4} zero1={7}{13} expert-parallel={15}},loom-pipeline-partition,"
+      "loom-recompute{{mode={5}},"
       "loom-micro-batches{{count={6}},loom-scatter-gather{{tp={0}{11}}",
       p.tensor_parallel_size(), p.pipeline_parallel_size(), p.virtual_pipeline_size(), p.data_parallel_size() * cp,
       p.dp_bucket_size_bytes(), recomputeName(p.recompute()), microBatches, p.zero1() ? "true" : "false",
       p.sequence_parallel() ? "true" : "false", layoutOption, precisionOverride(p.precision()),
       crossing.empty() ? std::string() : " crossing=" + crossing, cp, cp > 1 ? " group=dpcp" : "",
-      p.cp_comm_type().empty() ? std::string("p2p") : p.cp_comm_type()));
+      p.cp_comm_type().empty() ? std::string("p2p") : p.cp_comm_type(), std::max<int64_t>(1, p.expert_parallel_size())));
 }
 
 llvm::Error compile(const config::ModelConfig &model, const config::ClusterSpec &cluster, const CompileOptions &opt,
@@ -306,7 +308,8 @@ llvm::Error compileInMemory(mlir::ModuleOp module, const config::ClusterSpec &cl
       }
     }
     if (s == p - 1) *sets[s].add_programs() = lossProgram(m, dpGroup, dReduce);
-    *sets[s].add_programs() = optimizerProgram(layouts[s], t, p, dReduce, par.zero1(), dpWire, deferred);
+    *sets[s].add_programs() = optimizerProgram(layouts[s], t, p, dReduce, par.zero1(), dpWire, deferred,
+                                                 std::max<int>(1, int(par.expert_parallel_size())));
     if (std::any_of(layouts[s].buckets.begin(), layouts[s].buckets.end(),
                     [](const StageBucket &bucket) { return bucket.gatherInForward; }))
       *sets[s].add_programs() = parameterGatherProgram(layouts[s], dReduce);

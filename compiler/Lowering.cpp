@@ -44,6 +44,7 @@ const isa::OpDecl *declOf(mlir::Operation *op) {
   if (op->getName().getDialectNamespace() != "loom") return nullptr;
   const isa::OpDecl *d = isa::find(op->getName().stripDialect());
   if (d && op->hasAttr("context_parallel_ring")) return isa::ringFormOf(d->id);
+  if (d && op->hasAttr("expert_parallel_group")) return isa::expertParallelFormOf(d->id);
   return d;
 }
 
@@ -85,6 +86,17 @@ int64_t bytesMovedOf(mlir::Operation *op) {
     int64_t kv = 4 * (grouped ? floats(op->getOperand(1)) + floats(op->getOperand(2)) : floats(op->getOperand(0)) * 2 / 3);
     bool backward = d->id == isa::OpId::kRingAttentionGrad || d->id == isa::OpId::kRingGroupedAttentionGrad;
     return (c - 1) * kv + (backward ? c * kv : 0);
+  }
+  if (d && (d->id == isa::OpId::kExpertParallelMoe || d->id == isa::OpId::kExpertParallelMoeGrad)) {
+    // With uniform routing (ep - 1) / ep of the rank's T top_k assignments go to other members:
+    // forward their rows out and, for the others' rows, the outputs back (H fp32 values each
+    // way); the backward twice as many (rows and output gradients out, input gradients and
+    // outputs back).
+    auto ep = op->getAttrOfType<mlir::IntegerAttr>("expert_parallel_size");
+    auto k = op->getAttrOfType<mlir::IntegerAttr>("top_k");
+    int64_t n = ep ? ep.getInt() : 1, rows = numel(op->getOperand(0)) * (k ? k.getInt() : 1);
+    bool backward = d->id == isa::OpId::kExpertParallelMoeGrad;
+    return n <= 1 ? 0 : (backward ? 4 : 2) * rows * 4 * (n - 1) / n;
   }
   if (!d || !d->bytesMoved) return 0;
   auto size = op->getAttrOfType<mlir::IntegerAttr>("group_size");
@@ -472,8 +484,7 @@ class ProgramLowering {
     int index = prog_.instructions_size();
     plan::Instruction *in = prog_.add_instructions();
     in->set_op(decl->name);
-    bool ring = isa::isRingAttention(decl->id);
-    auto group = op.getAttrOfType<mlir::StringAttr>(ring ? "context_parallel_group" : "group");
+    auto group = op.getAttrOfType<mlir::StringAttr>(decl->groupAttr ? decl->groupAttr : "group");
     in->set_stream(isa::streamOf(*decl, group ? group.getValue() : llvm::StringRef()));
     in->set_flops(flopsOf(&op));
     int64_t moved = 0;
@@ -502,8 +513,8 @@ class ProgramLowering {
       }
     streamOfInstr_.push_back(in->stream());
     if (llvm::Error e = copyAttributes(op, in)) return e;
-    if (ring) {  // the collective's group, as every collective names it
-      if (!group) return lowerError(name_ + ": a ring attention without context_parallel_group");
+    if (decl->groupAttr) {  // a collective form: its group, as every collective names it
+      if (!group) return lowerError(name_ + ": " + decl->name + " without " + decl->groupAttr);
       plan::Attribute *g = in->add_attributes();
       g->set_name("group"), g->set_s(group.str());
     }

@@ -225,7 +225,8 @@ class TrainStepBuilder {
     auto moe = b_.create<MoeOp>(loc_, mlir::TypeRange{h.getType(), tensor({}, b_.getF32Type())}, h, logits, gate, up,
                                 down, b_.getI64IntegerAttr(cfg_.num_experts_per_tok()),
                                 b_.getF32FloatAttr(cfg_.capacity_factor()),
-                                b_.getF32FloatAttr(cfg_.router_aux_loss_coef()));
+                                b_.getF32FloatAttr(cfg_.router_aux_loss_coef()), /*expert_parallel_group=*/nullptr,
+                                b_.getI64IntegerAttr(1));
     moe->setAttr(attr::kLayer, b_.getI64IntegerAttr(layer_));
     return moe.getResult();
   }

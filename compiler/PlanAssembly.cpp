@@ -59,7 +59,8 @@ class RankPlanAssembler {
         par(cluster.parallel()), facts(req.facts), modelName(req.modelName), paddedVocab(req.paddedVocab),
         modelFlopsPerToken(req.modelFlopsPerToken), kind(req.kind), t(par.tensor_parallel_size()),
         p(par.pipeline_parallel_size()), d(par.data_parallel_size()), v(par.virtual_pipeline_size()),
-        b(par.micro_batch_size()), m(req.microBatches), layout{t, p, d, std::max<int>(1, int(par.context_parallel_size()))},
+        b(par.micro_batch_size()), m(req.microBatches), layout{t, p, d, std::max<int>(1, int(par.context_parallel_size())),
+                                                       std::max<int>(1, int(par.expert_parallel_size()))},
         vocab(facts.vocabSize) {
     for (const plan::ProgramSet &set : sets)
       for (const plan::Program &prog : set.programs()) byName[prog.name()] = &prog;
@@ -111,6 +112,7 @@ class RankPlanAssembler {
     rp.set_programs_checksum(checksums[stage]);
     std::vector<const char *> groups = {"tp", "pp", "dp", "embedding"};
     if (layout.c > 1) groups.insert(groups.end(), {"cp", "dpcp"});
+    if (layout.e > 1) groups.insert(groups.end(), {"ep", "edp"});
     for (const char *g : groups) {
       plan::Group *grp = rp.add_groups();
       grp->set_name(g);
@@ -179,10 +181,14 @@ class RankPlanAssembler {
             pp.set_unpadded_size(f.getArgAttrOfType<mlir::IntegerAttr>(i, attr::kUnpaddedSize).getInt());
           }
           if (auto dim = f.getArgAttrOfType<mlir::IntegerAttr>(i, attr::kShardDim)) {
+            // Split over "tp" (Megatron's tensor parallelism) or "ep" (an MoE's experts).
+            auto group = f.getArgAttrOfType<mlir::StringAttr>(i, attr::kShardGroup);
+            bool experts = group && group.getValue() == "ep";
+            int parts = experts ? layout.e : t;
             pp.set_shard_dim(dim.getInt());
-            pp.set_shard_parts(t);
-            pp.set_shard_index(layout.tpOf(rank));
-            pp.set_global_shape(dim.getInt(), pp.shape(dim.getInt()) * t);
+            pp.set_shard_parts(parts);
+            pp.set_shard_index(experts ? layout.epOf(rank) : layout.tpOf(rank));
+            pp.set_global_shape(dim.getInt(), pp.shape(dim.getInt()) * parts);
           }
         }
       }
@@ -340,7 +346,7 @@ std::string compileSummary(const PlanRequest &req, const std::vector<plan::RankP
   int t = par.tensor_parallel_size(), p = par.pipeline_parallel_size(), d = par.data_parallel_size(),
       v = par.virtual_pipeline_size(), b = par.micro_batch_size(), m = req.microBatches;
   int c = std::max<int>(1, int(par.context_parallel_size()));
-  ParallelLayout layout{t, p, d, c};
+  ParallelLayout layout{t, p, d, c, std::max<int>(1, int(par.expert_parallel_size()))};
   double totalFlops = 0;
   std::map<int, const plan::RankPlan *> firstOfStage;  // ranks of a stage are alike
   for (const plan::RankPlan &rp : plans) {

@@ -281,12 +281,16 @@ void insertAccumulations(plan::Program &prog, const std::map<int, int> &into, st
 llvm::Expected<StageLayout> stageLayout(mlir::ModuleOp module, const plan::ProgramSet &set, int d, bool zero1,
                                         int64_t bucketBytes, const std::set<std::string> &syncedLater) {
   std::map<std::string, std::pair<bool, bool>> facts;  // name -> (tied, tensor-parallel shard)
+  std::set<std::string> experts;                       // split over "ep" instead
   for (auto f : module.getOps<mlir::func::FuncOp>())
     for (unsigned i = 0; i < f.getNumArguments(); ++i)
       if (auto n = f.getArgAttrOfType<mlir::StringAttr>(i, attr::kParam)) {
         auto &[tied, sharded] = facts[n.str()];
+        auto group = f.getArgAttrOfType<mlir::StringAttr>(i, attr::kShardGroup);
+        bool expert = group && group.getValue() == "ep";
         tied |= bool(f.getArgAttr(i, attr::kTiedTo));
-        sharded |= bool(f.getArgAttr(i, attr::kShardDim));
+        sharded |= bool(f.getArgAttr(i, attr::kShardDim)) && !expert;
+        if (expert) experts.insert(n.str());
       }
   // Flat order: each backward's gradients in the order it finishes them (its accumulations),
   // so that a data-parallel bucket (consecutive gradients in that order) is one contiguous
@@ -338,6 +342,7 @@ llvm::Expected<StageLayout> stageLayout(mlir::ModuleOp module, const plan::Progr
     p.flatOffset = layout.flatElements;
     p.tied = facts[p.name].first;
     p.tpReplicated = !facts[p.name].second;
+    p.expert = experts.count(p.name) > 0;
     p.decay = p.shape.size() >= 2;
     if (sharded) {
       auto stage = stageOf.find(name);
@@ -592,7 +597,9 @@ llvm::Error foldGradientSync(plan::Program &backward, const plan::Program *gradS
       plan::Instruction in = src;
       in.clear_inputs(), in.clear_outputs(), in.clear_wait_for();
       std::string group = planattr::str(src, "group");
-      bool dataParallel = group == "dp" || group == "dpcp";  // the weight gradients' reduction
+      // The weight gradients' reduction ("edp": expert parallelism's experts, over the ranks
+      // holding the same ones).
+      bool dataParallel = group == "dp" || group == "dpcp" || group == "edp";
       bool withinStage = group == "tp" || dataParallel;
       DeferredSync later;
       int64_t bytes = 0;
@@ -719,11 +726,16 @@ std::map<std::string, int> hyperparameterArguments(ProgramBuilder &b) {
 
 // The `segments` attribute of the parameters starting in flat elements [begin, end): the norm's
 // counting (tied copies and tp-replicated ones) and AdamW's weight decay per parameter.
-std::string segmentsIn(const StageLayout &layout, int64_t begin, int64_t end) {
+// normed: which parameters the norm counts here (expert parallelism sums the experts' squares
+// over "ep" apart from the rest; null: all).
+std::string segmentsIn(const StageLayout &layout, int64_t begin, int64_t end,
+                       bool (*normed)(const StageParameter &) = nullptr) {
   std::vector<planattr::FlatSegment> segments;
   for (const StageParameter &sp : layout.parameters)
-    if (sp.flatOffset >= begin && sp.flatOffset < end)
-      segments.push_back({sp.flatOffset, sp.elements, !sp.tied && !sp.tpReplicated, !sp.tied && sp.tpReplicated, sp.decay});
+    if (sp.flatOffset >= begin && sp.flatOffset < end) {
+      bool counted = !sp.tied && (!normed || normed(sp));
+      segments.push_back({sp.flatOffset, sp.elements, counted && !sp.tpReplicated, counted && sp.tpReplicated, sp.decay});
+    }
   return planattr::encodeSegments(segments);
 }
 
@@ -806,7 +818,7 @@ plan::Program shardedOptimizerProgram(const StageLayout &layout, int t, int p, i
 }  // namespace
 
 plan::Program optimizerProgram(const StageLayout &layout, int t, int p, int d, bool zero1, plan::DType dpWire,
-                               const std::vector<DeferredSync> &deferred) {
+                               const std::vector<DeferredSync> &deferred, int ep) {
   if (zero1 && d > 1 && !layout.buckets.empty()) return shardedOptimizerProgram(layout, t, p, d, dpWire, deferred);
   int64_t flat = layout.flatElements;
   ProgramBuilder b("optimizer", plan::Program::OPTIMIZER);
@@ -821,13 +833,30 @@ plan::Program optimizerProgram(const StageLayout &layout, int t, int p, int d, b
   // Gradient sync across stages first, in place on the parameters' slices of the flat
   // gradient buffer (arguments aliasing it: what reads the flat buffer next waits for them).
   b.alsoAfter(grads, emitDeferredSyncs(b, layout, deferred));
-  int squares = b.activation({});
-  InstructionBuilder sq(OpId::kSumSquares);
-  sq.in("grads", grads).out("squares", squares).attr("segments", segmentText);
-  // Parameters replicated across tp are counted by the group's first member only (the plan
-  // names the group; the executor reads its position from the rank's plan).
-  if (t > 1) sq.attr("replicated_group", "tp");
-  b.emit(sq);
+  // The sum of squares of the gradients: parameters replicated across tp are counted by the
+  // group's first member only (the plan names the group; the executor reads its position from
+  // the rank's plan). With expert parallelism the experts' (different on each member of "ep")
+  // are summed over "ep" before they join the rest's.
+  bool experts = std::any_of(layout.parameters.begin(), layout.parameters.end(),
+                             [](const StageParameter &sp) { return sp.expert; });
+  auto sumSquares = [&](const std::string &segments) {
+    int squares = b.activation({});
+    InstructionBuilder sq(OpId::kSumSquares);
+    sq.in("grads", grads).out("squares", squares).attr("segments", segments);
+    if (t > 1) sq.attr("replicated_group", "tp");
+    b.emit(sq);
+    return squares;
+  };
+  int squares = -1;
+  if (!experts || ep <= 1) {
+    squares = sumSquares(segmentText);
+  } else {
+    squares = sumSquares(segmentsIn(layout, 0, flat, [](const StageParameter &sp) { return !sp.expert; }));
+    int expertSquares = sumSquares(segmentsIn(layout, 0, flat, [](const StageParameter &sp) { return sp.expert; }));
+    int summed = b.activation({});
+    collective(b, OpId::kAllReduce, "ep", ep, expertSquares, summed, 4, "sum");
+    b.emit(InstructionBuilder(OpId::kAccumulate).in("input", summed).out("accumulator", squares));
+  }
   auto [norm, factor] = clippedNorm(b, squares, {{"tp", t}, {"pp", p}}, hyper);
   InstructionBuilder adam(OpId::kAdamw);
   adam.in("params", params).in("grads", grads).in("adam_m", m).in("adam_v", v).in("grad_scale", factor);

@@ -28,6 +28,7 @@ struct StageParameter {
   int64_t flatOffset = 0;      // elements, 16-aligned (64 bytes)
   bool tied = false;           // a pipeline-tied copy (its twin is counted in the norm)
   bool tpReplicated = false;   // the same on every tp rank (counted once in the norm)
+  bool expert = false;         // experts split over "ep" (each member's differ: their norm summed over it)
   bool decay = false;          // AdamW's weight decay (Megatron: matrices, not biases or norms)
 };
 
@@ -113,9 +114,10 @@ plan::Program lossProgram(int microBatches, const std::string &group, int d);
 // The `optimizer` program of a stage (t, p, d: the group sizes of the layout).
 // With ZeRO-1 by buckets (layout.buckets): each bucket's reduce-scatter that no backward ran,
 // AdamW on the rank's part of every bucket, in place, and the all-gather of each bucket that no
-// forward gathers (virtual stage -1).
+// forward gathers (virtual stage -1). ep: expert parallelism's size (the experts' gradient
+// squares are summed over "ep" apart from the rest's).
 plan::Program optimizerProgram(const StageLayout &layout, int t, int p, int d, bool zero1, plan::DType dpWire,
-                               const std::vector<DeferredSync> &deferred);
+                               const std::vector<DeferredSync> &deferred, int ep = 1);
 // ZeRO-1: the `gradient_gather` program: the all-gathers, in place in the flat gradients, of the
 // parts the backwards reduce-scattered (the buckets the optimizer reduces are left as they are),
 // so every replica holds those buckets' reduced gradients whole; empty when no backward reduces.

@@ -239,11 +239,16 @@ llvm::Error finishClusterSpec(config::ClusterSpec &c, const std::string &path) {
   if (!p.cp_comm_type().empty() && p.cp_comm_type() != "p2p" && p.cp_comm_type() != "all_gather")
     return fieldError(path, "parallel.cp_comm_type",
                       llvm::formatv("must be \"p2p\" (the ring) or \"all_gather\", got \"{0}\"", p.cp_comm_type()));
-  if (p.expert_parallel_size() < 0 || p.expert_parallel_size() > 1)
+  if (p.expert_parallel_size() == 0) p.set_expert_parallel_size(1);
+  if (p.expert_parallel_size() < 0 || p.data_parallel_size() % p.expert_parallel_size() != 0)
     return fieldError(path, "parallel.expert_parallel_size",
-                      llvm::formatv("expert parallelism is not built yet (the experts are replicated on every "
-                                    "data-parallel rank); set it to 1, got {0}",
-                                    p.expert_parallel_size()));
+                      llvm::formatv("({0}) must divide data_parallel_size ({1}): the ep groups are carved out of the "
+                                    "data-parallel ranks",
+                                    p.expert_parallel_size(), p.data_parallel_size()));
+  if (p.expert_parallel_size() > 1 && p.zero1())
+    return fieldError(path, "parallel.zero1",
+                      "ZeRO-1 with expert parallelism is not built yet (the experts' optimizer state would be sharded "
+                      "over the dp / ep ranks holding them); set zero1 to false or expert_parallel_size to 1");
   if (cp > 1 && c.device().kind() == config::CUDA)
     return fieldError(path, "parallel.context_parallel_size",
                       "context parallelism runs on the CPU backend only so far (its CUDA kernels are not written); "
@@ -305,6 +310,14 @@ llvm::Error checkModelFitsCluster(const config::ModelConfig &m, const config::Cl
     return fieldError(clusterPath, "parallel.sequence_parallel",
                       cp > 1 ? llvm::formatv("t = {0} does not divide seq_length / c = {1} / {2}", t, m.seq_length(), cp).str()
                              : llvm::formatv("t = {0} does not divide seq_length = {1}", t, m.seq_length()).str());
+  int64_t ep = std::max<int64_t>(1, p.expert_parallel_size());
+  if (ep > 1 && m.num_experts() == 0)
+    return fieldError(clusterPath, "parallel.expert_parallel_size",
+                      llvm::formatv("model '{0}' has no mixture-of-experts layers to split; set it to 1", m.name()));
+  if (ep > 1 && m.num_experts() % ep != 0)
+    return fieldError(clusterPath, "parallel.expert_parallel_size",
+                      llvm::formatv("({0}) does not divide num_experts = {1} of model '{2}'", ep, m.num_experts(),
+                                    m.name()));
   if (m.num_experts() > 0) {
     // What the MoE layers do not run with yet: one line naming the field to change.
     const char *field = p.sequence_parallel()                       ? "parallel.sequence_parallel"

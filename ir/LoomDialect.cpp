@@ -62,6 +62,11 @@ mlir::LogicalResult LoomDialect::verifyRegionArgAttribute(mlir::Operation *op, u
     if (!i || i.getInt() < 1) return fail("must be a positive integer (the tp group's size)");
     return mlir::success();
   }
+  if (name == attr::kShardGroup) {
+    auto s = mlir::dyn_cast<mlir::StringAttr>(attr.getValue());
+    if (!s || !isOneOf(s.getValue(), {"tp", "ep"})) return fail("must be \"tp\" or \"ep\"");
+    return mlir::success();
+  }
   if (name == attr::kTiedTo) {
     if (!mlir::isa<mlir::StringAttr>(attr.getValue())) return fail("must be a string (a parameter name)");
     return mlir::success();

@@ -275,12 +275,17 @@ def Loom_MoeOp : Loom_Op<"moe", [Pure]> {
     assignments to expert e, `P_e` the mean of `p_e` over the tokens. The training loss is the
     function's result plus `aux_loss_coef * aux` of every MoE layer: the op's gradient adds the
     coefficient's share to the router's (Megatron-Core's MoEAuxLossAutoScaler), so `aux` itself
-    need not reach the returned loss.
+    need not reach the returned loss. With `expert_parallel_group` (loom-expert-parallel) the
+    rank holds experts `i E_l .. (i + 1) E_l - 1` of the `E = E_l expert_parallel_size` the
+    logits choose from (`i` its place in the group): gate, up and down are its `E_l` experts,
+    and the other members compute the assignments to theirs (all-to-all over the group).
   }];
   let arguments = (ins Loom_FloatTensor:$input, Loom_FloatTensor:$logits, Loom_FloatTensor:$gate,
                        Loom_FloatTensor:$up, Loom_FloatTensor:$down, I64Attr:$top_k,
                        DefaultValuedAttr<F32Attr, "0.0">:$capacity_factor,
-                       DefaultValuedAttr<F32Attr, "0.0">:$aux_loss_coef);
+                       DefaultValuedAttr<F32Attr, "0.0">:$aux_loss_coef,
+                       OptionalAttr<StrAttr>:$expert_parallel_group,
+                       DefaultValuedAttr<I64Attr, "1">:$expert_parallel_size);
   let results = (outs Loom_FloatTensor:$result, Loom_Scalar:$aux);
   let assemblyFormat = [{
     $input `,` $logits `,` $gate `,` $up `,` $down attr-dict `:` functional-type(operands, results)
@@ -545,13 +550,17 @@ def Loom_MoeGradOp : Loom_Op<"moe_grad", [Pure]> {
     `aux_loss_coef * loss_scale` times the load-balancing loss's gradient (through the mean
     probabilities; the counts are constants). `loss_scale` is the share of the step's loss one
     run of the program carries (1 / micro-batches, set by loom-micro-batches), as
-    `loom.cross_entropy_grad`'s.
+    `loom.cross_entropy_grad`'s. With `expert_parallel_group` the rank's experts' weight
+    gradients cover the assignments of every member's tokens, divided by the group's size (so
+    that their average over "edp" is the data-parallel mean).
   }];
   let arguments = (ins Loom_FloatTensor:$input, Loom_FloatTensor:$logits, Loom_FloatTensor:$gate,
                        Loom_FloatTensor:$up, Loom_FloatTensor:$down, Loom_FloatTensor:$grad, I64Attr:$top_k,
                        DefaultValuedAttr<F32Attr, "0.0">:$capacity_factor,
                        DefaultValuedAttr<F32Attr, "0.0">:$aux_loss_coef,
-                       DefaultValuedAttr<F32Attr, "1.0">:$loss_scale);
+                       DefaultValuedAttr<F32Attr, "1.0">:$loss_scale,
+                       OptionalAttr<StrAttr>:$expert_parallel_group,
+                       DefaultValuedAttr<I64Attr, "1">:$expert_parallel_size);
   let results = (outs Loom_FloatTensor:$grad_input, Loom_FloatTensor:$grad_logits, Loom_FloatTensor:$grad_gate,
                       Loom_FloatTensor:$grad_up, Loom_FloatTensor:$grad_down);
   let assemblyFormat = [{

@@ -262,20 +262,22 @@ LogicalResult GroupedAttentionGradOp::verify() {
 // A mixture-of-experts MLP's operands (loom.moe and its gradient): input [B, S, H], logits
 // [B, S, E], gate and up [E, F, H], down [E, H, F], 1 <= top_k <= E, capacity_factor >= 0.
 static LogicalResult verifyMoeOperands(mlir::Operation *op, Value input, Value logits, Value gate, Value up, Value down,
-                                int64_t topK, float capacityFactor) {
+                                       int64_t topK, float capacityFactor, int64_t expertParallel) {
   for (auto [v, name] : {std::pair{input, "input"}, std::pair{logits, "logits"}, std::pair{gate, "gate"},
                          std::pair{up, "up"}, std::pair{down, "down"}})
     if (failed(requireRank(op, v, name, 3))) return mlir::failure();
   auto x = tensorOf(input).getShape(), l = tensorOf(logits).getShape(), g = tensorOf(gate).getShape();
   auto u = tensorOf(up).getShape(), d = tensorOf(down).getShape();
-  int64_t E = g[0], F = g[1], H = x[2];
+  if (expertParallel < 1) return op->emitOpError() << "expert_parallel_size must be >= 1, got " << expertParallel;
+  int64_t E = g[0] * expertParallel, F = g[1], H = x[2];
   if (failed(requireDim(op, "logits", 0, l[0], x[0], "batch of input")) ||
       failed(requireDim(op, "logits", 1, l[1], x[1], "sequence of input")) ||
-      failed(requireDim(op, "logits", 2, l[2], E, "the experts of gate, dim 0")) ||
+      failed(requireDim(op, "logits", 2, l[2], E,
+                        expertParallel > 1 ? "gate's experts times expert_parallel_size" : "the experts of gate, dim 0")) ||
       failed(requireDim(op, "gate", 2, g[2], H, "hidden size of input")) ||
-      failed(requireDim(op, "up", 0, u[0], E, "experts of gate")) ||
+      failed(requireDim(op, "up", 0, u[0], g[0], "experts of gate")) ||
       failed(requireDim(op, "up", 1, u[1], F, "ffn of gate")) || failed(requireDim(op, "up", 2, u[2], H, "hidden size of input")) ||
-      failed(requireDim(op, "down", 0, d[0], E, "experts of gate")) ||
+      failed(requireDim(op, "down", 0, d[0], g[0], "experts of gate")) ||
       failed(requireDim(op, "down", 1, d[1], H, "hidden size of input")) ||
       failed(requireDim(op, "down", 2, d[2], F, "ffn of gate")))
     return mlir::failure();
@@ -288,7 +290,7 @@ static LogicalResult verifyMoeOperands(mlir::Operation *op, Value input, Value l
 
 LogicalResult MoeOp::verify() {
   if (failed(verifyMoeOperands(*this, getInput(), getLogits(), getGate(), getUp(), getDown(), getTopK(),
-                               getCapacityFactor().convertToFloat())))
+                               getCapacityFactor().convertToFloat(), getExpertParallelSize())))
     return mlir::failure();
   if (getResult().getType() != getInput().getType())
     return emitOpError() << "result type " << getResult().getType() << " must equal input type " << getInput().getType();
@@ -297,7 +299,7 @@ LogicalResult MoeOp::verify() {
 
 LogicalResult MoeGradOp::verify() {
   if (failed(verifyMoeOperands(*this, getInput(), getLogits(), getGate(), getUp(), getDown(), getTopK(),
-                               getCapacityFactor().convertToFloat())))
+                               getCapacityFactor().convertToFloat(), getExpertParallelSize())))
     return mlir::failure();
   for (auto [result, operand, name] :
        {std::tuple{getGradInput(), getInput(), "input"}, std::tuple{getGradLogits(), getLogits(), "logits"},

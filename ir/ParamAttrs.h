@@ -13,6 +13,9 @@ inline constexpr llvm::StringLiteral kInitStd = "loom.init_std";   // f32, for "
 // (the rank's part is its position in group "tp").
 inline constexpr llvm::StringLiteral kShardDim = "loom.shard_dim";
 inline constexpr llvm::StringLiteral kShardParts = "loom.shard_parts";
+// The group a sharded parameter is split over: "tp" when absent; "ep" for experts split by
+// loom-expert-parallel (replicated over tp).
+inline constexpr llvm::StringLiteral kShardGroup = "loom.shard_group";
 // On parameters whose gradient each tensor-parallel rank computes only in part (replicated
 // parameters under sequence parallelism): their gradients are summed over "tp".
 inline constexpr llvm::StringLiteral kTpPartialGrad = "loom.tp_partial_grad";

@@ -80,6 +80,9 @@ class Chunker {
       if (auto a = mlir::dyn_cast<AttentionOp>(op); a && a.getKeyMask())
         return op->emitOpError() << "loom-context-parallel: a padding mask (key_mask) is not supported with context "
                                     "parallelism (the chunked attention does not take it); use cp = 1";
+      if (mlir::isa<MoeOp>(op))
+        return op->emitOpError() << "loom-context-parallel: a mixture-of-experts layer does not run with context "
+                                    "parallelism yet (its load-balancing statistics need the whole sequence); use cp = 1";
       if (mlir::isa<AttentionOp, GroupedAttentionOp>(op) && op->getAttr("context_parallel_group"))
         return op->emitOpError() << "loom-context-parallel: already context-parallel";
       if (mlir::isa<EmbeddingOp, AddPositionOp, LayerNormOp, RmsNormOp, LinearOp, AddBiasOp, GeluOp, SwigluOp,

@@ -100,7 +100,22 @@ struct DataParallelPass : impl::LoomDataParallelBase<DataParallelPass> {
     // the parameters and optimizer state, and all-gathers the parameters (Megatron's
     // distributed optimizer); the programs leave the gradients unsynchronised over dp.
     if (zero1) m->setAttr("loom.zero1", mlir::UnitAttr::get(m.getContext()));
+    if (expertParallel < 1 || dataParallel % expertParallel != 0) {
+      m.emitError() << "loom-data-parallel: expert-parallel (" << int64_t(expertParallel) << ") must divide dp ("
+                    << int64_t(dataParallel) << ")";
+      return signalPassFailure();
+    }
+    if (zero1 && expertParallel > 1) {
+      m.emitError() << "loom-data-parallel: ZeRO-1 with expert parallelism is not built yet (the experts' optimizer "
+                       "state would be sharded over edp); use zero1 = false or ep = 1";
+      return signalPassFailure();
+    }
     if (dataParallel == 1 || zero1) return;
+    // The experts split over "ep" (loom.shard_group): each is held by the dp / ep ranks of "edp".
+    llvm::StringSet<> experts;
+    for (unsigned a = 0; a < f.getNumArguments(); ++a)
+      if (auto g = f.getArgAttrOfType<mlir::StringAttr>(a, attr::kShardGroup); g && g.getValue() == "ep")
+        experts.insert(f.getArgAttrOfType<mlir::StringAttr>(a, attr::kParam).getValue());
     // Gradients in the order they become final (position of their producer in the block).
     llvm::SmallVector<unsigned> gradResults;
     for (unsigned i = 0; i < f.getNumResults(); ++i)
@@ -118,15 +133,22 @@ struct DataParallelPass : impl::LoomDataParallelBase<DataParallelPass> {
     };
     std::stable_sort(gradResults.begin(), gradResults.end(),
                      [&](unsigned a, unsigned b) { return producerPos(a) < producerPos(b); });
-    int64_t bucket = 0, filled = 0;
+    // Buckets per group: the dense gradients' over `group`, the experts' over "edp".
+    struct Buckets {
+      int64_t bucket = 0, filled = 0;
+    } dense, expert;
     for (unsigned i : gradResults) {
       mlir::Value g = ret.getOperand(i);
-      if (filled > 0 && filled + bytesOf(g) > bucketBytes) ++bucket, filled = 0;
-      filled += bytesOf(g);
+      bool isExpert = experts.contains(f.getResultAttrOfType<mlir::StringAttr>(i, attr::kGradOf).getValue());
+      Buckets &bk = isExpert ? expert : dense;
+      if (bk.filled > 0 && bk.filled + bytesOf(g) > bucketBytes) ++bk.bucket, bk.filled = 0;
+      bk.filled += bytesOf(g);
+      int64_t size = isExpert ? dataParallel / expertParallel : dataParallel;
+      if (size == 1) continue;
       wrapResult(ret, i, [&](mlir::OpBuilder &b, mlir::Value v) {
-        auto ar = b.create<AllReduceOp>(v.getLoc(), v.getType(), v, b.getStringAttr(group),
-                                        b.getI64IntegerAttr(dataParallel), b.getStringAttr("avg"));
-        ar->setAttr(attr::kBucket, b.getI64IntegerAttr(bucket));
+        auto ar = b.create<AllReduceOp>(v.getLoc(), v.getType(), v, b.getStringAttr(isExpert ? std::string("edp") : std::string(group)),
+                                        b.getI64IntegerAttr(size), b.getStringAttr("avg"));
+        ar->setAttr(attr::kBucket, b.getI64IntegerAttr(bk.bucket));
         return ar.getOperation();
       });
     }

@@ -100,7 +100,8 @@ mlir::FailureOr<Grads> gradientOf(mlir::OpBuilder &b, mlir::Operation *op, llvm:
         auto mg = b.create<MoeGradOp>(loc, o.getInput().getType(), o.getLogits().getType(), o.getGate().getType(),
                                       o.getUp().getType(), o.getDown().getType(), o.getInput(), o.getLogits(),
                                       o.getGate(), o.getUp(), o.getDown(), g, o.getTopKAttr(),
-                                      o.getCapacityFactorAttr(), o.getAuxLossCoefAttr(), b.getF32FloatAttr(1.0f));
+                                      o.getCapacityFactorAttr(), o.getAuxLossCoefAttr(), b.getF32FloatAttr(1.0f),
+                                      o.getExpertParallelGroupAttr(), o.getExpertParallelSizeAttr());
         return Grads{mg.getGradInput(), mg.getGradLogits(), mg.getGradGate(), mg.getGradUp(), mg.getGradDown()};
       })
       .Case([&](DropoutOp o) -> mlir::FailureOr<Grads> {

@@ -72,6 +72,23 @@ def LoomContextParallel : Pass<"loom-context-parallel", "mlir::ModuleOp"> {
                  Option<"comm", "comm", "std::string", "\"p2p\"", "p2p (the ring) or all_gather">];
 }
 
+def LoomExpertParallel : Pass<"loom-expert-parallel", "mlir::ModuleOp"> {
+  let summary = "Expert parallelism: each rank of an ep group holds num_experts / ep of every MoE layer's experts";
+  let description = [{
+    Megatron-Core's expert parallelism (the ep group: ep consecutive data-parallel ranks, whose
+    micro-batches differ). Every `loom.moe` gets `expert_parallel_group = "ep"` and
+    `expert_parallel_size = ep`, and its stacked expert weights (gate, up, down) are split along
+    the experts (dim 0): rank i of the group holds experts i E / ep .. (i + 1) E / ep - 1, marked
+    `loom.shard_dim = 0`, `loom.shard_parts = ep`, `loom.shard_group = "ep"`. In the plan each
+    such MoE is one collective over "ep": the rank routes its own tokens (the same routing,
+    capacity and load-balancing loss as without ep), sends each kept assignment's row to the
+    rank holding its expert and gets the expert's output back (all-to-all with the counts
+    exchanged first), and the backward returns the rows' gradients the same way. The experts'
+    weight gradients are reduced over "edp" (loom-data-parallel). ep must divide the experts.
+  }];
+  let options = [Option<"ep", "ep", "int64_t", "1", "expert-parallel degree">];
+}
+
 def LoomMixedPrecision : Pass<"loom-mixed-precision", "mlir::ModuleOp"> {
   let summary = "Apply the precision policy: 16-bit weights for compute and activations";
   let description = [{
@@ -119,6 +136,8 @@ def LoomDataParallel : Pass<"loom-data-parallel", "mlir::ModuleOp"> {
     Option<"zero1", "zero1", "bool", "false", "shard optimizer state (reduce-scatter gradients)">,
     Option<"group", "group", "std::string", "\"dp\"",
            "the group the gradients are averaged over (dpcp: the d x c ranks with context parallelism)">,
+    Option<"expertParallel", "expert-parallel", "int64_t", "1",
+           "expert parallelism ep: the experts' gradients (shard group ep) are averaged over the edp group, the dp / ep ranks holding the same experts">,
   ];
 }
 

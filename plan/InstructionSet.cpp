@@ -94,7 +94,13 @@ double attentionGradFlops(const Shapes &in, const Shapes &) {
 // adds 6 more (the activation's and the weights' gradients of each): 18 H F.
 double moeFlops(const Shapes &in, const Shapes &) { return 6.0 * numel(in[0]) * in[2][1]; }
 double moeGradFlops(const Shapes &in, const Shapes &) { return 18.0 * numel(in[0]) * in[2][1]; }
-std::vector<A> moeAttrs() { return {req("top_k", kI), optF("capacity_factor"), optF("aux_loss_coef")}; }
+std::vector<A> moeAttrs(bool grad = false, bool expertParallel = false) {
+  std::vector<A> a = {req("top_k", kI), optF("capacity_factor"), optF("aux_loss_coef")};
+  if (grad) a.push_back(optF("loss_scale", 1.0));
+  a.insert(a.end(), {optStr("expert_parallel_group"), optInt("expert_parallel_size", 1)});
+  if (expertParallel) a.push_back(req("group", kS));
+  return a;
+}
 
 // Bytes per rank on a ring (Megatron's and NCCL's ring algorithms).
 int64_t allReduceBytes(int64_t in, int64_t, int64_t g) { return ringBytesPerRank(in, g, 2); }
@@ -180,13 +186,8 @@ std::vector<OpDecl> declare() {
       make(kMoe, "moe", true, {fl("input"), fl("logits"), fl("gate"), fl("up"), fl("down")}, {fl("result"), f32("aux")},
        moeAttrs(), kC, kNo, kGemmCost, 0, "", moeFlops, nullptr, "top_k"),
       make(kMoeGrad, "moe_grad", true, {fl("input"), fl("logits"), fl("gate"), fl("up"), fl("down"), fl("grad")},
-       {fl("grad_input"), fl("grad_logits"), fl("grad_gate"), fl("grad_up"), fl("grad_down")},
-       [] {
-         std::vector<A> a = moeAttrs();
-         a.push_back(optF("loss_scale", 1.0));
-         return a;
-       }(),
-       kC, kNo, kGemmCost, 0, "", moeGradFlops, nullptr, "top_k"),
+       {fl("grad_input"), fl("grad_logits"), fl("grad_gate"), fl("grad_up"), fl("grad_down")}, moeAttrs(true), kC, kNo,
+       kGemmCost, 0, "", moeGradFlops, nullptr, "top_k"),
 
       // Megatron's vocab-parallel cross-entropy as its steps (compiler/Lowering.cpp): local max
       // -> all-reduce (max) -> local sums of exponentials and the target logit -> all-reduce
@@ -228,19 +229,42 @@ std::vector<OpDecl> declare() {
       make(kRingAttention, "ring_attention", false, {fl("qkv")}, {fl("result"), optFl("lse")}, ringAttentionAttrs(false),
        StreamRule::kOfGroup, Comm::kCollective, kAttnCost, 1,
        "attention (GPT's fused qkv, this rank's tokens) with the keys and values round the ring", attentionFlops<-1>,
-       nullptr, "context_parallel_size"),
+       nullptr, "context_parallel_size")
+          .withGroupAttr("context_parallel_group"),
       make(kRingAttentionGrad, "ring_attention_grad", false, {fl("qkv"), fl("grad"), fl("lse"), fl("out")},
        {fl("result")}, ringAttentionAttrs(false), StreamRule::kOfGroup, Comm::kCollective, kAttnCost, 2,
        "attention_grad round the ring; out: the forward's result (D = rowsum(dO * O))", attentionGradFlops<1, -1>,
-       nullptr, "context_parallel_size"),
+       nullptr, "context_parallel_size")
+          .withGroupAttr("context_parallel_group"),
       make(kRingGroupedAttention, "ring_grouped_attention", false, {fl("q"), fl("k"), fl("v")}, {fl("result"), optFl("lse")},
        ringAttentionAttrs(true), StreamRule::kOfGroup, Comm::kCollective, kAttnCost, 1,
-       "grouped_attention with k and v round the ring", attentionFlops<-1>, nullptr, "context_parallel_size"),
+       "grouped_attention with k and v round the ring", attentionFlops<-1>, nullptr, "context_parallel_size")
+          .withGroupAttr("context_parallel_group"),
       make(kRingGroupedAttentionGrad, "ring_grouped_attention_grad", false,
        {fl("q"), fl("k"), fl("v"), fl("grad"), fl("lse"), fl("out")}, {fl("grad_q"), fl("grad_k"), fl("grad_v")},
        ringAttentionAttrs(true), StreamRule::kOfGroup, Comm::kCollective, kAttnCost, 2,
        "grouped_attention_grad round the ring; out: the forward's result", attentionGradFlops<3, -1>, nullptr,
-       "context_parallel_size"),
+       "context_parallel_size")
+          .withGroupAttr("context_parallel_group"),
+
+      // Expert parallelism (Megatron-Core's expert model parallelism with the all-to-all token
+      // dispatcher): a moe whose experts are split over `group` ("ep"), one collective. The rank
+      // routes its tokens, sends each kept assignment's row to the member holding its expert
+      // (the counts exchanged first, then the rows), computes the rows the others sent to its own
+      // experts and returns their outputs; the backward sends the rows with their output
+      // gradients and gets the rows' input gradients and outputs back. FLOPs: the rank's own
+      // assignments' (uniform routing); bytes_moved: what the rank sends with uniform routing.
+      make(kExpertParallelMoe, "expert_parallel_moe", false, {fl("input"), fl("logits"), fl("gate"), fl("up"), fl("down")},
+       {fl("result"), f32("aux")}, moeAttrs(false, true), StreamRule::kOfGroup, Comm::kCollective, kGemmCost, 1,
+       "moe with its experts split over the group, the assignments exchanged all-to-all", moeFlops, nullptr, "top_k")
+          .withGroupAttr("expert_parallel_group"),
+      make(kExpertParallelMoeGrad, "expert_parallel_moe_grad", false,
+       {fl("input"), fl("logits"), fl("gate"), fl("up"), fl("down"), fl("grad")},
+       {fl("grad_input"), fl("grad_logits"), fl("grad_gate"), fl("grad_up"), fl("grad_down")}, moeAttrs(true, true),
+       StreamRule::kOfGroup, Comm::kCollective, kGemmCost, 2,
+       "moe_grad with the experts split over the group; the experts' gradients divided by its size", moeGradFlops,
+       nullptr, "top_k")
+          .withGroupAttr("expert_parallel_group"),
 
       // The step's own instructions (compiler/StepPrograms.cpp): accumulation, the loss, the
       // optimizer over the flat buffers.
@@ -420,6 +444,22 @@ bool isRingAttention(OpId id) {
 bool isRingAttention(std::string_view op) {
   const OpDecl *d = find(op);
   return d && isRingAttention(d->id);
+}
+
+const OpDecl *expertParallelFormOf(OpId id) {
+  switch (id) {
+    case OpId::kMoe: return &decl(OpId::kExpertParallelMoe);
+    case OpId::kMoeGrad: return &decl(OpId::kExpertParallelMoeGrad);
+    default: return nullptr;
+  }
+}
+
+bool computesToo(const OpDecl &d) {
+  return d.comm == Comm::kCollective && (d.cost == CostClass::kGemm || d.cost == CostClass::kAttention);
+}
+bool computesToo(std::string_view op) {
+  const OpDecl *d = find(op);
+  return d && computesToo(*d);
 }
 
 const OpDecl *ringFormOf(OpId id) {

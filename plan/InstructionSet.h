@@ -15,6 +15,7 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "protos/plan.pb.h"
@@ -31,6 +32,7 @@ enum class OpId : uint8_t {
   kCrossEntropyMax, kCrossEntropySums, kCrossEntropyLoss,
   kAllReduce, kAllGather, kReduceScatter, kSend, kRecv, kShard,
   kRingAttention, kRingAttentionGrad, kRingGroupedAttention, kRingGroupedAttentionGrad,
+  kExpertParallelMoe, kExpertParallelMoeGrad,
   kAccumulate, kFill, kScale, kCast, kSumSquares, kGradNorm, kAdamw,
   kCount
 };
@@ -107,6 +109,14 @@ struct OpDecl {
   // shapes do not say (a ring's members, each meeting the rank's queries; the experts each
   // token is routed to).
   const char *flopsTimesAttr = nullptr;
+  // A collective form of a dialect op (ring attention, expert-parallel MoE): the IR attribute
+  // naming its group, which the lowering writes as the instruction's "group" (null: the op's own
+  // "group" attribute, if any).
+  const char *groupAttr = nullptr;
+  OpDecl withGroupAttr(const char *attr) && {
+    groupAttr = attr;
+    return std::move(*this);
+  }
 };
 
 // Every declared op, in OpId order.
@@ -117,10 +127,10 @@ const OpDecl *find(std::string_view op);
 
 // The declared stream of an instruction of `d` with group attribute `group`.
 plan::Stream streamOf(const OpDecl &d, std::string_view group);
-// Context parallelism's "cp" collectives carry activations, as tp's do: the TP stream; "dpcp"
-// (weight gradients with context parallelism) is the DP stream's.
+// Context parallelism's "cp" and expert parallelism's "ep" collectives carry activations, as
+// tp's do: the TP stream; "dpcp" and "edp" (weight gradients) are the DP stream's.
 inline plan::Stream streamOfGroup(std::string_view group) {
-  return group == "tp" || group == "cp" ? plan::TP : group == "pp" ? plan::PP : plan::DP;
+  return group == "tp" || group == "cp" || group == "ep" ? plan::TP : group == "pp" ? plan::PP : plan::DP;
 }
 bool isCollective(std::string_view op);
 bool isCommunication(std::string_view op);
@@ -142,6 +152,13 @@ bool isRingAttention(std::string_view op);
 // The ring form of an attention core (attention, grouped_attention and their gradients; the
 // IR op marked context_parallel_ring lowers to it); null for any other op.
 const OpDecl *ringFormOf(OpId id);
+// The expert-parallel form of moe and moe_grad (the IR op with expert_parallel_group lowers to
+// it); null for any other op.
+const OpDecl *expertParallelFormOf(OpId id);
+// A collective that also computes (ring attention, expert-parallel MoE): its FLOPs count as
+// compute and its bytes as communication.
+bool computesToo(const OpDecl &d);
+bool computesToo(std::string_view op);
 // Bytes a collective moves per rank on a ring of `members` (what Instruction.bytes_moved holds):
 // ringFactor (n - 1) / n of the buffer; a send or recv moves its buffer once.
 int64_t ringBytesPerRank(int64_t bytes, int64_t members, int factor);

@@ -14,6 +14,10 @@ std::vector<int> groupMembers(const ParallelLayout &l, const std::string &group,
   else if (group == "dpcp")
     for (int i = 0; i < l.d; ++i)
       for (int j = 0; j < l.c; ++j) out.push_back(l.rankOf(tp, i, pp, j));
+  else if (group == "ep")
+    for (int i = 0; i < l.e; ++i) out.push_back(l.rankOf(tp, dp / l.e * l.e + i, pp, cp));
+  else if (group == "edp")
+    for (int j = 0; j < l.d / l.e; ++j) out.push_back(l.rankOf(tp, j * l.e + dp % l.e, pp, cp));
   else if (group == "pp")
     for (int i = 0; i < l.p; ++i) out.push_back(l.rankOf(tp, dp, i, cp));
   else if (group == "embedding") {  // first and last pipeline stage; a middle stage is alone

@@ -59,7 +59,11 @@ double peakMemoryMiB() {
 // same layout (resharding is future work).
 std::string layoutOf(const plan::RankPlan &p) {
   return std::to_string(p.t()) + "," + std::to_string(p.p()) + "," + std::to_string(p.d()) + "," +
-         std::to_string(p.v()) + (p.c() > 1 ? ",c" + std::to_string(p.c()) : "") + (p.zero1() ? ",zero1" : "");
+         std::to_string(p.v()) + (p.c() > 1 ? ",c" + std::to_string(p.c()) : "") +
+         (p.cluster().parallel().expert_parallel_size() > 1
+              ? ",e" + std::to_string(p.cluster().parallel().expert_parallel_size())
+              : "") +
+         (p.zero1() ? ",zero1" : "");
 }
 
 // "dim,parts,index,global dims...": where a shard sits in its parameter (dim -1: replicated).

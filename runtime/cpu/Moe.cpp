@@ -99,22 +99,20 @@ int64_t moeDropOverCapacity(const int32_t *chosen, const float *weights, const M
 
 namespace {
 float silu(float x) { return x / (1.0f + std::exp(-x)); }
+}  // namespace
 
-// The (token, choice) pairs grouped by expert: a stable counting sort, so each expert's rows are
-// in token order. begin[e] .. begin[e + 1] index `rows` (entries t * k + j).
-// Dropped pairs (chosen -1) are in no group; rows holds the kept ones.
-void groupByExpert(const int32_t *chosen, const MoeExperts &m, std::vector<int64_t> *begin, std::vector<int64_t> *rows) {
-  int64_t n = m.tokens * m.topK;
-  begin->assign(size_t(m.experts + 1), 0);
-  for (int64_t i = 0; i < n; ++i)
+void moeGroupByExpert(const int32_t *chosen, int64_t pairs, int64_t experts, std::vector<int64_t> *begin,
+                      std::vector<int64_t> *rows) {
+  begin->assign(size_t(experts + 1), 0);
+  for (int64_t i = 0; i < pairs; ++i)
     if (chosen[i] >= 0) ++(*begin)[size_t(chosen[i]) + 1];
-  for (int64_t e = 0; e < m.experts; ++e) (*begin)[size_t(e + 1)] += (*begin)[size_t(e)];
+  for (int64_t e = 0; e < experts; ++e) (*begin)[size_t(e + 1)] += (*begin)[size_t(e)];
   std::vector<int64_t> next(begin->begin(), begin->end() - 1);
   rows->resize(size_t(begin->back()));
-  for (int64_t i = 0; i < n; ++i)
+  for (int64_t i = 0; i < pairs; ++i)
     if (chosen[i] >= 0) (*rows)[size_t(next[size_t(chosen[i])]++)] = i;
 }
-}  // namespace
+
 
 // Scratch (floats): the gathered rows X_e [n, H], gate and up outputs [n, F] each, the activation
 // [n, F], each pair's expert output [T k, H] and an expert's output rows [n, H]; backward also dA,
@@ -130,7 +128,7 @@ void moeExpertsForward(const float *x, const int32_t *chosen, const float *weigh
   const int64_t H = m.hidden, F = m.ffn, k = m.topK, n = m.tokens * k;
   float *xs = scratch, *gs = xs + n * H, *us = gs + n * F, *as = us + n * F, *pairs = as + n * F, *out = pairs + n * H;
   std::vector<int64_t> begin, rows;
-  groupByExpert(chosen, m, &begin, &rows);
+  moeGroupByExpert(chosen, m.tokens * m.topK, m.experts, &begin, &rows);
   int64_t kept = int64_t(rows.size());
   for (int64_t i = 0; i < kept; ++i) std::copy_n(x + (rows[size_t(i)] / k) * H, H, xs + i * H);
   for (int64_t e = 0; e < m.experts; ++e) {
@@ -165,7 +163,7 @@ void moeExpertsBackward(const float *x, const int32_t *chosen, const float *weig
   float *da = pairs + 2 * n * H, *dgs = da + n * F, *dus = dgs + n * F, *dpairs = dus + n * F, *gy = dpairs + n * H;
   float *dxe = gy + n * H;
   std::vector<int64_t> begin, rows;
-  groupByExpert(chosen, m, &begin, &rows);
+  moeGroupByExpert(chosen, m.tokens * m.topK, m.experts, &begin, &rows);
   // dweights[t, j] = g_t . out_tj; the pair's output gradient w_tj g_t, in expert order. A
   // dropped pair's weight gets no gradient here (its output was not added).
   std::fill(dweights, dweights + n, 0.0f);

@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cstdint>
+#include <vector>
 
 namespace loom::cpu {
 
@@ -35,6 +36,12 @@ int64_t moeCapacity(double factor, int64_t tokens, int64_t topK, int64_t experts
 // policy). Returns how many were dropped.
 int64_t moeDropOverCapacity(const int32_t *chosen, const float *weights, const MoeRouting &r, int64_t capacity,
                             int32_t *kept);
+
+// The (token, choice) pairs grouped by expert: a stable counting sort, so each expert's pairs are
+// in token order. begin[e] .. begin[e + 1] index `rows` (entries t * k + j); dropped pairs
+// (chosen -1) are in no group.
+void moeGroupByExpert(const int32_t *chosen, int64_t pairs, int64_t experts, std::vector<int64_t> *begin,
+                      std::vector<int64_t> *rows);
 
 // The experts' MLPs: x [T, H]; chosen [T, k] (-1: a dropped assignment, which adds nothing); expert e's gate and up [E, F, H] (Hugging Face's w1 and w3, rows
 // per output feature), down [E, H, F] (w2). y[t] = sum_j weights[t, j] down_e(silu(gate_e x_t) *

@@ -1,7 +1,12 @@
 // The mixture-of-experts instructions (plan ops moe and moe_grad; ir/LoomOps.td has the math):
 // the routing, capacity and experts of runtime/cpu/Moe.cpp over one micro-batch's tokens. The
 // backward recomputes the routing from the logits (the same top-k, the same drops).
+// expert_parallel_moe and its gradient are the same math with the experts split over the "ep"
+// group: the assignments travel to their experts' members and back with an all-to-all whose
+// counts are exchanged first (Megatron-Core's all-to-all token dispatcher, dropless or after the
+// capacity drop).
 #include <algorithm>
+#include <string>
 #include <vector>
 
 #include "plan/PlanAttributes.h"
@@ -86,13 +91,257 @@ Status moeGrad(CpuKernelContext &c, const KernelCall &k) {
   return Status::ok();
 }
 
+// ---- Expert parallelism ----
+
+// The "ep" group's members and this rank's place; member q holds experts [q E_l, (q + 1) E_l).
+struct ExpertGroup {
+  Collectives *col = nullptr;
+  std::string group;
+  int members = 1, rank = 0;
+  int64_t localExperts = 0;
+};
+
+// Tags on the group's channel (expert-parallel MoE is the "ep" group's only traffic, in order).
+enum ExpertTag : int { kCountsTag = 21, kRowsTag, kGradsTag, kWeightsTag, kReturnTag, kReturnWeightsTag };
+
+// The sizes of an expert-parallel instruction: routing over all E experts (the logits' last dim),
+// the rank's E / ep experts (gate's dim 0) run on the rows every member sends, at most ep T k.
+struct ExpertParallelShape {
+  MoeRouting routing;
+  int64_t hidden, ffn, localExperts, members, maxRows;
+  MoeExperts local() const { return {maxRows, hidden, ffn, localExperts, 1}; }
+};
+
+ExpertParallelShape expertParallelShapeOf(const plan::Program &program, int input, int logits, int gate, int64_t topK,
+                                          int64_t members) {
+  const plan::Buffer &x = program.buffers(input), &g = program.buffers(gate);
+  int64_t tokens = planattr::dim(x, 0) * planattr::dim(x, 1), experts = planattr::dim(program.buffers(logits), 2);
+  int64_t pairs = tokens * topK;
+  return {{tokens, experts, topK, /*renormalize=*/true}, planattr::dim(x, 2), planattr::dim(g, 1), planattr::dim(g, 0),
+          members, members * pairs};
+}
+
+// Scratch (floats): the routing's probabilities, weights and weight gradients; the rank's rows out
+// (x, output gradients, weights) and back (outputs or input gradients, weight gradients); the
+// rows in from every member and their results; the local experts' scratch over the most rows.
+struct ExpertParallelScratch {
+  float *probs, *weights, *dweights, *xOut, *gOut, *wOut, *back, *wBack, *xIn, *gIn, *wIn, *result, *wResult, *experts;
+  int64_t floats;
+};
+
+ExpertParallelScratch expertParallelScratch(const ExpertParallelShape &s, bool backward, float *base) {
+  const int64_t T = s.routing.tokens, P = T * s.routing.topK, R = s.maxRows, H = s.hidden;
+  int64_t sizes[] = {T * s.routing.experts, P, P, P * H, P * H, P, P * H, P, R * H, R * H, R, R * H, R, 0};
+  ExpertParallelScratch x{};
+  float **order[] = {&x.probs, &x.weights, &x.dweights, &x.xOut, &x.gOut, &x.wOut, &x.back, &x.wBack,
+                     &x.xIn, &x.gIn, &x.wIn, &x.result, &x.wResult, &x.experts};
+  int64_t at = 0;
+  for (size_t i = 0; i < std::size(order); ++i) {
+    *order[i] = base ? base + at : nullptr;
+    at += sizes[i];
+  }
+  x.floats = at + moeExpertsScratchFloats(s.local(), backward);
+  return x;
+}
+
+Status expertGroupOf(CpuKernelContext &c, const KernelCall &k, const ExpertParallelShape &s, ExpertGroup *g) {
+  LOOM_RETURN_IF_ERROR(c.collectives(&g->col));
+  g->group = k.str("group");
+  g->members = g->col->sizeOf(g->group), g->rank = g->col->rankIn(g->group);
+  g->localExperts = s.localExperts;
+  if (g->members != k.i64("expert_parallel_size") || g->rank < 0 || g->rank >= g->members ||
+      s.localExperts * g->members != s.routing.experts)
+    return Status::error(std::string(k.decl.name) + ": group '" + g->group + "' has " + std::to_string(g->members) +
+                         " members, the instruction says " + std::to_string(k.i64("expert_parallel_size")) + " with " +
+                         std::to_string(s.localExperts) + " of " + std::to_string(s.routing.experts) +
+                         " experts each (corrupt plan)");
+  if (s.routing.topK < 1 || s.routing.topK > s.routing.experts)
+    return Status::error(std::string(k.decl.name) + ": top_k does not fit the experts (corrupt plan)");
+  return Status::ok();
+}
+
+// All-to-all of rows `width` floats wide: member q gets rows [sendBegin[q], sendBegin[q + 1]) of
+// `send`; rows [recvBegin[q], recvBegin[q + 1]) of `recv` come from member q. Sends copy and
+// return at once (Collectives::sendBytes), so posting every send before any receive cannot
+// deadlock; the pairs go round in rounds (q = r + s, from r - s) as NCCL's all-to-all does.
+Status allToAllRows(const ExpertGroup &g, const float *send, const std::vector<int64_t> &sendBegin, float *recv,
+                    const std::vector<int64_t> &recvBegin, int64_t width, int tag) {
+  const int n = g.members, r = g.rank;
+  const int64_t bytes = int64_t(sizeof(float)) * width;
+  for (int s = 1; s < n; ++s) {
+    int q = (r + s) % n;
+    int64_t rows = sendBegin[size_t(q + 1)] - sendBegin[size_t(q)];
+    if (rows > 0) LOOM_RETURN_IF_ERROR(g.col->sendBytes(g.group, q, send + sendBegin[size_t(q)] * width, rows * bytes, tag));
+  }
+  std::copy(send + sendBegin[size_t(r)] * width, send + sendBegin[size_t(r + 1)] * width, recv + recvBegin[size_t(r)] * width);
+  for (int s = 1; s < n; ++s) {
+    int q = (r - s + n) % n;
+    int64_t rows = recvBegin[size_t(q + 1)] - recvBegin[size_t(q)];
+    if (rows > 0) LOOM_RETURN_IF_ERROR(g.col->recvBytes(g.group, q, recv + recvBegin[size_t(q)] * width, rows * bytes, tag));
+  }
+  return Status::ok();
+}
+
+// The dispatch plan of one instruction: this rank's kept assignments grouped by expert (`rows`,
+// pair indices t k + j, member-major since each member's experts are consecutive), the rows each
+// member gets and sends back, and the local expert of every row that comes in.
+struct Dispatch {
+  std::vector<int64_t> rows, sendBegin, recvBegin;
+  std::vector<int32_t> localExpert;  // per row in: which of this rank's experts
+  std::vector<int64_t> rowOfPair;    // pair -> its index in `rows`, -1: dropped
+};
+
+Status dispatchOf(const ExpertGroup &g, const int32_t *kept, const MoeRouting &r, int64_t maxRows, Dispatch *d) {
+  const int n = g.members;
+  const int64_t El = g.localExperts, P = r.tokens * r.topK;
+  std::vector<int64_t> begin;
+  moeGroupByExpert(kept, P, r.experts, &begin, &d->rows);
+  d->rowOfPair.assign(size_t(P), -1);
+  for (size_t i = 0; i < d->rows.size(); ++i) d->rowOfPair[size_t(d->rows[i])] = int64_t(i);
+  d->sendBegin.resize(size_t(n + 1));
+  for (int q = 0; q <= n; ++q) d->sendBegin[size_t(q)] = begin[size_t(q * El)];
+  // The counts first: member q learns how many rows of each of its experts come from here.
+  std::vector<int32_t> out(size_t(n * El)), in(size_t(n * El));
+  for (int64_t e = 0; e < r.experts; ++e) out[size_t(e)] = int32_t(begin[size_t(e + 1)] - begin[size_t(e)]);
+  for (int s = 1; s < n; ++s) {
+    int q = (g.rank + s) % n;
+    LOOM_RETURN_IF_ERROR(g.col->sendBytes(g.group, q, out.data() + q * El, El * int64_t(sizeof(int32_t)), kCountsTag));
+  }
+  std::copy_n(out.data() + g.rank * El, El, in.data() + g.rank * El);
+  for (int s = 1; s < n; ++s) {
+    int q = (g.rank - s + n) % n;
+    LOOM_RETURN_IF_ERROR(g.col->recvBytes(g.group, q, in.data() + q * El, El * int64_t(sizeof(int32_t)), kCountsTag));
+  }
+  d->recvBegin.assign(size_t(n + 1), 0);
+  d->localExpert.clear();
+  for (int q = 0; q < n; ++q) {
+    for (int64_t e = 0; e < El; ++e) {
+      int32_t count = in[size_t(q * El + e)];
+      if (count < 0 || count > P)
+        return Status::error("expert-parallel dispatch: member " + std::to_string(q) + " of '" + g.group + "' sent " +
+                             std::to_string(count) + " rows for one expert (at most " + std::to_string(P) + ")");
+      d->localExpert.insert(d->localExpert.end(), size_t(count), int32_t(e));
+    }
+    d->recvBegin[size_t(q + 1)] = int64_t(d->localExpert.size());
+  }
+  if (int64_t(d->localExpert.size()) > maxRows)
+    return Status::error("expert-parallel dispatch: more rows came in than " + std::to_string(maxRows) + " (corrupt plan)");
+  return Status::ok();
+}
+
+Status expertParallelMoe(CpuKernelContext &c, const KernelCall &k) {
+  ExpertParallelShape s = expertParallelShapeOf(*c.program, k.in("input"), k.in("logits"), k.in("gate"), k.i64("top_k"),
+                                                k.i64("expert_parallel_size"));
+  ExpertGroup g;
+  LOOM_RETURN_IF_ERROR(expertGroupOf(c, k, s, &g));
+  const MoeRouting &r = s.routing;
+  const int64_t H = s.hidden, K = r.topK;
+  ExpertParallelScratch x = expertParallelScratch(s, false, c.scratch);
+  thread_local std::vector<int32_t> chosen, kept;
+  MoeShape routeShape{r, {r.tokens, H, s.ffn, r.experts, K}};
+  int64_t dropped = route(c, k, routeShape, x.probs, x.weights, &chosen, &kept);
+  float aux = moeLoadBalancingLoss(x.probs, chosen.data(), r);
+  c.f(k.out("aux"))[0] = aux;
+  thread_local Dispatch d;
+  LOOM_RETURN_IF_ERROR(dispatchOf(g, kept.data(), r, s.maxRows, &d));
+  const float *input = c.f(k.in("input"));
+  for (size_t i = 0; i < d.rows.size(); ++i) std::copy_n(input + (d.rows[i] / K) * H, H, x.xOut + int64_t(i) * H);
+  LOOM_RETURN_IF_ERROR(allToAllRows(g, x.xOut, d.sendBegin, x.xIn, d.recvBegin, H, kRowsTag));
+  // This rank's experts over the rows that came in, each row one assignment of weight 1.
+  int64_t rowsIn = int64_t(d.localExpert.size());
+  std::fill_n(x.wIn, rowsIn, 1.0f);
+  moeExpertsForward(x.xIn, d.localExpert.data(), x.wIn, c.f(k.in("gate")), c.f(k.in("up")), c.f(k.in("down")),
+                    {rowsIn, H, s.ffn, s.localExperts, 1}, x.result, x.experts);
+  LOOM_RETURN_IF_ERROR(allToAllRows(g, x.result, d.recvBegin, x.back, d.sendBegin, H, kReturnTag));
+  // The combine: y_t = sum_j w_tj out_tj over the kept choices, in order (as moe).
+  float *y = c.f(k.out("result"));
+  for (int64_t t = 0; t < r.tokens; ++t) {
+    float *yt = y + t * H;
+    std::fill(yt, yt + H, 0.0f);
+    for (int64_t j = 0; j < K; ++j) {
+      int64_t row = d.rowOfPair[size_t(t * K + j)];
+      if (row < 0) continue;
+      float w = x.weights[t * K + j];
+      const float *o = x.back + row * H;
+      for (int64_t col = 0; col < H; ++col) yt[col] += w * o[col];
+    }
+  }
+  if (c.run->moeTally) c.run->moeTally->add(aux, dropped, r.tokens * K);
+  return Status::ok();
+}
+
+Status expertParallelMoeGrad(CpuKernelContext &c, const KernelCall &k) {
+  ExpertParallelShape s = expertParallelShapeOf(*c.program, k.in("input"), k.in("logits"), k.in("gate"), k.i64("top_k"),
+                                                k.i64("expert_parallel_size"));
+  ExpertGroup g;
+  LOOM_RETURN_IF_ERROR(expertGroupOf(c, k, s, &g));
+  const MoeRouting &r = s.routing;
+  const int64_t H = s.hidden, K = r.topK, P = r.tokens * K;
+  ExpertParallelScratch x = expertParallelScratch(s, true, c.scratch);
+  thread_local std::vector<int32_t> chosen, kept;
+  MoeShape routeShape{r, {r.tokens, H, s.ffn, r.experts, K}};
+  route(c, k, routeShape, x.probs, x.weights, &chosen, &kept);
+  thread_local Dispatch d;
+  LOOM_RETURN_IF_ERROR(dispatchOf(g, kept.data(), r, s.maxRows, &d));
+  // Out: each kept assignment's input row, its token's output gradient and its weight.
+  const float *input = c.f(k.in("input")), *grad = c.f(k.in("grad"));
+  for (size_t i = 0; i < d.rows.size(); ++i) {
+    int64_t pair = d.rows[i], t = pair / K;
+    std::copy_n(input + t * H, H, x.xOut + int64_t(i) * H);
+    std::copy_n(grad + t * H, H, x.gOut + int64_t(i) * H);
+    x.wOut[i] = x.weights[pair];
+  }
+  LOOM_RETURN_IF_ERROR(allToAllRows(g, x.xOut, d.sendBegin, x.xIn, d.recvBegin, H, kRowsTag));
+  LOOM_RETURN_IF_ERROR(allToAllRows(g, x.gOut, d.sendBegin, x.gIn, d.recvBegin, H, kGradsTag));
+  LOOM_RETURN_IF_ERROR(allToAllRows(g, x.wOut, d.sendBegin, x.wIn, d.recvBegin, 1, kWeightsTag));
+  // This rank's experts: each row's input gradient and its weight's gradient (g . out), and the
+  // experts' weight gradients over every member's rows, divided by the members: the group's
+  // mean, which the "edp" average then makes the data-parallel mean (Megatron-Core scales
+  // expert gradients by 1 / dp as well).
+  int64_t rowsIn = int64_t(d.localExpert.size());
+  float *dgate = c.f(k.out("grad_gate")), *dup = c.f(k.out("grad_up")), *ddown = c.f(k.out("grad_down"));
+  moeExpertsBackward(x.xIn, d.localExpert.data(), x.wIn, c.f(k.in("gate")), c.f(k.in("up")), c.f(k.in("down")), x.gIn,
+                     {rowsIn, H, s.ffn, s.localExperts, 1}, x.result, x.wResult, dgate, dup, ddown, x.experts);
+  const float inv = 1.0f / float(g.members);
+  const int64_t weightsOfExperts = s.localExperts * s.ffn * H;
+  for (float *w : {dgate, dup, ddown})
+    for (int64_t i = 0; i < weightsOfExperts; ++i) w[i] *= inv;
+  LOOM_RETURN_IF_ERROR(allToAllRows(g, x.result, d.recvBegin, x.back, d.sendBegin, H, kReturnTag));
+  LOOM_RETURN_IF_ERROR(allToAllRows(g, x.wResult, d.recvBegin, x.wBack, d.sendBegin, 1, kReturnWeightsTag));
+  // dx_t: the sum over its kept choices, in order; dweights of a dropped choice 0.
+  float *dx = c.f(k.out("grad_input"));
+  std::fill_n(x.dweights, P, 0.0f);
+  for (int64_t t = 0; t < r.tokens; ++t) {
+    float *dt = dx + t * H;
+    std::fill(dt, dt + H, 0.0f);
+    for (int64_t j = 0; j < K; ++j) {
+      int64_t row = d.rowOfPair[size_t(t * K + j)];
+      if (row < 0) continue;
+      x.dweights[t * K + j] = x.wBack[row];
+      const float *b = x.back + row * H;
+      for (int64_t col = 0; col < H; ++col) dt[col] += b[col];
+    }
+  }
+  float dAux = float(k.f64("aux_loss_coef") * k.f64("loss_scale")) * c.run->lossScale;
+  moeRouteBackward(x.probs, chosen.data(), x.dweights, dAux, r, c.f(k.out("grad_logits")));
+  return Status::ok();
+}
+
 }  // namespace
 
 int64_t moeScratchOf(const plan::Program &program, const plan::Instruction &in) {
   const isa::OpDecl *d = isa::find(in.op());
-  if (!d || (d->id != OpId::kMoe && d->id != OpId::kMoeGrad) || in.inputs_size() < 3) return 0;
+  if (!d || in.inputs_size() < 3) return 0;
+  bool expertParallel = d->id == OpId::kExpertParallelMoe || d->id == OpId::kExpertParallelMoeGrad;
+  if (d->id != OpId::kMoe && d->id != OpId::kMoeGrad && !expertParallel) return 0;
   auto rank3 = [&](int b) { return b >= 0 && b < program.buffers_size() && program.buffers(b).shape_size() == 3; };
-  if (!rank3(in.inputs(0)) || !rank3(in.inputs(2))) return 0;  // checkProgram's
+  if (!rank3(in.inputs(0)) || !rank3(in.inputs(1)) || !rank3(in.inputs(2))) return 0;  // checkProgram's
+  if (expertParallel) {
+    ExpertParallelShape s = expertParallelShapeOf(program, in.inputs(0), in.inputs(1), in.inputs(2),
+                                                  planattr::i64(in, "top_k"),
+                                                  std::max<int64_t>(1, planattr::i64(in, "expert_parallel_size")));
+    return expertParallelScratch(s, d->id == OpId::kExpertParallelMoeGrad, nullptr).floats;
+  }
   MoeShape s = moeShapeOf(program, in.inputs(0), in.inputs(2), planattr::i64(in, "top_k"));
   return scratchFloats(s, d->id == OpId::kMoeGrad);
 }
@@ -100,6 +349,8 @@ int64_t moeScratchOf(const plan::Program &program, const plan::Instruction &in) 
 void registerMoeKernels(CpuKernelRegistry &r) {
   r.add(OpId::kMoe, moe);
   r.add(OpId::kMoeGrad, moeGrad);
+  r.add(OpId::kExpertParallelMoe, expertParallelMoe);
+  r.add(OpId::kExpertParallelMoeGrad, expertParallelMoeGrad);
 }
 
 }  // namespace loom::cpu

@@ -27,12 +27,13 @@ ln -sf "$root/apps/loomc-mutant" "$mutant/loomc"
 
 # Mixture of experts (mixtral-tiny: 4 experts, top-2, the load-balancing loss) against an
 # independent PyTorch Mixtral (mixtral_oracle.py), its CI subset; then with a capacity factor
-# (assignments dropped) and MoE in every other layer.
+# (assignments dropped, each rank's before its dispatch) and MoE in every other layer. The CI
+# subset has expert parallelism (ep = 2, 4) with t and p; the capacity runs ep = 2 and 4 too.
 /usr/bin/python3 "$root/tests/oracle/run_oracle.py" --bin "$bin" \
   --model "$root/examples/models/mixtral-tiny.pbtxt" --work "${TEST_TMPDIR}/oracle-mixtral" --steps 10 --configs ci
 /usr/bin/python3 "$root/tests/oracle/run_oracle.py" --bin "$bin" \
   --model "$root/examples/models/mixtral-tiny-capacity.pbtxt" --work "${TEST_TMPDIR}/oracle-mixtral-capacity" \
-  --steps 10 --configs t1p1d1,t2p1d1,t1p2d1-1f1b,t2p2d2-zero1,t1p1d1-accumulate-m4
+  --steps 10 --configs t1p1d1,t2p1d1,t1p2d1-1f1b,t2p2d2-zero1,t1p1d1-accumulate-m4,t1p1d4e4,t2p2d2e2-1f1b
 
 # bf16 plans against the oracle rounding at the same points (run_oracle.py --precision bf16:
 # its tolerances), a subset of layouts per family.

@@ -101,11 +101,13 @@ CONFIGS = {
                             "all_gather"),
     "t1p1d2c4-all-gather-zero1": (1, 1, 2, 1, 1, "", "RECOMPUTE_NONE", 1000, True, False, False, 0, False, 4,
                                   "all_gather"),
-    # Expert parallelism (issue 38 item 2; not runnable until Loom has it): MoE models only.
+    # Expert parallelism (MoE models only): the ep group carved out of d.
     "t1p1d2e2": (1, 1, 2, 1, 1, "", "RECOMPUTE_NONE", 1000, False, False, False, 0, False, 1, "", 2),
     "t1p1d4e2": (1, 1, 4, 1, 1, "", "RECOMPUTE_NONE", 1000, False, False, False, 0, False, 1, "", 2),
     "t1p1d4e4": (1, 1, 4, 1, 1, "", "RECOMPUTE_NONE", 1000, False, False, False, 0, False, 1, "", 4),
-    "t2p2d2e2-zero1": (2, 2, 2, 1, 2, "ONE_F_ONE_B", "RECOMPUTE_NONE", 1000, True, False, False, 0, False, 1, "", 2),
+    "t2p2d2e2-1f1b": (2, 2, 2, 1, 2, "ONE_F_ONE_B", "RECOMPUTE_NONE", 1000, False, False, False, 0, False, 1, "", 2),
+    "t1p2d2e2-interleaved": (1, 2, 2, 2, 2, "INTERLEAVED_ONE_F_ONE_B", "RECOMPUTE_NONE", 1000, False, False, False, 0,
+                             False, 1, "", 2),
 }
 # The representative subset CI runs (the full matrix: --configs all); for the LLaMA family
 # (llama-tiny: 2 KV heads, split for t = 2, replicated for t = 4) its own.
@@ -120,10 +122,12 @@ LLAMA_CI_CONFIGS = ["t1p1d1", "t2p1d1", "t4p1d1-odd-vocab", "t1p2d1-1f1b", "t2p2
                     "t4p1d1-sequence-parallel-odd-vocab", "t2p2d1-scatter-gather", "t2p1d1-tp-overlap",
                     "t2p1d1-sequence-parallel-tp-overlap", "t1p1d1c2", "t2p1d1c2", "t1p2d1c2-1f1b",
                     "t1p1d2c2-zero1", "t1p1d1c2-all-gather"]
-# Mixture of experts (a LLaMA model with num_experts): t, p, d and ZeRO-1 layouts; sequence and
-# context parallelism are refused for MoE for now, expert parallelism (ep) is not in Loom yet.
+# Mixture of experts (a LLaMA model with num_experts): t, p, d and ZeRO-1 layouts, and expert
+# parallelism ep = 2 and 4 alone and with t, p and interleaving; sequence and context
+# parallelism are refused for MoE for now.
 MOE_CI_CONFIGS = ["t1p1d1", "t2p1d1", "t1p2d1-1f1b", "t1p1d2", "t2p2d1-1f1b", "t2p2d2-zero1", "t1p1d1-accumulate-m4",
-                  "t2p2d1-recompute-full", "t1p2d1v2-interleaved"]
+                  "t2p2d1-recompute-full", "t1p2d1v2-interleaved", "t1p1d2e2", "t1p1d4e2", "t1p1d4e4",
+                  "t2p2d2e2-1f1b", "t1p2d2e2-interleaved"]
 MICRO_BATCH, LR, MIN_LR, WARMUP = 2, 3e-3, 3e-4, 3
 # Adam's epsilon: with Megatron's 1e-8, the rounding noise of gradients that are zero in exact
 # arithmetic (the attention key bias: softmax ignores a constant shift) becomes full-size
@@ -362,9 +366,6 @@ def check_config(args, name, cfg, failures):
         return False
     if ep > 1 and not moe:
         print(f"skip {name:28} (expert parallelism: mixture-of-experts models only)", flush=True)
-        return False
-    if ep > 1:
-        print(f"skip {name:28} (expert parallelism is not built yet: issue 38 item 2)", flush=True)
         return False
     if args.model.endswith(".mlir") and vocab != ir_vocab(args.model):
         print(f"skip {name:28} (the IR's vocabulary is {ir_vocab(args.model)}, this configuration's {vocab})", flush=True)
