@@ -51,12 +51,14 @@ llvm::Expected<LayerProbe> probeLayers(const config::ModelConfig &model, const c
   m.set_num_layers(4);
   config::ClusterSpec c = cluster;
   int64_t t = candidate.tensor_parallel_size(), cp = std::max<int64_t>(1, candidate.context_parallel_size());
-  c.set_nodes(3), c.set_devices_per_node(t * cp);
+  // Expert parallelism splits the experts over ep data-parallel ranks: the probe has d = ep.
+  int64_t ep = std::max<int64_t>(1, candidate.expert_parallel_size());
+  c.set_nodes(3 * ep), c.set_devices_per_node(t * cp);
   c.mutable_device()->set_memory_bytes(0);  // measured, not refused
   config::ParallelConfig &par = *c.mutable_parallel();
   par = candidate;
-  par.set_pipeline_parallel_size(3), par.set_data_parallel_size(1), par.set_virtual_pipeline_size(1);
-  par.set_global_batch_size(3 * candidate.micro_batch_size());
+  par.set_pipeline_parallel_size(3), par.set_data_parallel_size(ep), par.set_virtual_pipeline_size(1);
+  par.set_global_batch_size(3 * ep * candidate.micro_batch_size());
   par.set_schedule(config::ONE_F_ONE_B), par.set_zero1(false), par.set_balance_stages(false);
   par.clear_layers_per_stage();
   for (int layers : {1, 2, 1}) par.add_layers_per_stage(layers);
@@ -140,6 +142,19 @@ Estimate estimate(const config::ModelConfig &model, const config::ClusterSpec &c
   // against the whole sequence's keys).
   double layerParams = h * (h + 2 * kv) + h * h + (llama ? 3 : 2) * h * f;
   double gemmFlops = 2 * tokens * layerParams / t, attentionFlops = 4 * tokens * s * h / t;
+  // Mixture of experts (every moe_layer_freq-th layer): the MLP becomes the router and top-k
+  // SwiGLU experts, whole on every tp rank (Loom keeps MoE replicated over t), their E / ep
+  // experts' weights on each rank; per layer and micro-batch the dispatch and combine move
+  // (ep - 1) / ep of the tokens' k rows out and back, twice as much in the backward.
+  double E = double(model.num_experts()), k = double(std::max<int64_t>(1, model.num_experts_per_tok()));
+  double ep = double(std::max<int64_t>(1, par.expert_parallel_size()));
+  double moeShare = E > 0 ? 1.0 / double(std::max<int64_t>(1, model.moe_layer_freq())) : 0;
+  double expertParams = 3 * h * f * E, moeRows = tokens * k;
+  if (E > 0) {
+    double denseMlp = 2 * tokens * 3 * h * f / t, moeMlp = 2 * tokens * h * E + 2 * moeRows * 3 * h * f;
+    gemmFlops += moeShare * (moeMlp - denseMlp);
+    layerParams += moeShare * (h * E + expertParams / ep * t - 3 * h * f);  // per tp rank below: / t
+  }
   auto gemm = [&](double flops, int pieces) { return pieces * cost.computeSeconds("linear", flops / pieces, 0); };
   double layerForward = gemm(gemmFlops, llama ? 7 : 4) + cost.computeSeconds("attention", attentionFlops, 0);
   // Memory-bound work of a layer (norms, activation, residual adds, dropout): ~12 passes over
@@ -169,14 +184,21 @@ Estimate estimate(const config::ModelConfig &model, const config::ClusterSpec &c
   double pp = m * 2 * v * ring(activation / (par.sequence_parallel() || scatterGather ? t : 1), p, t * p, 1);
   if (scatterGather) pp += m * 2 * v * ring((t - 1) / t * activation, t, t, int(t - 1));
   double stageParams = L / p * layerParams / t + V * h / t;
+  // The experts' gradients average over the d / ep ranks holding them instead of d x cp.
+  double stageExperts = E > 0 ? L / p * moeShare * expertParams / ep : 0;
+  stageParams -= stageExperts;
   // Weight gradients average over the d x cp ranks of a (tp, pp) position.
   double dp = ring(2 * (d * cp - 1) / (d * cp) * stageParams * 4, d * cp, t * p * d * cp, int(2 * (d * cp - 1)));
   // Context parallelism: per layer and micro-batch the keys and values (GPT: the fused qkv)
   // all-gathered over cp in the forward (again when recomputed), reduce-scattered in the backward.
   double keys = tokens * (llama ? 2 * kv : 3 * h) / t * 4;
   double context = m * L / p * (recompute ? 3 : 2) * ring((cp - 1) * keys, cp, t * cp, int(cp - 1));
+  double edp = d / ep;
+  double experts = ring(2 * (edp - 1) / edp * stageExperts * 4, edp, t * p * d * cp, int(2 * (edp - 1)));
+  double dispatch = m * L / p * moeShare * (recompute ? 8 : 6) *
+                    ring((ep - 1) / ep * moeRows * h * 4, ep, t * ep, int(ep - 1));
   Estimate e;
-  e.seconds = pipeline + tp + pp + dp + context;
+  e.seconds = pipeline + tp + pp + dp + context + experts + dispatch;
   // Memory: the first and the last stage's plans as the compiler would count them.
   for (int k : {0, int(p) - 1})
     e.bytes = std::max(e.bytes, double(estimateStageMemory(probe, par, model.num_layers(), k,
@@ -190,6 +212,7 @@ std::string describe(const config::ParallelConfig &p) {
                          : p.schedule() == config::INTERLEAVED_ONE_F_ONE_B ? "interleaved"
                                                                            : "1F1B";
   std::string context = p.context_parallel_size() > 1 ? " c=" + std::to_string(p.context_parallel_size()) : "";
+  if (p.expert_parallel_size() > 1) context += " ep=" + std::to_string(p.expert_parallel_size());
   return llvm::formatv("t={0} p={1} d={2} v={3} b={4}{10} {5}{6}{7}{8} {9}", p.tensor_parallel_size(),
                        p.pipeline_parallel_size(), p.data_parallel_size(), p.virtual_pipeline_size(),
                        p.micro_batch_size(), p.recompute() == config::RECOMPUTE_FULL ? "recompute" : "no-recompute",
@@ -211,13 +234,19 @@ llvm::Error searchConfigurations(const config::ModelConfig &model, const config:
   if (batch <= 0) return error(options.clusterPath + ": error: field 'parallel.global_batch_size' must be set to search");
   CostModel cost(cluster, cluster.device().kind() == config::CUDA ? GemmPrecision::kBf16 : GemmPrecision::kFp32, false);
   std::vector<SearchCandidate> candidates;
-  std::map<std::tuple<int64_t, int64_t, bool, bool, int64_t>, LayerProbe> probes;
+  std::map<std::tuple<int64_t, int64_t, bool, bool, int64_t, int64_t>, LayerProbe> probes;
   // Context parallelism is tried where the sequence splits into 2 cp chunks and the layout keeps
   // a cp group inside a node (cp ranks are next to tp's; the CUDA backend has no cp kernels yet).
   std::vector<int64_t> contexts = {1};
   if (cluster.device().kind() == config::CPU)
     for (int64_t cp : {2, 4, 8})
       if (model.seq_length() % (2 * cp) == 0) contexts.push_back(cp);
+  // Expert parallelism: every divisor of the experts (the MoE runs on the CPU backend only).
+  std::vector<int64_t> expertSplits = {1};
+  if (model.num_experts() > 0 && cluster.device().kind() == config::CPU)
+    for (int64_t ep : divisors(model.num_experts()))
+      if (ep > 1) expertSplits.push_back(ep);
+  for (int64_t ep : expertSplits)
   for (int64_t cp : contexts)
   for (int64_t t : divisors(cluster.devices_per_node()))
     for (int64_t p : divisors(world / t))
@@ -230,13 +259,14 @@ llvm::Error searchConfigurations(const config::ModelConfig &model, const config:
                   int64_t d = world / (t * p * cp);
                   if (world % (t * p * cp) != 0 || cluster.devices_per_node() % (t * cp) != 0) continue;
                   if ((v > 1) != (schedule == config::INTERLEAVED_ONE_F_ONE_B) || (p == 1 && schedule != config::ONE_F_ONE_B) ||
-                      (sp && t == 1) || (zero1 && d * cp == 1) || p * v > model.num_layers())
+                      (sp && t == 1) || (zero1 && d * cp == 1) || p * v > model.num_layers() ||
+                      (ep > 1 && (d % ep != 0 || zero1)))
                     continue;
                   ++out->enumerated;
                   config::ClusterSpec c = cluster;
                   config::ParallelConfig &par = *c.mutable_parallel();
                   par.set_tensor_parallel_size(t), par.set_pipeline_parallel_size(p), par.set_data_parallel_size(d);
-                  par.set_context_parallel_size(cp);
+                  par.set_context_parallel_size(cp), par.set_expert_parallel_size(ep);
                   par.set_virtual_pipeline_size(v), par.set_micro_batch_size(b), par.set_global_batch_size(batch);
                   par.set_recompute(recompute ? config::RECOMPUTE_FULL : config::RECOMPUTE_NONE);
                   par.set_sequence_parallel(sp), par.set_zero1(zero1), par.set_schedule(schedule);
@@ -256,8 +286,8 @@ llvm::Error searchConfigurations(const config::ModelConfig &model, const config:
                     ++out->invalid;
                     continue;
                   }
-                  // One probe per (t, b, recomputation, sequence parallelism, cp).
-                  std::tuple<int64_t, int64_t, bool, bool, int64_t> key{t, b, recompute, sp, cp};
+                  // One probe per (t, b, recomputation, sequence parallelism, cp, ep).
+                  std::tuple<int64_t, int64_t, bool, bool, int64_t, int64_t> key{t, b, recompute, sp, cp, ep};
                   auto found = probes.find(key);
                   if (found == probes.end()) {
                     auto probe = probeLayers(model, cluster, par, options);
@@ -435,6 +465,7 @@ std::string searchJson(const SearchResult &r, int top) {
                                 {"recompute", config::RecomputeMode_Name(c.recompute())},
                                 {"sequence_parallel", c.sequence_parallel()},
                                 {"context_parallel_size", std::max<int64_t>(1, c.context_parallel_size())},
+                                {"expert_parallel_size", std::max<int64_t>(1, c.expert_parallel_size())},
                                 {"zero1", c.zero1()},
                                 {"tp_comm_overlap", c.tp_comm_overlap()},
                                 {"overlap_param_gather", c.zero1() && c.data_parallel_size() > 1 &&

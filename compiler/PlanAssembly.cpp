@@ -361,7 +361,13 @@ std::string compileSummary(const PlanRequest &req, const std::vector<plan::RankP
   os << llvm::formatv("parallelism: t={0} p={1} d={2} v={3}{10} ({4} ranks), micro-batch {5}, global batch {6}, "
                       "{7} micro-batches, schedule {8}, recompute {9}\n",
                       t, p, d, v, layout.world(), b, par.global_batch_size(), m, toString(kind),
-                      recomputeName(par.recompute()), c > 1 ? " c=" + std::to_string(c) : std::string());
+                      recomputeName(par.recompute()),
+                      (c > 1 ? " c=" + std::to_string(c) : std::string()) +
+                          (layout.e > 1 ? " ep=" + std::to_string(layout.e) : std::string()));
+  if (layout.e > 1)
+    os << llvm::formatv("expert parallelism: {0} of the {1} experts per rank, the ep groups {2} consecutive dp ranks; "
+                        "the experts' gradients averaged over the {3} ranks holding the same experts (edp)\n",
+                        facts.numExperts / layout.e, facts.numExperts, layout.e, d / layout.e);
   if (c > 1) {
     ContextChunks chunks{facts.seqLength, c, 0};
     os << llvm::formatv("context parallelism: {0} chunks of {1} tokens; cp rank r holds chunks r and {2}-r "
