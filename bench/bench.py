@@ -38,6 +38,7 @@ sys.path.insert(0, os.path.join(ROOT, "tests", "oracle"))
 from gpt_oracle import Gpt2  # noqa: E402
 from intervals import minus_length, union  # noqa: E402
 from llama_oracle import Llama  # noqa: E402
+from mixtral_oracle import Mixtral  # noqa: E402
 
 # name: (architecture, layers, hidden, heads, kv heads, ffn, seq, vocab, micro-batch, global batch)
 MODELS = {
@@ -46,7 +47,15 @@ MODELS = {
     "llama-tiny": ("LLAMA", 4, 64, 4, 2, 176, 32, 1000, 8, 8),
     # ~110M parameters: LLaMA's layout at GPT-2 small's width (grouped-query attention, 3 KV heads).
     "llama-100m": ("LLAMA", 12, 768, 12, 3, 2048, 1024, 32000, 1, 1),
+    # A small Mixtral: 8 SwiGLU experts of ffn 352 in every layer, top-2, dropless (MOE below).
+    "mixtral-small": ("LLAMA", 4, 256, 8, 4, 352, 256, 8000, 4, 8),
 }
+# Mixture-of-experts models: (experts, top-k). Both sides route the same way (softmax, top-k
+# renormalised, the load-balancing loss at 0.02): Loom's moe instructions against the oracle's
+# Hugging Face MixtralSparseMoeBlock (a gather, the expert's three GEMMs and an index_add per
+# expert). Loom runs MoE in fp32 only so far: their bf16 rows are skipped.
+MOE = {"mixtral-small": (8, 2)}
+AUX_COEF = 0.02
 DEMO = "demo"  # the README demo's model on its 4-rank cluster (examples/)
 DEMO_MODEL = os.path.join(ROOT, "examples", "models", "llama-demo.pbtxt")  # what `./loom demo` trains
 # (warm-up, timed) iterations per model size
@@ -60,8 +69,9 @@ NOISE_LIMIT = 1.10
 
 
 def shape_of(name):
+    """The model's shape tuple (MODELS' fields, then (experts, top-k) for a MoE)."""
     if name != DEMO:
-        return MODELS[name]
+        return MODELS[name] + MOE.get(name, ())
     text = open(DEMO_MODEL).read()
     cluster = open(os.path.join(ROOT, "examples", "clusters", "cpu-4-demo.pbtxt")).read()
     field = lambda t, k: int(re.search(rf"\b{k}: (\d+)", t).group(1))  # noqa: E731
@@ -82,6 +92,9 @@ def flops_per_token(shape):
     # PTD-P section 5.1 generalised: 3 x (2 x GEMM weights + 4 s h per layer + 2 h V), no recomputation.
     arch, layers, h, heads, kv, ffn, seq, vocab = shape[:8]
     per_layer = 12 * h * h if arch == "GPT" else 2 * h * h + 2 * h * kv * (h // heads) + 3 * h * ffn
+    if len(shape) > 10:  # MoE: the router and the top-k experts a token runs
+        experts, k = shape[10:12]
+        per_layer += h * experts + (k - 1) * 3 * h * ffn
     return 3 * (2 * per_layer * layers + 4 * seq * layers * h + 2 * h * vocab)
 
 
@@ -91,10 +104,12 @@ def flops_per_step(layers, hidden, seq, vocab, batch):
 
 
 def describe(name, shape, threads):
-    arch, layers, h, heads, kv, ffn, seq, vocab, mb, gb = shape
+    arch, layers, h, heads, kv, ffn, seq, vocab, mb, gb = shape[:10]
     where = f"4 ranks ({demo_layout()}, 1 thread each) on examples/clusters/cpu-4-demo.pbtxt" if name == DEMO else \
         f"1 rank, {threads} threads"
     kvs = f", {kv} KV heads, ffn {ffn}" if arch == "LLAMA" else ""
+    if len(shape) > 10:
+        kvs += f", {shape[10]} experts (top-{shape[11]}, dropless) in every layer"
     return (f"{name}: {arch} {layers} layers, hidden {h}, {heads} heads{kvs}, seq {seq}, vocabulary {vocab}, "
             f"global batch {gb} (micro-batch {mb}); Loom: {where}; PyTorch: 1 process, {threads} threads")
 
@@ -109,7 +124,7 @@ PRECISION_FIELD = {"fp32": "PRECISION_FP32", "bf16": "PRECISION_BF16"}
 
 def loom_compile(args, name, shape, work, precision):
     """Plans for the model at `precision`; returns (plans, ranks, threads)."""
-    arch, layers, h, heads, kv, ffn, seq, vocab, mb, gb = shape
+    arch, layers, h, heads, kv, ffn, seq, vocab, mb, gb = shape[:10]
     cluster = os.path.join(work, f"{name}-{precision}-cluster.pbtxt")
     if name == DEMO:
         model = DEMO_MODEL
@@ -122,6 +137,8 @@ def loom_compile(args, name, shape, work, precision):
                     f"num_attention_heads: {heads}\nseq_length: {seq}\nvocab_size: {vocab}\n")
             if arch == "LLAMA":
                 f.write(f"num_key_value_heads: {kv}\nffn_hidden_size: {ffn}\n")
+            if len(shape) > 10:
+                f.write(f"num_experts: {shape[10]}\nnum_experts_per_tok: {shape[11]}\nrouter_aux_loss_coef: {AUX_COEF}\n")
         text = (f'name: "one"\nnodes: 1\ndevices_per_node: 1\ndevice {{ kind: CPU }}\n'
                 f"parallel {{ micro_batch_size: {mb} global_batch_size: {gb} }}\n")
         ranks, threads = 1, args.threads
@@ -145,7 +162,7 @@ def loom_run(args, compiled, trace, warmup, timed):
 
 
 def torch_model(shape):
-    arch, layers, h, heads, kv, ffn, seq, vocab, mb, gb = shape
+    arch, layers, h, heads, kv, ffn, seq, vocab, mb, gb = shape[:10]
     torch.manual_seed(0)
     w = {}
     if arch == "GPT":
@@ -166,18 +183,29 @@ def torch_model(shape):
         p = f"model.layers.{i}."
         w[p + "input_layernorm.weight"], w[p + "post_attention_layernorm.weight"] = torch.ones(h), torch.ones(h)
         for n, (o, i_) in {"self_attn.q_proj": (h, h), "self_attn.k_proj": (kv * hd, h), "self_attn.v_proj": (kv * hd, h),
-                           "self_attn.o_proj": (h, h), "mlp.gate_proj": (ffn, h), "mlp.up_proj": (ffn, h),
-                           "mlp.down_proj": (h, ffn)}.items():
+                           "self_attn.o_proj": (h, h)}.items():
             w[p + n + ".weight"] = torch.randn(o, i_) * 0.02
+        if len(shape) > 10:  # Hugging Face's MixtralSparseMoeBlock names
+            moe = p + "block_sparse_moe."
+            w[moe + "gate.weight"] = torch.randn(shape[10], h) * 0.02
+            for e in range(shape[10]):
+                for n, (o, i_) in {"w1": (ffn, h), "w3": (ffn, h), "w2": (h, ffn)}.items():
+                    w[f"{moe}experts.{e}.{n}.weight"] = torch.randn(o, i_) * 0.02
+        else:
+            for n, (o, i_) in {"mlp.gate_proj": (ffn, h), "mlp.up_proj": (ffn, h), "mlp.down_proj": (h, ffn)}.items():
+                w[p + n + ".weight"] = torch.randn(o, i_) * 0.02
     config = {"num_attention_heads": heads, "num_key_value_heads": kv, "num_hidden_layers": layers,
               "rope_theta": 10000.0, "rms_norm_eps": 1e-5, "tie_word_embeddings": False}
+    if len(shape) > 10:
+        config.update(num_local_experts=shape[10], num_experts_per_tok=shape[11], router_aux_loss_coef=AUX_COEF)
+        return Mixtral(w, config)
     return Llama(w, config)
 
 
 def torch_run(args, shape, warmup, timed, precision):
     """PyTorch's iterations; bf16: the forward and the loss under CPU autocast (bf16 GEMMs,
     fp32 weights, gradients and optimizer: torch's own mixed precision)."""
-    arch, layers, h, heads, kv, ffn, seq, vocab, mb, gb = shape
+    arch, layers, h, heads, kv, ffn, seq, vocab, mb, gb = shape[:10]
     torch.set_num_threads(args.threads)
     model = torch_model(shape)
     params = list(model.parameters().values())
@@ -199,7 +227,7 @@ def torch_run(args, shape, warmup, timed, precision):
     return times[warmup:]
 
 
-GEMM = {"linear", "weight_grad"}
+GEMM = {"linear", "weight_grad", "moe", "moe_grad"}  # moe: the experts' GEMMs with their routing
 ATTENTION = {"attention", "attention_grad", "grouped_attention", "grouped_attention_grad"}
 PHASES = ["GEMM", "attention", "other compute", "optimizer", "exposed communication", "idle"]
 
@@ -253,7 +281,7 @@ def main():
     ap.add_argument("--bin", required=True)
     ap.add_argument("--sgemm-peak", required=True)
     ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--models", default="gpt-tiny,gpt2-small,llama-tiny,llama-100m,demo")
+    ap.add_argument("--models", default="gpt-tiny,gpt2-small,llama-tiny,llama-100m,mixtral-small,demo")
     ap.add_argument("--quick", action="store_true", help="fewer iterations (a smoke run)")
     ap.add_argument("--precisions", default="fp32,bf16",
                     help="fp32 and/or bf16 (Loom: the cluster's precision policy; PyTorch: CPU autocast)")
@@ -279,17 +307,21 @@ def main():
                 sys.exit(f"bench.py: unknown model '{name}' (expected {', '.join(list(MODELS) + [DEMO])})")
             shape = shape_of(name)
             tokens = shape[9] * shape[6]
+            model_precisions = [p for p in precisions if len(shape) <= 10 or p == "fp32"]
+            if not model_precisions:
+                print(f"\n{name}: skipped (a mixture of experts runs in fp32 only so far)", flush=True)
+                continue
             warmup, timed = ITERATIONS["large" if shape[2] * shape[6] >= 2 ** 17 else "small"]
             if args.quick:
                 warmup, timed = 1, 2
             per_round = max(1, timed // ROUNDS)
             print(f"\n{describe(name, shape, args.threads)}; {ROUNDS} rounds of {per_round} timed iterations after "
                   f"{warmup}, the systems taking turns each round", flush=True)
-            compiled = {p: loom_compile(args, name, shape, work, p) for p in precisions}
+            compiled = {p: loom_compile(args, name, shape, work, p) for p in model_precisions}
             times = {}  # (system, precision) -> [per-round lists of seconds]
             traces = {}
             for r in range(ROUNDS):
-                for p in precisions:
+                for p in model_precisions:
                     trace = os.path.join(work, f"trace-{name}-{p}-{r}")
                     loom, traces[p] = loom_run(args, compiled[p], trace, warmup, per_round)
                     times.setdefault(("Loom", p), []).append(loom)
@@ -304,16 +336,16 @@ def main():
                 gflops = rates[(system, p)] * flops_per_token(shape) / 1e9
                 print(f"  {system + ' ' + p:13} {tokens / med:9.0f} {f'({tokens / slow:.0f}..{tokens / fast:.0f})':>20} "
                       f"{100 * (slow - fast) / med:6.0f}% {gflops:8.1f} {100 * gflops * 1e9 / before:12.1f}%")
-            ratios = {p: rates[("Loom", p)] / rates[("PyTorch", p)] for p in precisions}
+            ratios = {p: rates[("Loom", p)] / rates[("PyTorch", p)] for p in model_precisions}
             line = "  Loom / PyTorch (whole iterations, medians): " + ", ".join(f"{p} {r:.2f}" for p, r in ratios.items())
-            if "bf16" in precisions and "fp32" in precisions:
+            if "bf16" in model_precisions and "fp32" in model_precisions:
                 line += f"; Loom bf16 / Loom fp32 = {rates[('Loom', 'bf16')] / rates[('Loom', 'fp32')]:.2f}"
             print(line)
             # Each ratio per round (both sides measured minutes apart): the drift the two share cancels.
             def round_ratios(a, b):
                 return [statistics.median(tb) / statistics.median(ta) for ta, tb in zip(times[a], times[b])]
-            pairs = {f"Loom/PyTorch {p}": round_ratios(("Loom", p), ("PyTorch", p)) for p in precisions}
-            if "bf16" in precisions and "fp32" in precisions:
+            pairs = {f"Loom/PyTorch {p}": round_ratios(("Loom", p), ("PyTorch", p)) for p in model_precisions}
+            if "bf16" in model_precisions and "fp32" in model_precisions:
                 pairs["Loom bf16/fp32"] = round_ratios(("Loom", "bf16"), ("Loom", "fp32"))
             print("  per round: " + "; ".join(f"{k} " + ", ".join(f"{r:.2f}" for r in v) for k, v in pairs.items()) +
                   "; medians (ms): " + "; ".join(f"{sy} {p} " + ", ".join(f"{statistics.median(t) * 1e3:.0f}" for t in r)
@@ -324,7 +356,7 @@ def main():
                       f"do not count this run's ratios")
             else:
                 print(f"  steady: every ratio within {100 * (NOISE_LIMIT - 1):.0f}% from round to round")
-            for p in precisions:
+            for p in model_precisions:
                 phases = breakdown(traces[p], warmup, per_round)
                 step = sum(phases.values())
                 print(f"  Loom {p} step by phase (ms per step and rank, from the last round's trace): " +
