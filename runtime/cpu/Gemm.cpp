@@ -153,9 +153,40 @@ void bf16ByFp32(bool transposeA, bool transposeB, int64_t m, int64_t n, int64_t 
 
 }  // namespace
 
+// oneDNN's threaded sgemm gives the same bits at every thread count where it has AVX-512 (it
+// splits C, never K); on AVX2-only processors (an AMD EPYC VM, 2026-12-06) 1 and 3 threads
+// differ (tests/runtime/thread_count_test). There Loom cuts C into fixed tiles, each computed on
+// one thread, so a result never depends on the thread count.
+namespace {
+constexpr int64_t kSgemmTileRows = 128, kSgemmTileCols = 256;
+bool sgemmThreadInvariant() {
+  static const bool invariant = [] {
+    unsigned isa = unsigned(dnnl::get_effective_cpu_isa());
+    unsigned avx512 = unsigned(dnnl::cpu_isa::avx512_core);
+    return (isa & avx512) == avx512;
+  }();
+  return invariant;
+}
+}  // namespace
+
 void gemm(bool transposeA, bool transposeB, int64_t m, int64_t n, int64_t k, float alpha, const float *a,
           int64_t lda, const float *b, int64_t ldb, float beta, float *c, int64_t ldc) {
   if (m == 0 || n == 0) return;
+  if (!sgemmThreadInvariant()) {
+    int64_t rowTiles = chunkCount(m, kSgemmTileRows), colTiles = chunkCount(n, kSgemmTileCols);
+    parallelFor(rowTiles * colTiles, 1, [&](int64_t first, int64_t last) {
+      OmpThreads one(1);
+      for (int64_t t = first; t < last; ++t) {
+        int64_t i0 = (t / colTiles) * kSgemmTileRows, j0 = (t % colTiles) * kSgemmTileCols;
+        int64_t rows = std::min(kSgemmTileRows, m - i0), cols = std::min(kSgemmTileCols, n - j0);
+        const float *aTile = transposeA ? a + i0 : a + i0 * lda, *bTile = transposeB ? b + j0 * ldb : b + j0;
+        dnnl_status_t status = dnnl_sgemm(transposeA ? 'T' : 'N', transposeB ? 'T' : 'N', rows, cols, k, alpha, aTile,
+                                          lda, bTile, ldb, beta, c + i0 * ldc + j0, ldc);
+        if (status != dnnl_success) internalError("sgemm", rows, cols, k, int(status));
+      }
+    });
+    return;
+  }
   // oneDNN (built on OpenMP here) takes its thread count from the calling thread's OpenMP
   // setting; keep it equal to the rank's kernel threads (one inside a part of a parallelFor,
   // whose parts already occupy the threads).
