@@ -229,21 +229,39 @@ Status dispatchOf(const ExpertGroup &g, const int32_t *kept, const MoeRouting &r
   return Status::ok();
 }
 
-Status expertParallelMoe(CpuKernelContext &c, const KernelCall &k) {
-  ExpertParallelShape s = expertParallelShapeOf(*c.program, k.in("input"), k.in("logits"), k.in("gate"), k.i64("top_k"),
-                                                k.i64("expert_parallel_size"));
+// What both expert-parallel kernels do first: the shape and group checked, the scratch laid
+// out, this rank's routing (the choices and the kept ones: thread_local, as moe's) and the
+// dispatch agreed with the group's members. Returns the assignments dropped.
+struct ExpertParallelStart {
+  ExpertParallelShape s;
   ExpertGroup g;
-  LOOM_RETURN_IF_ERROR(expertGroupOf(c, k, s, &g));
-  const MoeRouting &r = s.routing;
-  const int64_t H = s.hidden, K = r.topK;
-  ExpertParallelScratch x = expertParallelScratch(s, false, c.scratch);
+  ExpertParallelScratch x;
+  int64_t dropped = 0;
+};
+Status startExpertParallel(CpuKernelContext &c, const KernelCall &k, bool backward, std::vector<int32_t> *chosen,
+                           std::vector<int32_t> *kept, Dispatch *d, ExpertParallelStart *out) {
+  out->s = expertParallelShapeOf(*c.program, k.in("input"), k.in("logits"), k.in("gate"), k.i64("top_k"),
+                                 k.i64("expert_parallel_size"));
+  LOOM_RETURN_IF_ERROR(expertGroupOf(c, k, out->s, &out->g));
+  const MoeRouting &r = out->s.routing;
+  out->x = expertParallelScratch(out->s, backward, c.scratch);
+  MoeShape routeShape{r, {r.tokens, out->s.hidden, out->s.ffn, r.experts, r.topK}};
+  out->dropped = route(c, k, routeShape, out->x.probs, out->x.weights, chosen, kept);
+  return dispatchOf(out->g, kept->data(), r, out->s.maxRows, d);
+}
+
+Status expertParallelMoe(CpuKernelContext &c, const KernelCall &k) {
   thread_local std::vector<int32_t> chosen, kept;
-  MoeShape routeShape{r, {r.tokens, H, s.ffn, r.experts, K}};
-  int64_t dropped = route(c, k, routeShape, x.probs, x.weights, &chosen, &kept);
+  thread_local Dispatch d;
+  ExpertParallelStart start;
+  LOOM_RETURN_IF_ERROR(startExpertParallel(c, k, false, &chosen, &kept, &d, &start));
+  const ExpertParallelShape &s = start.s;
+  const ExpertGroup &g = start.g;
+  const ExpertParallelScratch &x = start.x;
+  const MoeRouting &r = s.routing;
+  const int64_t H = s.hidden, K = r.topK, dropped = start.dropped;
   float aux = moeLoadBalancingLoss(x.probs, chosen.data(), r);
   c.f(k.out("aux"))[0] = aux;
-  thread_local Dispatch d;
-  LOOM_RETURN_IF_ERROR(dispatchOf(g, kept.data(), r, s.maxRows, &d));
   const float *input = c.f(k.in("input"));
   for (size_t i = 0; i < d.rows.size(); ++i) std::copy_n(input + (d.rows[i] / K) * H, H, x.xOut + int64_t(i) * H);
   LOOM_RETURN_IF_ERROR(allToAllRows(g, x.xOut, d.sendBegin, x.xIn, d.recvBegin, H, kRowsTag));
@@ -271,18 +289,15 @@ Status expertParallelMoe(CpuKernelContext &c, const KernelCall &k) {
 }
 
 Status expertParallelMoeGrad(CpuKernelContext &c, const KernelCall &k) {
-  ExpertParallelShape s = expertParallelShapeOf(*c.program, k.in("input"), k.in("logits"), k.in("gate"), k.i64("top_k"),
-                                                k.i64("expert_parallel_size"));
-  ExpertGroup g;
-  LOOM_RETURN_IF_ERROR(expertGroupOf(c, k, s, &g));
+  thread_local std::vector<int32_t> chosen, kept;
+  thread_local Dispatch d;
+  ExpertParallelStart start;
+  LOOM_RETURN_IF_ERROR(startExpertParallel(c, k, true, &chosen, &kept, &d, &start));
+  const ExpertParallelShape &s = start.s;
+  const ExpertGroup &g = start.g;
+  const ExpertParallelScratch &x = start.x;
   const MoeRouting &r = s.routing;
   const int64_t H = s.hidden, K = r.topK, P = r.tokens * K;
-  ExpertParallelScratch x = expertParallelScratch(s, true, c.scratch);
-  thread_local std::vector<int32_t> chosen, kept;
-  MoeShape routeShape{r, {r.tokens, H, s.ffn, r.experts, K}};
-  route(c, k, routeShape, x.probs, x.weights, &chosen, &kept);
-  thread_local Dispatch d;
-  LOOM_RETURN_IF_ERROR(dispatchOf(g, kept.data(), r, s.maxRows, &d));
   // Out: each kept assignment's input row, its token's output gradient and its weight.
   const float *input = c.f(k.in("input")), *grad = c.f(k.in("grad"));
   for (size_t i = 0; i < d.rows.size(); ++i) {
