@@ -314,6 +314,7 @@ struct MemoryReport {
   plan::DType compute;
   int64_t parameters, shards, device;
   bool cuda;
+  int64_t expertShards;  // ZeRO-1 with expert parallelism: the experts' optimizer over d / ep
   int64_t weightsAndOptimizer() const {
     return mem.parameter_bytes() + mem.gradient_bytes() + mem.optimizer_bytes() + mem.half_weight_bytes();
   }
@@ -325,8 +326,9 @@ MemoryReport memoryReport(const PlanDirectory &plans, int rank) {
   const plan::MemoryPlan &mem = rp.memory();
   const config::ParallelConfig &par = rp.cluster().parallel();
   int64_t shards = par.zero1() ? std::max<int64_t>(par.data_parallel_size(), 1) : 1;
+  int64_t ep = rp.num_experts() > 0 ? std::max<int64_t>(par.expert_parallel_size(), 1) : 1;
   return {rp, mem, planattr::computeDtype(plans.programsOf(rank).programs()), mem.parameter_bytes() / 4, shards,
-          rp.cluster().device().memory_bytes(), rp.cluster().device().kind() == config::CUDA};
+          rp.cluster().device().memory_bytes(), rp.cluster().device().kind() == config::CUDA, shards / ep};
 }
 
 }  // namespace
@@ -342,6 +344,7 @@ std::string memoryJson(const PlanDirectory &plans, int rank) {
                                           {"bytes", mem.timeline_bytes(i)}});
   llvm::json::Object adamw = part("fp32", mem.optimizer_bytes());
   adamw["shards"] = r.shards;
+  if (r.expertShards != r.shards) adamw["expert_shards"] = r.expertShards;
   llvm::json::Object report{
       {"rank", rank},
       {"pipeline_stage", r.rp.pp_rank()},
@@ -393,7 +396,10 @@ std::string memoryTimeline(const PlanDirectory &plans, int rank) {
                       humanBytes(r.weightsAndOptimizer()), r.bytesPerParameter(), r.parameters,
                       humanBytes(mem.parameter_bytes()), humanBytes(mem.gradient_bytes()),
                       humanBytes(mem.optimizer_bytes()),
-                      r.shards > 1 ? llvm::formatv(" (ZeRO-1: the 1/{0} shard)", r.shards).str() : std::string());
+                      r.shards == 1 ? std::string()
+                      : r.expertShards != r.shards
+                          ? llvm::formatv(" (ZeRO-1: the 1/{0} shard, the experts' 1/{1})", r.shards, r.expertShards).str()
+                          : llvm::formatv(" (ZeRO-1: the 1/{0} shard)", r.shards).str());
   if (mem.half_weight_bytes() > 0)
     os << llvm::formatv(", {0} weight copies {1}{2}", compute == plan::F32 ? "bf16" : dtypeName(compute),
                         humanBytes(mem.half_weight_bytes()),

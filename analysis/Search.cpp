@@ -40,6 +40,7 @@ std::vector<int64_t> divisors(int64_t n) {
 struct LayerProbe {
   int64_t layerStash = 0, embedStash = 0, headStash = 0;  // per micro-batch
   int64_t layerParams = 0, embedParams = 0, headParams = 0;  // flat elements
+  int64_t layerExpertParams = 0;  // of layerParams, the experts split over ep (ZeRO-1 shards them over d / ep)
   int64_t workspace = 0, scratch = 0, inputs = 0;
   double backendHalfPerElement = 0;  // the backend's 16-bit weight copies per flat element
   plan::DType compute = plan::F32;
@@ -65,11 +66,20 @@ llvm::Expected<LayerProbe> probeLayers(const config::ModelConfig &model, const c
   CompiledPlans plans;
   if (llvm::Error e = options.compile(m, c, &plans)) return std::move(e);
   const plan::MemoryPlan *stage[3] = {};
+  LayerProbe probe;
   for (const plan::RankPlan &rp : plans.plans)
-    if (rp.tp_rank() == 0 && rp.pp_rank() < 3) stage[rp.pp_rank()] = &rp.memory();
+    if (rp.tp_rank() == 0 && rp.dp_rank() == 0 && rp.pp_rank() < 3) {
+      stage[rp.pp_rank()] = &rp.memory();
+      if (rp.pp_rank() == 1)
+        for (const plan::Parameter &param : rp.parameters())
+          if (param.shard_group() == "ep") {
+            int64_t n = 1;
+            for (int64_t dim : param.shape()) n *= dim;
+            probe.layerExpertParams += n / 2;
+          }
+    }
   for (const plan::MemoryPlan *s : stage)
     if (!s) return error("the layer probe has no plan of every stage");
-  LayerProbe probe;
   probe.layerStash = stage[1]->stash_bytes_per_micro_batch() / 2;
   probe.embedStash = stage[0]->stash_bytes_per_micro_batch() - probe.layerStash;
   probe.headStash = stage[2]->stash_bytes_per_micro_batch() - probe.layerStash;
@@ -97,10 +107,11 @@ plan::MemoryPlan estimateStageMemory(const LayerProbe &probe, const config::Para
   int64_t d = par.data_parallel_size() * std::max<int64_t>(1, par.context_parallel_size());  // ZeRO-1's shards
   double layersPerChunk = double(numLayers) / double(p * v);
   memory::StageActivations acts;
-  int64_t flat = 0;
+  int64_t flat = 0, experts = 0;
   for (int chunk = 0; chunk < v; ++chunk) {
     int64_t stash = int64_t(std::ceil(layersPerChunk) * double(probe.layerStash));
     flat += int64_t(std::ceil(layersPerChunk) * double(probe.layerParams));
+    experts += int64_t(std::ceil(layersPerChunk) * double(probe.layerExpertParams));
     if (stage == 0 && chunk == 0) stash += probe.embedStash, flat += probe.embedParams;
     if (stage == p - 1 && chunk == v - 1) stash += probe.headStash, flat += probe.headParams;
     acts.stashPerChunk.push_back(stash);
@@ -111,7 +122,8 @@ plan::MemoryPlan estimateStageMemory(const LayerProbe &probe, const config::Para
   plan::MemoryPlan mem;
   mem.set_scratch_bytes(probe.scratch);
   mem.set_half_weight_bytes(int64_t(probe.backendHalfPerElement * double(flat)));
-  memory::accountWeights(flat, probe.compute, sharded ? int(d) : 1, &mem);
+  int64_t edp = std::max<int64_t>(1, d / std::max<int64_t>(1, par.expert_parallel_size()));
+  memory::accountWeights(flat, probe.compute, sharded ? (flat - experts) / d + experts / edp : flat, &mem);
   memory::accountActivations(tasks, acts, stage == p - 1 ? 2 : 1, &mem);
   return mem;
 }
@@ -260,7 +272,7 @@ llvm::Error searchConfigurations(const config::ModelConfig &model, const config:
                   if (world % (t * p * cp) != 0 || cluster.devices_per_node() % (t * cp) != 0) continue;
                   if ((v > 1) != (schedule == config::INTERLEAVED_ONE_F_ONE_B) || (p == 1 && schedule != config::ONE_F_ONE_B) ||
                       (sp && t == 1) || (zero1 && d * cp == 1) || p * v > model.num_layers() ||
-                      (ep > 1 && (d % ep != 0 || zero1)))
+                      (ep > 1 && d % ep != 0))
                     continue;
                   ++out->enumerated;
                   config::ClusterSpec c = cluster;

@@ -290,21 +290,24 @@ llvm::Error compileInMemory(mlir::ModuleOp module, const config::ClusterSpec &cl
     std::set<std::string> syncedLater;  // the gradients the optimizer reduces across stages first
     for (const DeferredSync &sync : deferred) syncedLater.insert(sync.params.begin(), sync.params.end());
     llvm::Expected<StageLayout> layout =
-        stageLayout(module, sets[s], dReduce, par.zero1(), par.dp_bucket_size_bytes(), syncedLater);
+        stageLayout(module, sets[s], dReduce, par.zero1(), par.dp_bucket_size_bytes(), syncedLater, dpGroup,
+                    std::max<int>(1, int(par.expert_parallel_size())));
     if (!layout) return llvm::createStringError(llvm::inconvertibleErrorCode(), "pipeline stage %d: %s", s,
                                                 llvm::toString(layout.takeError()).c_str());
     layouts[s] = std::move(*layout);
-    layouts[s].dpGroup = dpGroup;
     // ZeRO-1 by buckets: each bucket's reduce-scatter in its backward, its parameters' all-gather
     // at the head of its forward (Megatron's --overlap-grad-reduce and --overlap-param-gather;
     // overlap_param_gather: false leaves the all-gathers at the end of the optimizer program).
     bool gatherInForward = !par.has_overlap_param_gather() || par.overlap_param_gather();
-    for (StageBucket &bucket : layouts[s].buckets) bucket.gatherInForward = gatherInForward && bucket.virtualStage >= 0;
+    // A bucket of one part (experts with d = ep) has nothing to gather: the optimizer program remakes
+    // its 16-bit copy, if any.
+    for (StageBucket &bucket : layouts[s].buckets)
+      bucket.gatherInForward = gatherInForward && bucket.virtualStage >= 0 && bucket.parts > 1;
     if (!layouts[s].buckets.empty()) {
       for (plan::Program &prog : *sets[s].mutable_programs()) {
         if (prog.kind() == plan::Program::BACKWARD)
-          appendBucketReduceScatters(prog, layouts[s], dReduce, dpWire, par.serial_grad_reduce(), syncedLater);
-        if (prog.kind() == plan::Program::FORWARD) prependParameterGathers(prog, layouts[s], dReduce);
+          appendBucketReduceScatters(prog, layouts[s], dpWire, par.serial_grad_reduce(), syncedLater);
+        if (prog.kind() == plan::Program::FORWARD) prependParameterGathers(prog, layouts[s]);
       }
     }
     if (s == p - 1) *sets[s].add_programs() = lossProgram(m, dpGroup, dReduce);
@@ -312,9 +315,9 @@ llvm::Error compileInMemory(mlir::ModuleOp module, const config::ClusterSpec &cl
                                                  std::max<int>(1, int(par.expert_parallel_size())));
     if (std::any_of(layouts[s].buckets.begin(), layouts[s].buckets.end(),
                     [](const StageBucket &bucket) { return bucket.gatherInForward; }))
-      *sets[s].add_programs() = parameterGatherProgram(layouts[s], dReduce);
+      *sets[s].add_programs() = parameterGatherProgram(layouts[s]);
     if (!layouts[s].buckets.empty()) {
-      plan::Program gradientGather = gradientGatherProgram(layouts[s], dReduce, deferred);
+      plan::Program gradientGather = gradientGatherProgram(layouts[s], deferred);
       if (gradientGather.instructions_size()) *sets[s].add_programs() = std::move(gradientGather);
     }
   }

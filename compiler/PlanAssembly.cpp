@@ -165,7 +165,10 @@ class RankPlanAssembler {
       paramCount += sp.elements;
     }
     rp.set_flat_elements(flat.flatElements);
-    for (const StageBucket &b : flat.buckets) rp.add_zero1_buckets(b.elements);
+    for (const StageBucket &b : flat.buckets) {
+      rp.add_zero1_buckets(b.elements);
+      rp.add_zero1_bucket_groups(b.group);
+    }
     // Shard and initializer facts come from the IR's argument attributes.
     for (auto f : module.getOps<mlir::func::FuncOp>())
       for (unsigned i = 0; i < f.getNumArguments(); ++i) {
@@ -186,6 +189,7 @@ class RankPlanAssembler {
             bool experts = group && group.getValue() == "ep";
             int parts = experts ? layout.e : t;
             pp.set_shard_dim(dim.getInt());
+            pp.set_shard_group(experts ? "ep" : "tp");
             pp.set_shard_parts(parts);
             pp.set_shard_index(experts ? layout.epOf(rank) : layout.tpOf(rank));
             pp.set_global_shape(dim.getInt(), pp.shape(dim.getInt()) * parts);
@@ -228,7 +232,7 @@ class RankPlanAssembler {
     // adds, then the schedule's walk over the stashes, inputs and the largest arena.
     plan::MemoryPlan *mem = rp.mutable_memory();
     backendScratch(stage, paramCount, mem);
-    memory::accountWeights(flat.flatElements, flat.computeDtype, par.zero1() ? d * layout.c : 1, mem);
+    memory::accountWeights(flat.flatElements, flat.computeDtype, optimizerElements(flat), mem);
     memory::StageActivations acts;
     for (const plan::Program &prog : sets[stage].programs())
       if (prog.workspace_bytes() > acts.workspace) acts.workspace = prog.workspace_bytes(), acts.workspaceProgram = prog.name();
@@ -366,8 +370,11 @@ std::string compileSummary(const PlanRequest &req, const std::vector<plan::RankP
                           (layout.e > 1 ? " ep=" + std::to_string(layout.e) : std::string()));
   if (layout.e > 1)
     os << llvm::formatv("expert parallelism: {0} of the {1} experts per rank, the ep groups {2} consecutive dp ranks; "
-                        "the experts' gradients averaged over the {3} ranks holding the same experts (edp)\n",
-                        facts.numExperts / layout.e, facts.numExperts, layout.e, d / layout.e);
+                        "the experts' gradients averaged over the {3} ranks holding the same experts (edp){4}\n",
+                        facts.numExperts / layout.e, facts.numExperts, layout.e, d / layout.e,
+                        !par.zero1()         ? ""
+                        : d / layout.e > 1 ? ", ZeRO-1 sharding their optimizer state over those ranks"
+                                             : ", ZeRO-1 leaving their optimizer state whole (one rank holds them)");
   if (c > 1) {
     ContextChunks chunks{facts.seqLength, c, 0};
     os << llvm::formatv("context parallelism: {0} chunks of {1} tokens; cp rank r holds chunks r and {2}-r "

@@ -279,7 +279,9 @@ void insertAccumulations(plan::Program &prog, const std::map<int, int> &into, st
 }  // namespace
 
 llvm::Expected<StageLayout> stageLayout(mlir::ModuleOp module, const plan::ProgramSet &set, int d, bool zero1,
-                                        int64_t bucketBytes, const std::set<std::string> &syncedLater) {
+                                        int64_t bucketBytes, const std::set<std::string> &syncedLater,
+                                        const std::string &dpGroup, int ep) {
+  if (ep < 1 || d % ep != 0) return error("expert parallelism " + std::to_string(ep) + " does not divide dp " + std::to_string(d));
   std::map<std::string, std::pair<bool, bool>> facts;  // name -> (tied, tensor-parallel shard)
   std::set<std::string> experts;                       // split over "ep" instead
   for (auto f : module.getOps<mlir::func::FuncOp>())
@@ -318,12 +320,14 @@ llvm::Expected<StageLayout> stageLayout(mlir::ModuleOp module, const plan::Progr
     for (const plan::Binding &a : prog.arguments())
       if (a.role() == plan::Binding::PARAMETER && seen.insert(a.name()).second) names.push_back(a.name());
   StageLayout layout;
+  layout.dpGroup = dpGroup;
   bool sharded = zero1 && d > 1;
-  int64_t unit = kFlatAlign * d, filled = 0;
-  // ZeRO-1: closes the open bucket, padded to a multiple of d x kFlatAlign.
+  int64_t filled = 0;
+  // ZeRO-1: closes the open bucket, padded to a multiple of its parts x kFlatAlign.
   auto closeBucket = [&] {
     if (layout.buckets.empty() || layout.buckets.back().elements > 0) return;
     StageBucket &b = layout.buckets.back();
+    int64_t unit = kFlatAlign * b.parts;
     layout.flatElements = (layout.flatElements + unit - 1) / unit * unit;
     b.elements = layout.flatElements - b.flatBegin;
     filled = 0;
@@ -350,11 +354,14 @@ llvm::Expected<StageLayout> stageLayout(mlir::ModuleOp module, const plan::Progr
       // A gradient reduced across stages first (the tied embedding) is a bucket of its own, left
       // to the optimizer program; the rest of its backward's buckets reduce in the backward.
       bool alone = syncedLater.count(name) > 0;
+      std::string group = p.expert ? "edp" : dpGroup;
       if (layout.buckets.empty() || layout.buckets.back().virtualStage != virtualStage ||
-          filled + 4 * p.elements > bucketBytes || alone || layout.buckets.back().alone) {
+          layout.buckets.back().group != group || filled + 4 * p.elements > bucketBytes || alone ||
+          layout.buckets.back().alone) {
         closeBucket();
         StageBucket b;
         b.flatBegin = layout.flatElements, b.virtualStage = virtualStage, b.alone = alone;
+        b.group = group, b.parts = p.expert ? d / ep : d;
         layout.buckets.push_back(b);
       }
       layout.buckets.back().params.push_back(name);
@@ -367,9 +374,16 @@ llvm::Expected<StageLayout> stageLayout(mlir::ModuleOp module, const plan::Progr
   if (sharded) {
     closeBucket();
     int64_t shard = 0;
-    for (StageBucket &b : layout.buckets) b.shardBegin = shard, shard += b.elements / d;
+    for (StageBucket &b : layout.buckets) b.shardBegin = shard, shard += b.part();
   }
   return layout;
+}
+
+int64_t optimizerElements(const StageLayout &layout) {
+  if (layout.buckets.empty()) return layout.flatElements;
+  int64_t n = 0;
+  for (const StageBucket &b : layout.buckets) n += b.part();
+  return n;
 }
 
 namespace {
@@ -401,27 +415,26 @@ int addView(plan::Program &prog, plan::Binding::Role role, const std::string &na
 
 // A bucket's reduce-scatter from the flat gradients (view `flat`) in place into the rank's part
 // of them (view `shard`, inside `flat`: Megatron's distributed optimizer's grad buffer).
-plan::Instruction bucketReduceScatter(int flat, int shard, const StageBucket &bucket, const std::string &group, int d,
-                                      plan::DType dpWire) {
+plan::Instruction bucketReduceScatter(int flat, int shard, const StageBucket &bucket, plan::DType dpWire) {
   plan::Instruction in;
   InstructionBuilder(OpId::kReduceScatter)
       .in("input", flat)
       .out("result", shard)
-      .attr("group", group)
-      .attr("group_size", int64_t(d))
+      .attr("group", bucket.group)
+      .attr("group_size", int64_t(bucket.parts))
       .attr("reduce", std::string("avg"))
       .attr("dim", int64_t(0))
       .writeTo(&in);
-  in.set_stream(isa::streamOf(isa::decl(OpId::kReduceScatter), group));
+  in.set_stream(isa::streamOf(isa::decl(OpId::kReduceScatter), bucket.group));
   in.set_layer(-1);
   int64_t bytes = 4 * bucket.elements;
   if (dpWire != plan::F32) bytes = setWireDtype(in, dpWire, bytes);
-  in.set_bytes_moved(isa::decl(OpId::kReduceScatter).bytesMoved(bytes, 0, d));
+  in.set_bytes_moved(isa::decl(OpId::kReduceScatter).bytesMoved(bytes, 0, bucket.parts));
   return in;
 }
 }  // namespace
 
-void appendBucketReduceScatters(plan::Program &backward, const StageLayout &layout, int d, plan::DType dpWire,
+void appendBucketReduceScatters(plan::Program &backward, const StageLayout &layout, plan::DType dpWire,
                                 bool serial, const std::set<std::string> &syncedLater) {
   std::map<std::string, int> gradientArg;  // parameter -> its GRADIENT argument buffer
   for (const plan::Binding &a : backward.arguments())
@@ -429,11 +442,11 @@ void appendBucketReduceScatters(plan::Program &backward, const StageLayout &layo
   std::vector<plan::Instruction> tail;
   std::vector<std::vector<int>> aliases;
   for (const StageBucket &bucket : layout.buckets) {
-    if (bucket.virtualStage != backward.virtual_stage() || !reducedInBackward(bucket, syncedLater)) continue;
+    if (bucket.virtualStage != backward.virtual_stage() || !reducedInBackward(bucket, syncedLater) || bucket.parts == 1)
+      continue;
     int flat = addView(backward, plan::Binding::GRADIENT, "flat", {bucket.elements}, bucket.flatBegin, "", true);
-    int shard =
-        addView(backward, plan::Binding::GRADIENT, "flat", {bucket.elements / d}, bucket.flatBegin, layout.dpGroup, true);
-    tail.push_back(bucketReduceScatter(flat, shard, bucket, layout.dpGroup, d, dpWire));
+    int shard = addView(backward, plan::Binding::GRADIENT, "flat", {bucket.part()}, bucket.flatBegin, bucket.group, true);
+    tail.push_back(bucketReduceScatter(flat, shard, bucket, dpWire));
     tail.back().set_last_micro_batch(true);
     aliases.emplace_back();
     for (const std::string &p : bucket.params)
@@ -442,7 +455,7 @@ void appendBucketReduceScatters(plan::Program &backward, const StageLayout &layo
   if (!tail.empty()) insertAccumulations(backward, {}, std::move(tail), serial, aliases);
 }
 
-void prependParameterGathers(plan::Program &forward, const StageLayout &layout, int d) {
+void prependParameterGathers(plan::Program &forward, const StageLayout &layout) {
   std::map<int, size_t> bucketOfArg;  // PARAMETER argument buffer -> its bucket
   std::map<std::string, size_t> bucketOfParam;
   for (size_t k = 0; k < layout.buckets.size(); ++k)
@@ -474,21 +487,20 @@ void prependParameterGathers(plan::Program &forward, const StageLayout &layout, 
   bool half = layout.computeDtype != plan::F32;
   for (size_t k : order) {
     const StageBucket &bucket = layout.buckets[k];
-    int own =
-        addView(forward, plan::Binding::PARAMETER, "flat", {bucket.elements / d}, bucket.flatBegin, layout.dpGroup, true);
+    int own = addView(forward, plan::Binding::PARAMETER, "flat", {bucket.part()}, bucket.flatBegin, bucket.group, true);
     int whole = addView(forward, plan::Binding::PARAMETER, "flat", {bucket.elements}, bucket.flatBegin, "", true);
     Inserted g{0, {}};
     InstructionBuilder(OpId::kAllGather)
         .in("input", own)
         .out("result", whole)
-        .attr("group", layout.dpGroup)
-        .attr("group_size", int64_t(d))
+        .attr("group", bucket.group)
+        .attr("group_size", int64_t(bucket.parts))
         .attr("dim", int64_t(0))
         .writeTo(&g.in);
-    g.in.set_stream(isa::streamOf(isa::decl(OpId::kAllGather), layout.dpGroup));
+    g.in.set_stream(isa::streamOf(isa::decl(OpId::kAllGather), bucket.group));
     g.in.set_layer(-1);
     g.in.set_first_micro_batch(true);
-    g.in.set_bytes_moved(isa::decl(OpId::kAllGather).bytesMoved(4 * bucket.elements, 4 * bucket.elements, d));
+    g.in.set_bytes_moved(isa::decl(OpId::kAllGather).bytesMoved(4 * bucket.elements, 4 * bucket.elements, bucket.parts));
     inserted.push_back(std::move(g));
     readyOf[k] = int(inserted.size()) - 1;
     gathered[k] = whole;
@@ -704,11 +716,14 @@ std::pair<int, int> clippedNorm(ProgramBuilder &b, int squares, const std::vecto
 // A bucket's all-gather in place in the flat parameters (the rank's part inside the whole), and
 // with 16-bit compute the copies remade from them.
 // own: the view of the rank's part the program updated (-1: a view of its own).
-void emitBucketGather(ProgramBuilder &b, const StageLayout &layout, const StageBucket &bucket, int d, int own = -1) {
+void emitBucketGather(ProgramBuilder &b, const StageLayout &layout, const StageBucket &bucket, int own = -1) {
   plan::DType computeDtype = layout.computeDtype;
-  if (own < 0) own = b.view(plan::Binding::PARAMETER, "flat", {bucket.elements / d}, bucket.flatBegin, layout.dpGroup);
-  int whole = b.view(plan::Binding::PARAMETER, "flat", {bucket.elements}, bucket.flatBegin, "");
-  collective(b, OpId::kAllGather, layout.dpGroup, d, own, whole, 4 * bucket.elements);
+  if (own < 0) own = b.view(plan::Binding::PARAMETER, "flat", {bucket.part()}, bucket.flatBegin, bucket.partOf());
+  int whole = own;
+  if (bucket.parts > 1) {
+    whole = b.view(plan::Binding::PARAMETER, "flat", {bucket.elements}, bucket.flatBegin, "");
+    collective(b, OpId::kAllGather, bucket.group, bucket.parts, own, whole, 4 * bucket.elements);
+  }
   if (computeDtype != plan::F32) {
     int compute = b.view(plan::Binding::PARAMETER, "flat", {bucket.elements}, bucket.flatBegin, "", computeDtype);
     b.emit(InstructionBuilder(OpId::kCast).in("input", whole).out("output", compute));
@@ -765,24 +780,28 @@ plan::Program shardedOptimizerProgram(const StageLayout &layout, int t, int p, i
   std::set<std::string> syncedLater = syncedLaterOf(deferred);
   std::vector<int> shards, readsOfFlat;  // per bucket: its reduced gradients; what read the flat gradients
   for (const StageBucket &bucket : layout.buckets) {
-    int64_t part = bucket.elements / d;
-    int shard = b.view(plan::Binding::GRADIENT, "flat", {part}, bucket.flatBegin, layout.dpGroup);
+    int shard = b.view(plan::Binding::GRADIENT, "flat", {bucket.part()}, bucket.flatBegin, bucket.partOf());
     shards.push_back(shard);
-    if (reducedInBackward(bucket, syncedLater)) continue;
+    if (reducedInBackward(bucket, syncedLater) || bucket.parts == 1) {
+      if (bucket.parts == 1) b.alsoAfter(shard, syncs);
+      continue;
+    }
     int from = b.view(plan::Binding::GRADIENT, "flat", {bucket.elements}, bucket.flatBegin, "");
     b.alsoAfter(from, syncs);
-    plan::Instruction rs = bucketReduceScatter(from, shard, bucket, layout.dpGroup, d, dpWire);
+    plan::Instruction rs = bucketReduceScatter(from, shard, bucket, dpWire);
     plan::Instruction &in = b.emit(rs.op(), rs.stream(), {from}, {shard});
     *in.mutable_attributes() = rs.attributes();
     in.set_bytes_moved(rs.bytes_moved());
     readsOfFlat.push_back(b.last());
   }
-  // The norm: each part's sum of squares, added up, then over dp, tp and pp.
+  // The norm: each part's sum of squares, added up, then over dp, tp and pp. An expert bucket's
+  // parts are over "edp", and dp = ep x edp: the sum over dp counts every expert's once too.
   int squares = -1;
   for (size_t k = 0; k < layout.buckets.size(); ++k) {
     int part = b.activation({});
     InstructionBuilder sq(OpId::kSumSquares);
-    sq.in("grads", shards[k]).out("squares", part).attr("segments", segmentText[k]).attr("shard_group", layout.dpGroup);
+    sq.in("grads", shards[k]).out("squares", part).attr("segments", segmentText[k]);
+    if (layout.buckets[k].parts > 1) sq.attr("shard_group", layout.buckets[k].group);
     sq.attr("flat_offset", layout.buckets[k].flatBegin);
     if (t > 1) sq.attr("replicated_group", std::string("tp"));
     b.emit(sq);
@@ -795,8 +814,8 @@ plan::Program shardedOptimizerProgram(const StageLayout &layout, int t, int p, i
   std::vector<int> owns;  // per bucket: the view of the rank's part of the parameters
   for (size_t k = 0; k < layout.buckets.size(); ++k) {
     const StageBucket &bucket = layout.buckets[k];
-    int64_t part = bucket.elements / d;
-    int own = b.view(plan::Binding::PARAMETER, "flat", {part}, bucket.flatBegin, layout.dpGroup);
+    int64_t part = bucket.part();
+    int own = b.view(plan::Binding::PARAMETER, "flat", {part}, bucket.flatBegin, bucket.partOf());
     int m = b.view(plan::Binding::OPTIMIZER_STATE, "adam_m", {part}, bucket.shardBegin, "");
     int v = b.view(plan::Binding::OPTIMIZER_STATE, "adam_v", {part}, bucket.shardBegin, "");
     InstructionBuilder adam(OpId::kAdamw);
@@ -804,12 +823,13 @@ plan::Program shardedOptimizerProgram(const StageLayout &layout, int t, int p, i
     for (const char *name : {"learning_rate", "adam_step", "weight_decay", "adam_beta1", "adam_beta2", "adam_eps"})
       adam.in(name, hyper[name]);
     adam.out("updated", own).out("adam_m", m).out("adam_v", v).attr("segments", segmentText[k]);
-    adam.attr("shard_group", layout.dpGroup).attr("flat_offset", bucket.flatBegin);
+    if (bucket.parts > 1) adam.attr("shard_group", bucket.group);
+    adam.attr("flat_offset", bucket.flatBegin);
     b.emit(adam);
     owns.push_back(own);
   }
   for (size_t k = 0; k < layout.buckets.size(); ++k)
-    if (!layout.buckets[k].gatherInForward) emitBucketGather(b, layout, layout.buckets[k], d, owns[k]);
+    if (!layout.buckets[k].gatherInForward) emitBucketGather(b, layout, layout.buckets[k], owns[k]);
   b.alsoAfter(grads, readsOfFlat);
   b.emit(InstructionBuilder(OpId::kFill).out("output", grads).attr("value", 0.0));  // zero_grad for the next step
   b.result(plan::Binding::METRIC, "grad_norm", norm);
@@ -874,21 +894,21 @@ plan::Program optimizerProgram(const StageLayout &layout, int t, int p, int d, b
   return b.finish();
 }
 
-plan::Program parameterGatherProgram(const StageLayout &layout, int d) {
+plan::Program parameterGatherProgram(const StageLayout &layout) {
   ProgramBuilder b("parameter_gather", plan::Program::PARAMETER_GATHER);
   for (const StageBucket &bucket : layout.buckets)
-    if (bucket.gatherInForward) emitBucketGather(b, layout, bucket, d);
+    if (bucket.gatherInForward) emitBucketGather(b, layout, bucket);
   return b.finish();
 }
 
-plan::Program gradientGatherProgram(const StageLayout &layout, int d, const std::vector<DeferredSync> &deferred) {
+plan::Program gradientGatherProgram(const StageLayout &layout, const std::vector<DeferredSync> &deferred) {
   ProgramBuilder b("gradient_gather", plan::Program::GRADIENT_GATHER);
   std::set<std::string> syncedLater = syncedLaterOf(deferred);
   for (const StageBucket &bucket : layout.buckets) {
-    if (!reducedInBackward(bucket, syncedLater)) continue;
-    int own = b.view(plan::Binding::GRADIENT, "flat", {bucket.elements / d}, bucket.flatBegin, layout.dpGroup);
+    if (!reducedInBackward(bucket, syncedLater) || bucket.parts == 1) continue;
+    int own = b.view(plan::Binding::GRADIENT, "flat", {bucket.part()}, bucket.flatBegin, bucket.group);
     int whole = b.view(plan::Binding::GRADIENT, "flat", {bucket.elements}, bucket.flatBegin, "");
-    collective(b, OpId::kAllGather, layout.dpGroup, d, own, whole, 4 * bucket.elements);
+    collective(b, OpId::kAllGather, bucket.group, bucket.parts, own, whole, 4 * bucket.elements);
   }
   return b.finish();
 }

@@ -35,12 +35,20 @@ struct StageParameter {
 // ZeRO-1's unit of communication (Megatron's distributed optimizer buckets): consecutive
 // parameters of one backward, their gradients reduce-scattered over dp as soon as that backward's
 // last run has them, their parameters all-gathered before the next step's forward reads them.
-// dp rank r owns elements [flatBegin + r q, flatBegin + (r + 1) q) of it, q = elements / d: their
-// reduced gradients (in place in the flat gradients), their update, and their AdamW moments at
-// shardBegin of the rank's moments.
+// Member r of the bucket's group owns elements [flatBegin + r q, flatBegin + (r + 1) q) of it,
+// q = elements / parts: their reduced gradients (in place in the flat gradients), their update, and
+// their AdamW moments at shardBegin of the rank's moments. The group is dp (dpcp with context
+// parallelism) of d parts, or for an MoE's experts split over "ep" (Megatron-Core's expert data
+// parallelism) "edp" of d / ep parts: the ranks holding the same experts; a bucket of one part
+// (d = ep) is the rank's own, with no collective.
 struct StageBucket {
-  int64_t flatBegin = 0, elements = 0;  // elements: a multiple of d x 16
+  int64_t flatBegin = 0, elements = 0;  // elements: a multiple of parts x 16
   int64_t shardBegin = 0;
+  std::string group = "dp";
+  int parts = 1;
+  int64_t part() const { return elements / parts; }
+  // The view of the rank's part: a part of `group`, or (one part) the whole bucket.
+  std::string partOf() const { return parts > 1 ? group : std::string(); }
   int virtualStage = -1;                // the backward (and forward) of its gradients; -1: none
   bool gatherInForward = false;         // all-gathered by its forward's first run, else by the optimizer
   bool alone = false;                   // a gradient reduced across stages first: its own bucket
@@ -66,26 +74,31 @@ struct StageLayout {
 // finish their gradients (a data-parallel bucket is then one contiguous range). Parameters
 // of more than one float dtype in a stage are an error naming two of them.
 // With ZeRO-1 (d > 1) the parameters are cut into buckets of at most bucketBytes of fp32
-// gradients (one parameter at least), never across backwards, each padded to a multiple of d x 16;
+// gradients (one parameter at least), never across backwards nor between experts (split over "ep",
+// sharded over "edp", d / ep parts) and the rest (over dpGroup, d parts), each padded to a multiple
+// of its parts x 16;
 // a parameter in `syncedLater` (reduced across stages by the optimizer program first: the tied
 // embedding) is a bucket of its own, so that the rest reduce in their backwards.
 llvm::Expected<StageLayout> stageLayout(mlir::ModuleOp module, const plan::ProgramSet &set, int d, bool zero1,
-                                        int64_t bucketBytes, const std::set<std::string> &syncedLater);
+                                        int64_t bucketBytes, const std::set<std::string> &syncedLater,
+                                        const std::string &dpGroup = "dp", int ep = 1);
+// The elements of the rank's AdamW moments: its part of every bucket with ZeRO-1, else all.
+int64_t optimizerElements(const StageLayout &layout);
 
 // ZeRO-1: appends to `backward` (after foldGradientSync) the reduce-scatter over dp of each
 // bucket of its virtual stage, in its last run, as soon as the bucket's gradients are final
 // (on the dp stream, overlapping the rest of the backward), from the flat gradients into the
 // rank's part of the bucket, in place; buckets holding a parameter in `syncedLater` (reduced across stages by the
 // optimizer program first) are left to the optimizer program.
-void appendBucketReduceScatters(plan::Program &backward, const StageLayout &layout, int d, plan::DType dpWire,
+void appendBucketReduceScatters(plan::Program &backward, const StageLayout &layout, plan::DType dpWire,
                                 bool serial, const std::set<std::string> &syncedLater);
 // ZeRO-1: prepends to `forward` the all-gather over dp of each bucket of its virtual stage, in
 // place in the flat parameters (and the 16-bit copies of a 16-bit plan remade from them), in its
 // first run; each instruction reading a bucket's parameters waits for that bucket only.
-void prependParameterGathers(plan::Program &forward, const StageLayout &layout, int d);
+void prependParameterGathers(plan::Program &forward, const StageLayout &layout);
 // ZeRO-1: the `parameter_gather` program: every bucket's all-gather (and 16-bit copies), run by
 // the step driver when something outside the step reads the parameters (a checkpoint, an export).
-plan::Program parameterGatherProgram(const StageLayout &layout, int d);
+plan::Program parameterGatherProgram(const StageLayout &layout);
 
 // A gradient-sync collective over a group that spans pipeline stages (the tied embedding's
 // "embedding" group): it cannot run inside a backward (the stages reach their last backward
@@ -121,6 +134,6 @@ plan::Program optimizerProgram(const StageLayout &layout, int t, int p, int d, b
 // ZeRO-1: the `gradient_gather` program: the all-gathers, in place in the flat gradients, of the
 // parts the backwards reduce-scattered (the buckets the optimizer reduces are left as they are),
 // so every replica holds those buckets' reduced gradients whole; empty when no backward reduces.
-plan::Program gradientGatherProgram(const StageLayout &layout, int d, const std::vector<DeferredSync> &deferred);
+plan::Program gradientGatherProgram(const StageLayout &layout, const std::vector<DeferredSync> &deferred);
 
 }  // namespace loom

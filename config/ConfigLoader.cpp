@@ -245,10 +245,6 @@ llvm::Error finishClusterSpec(config::ClusterSpec &c, const std::string &path) {
                       llvm::formatv("({0}) must divide data_parallel_size ({1}): the ep groups are carved out of the "
                                     "data-parallel ranks",
                                     p.expert_parallel_size(), p.data_parallel_size()));
-  if (p.expert_parallel_size() > 1 && p.zero1())
-    return fieldError(path, "parallel.zero1",
-                      "ZeRO-1 with expert parallelism is not built yet (the experts' optimizer state would be sharded "
-                      "over the dp / ep ranks holding them); set zero1 to false or expert_parallel_size to 1");
   if (cp > 1 && c.device().kind() == config::CUDA)
     return fieldError(path, "parallel.context_parallel_size",
                       "context parallelism runs on the CPU backend only so far (its CUDA kernels are not written); "

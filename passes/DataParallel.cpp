@@ -105,11 +105,6 @@ struct DataParallelPass : impl::LoomDataParallelBase<DataParallelPass> {
                     << int64_t(dataParallel) << ")";
       return signalPassFailure();
     }
-    if (zero1 && expertParallel > 1) {
-      m.emitError() << "loom-data-parallel: ZeRO-1 with expert parallelism is not built yet (the experts' optimizer "
-                       "state would be sharded over edp); use zero1 = false or ep = 1";
-      return signalPassFailure();
-    }
     if (dataParallel == 1 || zero1) return;
     // The experts split over "ep" (loom.shard_group): each is held by the dp / ep ranks of "edp".
     llvm::StringSet<> experts;

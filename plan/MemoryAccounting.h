@@ -15,10 +15,11 @@
 namespace loom::memory {
 
 // Weights and optimizer of a stage whose flat parameter buffer has `flatElements` values:
-// fp32 master weights and main gradients, AdamW's two fp32 moments (over the 1/`optimizerShards`
-// shard: ZeRO-1's d, else 1), and a 16-bit plan's copy of the weights it computes with (its
+// fp32 master weights and main gradients, AdamW's two fp32 moments over `optimizerElements`
+// (ZeRO-1: the rank's part of every bucket, 1/d of the flat buffer or 1/(d / ep) of an expert
+// bucket; else all of it), and a 16-bit plan's copy of the weights it computes with (its
 // `compute` dtype; none for fp32). Adds to what `mem` already holds (the backend's copies).
-void accountWeights(int64_t flatElements, plan::DType compute, int optimizerShards, plan::MemoryPlan *mem);
+void accountWeights(int64_t flatElements, plan::DType compute, int64_t optimizerElements, plan::MemoryPlan *mem);
 
 // What a stage's schedule walk needs: per chunk the bytes one micro-batch's forward keeps for
 // its backward, the bytes of one micro-batch's inputs (held from its first program to its

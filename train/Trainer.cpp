@@ -26,7 +26,9 @@ std::string flatLayoutOf(const plan::RankPlan &plan) {
   std::string text = std::to_string(plan.flat_elements());
   for (const plan::Parameter &p : plan.parameters())
     text += ";" + p.name() + "@" + std::to_string(p.flat_offset()) + ":" + std::to_string(elementsOf(p));
-  for (int64_t bucket : plan.zero1_buckets()) text += ";bucket:" + std::to_string(bucket);
+  for (int i = 0; i < plan.zero1_buckets_size(); ++i)
+    text += ";bucket:" + std::to_string(plan.zero1_buckets(i)) +
+            (i < plan.zero1_bucket_groups_size() && plan.zero1_bucket_groups(i) != "dp" ? "@" + plan.zero1_bucket_groups(i) : "");
   return checksumHex(checksum64(text));
 }
 

@@ -108,6 +108,13 @@ CONFIGS = {
     "t2p2d2e2-1f1b": (2, 2, 2, 1, 2, "ONE_F_ONE_B", "RECOMPUTE_NONE", 1000, False, False, False, 0, False, 1, "", 2),
     "t1p2d2e2-interleaved": (1, 2, 2, 2, 2, "INTERLEAVED_ONE_F_ONE_B", "RECOMPUTE_NONE", 1000, False, False, False, 0,
                              False, 1, "", 2),
+    # ZeRO-1 with ep: the experts' buckets sharded over the d / ep ranks holding them (one part at
+    # d = ep: no collective), the rest's over d.
+    "t1p1d4e2-zero1": (1, 1, 4, 1, 1, "", "RECOMPUTE_NONE", 1000, True, False, False, 0, False, 1, "", 2),
+    "t1p1d2e2-zero1": (1, 1, 2, 1, 1, "", "RECOMPUTE_NONE", 1000, True, False, False, 0, False, 1, "", 2),
+    "t2p2d2e2-zero1": (2, 2, 2, 1, 2, "ONE_F_ONE_B", "RECOMPUTE_NONE", 1000, True, False, False, 0, False, 1, "", 2),
+    "t1p2d4e2v2-interleaved-zero1": (1, 2, 4, 2, 2, "INTERLEAVED_ONE_F_ONE_B", "RECOMPUTE_NONE", 1000, True, False,
+                                     False, 0, False, 1, "", 2),
 }
 # The representative subset CI runs (the full matrix: --configs all); for the LLaMA family
 # (llama-tiny: 2 KV heads, split for t = 2, replicated for t = 4) its own.
@@ -123,11 +130,11 @@ LLAMA_CI_CONFIGS = ["t1p1d1", "t2p1d1", "t4p1d1-odd-vocab", "t1p2d1-1f1b", "t2p2
                     "t2p1d1-sequence-parallel-tp-overlap", "t1p1d1c2", "t2p1d1c2", "t1p2d1c2-1f1b",
                     "t1p1d2c2-zero1", "t1p1d1c2-all-gather"]
 # Mixture of experts (a LLaMA model with num_experts): t, p, d and ZeRO-1 layouts, and expert
-# parallelism ep = 2 and 4 alone and with t, p and interleaving; sequence and context
-# parallelism are refused for MoE for now.
+# parallelism ep = 2 and 4 alone and with t, p, interleaving and ZeRO-1; context parallelism is
+# refused for MoE for now.
 MOE_CI_CONFIGS = ["t1p1d1", "t2p1d1", "t1p2d1-1f1b", "t1p1d2", "t2p2d1-1f1b", "t2p2d2-zero1", "t1p1d1-accumulate-m4",
                   "t2p2d1-recompute-full", "t1p2d1v2-interleaved", "t1p1d2e2", "t1p1d4e2", "t1p1d4e4",
-                  "t2p2d2e2-1f1b", "t1p2d2e2-interleaved"]
+                  "t2p2d2e2-1f1b", "t1p2d2e2-interleaved", "t1p1d4e2-zero1", "t2p2d2e2-zero1"]
 MICRO_BATCH, LR, MIN_LR, WARMUP = 2, 3e-3, 3e-4, 3
 # Adam's epsilon: with Megatron's 1e-8, the rounding noise of gradients that are zero in exact
 # arithmetic (the attention key bias: softmax ignores a constant shift) becomes full-size
