@@ -155,15 +155,17 @@ Estimate estimate(const config::ModelConfig &model, const config::ClusterSpec &c
   double layerParams = h * (h + 2 * kv) + h * h + (llama ? 3 : 2) * h * f;
   double gemmFlops = 2 * tokens * layerParams / t, attentionFlops = 4 * tokens * s * h / t;
   // Mixture of experts (every moe_layer_freq-th layer): the MLP becomes the router and top-k
-  // SwiGLU experts, whole on every tp rank (Loom keeps MoE replicated over t), their E / ep
-  // experts' weights on each rank; per layer and micro-batch the dispatch and combine move
-  // (ep - 1) / ep of the tokens' k rows out and back, twice as much in the backward.
+  // SwiGLU experts, whole on every tp rank (Loom keeps MoE replicated over t) over all the
+  // tokens, or with sequence parallelism over the rank's s / t of them; their E / ep experts'
+  // weights on each rank; per layer and micro-batch the dispatch and combine move (ep - 1) / ep
+  // of the tokens' k rows out and back, twice as much in the backward.
   double E = double(model.num_experts()), k = double(std::max<int64_t>(1, model.num_experts_per_tok()));
   double ep = double(std::max<int64_t>(1, par.expert_parallel_size()));
   double moeShare = E > 0 ? 1.0 / double(std::max<int64_t>(1, model.moe_layer_freq())) : 0;
-  double expertParams = 3 * h * f * E, moeRows = tokens * k;
+  double moeTokens = par.sequence_parallel() ? tokens / t : tokens;
+  double expertParams = 3 * h * f * E, moeRows = moeTokens * k;
   if (E > 0) {
-    double denseMlp = 2 * tokens * 3 * h * f / t, moeMlp = 2 * tokens * h * E + 2 * moeRows * 3 * h * f;
+    double denseMlp = 2 * tokens * 3 * h * f / t, moeMlp = 2 * moeTokens * h * E + 2 * moeRows * 3 * h * f;
     gemmFlops += moeShare * (moeMlp - denseMlp);
     layerParams += moeShare * (h * E + expertParams / ep * t - 3 * h * f);  // per tp rank below: / t
   }

@@ -223,7 +223,7 @@ class TrainStepBuilder {
     Value up = param(prefix + ".experts.w3.weight", {E, F, hidden_}, "normal", std);
     Value down = param(prefix + ".experts.w2.weight", {E, hidden_, F}, "normal", scaledStd);
     auto moe = b_.create<MoeOp>(loc_, mlir::TypeRange{h.getType(), tensor({}, b_.getF32Type())}, h, logits, gate, up,
-                                down, b_.getI64IntegerAttr(cfg_.num_experts_per_tok()),
+                                down, /*routing_stats=*/mlir::Value(), b_.getI64IntegerAttr(cfg_.num_experts_per_tok()),
                                 b_.getF32FloatAttr(cfg_.capacity_factor()),
                                 b_.getF32FloatAttr(cfg_.router_aux_loss_coef()), /*expert_parallel_group=*/nullptr,
                                 b_.getI64IntegerAttr(1));

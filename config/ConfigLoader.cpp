@@ -314,10 +314,15 @@ llvm::Error checkModelFitsCluster(const config::ModelConfig &m, const config::Cl
     return fieldError(clusterPath, "parallel.expert_parallel_size",
                       llvm::formatv("({0}) does not divide num_experts = {1} of model '{2}'", ep, m.num_experts(),
                                     m.name()));
+  if (m.num_experts() > 0 && p.sequence_parallel() && t > 1 && m.capacity_factor() > 0)
+    return fieldError(clusterPath, "parallel.sequence_parallel",
+                      llvm::formatv("model '{0}' has capacity_factor {1}: an expert's capacity counts the whole "
+                                    "sequence's assignments, which sequence parallelism splits over the tp ranks; use "
+                                    "capacity_factor 0 (dropless) or sequence_parallel false",
+                                    m.name(), m.capacity_factor()));
   if (m.num_experts() > 0) {
     // What the MoE layers do not run with yet: one line naming the field to change.
-    const char *field = p.sequence_parallel()                       ? "parallel.sequence_parallel"
-                        : cp > 1                                    ? "parallel.context_parallel_size"
+    const char *field = cp > 1 ? "parallel.context_parallel_size"
                         : p.precision() == config::PRECISION_BF16 || p.precision() == config::PRECISION_FP16 ||
                                   (p.precision() == config::PRECISION_OF_MODEL && m.params_dtype() != config::FP32)
                             ? "parallel.precision"
@@ -326,7 +331,7 @@ llvm::Error checkModelFitsCluster(const config::ModelConfig &m, const config::Cl
     if (field)
       return fieldError(clusterPath, field,
                         llvm::formatv("model '{0}' has mixture-of-experts layers, which run so far on the CPU backend, "
-                                      "in fp32, without sequence or context parallelism",
+                                      "in fp32, without context parallelism",
                                       m.name()));
   }
   int64_t chunks = p.pipeline_parallel_size() * p.virtual_pipeline_size();

@@ -279,17 +279,38 @@ def Loom_MoeOp : Loom_Op<"moe", [Pure]> {
     rank holds experts `i E_l .. (i + 1) E_l - 1` of the `E = E_l expert_parallel_size` the
     logits choose from (`i` its place in the group): gate, up and down are its `E_l` experts,
     and the other members compute the assignments to theirs (all-to-all over the group).
+    With `routing_stats` (`[2, E]`: `loom.moe_routing_stats` of the logits of every token the
+    loss's statistics cover, summed over the ranks holding them; loom-tensor-parallel under
+    sequence parallelism, Megatron-Core's sequence_partition_group) `count_e`, `P_e` and `T` come
+    from it instead of from this op's tokens: the aux loss (and its gradient) is the whole
+    sequence's while the op routes only its own slice.
   }];
   let arguments = (ins Loom_FloatTensor:$input, Loom_FloatTensor:$logits, Loom_FloatTensor:$gate,
-                       Loom_FloatTensor:$up, Loom_FloatTensor:$down, I64Attr:$top_k,
+                       Loom_FloatTensor:$up, Loom_FloatTensor:$down, Optional<Loom_FloatTensor>:$routing_stats,
+                       I64Attr:$top_k,
                        DefaultValuedAttr<F32Attr, "0.0">:$capacity_factor,
                        DefaultValuedAttr<F32Attr, "0.0">:$aux_loss_coef,
                        OptionalAttr<StrAttr>:$expert_parallel_group,
                        DefaultValuedAttr<I64Attr, "1">:$expert_parallel_size);
   let results = (outs Loom_FloatTensor:$result, Loom_Scalar:$aux);
   let assemblyFormat = [{
-    $input `,` $logits `,` $gate `,` $up `,` $down attr-dict `:` functional-type(operands, results)
+    $input `,` $logits `,` $gate `,` $up `,` $down (`,` `stats` $routing_stats^)? attr-dict `:` functional-type(operands, results)
   }];
+  let hasVerifier = 1;
+}
+
+def Loom_MoeRoutingStatsOp : Loom_Op<"moe_routing_stats", [Pure]> {
+  let summary = "a mixture-of-experts layer's load-balancing statistics over this rank's tokens";
+  let description = [{
+    `logits` is a router's `[batch, seq, E]`. Row 0 of the `[2, E]` result counts the tokens
+    that chose expert e among their `top_k` (ties to the lower index, before any capacity drop),
+    row 1 sums `softmax(logits)_e` over the tokens: the terms of `loom.moe`'s load-balancing loss,
+    which summed over the ranks that split a sequence (an all-reduce) are the whole sequence's.
+    No gradient: the counts are constants and `loom.moe_grad` takes the probabilities' share.
+  }];
+  let arguments = (ins Loom_FloatTensor:$logits, I64Attr:$top_k);
+  let results = (outs Loom_FloatTensor:$result);
+  let assemblyFormat = "$logits attr-dict `:` functional-type(operands, results)";
   let hasVerifier = 1;
 }
 
@@ -552,10 +573,11 @@ def Loom_MoeGradOp : Loom_Op<"moe_grad", [Pure]> {
     run of the program carries (1 / micro-batches, set by loom-micro-batches), as
     `loom.cross_entropy_grad`'s. With `expert_parallel_group` the rank's experts' weight
     gradients cover the assignments of every member's tokens, divided by the group's size (so
-    that their average over "edp" is the data-parallel mean).
+    that their average over "edp" is the data-parallel mean). `routing_stats`: as `loom.moe`'s.
   }];
   let arguments = (ins Loom_FloatTensor:$input, Loom_FloatTensor:$logits, Loom_FloatTensor:$gate,
-                       Loom_FloatTensor:$up, Loom_FloatTensor:$down, Loom_FloatTensor:$grad, I64Attr:$top_k,
+                       Loom_FloatTensor:$up, Loom_FloatTensor:$down, Loom_FloatTensor:$grad,
+                       Optional<Loom_FloatTensor>:$routing_stats, I64Attr:$top_k,
                        DefaultValuedAttr<F32Attr, "0.0">:$capacity_factor,
                        DefaultValuedAttr<F32Attr, "0.0">:$aux_loss_coef,
                        DefaultValuedAttr<F32Attr, "1.0">:$loss_scale,
@@ -564,7 +586,7 @@ def Loom_MoeGradOp : Loom_Op<"moe_grad", [Pure]> {
   let results = (outs Loom_FloatTensor:$grad_input, Loom_FloatTensor:$grad_logits, Loom_FloatTensor:$grad_gate,
                       Loom_FloatTensor:$grad_up, Loom_FloatTensor:$grad_down);
   let assemblyFormat = [{
-    $input `,` $logits `,` $gate `,` $up `,` $down `,` $grad attr-dict `:` functional-type(operands, results)
+    $input `,` $logits `,` $gate `,` $up `,` $down `,` $grad (`,` `stats` $routing_stats^)? attr-dict `:` functional-type(operands, results)
   }];
   let hasVerifier = 1;
 }

@@ -262,7 +262,7 @@ LogicalResult GroupedAttentionGradOp::verify() {
 // A mixture-of-experts MLP's operands (loom.moe and its gradient): input [B, S, H], logits
 // [B, S, E], gate and up [E, F, H], down [E, H, F], 1 <= top_k <= E, capacity_factor >= 0.
 static LogicalResult verifyMoeOperands(mlir::Operation *op, Value input, Value logits, Value gate, Value up, Value down,
-                                       int64_t topK, float capacityFactor, int64_t expertParallel) {
+                                       int64_t topK, float capacityFactor, int64_t expertParallel, Value stats) {
   for (auto [v, name] : {std::pair{input, "input"}, std::pair{logits, "logits"}, std::pair{gate, "gate"},
                          std::pair{up, "up"}, std::pair{down, "down"}})
     if (failed(requireRank(op, v, name, 3))) return mlir::failure();
@@ -285,12 +285,35 @@ static LogicalResult verifyMoeOperands(mlir::Operation *op, Value input, Value l
   if (!(capacityFactor >= 0)) return op->emitOpError() << "capacity_factor must be >= 0 (0: dropless), got " << capacityFactor;
   for (auto [v, name] : {std::pair{logits, "logits"}, std::pair{gate, "gate"}, std::pair{up, "up"}, std::pair{down, "down"}})
     if (failed(requireSameElementType(op, v, name, input, "input"))) return mlir::failure();
+  if (stats) {
+    // The whole sequence's statistics while this op routes a slice: a capacity would need the
+    // whole sequence's drops too.
+    if (capacityFactor > 0)
+      return op->emitOpError() << "routing_stats (a sequence split over ranks) needs capacity_factor 0 (dropless), got "
+                               << capacityFactor;
+    if (failed(requireRank(op, stats, "routing_stats", 2)) ||
+        failed(requireDim(op, "routing_stats", 0, tensorOf(stats).getShape()[0], 2, "2 (counts, probability sums)")) ||
+        failed(requireDim(op, "routing_stats", 1, tensorOf(stats).getShape()[1], E, "the experts of logits")))
+      return mlir::failure();
+  }
+  return mlir::success();
+}
+
+LogicalResult MoeRoutingStatsOp::verify() {
+  if (failed(requireRank(*this, getLogits(), "logits", 3)) || failed(requireRank(*this, getResult(), "result", 2)))
+    return mlir::failure();
+  int64_t E = tensorOf(getLogits()).getShape()[2];
+  auto r = tensorOf(getResult()).getShape();
+  if (failed(requireDim(*this, "result", 0, r[0], 2, "2 (counts, probability sums)")) ||
+      failed(requireDim(*this, "result", 1, r[1], E, "the experts of logits")))
+    return mlir::failure();
+  if (getTopK() < 1 || getTopK() > E) return emitOpError() << "top_k must be in 1.." << E << " (the experts), got " << getTopK();
   return mlir::success();
 }
 
 LogicalResult MoeOp::verify() {
   if (failed(verifyMoeOperands(*this, getInput(), getLogits(), getGate(), getUp(), getDown(), getTopK(),
-                               getCapacityFactor().convertToFloat(), getExpertParallelSize())))
+                               getCapacityFactor().convertToFloat(), getExpertParallelSize(), getRoutingStats())))
     return mlir::failure();
   if (getResult().getType() != getInput().getType())
     return emitOpError() << "result type " << getResult().getType() << " must equal input type " << getInput().getType();
@@ -299,7 +322,7 @@ LogicalResult MoeOp::verify() {
 
 LogicalResult MoeGradOp::verify() {
   if (failed(verifyMoeOperands(*this, getInput(), getLogits(), getGate(), getUp(), getDown(), getTopK(),
-                               getCapacityFactor().convertToFloat(), getExpertParallelSize())))
+                               getCapacityFactor().convertToFloat(), getExpertParallelSize(), getRoutingStats())))
     return mlir::failure();
   for (auto [result, operand, name] :
        {std::tuple{getGradInput(), getInput(), "input"}, std::tuple{getGradLogits(), getLogits(), "logits"},

@@ -99,10 +99,15 @@ mlir::FailureOr<Grads> gradientOf(mlir::OpBuilder &b, mlir::Operation *op, llvm:
         if (!g) return Grads(none);
         auto mg = b.create<MoeGradOp>(loc, o.getInput().getType(), o.getLogits().getType(), o.getGate().getType(),
                                       o.getUp().getType(), o.getDown().getType(), o.getInput(), o.getLogits(),
-                                      o.getGate(), o.getUp(), o.getDown(), g, o.getTopKAttr(),
+                                      o.getGate(), o.getUp(), o.getDown(), g, o.getRoutingStats(), o.getTopKAttr(),
                                       o.getCapacityFactorAttr(), o.getAuxLossCoefAttr(), b.getF32FloatAttr(1.0f),
                                       o.getExpertParallelGroupAttr(), o.getExpertParallelSizeAttr());
-        return Grads{mg.getGradInput(), mg.getGradLogits(), mg.getGradGate(), mg.getGradUp(), mg.getGradDown()};
+        // routing_stats: constants here (the probabilities' share of the aux loss's gradient is
+        // in grad_logits), no gradient.
+        Grads d = none;
+        d[0] = mg.getGradInput(), d[1] = mg.getGradLogits(), d[2] = mg.getGradGate(), d[3] = mg.getGradUp();
+        d[4] = mg.getGradDown();
+        return d;
       })
       .Case([&](DropoutOp o) -> mlir::FailureOr<Grads> {
         // The same mask, regenerated from the same counter-based stream.

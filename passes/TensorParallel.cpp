@@ -16,7 +16,9 @@
 //                      cross_entropy;
 //   the rest           layer_norm, add, dropout, gelu, add_bias, add_position,
 //                      cross_entropy and moe (its router a loom.replicated linear) on
-//                      replicated values stay replicated.
+//                      replicated values stay replicated (with sequence parallelism: on the
+//                      rank's slice of the sequence, an MoE's load-balancing statistics summed
+//                      over tp).
 // A linear or attention op marked `loom.replicated` stays whole on every rank. A linear that
 // fits no rule (its output reaches a layer norm, say), an attention core whose qkv is not
 // column-split, and any other op kind are errors naming the op: nothing silently stays
@@ -75,7 +77,10 @@ class Sharder {
     for (LinearOp l : vocabLinears_) rewriteVocabLinear(l);
     enterRegions();
     applyParamShards();
-    if (sp_) shardSequence();
+    if (sp_) {
+      shardSequence();
+      balanceOverSequence();
+    }
     return mlir::success();
   }
 
@@ -114,13 +119,16 @@ class Sharder {
         embeddings_.push_back(e);
         return mlir::WalkResult::advance();
       }
-      if (mlir::isa<MoeOp>(op)) {
-        // The experts stay whole on every rank of the group, over the replicated tokens (expert
-        // tensor parallelism is not done). Sequence parallelism would hand it a slice of the
-        // tokens, whose load-balancing statistics differ from the whole sequence's.
-        if (sp_)
-          return op->emitOpError() << "loom-tensor-parallel: a mixture-of-experts layer does not run under sequence "
-                                      "parallelism yet; set sequence_parallel to false";
+      if (auto moe = mlir::dyn_cast<MoeOp>(op)) {
+        // The experts stay whole on every rank of the group (expert tensor parallelism is not
+        // done), over the replicated tokens, or with sequence parallelism over the rank's slice
+        // of them (balanceOverSequence). An expert's capacity counts the whole sequence's
+        // assignments, which no rank then sees.
+        if (sp_ && moe.getCapacityFactor().convertToFloat() > 0)
+          return op->emitOpError() << "loom-tensor-parallel: a mixture-of-experts layer with capacity_factor > 0 "
+                                      "does not run under sequence parallelism (each rank routes only its slice of "
+                                      "the sequence; the capacity is the whole sequence's); use capacity_factor 0 "
+                                      "(dropless) or sequence_parallel false";
         return mlir::WalkResult::advance();
       }
       if (mlir::isa<LayerNormOp, RmsNormOp, AddOp, DropoutOp, GeluOp, AddBiasOp, AddPositionOp, CrossEntropyOp,
@@ -364,9 +372,9 @@ class Sharder {
     f_.walk([&](mlir::Operation *op) {
       bool sharded = mlir::isa<ReduceScatterOp>(op);
       if (!sharded &&
-          mlir::isa<LayerNormOp, RmsNormOp, DropoutOp, AddOp, AddBiasOp, AddPositionOp, GeluOp, LinearOp>(op)) {
+          mlir::isa<LayerNormOp, RmsNormOp, DropoutOp, AddOp, AddBiasOp, AddPositionOp, GeluOp, LinearOp, MoeOp>(op)) {
         // Elementwise and row-wise ops on a sharded operand produce a sharded result (linear:
-        // the BERT head's replicated dense layer).
+        // the BERT head's replicated dense layer, an MoE's router; moe: token by token).
         mlir::Value in = op->getOperand(0);
         if (auto t = mlir::dyn_cast<mlir::RankedTensorType>(in.getType());
             t && t.getRank() == 3 && mlir::isa<mlir::RankedTensorType>(op->getResult(0).getType())) {
@@ -391,6 +399,23 @@ class Sharder {
       if (f_.getArgAttr(i, attr::kParam) && !f_.getArgAttr(i, attr::kShardDim))
         f_.setArgAttr(i, attr::kTpPartialGrad, b_.getI64IntegerAttr(t_));
     f_->getParentOfType<mlir::ModuleOp>()->setAttr("loom.sequence_parallel", b_.getUnitAttr());
+  }
+
+  // Sequence parallelism hands each MoE layer the rank's s / t tokens, which it routes through
+  // its whole experts; the load-balancing loss is the whole sequence's (Megatron-Core reduces
+  // its statistics over the sequence_partition_group): the rank's routing statistics summed
+  // over tp, the op's routing_stats.
+  void balanceOverSequence() {
+    f_.walk([&](MoeOp moe) {
+      b_.setInsertionPoint(moe);
+      auto logits = mlir::cast<mlir::RankedTensorType>(moe.getLogits().getType());
+      auto type = mlir::RankedTensorType::get({2, logits.getShape()[2]}, b_.getF32Type());
+      auto local = b_.create<MoeRoutingStatsOp>(moe.getLoc(), type, moe.getLogits(), moe.getTopKAttr());
+      auto summed = b_.create<AllReduceOp>(moe.getLoc(), type, local, b_.getStringAttr(kGroup), b_.getI64IntegerAttr(t_),
+                                           b_.getStringAttr("sum"));
+      copyLayer(moe, local), copyLayer(moe, summed);
+      moe.getRoutingStatsMutable().assign(summed);
+    });
   }
 
   void copyLayer(mlir::Operation *from, mlir::Operation *to) {

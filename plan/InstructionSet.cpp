@@ -183,11 +183,15 @@ std::vector<OpDecl> declare() {
        {fl("q"), fl("k"), fl("v"), fl("grad"), fl("lse"), optFl("out")},
        {fl("grad_q"), fl("grad_k"), fl("grad_v")}, attentionAttrs(true), kC, kNo, kAttnCost, 0, "",
        attentionGradFlops<3, 1>),
-      make(kMoe, "moe", true, {fl("input"), fl("logits"), fl("gate"), fl("up"), fl("down")}, {fl("result"), f32("aux")},
-       moeAttrs(), kC, kNo, kGemmCost, 0, "", moeFlops, nullptr, "top_k"),
-      make(kMoeGrad, "moe_grad", true, {fl("input"), fl("logits"), fl("gate"), fl("up"), fl("down"), fl("grad")},
+      make(kMoe, "moe", true,
+       {fl("input"), fl("logits"), fl("gate"), fl("up"), fl("down"), optFl("routing_stats", 2)},
+       {fl("result"), f32("aux")}, moeAttrs(), kC, kNo, kGemmCost, 0, "", moeFlops, nullptr, "top_k"),
+      make(kMoeGrad, "moe_grad", true,
+       {fl("input"), fl("logits"), fl("gate"), fl("up"), fl("down"), fl("grad"), optFl("routing_stats", 2)},
        {fl("grad_input"), fl("grad_logits"), fl("grad_gate"), fl("grad_up"), fl("grad_down")}, moeAttrs(true), kC, kNo,
        kGemmCost, 0, "", moeGradFlops, nullptr, "top_k"),
+      make(kMoeRoutingStats, "moe_routing_stats", true, {fl("logits")}, {f32("result")}, {req("top_k", kI)}, kC, kNo,
+       kMem),
 
       // Megatron's vocab-parallel cross-entropy as its steps (compiler/Lowering.cpp): local max
       // -> all-reduce (max) -> local sums of exponentials and the target logit -> all-reduce
@@ -254,12 +258,12 @@ std::vector<OpDecl> declare() {
       // experts and returns their outputs; the backward sends the rows with their output
       // gradients and gets the rows' input gradients and outputs back. FLOPs: the rank's own
       // assignments' (uniform routing); bytes_moved: what the rank sends with uniform routing.
-      make(kExpertParallelMoe, "expert_parallel_moe", false, {fl("input"), fl("logits"), fl("gate"), fl("up"), fl("down")},
-       {fl("result"), f32("aux")}, moeAttrs(false, true), StreamRule::kOfGroup, Comm::kCollective, kGemmCost, 1,
+      make(kExpertParallelMoe, "expert_parallel_moe", false,
+       {fl("input"), fl("logits"), fl("gate"), fl("up"), fl("down"), optFl("routing_stats", 2)}, {fl("result"), f32("aux")}, moeAttrs(false, true), StreamRule::kOfGroup, Comm::kCollective, kGemmCost, 1,
        "moe with its experts split over the group, the assignments exchanged all-to-all", moeFlops, nullptr, "top_k")
           .withGroupAttr("expert_parallel_group"),
       make(kExpertParallelMoeGrad, "expert_parallel_moe_grad", false,
-       {fl("input"), fl("logits"), fl("gate"), fl("up"), fl("down"), fl("grad")},
+       {fl("input"), fl("logits"), fl("gate"), fl("up"), fl("down"), fl("grad"), optFl("routing_stats", 2)},
        {fl("grad_input"), fl("grad_logits"), fl("grad_gate"), fl("grad_up"), fl("grad_down")}, moeAttrs(true, true),
        StreamRule::kOfGroup, Comm::kCollective, kGemmCost, 2,
        "moe_grad with the experts split over the group; the experts' gradients divided by its size", moeGradFlops,

@@ -28,7 +28,7 @@ enum class OpId : uint8_t {
   kCrossEntropy, kRmsNorm, kRotary, kSwiglu, kGroupedAttention,
   kWeightGrad, kBiasGrad, kLayerNormGrad, kGeluGrad, kAttentionGrad, kEmbeddingGrad, kPositionGrad,
   kCrossEntropyGrad, kRmsNormGrad, kSwigluGrad, kGroupedAttentionGrad,
-  kMoe, kMoeGrad,
+  kMoe, kMoeGrad, kMoeRoutingStats,
   kCrossEntropyMax, kCrossEntropySums, kCrossEntropyLoss,
   kAllReduce, kAllGather, kReduceScatter, kSend, kRecv, kShard,
   kRingAttention, kRingAttentionGrad, kRingGroupedAttention, kRingGroupedAttentionGrad,

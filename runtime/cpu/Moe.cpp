@@ -31,37 +31,52 @@ void moeRouteForward(const float *logits, const MoeRouting &r, float *probs, int
   }
 }
 
-namespace {
-// count_e / T and P_e of the load-balancing loss.
-void loadBalanceTerms(const float *probs, const int32_t *chosen, const MoeRouting &r, std::vector<double> *share,
-                      std::vector<double> *meanProb) {
-  share->assign(size_t(r.experts), 0.0), meanProb->assign(size_t(r.experts), 0.0);
+MoeBalance moeBalanceOf(const float *probs, const int32_t *chosen, const MoeRouting &r) {
+  MoeBalance b;
+  b.counts.assign(size_t(r.experts), 0.0), b.probSums.assign(size_t(r.experts), 0.0);
+  b.tokens = double(r.tokens);
   for (int64_t t = 0; t < r.tokens; ++t) {
-    for (int64_t j = 0; j < r.topK; ++j) (*share)[size_t(chosen[t * r.topK + j])] += 1.0;
-    for (int64_t e = 0; e < r.experts; ++e) (*meanProb)[size_t(e)] += probs[t * r.experts + e];
+    for (int64_t j = 0; j < r.topK; ++j) b.counts[size_t(chosen[t * r.topK + j])] += 1.0;
+    for (int64_t e = 0; e < r.experts; ++e) b.probSums[size_t(e)] += probs[t * r.experts + e];
   }
-  for (int64_t e = 0; e < r.experts; ++e) (*share)[size_t(e)] /= double(r.tokens), (*meanProb)[size_t(e)] /= double(r.tokens);
+  return b;
 }
-}  // namespace
 
-float moeLoadBalancingLoss(const float *probs, const int32_t *chosen, const MoeRouting &r) {
-  std::vector<double> share, meanProb;
-  loadBalanceTerms(probs, chosen, r, &share, &meanProb);
+void moeWriteStats(const MoeBalance &b, float *stats) {
+  const size_t E = b.counts.size();
+  for (size_t e = 0; e < E; ++e) stats[e] = float(b.counts[e]), stats[E + e] = float(b.probSums[e]);
+}
+
+MoeBalance moeBalanceFromStats(const float *stats, const MoeRouting &r) {
+  MoeBalance b;
+  double assignments = 0;
+  for (int64_t e = 0; e < r.experts; ++e) {
+    b.counts.push_back(stats[e]), b.probSums.push_back(stats[r.experts + e]);
+    assignments += stats[e];
+  }
+  b.tokens = assignments / double(r.topK);
+  return b;
+}
+
+float moeLoadBalancingLoss(const MoeBalance &b) {
+  if (b.tokens <= 0) return 0.0f;
   double loss = 0;
-  for (int64_t e = 0; e < r.experts; ++e) loss += share[size_t(e)] * meanProb[size_t(e)];
-  return float(double(r.experts) * loss);
+  for (size_t e = 0; e < b.counts.size(); ++e) loss += (b.counts[e] / b.tokens) * (b.probSums[e] / b.tokens);
+  return float(double(b.counts.size()) * loss);
 }
 
 void moeRouteBackward(const float *probs, const int32_t *chosen, const float *dweights, float dAux,
-                      const MoeRouting &r, float *dlogits) {
+                      const MoeBalance &b, const MoeRouting &r, float *dlogits) {
   const int64_t E = r.experts, k = r.topK;
-  std::vector<double> share, meanProb;
-  loadBalanceTerms(probs, chosen, r, &share, &meanProb);
-  std::vector<double> dp(static_cast<size_t>(E));
+  // The aux loss: d/dp_te of E * sum_e share_e * (sum_t p_te) / T is E * share_e / T, the same
+  // for every token.
+  std::vector<double> dAuxDp(static_cast<size_t>(E), 0.0), dp(static_cast<size_t>(E));
+  if (b.tokens > 0)
+    for (int64_t e = 0; e < E; ++e)
+      dAuxDp[size_t(e)] = double(dAux) * double(E) * (b.counts[size_t(e)] / b.tokens) / b.tokens;
   for (int64_t t = 0; t < r.tokens; ++t) {
     const float *p = probs + t * E;
-    // The aux loss: d/dp_te of E * sum_e share_e * mean_t p_te is E * share_e / T.
-    for (int64_t e = 0; e < E; ++e) dp[size_t(e)] = double(dAux) * double(E) * share[size_t(e)] / double(r.tokens);
+    dp = dAuxDp;
     // The weights: w_j = p_cj / S (S = sum over the chosen) or w_j = p_cj.
     double S = 0, dot = 0;
     for (int64_t j = 0; j < k; ++j) S += p[chosen[t * k + j]], dot += double(dweights[t * k + j]) * p[chosen[t * k + j]];

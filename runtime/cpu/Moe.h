@@ -20,14 +20,28 @@ struct MoeRouting {
 // largest probabilities, largest first (ties: the lower index); weights [T, k] their
 // probabilities, renormalised when asked.
 void moeRouteForward(const float *logits, const MoeRouting &r, float *probs, int32_t *chosen, float *weights);
+// The load-balancing loss's statistics over a set of tokens: per expert the assignments to it
+// among the tokens' k (before any capacity drop) and the sum of its probability, and the tokens.
+struct MoeBalance {
+  std::vector<double> counts, probSums;
+  double tokens = 0;
+};
+// Over the r.tokens routed here.
+MoeBalance moeBalanceOf(const float *probs, const int32_t *chosen, const MoeRouting &r);
+// stats [2, E]: the counts, then the probability sums (loom.moe_routing_stats), possibly summed
+// over the ranks that split a sequence; T = sum of the counts / k.
+void moeWriteStats(const MoeBalance &b, float *stats);
+MoeBalance moeBalanceFromStats(const float *stats, const MoeRouting &r);
 // The load-balancing loss of Switch Transformer as Hugging Face's Mixtral computes it
 // (load_balancing_loss_func): E * sum_e (count_e / T) * P_e, count_e the tokens that chose e
 // among their k, P_e the mean over tokens of e's probability. Not scaled by a coefficient.
-float moeLoadBalancingLoss(const float *probs, const int32_t *chosen, const MoeRouting &r);
-// dlogits [T, E] from the weights' gradient dweights [T, k] and the load-balancing loss's
-// gradient dAux (its coefficient times the loss's incoming gradient; the counts are constants).
+float moeLoadBalancingLoss(const MoeBalance &b);
+// dlogits [T, E] of this rank's r.tokens from the weights' gradient dweights [T, k] and the
+// load-balancing loss's gradient dAux (its coefficient times the loss's incoming gradient; the
+// counts are constants) over the statistics `b` (of these tokens, or of a whole sequence they are
+// a slice of: each token's probability counts 1 / b.tokens in P_e).
 void moeRouteBackward(const float *probs, const int32_t *chosen, const float *dweights, float dAux,
-                      const MoeRouting &r, float *dlogits);
+                      const MoeBalance &b, const MoeRouting &r, float *dlogits);
 
 // Expert capacity (Megatron-Core's get_capacity): ceil(factor * T * k / E) assignments per expert.
 int64_t moeCapacity(double factor, int64_t tokens, int64_t topK, int64_t experts);

@@ -52,6 +52,22 @@ int64_t route(CpuKernelContext &c, const KernelCall &k, const MoeShape &s, float
   return moeDropOverCapacity(chosen->data(), weights, r, moeCapacity(factor, r.tokens, r.topK, r.experts), kept->data());
 }
 
+// The load-balancing statistics the aux loss and its gradient use: the instruction's
+// routing_stats (a whole sequence's, summed over the ranks that split it) or this routing's.
+Status balanceOf(CpuKernelContext &c, const KernelCall &k, const MoeRouting &r, const float *probs,
+                 const std::vector<int32_t> &chosen, MoeBalance *b) {
+  int stats = k.in("routing_stats");
+  if (stats < 0) {
+    *b = moeBalanceOf(probs, chosen.data(), r);
+    return Status::ok();
+  }
+  if (k.numel(stats) != 2 * r.experts)
+    return Status::error(std::string(k.decl.name) + ": routing_stats has " + std::to_string(k.numel(stats)) +
+                         " values, not 2 x " + std::to_string(r.experts) + " experts (corrupt plan)");
+  *b = moeBalanceFromStats(c.f(stats), r);
+  return Status::ok();
+}
+
 Status checkShape(const KernelCall &k, const MoeShape &s) {
   if (s.routing.topK < 1 || s.routing.topK > s.routing.experts || k.numel(k.in("logits")) != s.routing.tokens * s.routing.experts)
     return Status::error(std::string(k.decl.name) + ": top_k or the logits do not fit the experts (corrupt plan)");
@@ -65,7 +81,9 @@ Status moe(CpuKernelContext &c, const KernelCall &k) {
   float *probs = c.scratch, *weights = probs + r.tokens * r.experts, *experts = weights + 2 * r.tokens * r.topK;
   thread_local std::vector<int32_t> chosen, kept;
   int64_t dropped = route(c, k, s, probs, weights, &chosen, &kept);
-  float aux = moeLoadBalancingLoss(probs, chosen.data(), r);
+  MoeBalance balance;
+  LOOM_RETURN_IF_ERROR(balanceOf(c, k, r, probs, chosen, &balance));
+  float aux = moeLoadBalancingLoss(balance);
   c.f(k.out("aux"))[0] = aux;
   moeExpertsForward(c.f(k.in("input")), kept.data(), weights, c.f(k.in("gate")), c.f(k.in("up")), c.f(k.in("down")),
                     s.experts, c.f(k.out("result")), experts);
@@ -87,7 +105,24 @@ Status moeGrad(CpuKernelContext &c, const KernelCall &k) {
   // The load-balancing loss's share of the step's loss (Megatron-Core's MoEAuxLossAutoScaler):
   // its coefficient, this run's share (1 / micro-batches) and fp16's loss scale.
   float dAux = float(k.f64("aux_loss_coef") * k.f64("loss_scale")) * c.run->lossScale;
-  moeRouteBackward(probs, chosen.data(), dweights, dAux, r, c.f(k.out("grad_logits")));
+  MoeBalance balance;
+  LOOM_RETURN_IF_ERROR(balanceOf(c, k, r, probs, chosen, &balance));
+  moeRouteBackward(probs, chosen.data(), dweights, dAux, balance, r, c.f(k.out("grad_logits")));
+  return Status::ok();
+}
+
+// loom.moe_routing_stats: the counts and probability sums of this rank's tokens ([2, E]).
+Status moeRoutingStats(CpuKernelContext &c, const KernelCall &k) {
+  const plan::Buffer &logits = c.program->buffers(k.in("logits"));
+  int64_t tokens = planattr::dim(logits, 0) * planattr::dim(logits, 1), experts = planattr::dim(logits, 2);
+  MoeRouting r{tokens, experts, k.i64("top_k"), /*renormalize=*/true};
+  if (r.topK < 1 || r.topK > experts || k.numel(k.out("result")) != 2 * experts)
+    return Status::error("moe_routing_stats: top_k or the result do not fit the logits' experts (corrupt plan)");
+  float *probs = c.scratch, *weights = probs + tokens * experts;
+  thread_local std::vector<int32_t> chosen;
+  chosen.resize(size_t(tokens * r.topK));
+  moeRouteForward(c.f(k.in("logits")), r, probs, chosen.data(), weights);
+  moeWriteStats(moeBalanceOf(probs, chosen.data(), r), c.f(k.out("result")));
   return Status::ok();
 }
 
@@ -260,7 +295,9 @@ Status expertParallelMoe(CpuKernelContext &c, const KernelCall &k) {
   const ExpertParallelScratch &x = start.x;
   const MoeRouting &r = s.routing;
   const int64_t H = s.hidden, K = r.topK, dropped = start.dropped;
-  float aux = moeLoadBalancingLoss(x.probs, chosen.data(), r);
+  MoeBalance balance;
+  LOOM_RETURN_IF_ERROR(balanceOf(c, k, r, x.probs, chosen, &balance));
+  float aux = moeLoadBalancingLoss(balance);
   c.f(k.out("aux"))[0] = aux;
   const float *input = c.f(k.in("input"));
   for (size_t i = 0; i < d.rows.size(); ++i) std::copy_n(input + (d.rows[i] / K) * H, H, x.xOut + int64_t(i) * H);
@@ -338,7 +375,9 @@ Status expertParallelMoeGrad(CpuKernelContext &c, const KernelCall &k) {
     }
   }
   float dAux = float(k.f64("aux_loss_coef") * k.f64("loss_scale")) * c.run->lossScale;
-  moeRouteBackward(x.probs, chosen.data(), x.dweights, dAux, r, c.f(k.out("grad_logits")));
+  MoeBalance balance;
+  LOOM_RETURN_IF_ERROR(balanceOf(c, k, r, x.probs, chosen, &balance));
+  moeRouteBackward(x.probs, chosen.data(), x.dweights, dAux, balance, r, c.f(k.out("grad_logits")));
   return Status::ok();
 }
 
@@ -346,6 +385,12 @@ Status expertParallelMoeGrad(CpuKernelContext &c, const KernelCall &k) {
 
 int64_t moeScratchOf(const plan::Program &program, const plan::Instruction &in) {
   const isa::OpDecl *d = isa::find(in.op());
+  if (d && d->id == OpId::kMoeRoutingStats && in.inputs_size() == 1) {  // the probabilities and weights
+    const plan::Buffer &logits = program.buffers(in.inputs(0));
+    if (logits.shape_size() != 3) return 0;  // checkProgram's
+    int64_t tokens = planattr::dim(logits, 0) * planattr::dim(logits, 1);
+    return tokens * (planattr::dim(logits, 2) + std::max<int64_t>(1, planattr::i64(in, "top_k")));
+  }
   if (!d || in.inputs_size() < 3) return 0;
   bool expertParallel = d->id == OpId::kExpertParallelMoe || d->id == OpId::kExpertParallelMoeGrad;
   if (d->id != OpId::kMoe && d->id != OpId::kMoeGrad && !expertParallel) return 0;
@@ -364,6 +409,7 @@ int64_t moeScratchOf(const plan::Program &program, const plan::Instruction &in) 
 void registerMoeKernels(CpuKernelRegistry &r) {
   r.add(OpId::kMoe, moe);
   r.add(OpId::kMoeGrad, moeGrad);
+  r.add(OpId::kMoeRoutingStats, moeRoutingStats);
   r.add(OpId::kExpertParallelMoe, expertParallelMoe);
   r.add(OpId::kExpertParallelMoeGrad, expertParallelMoeGrad);
 }

@@ -55,7 +55,7 @@ TEST(MoeRoute, TopKRenormalisedWithTiesToTheLowerExpert) {
     for (int32_t c : chosen) count += c == e;
     want += count / 2 * mean;
   }
-  EXPECT_NEAR(moeLoadBalancingLoss(probs.data(), chosen.data(), r), 4 * want, 1e-6);
+  EXPECT_NEAR(moeLoadBalancingLoss(moeBalanceOf(probs.data(), chosen.data(), r)), 4 * want, 1e-6);
 }
 
 TEST(MoeRoute, BackwardIsTheDerivativeOfTheForward) {
@@ -68,13 +68,46 @@ TEST(MoeRoute, BackwardIsTheDerivativeOfTheForward) {
     std::vector<int32_t> chosen(12), fixed;
     moeRouteForward(logits.data(), r, probs.data(), chosen.data(), weights.data());
     fixed = chosen;
-    moeRouteBackward(probs.data(), chosen.data(), dweights.data(), dAux, r, dlogits.data());
+    moeRouteBackward(probs.data(), chosen.data(), dweights.data(), dAux, moeBalanceOf(probs.data(), chosen.data(), r), r,
+                     dlogits.data());
     auto loss = [&] {
       moeRouteForward(logits.data(), r, probs.data(), chosen.data(), weights.data());
       EXPECT_EQ(chosen, fixed);  // the step stays inside the same routing
-      return dot(dweights, weights) + dAux * moeLoadBalancingLoss(probs.data(), chosen.data(), r);
+      return dot(dweights, weights) + dAux * moeLoadBalancingLoss(moeBalanceOf(probs.data(), chosen.data(), r));
     };
     EXPECT_NEAR(directional(logits, dir, loss), dot(dlogits, dir), 2e-3) << "renormalize " << renormalize;
+  }
+}
+
+// Sequence parallelism: two ranks each route half of the tokens; their statistics summed (the
+// all-reduce of loom.moe_routing_stats) give the whole sequence's loss, and each half's gradient
+// over the summed statistics is the whole's restricted to its tokens.
+TEST(MoeRoute, SummedStatisticsOfTwoHalvesAreTheWholeSequences) {
+  std::mt19937 rng(5);
+  const int64_t T = 8, E = 4, k = 2;
+  std::vector<float> logits = randomVector(rng, T * E), dweights = randomVector(rng, T * k);
+  MoeRouting whole{T, E, k, true}, half{T / 2, E, k, true};
+  std::vector<float> probs(T * E), weights(T * k), dlogits(T * E);
+  std::vector<int32_t> chosen(T * k);
+  moeRouteForward(logits.data(), whole, probs.data(), chosen.data(), weights.data());
+  MoeBalance all = moeBalanceOf(probs.data(), chosen.data(), whole);
+  moeRouteBackward(probs.data(), chosen.data(), dweights.data(), 0.9f, all, whole, dlogits.data());
+  std::vector<float> summed(2 * E, 0.0f), stats(2 * E);
+  for (int64_t h = 0; h < 2; ++h) {
+    moeWriteStats(moeBalanceOf(probs.data() + h * (T / 2) * E, chosen.data() + h * (T / 2) * k, half), stats.data());
+    for (int64_t i = 0; i < 2 * E; ++i) summed[size_t(i)] += stats[size_t(i)];
+  }
+  MoeBalance fromStats = moeBalanceFromStats(summed.data(), half);
+  EXPECT_DOUBLE_EQ(fromStats.tokens, double(T));
+  EXPECT_NEAR(moeLoadBalancingLoss(fromStats), moeLoadBalancingLoss(all), 1e-6);
+  // A half's own statistics are not the whole's: the test would not tell them apart otherwise.
+  MoeBalance own = moeBalanceOf(probs.data(), chosen.data(), half);
+  EXPECT_GT(std::abs(moeLoadBalancingLoss(own) - moeLoadBalancingLoss(all)), 1e-4);
+  for (int64_t h = 0; h < 2; ++h) {
+    std::vector<float> part(size_t(T / 2 * E));
+    moeRouteBackward(probs.data() + h * (T / 2) * E, chosen.data() + h * (T / 2) * k, dweights.data() + h * (T / 2) * k,
+                     0.9f, fromStats, half, part.data());
+    for (int64_t i = 0; i < T / 2 * E; ++i) EXPECT_NEAR(part[size_t(i)], dlogits[size_t(h * (T / 2) * E + i)], 1e-6);
   }
 }
 
