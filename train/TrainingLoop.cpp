@@ -97,7 +97,7 @@ double modelFlopsPerStep(const plan::RankPlan &p) {
   return 72 * B * s * l * h * h * (1 + s / (6 * h) + V / (12 * l * h));
 }
 
-Status TrainingLoop::saveCheckpoint(int64_t iteration) {
+Status TrainingLoop::saveCheckpoint(int64_t iteration, bool announce) {
   const plan::RankPlan &p = trainer_.plan();
   std::string partial = checkpointDir(opt_.save, iteration, true);
   std::error_code ec;
@@ -121,7 +121,7 @@ Status TrainingLoop::saveCheckpoint(int64_t iteration) {
   LOOM_RETURN_IF_ERROR(client_.barrier("save-" + std::to_string(iteration), p.rank(), 600000));
   if (p.rank() == 0) LOOM_RETURN_IF_ERROR(publishCheckpoint(opt_.save, iteration, p.world_size()));
   LOOM_RETURN_IF_ERROR(client_.barrier("saved-" + std::to_string(iteration), p.rank(), 600000));
-  if (logs()) std::printf(" saved checkpoint at iteration %lld to %s\n", (long long)iteration, opt_.save.c_str());
+  if (logs() && announce) std::printf(" saved checkpoint at iteration %lld to %s\n", (long long)iteration, opt_.save.c_str());
   return Status::ok();
 }
 
@@ -205,7 +205,7 @@ Status TrainingLoop::exportModel() {
     LOOM_RETURN_IF_ERROR(client_.barrier("export-check", p.rank(), 600000));
     if (existed) return Status::error(root + ": exists already (the export writes its shards there); remove it");
     std::swap(opt_.save, root);
-    Status s = saveCheckpoint(0);
+    Status s = saveCheckpoint(0, /*announce=*/false);
     std::swap(opt_.save, root);
     LOOM_RETURN_IF_ERROR(s);
   }

@@ -62,7 +62,8 @@ class TrainingLoop {
   Status run();
 
  private:
-  Status saveCheckpoint(int64_t iteration);
+  // announce: log the save (not for the export's own shards, which are removed after).
+  Status saveCheckpoint(int64_t iteration, bool announce = true);
   Status loadCheckpoint(int64_t *iteration);
   Status validate(int64_t iteration);
   Status exportModel();
