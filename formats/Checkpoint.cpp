@@ -40,7 +40,66 @@ uint64_t checksumOfFile(const std::string &path, int64_t *size) {
   return sum.digest();
 }
 
-Status publishCheckpoint(const std::string &root, int64_t iteration, int worldSize) {
+std::string pieceFact(const std::string &tensor, const std::vector<int64_t> &globalShape, const std::string &piece,
+                      const std::string &xxh3) {
+  std::string shape;
+  for (size_t k = 0; k < globalShape.size(); ++k) shape += (k ? "," : "") + std::to_string(globalShape[k]);
+  return tensor + "|" + shape + "|" + piece + "|" + xxh3;
+}
+
+namespace {
+
+// "a,b,c" -> {a, b, c}, non-negative decimal integers ("" -> {}).
+bool parseShape(const std::string &text, std::vector<int64_t> *shape) {
+  shape->clear();
+  if (text.empty()) return true;
+  size_t i = 0;
+  while (true) {
+    size_t comma = text.find(',', i);
+    std::string d = text.substr(i, comma == std::string::npos ? std::string::npos : comma - i);
+    if (d.empty() || d.size() > 15 || d.find_first_not_of("0123456789") != std::string::npos) return false;
+    shape->push_back(std::stoll(d));
+    if (comma == std::string::npos) return true;
+    i = comma + 1;
+  }
+}
+
+// metadata.json from the rank files' piece facts.
+Status buildIndex(const std::string &dir, int64_t iteration, int worldSize, const std::map<std::string, std::string> &state,
+                  nlohmann::json *out) {
+  nlohmann::json tensors = nlohmann::json::object();
+  for (int r = 0; r < worldSize; ++r) {
+    std::string f = checkpointFile(dir, r);
+    SafetensorsIndex file;
+    LOOM_RETURN_IF_ERROR(file.open(f));
+    for (const auto &[key, fact] : file.metadata()) {
+      if (key.rfind("piece:", 0) != 0) continue;
+      std::string name = key.substr(6);
+      size_t a = fact.find('|'), b = a == std::string::npos ? a : fact.find('|', a + 1),
+             c = b == std::string::npos ? b : fact.find('|', b + 1);
+      std::vector<int64_t> shape;
+      TensorPiece piece;
+      if (c == std::string::npos || !parseShape(fact.substr(a + 1, b - a - 1), &shape) ||
+          !decodePiece(fact.substr(b + 1, c - b - 1), shape, &piece) || !file.has(name))
+        return Status::error(f + ": corrupt piece fact '" + key + "'");
+      std::string tensor = fact.substr(0, a);
+      nlohmann::json &t = tensors[tensor];
+      if (t.contains("shape") && t["shape"].get<std::vector<int64_t>>() != shape)
+        return Status::error(f + ": tensor '" + tensor + "' has another global shape than in an earlier rank's file");
+      t["shape"] = shape;
+      t["pieces"].push_back({{"file", fs::path(f).filename().string()}, {"key", name},
+                             {"block", encodePiece(piece)}, {"xxh3", fact.substr(c + 1)}});
+    }
+  }
+  *out = {{"format", kCheckpointFormat}, {"iteration", iteration}, {"world_size", worldSize}, {"state", state},
+          {"tensors", tensors}};
+  return Status::ok();
+}
+
+}  // namespace
+
+Status publishCheckpoint(const std::string &root, int64_t iteration, int worldSize,
+                         const std::map<std::string, std::string> &state) {
   std::string partial = checkpointDir(root, iteration, true), final = checkpointDir(root, iteration);
   nlohmann::json files = nlohmann::json::array();
   for (int r = 0; r < worldSize; ++r) {
@@ -50,7 +109,16 @@ Status publishCheckpoint(const std::string &root, int64_t iteration, int worldSi
     uint64_t sum = checksumOfFile(f, &size);
     files.push_back({{"rank", r}, {"file", fs::path(f).filename().string()}, {"bytes", size}, {"xxh3", checksumHex(sum)}});
   }
-  nlohmann::json manifest = {{"iteration", iteration}, {"world_size", worldSize}, {"files", files}};
+  nlohmann::json index;
+  LOOM_RETURN_IF_ERROR(buildIndex(partial, iteration, worldSize, state, &index));
+  std::string indexPath = partial + "/metadata.json";
+  LOOM_RETURN_IF_ERROR(writeFileAtomically(indexPath, index.dump(1) + "\n"));
+  int64_t indexSize;
+  uint64_t indexSum = checksumOfFile(indexPath, &indexSize);
+  nlohmann::json manifest = {{"iteration", iteration},
+                             {"world_size", worldSize},
+                             {"files", files},
+                             {"metadata", {{"file", "metadata.json"}, {"bytes", indexSize}, {"xxh3", checksumHex(indexSum)}}}};
   LOOM_RETURN_IF_ERROR(writeFileAtomically(partial + "/manifest.json", manifest.dump(1) + "\n"));
   std::error_code ec;
   // The same iteration saved again: the old copy moves aside (never deleted before the new one
@@ -114,6 +182,134 @@ Status readManifest(const std::string &dir, CheckpointManifest *manifest) {
     file.xxh3 = f["xxh3"].get<std::string>();
     manifest->files[int(rank)] = file;
   }
+  manifest->metadata = {};
+  if (auto md = m.find("metadata"); md != m.end()) {
+    if (!md->is_object() || !integer(*md, "bytes", &manifest->metadata.bytes) || manifest->metadata.bytes < 0 ||
+        !md->contains("file") || !(*md)["file"].is_string() || (*md)["file"] != "metadata.json" ||
+        !md->contains("xxh3") || !(*md)["xxh3"].is_string())
+      return Status::error(path + ": corrupt metadata entry (expected file metadata.json, bytes and xxh3)");
+    manifest->metadata.name = "metadata.json";
+    manifest->metadata.xxh3 = (*md)["xxh3"].get<std::string>();
+  }
+  return Status::ok();
+}
+
+Status readCheckpointIndex(const std::string &dir, CheckpointIndex *index) {
+  std::string path = dir + "/metadata.json";
+  std::string text;
+  LOOM_RETURN_IF_ERROR(readWholeFile(path, "the checkpoint's metadata", &text));
+  nlohmann::json m = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
+  if (m.is_discarded() || !m.is_object()) return Status::error(path + ": corrupt (not a JSON object)");
+  auto corrupt = [&](const std::string &what) { return Status::error(path + ": corrupt " + what); };
+  if (!m.contains("format") || m["format"] != kCheckpointFormat)
+    return corrupt(std::string("format (expected \"") + kCheckpointFormat + "\")");
+  if (!m.contains("iteration") || !m["iteration"].is_number_integer() || m["iteration"].get<int64_t>() < 0)
+    return corrupt("iteration");
+  if (!m.contains("world_size") || !m["world_size"].is_number_integer() || m["world_size"].get<int64_t>() < 1 ||
+      m["world_size"].get<int64_t>() > (1 << 24))
+    return corrupt("world_size");
+  index->iteration = m["iteration"].get<int64_t>();
+  index->worldSize = int(m["world_size"].get<int64_t>());
+  index->state.clear(), index->tensors.clear();
+  if (!m.contains("state") || !m["state"].is_object()) return corrupt("state");
+  for (auto &[k, v] : m["state"].items()) {
+    if (!v.is_string()) return corrupt("state '" + k + "' (not a string)");
+    index->state[k] = v.get<std::string>();
+  }
+  if (!m.contains("tensors") || !m["tensors"].is_object()) return corrupt("tensors");
+  for (auto &[name, t] : m["tensors"].items()) {
+    CheckpointIndex::Tensor tensor;
+    std::string where = "tensor '" + name + "'";
+    if (!t.is_object() || !t.contains("shape") || !t["shape"].is_array() || t["shape"].size() > 8)
+      return corrupt(where + " (no shape)");
+    for (const nlohmann::json &d : t["shape"]) {
+      if (!d.is_number_unsigned() || d.get<uint64_t>() > (uint64_t(1) << 40)) return corrupt(where + " shape");
+      tensor.shape.push_back(int64_t(d.get<uint64_t>()));
+    }
+    if (!t.contains("pieces") || !t["pieces"].is_array() || t["pieces"].empty()) return corrupt(where + " (no pieces)");
+    for (const nlohmann::json &p : t["pieces"]) {
+      CheckpointIndex::Piece piece;
+      if (!p.is_object()) return corrupt(where + " piece");
+      for (const char *field : {"file", "key", "block", "xxh3"})
+        if (!p.contains(field) || !p[field].is_string()) return corrupt(where + " piece (no " + field + ")");
+      piece.file = p["file"].get<std::string>(), piece.key = p["key"].get<std::string>();
+      piece.xxh3 = p["xxh3"].get<std::string>();
+      // A rank file of this directory, nothing else.
+      int rank = -1;
+      char rest[2];
+      if (std::sscanf(piece.file.c_str(), "rank_%5d.safetensors%1s", &rank, rest) != 1 || rank < 0 ||
+          rank >= index->worldSize || piece.file != fs::path(checkpointFile("", rank)).filename().string())
+        return corrupt(where + " piece file '" + piece.file + "'");
+      if (!decodePiece(p["block"].get<std::string>(), tensor.shape, &piece.piece))
+        return corrupt(where + " piece block '" + p["block"].get<std::string>() + "'");
+      tensor.pieces.push_back(std::move(piece));
+    }
+    index->tensors[name] = std::move(tensor);
+  }
+  return Status::ok();
+}
+
+Status CheckpointReader::read(const std::string &name, const TensorPiece &want, float *data) {
+  auto t = index_.tensors.find(name);
+  if (t == index_.tensors.end()) return Status::error(dir_ + ": no tensor '" + name + "' (a checkpoint of another model)");
+  int64_t expected = copyOverlap(shardPiece(t->second.shape, -1, 1, 0), nullptr, want, nullptr), copied = 0;
+  for (const CheckpointIndex::Piece &piece : t->second.pieces) {
+    if (copyOverlap(piece.piece, nullptr, want, nullptr) == 0) continue;
+    std::string id = piece.file + "/" + piece.key;
+    auto cached = pieces_.find(id);
+    if (cached == pieces_.end()) {
+      SafetensorsIndex &file = files_[piece.file];
+      std::string path = dir_ + "/" + piece.file;
+      if (file.metadata().empty()) {
+        // The file's size against the manifest's first: a truncated file is named as such.
+        if (auto bytes = index_.fileBytes.find(piece.file); bytes != index_.fileBytes.end()) {
+          std::error_code ec;
+          int64_t size = int64_t(fs::file_size(path, ec));
+          if (ec) return Status::error(path + ": missing (" + ec.message() + ")");
+          if (size != bytes->second)
+            return Status::error(path + ": " + std::to_string(size) + " bytes but the manifest says " +
+                                 std::to_string(bytes->second) + " (truncated or corrupt checkpoint)");
+        }
+        LOOM_RETURN_IF_ERROR(file.open(path));
+      }
+      HostTensor values;
+      LOOM_RETURN_IF_ERROR(file.read(piece.key, &values));
+      if (values.isInt || int64_t(values.data.size()) != piece.piece.elements())
+        return Status::error(path + ": piece '" + piece.key + "' has " + std::to_string(values.data.size()) +
+                             " values, metadata.json says " + std::to_string(piece.piece.elements()));
+      if (checksumHex(checksum64(values.data.data(), values.data.size() * sizeof(float))) != piece.xxh3)
+        return Status::error(path + ": checksum mismatch in piece '" + piece.key + "' (a corrupt checkpoint)");
+      cached = pieces_.emplace(id, std::move(values.data)).first;
+    }
+    copied += copyOverlap(piece.piece, cached->second.data(), want, data);
+  }
+  if (copied != expected)
+    return Status::error(dir_ + ": the pieces of '" + name + "' hold " + std::to_string(copied) + " of the " +
+                         std::to_string(expected) + " values wanted (an incomplete checkpoint)");
+  return Status::ok();
+}
+
+Status readVerifiedCheckpointIndex(const std::string &root, int64_t iteration, CheckpointIndex *index) {
+  std::string dir = resolvedCheckpointDir(root, iteration);
+  CheckpointManifest m;
+  LOOM_RETURN_IF_ERROR(readManifest(dir, &m));
+  if (m.iteration != iteration)
+    return Status::error(dir + "/manifest.json: describes iteration " + std::to_string(m.iteration));
+  if (m.metadata.name.empty())
+    return Status::error(dir + ": a checkpoint without metadata.json (written before the layout-independent format, "
+                               "loom-checkpoint-2); it cannot be resumed by this version");
+  std::string file = dir + "/metadata.json";
+  if (!fs::exists(file)) return Status::error(file + ": missing");
+  int64_t size;
+  uint64_t got = checksumOfFile(file, &size);
+  if (size != m.metadata.bytes || checksumHex(got) != m.metadata.xxh3)
+    return Status::error(file + ": size or checksum differs from the manifest's (a corrupt checkpoint)");
+  LOOM_RETURN_IF_ERROR(readCheckpointIndex(dir, index));
+  for (const auto &[rank, f] : m.files) index->fileBytes[f.name] = f.bytes;
+  if (index->iteration != iteration || index->worldSize != m.worldSize)
+    return Status::error(file + ": describes iteration " + std::to_string(index->iteration) + " of " +
+                         std::to_string(index->worldSize) + " ranks, the manifest " + std::to_string(iteration) + " of " +
+                         std::to_string(m.worldSize));
   return Status::ok();
 }
 

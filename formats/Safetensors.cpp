@@ -39,9 +39,9 @@ bool toIndices(const json &v, std::vector<int64_t> *out) {
   return true;
 }
 
-// One tensor entry {"dtype", "shape", "data_offsets"} and its bytes among the file's data.
-Status readTensor(const std::string &path, const std::string &name, const json &entry, const char *data,
-                  size_t dataSize, HostTensor *t) {
+// One tensor entry {"dtype", "shape", "data_offsets"}, checked against the data's size.
+Status readEntry(const std::string &path, const std::string &name, const json &entry, size_t dataSize,
+                 SafetensorsIndex::Entry *out) {
   std::string tensor = "tensor '" + shown(name) + "'", where = path + ": " + tensor;
   auto corrupt = [&](const char *what) {
     return Status::error(path + ": corrupt safetensors header: " + tensor + " " + what);
@@ -66,17 +66,55 @@ Status readTensor(const std::string &path, const std::string &name, const json &
   int64_t bytesNeeded = numel * 4;
   if (offsets[0] > offsets[1] || offsets[1] > int64_t(dataSize) || offsets[1] - offsets[0] != bytesNeeded)
     return Status::error(where + " lies outside the file (truncated or corrupt)");
-  *t = HostTensor{std::move(shape)};
-  t->isInt = type == "I32";
-  char *to;
+  *out = {std::move(shape), type == "I32", offsets[0], offsets[1]};
+  return Status::ok();
+}
+
+// An empty tensor of the entry's shape and type; its bytes to fill.
+char *allocate(const SafetensorsIndex::Entry &e, HostTensor *t) {
+  *t = HostTensor{e.shape};
+  t->isInt = e.isInt;
+  size_t numel = size_t((e.end - e.begin) / 4);
   if (t->isInt) {
     t->ints.resize(numel);
-    to = reinterpret_cast<char *>(t->ints.data());
-  } else {
-    t->data.resize(numel);
-    to = reinterpret_cast<char *>(t->data.data());
+    return reinterpret_cast<char *>(t->ints.data());
   }
-  if (bytesNeeded > 0) std::memcpy(to, data + offsets[0], bytesNeeded);
+  t->data.resize(numel);
+  return reinterpret_cast<char *>(t->data.data());
+}
+
+Status readTensor(const std::string &path, const std::string &name, const json &entry, const char *data,
+                  size_t dataSize, HostTensor *t) {
+  SafetensorsIndex::Entry e;
+  LOOM_RETURN_IF_ERROR(readEntry(path, name, entry, dataSize, &e));
+  char *to = allocate(e, t);
+  if (e.end > e.begin) std::memcpy(to, data + e.begin, size_t(e.end - e.begin));
+  return Status::ok();
+}
+
+// The parsed header: `visit(name, entry)` for each tensor, metadata into `metadata`.
+template <typename Visit>
+Status parseHeader(const std::string &path, const char *begin, const char *end, std::map<std::string, std::string> *metadata,
+                   Visit visit) {
+  std::string corrupt = path + ": corrupt safetensors header";
+  json header;
+  try {
+    header = json::parse(begin, end);
+  } catch (const json::parse_error &e) {
+    return Status::error(corrupt + ": not JSON (at byte " + std::to_string(e.byte) + ")");
+  }
+  if (!header.is_object()) return Status::error(corrupt + ": not a JSON object");
+  for (auto &[name, entry] : header.items()) {
+    if (name == "__metadata__") {  // free-form text: string values only
+      if (!entry.is_object()) return Status::error(corrupt + ": __metadata__ is not an object");
+      for (auto &[k, v] : entry.items()) {
+        if (!v.is_string()) return Status::error(corrupt + ": __metadata__ '" + shown(k) + "' is not a string");
+        (*metadata)[k] = v.template get<std::string>();
+      }
+      continue;
+    }
+    LOOM_RETURN_IF_ERROR(visit(name, entry));
+  }
   return Status::ok();
 }
 
@@ -171,28 +209,63 @@ Status readSafetensors(const std::string &path, SafetensorsFile *file, const Byt
   if (len > bytes.size() - 8) return Status::error(path + ": truncated or corrupt header length");
   const char *begin = bytes.data() + 8, *data = begin + len;
   size_t dataSize = bytes.size() - 8 - len;
-  std::string corrupt = path + ": corrupt safetensors header";
-  json header;
-  try {
-    header = json::parse(begin, data);
-  } catch (const json::parse_error &e) {
-    return Status::error(corrupt + ": not JSON (at byte " + std::to_string(e.byte) + ")");
-  }
-  if (!header.is_object()) return Status::error(corrupt + ": not a JSON object");
-  for (auto &[name, entry] : header.items()) {
-    if (name == "__metadata__") {  // free-form text: string values only
-      if (!entry.is_object()) return Status::error(corrupt + ": __metadata__ is not an object");
-      for (auto &[k, v] : entry.items()) {
-        if (!v.is_string()) return Status::error(corrupt + ": __metadata__ '" + shown(k) + "' is not a string");
-        file->metadata[k] = v.get<std::string>();
-      }
-      continue;
-    }
+  return parseHeader(path, begin, data, &file->metadata, [&](const std::string &name, const json &entry) {
     HostTensor t;
     LOOM_RETURN_IF_ERROR(readTensor(path, name, entry, data, dataSize, &t));
     file->tensors[name] = std::move(t);
+    return Status::ok();
+  });
+}
+
+namespace {
+// pread of exactly `size` bytes at `offset`.
+Status readAt(int fd, const std::string &path, int64_t offset, char *to, int64_t size) {
+  while (size > 0) {
+    ssize_t r = ::pread(fd, to, size_t(size), off_t(offset));
+    if (r < 0 && errno == EINTR) continue;
+    if (r <= 0) return Status::error(path + ": " + (r < 0 ? std::string(std::strerror(errno)) : "truncated"));
+    to += r, offset += r, size -= r;
   }
   return Status::ok();
+}
+
+struct FileCloser {
+  int fd;
+  ~FileCloser() {
+    if (fd >= 0) ::close(fd);
+  }
+};
+}  // namespace
+
+Status SafetensorsIndex::open(const std::string &path) {
+  path_ = path, entries_.clear(), metadata_.clear();
+  FileCloser f{::open(path.c_str(), O_RDONLY)};
+  if (f.fd < 0) return Status::error(path + ": cannot open: " + std::strerror(errno));
+  off_t size = ::lseek(f.fd, 0, SEEK_END);
+  if (size < 8) return Status::error(path + ": truncated (no header)");
+  uint64_t len;
+  LOOM_RETURN_IF_ERROR(readAt(f.fd, path, 0, reinterpret_cast<char *>(&len), 8));
+  if (len > uint64_t(size) - 8) return Status::error(path + ": truncated or corrupt header length");
+  std::string header(size_t(len), '\0');
+  LOOM_RETURN_IF_ERROR(readAt(f.fd, path, 8, header.data(), int64_t(len)));
+  dataStart_ = 8 + int64_t(len);
+  size_t dataSize = size_t(size) - size_t(dataStart_);
+  return parseHeader(path, header.data(), header.data() + header.size(), &metadata_,
+                     [&](const std::string &name, const json &entry) {
+                       Entry e;
+                       LOOM_RETURN_IF_ERROR(readEntry(path, name, entry, dataSize, &e));
+                       entries_[name] = std::move(e);
+                       return Status::ok();
+                     });
+}
+
+Status SafetensorsIndex::read(const std::string &name, HostTensor *t) const {
+  auto it = entries_.find(name);
+  if (it == entries_.end()) return Status::error(path_ + ": no tensor '" + shown(name) + "'");
+  FileCloser f{::open(path_.c_str(), O_RDONLY)};
+  if (f.fd < 0) return Status::error(path_ + ": cannot open: " + std::strerror(errno));
+  char *to = allocate(it->second, t);
+  return readAt(f.fd, path_, dataStart_ + it->second.begin, to, it->second.end - it->second.begin);
 }
 
 }  // namespace loom

@@ -70,7 +70,13 @@ seeds("safetensors_fuzzer", [
 manifest = {"iteration": 7, "world_size": 2, "files": [
     {"rank": 0, "file": "rank_00000.safetensors", "bytes": 19, "xxh3": "0123456789abcdef"},
     {"rank": 1, "file": "rank_00001.safetensors", "bytes": 4, "xxh3": "fedcba9876543210"}]}
-seeds("checkpoint_fuzzer", [b"\0" + json.dumps(manifest, indent=1).encode(), b"\1" + b"7\n", b"\1" + b"-3\n"])
+metadata = {"format": "loom-checkpoint-2", "iteration": 7, "world_size": 2,
+            "state": {"iteration": "7", "model": "gpt-tiny", "global_batch_size": "8"},
+            "tensors": {"param/w": {"shape": [2, 4], "pieces": [
+                {"file": "rank_00000.safetensors", "key": "param/w", "block": "0:1,0:4;0:4", "xxh3": "0123456789abcdef"},
+                {"file": "rank_00001.safetensors", "key": "param/w", "block": "1:2,0:4;0:4", "xxh3": "fedcba9876543210"}]}}}
+seeds("checkpoint_fuzzer", [b"\0" + json.dumps(manifest, indent=1).encode(), b"\1" + b"7\n", b"\1" + b"-3\n",
+                            b"\2" + json.dumps(metadata, indent=1).encode()])
 
 text_dir = os.path.join(tmp, "text")
 os.makedirs(text_dir)

@@ -10,6 +10,7 @@
 #include "support/Checksum.h"
 #include "support/ProgressMeter.h"
 #include "runtime/Shards.h"
+#include "train/CheckpointPieces.h"
 
 namespace loom {
 namespace {
@@ -20,17 +21,6 @@ int64_t elementsOf(const plan::Parameter &p) {
   return n;
 }
 
-// The flat buffer's layout (every parameter's offset and size): ZeRO-1's optimizer shard is raw
-// flat memory, valid only for the layout it was written with.
-std::string flatLayoutOf(const plan::RankPlan &plan) {
-  std::string text = std::to_string(plan.flat_elements());
-  for (const plan::Parameter &p : plan.parameters())
-    text += ";" + p.name() + "@" + std::to_string(p.flat_offset()) + ":" + std::to_string(elementsOf(p));
-  for (int i = 0; i < plan.zero1_buckets_size(); ++i)
-    text += ";bucket:" + std::to_string(plan.zero1_buckets(i)) +
-            (i < plan.zero1_bucket_groups_size() && plan.zero1_bucket_groups(i) != "dp" ? "@" + plan.zero1_bucket_groups(i) : "");
-  return checksumHex(checksum64(text));
-}
 
 }  // namespace
 
@@ -118,9 +108,6 @@ Status Trainer::hostParameters(std::map<std::string, HostTensor> *out) {
   return Status::ok();
 }
 
-// The shard: param/NAME for every parameter; AdamW's moments as adam_m/NAME and adam_v/NAME
-// (slices of the flat state), or with ZeRO-1 this rank's flat shard as zero1/adam_m and
-// zero1/adam_v; fp16's loss scale and clean-step run in the metadata.
 namespace {
 // A progress line over a shard's bytes, drawn when `show` (and on a terminal).
 ByteProgress shardProgress(bool show, const char *what, std::unique_ptr<ProgressMeter> *meter) {
@@ -131,79 +118,98 @@ ByteProgress shardProgress(bool show, const char *what, std::unique_ptr<Progress
     if (total > 0 && done >= total) (*meter)->finish();  // the file is done (the rest is memory work)
   };
 }
+
+std::string xxh3Of(const std::vector<float> &data) {
+  return checksumHex(checksum64(data.data(), data.size() * sizeof(float)));
+}
+
+ArgumentView range(ArgumentView v, int64_t offset, int64_t count) {
+  v.f += offset;
+  v.count = count;
+  return v;
+}
 }  // namespace
 
 Status Trainer::saveShard(const std::string &path, const std::map<std::string, std::string> &metadata, bool progress) {
   SafetensorsFile f;
   f.metadata = metadata;
-  f.metadata["flat_layout"] = flatLayoutOf(plan_);
   LOOM_RETURN_IF_ERROR(backend_->synchronize());
   std::map<std::string, HostTensor> params;
   LOOM_RETURN_IF_ERROR(hostParameters(&params));
-  for (auto &[name, t] : params) f.tensors["param/" + name] = std::move(t);
+  std::map<std::string, std::vector<float>> moments;  // the rank's whole moment storage
   for (const char *moment : {"adam_m", "adam_v"}) {
     auto it = driver_.optimizerState().find(moment);
     if (it == driver_.optimizerState().end()) return Status::error("the plan's optimizer has no " + std::string(moment));
-    if (plan_.zero1()) {
-      HostTensor t{{it->second.count}};
-      LOOM_RETURN_IF_ERROR(backend_->download(it->second, &t.data));
-      f.tensors[std::string("zero1/") + moment] = std::move(t);
-      continue;
-    }
-    for (const plan::Parameter &p : plan_.parameters()) {
-      HostTensor t{{p.shape().begin(), p.shape().end()}};
-      LOOM_RETURN_IF_ERROR(backend_->download(driver_.sliceOf(it->second, p.name()), &t.data));
-      f.tensors[std::string(moment) + "/" + p.name()] = std::move(t);
-    }
+    LOOM_RETURN_IF_ERROR(backend_->download(it->second, &moments[moment]));
   }
-  if (opt_.lossScaling) {
-    char scale[40];
-    std::snprintf(scale, sizeof scale, "%.17g", scaler_.scale());
-    f.metadata["fp16_loss_scale"] = scale;
-    f.metadata["fp16_clean_steps"] = std::to_string(scaler_.cleanSteps());
+  std::map<std::string, int64_t> flatOffset;
+  for (const plan::Parameter &p : plan_.parameters()) flatOffset[p.name()] = p.flat_offset();
+  for (const StatePiece &s : piecesToSave(plan_)) {
+    const std::vector<float> *from;
+    int64_t at;
+    if (s.storage == "param") {
+      from = &params.at(s.parameter).data, at = s.piece.flatBegin;
+    } else {
+      from = &moments.at(s.storage);
+      at = s.flatMoments ? s.offset : flatOffset.at(s.parameter) + s.piece.flatBegin;
+    }
+    if (at < 0 || at + s.piece.elements() > int64_t(from->size()))
+      return Status::error("checkpoint: piece " + s.tensor + " lies outside this rank's state (corrupt plan)");
+    HostTensor t{{s.piece.elements()}};
+    t.data.assign(from->begin() + at, from->begin() + at + s.piece.elements());
+    f.metadata["piece:" + s.tensor] = pieceFact(s.tensor, s.globalShape, encodePiece(s.piece), xxh3Of(t.data));
+    f.tensors[s.tensor] = std::move(t);
   }
   std::unique_ptr<ProgressMeter> meter;
   return writeSafetensors(path, f, shardProgress(progress, "saving the checkpoint (this rank's shard)", &meter));
 }
 
-Status Trainer::loadShard(const std::string &path, std::map<std::string, std::string> *metadata, bool progress) {
-  SafetensorsFile f;
+Status Trainer::loadResharded(const std::string &dir, const CheckpointIndex &index, bool progress) {
+  CheckpointReader reader(dir, index);
+  std::map<std::string, const plan::Parameter *> byName;
+  for (const plan::Parameter &p : plan_.parameters()) byName[p.name()] = &p;
+  std::vector<StatePiece> needs = piecesToLoad(plan_);
   std::unique_ptr<ProgressMeter> meter;
-  LOOM_RETURN_IF_ERROR(readSafetensors(path, &f, shardProgress(progress, "loading the checkpoint (this rank's shard)", &meter)));
-  auto take = [&](const std::string &key, ArgumentView into) -> Status {
-    auto it = f.tensors.find(key);
-    if (it == f.tensors.end() || it->second.isInt || int64_t(it->second.data.size()) != into.count)
-      return Status::error(path + ": no " + key + " of " + std::to_string(into.count) +
-                           " elements (a checkpoint of another model or layout)");
-    return backend_->upload(it->second, into);
-  };
-  for (const plan::Parameter &p : plan_.parameters())
-    LOOM_RETURN_IF_ERROR(take("param/" + p.name(), driver_.parameter(p.name())));
-  LOOM_RETURN_IF_ERROR(driver_.parametersChanged());
-  if (plan_.zero1() && f.metadata["flat_layout"] != flatLayoutOf(plan_))
-    return Status::error(path + ": its ZeRO-1 optimizer state was written for another flat parameter layout (flat_layout " +
-                         (f.metadata["flat_layout"].empty() ? "absent" : f.metadata["flat_layout"]) + ", this plan's " +
-                         flatLayoutOf(plan_) + "): resume with the plans it was trained with");
-  for (const char *moment : {"adam_m", "adam_v"}) {
-    auto it = driver_.optimizerState().find(moment);
-    if (it == driver_.optimizerState().end()) return Status::error("the plan's optimizer has no " + std::string(moment));
-    if (plan_.zero1()) {
-      if (!f.tensors.count(std::string("zero1/") + moment))
-        return Status::error(path + ": no ZeRO-1 optimizer state (a checkpoint of another layout)");
-      LOOM_RETURN_IF_ERROR(take(std::string("zero1/") + moment, it->second));
-      continue;
+  if (progress) meter.reset(new ProgressMeter("loading the checkpoint (this rank's pieces)", int64_t(needs.size()), "pieces"));
+  int64_t done = 0;
+  for (const StatePiece &need : needs) {
+    auto t = index.tensors.find(need.tensor);
+    if (t == index.tensors.end())
+      return Status::error(dir + ": no tensor '" + need.tensor + "' (a checkpoint of another model)");
+    const plan::Parameter &param = *byName.at(need.parameter);
+    // The same global shape, but for the vocabulary padding (the padded rows are zeros).
+    bool same = t->second.shape.size() == need.globalShape.size();
+    for (size_t k = 0; same && k < need.globalShape.size(); ++k)
+      same = t->second.shape[k] == need.globalShape[k] ||
+             (param.unpadded_size() > 0 && int(k) == param.padded_dim() && t->second.shape[k] >= param.unpadded_size());
+    if (!same) {
+      auto text = [](const std::vector<int64_t> &v) {
+        std::string s;
+        for (int64_t d : v) s += (s.empty() ? "" : "x") + std::to_string(d);
+        return s;
+      };
+      return Status::error(dir + ": tensor '" + need.tensor + "' is " + text(t->second.shape) + ", this plan's " +
+                           text(need.globalShape) + " (a checkpoint of another model)");
     }
-    for (const plan::Parameter &p : plan_.parameters())
-      LOOM_RETURN_IF_ERROR(take(std::string(moment) + "/" + p.name(), driver_.sliceOf(it->second, p.name())));
+    HostTensor host{{need.piece.elements()}};
+    host.data.assign(size_t(need.piece.elements()), 0.0f);
+    LOOM_RETURN_IF_ERROR(reader.read(need.tensor, need.piece, host.data.data()));
+    ArgumentView to;
+    if (need.storage == "param") {
+      to = driver_.parameter(need.parameter);
+    } else {
+      auto it = driver_.optimizerState().find(need.storage);
+      if (it == driver_.optimizerState().end()) return Status::error("the plan's optimizer has no " + need.storage);
+      to = need.flatMoments ? range(it->second, need.offset, need.piece.elements())
+                            : driver_.sliceOf(it->second, need.parameter);
+    }
+    if (to.count != need.piece.elements())
+      return Status::error("checkpoint: '" + need.tensor + "' does not fit this rank's state (corrupt plan)");
+    LOOM_RETURN_IF_ERROR(backend_->upload(host, to));
+    if (meter) meter->update(++done);
   }
-  if (opt_.lossScaling && f.metadata.count("fp16_loss_scale") && f.metadata.count("fp16_clean_steps")) {
-    char *end = nullptr;
-    double scale = std::strtod(f.metadata["fp16_loss_scale"].c_str(), &end);
-    if (!(scale > 0) || *end != '\0') return Status::error(path + ": a corrupt fp16_loss_scale in the metadata");
-    scaler_.restore(scale, std::strtoll(f.metadata["fp16_clean_steps"].c_str(), nullptr, 10));
-  }
-  *metadata = f.metadata;
-  return Status::ok();
+  if (meter) meter->finish();
+  return driver_.parametersChanged();
 }
 
 Status Trainer::zeroOptimizerState() {

@@ -13,6 +13,7 @@
 #include "protos/plan.pb.h"
 #include "runtime/Collectives.h"
 #include "data/DataSource.h"
+#include "formats/Checkpoint.h"
 #include "train/LossScaler.h"
 #include "runtime/StepBackend.h"
 #include "support/Status.h"
@@ -86,10 +87,18 @@ class Trainer {
   MoeTally takeMoeTally() { return driver_.takeMoeTally(); }
   // Parameters by name (host copies).
   Status hostParameters(std::map<std::string, HostTensor> *out);
-  // Checkpoint shard of this rank: parameters and AdamW moments (and fp16's scale).
-  // `progress`: a progress line on a terminal (runtime/ProgressMeter.h) while the file is written or read.
+  // This rank's file of a layout-independent checkpoint (train/CheckpointPieces.h): its pieces
+  // of the parameters and AdamW moments, each with its fact in the metadata.
+  // `progress`: a progress line on a terminal (runtime/ProgressMeter.h) while the file is written.
   Status saveShard(const std::string &path, const std::map<std::string, std::string> &metadata, bool progress = false);
-  Status loadShard(const std::string &path, std::map<std::string, std::string> *metadata, bool progress = false);
+  // Fills every parameter and this rank's AdamW moments from a checkpoint of any layout
+  // (directory `dir`, its metadata.json read into `index`): the pieces overlapping them, each
+  // checked against its checksum; shapes must match the plan's (vocabulary padding aside).
+  Status loadResharded(const std::string &dir, const CheckpointIndex &index, bool progress = false);
+  // fp16's dynamic loss scale (the training state a checkpoint keeps once).
+  const LossScaler &lossScaler() const { return scaler_; }
+  const TrainerOptions &options() const { return opt_; }
+  void restoreLossScaler(double scale, int64_t cleanSteps) { scaler_.restore(scale, cleanSteps); }
   // Replaces the parameters by a whole-model file's tensors (global shapes, Loom names), each
   // rank taking its shard; the optimizer state restarts at zero.
   Status loadGlobalParameters(const std::map<std::string, HostTensor> &global);

@@ -55,8 +55,8 @@ double peakMemoryMiB() {
 }
 
 
-// (t,p,d,v) and whether the optimizer state is sharded: a checkpoint resumes only into the
-// same layout (resharding is future work).
+// (t,p,d,v), c, ep and whether the optimizer state is sharded: what a checkpoint records of the
+// layout that wrote it (any layout resumes it).
 std::string layoutOf(const plan::RankPlan &p) {
   return std::to_string(p.t()) + "," + std::to_string(p.p()) + "," + std::to_string(p.d()) + "," +
          std::to_string(p.v()) + (p.c() > 1 ? ",c" + std::to_string(p.c()) : "") +
@@ -72,17 +72,6 @@ std::string shardInfo(const plan::Parameter &p) {
                   std::to_string(p.shard_index());
   for (int64_t d : p.global_shape()) s += "," + std::to_string(d);
   return s;
-}
-
-// "a,b,c" -> {a, b, c}: the integer lists of the checkpoint metadata.
-std::vector<int64_t> integersOf(const std::string &value) {
-  std::vector<int64_t> v;
-  for (size_t i = 0; i < value.size();) {
-    size_t j = value.find(',', i);
-    v.push_back(std::strtoll(value.substr(i, j - i).c_str(), nullptr, 10));
-    i = j == std::string::npos ? value.size() : j + 1;
-  }
-  return v;
 }
 
 }  // namespace
@@ -103,26 +92,52 @@ Status TrainingLoop::saveCheckpoint(int64_t iteration, bool announce) {
   std::error_code ec;
   std::filesystem::create_directories(partial, ec);
   if (ec) return Status::error(partial + ": cannot create: " + ec.message());
+  // The file's own facts (for a person reading it); the training state goes once into
+  // metadata.json, the pieces' facts are the trainer's.
   std::map<std::string, std::string> meta = {
       {"iteration", std::to_string(iteration)}, {"rank", std::to_string(p.rank())},
-      {"world_size", std::to_string(p.world_size())}, {"model", p.model()},
-      {"layout", layoutOf(p)},
-      {"vocab_size", std::to_string(p.vocab_size())}, {"heads", std::to_string(p.num_attention_heads())},
-      {"architecture", p.architecture()}};
-  for (const plan::Parameter &param : p.parameters()) {
-    meta["shard:" + param.name()] = shardInfo(param);
-    if (!param.tied_to().empty()) meta["tied:" + param.name()] = param.tied_to();  // a pipeline copy
-    if (param.unpadded_size() > 0)  // "dim,size": what export keeps of the padded vocabulary
+      {"world_size", std::to_string(p.world_size())}, {"model", p.model()}, {"layout", layoutOf(p)}};
+  for (const plan::Parameter &param : p.parameters())
+    if (param.unpadded_size() > 0 && param.tied_to().empty())  // "dim,size": what export keeps of the padded vocabulary
       meta["padding:" + param.name()] = std::to_string(param.padded_dim()) + "," + std::to_string(param.unpadded_size());
-  }
-  if (skipped_ > 0) meta["skipped_steps"] = std::to_string(skipped_);  // fp16: updates = iterations - skipped
-  // Every rank writes its shard at once; rank 0 draws its progress (one line on a shared terminal).
+  // Every rank writes its pieces at once; rank 0 draws its progress (one line on a shared terminal).
   LOOM_RETURN_IF_ERROR(trainer_.saveShard(checkpointFile(partial, p.rank()), meta, p.rank() == 0));
   LOOM_RETURN_IF_ERROR(client_.barrier("save-" + std::to_string(iteration), p.rank(), 600000));
-  if (p.rank() == 0) LOOM_RETURN_IF_ERROR(publishCheckpoint(opt_.save, iteration, p.world_size()));
+  if (p.rank() == 0) LOOM_RETURN_IF_ERROR(publishCheckpoint(opt_.save, iteration, p.world_size(), trainingState(iteration)));
   LOOM_RETURN_IF_ERROR(client_.barrier("saved-" + std::to_string(iteration), p.rank(), 600000));
   if (logs() && announce) std::printf(" saved checkpoint at iteration %lld to %s\n", (long long)iteration, opt_.save.c_str());
   return Status::ok();
+}
+
+// What a checkpoint keeps once, independent of the layout: the position in training (the data
+// is read by sample index, so iteration x global batch is the consumed samples), the schedule's
+// facts, fp16's loss scale. Dropout needs nothing: its masks are counter-based over global
+// positions and the seed.
+std::map<std::string, std::string> TrainingLoop::trainingState(int64_t iteration) const {
+  const plan::RankPlan &p = trainer_.plan();
+  auto number = [](double v) {
+    char text[40];
+    std::snprintf(text, sizeof text, "%.17g", v);
+    return std::string(text);
+  };
+  std::map<std::string, std::string> state = {
+      {"iteration", std::to_string(iteration)},
+      {"model", p.model()},
+      {"architecture", p.architecture()},
+      {"layout", layoutOf(p)},
+      {"global_batch_size", std::to_string(p.global_batch_size())},
+      {"consumed_samples", std::to_string(iteration * p.global_batch_size())},
+      {"skipped_steps", std::to_string(skipped_)},
+      {"lr", number(opt_.lr.maxLr)},
+      {"min_lr", number(opt_.lr.minLr)},
+      {"warmup_iters", std::to_string(opt_.lr.warmupIters)},
+      {"decay_iters", std::to_string(opt_.lr.decayIters)},
+      {"learning_rate", number(opt_.lr.at(std::max<int64_t>(iteration, 1)))}};
+  if (trainer_.options().lossScaling) {
+    state["fp16_loss_scale"] = number(trainer_.lossScaler().scale());
+    state["fp16_clean_steps"] = std::to_string(trainer_.lossScaler().cleanSteps());
+  }
+  return state;
 }
 
 // --resume: the newest checkpoint every rank can verify (its file against the manifest's size
@@ -139,9 +154,15 @@ Status TrainingLoop::loadCheckpoint(int64_t *iteration) {
     if (logs()) std::fprintf(stderr, "warning: %s; resuming from the newest complete checkpoint\n", note.c_str());
   }
   if (candidates.empty()) return Status::ok();  // nothing to resume: start from scratch
+  CheckpointIndex index;
   for (size_t c = 0; c < candidates.size(); ++c) {
     int64_t it = candidates[c];
-    Status mine = verifyCheckpointFile(opt_.save, it, p.rank());
+    // Each rank reads the pieces it needs (any layout wrote them), checked against their
+    // checksums; the ranks agree on the outcome through the coordinator's store, so all of them
+    // fall back together.
+    Status mine = readVerifiedCheckpointIndex(opt_.save, it, &index);
+    if (mine.isOk()) mine = checkState(index);
+    if (mine.isOk()) mine = trainer_.loadResharded(resolvedCheckpointDir(opt_.save, it), index, p.rank() == 0);
     std::string key = "resume-check/" + std::to_string(it) + "/";
     LOOM_RETURN_IF_ERROR(client_.kvSet(key + std::to_string(p.rank()), mine.isOk() ? "ok" : mine.message()));
     std::string failure;
@@ -162,15 +183,40 @@ Status TrainingLoop::loadCheckpoint(int64_t *iteration) {
       std::fprintf(stderr, "warning: %s; resuming from iteration %lld instead\n", what.c_str(),
                    (long long)candidates[c + 1]);
   }
-  std::map<std::string, std::string> meta;
-  std::string file = checkpointFile(resolvedCheckpointDir(opt_.save, *iteration), p.rank());
-  LOOM_RETURN_IF_ERROR(trainer_.loadShard(file, &meta, p.rank() == 0));
-  std::string layout = layoutOf(p);
-  if (meta["layout"] != layout || meta["model"] != p.model())
-    return Status::error(file + ": written by model '" + meta["model"] + "' with (t,p,d,v) = (" + meta["layout"] +
-                         "), this job runs '" + p.model() + "' with (" + layout + ")");
-  skipped_ = meta.count("skipped_steps") ? std::strtoll(meta["skipped_steps"].c_str(), nullptr, 10) : 0;
-  if (logs()) std::printf(" resumed from checkpoint at iteration %lld in %s\n", (long long)*iteration, opt_.save.c_str());
+  skipped_ = std::strtoll(index.state["skipped_steps"].c_str(), nullptr, 10);
+  if (trainer_.options().lossScaling && index.state.count("fp16_loss_scale")) {
+    double scale = std::strtod(index.state["fp16_loss_scale"].c_str(), nullptr);
+    trainer_.restoreLossScaler(scale, std::strtoll(index.state["fp16_clean_steps"].c_str(), nullptr, 10));
+  }
+  if (logs())
+    std::printf(" resumed from checkpoint at iteration %lld in %s (written with %s, resumed with %s)\n",
+                (long long)*iteration, opt_.save.c_str(), index.state["layout"].c_str(), layoutOf(p).c_str());
+  return Status::ok();
+}
+
+// The state a resume can continue from: the same model and global batch (the data position and
+// the schedule count iterations of it); any layout.
+Status TrainingLoop::checkState(const CheckpointIndex &index) const {
+  const plan::RankPlan &p = trainer_.plan();
+  auto get = [&](const char *key) {
+    auto it = index.state.find(key);
+    return it == index.state.end() ? std::string() : it->second;
+  };
+  if (get("model") != p.model())
+    return Status::error("written by model '" + get("model") + "', this job runs '" + p.model() + "'");
+  if (get("global_batch_size") != std::to_string(p.global_batch_size()))
+    return Status::error("written with global batch size " + get("global_batch_size") + ", this job's is " +
+                         std::to_string(p.global_batch_size()) + " (resume with the same global batch)");
+  if (get("iteration") != std::to_string(index.iteration)) return Status::error("metadata.json: corrupt state iteration");
+  char *end = nullptr;
+  std::string skipped = get("skipped_steps");
+  long long n = std::strtoll(skipped.c_str(), &end, 10);
+  if (skipped.empty() || *end != '\0' || n < 0 || n > index.iteration)
+    return Status::error("metadata.json: corrupt state skipped_steps '" + skipped + "'");
+  if (trainer_.options().lossScaling && index.state.count("fp16_loss_scale")) {
+    double scale = std::strtod(get("fp16_loss_scale").c_str(), &end);
+    if (!(scale > 0) || *end != '\0') return Status::error("metadata.json: corrupt fp16_loss_scale");
+  }
   return Status::ok();
 }
 
@@ -195,6 +241,45 @@ Status TrainingLoop::validate(int64_t iteration) {
 
 // Rank 0 gathers nothing over the network: every rank writes its shards (with their slice
 // facts) into a checkpoint, then rank 0 assembles the whole model from the files.
+namespace {
+// Every model tensor of checkpoint `iteration` under `root`, whole (from the pieces of any layout),
+// without the vocabulary padding the compiler added (the rank files' padding facts).
+Status assembleParameters(const std::string &root, int64_t iteration, std::map<std::string, HostTensor> *global) {
+  CheckpointIndex index;
+  LOOM_RETURN_IF_ERROR(readVerifiedCheckpointIndex(root, iteration, &index));
+  std::string dir = resolvedCheckpointDir(root, iteration);
+  std::map<std::string, std::pair<int, int64_t>> padding;  // name -> (dim, unpadded size)
+  for (int r = 0; r < index.worldSize; ++r) {
+    SafetensorsIndex file;
+    LOOM_RETURN_IF_ERROR(file.open(checkpointFile(dir, r)));
+    for (const auto &[key, value] : file.metadata()) {
+      if (key.rfind("padding:", 0) != 0) continue;
+      size_t comma = value.find(',');
+      char *end = nullptr;
+      long dim = comma == std::string::npos ? -1 : std::strtol(value.substr(0, comma).c_str(), &end, 10);
+      long long size = comma == std::string::npos ? 0 : std::strtoll(value.substr(comma + 1).c_str(), nullptr, 10);
+      if (dim < 0 || size <= 0) return Status::error(checkpointFile(dir, r) + ": corrupt padding facts of '" + key.substr(8) + "'");
+      padding[key.substr(8)] = {int(dim), size};
+    }
+  }
+  CheckpointReader reader(dir, index);
+  for (const auto &[tensor, facts] : index.tensors) {
+    if (tensor.rfind("param/", 0) != 0) continue;
+    std::string name = tensor.substr(6);
+    HostTensor full{facts.shape};
+    full.data.assign(size_t(full.numel()), 0.0f);
+    LOOM_RETURN_IF_ERROR(reader.read(tensor, shardPiece(facts.shape, -1, 1, 0), full.data.data()));
+    if (auto pad = padding.find(name); pad != padding.end()) {
+      if (pad->second.first >= int(full.shape.size()) || pad->second.second > full.shape[size_t(pad->second.first)])
+        return Status::error("export: padding facts of '" + name + "' do not fit its shape");
+      full = leadingSlice(full, pad->second.first, pad->second.second);
+    }
+    (*global)[name] = std::move(full);
+  }
+  return Status::ok();
+}
+}  // namespace
+
 Status TrainingLoop::exportModel() {
   const plan::RankPlan &p = trainer_.plan();
   // Without --save the shards go to a directory beside the export, removed after; one that
@@ -212,69 +297,13 @@ Status TrainingLoop::exportModel() {
   if (p.rank() != 0) return Status::ok();
   int64_t it;
   LOOM_RETURN_IF_ERROR(latestIteration(root, &it));
-  std::string dir = resolvedCheckpointDir(root, it);
-  std::map<std::string, std::map<int, HostTensor>> shards;
-  std::map<std::string, std::vector<int64_t>> info;
-  std::map<std::string, std::pair<int, int64_t>> padding;  // name -> (dim, unpadded size)
-  std::set<std::string> tiedCopies;
-  for (int r = 0; r < p.world_size(); ++r) {
-    LOOM_RETURN_IF_ERROR(verifyCheckpointFile(root, it, r));
-    SafetensorsFile f;
-    std::string file = checkpointFile(dir, r);
-    LOOM_RETURN_IF_ERROR(readSafetensors(file, &f));
-    for (auto &[key, value] : f.metadata) {
-      if (key.rfind("tied:", 0) == 0) tiedCopies.insert(key.substr(5));
-      if (key.rfind("padding:", 0) == 0) {
-        std::vector<int64_t> v = integersOf(value);
-        if (v.size() != 2 || v[0] < 0 || v[1] <= 0)
-          return Status::error(file + ": corrupt padding facts of '" + key.substr(8) + "'");
-        padding[key.substr(8)] = {int(v[0]), v[1]};
-      }
-      if (key.rfind("shard:", 0) != 0) continue;
-      std::string name = key.substr(6);
-      std::vector<int64_t> v = integersOf(value);
-      auto tensor = f.tensors.find("param/" + name);
-      if (v.size() < 4 || tensor == f.tensors.end())
-        return Status::error(file + ": corrupt shard facts of '" + name + "'");
-      info[name] = v;
-      shards[name][v[0] < 0 ? 0 : int(v[2])] = std::move(tensor->second);
-    }
-  }
   std::map<std::string, HostTensor> global;
-  for (auto &[name, parts] : shards) {
-    const std::vector<int64_t> &v = info[name];
-    int dim = int(v[0]);
-    HostTensor full{{v.begin() + 3, v.end()}};
-    full.data.assign(full.numel(), 0.0f);
-    if (dim < 0) {
-      full.data = parts[0].data;
-    } else {
-      if (int64_t(parts.size()) != v[1])
-        return Status::error("export: " + std::to_string(parts.size()) + " of " + std::to_string(v[1]) +
-                             " shards of '" + name + "' found");
-      ShardGeometry g = shardGeometry(parts.begin()->second.shape, dim);
-      int64_t n = int64_t(parts.size());
-      for (auto &[idx, t] : parts) {
-        if (int64_t(t.data.size()) != g.outer * g.block || int64_t(full.data.size()) != n * g.outer * g.block ||
-            idx < 0 || idx >= n)
-          return Status::error("export: shard " + std::to_string(idx) + " of '" + name + "' has the wrong size");
-        copyShardIn(t.data, full.data, g, n, idx);
-      }
-    }
-    // The model's tensors, without the vocabulary padding the compiler added.
-    if (auto pad = padding.find(name); pad != padding.end()) {
-      if (pad->second.first >= int(full.shape.size()) || pad->second.second > full.shape[pad->second.first])
-        return Status::error("export: padding facts of '" + name + "' do not fit its shape");
-      full = leadingSlice(full, pad->second.first, pad->second.second);
-    }
-    global[name] = std::move(full);
-  }
+  LOOM_RETURN_IF_ERROR(assembleParameters(root, it, &global));
   SafetensorsFile out;
   out.metadata["format"] = "pt";
   // A model in the builder's names is written as Hugging Face GPT2LMHeadModel or
   // LlamaForCausalLM, with the config.json that class reads beside it (save_pretrained's
   // layout); any other IR keeps its own parameter names and layout.
-  for (const std::string &copy : tiedCopies) global.erase(copy);  // the twin holds the same values
   HfModelClass cls = hfModelClassOf(p, global.count("transformer.wte.weight") > 0,
                                     global.count("model.embed_tokens.weight") > 0);
   out.tensors = cls == HfModelClass::kGpt2   ? toHuggingFaceGpt2(global, p.vocab_size(), p.num_attention_heads())

@@ -65,6 +65,8 @@ class TrainingLoop {
   // announce: log the save (not for the export's own shards, which are removed after).
   Status saveCheckpoint(int64_t iteration, bool announce = true);
   Status loadCheckpoint(int64_t *iteration);
+  std::map<std::string, std::string> trainingState(int64_t iteration) const;
+  Status checkState(const CheckpointIndex &index) const;
   Status validate(int64_t iteration);
   Status exportModel();
   bool logs() const;

@@ -26,12 +26,35 @@ void write(const std::string &path, const std::string &bytes) {
   std::ofstream(path, std::ios::binary) << bytes;
 }
 
+// A rank's file: one piece of tensor "param/w" ([2, 4], the rank's row), `payload` in its metadata.
+void writeRankFile(const std::string &path, int rank, const std::string &payload) {
+  SafetensorsFile f;
+  HostTensor row{{4}};
+  row.data = {float(rank), 1.0f, 2.0f, 3.0f};
+  TensorPiece piece = shardPiece({2, 4}, 0, 2, rank);
+  f.metadata["payload"] = payload;
+  f.metadata["piece:param/w"] =
+      pieceFact("param/w", {2, 4}, encodePiece(piece), checksumHex(checksum64(row.data.data(), 16)));
+  f.tensors["param/w"] = std::move(row);
+  ASSERT_TRUE(writeSafetensors(path, f).isOk());
+}
+
 // A published two-rank checkpoint at `iteration` whose files hold `payload`.
 void publish(const std::string &root, int64_t iteration, const std::string &payload) {
   std::string partial = checkpointDir(root, iteration, true);
   fs::create_directories(partial);
-  for (int r = 0; r < 2; ++r) write(checkpointFile(partial, r), payload + std::to_string(r));
-  ASSERT_TRUE(publishCheckpoint(root, iteration, 2).isOk());
+  for (int r = 0; r < 2; ++r) writeRankFile(checkpointFile(partial, r), r, payload);
+  ASSERT_TRUE(publishCheckpoint(root, iteration, 2, {{"iteration", std::to_string(iteration)}}).isOk());
+}
+
+// The file's bytes with one byte of `text` in it changed (same size).
+void flipByteOf(const std::string &path, const std::string &text) {
+  std::ifstream in(path, std::ios::binary);
+  std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  size_t at = bytes.find(text);
+  ASSERT_NE(at, std::string::npos);
+  bytes[at] ^= 1;
+  write(path, bytes);
 }
 
 TEST(Checkpoint, ChecksumIsXxh3) {
@@ -55,13 +78,84 @@ TEST(Checkpoint, ManifestRoundTripsAndCatchesAFlippedByte) {
   EXPECT_TRUE(verifyCheckpointFile(root, 5, 0).isOk());
   EXPECT_TRUE(verifyCheckpointFile(root, 5, 1).isOk());
   std::string file = checkpointFile(checkpointDir(root, 5), 1);
-  write(file, "weights of iteration fivf1");  // same size, one byte differs
+  flipByteOf(file, "weights of iteration five");  // same size, one byte differs
   Status s = verifyCheckpointFile(root, 5, 1);
   ASSERT_FALSE(s.isOk());
   EXPECT_NE(s.message().find(file + ": checksum mismatch"), std::string::npos) << s.message();
   EXPECT_TRUE(verifyCheckpointFile(root, 5, 0).isOk());
   Status missing = verifyCheckpointFile(root, 5, 7);
   EXPECT_NE(missing.message().find("no entry for rank 7"), std::string::npos) << missing.message();
+}
+
+TEST(Checkpoint, MetadataMapsEveryTensorToItsPiecesAndAReaderReassemblesThem) {
+  std::string root = freshRoot("ckpt_index");
+  publish(root, 3, "pieces");
+  CheckpointIndex index;
+  Status s = readVerifiedCheckpointIndex(root, 3, &index);
+  ASSERT_TRUE(s.isOk()) << s.message();
+  EXPECT_EQ(index.worldSize, 2);
+  EXPECT_EQ(index.state["iteration"], "3");
+  ASSERT_EQ(index.tensors.count("param/w"), 1u);
+  EXPECT_EQ(index.tensors["param/w"].shape, (std::vector<int64_t>{2, 4}));
+  ASSERT_EQ(index.tensors["param/w"].pieces.size(), 2u);
+  // The whole tensor from both ranks' rows; then a column block across them.
+  CheckpointReader reader(checkpointDir(root, 3), index);
+  std::vector<float> whole(8, -1.0f), column(2, -1.0f);
+  ASSERT_TRUE(reader.read("param/w", shardPiece({2, 4}, -1, 1, 0), whole.data()).isOk());
+  EXPECT_EQ(whole, (std::vector<float>{0, 1, 2, 3, 1, 1, 2, 3}));
+  ASSERT_TRUE(reader.read("param/w", shardPiece({2, 4}, 1, 4, 0), column.data()).isOk());
+  EXPECT_EQ(column, (std::vector<float>{0, 1}));
+  EXPECT_FALSE(reader.read("param/none", shardPiece({2, 4}, -1, 1, 0), whole.data()).isOk());
+  // A piece whose bytes changed after the fact is refused by its checksum, naming the file.
+  std::string file = checkpointFile(checkpointDir(root, 3), 1);
+  SafetensorsFile f;
+  ASSERT_TRUE(readSafetensors(file, &f).isOk());
+  f.tensors["param/w"].data[2] = 9.0f;
+  ASSERT_TRUE(writeSafetensors(file, f).isOk());
+  CheckpointReader again(checkpointDir(root, 3), index);
+  s = again.read("param/w", shardPiece({2, 4}, -1, 1, 0), whole.data());
+  ASSERT_FALSE(s.isOk());
+  EXPECT_NE(s.message().find(file + ": checksum mismatch in piece 'param/w'"), std::string::npos) << s.message();
+  // metadata.json changed after the fact: its size or checksum is not the manifest's.
+  flipByteOf(checkpointDir(root, 3) + "/metadata.json", "param/w");
+  s = readVerifiedCheckpointIndex(root, 3, &index);
+  ASSERT_FALSE(s.isOk());
+  EXPECT_NE(s.message().find("metadata.json: size or checksum differs"), std::string::npos) << s.message();
+}
+
+TEST(Checkpoint, MalformedMetadataNamesTheFieldInOneLine) {
+  std::string root = freshRoot("ckpt_bad_index"), dir = checkpointDir(root, 1);
+  fs::create_directories(dir);
+  const std::string piece = "{\"file\": \"rank_00000.safetensors\", \"key\": \"k\", \"block\": \"0:4;0:4\", \"xxh3\": \"0\"}";
+  auto index = [&](const std::string &tensors, const std::string &format = "loom-checkpoint-2") {
+    return "{\"format\": \"" + format + "\", \"iteration\": 1, \"world_size\": 1, \"state\": {}, \"tensors\": " +
+           tensors + "}";
+  };
+  const std::pair<std::string, const char *> bad[] = {
+      {"not json", "corrupt (not a JSON object)"},
+      {index("{}", "loom-checkpoint-1"), "corrupt format"},
+      {index("{\"w\": {\"shape\": [4]}}"), "tensor 'w' (no pieces)"},
+      {index("{\"w\": {\"shape\": [-4], \"pieces\": [" + piece + "]}}"), "tensor 'w' shape"},
+      {index("{\"w\": {\"shape\": [3], \"pieces\": [" + piece + "]}}"), "piece block '0:4;0:4'"},
+      {index("{\"w\": {\"shape\": [4], \"pieces\": [{\"file\": \"../../etc/passwd\", \"key\": \"k\", "
+             "\"block\": \"0:4;0:4\", \"xxh3\": \"0\"}]}}"),
+       "piece file '../../etc/passwd'"},
+      {index("{\"w\": {\"shape\": [4], \"pieces\": [{\"file\": \"rank_00001.safetensors\", \"key\": \"k\", "
+             "\"block\": \"0:4;0:4\", \"xxh3\": \"0\"}]}}"),
+       "piece file 'rank_00001.safetensors'"},  // rank 1 of a 1-rank checkpoint
+  };
+  for (const auto &[text, want] : bad) {
+    write(dir + "/metadata.json", text);
+    CheckpointIndex got;
+    Status s = readCheckpointIndex(dir, &got);
+    ASSERT_FALSE(s.isOk()) << text;
+    EXPECT_NE(s.message().find(dir + "/metadata.json: corrupt"), std::string::npos) << s.message();
+    EXPECT_NE(s.message().find(want), std::string::npos) << s.message();
+    EXPECT_EQ(s.message().find('\n'), std::string::npos);
+  }
+  write(dir + "/metadata.json", index("{\"w\": {\"shape\": [4], \"pieces\": [" + piece + "]}}"));
+  CheckpointIndex good;
+  EXPECT_TRUE(readCheckpointIndex(dir, &good).isOk());
 }
 
 TEST(Checkpoint, MalformedManifestsNameTheFile) {

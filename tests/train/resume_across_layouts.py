@@ -1,0 +1,125 @@
+#!/usr/bin/env python3
+"""Checkpoints that move between layouts (issue 39): a run in layout A saves at iteration 10 and
+goes on to 20; runs in other layouts resume from A's iteration-10 checkpoint and train 11..20;
+each one's losses must equal A's own 11..20 (the uninterrupted run's) within fp32 tolerance.
+
+Layouts (t, p, d, v, ZeRO-1) as the issue names them: saved at (2,2,1) with ZeRO-1, resumed at
+(1,2,2) (with and without ZeRO-1: the optimizer state resharded into dp parts), (4,1,1),
+(1,1,1) and interleaved (1,2,1, v = 2); for a mixture of experts also across expert parallelism.
+The global batch stays (the data position and the schedule count its iterations).
+"""
+import argparse
+import os
+import shutil
+import subprocess
+import sys
+
+MICRO_BATCH, GLOBAL_BATCH, STEPS, SAVE_AT = 2, 8, 20, 10
+# name -> (t, p, d, v, schedule, zero1, ep)
+LAYOUTS = {
+    "t2p2d1-zero1": (2, 2, 1, 1, "ONE_F_ONE_B", True, 1),
+    "t1p2d2": (1, 2, 2, 1, "ONE_F_ONE_B", False, 1),
+    "t1p2d2-zero1": (1, 2, 2, 1, "ONE_F_ONE_B", True, 1),
+    "t4p1d1": (4, 1, 1, 1, "", False, 1),
+    "t1p1d1": (1, 1, 1, 1, "", False, 1),
+    "t1p2d1v2-interleaved": (1, 2, 1, 2, "INTERLEAVED_ONE_F_ONE_B", False, 1),
+    "t1p1d4-zero1": (1, 1, 4, 1, "", True, 1),
+    "t1p1d4e2-zero1": (1, 1, 4, 1, "", True, 2),
+    "t2p1d2e2": (2, 1, 2, 1, "", False, 2),
+}
+DENSE = ("t2p2d1-zero1", ["t1p2d2", "t1p2d2-zero1", "t4p1d1", "t1p1d1", "t1p2d1v2-interleaved"])
+MOE = ("t1p1d4e2-zero1", ["t1p1d1", "t2p1d2e2", "t1p2d2-zero1"])
+TOLERANCE = 2e-5  # |loss difference| after up to 10 steps in two fp32 layouts
+
+
+def model_without_dropout(path, work):
+    """The model with dropout 0: its masks differ between layouts by design (tensor-parallel ranks
+    draw distinct streams inside their regions, Megatron's model-parallel RNG), so only a model
+    without dropout continues in another layout exactly as the saving layout did."""
+    out = os.path.join(work, "model.pbtxt")
+    with open(path) as f, open(out, "w") as g:
+        for line in f:
+            if not line.startswith(("hidden_dropout", "attention_dropout")):
+                g.write(line)
+        g.write("hidden_dropout: 0\nattention_dropout: 0\n")
+    return out
+
+
+def cluster(work, name):
+    t, p, d, v, schedule, zero1, ep = LAYOUTS[name]
+    path = os.path.join(work, name + ".pbtxt")
+    extra = (f" schedule: {schedule}" if schedule else "") + (f" expert_parallel_size: {ep}" if ep > 1 else "")
+    with open(path, "w") as f:
+        f.write(f'name: "{name}"\nnodes: 1\ndevices_per_node: {t * p * d}\ndevice {{ kind: CPU }}\n'
+                f"parallel {{ tensor_parallel_size: {t} pipeline_parallel_size: {p} data_parallel_size: {d} "
+                f"virtual_pipeline_size: {v} micro_batch_size: {MICRO_BATCH} global_batch_size: {GLOBAL_BATCH} "
+                f"zero1: {'true' if zero1 else 'false'} dp_bucket_size_bytes: 40000{extra} }}\n")
+    return path
+
+
+def run(cmd):
+    r = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    if r.returncode != 0:
+        raise SystemExit(f"{' '.join(cmd)} failed:\n{r.stdout}")
+    return r.stdout
+
+
+def train(args, work, name, save, resume):
+    t, p, d, v, _, _, _ = LAYOUTS[name]
+    plans = os.path.join(work, name + "-plans")
+    if not os.path.isdir(plans):
+        run([os.path.join(args.bin, "loomc"), "compile", args.model, "--cluster", cluster(work, name), "--out", plans,
+             "--quiet"])
+    log = os.path.join(work, f"{name}{'-resumed' if resume else ''}.loss")
+    if os.path.exists(log):
+        os.remove(log)
+    out = run([os.path.join(args.bin, "loomrun"), "--nproc", str(t * p * d), "--plans", plans, "--seed", "5",
+               "--steps", str(STEPS), "--lr", "3e-3", "--min-lr", "3e-4", "--warmup", "3", "--decay-iters", str(STEPS),
+               "--clip-grad", "1.0", "--weight-decay", "0.1", "--adam-eps", "1e-6", "--save", save,
+               "--save-interval", str(SAVE_AT), "--loss-log", log] + (["--resume"] if resume else []))
+    losses = {}
+    with open(log) as f:
+        for line in f:
+            it, loss = line.split()[:2]
+            losses[int(it)] = float(loss)
+    return losses, out
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--bin", required=True)
+    ap.add_argument("--model", required=True)
+    ap.add_argument("--work", required=True)
+    ap.add_argument("--moe", action="store_true", help="the mixture-of-experts layouts (expert parallelism)")
+    args = ap.parse_args()
+    shutil.rmtree(args.work, ignore_errors=True)
+    os.makedirs(args.work)
+    args.model = model_without_dropout(args.model, args.work)
+    source, targets = MOE if args.moe else DENSE
+    saved = os.path.join(args.work, source + "-checkpoints")
+    uninterrupted, _ = train(args, args.work, source, saved, resume=False)
+    failures = 0
+    for name in targets:
+        # The new layout's own checkpoint directory starts as a copy of A's iteration 10.
+        save = os.path.join(args.work, name + "-checkpoints")
+        shutil.rmtree(save, ignore_errors=True)
+        os.makedirs(save)
+        shutil.copytree(os.path.join(saved, f"iter_{SAVE_AT:07d}"), os.path.join(save, f"iter_{SAVE_AT:07d}"))
+        with open(os.path.join(save, "latest_checkpointed_iteration.txt"), "w") as f:
+            f.write(f"{SAVE_AT}\n")
+        resumed, out = train(args, args.work, name, save, resume=True)
+        if f"resumed from checkpoint at iteration {SAVE_AT}" not in out:
+            print(f"FAIL {source} -> {name}: did not resume from iteration {SAVE_AT}:\n{out}")
+            failures += 1
+            continue
+        worst = max(abs(resumed[i] - uninterrupted[i]) for i in range(SAVE_AT + 1, STEPS + 1))
+        ok = sorted(resumed) == list(range(SAVE_AT + 1, STEPS + 1)) and worst <= TOLERANCE
+        failures += not ok
+        print(f"{'ok  ' if ok else 'FAIL'} {source} -> {name:22} losses {SAVE_AT + 1}..{STEPS}: worst difference "
+              f"{worst:.1e} (loss {resumed[STEPS]:.6f}, uninterrupted {uninterrupted[STEPS]:.6f})", flush=True)
+    print(f"{len(targets) - failures} of {len(targets)} resumed layouts continue as the uninterrupted run")
+    sys.exit(1 if failures else 0)
+
+
+if __name__ == "__main__":
+    main()

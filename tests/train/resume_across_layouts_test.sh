@@ -1,0 +1,13 @@
+#!/bin/bash
+# Cross-layout resume for both families and a mixture of experts (tests/train/resume_across_layouts.py).
+set -euo pipefail
+root="${TEST_SRCDIR}/${TEST_WORKSPACE}"
+bin="${TEST_TMPDIR}/bin"
+mkdir -p "$bin"
+for tool in apps/loomc apps/loomrun apps/loom-rank apps/loom-coord; do
+  ln -sf "$root/$tool" "$bin/$(basename "$tool")"
+done
+script="$root/tests/train/resume_across_layouts.py"
+/usr/bin/python3 "$script" --bin "$bin" --model "$root/examples/models/gpt-tiny.pbtxt" --work "${TEST_TMPDIR}/gpt"
+/usr/bin/python3 "$script" --bin "$bin" --model "$root/examples/models/llama-tiny.pbtxt" --work "${TEST_TMPDIR}/llama"
+/usr/bin/python3 "$script" --bin "$bin" --model "$root/examples/models/mixtral-tiny.pbtxt" --work "${TEST_TMPDIR}/moe" --moe
