@@ -289,6 +289,56 @@ Status CheckpointReader::read(const std::string &name, const TensorPiece &want, 
   return Status::ok();
 }
 
+namespace {
+// The leading `size` entries of dimension `dim`.
+HostTensor leading(const HostTensor &t, size_t dim, int64_t size) {
+  int64_t outer = 1, inner = 1;
+  for (size_t k = 0; k < dim; ++k) outer *= t.shape[k];
+  for (size_t k = dim + 1; k < t.shape.size(); ++k) inner *= t.shape[k];
+  HostTensor out{t.shape};
+  out.shape[dim] = size;
+  for (int64_t o = 0; o < outer; ++o) {
+    const float *from = t.data.data() + o * t.shape[dim] * inner;
+    out.data.insert(out.data.end(), from, from + size * inner);
+  }
+  return out;
+}
+}  // namespace
+
+Status readWholeTensors(const std::string &root, int64_t iteration, const std::string &prefix,
+                        std::map<std::string, HostTensor> *out) {
+  CheckpointIndex index;
+  LOOM_RETURN_IF_ERROR(readVerifiedCheckpointIndex(root, iteration, &index));
+  std::string dir = resolvedCheckpointDir(root, iteration);
+  std::map<std::string, std::pair<size_t, int64_t>> padding;  // name -> (dim, unpadded size)
+  for (int r = 0; r < index.worldSize; ++r) {
+    SafetensorsIndex file;
+    LOOM_RETURN_IF_ERROR(file.open(checkpointFile(dir, r)));
+    for (const auto &[key, value] : file.metadata()) {
+      if (key.rfind("padding:", 0) != 0) continue;
+      std::vector<int64_t> facts;
+      if (!parseShape(value, &facts) || facts.size() != 2 || facts[1] <= 0)
+        return Status::error(checkpointFile(dir, r) + ": corrupt padding facts of '" + key.substr(8) + "'");
+      padding[key.substr(8)] = {size_t(facts[0]), facts[1]};
+    }
+  }
+  CheckpointReader reader(dir, index);
+  for (const auto &[tensor, facts] : index.tensors) {
+    if (tensor.rfind(prefix, 0) != 0) continue;
+    std::string name = tensor.substr(prefix.size());
+    HostTensor full{facts.shape};
+    full.data.assign(size_t(full.numel()), 0.0f);
+    LOOM_RETURN_IF_ERROR(reader.read(tensor, shardPiece(facts.shape, -1, 1, 0), full.data.data()));
+    if (auto pad = padding.find(name); pad != padding.end()) {
+      if (pad->second.first >= full.shape.size() || pad->second.second > full.shape[pad->second.first])
+        return Status::error(dir + ": the padding facts of '" + name + "' do not fit its shape");
+      full = leading(full, pad->second.first, pad->second.second);
+    }
+    (*out)[name] = std::move(full);
+  }
+  return Status::ok();
+}
+
 Status readVerifiedCheckpointIndex(const std::string &root, int64_t iteration, CheckpointIndex *index) {
   std::string dir = resolvedCheckpointDir(root, iteration);
   CheckpointManifest m;

@@ -64,6 +64,12 @@ class CheckpointReader {
   std::map<std::string, std::vector<float>> pieces_;  // "file/key" -> its checked values
 };
 
+// Every tensor of a verified checkpoint whose name starts with `prefix` ("param/", "adam_m/",
+// "adam_v/"), whole, by the name after the prefix, without the vocabulary padding (the rank
+// files' "padding:NAME" facts, "dim,size").
+Status readWholeTensors(const std::string &root, int64_t iteration, const std::string &prefix,
+                        std::map<std::string, HostTensor> *out);
+
 // Rank 0, after every rank wrote its file into the partial directory: writes metadata.json
 // (from the files' piece facts and `state`) and the manifest, publishes the directory and moves
 // `latest`.

@@ -13,7 +13,9 @@
 #include <set>
 
 #include "formats/Checkpoint.h"
+#include "google/protobuf/text_format.h"
 #include "formats/HfConfig.h"
+#include "formats/HfExport.h"
 #include "formats/HfGpt2.h"
 #include "formats/HfLlama.h"
 #include "formats/Safetensors.h"
@@ -109,17 +111,37 @@ Status TrainingLoop::saveCheckpoint(int64_t iteration, bool announce) {
   return Status::ok();
 }
 
+// The model's facts a Hugging Face conversion needs (loom-ckpt convert reads them back): a rank
+// plan holding only them, in protobuf text.
+static std::string modelFactsOf(const plan::RankPlan &p) {
+  plan::RankPlan f;
+  f.set_model(p.model()), f.set_architecture(p.architecture()), f.set_vocab_size(p.vocab_size());
+  f.set_padded_vocab_size(p.padded_vocab_size()), f.set_num_layers(p.num_layers()), f.set_hidden_size(p.hidden_size());
+  f.set_num_attention_heads(p.num_attention_heads()), f.set_num_key_value_heads(p.num_key_value_heads());
+  f.set_ffn_hidden_size(p.ffn_hidden_size()), f.set_max_position_embeddings(p.max_position_embeddings());
+  f.set_norm_epsilon(p.norm_epsilon()), f.set_rope_theta(p.rope_theta());
+  f.set_tie_word_embeddings(p.tie_word_embeddings()), f.set_seq_length(p.seq_length());
+  f.set_num_experts(p.num_experts()), f.set_num_experts_per_tok(p.num_experts_per_tok());
+  f.set_moe_layer_freq(p.moe_layer_freq()), f.set_router_aux_loss_coef(p.router_aux_loss_coef());
+  f.set_capacity_factor(p.capacity_factor());
+  std::string text;
+  google::protobuf::TextFormat::PrintToString(f, &text);
+  return text;
+}
+
 // What a checkpoint keeps once, independent of the layout: the position in training (the data
 // is read by sample index, so iteration x global batch is the consumed samples), the schedule's
 // facts, fp16's loss scale. Dropout needs nothing: its masks are counter-based over global
 // positions and the seed.
 std::map<std::string, std::string> TrainingLoop::trainingState(int64_t iteration) const {
   const plan::RankPlan &p = trainer_.plan();
-  auto number = [](double v) {
+  auto print = [](const char *format, double v) {
     char text[40];
-    std::snprintf(text, sizeof text, "%.17g", v);
+    std::snprintf(text, sizeof text, format, v);
     return std::string(text);
   };
+  auto number = [&](double v) { return print("%.17g", v); };  // read back exactly (the loss scale)
+  auto rate = [&](double v) { return print("%.6g", v); };     // for a person
   std::map<std::string, std::string> state = {
       {"iteration", std::to_string(iteration)},
       {"model", p.model()},
@@ -128,11 +150,12 @@ std::map<std::string, std::string> TrainingLoop::trainingState(int64_t iteration
       {"global_batch_size", std::to_string(p.global_batch_size())},
       {"consumed_samples", std::to_string(iteration * p.global_batch_size())},
       {"skipped_steps", std::to_string(skipped_)},
-      {"lr", number(opt_.lr.maxLr)},
-      {"min_lr", number(opt_.lr.minLr)},
+      {"lr", rate(opt_.lr.maxLr)},
+      {"min_lr", rate(opt_.lr.minLr)},
       {"warmup_iters", std::to_string(opt_.lr.warmupIters)},
       {"decay_iters", std::to_string(opt_.lr.decayIters)},
-      {"learning_rate", number(opt_.lr.at(std::max<int64_t>(iteration, 1)))}};
+      {"learning_rate", rate(opt_.lr.at(std::max<int64_t>(iteration, 1)))}};
+  state["model_facts"] = modelFactsOf(p);
   if (trainer_.options().lossScaling) {
     state["fp16_loss_scale"] = number(trainer_.lossScaler().scale());
     state["fp16_clean_steps"] = std::to_string(trainer_.lossScaler().cleanSteps());
@@ -204,7 +227,8 @@ Status TrainingLoop::checkState(const CheckpointIndex &index) const {
   };
   if (get("model") != p.model())
     return Status::error("written by model '" + get("model") + "', this job runs '" + p.model() + "'");
-  if (get("global_batch_size") != std::to_string(p.global_batch_size()))
+  // At iteration 0 (a checkpoint converted from Hugging Face) nothing has been consumed yet.
+  if (index.iteration > 0 && get("global_batch_size") != std::to_string(p.global_batch_size()))
     return Status::error("written with global batch size " + get("global_batch_size") + ", this job's is " +
                          std::to_string(p.global_batch_size()) + " (resume with the same global batch)");
   if (get("iteration") != std::to_string(index.iteration)) return Status::error("metadata.json: corrupt state iteration");
@@ -241,44 +265,6 @@ Status TrainingLoop::validate(int64_t iteration) {
 
 // Rank 0 gathers nothing over the network: every rank writes its shards (with their slice
 // facts) into a checkpoint, then rank 0 assembles the whole model from the files.
-namespace {
-// Every model tensor of checkpoint `iteration` under `root`, whole (from the pieces of any layout),
-// without the vocabulary padding the compiler added (the rank files' padding facts).
-Status assembleParameters(const std::string &root, int64_t iteration, std::map<std::string, HostTensor> *global) {
-  CheckpointIndex index;
-  LOOM_RETURN_IF_ERROR(readVerifiedCheckpointIndex(root, iteration, &index));
-  std::string dir = resolvedCheckpointDir(root, iteration);
-  std::map<std::string, std::pair<int, int64_t>> padding;  // name -> (dim, unpadded size)
-  for (int r = 0; r < index.worldSize; ++r) {
-    SafetensorsIndex file;
-    LOOM_RETURN_IF_ERROR(file.open(checkpointFile(dir, r)));
-    for (const auto &[key, value] : file.metadata()) {
-      if (key.rfind("padding:", 0) != 0) continue;
-      size_t comma = value.find(',');
-      char *end = nullptr;
-      long dim = comma == std::string::npos ? -1 : std::strtol(value.substr(0, comma).c_str(), &end, 10);
-      long long size = comma == std::string::npos ? 0 : std::strtoll(value.substr(comma + 1).c_str(), nullptr, 10);
-      if (dim < 0 || size <= 0) return Status::error(checkpointFile(dir, r) + ": corrupt padding facts of '" + key.substr(8) + "'");
-      padding[key.substr(8)] = {int(dim), size};
-    }
-  }
-  CheckpointReader reader(dir, index);
-  for (const auto &[tensor, facts] : index.tensors) {
-    if (tensor.rfind("param/", 0) != 0) continue;
-    std::string name = tensor.substr(6);
-    HostTensor full{facts.shape};
-    full.data.assign(size_t(full.numel()), 0.0f);
-    LOOM_RETURN_IF_ERROR(reader.read(tensor, shardPiece(facts.shape, -1, 1, 0), full.data.data()));
-    if (auto pad = padding.find(name); pad != padding.end()) {
-      if (pad->second.first >= int(full.shape.size()) || pad->second.second > full.shape[size_t(pad->second.first)])
-        return Status::error("export: padding facts of '" + name + "' do not fit its shape");
-      full = leadingSlice(full, pad->second.first, pad->second.second);
-    }
-    (*global)[name] = std::move(full);
-  }
-  return Status::ok();
-}
-}  // namespace
 
 Status TrainingLoop::exportModel() {
   const plan::RankPlan &p = trainer_.plan();
@@ -298,39 +284,12 @@ Status TrainingLoop::exportModel() {
   int64_t it;
   LOOM_RETURN_IF_ERROR(latestIteration(root, &it));
   std::map<std::string, HostTensor> global;
-  LOOM_RETURN_IF_ERROR(assembleParameters(root, it, &global));
-  SafetensorsFile out;
-  out.metadata["format"] = "pt";
-  // A model in the builder's names is written as Hugging Face GPT2LMHeadModel or
-  // LlamaForCausalLM, with the config.json that class reads beside it (save_pretrained's
-  // layout); any other IR keeps its own parameter names and layout.
-  HfModelClass cls = hfModelClassOf(p, global.count("transformer.wte.weight") > 0,
-                                    global.count("model.embed_tokens.weight") > 0);
-  out.tensors = cls == HfModelClass::kGpt2   ? toHuggingFaceGpt2(global, p.vocab_size(), p.num_attention_heads())
-                : cls == HfModelClass::kNone ? global
-                                             : toHuggingFaceLlama(global);
-  LOOM_RETURN_IF_ERROR(writeSafetensors(opt_.exportPath, out));
-  std::string config;
-  if (cls != HfModelClass::kNone) {
-    std::filesystem::path dir = std::filesystem::path(opt_.exportPath).parent_path();
-    config = (dir.empty() ? std::filesystem::path("config.json") : dir / "config.json").string();
-    std::string tmp = config + ".tmp";
-    {
-      std::ofstream f(tmp, std::ios::binary);
-      f << hfConfigJson(p, cls);
-      if (!f) return Status::error(config + ": cannot write");
-    }
-    std::error_code ec;
-    std::filesystem::rename(tmp, config, ec);
-    if (ec) return Status::error(config + ": cannot write: " + ec.message());
-  }
+  LOOM_RETURN_IF_ERROR(readWholeTensors(root, it, "param/", &global));
+  HfExport written;
+  LOOM_RETURN_IF_ERROR(writeHuggingFace(p, global, nullptr, nullptr, opt_.exportPath, &written));
   if (opt_.save.empty()) std::filesystem::remove_all(root);
-  std::printf(" exported %zu tensors (%s) to %s%s\n", out.tensors.size(),
-              cls == HfModelClass::kGpt2    ? "Hugging Face GPT2LMHeadModel"
-              : cls == HfModelClass::kLlama ? "Hugging Face LlamaForCausalLM"
-              : cls == HfModelClass::kMixtral ? "Hugging Face MixtralForCausalLM"
-                                            : "the IR's parameter names",
-              opt_.exportPath.c_str(), config.empty() ? "" : (", " + config).c_str());
+  std::printf(" exported %zu tensors (%s) to %s%s\n", written.tensors, written.className().c_str(),
+              opt_.exportPath.c_str(), written.configPath.empty() ? "" : (", " + written.configPath).c_str());
   return Status::ok();
 }
 

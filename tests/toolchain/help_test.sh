@@ -13,6 +13,7 @@ fail=0
 cases=(
   "apps/loomc|calibrate --threads two"
   "apps/loom-dump|plans --rank one"
+  "apps/loom-ckpt|inspect dir --iteration ten"
   "apps/loom-generate|--tokens many"
   "apps/loom-preprocess|--valid-fraction half"
   "apps/loomrun|--nproc four"

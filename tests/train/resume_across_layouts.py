@@ -118,7 +118,47 @@ def main():
         print(f"{'ok  ' if ok else 'FAIL'} {source} -> {name:22} losses {SAVE_AT + 1}..{STEPS}: worst difference "
               f"{worst:.1e} (loss {resumed[STEPS]:.6f}, uninterrupted {uninterrupted[STEPS]:.6f})", flush=True)
     print(f"{len(targets) - failures} of {len(targets)} resumed layouts continue as the uninterrupted run")
+    if not args.moe:
+        failures += hugging_face_round_trip(args, saved, targets[0])
     sys.exit(1 if failures else 0)
+
+
+def hugging_face_round_trip(args, saved, layout):
+    """loom-ckpt convert: A's iteration 10 to Hugging Face with AdamW's moments and back is lossless
+    (converted out again, the files are byte for byte the same); a checkpoint converted from the
+    Hugging Face weights alone resumes in another layout exactly as --init-from those weights
+    starts (iteration 1, zero moments)."""
+    ckpt = os.path.join(args.bin, "loom-ckpt")
+    work = os.path.join(args.work, "hf")
+    shutil.rmtree(work, ignore_errors=True)
+    first, second = os.path.join(work, "a", "model.safetensors"), os.path.join(work, "b", "model.safetensors")
+    run([ckpt, "convert", saved, "--iteration", str(SAVE_AT), "--to-hf", first, "--keep-optimizer"])
+    run([ckpt, "convert", first, "--from-hf", "--model", args.model, "--optimizer",
+         os.path.join(work, "a", "optimizer.safetensors"), "--out", os.path.join(work, "back")])
+    run([ckpt, "convert", os.path.join(work, "back"), "--to-hf", second, "--keep-optimizer"])
+    failures = 0
+    for name in ("model.safetensors", "optimizer.safetensors", "config.json"):
+        with open(os.path.join(work, "a", name), "rb") as f, open(os.path.join(work, "b", name), "rb") as g:
+            same = f.read() == g.read()
+        failures += not same
+        print(f"{'ok  ' if same else 'FAIL'} Hugging Face round trip: {name} {'identical' if same else 'differs'}")
+    weights = os.path.join(work, "weights-only")
+    run([ckpt, "convert", first, "--from-hf", "--model", args.model, "--out", weights])
+    t, p, d, _, _, _, _ = LAYOUTS[layout]
+    plans = os.path.join(args.work, layout + "-plans")
+    common = [os.path.join(args.bin, "loomrun"), "--nproc", str(t * p * d), "--plans", plans, "--seed", "5",
+              "--steps", "5", "--lr", "3e-3", "--warmup", "2"]
+    losses = []
+    for extra, log in ((["--save", weights, "--resume"], "resumed"), (["--init-from", first], "init-from")):
+        log = os.path.join(work, log + ".loss")
+        run(common + extra + ["--loss-log", log])
+        with open(log) as f:
+            losses.append([line.split()[:2] for line in f])
+    same = losses[0] == losses[1] and len(losses[0]) == 5
+    failures += not same
+    print(f"{'ok  ' if same else 'FAIL'} a checkpoint converted from Hugging Face resumes in {layout} as --init-from "
+          f"starts: {losses[0][-1][1] if losses[0] else '?'} vs {losses[1][-1][1] if losses[1] else '?'}")
+    return failures
 
 
 if __name__ == "__main__":

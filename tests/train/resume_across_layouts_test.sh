@@ -4,7 +4,7 @@ set -euo pipefail
 root="${TEST_SRCDIR}/${TEST_WORKSPACE}"
 bin="${TEST_TMPDIR}/bin"
 mkdir -p "$bin"
-for tool in apps/loomc apps/loomrun apps/loom-rank apps/loom-coord; do
+for tool in apps/loomc apps/loomrun apps/loom-rank apps/loom-coord apps/loom-ckpt; do
   ln -sf "$root/$tool" "$bin/$(basename "$tool")"
 done
 script="$root/tests/train/resume_across_layouts.py"
