@@ -64,6 +64,10 @@ RankOpt<std::string> save("save", cl::desc("checkpoint directory"), cl::value_de
 RankOpt<int64_t> saveInterval("save-interval",
                               cl::desc("save a checkpoint every N iterations, and at the end (with --save)"),
                               cl::value_desc("N"), cl::init(0), cl::cat(category));
+RankOpt<bool> asyncSave("async-save",
+                        cl::desc("write checkpoints in the background (Megatron's --async-save): the rank copies its "
+                                 "pieces to host memory and trains on while a thread writes them; one save in flight"),
+                        cl::cat(category));
 RankOpt<bool> resume("resume",
                      cl::desc("resume from the newest intact checkpoint in --save (a corrupt latest one is named "
                               "and skipped)"),

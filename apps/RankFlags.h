@@ -49,7 +49,7 @@ extern RankOpt<double> lr, minLr, clipGrad, weightDecay, adamBeta1, adamBeta2, a
 // checkpoints
 extern RankOpt<std::string> save, initFrom, exportPath;
 extern RankOpt<int64_t> saveInterval;
-extern RankOpt<bool> resume, strictResume;
+extern RankOpt<bool> resume, strictResume, asyncSave;
 // device
 extern RankOpt<std::string> device, precision, attention;
 extern RankOpt<int64_t> gpu;

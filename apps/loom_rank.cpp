@@ -5,7 +5,8 @@
 //     recipe:      [--steps N] [--lr 3e-4] [--min-lr 3e-5] [--warmup N] [--decay-iters N]
 //                  [--clip-grad 1.0] [--weight-decay 0.1] [--adam-beta1 0.9] [--adam-beta2 0.95]
 //                  [--adam-eps 1e-8] [--log-interval 1]
-//     checkpoints: [--save DIR] [--save-interval N] [--resume | --strict-resume] [--init-from HF.safetensors]
+//     checkpoints: [--save DIR] [--save-interval N] [--async-save] [--resume | --strict-resume]
+//                  [--init-from HF.safetensors]
 //                  [--export MODEL.safetensors]
 //     tests:       [--dump-grads DIR] [--dump-batches DIR] [--loss-log FILE] [--connect-timeout 20]
 //                  [--comm-timeout 30]
@@ -130,7 +131,8 @@ constexpr char kUsage[] =
     "    data:        [--data-prefix PREFIX] [--valid-fraction 0.05] [--eval-interval N] [--eval-iters K]\n"
     "    recipe:      [--steps N] [--lr 3e-4] [--min-lr 3e-5] [--warmup N] [--decay-iters N] [--clip-grad 1.0]\n"
     "                 [--weight-decay 0.1] [--adam-beta1 0.9] [--adam-beta2 0.95] [--adam-eps 1e-8] [--log-interval 1]\n"
-    "    checkpoints: [--save DIR] [--save-interval N] [--resume | --strict-resume] [--init-from HF.safetensors]\n"
+    "    checkpoints: [--save DIR] [--save-interval N] [--async-save] [--resume | --strict-resume]\n"
+    "                 [--init-from HF.safetensors]\n"
     "                 [--export MODEL.safetensors]\n"
     "    device:      [--device cpu|cuda] [--precision fp32|bf16|fp16] [--gpu N] [--attention auto|unfused|flash]\n"
     "    security:    [--tls-ca CA.pem] [--tls-cert RANK.pem --tls-key RANK.key]\n"
@@ -174,6 +176,7 @@ loom::Status recipeFromFlags(loom::TrainerOptions *topt, loom::TrainingOptions *
   lopt->evalIters = std::max<int64_t>(1, rf::evalIters);
   lopt->save = rf::save;
   lopt->saveInterval = rf::saveInterval;
+  lopt->asyncSave = rf::asyncSave;
   lopt->resume = rf::resume || rf::strictResume;
   lopt->strictResume = rf::strictResume;
   lopt->dumpGrads = rf::dumpGrads;

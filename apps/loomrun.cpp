@@ -1,5 +1,5 @@
 // loomrun: start a local Loom job, like torchrun: the coordinator and N rank processes.
-//   loomrun --nproc N --plans DIR [--bind 127.0.0.1] [--port 0]
+//   loomrun --nproc N --plans DIR [--bind 127.0.0.1] [--port 0] [--max-restarts N]
 //           [--tls-cert F --tls-key F --tls-ca F | --insecure] [RANK FLAGS...]
 // Rank flags (--steps, --lr, --seed, --threads, --dump-grads, ...: apps/RankFlags.h) are
 // checked here, then go to every loom-rank as they were given.
@@ -7,7 +7,8 @@
 // (and removes) unless one is given; --insecure runs it in plaintext (loopback only).
 // Exits 0 when every rank succeeded; otherwise non-zero after naming the rank that failed.
 // When a rank dies, the others learn it from the coordinator and exit; any still running
-// 5 s later are killed.
+// 5 s later are killed. With --max-restarts N the job is then launched again, up to N times,
+// resuming from the newest complete checkpoint in --save.
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -55,7 +56,9 @@ std::string describe(int status) {
 }
 
 std::vector<pid_t> children;
+volatile sig_atomic_t interrupted = 0;  // SIGINT / SIGTERM: the user's stop, never restarted
 void forwardSignal(int sig) {
+  interrupted = 1;
   for (pid_t p : children) kill(p, sig);
 }
 
@@ -65,7 +68,7 @@ namespace cl = llvm::cl;
 
 constexpr char kUsage[] =
     "loomrun: start a local Loom job, like torchrun: the coordinator and N rank processes.\n"
-    "  loomrun --nproc N --plans DIR [--bind 127.0.0.1] [--port 0]\n"
+    "  loomrun --nproc N --plans DIR [--bind 127.0.0.1] [--port 0] [--max-restarts N]\n"
     "          [--tls-cert F --tls-key F --tls-ca F | --insecure] [RANK FLAGS...]\n"
     "The control plane is mutual TLS with a throwaway certificate unless one is given; the loom-rank\n"
     "options below go to every rank (see loom-rank --help).\n";
@@ -86,6 +89,10 @@ cl::opt<std::string> tlsKey("tls-key", cl::desc("the key of --tls-cert"), cl::va
 cl::opt<std::string> tlsCa("tls-ca", cl::desc("the CA that signed --tls-cert"), cl::value_desc("FILE"),
                            cl::cat(category));
 cl::opt<bool> insecureFlag("insecure", cl::desc("a plaintext control plane (loopback only)"), cl::cat(category));
+cl::opt<int> maxRestarts("max-restarts",
+                         cl::desc("relaunch a failed job up to N times, each from the newest complete checkpoint in "
+                                  "--save (torchrun's --max-restarts; the ranks resume it in any layout)"),
+                         cl::value_desc("N"), cl::init(0), cl::cat(category));
 
 // Why the plans in `plans` cannot run on `nproc` ranks ("" when they can).
 std::string planError(const std::string &plans, int nproc) {
@@ -155,6 +162,19 @@ int prepareJob(bool insecure, loom::control::TlsFiles tlsFiles, std::string *tmp
   return 0;
 }
 
+namespace {
+// What every attempt of the job starts with.
+struct JobSpec {
+  std::string self, plans, bind, port, tmp, token;
+  loom::control::TlsMaterial tls;
+  std::vector<std::string> tlsArgs;
+  bool insecure = false;
+  int nproc = 0;
+  std::vector<std::string> rankArgs;
+};
+int runJob(const JobSpec &job);
+}  // namespace
+
 int main(int argc, char **argv) {
   loom::control::silenceGrpcLogging();
   // The rank flags are parsed (and so checked) here too; what set them goes to every rank.
@@ -183,11 +203,47 @@ int main(int argc, char **argv) {
   loom::control::TlsMaterial tls;
   std::vector<std::string> tlsArgs;
   if (int code = prepareJob(insecure, tlsFiles, &tmp, &tls, &tlsArgs)) return code;
-  std::string portFile = tmp + "/port";
-
-  children.reserve(size_t(nproc) + 1);  // the handler reads it; no reallocation while it may run
   signal(SIGINT, forwardSignal);
   signal(SIGTERM, forwardSignal);
+  JobSpec job{self, plans, bind, port, tmp, token, tls, tlsArgs, insecure, nproc, rankArgs};
+  // --max-restarts: a failed job is launched again (fresh coordinator and ranks) and resumes from
+  // the newest complete checkpoint; a checkpoint half-written by the failed attempt was never
+  // published, so it is never read.
+  if (maxRestarts < 0) {
+    std::fprintf(stderr, "loomrun: error: --max-restarts must be >= 0, got %d\n", int(maxRestarts));
+    std::filesystem::remove_all(tmp);
+    return 2;
+  }
+  if (maxRestarts > 0 && std::string(loom::rankflags::save).empty()) {
+    std::fprintf(stderr, "loomrun: error: --max-restarts needs --save DIR (a restart resumes from its checkpoints)\n");
+    std::filesystem::remove_all(tmp);
+    return 2;
+  }
+  int code = runJob(job);
+  for (int restart = 1; code != 0 && restart <= maxRestarts && !interrupted; ++restart) {
+    std::fprintf(stderr, "loomrun: restarting the job (restart %d of %d) from the newest complete checkpoint in %s\n",
+                 restart, int(maxRestarts), std::string(loom::rankflags::save).c_str());
+    if (!loom::rankflags::resume && !loom::rankflags::strictResume) job.rankArgs.push_back("--resume");
+    code = runJob(job);
+  }
+  std::filesystem::remove_all(tmp);
+  return code;
+}
+
+namespace {
+
+// One attempt: the coordinator and the ranks, until every rank has ended. The exit code.
+int runJob(const JobSpec &job) {
+  const std::string &self = job.self, &plans = job.plans, &bind = job.bind, &port = job.port, &tmp = job.tmp;
+  const std::vector<std::string> &tlsArgs = job.tlsArgs, &rankArgs = job.rankArgs;
+  const loom::control::TlsMaterial &tls = job.tls;
+  const std::string &token = job.token;
+  bool insecure = job.insecure;
+  int nproc = job.nproc;
+  std::string portFile = tmp + "/port";
+  std::filesystem::remove(portFile);  // a previous attempt's
+  children.clear();
+  children.reserve(size_t(nproc) + 1);  // the handler reads it; no reallocation while it may run
   std::vector<std::string> coordArgs = {self + "/loom-coord", "--plans", plans, "--bind", bind, "--port", port,
                                         "--port-file", portFile};
   coordArgs.insert(coordArgs.end(), tlsArgs.begin(), tlsArgs.end());
@@ -196,7 +252,6 @@ int main(int argc, char **argv) {
   std::string coordPort;
   if (std::string why = awaitCoordinator(coord, portFile, &coordPort); !why.empty()) {
     std::fprintf(stderr, "loomrun: error: %s\n", why.c_str());
-    std::filesystem::remove_all(tmp);
     return 1;
   }
   std::string address = (bind == "0.0.0.0" ? "127.0.0.1" : bind) + ":" + coordPort;
@@ -254,10 +309,11 @@ int main(int argc, char **argv) {
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
   }
-  std::filesystem::remove_all(tmp);
   if (failures > 0) {
     std::fprintf(stderr, "loomrun: error: %d of %d ranks failed\n", failures, nproc);
     return 1;
   }
   return WIFEXITED(coordStatus) && WEXITSTATUS(coordStatus) == 0 ? 0 : 1;
 }
+
+}  // namespace

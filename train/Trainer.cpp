@@ -132,6 +132,19 @@ ArgumentView range(ArgumentView v, int64_t offset, int64_t count) {
 
 Status Trainer::saveShard(const std::string &path, const std::map<std::string, std::string> &metadata, bool progress) {
   SafetensorsFile f;
+  LOOM_RETURN_IF_ERROR(snapshotShard(metadata, &f));
+  std::unique_ptr<ProgressMeter> meter;
+  return writeSafetensors(path, f, shardProgress(progress, "saving the checkpoint (this rank's shard)", &meter));
+}
+
+int64_t Trainer::checkpointBytes() const {
+  int64_t n = 0;
+  for (const StatePiece &s : piecesToSave(plan_)) n += 4 * s.piece.elements();
+  return n;
+}
+
+Status Trainer::snapshotShard(const std::map<std::string, std::string> &metadata, SafetensorsFile *out) {
+  SafetensorsFile &f = *out;
   f.metadata = metadata;
   LOOM_RETURN_IF_ERROR(backend_->synchronize());
   std::map<std::string, HostTensor> params;
@@ -160,8 +173,7 @@ Status Trainer::saveShard(const std::string &path, const std::map<std::string, s
     f.metadata["piece:" + s.tensor] = pieceFact(s.tensor, s.globalShape, encodePiece(s.piece), xxh3Of(t.data));
     f.tensors[s.tensor] = std::move(t);
   }
-  std::unique_ptr<ProgressMeter> meter;
-  return writeSafetensors(path, f, shardProgress(progress, "saving the checkpoint (this rank's shard)", &meter));
+  return Status::ok();
 }
 
 Status Trainer::loadResharded(const std::string &dir, const CheckpointIndex &index, bool progress) {

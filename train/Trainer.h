@@ -91,6 +91,11 @@ class Trainer {
   // of the parameters and AdamW moments, each with its fact in the metadata.
   // `progress`: a progress line on a terminal (runtime/ProgressMeter.h) while the file is written.
   Status saveShard(const std::string &path, const std::map<std::string, std::string> &metadata, bool progress = false);
+  // saveShard's first half: this rank's pieces copied to host memory, ready to be written (an
+  // asynchronous save writes them on another thread while training goes on).
+  Status snapshotShard(const std::map<std::string, std::string> &metadata, SafetensorsFile *file);
+  // The bytes of this rank's pieces (an asynchronous save holds one copy in host memory).
+  int64_t checkpointBytes() const;
   // Fills every parameter and this rank's AdamW moments from a checkpoint of any layout
   // (directory `dir`, its metadata.json read into `index`): the pieces overlapping them, each
   // checked against its checksum; shapes must match the plan's (vocabulary padding aside).

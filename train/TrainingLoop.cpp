@@ -36,6 +36,17 @@ TrainingLoop::TrainingLoop(Trainer &trainer, control::CoordinatorClient &client,
   if (opt_.lr.decayIters == 0) opt_.lr.decayIters = opt_.trainIters;
 }
 
+TrainingLoop::~TrainingLoop() {
+  if (saver_.joinable()) saver_.join();
+}
+
+Status TrainingLoop::finishAsyncSave() {
+  if (saver_.joinable()) saver_.join();
+  Status s = saverStatus_;
+  saverStatus_ = Status::ok();
+  return s;
+}
+
 bool TrainingLoop::logs() const {
   const plan::RankPlan &p = trainer_.plan();
   return trainer_.isLossRank() && p.tp_rank() == 0 && p.dp_rank() == 0 && p.cp_rank() == 0;
@@ -89,6 +100,7 @@ double modelFlopsPerStep(const plan::RankPlan &p) {
 }
 
 Status TrainingLoop::saveCheckpoint(int64_t iteration, bool announce) {
+  LOOM_RETURN_IF_ERROR(finishAsyncSave());  // at most one save in flight
   const plan::RankPlan &p = trainer_.plan();
   std::string partial = checkpointDir(opt_.save, iteration, true);
   std::error_code ec;
@@ -102,8 +114,41 @@ Status TrainingLoop::saveCheckpoint(int64_t iteration, bool announce) {
   for (const plan::Parameter &param : p.parameters())
     if (param.unpadded_size() > 0 && param.tied_to().empty())  // "dim,size": what export keeps of the padded vocabulary
       meta["padding:" + param.name()] = std::to_string(param.padded_dim()) + "," + std::to_string(param.unpadded_size());
+  std::string file = checkpointFile(partial, p.rank());
+  if (opt_.asyncSave && announce) {
+    // Asynchronous (Megatron's --async-save): the pieces are copied to host memory now (one save
+    // in flight at most: the previous one has ended), a thread writes them while training goes
+    // on, tells the coordinator's store, and rank 0's thread publishes once every rank's file is
+    // complete. A crash before that leaves only the .partial directory, never a published
+    // checkpoint.
+    SafetensorsFile snapshot;
+    LOOM_RETURN_IF_ERROR(trainer_.snapshotShard(meta, &snapshot));
+    std::map<std::string, std::string> state = p.rank() == 0 ? trainingState(iteration) : std::map<std::string, std::string>{};
+    bool log = logs();
+    saver_ = std::thread([this, iteration, file, state, log, snapshot = std::move(snapshot)] {
+      const plan::RankPlan &plan = trainer_.plan();
+      std::string key = "async-save/" + std::to_string(iteration) + "/";
+      Status s = writeSafetensors(file, snapshot);
+      Status told = client_.kvSet(key + std::to_string(plan.rank()), s.isOk() ? "ok" : s.message());
+      if (s.isOk()) s = told;
+      if (s.isOk() && plan.rank() == 0) {
+        for (int r = 0; r < plan.world_size() && s.isOk(); ++r) {
+          std::string verdict;
+          s = client_.kvGet(key + std::to_string(r), 600000, &verdict);
+          if (s.isOk() && verdict != "ok") s = Status::error("rank " + std::to_string(r) + "'s checkpoint file: " + verdict);
+        }
+        if (s.isOk()) s = publishCheckpoint(opt_.save, iteration, plan.world_size(), state);
+      }
+      if (s.isOk() && log)
+        std::printf(" saved checkpoint at iteration %lld to %s (written in the background)\n", (long long)iteration,
+                    opt_.save.c_str());
+      if (!s.isOk()) s = Status::error("the asynchronous save of iteration " + std::to_string(iteration) + ": " + s.message());
+      saverStatus_ = s;
+    });
+    return Status::ok();
+  }
   // Every rank writes its pieces at once; rank 0 draws its progress (one line on a shared terminal).
-  LOOM_RETURN_IF_ERROR(trainer_.saveShard(checkpointFile(partial, p.rank()), meta, p.rank() == 0));
+  LOOM_RETURN_IF_ERROR(trainer_.saveShard(file, meta, p.rank() == 0));
   LOOM_RETURN_IF_ERROR(client_.barrier("save-" + std::to_string(iteration), p.rank(), 600000));
   if (p.rank() == 0) LOOM_RETURN_IF_ERROR(publishCheckpoint(opt_.save, iteration, p.world_size(), trainingState(iteration)));
   LOOM_RETURN_IF_ERROR(client_.barrier("saved-" + std::to_string(iteration), p.rank(), 600000));
@@ -345,6 +390,10 @@ Status TrainingLoop::run() {
   if (logs() && !opt_.tensorboardDir.empty()) LOOM_RETURN_IF_ERROR(TensorBoardWriter::open(opt_.tensorboardDir, &tensorboard_));
   if (logs() && !opt_.metricsFile.empty()) LOOM_RETURN_IF_ERROR(MetricsFileWriter::open(opt_.metricsFile, &metricsFile_));
   if (opt_.resume) LOOM_RETURN_IF_ERROR(loadCheckpoint(&start));
+  if (opt_.asyncSave && !opt_.save.empty() && logs())
+    std::printf(" asynchronous checkpoints: %.1f MiB of host memory on this rank for the copy in flight (one save at a "
+                "time), besides the plan's memory\n",
+                double(trainer_.checkpointBytes()) / (1 << 20));
   double tokensPerStep = double(p.global_batch_size()) * p.seq_length();
   reporter_ = std::make_unique<StragglerReporter>(client_, p.rank(), logs() ? kStragglerWaitMs : 0);
   // Megatron's interval time: the wall time from one log line to the next, all of it (data,
@@ -472,6 +521,7 @@ Status TrainingLoop::run() {
       LOOM_RETURN_IF_ERROR(saveCheckpoint(it));
     intervalStart += std::chrono::steady_clock::now() - pause;
   }
+  LOOM_RETURN_IF_ERROR(finishAsyncSave());
   if (!opt_.exportPath.empty()) LOOM_RETURN_IF_ERROR(exportModel());
   return Status::ok();
 }

@@ -7,6 +7,7 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <thread>
 
 #include "data/DataSource.h"
 #include "runtime/control/CoordinatorClient.h"
@@ -38,6 +39,7 @@ struct TrainingOptions {
   int64_t evalInterval = 0, evalIters = 1;  // 0: no validation
   std::string save;                         // checkpoint root ("" = no checkpoints)
   int64_t saveInterval = 0;
+  bool asyncSave = false;                   // checkpoints written by a thread while training goes on
   bool resume = false;                      // continue from the latest checkpoint in `save`
   bool strictResume = false;                // an unusable latest checkpoint stops the run (no fallback)
   std::string dumpGrads;                    // write the first step's gradients (tests)
@@ -59,11 +61,14 @@ class TrainingLoop {
  public:
   TrainingLoop(Trainer &trainer, control::CoordinatorClient &client, DataSource *validation,
                TrainingOptions options, StepClock *clock);
+  ~TrainingLoop();  // waits for a save in flight
   Status run();
 
  private:
   // announce: log the save (not for the export's own shards, which are removed after).
   Status saveCheckpoint(int64_t iteration, bool announce = true);
+  // --async-save: waits for the save in flight (its writer thread) and returns how it ended.
+  Status finishAsyncSave();
   Status loadCheckpoint(int64_t *iteration);
   std::map<std::string, std::string> trainingState(int64_t iteration) const;
   Status checkState(const CheckpointIndex &index) const;
@@ -83,6 +88,10 @@ class TrainingLoop {
   TrainingOptions opt_;
   StepClock *clock_;
   int64_t skipped_ = 0;  // fp16 steps skipped so far (checkpointed)
+  // --async-save: the thread writing the save in flight (its pieces already copied to host
+  // memory) and, once it ended, how.
+  std::thread saver_;
+  Status saverStatus_ = Status::ok();
   // The straggler report: this rank's kernel time since the last log iteration.
   static constexpr int64_t kStragglerWaitMs = 2000;
   // How long the logging rank waits for every rank's MoE statistics of a log iteration (they

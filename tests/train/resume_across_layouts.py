@@ -64,7 +64,7 @@ def run(cmd):
     return r.stdout
 
 
-def train(args, work, name, save, resume):
+def train(args, work, name, save, resume, async_save=False):
     t, p, d, v, _, _, _ = LAYOUTS[name]
     plans = os.path.join(work, name + "-plans")
     if not os.path.isdir(plans):
@@ -76,7 +76,8 @@ def train(args, work, name, save, resume):
     out = run([os.path.join(args.bin, "loomrun"), "--nproc", str(t * p * d), "--plans", plans, "--seed", "5",
                "--steps", str(STEPS), "--lr", "3e-3", "--min-lr", "3e-4", "--warmup", "3", "--decay-iters", str(STEPS),
                "--clip-grad", "1.0", "--weight-decay", "0.1", "--adam-eps", "1e-6", "--save", save,
-               "--save-interval", str(SAVE_AT), "--loss-log", log] + (["--resume"] if resume else []))
+               "--save-interval", str(SAVE_AT), "--loss-log", log] + (["--resume"] if resume else []) +
+              (["--async-save"] if async_save else []))
     losses = {}
     with open(log) as f:
         for line in f:
@@ -91,13 +92,16 @@ def main():
     ap.add_argument("--model", required=True)
     ap.add_argument("--work", required=True)
     ap.add_argument("--moe", action="store_true", help="the mixture-of-experts layouts (expert parallelism)")
+    ap.add_argument("--async-save", action="store_true", help="the saving run writes its checkpoints in the background")
     args = ap.parse_args()
     shutil.rmtree(args.work, ignore_errors=True)
     os.makedirs(args.work)
     args.model = model_without_dropout(args.model, args.work)
     source, targets = MOE if args.moe else DENSE
     saved = os.path.join(args.work, source + "-checkpoints")
-    uninterrupted, _ = train(args, args.work, source, saved, resume=False)
+    uninterrupted, out = train(args, args.work, source, saved, resume=False, async_save=args.async_save)
+    if args.async_save and "written in the background" not in out:
+        raise SystemExit(f"--async-save: the saving run wrote no checkpoint in the background:\n{out}")
     failures = 0
     for name in targets:
         # The new layout's own checkpoint directory starts as a copy of A's iteration 10.

@@ -8,7 +8,12 @@ failed; that no process of the job is left; that no published checkpoint was dam
 that `--resume` continues from the newest complete checkpoint with the losses of an
 uninterrupted run, iteration for iteration. Prints one line per trial and a summary.
 
-  /usr/bin/python3 tools/faults/fault_trials.py --bin DIR [--trials 50] [--seed 1]
+With --max-restarts N the job is launched with `loomrun --max-restarts N`: each trial must then
+end by itself, exit 0, having restarted from the newest complete checkpoint, with every
+iteration's loss equal to the uninterrupted run's. --async-save writes the checkpoints in the
+background (a fault aimed at a save then lands while the writer threads work).
+
+  /usr/bin/python3 tools/faults/fault_trials.py --bin DIR [--trials 50] [--seed 1] [--max-restarts 2] [--async-save]
 DIR holds loomc, loomrun, loom-rank and loom-coord (the ordinary build's binaries)."""
 import argparse, glob, os, random, re, shutil, signal, subprocess, sys, tempfile, time
 
@@ -60,6 +65,8 @@ def main():
     ap.add_argument("--trials", type=int, default=50)
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--work", default="")
+    ap.add_argument("--max-restarts", type=int, default=0)
+    ap.add_argument("--async-save", action="store_true")
     a = ap.parse_args()
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     work = a.work or tempfile.mkdtemp(prefix="loom-faults-")
@@ -70,7 +77,8 @@ def main():
                    check=True)
     loomrun = os.path.join(a.bin, "loomrun")
     common = ["--nproc", "4", "--plans", plans, "--steps", str(STEPS), "--decay-iters", str(STEPS), "--seed", "5",
-              "--save-interval", str(SAVE_INTERVAL), "--comm-timeout", "20"]
+              "--save-interval", str(SAVE_INTERVAL), "--comm-timeout", "20"] + (["--async-save"] if a.async_save else [])
+    restarts = ["--max-restarts", str(a.max_restarts)] if a.max_restarts else []
 
     ref_save, ref_log = os.path.join(work, "reference"), os.path.join(work, "reference.log")
     shutil.rmtree(ref_save, ignore_errors=True)
@@ -98,7 +106,7 @@ def main():
         extra = rng.uniform(0, run_seconds / STEPS)
         out_path = os.path.join(work, "trial.out")
         with open(out_path, "w") as out:
-            job = subprocess.Popen([loomrun, *common, "--save", save, "--loss-log", log], stdout=out,
+            job = subprocess.Popen([loomrun, *common, *restarts, "--save", save, "--loss-log", log], stdout=out,
                                    stderr=subprocess.STDOUT, start_new_session=True)
             started = time.time()
             def iterations_done():
@@ -123,8 +131,8 @@ def main():
                 print("trial %2d: skipped: the job ended before the fault" % trial, flush=True)
                 continue
             os.kill(pid, sig)
-            try:
-                code = job.wait(timeout=60)
+            try:  # with restarts the job goes on to the end: a whole run's time more
+                code = job.wait(timeout=60 + (3 * run_seconds + 60) * a.max_restarts)
             except subprocess.TimeoutExpired:
                 code = None
             exit_seconds = time.time() - killed_at
@@ -145,6 +153,23 @@ def main():
         # The checkpoints published before the fault are all still there and complete.
         lost = [it for it in before if it not in published(save)]
         latest_before = max(before) if before else 0
+        if a.max_restarts:
+            # The job restarted by itself and finished: every iteration's loss (the resumed attempt
+            # appends to the log) is the uninterrupted run's.
+            m = re.search(r"resumed from checkpoint at iteration (\d+)", text)
+            resumed_from = int(m.group(1)) if m else 0
+            losses = loss_map(log)
+            same = all(losses.get(i) == reference[i] for i in reference)
+            restarted = "restarting the job" in text
+            ok = code == 0 and restarted and same and not left and not lost and resumed_from >= latest_before
+            results.append(dict(trial=trial, ok=ok, exit=exit_seconds, left=len(left), lost=len(lost), saving=saving))
+            print("trial %2d: %-4s %-11s %-7s%s exit %4s after %5.1f s, %s, %d left, %d checkpoints lost, resumed from "
+                  "%2d (latest complete %2d), losses %s" % (
+                      trial, "ok" if ok else "FAIL", target, signal.Signals(sig).name,
+                      " (during a save)" if saving else "", code, exit_seconds,
+                      "restarted" if restarted else "NOT restarted", len(left), len(lost), resumed_from,
+                      latest_before, "equal" if same else "DIFFER"), flush=True)
+            continue
         resume = subprocess.run([loomrun, *common, "--save", save, "--resume", "--loss-log", log],
                                 capture_output=True, text=True)
         m = re.search(r"resumed from checkpoint at iteration (\d+)", resume.stdout + resume.stderr)
@@ -166,8 +191,10 @@ def main():
             print("    the resumed run exited %d:\n%s" % (resume.returncode, "\n".join("    " + l for l in tail)), flush=True)
     good = [r for r in results if r["ok"]]
     exits = [r["exit"] for r in results if "exit" in r]
-    print("summary: %d of %d trials ok; %d during a save; exit within %.1f s (max), processes left %d, "
-          "checkpoints lost %d" % (len(good), len(results), sum(1 for r in results if r.get("saving")),
+    print("summary%s: %d of %d trials ok; %d during a save; exit within %.1f s (max), processes left %d, "
+          "checkpoints lost %d" % ((" (--max-restarts %d%s)" % (a.max_restarts, ", --async-save" if a.async_save else ""))
+                                   if a.max_restarts else "", len(good), len(results),
+                                   sum(1 for r in results if r.get("saving")),
                                    max(exits) if exits else 0, sum(r.get("left", 0) for r in results),
                                    sum(r.get("lost", 0) for r in results)), flush=True)
     sys.exit(0 if len(good) == len(results) else 1)
