@@ -9,10 +9,12 @@
 // When a rank dies, the others learn it from the coordinator and exit; any still running
 // 5 s later are killed. With --max-restarts N the job is then launched again, up to N times,
 // resuming from the newest complete checkpoint in --save.
+#include <fcntl.h>
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -26,6 +28,9 @@
 #include <thread>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
+#include "google/protobuf/text_format.h"
 #include "plan/PlanVersion.h"
 #include "apps/RankFlags.h"
 #include "protos/plan.pb.h"
@@ -93,6 +98,17 @@ cl::opt<int> maxRestarts("max-restarts",
                          cl::desc("relaunch a failed job up to N times, each from the newest complete checkpoint in "
                                   "--save (torchrun's --max-restarts; the ranks resume it in any layout)"),
                          cl::value_desc("N"), cl::init(0), cl::cat(category));
+cl::opt<bool> elasticFlag("elastic",
+                          cl::desc("with --max-restarts: restart on the ranks that remain when ranks died by a signal "
+                                   "(a node gone), in a layout for that count (loomc search, or --elastic-cluster) "
+                                   "with the same global batch, compiled from --model"),
+                          cl::cat(category));
+cl::opt<std::string> modelFlag("model", cl::desc("--elastic: the model config the plans were compiled from"),
+                               cl::value_desc("CONFIG.pbtxt"), cl::cat(category));
+cl::opt<std::string> elasticCluster("elastic-cluster",
+                                    cl::desc("--elastic: the cluster spec for the smaller job (default: the best "
+                                             "layout loomc search finds for the ranks that remain)"),
+                                    cl::value_desc("SPEC.pbtxt"), cl::cat(category));
 
 // Why the plans in `plans` cannot run on `nproc` ranks ("" when they can).
 std::string planError(const std::string &plans, int nproc) {
@@ -172,7 +188,9 @@ struct JobSpec {
   int nproc = 0;
   std::vector<std::string> rankArgs;
 };
-int runJob(const JobSpec &job);
+// *lost: the ranks that died by a signal loomrun did not send (a node gone, for --elastic).
+int runJob(const JobSpec &job, int *lost);
+std::string elasticPlans(const JobSpec &job, int survivors, int *nproc);
 }  // namespace
 
 int main(int argc, char **argv) {
@@ -219,12 +237,30 @@ int main(int argc, char **argv) {
     std::filesystem::remove_all(tmp);
     return 2;
   }
-  int code = runJob(job);
+  if (elasticFlag && (maxRestarts < 1 || modelFlag.empty())) {
+    std::fprintf(stderr, "loomrun: error: --elastic needs --max-restarts N and --model CONFIG.pbtxt\n");
+    std::filesystem::remove_all(tmp);
+    return 2;
+  }
+  int lost = 0;
+  int code = runJob(job, &lost);
   for (int restart = 1; code != 0 && restart <= maxRestarts && !interrupted; ++restart) {
-    std::fprintf(stderr, "loomrun: restarting the job (restart %d of %d) from the newest complete checkpoint in %s\n",
-                 restart, int(maxRestarts), std::string(loom::rankflags::save).c_str());
-    if (!loom::rankflags::resume && !loom::rankflags::strictResume) job.rankArgs.push_back("--resume");
-    code = runJob(job);
+    if (elasticFlag && lost > 0 && job.nproc - lost >= 1) {
+      // The ranks that remain: a layout for them (or for fewer, down to one) with the same
+      // global batch, compiled; the checkpoint reshards into it on resume.
+      int nproc = 0;
+      std::string plansDir = elasticPlans(job, job.nproc - lost, &nproc);
+      if (plansDir.empty()) break;
+      std::fprintf(stderr, "loomrun: %d of %d ranks lost: continuing on %d ranks with the plans in %s\n", lost,
+                   job.nproc, nproc, plansDir.c_str());
+      job.plans = plansDir, job.nproc = nproc;
+    }
+    std::fprintf(stderr, "loomrun: restarting the job (restart %d of %d) on %d ranks from the newest complete "
+                 "checkpoint in %s\n", restart, int(maxRestarts), job.nproc, std::string(loom::rankflags::save).c_str());
+    if (!loom::rankflags::resume && !loom::rankflags::strictResume &&
+        std::find(job.rankArgs.begin(), job.rankArgs.end(), "--resume") == job.rankArgs.end())
+      job.rankArgs.push_back("--resume");
+    code = runJob(job, &lost);
   }
   std::filesystem::remove_all(tmp);
   return code;
@@ -232,8 +268,109 @@ int main(int argc, char **argv) {
 
 namespace {
 
+// Runs a tool, its stdout into *out (its stderr to `log`); true when it exited 0.
+bool runTool(const std::vector<std::string> &args, const std::string &log, std::string *out) {
+  int fds[2];
+  if (pipe(fds) != 0) return false;
+  pid_t pid = fork();
+  if (pid == 0) {
+    dup2(fds[1], 1);
+    int err = open(log.c_str(), O_WRONLY | O_CREAT | O_APPEND, 0644);
+    if (err >= 0) dup2(err, 2);
+    close(fds[0]), close(fds[1]);
+    std::vector<char *> argv;
+    for (const std::string &a : args) argv.push_back(const_cast<char *>(a.c_str()));
+    argv.push_back(nullptr);
+    execv(argv[0], argv.data());
+    _exit(127);
+  }
+  close(fds[1]);
+  char buf[4096];
+  ssize_t n;
+  while ((n = read(fds[0], buf, sizeof buf)) > 0) out->append(buf, size_t(n));
+  close(fds[0]);
+  int status = 0;
+  waitpid(pid, &status, 0);
+  return WIFEXITED(status) && WEXITSTATUS(status) == 0;
+}
+
+// --elastic: plans for `survivors` ranks (or the most below it that a layout fits, keeping the
+// global batch): --elastic-cluster compiled, or the first layout `loomc search` ranks for the
+// plans' cluster spec on one node of that many devices. "" after a one-line error.
+std::string elasticPlans(const JobSpec &job, int survivors, int *nproc) {
+  std::ifstream in(job.plans + "/rank_0.plan.pb", std::ios::binary);
+  loom::plan::RankPlan plan0;
+  if (!in || !plan0.ParseFromIstream(&in)) {
+    std::fprintf(stderr, "loomrun: error: --elastic: %s/rank_0.plan.pb unreadable\n", job.plans.c_str());
+    return "";
+  }
+  std::string loomc = job.self + "/loomc", log = job.tmp + "/elastic.log";
+  for (int n = survivors; n >= 1; --n) {
+    std::string spec = elasticCluster;
+    if (spec.empty()) {
+      loom::config::ClusterSpec c = plan0.cluster();
+      c.set_nodes(1), c.set_devices_per_node(n);
+      // The search takes the batch from the spec and chooses every parallel size itself.
+      loom::config::ParallelConfig batch;
+      batch.set_micro_batch_size(c.parallel().micro_batch_size());
+      batch.set_global_batch_size(c.parallel().global_batch_size());
+      *c.mutable_parallel() = batch;
+      std::string text, found;
+      google::protobuf::TextFormat::PrintToString(c, &text);
+      std::string searchSpec = job.tmp + "/elastic-search-" + std::to_string(n) + ".pbtxt";
+      std::ofstream(searchSpec) << text;
+      if (!runTool({loomc, "search", modelFlag, "--cluster", searchSpec, "--top", "1", "--json"}, log, &found)) continue;
+      nlohmann::json best = nlohmann::json::parse(found, nullptr, false);
+      if (best.is_discarded() || !best.is_array() || best.empty()) continue;
+      // The chosen layout as the cluster spec's parallel block (the search's field names).
+      std::string parallel;
+      for (const char *key : {"tensor_parallel_size", "pipeline_parallel_size", "data_parallel_size",
+                              "virtual_pipeline_size", "micro_batch_size", "global_batch_size", "context_parallel_size",
+                              "expert_parallel_size"})
+        parallel += std::string(key) + ": " + std::to_string(best[0].value(key, int64_t(1))) + " ";
+      for (const char *key : {"sequence_parallel", "zero1", "tp_comm_overlap"})
+        parallel += std::string(key) + ": " + (best[0].value(key, false) ? "true " : "false ");
+      parallel += "recompute: " + best[0].value("recompute", std::string("RECOMPUTE_NONE")) +
+                  " schedule: " + best[0].value("schedule", std::string("ONE_F_ONE_B"));
+      c.clear_parallel();
+      if (!google::protobuf::TextFormat::MergeFromString(parallel, c.mutable_parallel())) continue;
+      c.mutable_parallel()->set_dp_bucket_size_bytes(plan0.cluster().parallel().dp_bucket_size_bytes());
+      google::protobuf::TextFormat::PrintToString(c, &text);
+      spec = job.tmp + "/elastic-" + std::to_string(n) + ".pbtxt";
+      std::ofstream(spec) << text;
+    }
+    std::string out = job.plans + ".elastic-" + std::to_string(n), ignored;
+    std::filesystem::remove_all(out);
+    if (!runTool({loomc, "compile", modelFlag, "--cluster", spec, "--out", out, "--quiet"}, log, &ignored)) {
+      if (!elasticCluster.empty()) {
+        std::fprintf(stderr, "loomrun: error: --elastic-cluster %s does not compile (see %s)\n", spec.c_str(), log.c_str());
+        return "";
+      }
+      continue;
+    }
+    std::ifstream newPlan(out + "/rank_0.plan.pb", std::ios::binary);
+    loom::plan::RankPlan first;
+    if (!newPlan || !first.ParseFromIstream(&newPlan)) continue;
+    *nproc = first.world_size();
+    if (*nproc > survivors) {
+      std::fprintf(stderr, "loomrun: error: --elastic-cluster %s needs %d ranks, %d remain\n", spec.c_str(), *nproc,
+                   survivors);
+      return "";
+    }
+    return out;
+  }
+  // The job's directory goes with it: the tools' last word goes into the message.
+  std::string last, line;
+  for (std::ifstream tools(log); std::getline(tools, line);)
+    if (!line.empty()) last = line;
+  std::fprintf(stderr, "loomrun: error: --elastic: no layout of the model fits %d or fewer ranks with the global batch "
+               "%lld%s\n", survivors, (long long)plan0.global_batch_size(), last.empty() ? "" : (" (" + last + ")").c_str());
+  return "";
+}
+
 // One attempt: the coordinator and the ranks, until every rank has ended. The exit code.
-int runJob(const JobSpec &job) {
+int runJob(const JobSpec &job, int *lost) {
+  *lost = 0;
   const std::string &self = job.self, &plans = job.plans, &bind = job.bind, &port = job.port, &tmp = job.tmp;
   const std::vector<std::string> &tlsArgs = job.tlsArgs, &rankArgs = job.rankArgs;
   const loom::control::TlsMaterial &tls = job.tls;
@@ -283,6 +420,7 @@ int runJob(const JobSpec &job) {
       rankOf.erase(pid);  // reaped: never signalled again
       if (!(WIFEXITED(status) && WEXITSTATUS(status) == 0)) {
         ++failures;
+        if (WIFSIGNALED(status) && !killed) ++*lost;  // not one loomrun killed itself
         std::fprintf(stderr, "loomrun: rank %d %s\n", r, describe(status).c_str());
         // A rank that reported its own error already told the coordinator; telling it again
         // is harmless, and covers ranks that died before registering. Once, briefly: the
