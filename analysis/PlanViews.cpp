@@ -1,5 +1,7 @@
 #include "analysis/PlanViews.h"
 
+#include "formats/CheckpointPieces.h"
+
 #include <filesystem>
 
 #include "analysis/Units.h"
@@ -333,6 +335,13 @@ MemoryReport memoryReport(const PlanDirectory &plans, int rank) {
 
 }  // namespace
 
+// The bytes of the rank's pieces of a checkpoint (formats/CheckpointPieces.h).
+static int64_t checkpointPieceBytes(const plan::RankPlan &rp) {
+  int64_t n = 0;
+  for (const StatePiece &s : piecesToSave(rp)) n += 4 * s.piece.elements();
+  return n;
+}
+
 std::string memoryJson(const PlanDirectory &plans, int rank) {
   MemoryReport r = memoryReport(plans, rank);
   const plan::MemoryPlan &mem = r.mem;
@@ -351,6 +360,7 @@ std::string memoryJson(const PlanDirectory &plans, int rank) {
       {"backend", r.cuda ? "cuda" : "cpu"},
       {"precision", dtypeName(r.compute)},
       {"device_bytes", r.device},
+      {"checkpoint_piece_bytes", checkpointPieceBytes(r.rp)},
       {"peak_bytes", mem.peak_bytes()},
       {"weights_and_optimizer",
        llvm::json::Object{{"bytes", r.weightsAndOptimizer()},
@@ -434,6 +444,9 @@ std::string memoryTimeline(const PlanDirectory &plans, int rank) {
   os << "  (what the backend allocates for the rank; the process adds its binaries and libraries, gRPC's, Gloo's and\n"
         "  OpenBLAS's buffers and the executor's small per-instruction temporaries: loom-rank logs both after its\n"
         "  first iteration.)\n";
+  os << llvm::formatv("  checkpoints: this rank's pieces are {0} per save; with --async-save one copy of them is held in "
+                      "host memory while it is written\n",
+                      humanBytes(checkpointPieceBytes(rp)));
   int64_t peak = std::max<int64_t>(mem.peak_bytes(), 1);
   for (int i = 0; i < rp.schedule_size() && i < mem.timeline_bytes_size(); ++i) {
     const plan::ScheduleEntry &e = rp.schedule(i);

@@ -70,6 +70,12 @@ loom::Status chosenIteration(const std::string &root, int64_t *iteration) {
   return loom::Status::ok();
 }
 
+// The chosen checkpoint's iteration and its metadata, checked against its manifest.
+loom::Status openCheckpoint(const std::string &root, int64_t *iteration, loom::CheckpointIndex *index) {
+  LOOM_RETURN_IF_ERROR(chosenIteration(root, iteration));
+  return loom::readVerifiedCheckpointIndex(root, *iteration, index);
+}
+
 std::string shapeText(const std::vector<int64_t> &shape) {
   std::string s;
   for (int64_t d : shape) s += (s.empty() ? "" : "x") + std::to_string(d);
@@ -79,9 +85,7 @@ std::string shapeText(const std::vector<int64_t> &shape) {
 int inspect(const std::string &root) {
   int64_t it;
   loom::CheckpointIndex index;
-  loom::Status s = chosenIteration(root, &it);
-  if (s.isOk()) s = loom::readVerifiedCheckpointIndex(root, it, &index);
-  if (!s.isOk()) return fail(s.message());
+  if (loom::Status s = openCheckpoint(root, &it, &index); !s.isOk()) return fail(s.message());
   std::string dir = loom::resolvedCheckpointDir(root, it);
   int64_t values = 0, pieces = 0, bytes = 0;
   for (const auto &[name, t] : index.tensors) {
@@ -132,15 +136,13 @@ int inspect(const std::string &root) {
 int toHuggingFace(const std::string &root) {
   int64_t it;
   loom::CheckpointIndex index;
-  loom::Status s = chosenIteration(root, &it);
-  if (s.isOk()) s = loom::readVerifiedCheckpointIndex(root, it, &index);
-  if (!s.isOk()) return fail(s.message());
+  if (loom::Status s = openCheckpoint(root, &it, &index); !s.isOk()) return fail(s.message());
   loom::plan::RankPlan facts;
   auto text = index.state.find("model_facts");
   if (text == index.state.end() || !google::protobuf::TextFormat::ParseFromString(text->second, &facts))
     return fail(loom::resolvedCheckpointDir(root, it) + "/metadata.json: no readable model_facts in its state");
   std::map<std::string, loom::HostTensor> params, m, v;
-  s = loom::readWholeTensors(root, it, "param/", &params);
+  loom::Status s = loom::readWholeTensors(root, it, "param/", &params);
   bool keep = keepOptimizer;
   std::filesystem::path parent = std::filesystem::path(std::string(toHf)).parent_path();
   std::error_code ec;

@@ -10,7 +10,7 @@
 #include "support/Checksum.h"
 #include "support/ProgressMeter.h"
 #include "runtime/Shards.h"
-#include "train/CheckpointPieces.h"
+#include "formats/CheckpointPieces.h"
 
 namespace loom {
 namespace {

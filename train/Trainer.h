@@ -87,7 +87,7 @@ class Trainer {
   MoeTally takeMoeTally() { return driver_.takeMoeTally(); }
   // Parameters by name (host copies).
   Status hostParameters(std::map<std::string, HostTensor> *out);
-  // This rank's file of a layout-independent checkpoint (train/CheckpointPieces.h): its pieces
+  // This rank's file of a layout-independent checkpoint (formats/CheckpointPieces.h): its pieces
   // of the parameters and AdamW moments, each with its fact in the metadata.
   // `progress`: a progress line on a terminal (runtime/ProgressMeter.h) while the file is written.
   Status saveShard(const std::string &path, const std::map<std::string, std::string> &metadata, bool progress = false);

@@ -5,7 +5,8 @@ each one's losses must equal A's own 11..20 (the uninterrupted run's) within fp3
 
 Layouts (t, p, d, v, ZeRO-1) as the issue names them: saved at (2,2,1) with ZeRO-1, resumed at
 (1,2,2) (with and without ZeRO-1: the optimizer state resharded into dp parts), (4,1,1),
-(1,1,1) and interleaved (1,2,1, v = 2); for a mixture of experts also across expert parallelism.
+(1,1,1), interleaved (1,2,1, v = 2) and context parallel (d = 2, c = 2, ZeRO-1 over the d x c
+ranks); for a mixture of experts also across expert parallelism.
 The global batch stays (the data position and the schedule count its iterations).
 """
 import argparse
@@ -15,7 +16,7 @@ import subprocess
 import sys
 
 MICRO_BATCH, GLOBAL_BATCH, STEPS, SAVE_AT = 2, 8, 20, 10
-# name -> (t, p, d, v, schedule, zero1, ep)
+# name -> (t, p, d, v, schedule, zero1, ep[, context parallel c])
 LAYOUTS = {
     "t2p2d1-zero1": (2, 2, 1, 1, "ONE_F_ONE_B", True, 1),
     "t1p2d2": (1, 2, 2, 1, "ONE_F_ONE_B", False, 1),
@@ -26,8 +27,9 @@ LAYOUTS = {
     "t1p1d4-zero1": (1, 1, 4, 1, "", True, 1),
     "t1p1d4e2-zero1": (1, 1, 4, 1, "", True, 2),
     "t2p1d2e2": (2, 1, 2, 1, "", False, 2),
+    "t1p1d2c2-zero1": (1, 1, 2, 1, "", True, 1, 2),
 }
-DENSE = ("t2p2d1-zero1", ["t1p2d2", "t1p2d2-zero1", "t4p1d1", "t1p1d1", "t1p2d1v2-interleaved"])
+DENSE = ("t2p2d1-zero1", ["t1p2d2", "t1p2d2-zero1", "t4p1d1", "t1p1d1", "t1p2d1v2-interleaved", "t1p1d2c2-zero1"])
 MOE = ("t1p1d4e2-zero1", ["t1p1d1", "t2p1d2e2", "t1p2d2-zero1"])
 TOLERANCE = 2e-5  # |loss difference| after up to 10 steps in two fp32 layouts
 
@@ -46,11 +48,13 @@ def model_without_dropout(path, work):
 
 
 def cluster(work, name):
-    t, p, d, v, schedule, zero1, ep = LAYOUTS[name]
+    t, p, d, v, schedule, zero1, ep = LAYOUTS[name][:7]
+    cp = LAYOUTS[name][7] if len(LAYOUTS[name]) > 7 else 1
     path = os.path.join(work, name + ".pbtxt")
-    extra = (f" schedule: {schedule}" if schedule else "") + (f" expert_parallel_size: {ep}" if ep > 1 else "")
+    extra = ((f" schedule: {schedule}" if schedule else "") + (f" expert_parallel_size: {ep}" if ep > 1 else "") +
+             (f" context_parallel_size: {cp}" if cp > 1 else ""))
     with open(path, "w") as f:
-        f.write(f'name: "{name}"\nnodes: 1\ndevices_per_node: {t * p * d}\ndevice {{ kind: CPU }}\n'
+        f.write(f'name: "{name}"\nnodes: 1\ndevices_per_node: {t * p * d * cp}\ndevice {{ kind: CPU }}\n'
                 f"parallel {{ tensor_parallel_size: {t} pipeline_parallel_size: {p} data_parallel_size: {d} "
                 f"virtual_pipeline_size: {v} micro_batch_size: {MICRO_BATCH} global_batch_size: {GLOBAL_BATCH} "
                 f"zero1: {'true' if zero1 else 'false'} dp_bucket_size_bytes: 40000{extra} }}\n")
@@ -64,8 +68,12 @@ def run(cmd):
     return r.stdout
 
 
+def ranks(name):
+    t, p, d = LAYOUTS[name][:3]
+    return t * p * d * (LAYOUTS[name][7] if len(LAYOUTS[name]) > 7 else 1)
+
+
 def train(args, work, name, save, resume, async_save=False):
-    t, p, d, v, _, _, _ = LAYOUTS[name]
     plans = os.path.join(work, name + "-plans")
     if not os.path.isdir(plans):
         run([os.path.join(args.bin, "loomc"), "compile", args.model, "--cluster", cluster(work, name), "--out", plans,
@@ -73,7 +81,7 @@ def train(args, work, name, save, resume, async_save=False):
     log = os.path.join(work, f"{name}{'-resumed' if resume else ''}.loss")
     if os.path.exists(log):
         os.remove(log)
-    out = run([os.path.join(args.bin, "loomrun"), "--nproc", str(t * p * d), "--plans", plans, "--seed", "5",
+    out = run([os.path.join(args.bin, "loomrun"), "--nproc", str(ranks(name)), "--plans", plans, "--seed", "5",
                "--steps", str(STEPS), "--lr", "3e-3", "--min-lr", "3e-4", "--warmup", "3", "--decay-iters", str(STEPS),
                "--clip-grad", "1.0", "--weight-decay", "0.1", "--adam-eps", "1e-6", "--save", save,
                "--save-interval", str(SAVE_AT), "--loss-log", log] + (["--resume"] if resume else []) +
@@ -148,9 +156,8 @@ def hugging_face_round_trip(args, saved, layout):
         print(f"{'ok  ' if same else 'FAIL'} Hugging Face round trip: {name} {'identical' if same else 'differs'}")
     weights = os.path.join(work, "weights-only")
     run([ckpt, "convert", first, "--from-hf", "--model", args.model, "--out", weights])
-    t, p, d, _, _, _, _ = LAYOUTS[layout]
     plans = os.path.join(args.work, layout + "-plans")
-    common = [os.path.join(args.bin, "loomrun"), "--nproc", str(t * p * d), "--plans", plans, "--seed", "5",
+    common = [os.path.join(args.bin, "loomrun"), "--nproc", str(ranks(layout)), "--plans", plans, "--seed", "5",
               "--steps", "5", "--lr", "3e-3", "--warmup", "2"]
     losses = []
     for extra, log in ((["--save", weights, "--resume"], "resumed"), (["--init-from", first], "init-from")):

@@ -1,4 +1,4 @@
-#include "train/CheckpointPieces.h"
+#include "formats/CheckpointPieces.h"
 
 #include <algorithm>
 
