@@ -1,6 +1,7 @@
 // loom-dump: inspect Loom IR and compiled plans.
 //   loom-dump FILE.mlir   module summary: parameters, FLOPs per token, op histogram.
 //   loom-dump DIR [--rank R] [--view summary|graph|dot|collectives|timeline|memory] [--program NAME] [-o FILE]
+//   loom-dump DIR --html FILE.html   (the plan explorer, analysis/PlanExplorer.h)
 //       a plan directory from `loomc compile`: rank R's programs as text or Graphviz DOT, the
 //       collectives, the step as SVG in predicted time (loomc simulate's model), the memory timeline.
 #include <cmath>
@@ -11,6 +12,7 @@
 #include "compiler/ModelBuilder.h"
 #include "compiler/ModelStats.h"
 #include "analysis/PlanViews.h"
+#include "analysis/PlanExplorer.h"
 #include "analysis/StepSimulator.h"
 #include "compiler/ToolSupport.h"
 #include "ir/ParamAttrs.h"
@@ -34,6 +36,10 @@ cl::opt<std::string> programOpt("program", cl::desc("program for --view=dot (def
 cl::list<int> diffRanks("diff", cl::desc("R1,R2: where two ranks' collective calls differ on the groups they share"),
                         cl::CommaSeparated, cl::cat(dumpCategory));
 cl::opt<bool> jsonOpt("json", cl::desc("--view=memory as JSON"), cl::cat(dumpCategory));
+cl::opt<std::string> htmlOpt("html",
+                            cl::desc("write the plan explorer: one self-contained page (rank grid, programs as graphs, "
+                                     "collectives, the simulator's timeline, memory)"),
+                            cl::value_desc("FILE.html"), cl::cat(dumpCategory));
 cl::opt<std::string> outFile("o", cl::desc("output file (default stdout)"), cl::init("-"), cl::cat(dumpCategory));
 
 int dumpPlans() {
@@ -48,6 +54,24 @@ int dumpPlans() {
     return loom::reportError("loom-dump", llvm::createStringError(llvm::inconvertibleErrorCode(),
                                                                   "--json is for --view=memory, not --view=%s",
                                                                   view.c_str()));
+  if (!htmlOpt.empty()) {
+    // The page: with the simulator's timeline where the plans' cluster has the device facts.
+    std::vector<loom::RankPrograms> ranks = loom::rankPrograms(*plans);
+    loom::SimulateOptions options;
+    options.precision = loom::defaultPrecision(plans->ranks[0]);
+    loom::StepPrediction prediction;
+    bool simulated = true;
+    if (llvm::Error e = loom::simulateStep(ranks, options, &prediction)) {
+      llvm::consumeError(std::move(e));
+      simulated = false;
+    }
+    std::string page = loom::planExplorerHtml(*plans, simulated ? &prediction : nullptr);
+    if (llvm::Error e = loom::writeOutput(htmlOpt, [&](llvm::raw_ostream &os) { os << page; }))
+      return loom::reportError("loom-dump", std::move(e));
+    std::printf("wrote the plan explorer of %zu ranks to %s (%.1f MiB)%s\n", plans->ranks.size(), htmlOpt.c_str(),
+                double(page.size()) / (1 << 20), simulated ? "" : "; no timeline: the cluster spec lacks device facts");
+    return 0;
+  }
   if (!diffRanks.empty()) {
     if (diffRanks.size() != 2 || diffRanks[0] < 0 || diffRanks[1] < 0 || diffRanks[0] >= int(plans->ranks.size()) ||
         diffRanks[1] >= int(plans->ranks.size()))
