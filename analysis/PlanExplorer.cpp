@@ -121,15 +121,17 @@ function groupsOf(r) {
 }
 const groupColour = {tp: '#d11', cp: '#a0a', dp: '#07c', pp: '#090', ep: '#e80'};
 
-// The rank grid: a column per (tp, cp), a row per (dp, pp); each cell a rank.
+// The rank grid: a block per pipeline stage (blocks in rows of about sqrt(p)), in a block a
+// column per (tp, cp) and a row per dp rank; each cell a rank.
 function drawGrid() {
-  const svg = document.getElementById('gridsvg'), cols = L.t * L.c, rows = L.d * L.p;
-  const cell = Math.max(4, Math.min(28, Math.floor(900 / Math.max(cols, rows))));
+  const svg = document.getElementById('gridsvg'), perRow = Math.ceil(Math.sqrt(L.p));
+  const bw = L.t * L.c + 1, bh = L.d + 1, cols = perRow * bw, rows = Math.ceil(L.p / perRow) * bh;
+  const cell = Math.max(3, Math.min(28, Math.floor(1100 / Math.max(cols, rows))));
   svg.setAttribute('width', cols * cell + 2); svg.setAttribute('height', rows * cell + 2);
   const cells = [];
   for (const rk of D.ranks) {
     const [r, tp, cp, dp, pp] = rk;
-    const x = 1 + (cp * L.t + tp) * cell, y = 1 + (pp * L.d + dp) * cell;
+    const x = 1 + ((pp % perRow) * bw + cp * L.t + tp) * cell, y = 1 + (Math.floor(pp / perRow) * bh + dp) * cell;
     const c = el('rect', {x: x, y: y, width: cell - 1, height: cell - 1, fill: stageColour(pp), 'data-rank': r}, svg);
     el('title', {}, c).textContent = 'rank ' + r + ': tp ' + tp + ', cp ' + cp + ', dp ' + dp + ', pp ' + pp;
     cells[r] = c;
@@ -143,7 +145,8 @@ function drawGrid() {
     c.onclick = () => { selected = r; drawPrograms(); drawCollectives(); show('programs'); };
   }
   const legend = document.getElementById('legend');
-  for (let s = 0; s < L.p; s++) legend.innerHTML += '<span style="background:' + stageColour(s) + '"></span>stage ' + s;
+  for (let s = 0; s < Math.min(L.p, 8); s++) legend.innerHTML += '<span style="background:' + stageColour(s) + '"></span>stage ' + s;
+  if (L.p > 8) legend.innerHTML += ' ... (' + L.p + ' stages, a block each)';
   for (const k in groupColour) legend.innerHTML += '<span style="border:2px solid ' + groupColour[k] + '"></span>' + k;
 }
 
@@ -211,8 +214,10 @@ function drawCollectives() {
       if (!ins.group) return;
       n += runs;
       const base = ins.group.replace(/^(e?dp|dpcp)$/, m => m === 'edp' ? 'dp' : m === 'dpcp' ? 'dp' : m);
-      html += '<tr><td>' + name + ' (' + mb + (runs > 1 ? ', x' + runs : '') + ')</td><td>' + i + '</td><td>' + ins.op +
-        ' ' + (ins.in[0] || '') + '</td><td>' + ins.group + '</td><td>' + (g[ins.group] || g[base] || []).join(',') + '</td></tr>';
+      const members = (g[ins.group] || g[base] || []).join(',');
+      html += '<tr class="call" title="group ' + ins.group + ': ranks [' + members + ']"><td>' + name + ' (' + mb +
+        (runs > 1 ? ', x' + runs : '') + ')</td><td>' + i + '</td><td>' + ins.op +
+        ' ' + (ins.in[0] || '') + '</td><td>' + ins.group + '</td><td>' + members + '</td></tr>';
     });
   }
   t.innerHTML = html;
@@ -385,8 +390,8 @@ std::string planExplorerHtml(const PlanDirectory &plans, const StepPrediction *p
      << "<nav><button data-view=\"grid\">Ranks</button><button data-view=\"programs\">Programs</button>"
         "<button data-view=\"collectives\">Collectives</button><button data-view=\"timeline\">Timeline</button>"
         "<button data-view=\"memory\">Memory</button></nav>\n"
-     << "<section id=\"grid\"><div class=\"legend\" id=\"legend\"></div><p>a column per (tp, cp), a row per (dp, pp); "
-        "hover a rank for its groups, click it for its programs</p><svg id=\"gridsvg\"></svg><div id=\"rankinfo\">"
+     << "<section id=\"grid\"><div class=\"legend\" id=\"legend\"></div><p>a block per pipeline stage, in it a column per (tp, cp) "
+        "and a row per dp rank; hover a rank for its groups, click it for its programs</p><svg id=\"gridsvg\"></svg><div id=\"rankinfo\">"
         "</div></section>\n"
      << "<section id=\"programs\"><p id=\"progtitle\"></p><select id=\"progsel\"></select><p>a column per stream "
         "(compute, tp, pp, dp); grey edges: the producer of an input, orange: a wait; wheel zooms, drag pans</p>"
