@@ -3,6 +3,7 @@
 #include <map>
 
 #include "llvm/Support/JSON.h"
+#include "plan/InstructionSet.h"
 #include "llvm/Support/raw_ostream.h"
 
 namespace loom {
@@ -37,14 +38,16 @@ llvm::json::Object programJson(const plan::Program &prog) {
       if (a.name() == "group") group = a.s();
     std::string stream = plan::Stream_Name(in.stream());
     for (char &c : stream) c = char(std::tolower(static_cast<unsigned char>(c)));
-    instructions.push_back(llvm::json::Object{{"op", in.op()},
-                                              {"stream", stream},
-                                              {"layer", in.layer()},
-                                              {"group", group},
-                                              {"in", std::move(inputs)},
-                                              {"out", std::move(outputs)},
-                                              {"reads", std::move(reads)},
-                                              {"waits", std::move(waits)}});
+    llvm::json::Object node{{"op", in.op()},           {"stream", stream},           {"layer", in.layer()},
+                            {"group", group},           {"in", std::move(inputs)},    {"out", std::move(outputs)},
+                            {"reads", std::move(reads)}, {"waits", std::move(waits)}};
+    // Only in the step's first or last run of the program (ZeRO-1's gathers, gradient syncs).
+    // What the collectives view lists: the instructions that communicate (a local op may name a
+    // group too: PTD-P's shard).
+    if (const isa::OpDecl *d = isa::find(in.op()); d && d->comm != isa::Comm::kNone) node["comm"] = true;
+    if (in.first_micro_batch()) node["first"] = true;
+    if (in.last_micro_batch()) node["last"] = true;
+    instructions.push_back(std::move(node));
     for (int b : in.outputs()) lastWriter[b] = i;
   }
   return llvm::json::Object{{"name", prog.name()},
@@ -73,6 +76,7 @@ constexpr const char *kStyle = R"css(
 body{font:13px system-ui,sans-serif;margin:0;color:#222}
 header{padding:8px 14px;background:#20304a;color:#fff}
 header b{font-size:15px}
+#check{padding:4px 14px;font-family:monospace;font-size:12px}
 nav{display:flex;gap:4px;padding:6px 14px;background:#e8ecf2}
 nav button{border:1px solid #9aa7bb;background:#fff;padding:4px 10px;cursor:pointer}
 nav button.on{background:#20304a;color:#fff}
@@ -200,26 +204,44 @@ function drawPrograms() {
   drawGraph(file.programs[0]);
 }
 
+// loomc check's verdict; a collective that differs between ranks ("collective #N of group G:
+// ...") is marked on the rows of call N of group G.
+const mismatch = D.check.ok ? null : (D.check.text.match(/collective #(\d+) of group (\S+):/) || null);
+function drawCheck() {
+  const c = document.getElementById('check');
+  c.textContent = 'loomc check: ' + (D.check.ok ? D.check.text : 'MISMATCH: ' + D.check.text);
+  c.style.color = D.check.ok ? '#063' : '#b00';
+}
 // The rank's collective calls in schedule order: each program run (runs of one program
 // collapsed) with its collectives in order, their group and the group's members.
 function drawCollectives() {
   const t = document.getElementById('colltable'), file = D.programFiles[D.ranks[selected][5]], g = groupsOf(selected);
-  const byName = {};
+  const byName = {}, firstRow = {}, lastRow = {};
   for (const p of file.programs) byName[p.name] = p;
+  file.schedule.forEach(([name], k) => { if (!(name in firstRow)) firstRow[name] = k; lastRow[name] = k; });
   let html = '<tr><th>program (micro-batch, runs)</th><th>#</th><th>call</th><th>group</th><th>members</th></tr>', n = 0;
-  for (const [name, mb, runs] of file.schedule) {
+  const perGroup = {};  // calls of each group so far (the checker counts them from 0)
+  file.schedule.forEach(([name, mb, allRuns], row) => {
     const p = byName[name];
-    if (!p) continue;
+    if (!p) return;
     p.instructions.forEach((ins, i) => {
-      if (!ins.group) return;
+      if (!ins.comm || !ins.group) return;
+      // A first- or last-run instruction runs once, in the row holding that run.
+      if ((ins.first && row !== firstRow[name]) || (ins.last && row !== lastRow[name])) return;
+      const runs = ins.first || ins.last ? 1 : allRuns;
       n += runs;
       const base = ins.group.replace(/^(e?dp|dpcp)$/, m => m === 'edp' ? 'dp' : m === 'dpcp' ? 'dp' : m);
       const members = (g[ins.group] || g[base] || []).join(',');
-      html += '<tr class="call" title="group ' + ins.group + ': ranks [' + members + ']"><td>' + name + ' (' + mb +
+      const first = perGroup[ins.group] || 0;
+      perGroup[ins.group] = first + runs;
+      const bad = mismatch && mismatch[2] === ins.group && first <= +mismatch[1] && +mismatch[1] < first + runs;
+      html += '<tr class="call' + (bad ? ' mismatch' : '') + '" title="group ' + ins.group + ': ranks [' + members + ']' +
+        (bad ? '; loomc check: ' + D.check.text.replace(/"/g, "'") : '') + '"' + (bad ? ' style="background:#f7c6c6"' : '') +
+        '><td>' + name + ' (' + mb +
         (runs > 1 ? ', x' + runs : '') + ')</td><td>' + i + '</td><td>' + ins.op +
         ' ' + (ins.in[0] || '') + '</td><td>' + ins.group + '</td><td>' + members + '</td></tr>';
     });
-  }
+  });
   t.innerHTML = html;
   document.getElementById('colltitle').textContent = 'rank ' + selected + ': ' + n + ' collective calls per step';
 }
@@ -279,13 +301,87 @@ function drawMemory() {
   document.getElementById('memlegend').innerHTML = parts.map((p, i) => '<span style="background:' + colours[i] + '"></span>' + p).join('');
 }
 
-drawGrid(); drawPrograms(); drawCollectives(); drawTimeline(); drawMemory();
+drawCheck(); drawGrid(); drawPrograms(); drawCollectives(); drawTimeline(); drawMemory();
 show('grid');
+)js";
+
+// JSON fit to sit inside a <script> element: "</" would end it.
+std::string scriptSafe(const std::string &json) {
+  std::string safe;
+  for (size_t i = 0; i < json.size(); ++i) {
+    if (json[i] == '<' && i + 1 < json.size() && json[i + 1] == '/') safe += "<\\";
+    else safe += json[i];
+  }
+  return safe;
+}
+
+constexpr const char *kSearchScript = R"js(
+const C = JSON.parse(document.getElementById('data').textContent), NS = 'http://www.w3.org/2000/svg';
+const cols = [['#', (c, i) => i + 1], ['t', c => c.tensor_parallel_size], ['p', c => c.pipeline_parallel_size],
+  ['d', c => c.data_parallel_size], ['v', c => c.virtual_pipeline_size], ['b', c => c.micro_batch_size],
+  ['cp', c => c.context_parallel_size], ['ep', c => c.expert_parallel_size], ['recompute', c => c.recompute],
+  ['sp', c => c.sequence_parallel ? 'yes' : ''], ['zero1', c => c.zero1 ? 'yes' : ''], ['schedule', c => c.schedule],
+  ['step ms', c => +(c.step_time_s * 1e3).toFixed(3)], ['TFLOP/s', c => +c.tflops_per_device.toFixed(4)],
+  ['MFU %', c => +(100 * c.mfu).toFixed(1)], ['memory MiB', c => +(c.peak_memory_bytes / 2 ** 20).toFixed(1)],
+  ['bubble %', c => +(100 * c.bubble).toFixed(1)]];
+let rows = C.map((c, i) => cols.map(([, f]) => f(c, i))), sortBy = 0, up = true;
+function drawTable() {
+  const t = document.getElementById('table');
+  let html = '<tr>' + cols.map(([n], k) => '<th data-k="' + k + '">' + n + (k === sortBy ? (up ? ' &#9650;' : ' &#9660;') : '') + '</th>').join('') + '</tr>';
+  for (const r of rows) html += '<tr class="candidate">' + r.map(v => '<td>' + v + '</td>').join('') + '</tr>';
+  t.innerHTML = html;
+  for (const th of t.querySelectorAll('th')) th.onclick = () => {
+    const k = +th.dataset.k;
+    up = k === sortBy ? !up : true; sortBy = k;
+    rows.sort((a, b) => (a[k] < b[k] ? -1 : a[k] > b[k] ? 1 : 0) * (up ? 1 : -1));
+    drawTable();
+  };
+}
+function drawScatter() {
+  const svg = document.getElementById('scatter'), W = 700, H = 420, m = 50;
+  const xs = C.map(c => c.peak_memory_bytes / 2 ** 20), ys = C.map(c => c.tflops_per_device);
+  // Axes over the candidates' range (5% margins), not from zero: they differ by a few percent.
+  const span = v => { const lo = Math.min(...v), hi = Math.max(...v), pad = (hi - lo) * 0.05 || Math.abs(hi) * 0.05 || 1;
+                      return [lo - pad, hi + pad]; };
+  const [xmin, xmax] = span(xs), [ymin, ymax] = span(ys);
+  const el = (tag, a) => { const e = document.createElementNS(NS, tag); for (const k in a) e.setAttribute(k, a[k]); svg.appendChild(e); return e; };
+  svg.setAttribute('width', W); svg.setAttribute('height', H);
+  el('line', {x1: m, y1: H - m, x2: W - 10, y2: H - m, stroke: '#444'});
+  el('line', {x1: m, y1: 10, x2: m, y2: H - m, stroke: '#444'});
+  el('text', {x: W / 2 - 120, y: H - 12, 'font-size': 12}).textContent = 'peak memory per rank, MiB (' +
+    xmin.toPrecision(3) + ' .. ' + xmax.toPrecision(3) + ')';
+  el('text', {x: m + 6, y: 20, 'font-size': 12}).textContent = 'TFLOP/s per device (' + ymin.toPrecision(3) + ' .. ' +
+    ymax.toPrecision(3) + ')';
+  C.forEach((c, i) => {
+    const p = el('circle', {cx: m + (xs[i] - xmin) / (xmax - xmin) * (W - m - 10),
+      cy: H - m - (ys[i] - ymin) / (ymax - ymin) * (H - m - 30), r: i === 0 ? 6 : 4,
+      fill: i === 0 ? '#d33' : '#3a6ea5', 'fill-opacity': 0.7, class: 'point'});
+    const t = document.createElementNS(NS, 'title');
+    t.textContent = '#' + (i + 1) + ' t=' + c.tensor_parallel_size + ' p=' + c.pipeline_parallel_size + ' d=' + c.data_parallel_size +
+      ' b=' + c.micro_batch_size + ': ' + c.tflops_per_device.toPrecision(4) + ' TFLOP/s, ' + xs[i].toFixed(1) + ' MiB';
+    p.appendChild(t);
+  });
+}
+drawTable(); drawScatter();
 )js";
 
 }  // namespace
 
-std::string planExplorerHtml(const PlanDirectory &plans, const StepPrediction *prediction) {
+std::string searchExplorerHtml(const std::string &candidatesJson, const std::string &title) {
+  std::string safe = scriptSafe(candidatesJson);
+  std::string out;
+  llvm::raw_string_ostream os(out);
+  os << "<!doctype html>\n<html><head><meta charset=\"utf-8\"><title>" << title << "</title><style>" << kStyle
+     << "section{display:block}th{cursor:pointer;background:#e8ecf2}</style></head>\n<body>\n<header><b>" << title
+     << "</b> &nbsp; the best candidate in red; click a column to sort, hover a point</header>\n"
+     << "<section><svg id=\"scatter\"></svg></section>\n<section><table id=\"table\"></table></section>\n"
+     << "<script id=\"data\" type=\"application/json\">" << safe << "</script>\n<script>" << kSearchScript
+     << "</script>\n</body></html>\n";
+  os.flush();
+  return out;
+}
+
+std::string planExplorerHtml(const PlanDirectory &plans, const StepPrediction *prediction, const CheckVerdict &check) {
   const plan::RankPlan &r0 = plans.ranks.at(0);
   int e = std::max(1, int(r0.cluster().parallel().expert_parallel_size()));
   llvm::json::Object layout{{"t", r0.t()},   {"p", r0.p()}, {"d", r0.d()}, {"c", std::max(1, r0.c())},
@@ -369,24 +465,20 @@ std::string planExplorerHtml(const PlanDirectory &plans, const StepPrediction *p
   }
   llvm::json::Object data{{"layout", std::move(layout)},     {"ranks", std::move(ranks)},
                           {"programFiles", std::move(files)}, {"memory", std::move(memories)},
-                          {"memoryRanks", std::move(memoryRanks)}, {"timeline", std::move(timeline)}};
+                          {"memoryRanks", std::move(memoryRanks)}, {"timeline", std::move(timeline)},
+                          {"check", llvm::json::Object{{"ok", check.checked}, {"text", check.text}}}};
   std::string json;
   llvm::raw_string_ostream js(json);
   js << llvm::json::Value(std::move(data));
   js.flush();
-  // Inside <script>: "</" would end the element.
-  std::string safe;
-  for (size_t i = 0; i < json.size(); ++i) {
-    if (json[i] == '<' && i + 1 < json.size() && json[i + 1] == '/') safe += "<\\";
-    else safe += json[i];
-  }
+  std::string safe = scriptSafe(json);
   std::string title = "Loom plans: " + r0.model() + ", " + std::to_string(r0.world_size()) + " ranks";
   std::string out;
   llvm::raw_string_ostream os(out);
   os << "<!doctype html>\n<html><head><meta charset=\"utf-8\"><title>" << title << "</title><style>" << kStyle
      << "</style></head>\n<body>\n<header><b>" << title << "</b> &nbsp; (t, p, d, c, v, ep) = (" << r0.t() << ", "
      << r0.p() << ", " << r0.d() << ", " << std::max(1, r0.c()) << ", " << r0.v() << ", " << e << "), schedule "
-     << r0.schedule_kind() << "</header>\n"
+     << r0.schedule_kind() << "</header><div id=\"check\"></div>\n"
      << "<nav><button data-view=\"grid\">Ranks</button><button data-view=\"programs\">Programs</button>"
         "<button data-view=\"collectives\">Collectives</button><button data-view=\"timeline\">Timeline</button>"
         "<button data-view=\"memory\">Memory</button></nav>\n"

@@ -13,7 +13,18 @@
 
 namespace loom {
 
-// `prediction`: the simulator's step over `plans` (its timeline), or null for none.
-std::string planExplorerHtml(const PlanDirectory &plans, const StepPrediction *prediction);
+// `prediction`: the simulator's step over `plans` (its timeline), or null for none. `check`:
+// loomc check's verdict (`checked` false: its one-line error, which the page shows and, for a
+// collective that differs between ranks, marks on the collectives where it first diverges).
+struct CheckVerdict {
+  bool checked = true;
+  std::string text;
+};
+std::string planExplorerHtml(const PlanDirectory &plans, const StepPrediction *prediction,
+                             const CheckVerdict &check = {});
+
+// `loomc search --html`: the ranked candidates (searchJson's list) as a table sortable by any
+// column and a scatter of TFLOP/s per device against peak memory, one page like the explorer.
+std::string searchExplorerHtml(const std::string &candidatesJson, const std::string &title);
 
 }  // namespace loom

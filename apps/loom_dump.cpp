@@ -12,6 +12,7 @@
 #include "compiler/ModelBuilder.h"
 #include "compiler/ModelStats.h"
 #include "analysis/PlanViews.h"
+#include "analysis/PlanCheck.h"
 #include "analysis/PlanExplorer.h"
 #include "analysis/StepSimulator.h"
 #include "compiler/ToolSupport.h"
@@ -65,7 +66,13 @@ int dumpPlans() {
       llvm::consumeError(std::move(e));
       simulated = false;
     }
-    std::string page = loom::planExplorerHtml(*plans, simulated ? &prediction : nullptr);
+    loom::CheckResult checked;
+    loom::CheckVerdict verdict;
+    if (llvm::Error e = loom::checkPlans(ranks, &checked))
+      verdict = {false, llvm::toString(std::move(e))};
+    else
+      verdict = {true, checked.summary};
+    std::string page = loom::planExplorerHtml(*plans, simulated ? &prediction : nullptr, verdict);
     if (llvm::Error e = loom::writeOutput(htmlOpt, [&](llvm::raw_ostream &os) { os << page; }))
       return loom::reportError("loom-dump", std::move(e));
     std::printf("wrote the plan explorer of %zu ranks to %s (%.1f MiB)%s\n", plans->ranks.size(), htmlOpt.c_str(),

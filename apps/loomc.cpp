@@ -13,7 +13,7 @@
 //   loomc simulate DIR [--json] [--timeline FILE.svg] [--device FILE] [--precision fp32|bf16] [--unit-cost]
 //       Replay one step of every rank's plan on the cluster's device and link model: the
 //       predicted step time, TFLOP/s per device, MFU, bubble, exposed communication, memory.
-//   loomc search MODEL --cluster SPEC [--top K] [--json] [--evaluate N]
+//   loomc search MODEL --cluster SPEC [--top K] [--json] [--evaluate N] [--html FILE.html]
 //       Rank the parallel configurations of the cluster's devices for the model by predicted
 //       throughput (the plans compiled in memory and simulated; no files written).
 //   loomc calibrate --out FILE [--threads N] [--repeats N]
@@ -24,6 +24,7 @@
 #include "compiler/Compile.h"
 #include "analysis/PlanCheck.h"
 #include "analysis/PlanViews.h"
+#include "analysis/PlanExplorer.h"
 #include "analysis/Search.h"
 #include "analysis/TraceCheck.h"
 #include "analysis/StepSimulator.h"
@@ -111,6 +112,10 @@ cl::opt<int> searchTop("top", cl::desc("configurations to print (default 5)"), c
 cl::opt<int> searchEvaluate("evaluate", cl::desc("candidates compiled and simulated, the estimate's best (default 32)"),
                             cl::init(32), cl::sub(searchCmd), cl::cat(loomCategory));
 cl::opt<bool> searchJsonOut("json", cl::desc("print a JSON list"), cl::sub(searchCmd), cl::cat(loomCategory));
+cl::opt<std::string> searchHtml("html",
+                                cl::desc("also write the candidates as a page: a sortable table and a scatter of "
+                                         "throughput against memory"),
+                                cl::value_desc("FILE.html"), cl::sub(searchCmd), cl::cat(loomCategory));
 
 cl::SubCommand calibrateCmd("calibrate", "Measure this machine's CPU kernels and Gloo loopback collectives into a "
                                           "device file (for loomc simulate --device)");
@@ -310,6 +315,12 @@ int runSearch() {
   if (llvm::Error e = loom::searchConfigurations(*model, *cluster, options, &result))
     return loom::reportError("loomc", std::move(e));
   llvm::outs() << (searchJsonOut ? loom::searchJson(result, searchTop) : loom::searchText(result, *cluster, searchTop));
+  if (!searchHtml.empty()) {
+    std::string page = loom::searchExplorerHtml(loom::searchJson(result, searchTop),
+                                                "Loom search: " + model->name() + " on " + cluster->name());
+    if (llvm::Error e = loom::writeOutput(searchHtml, [&](llvm::raw_ostream &os) { os << page; }))
+      return loom::reportError("loomc", std::move(e));
+  }
   return 0;
 }
 

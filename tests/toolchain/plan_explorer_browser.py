@@ -8,11 +8,13 @@ chromium-driver, driven by selenium) opens `loom-dump PLANS --html` pages and ch
 - the timeline draws a bar per span the page keeps (the counts the page carries from the
   simulator);
 - the memory view draws a row per stage;
+- loomc check's verdict is on the page;
 - the console has no error.
 It prints each page's load time (navigation start to the grid drawn) and, with --screenshots DIR,
-saves a PNG of every view.
+saves a PNG of every view. A `loomc search --html` page (--search): a table row and a scatter point
+per candidate, a click on a column sorts by it, no console error.
 
-  plan_explorer_browser.py --page NAME=PAGE.html:WORLD [--page ...] [--screenshots DIR]
+  plan_explorer_browser.py --page NAME=PAGE.html:WORLD [--page ...] [--search PAGE.html] [--screenshots DIR]
 """
 import argparse
 import json
@@ -51,6 +53,8 @@ def check(driver, name, path, world, shots):
     load = time.time() - started
     print(f"     {name}: loaded and drawn in {load:.2f} s ({os.path.getsize(path) / 2**20:.1f} MiB)", flush=True)
     expect(len(cells) == world, f"{len(cells)} grid cells for {world} ranks")
+    verdict = driver.find_element(By.ID, "check").text
+    expect(verdict.startswith("loomc check: checked "), f"the checker's verdict shown: {verdict[:80]!r}")
     data = json.loads(driver.execute_script("return document.getElementById('data').textContent"))
     r = min(5, world - 1)
     cell = driver.find_element(By.CSS_SELECTOR, f"#gridsvg rect[data-rank='{r}']")
@@ -92,9 +96,36 @@ def check(driver, name, path, world, shots):
     return failures
 
 
+def check_search(driver, path, shots):
+    failures = []
+
+    def expect(ok, what):
+        print(f"{'ok  ' if ok else 'FAIL'} search: {what}", flush=True)
+        if not ok:
+            failures.append(what)
+
+    driver.get("file://" + os.path.abspath(path))
+    data = json.loads(driver.execute_script("return document.getElementById('data').textContent"))
+    rows = driver.find_elements(By.CSS_SELECTOR, "#table tr.candidate")
+    points = driver.find_elements(By.CSS_SELECTOR, "#scatter circle.point")
+    expect(len(rows) == len(data) and len(points) == len(data),
+           f"{len(rows)} table rows and {len(points)} points for {len(data)} candidates")
+    header = [th for th in driver.find_elements(By.CSS_SELECTOR, "#table th") if th.text.startswith("memory MiB")][0]
+    header.click()
+    memory = [float(r.find_elements(By.TAG_NAME, "td")[15].text)
+              for r in driver.find_elements(By.CSS_SELECTOR, "#table tr.candidate")]
+    expect(memory == sorted(memory), "a click on 'memory MiB' sorts the rows by it")
+    if shots:
+        driver.save_screenshot(os.path.join(shots, "explorer-search.png"))
+    errors = [e for e in driver.get_log("browser") if e["level"] == "SEVERE"]
+    expect(not errors, f"no console errors {errors[:2] if errors else ''}")
+    return failures
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--page", action="append", required=True, help="NAME=PAGE.html:WORLD")
+    ap.add_argument("--search", default="", help="a loomc search --html page")
     ap.add_argument("--screenshots", default="")
     args = ap.parse_args()
     if args.screenshots:
@@ -106,6 +137,8 @@ def main():
             name, rest = spec.split("=", 1)
             path, world = rest.rsplit(":", 1)
             failures += check(driver, name, path, int(world), args.screenshots)
+        if args.search:
+            failures += check_search(driver, args.search, args.screenshots)
     finally:
         driver.quit()
     print(f"{'FAIL' if failures else 'ok'}: {len(failures)} checks failed")

@@ -23,5 +23,7 @@ SPEC
 "$root/apps/loomc" compile "$root/examples/models/gpt-1t.pbtxt" --cluster "$root/examples/clusters/ptdp-3072.pbtxt" \
   --out "$tmp/p3072" --quiet
 "$root/apps/loom-dump" "$tmp/p3072" --html "$tmp/p3072.html"
+(cd "$tmp" && "$root/apps/loomc" search "$root/examples/models/gpt-tiny.pbtxt" --cluster "$tmp/c8.pbtxt" \
+  --top 30 --html "$tmp/search.html" >/dev/null)
 HOME="$tmp" /usr/bin/python3 "$root/tests/toolchain/plan_explorer_browser.py" \
-  --page "t2p2d2=$tmp/p8.html:8" --page "1t-3072=$tmp/p3072.html:3072"
+  --page "t2p2d2=$tmp/p8.html:8" --page "1t-3072=$tmp/p3072.html:3072" --search "$tmp/search.html"

@@ -11,7 +11,7 @@ const script = html.match(/<script>([\s\S]*?)<\/script>/)[1];
 assert(!/src=|href=["']?https?:/.test(html), 'the page loads nothing from the network');
 function El(tag) {
   this.tag = tag; this.attrs = {}; this.children = []; this.html = ''; this.textContent = '';
-  this.classList = {toggle() {}}; this.dataset = {}; this.clientWidth = 1000;
+  this.classList = {toggle() {}}; this.dataset = {}; this.clientWidth = 1000; this.style = {};
 }
 // As in a browser, setting innerHTML replaces the children.
 Object.defineProperty(El.prototype, 'innerHTML', {
@@ -40,10 +40,25 @@ file.programs.forEach((p, i) => {
   assert.strictEqual(byId.graph.children.filter(c => c.attrs.class === 'node').length, p.instructions.length, p.name);
 });
 assert(/<td>/.test(byId.colltable.innerHTML), 'the clicked rank has collective calls');
+const calls = +byId.colltitle.textContent.match(/: (\d+) collective calls/)[1];
 const T = D.timeline;
 assert(T, 'the cluster has device facts: a timeline');
 const bars = byId.tl.children.filter(c => c.attrs.class === 'bar').length;
 assert.strictEqual(bars, T.programBars + T.communicationBars, 'a bar per kept span');
 assert.strictEqual(byId.mem.children.filter(c => c.tag === 'text').length, 2 * D.memoryRanks.length, 'memory rows');
-console.log('ok: ' + cells.length + ' ranks, ' + file.programs.length + ' programs of rank ' + r + ', ' + bars +
-            ' timeline bars, ' + D.memoryRanks.length + ' memory rows');
+assert(/^loomc check: checked /.test(byId.check.textContent), 'the checker verdict: ' + byId.check.textContent);
+// A page whose checker found two ranks entering different collectives marks that call: the same
+// page with the verdict swapped for such a message (call 0 of the tp group).
+const bad = JSON.parse(data);
+bad.check = {ok: false, text: 'collective #0 of group tp: rank 4 forward_1 instruction 1 enters all_gather, but rank 5 ' +
+  'forward_1 instruction 1 enters all_reduce'};
+for (const k in byId) delete byId[k];
+const badData = JSON.stringify(bad);
+global.document.getElementById = id => id === 'data' ? {textContent: badData} : byId[id] || (byId[id] = new El('div'));
+new Function(script)();
+byId.gridsvg.children.filter(c => c.tag === 'rect')[r].onclick();
+assert(/^loomc check: MISMATCH: collective #0 of group tp/.test(byId.check.textContent), 'the mismatch is shown');
+const marked = (byId.colltable.innerHTML.match(/class="call mismatch"/g) || []).length;
+assert.strictEqual(marked, 1, 'call 0 of group tp is marked, once');
+console.log('ok: ' + cells.length + ' ranks, ' + file.programs.length + ' programs of rank ' + r + ', ' + calls +
+            ' collective calls, ' + bars + ' timeline bars, ' + D.memoryRanks.length + ' memory rows');
