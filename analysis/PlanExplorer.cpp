@@ -45,6 +45,7 @@ llvm::json::Object programJson(const plan::Program &prog) {
     // What the collectives view lists: the instructions that communicate (a local op may name a
     // group too: PTD-P's shard).
     if (const isa::OpDecl *d = isa::find(in.op()); d && d->comm != isa::Comm::kNone) node["comm"] = true;
+    if (!in.source().empty()) node["src"] = in.source();
     if (in.first_micro_batch()) node["first"] = true;
     if (in.last_micro_batch()) node["last"] = true;
     instructions.push_back(std::move(node));
@@ -176,6 +177,7 @@ function drawGraph(prog) {
     el('text', {x: pos[i].x + 6, y: pos[i].y + 14, 'font-size': 12}, g).textContent = i + ' ' + n.op + (n.group ? ' @' + n.group : '');
     el('text', {x: pos[i].x + 6, y: pos[i].y + 28, 'font-size': 10, fill: '#555'}, g).textContent = (n.out[0] || '') + (n.layer >= 0 ? '  layer ' + n.layer : '');
     el('title', {}, g).textContent = n.op + ' on ' + n.stream + (n.group ? ' (group ' + n.group + ')' : '') +
+      (n.src ? ', from ' + n.src : ', the step\'s own') +
       '\ninputs: ' + n.in.join(', ') + '\noutputs: ' + n.out.join(', ') + (n.layer >= 0 ? '\nlayer ' + n.layer : '');
     g.onclick = () => document.getElementById('nodeinfo').textContent = g.lastChild.textContent;
   });

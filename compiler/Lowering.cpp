@@ -12,6 +12,7 @@
 #include "ir/ParamAttrs.h"
 #include "plan/InstructionSet.h"
 #include "plan/PlanAttributes.h"
+#include "llvm/ADT/ScopeExit.h"
 #include "llvm/ADT/TypeSwitch.h"
 #include "mlir/IR/BuiltinOps.h"
 
@@ -133,6 +134,12 @@ class ProgramLowering {
     if (llvm::Error e = bindArguments()) return std::move(e);
     findBuckets();
     for (mlir::Operation &op : f_.getBody().front()) {
+      // Whatever this op's lowering emits names it as its source.
+      auto source = llvm::make_scope_exit([this, &op, before = prog_.instructions_size()] {
+        for (int i = before; i < prog_.instructions_size(); ++i)
+          if (prog_.instructions(i).source().empty())
+            prog_.mutable_instructions(i)->set_source(op.getName().getStringRef().str());
+      });
       std::vector<mlir::Operation *> members{&op};
       if (auto key = bucketOf(&op)) {
         pendingOfBucket_[*key].push_back(&op);

@@ -70,6 +70,9 @@ def check(driver, name, path, world, shots):
     nodes = driver.find_elements(By.CSS_SELECTOR, "#graph g.node")
     expect(len(nodes) == len(programs[0]["instructions"]),
            f"the graph of {programs[0]['name']}: {len(nodes)} nodes for {len(programs[0]['instructions'])} instructions")
+    tip = nodes[0].find_element(By.TAG_NAME, "title").get_attribute("textContent") if nodes else ""
+    expect(" on " in tip and "inputs:" in tip and ", from loom." in tip,
+           f"a node's hover names its op, stream, operands and IR op: {tip.splitlines()[0] if tip else ''!r}")
     if shots:
         driver.save_screenshot(os.path.join(shots, f"explorer-{name}-programs.png"))
     driver.find_element(By.CSS_SELECTOR, "nav button[data-view='collectives']").click()
