@@ -9,21 +9,12 @@ rm -rf "$tmp" && mkdir -p "$tmp"
 for need in /usr/bin/chromium /usr/bin/chromedriver; do
   [[ -x $need ]] || { echo "FAIL: $need is missing (./loom setup installs chromium and chromium-driver)"; exit 1; }
 done
-cat >"$tmp/c8.pbtxt" <<'SPEC'
-name: "c8"
-nodes: 2
-devices_per_node: 4
-device { kind: CPU peak_flops: 1e11 memory_bytes: 4000000000 memory_bandwidth_bytes_per_s: 1e10 }
-intra_node { bandwidth_bytes_per_s: 5e9 latency_s: 2e-5 }
-inter_node { bandwidth_bytes_per_s: 1e9 latency_s: 1e-4 }
-parallel { tensor_parallel_size: 2 pipeline_parallel_size: 2 data_parallel_size: 2 micro_batch_size: 2 global_batch_size: 16 }
-SPEC
-"$root/apps/loomc" compile "$root/examples/models/gpt-tiny.pbtxt" --cluster "$tmp/c8.pbtxt" --out "$tmp/p8" --quiet
+"$root/apps/loomc" compile "$root/examples/models/gpt-tiny.pbtxt" --cluster "$root/tests/toolchain/explorer_cluster.pbtxt" --out "$tmp/p8" --quiet
 "$root/apps/loom-dump" "$tmp/p8" --html "$tmp/p8.html"
 "$root/apps/loomc" compile "$root/examples/models/gpt-1t.pbtxt" --cluster "$root/examples/clusters/ptdp-3072.pbtxt" \
   --out "$tmp/p3072" --quiet
 "$root/apps/loom-dump" "$tmp/p3072" --html "$tmp/p3072.html"
-(cd "$tmp" && "$root/apps/loomc" search "$root/examples/models/gpt-tiny.pbtxt" --cluster "$tmp/c8.pbtxt" \
+(cd "$tmp" && "$root/apps/loomc" search "$root/examples/models/gpt-tiny.pbtxt" --cluster "$root/tests/toolchain/explorer_cluster.pbtxt" \
   --top 30 --html "$tmp/search.html" >/dev/null)
 HOME="$tmp" /usr/bin/python3 "$root/tests/toolchain/plan_explorer_browser.py" \
   --page "t2p2d2=$tmp/p8.html:8" --page "1t-3072=$tmp/p3072.html:3072" --search "$tmp/search.html"

@@ -5,16 +5,7 @@ set -euo pipefail
 root="${TEST_SRCDIR}/${TEST_WORKSPACE}"
 tmp="${TEST_TMPDIR:-/tmp}/plan_explorer"
 rm -rf "$tmp" && mkdir -p "$tmp"
-cat >"$tmp/c8.pbtxt" <<'SPEC'
-name: "c8"
-nodes: 2
-devices_per_node: 4
-device { kind: CPU peak_flops: 1e11 memory_bytes: 4000000000 memory_bandwidth_bytes_per_s: 1e10 }
-intra_node { bandwidth_bytes_per_s: 5e9 latency_s: 2e-5 }
-inter_node { bandwidth_bytes_per_s: 1e9 latency_s: 1e-4 }
-parallel { tensor_parallel_size: 2 pipeline_parallel_size: 2 data_parallel_size: 2 micro_batch_size: 2 global_batch_size: 16 }
-SPEC
-"$root/apps/loomc" compile "$root/examples/models/gpt-tiny.pbtxt" --cluster "$tmp/c8.pbtxt" --out "$tmp/plans" --quiet
+"$root/apps/loomc" compile "$root/examples/models/gpt-tiny.pbtxt" --cluster "$root/tests/toolchain/explorer_cluster.pbtxt" --out "$tmp/plans" --quiet
 "$root/apps/loom-dump" "$tmp/plans" --html "$tmp/page.html"
 out=$(node "$root/tests/toolchain/plan_explorer_smoke.js" "$tmp/page.html" 8)
 echo "$out"
