@@ -15,6 +15,9 @@ namespace {
 using mlir::Type;
 using mlir::Value;
 
+// BERT's two segments (type_vocab_size) and the sentence-order head's two classes.
+constexpr int64_t kTokenTypes = 2, kSentenceOrderClasses = 2;
+
 // Builds the train_step function: parameters and inputs are appended as block arguments
 // while the body is emitted, and the function type is fixed up at the end.
 class TrainStepBuilder {
@@ -139,13 +142,19 @@ class TrainStepBuilder {
     return op<AddOp>(x, dropout(down, cfg_.hidden_dropout()));
   }
 
-  // Embedding, layers and final layer norm, shared by GPT and BERT.
-  Value trunk(const std::string &root, Value tokens, bool causal, Value keyMask, Value &wordOut) {
+  // Embedding, layers and final layer norm, shared by GPT and BERT. BERT adds its segments'
+  // embeddings (token types) to the tokens' and the positions'.
+  Value trunk(const std::string &root, Value tokens, bool causal, Value keyMask, Value &wordOut,
+              Value tokenTypes = Value()) {
     double std = cfg_.init_method_std();
     wordOut = param(root + ".wte.weight", {vocab_, hidden_}, "normal", std);
     Value wpe = param(root + ".wpe.weight", {cfg_.max_position_embeddings(), hidden_}, "normal", std);
     Value x = op<EmbeddingOp>(tensor({batch_, seq_, hidden_}), tokens, wordOut, wpe,
                               /*vocab_parallel_group=*/nullptr, /*context_parallel_group=*/nullptr);
+    if (tokenTypes) {
+      Value table = param(root + ".tte.weight", {kTokenTypes, hidden_}, "normal", std);
+      x = op<AddTokenTypeOp>(x.getType(), x, tokenTypes, table, /*sequence_parallel_group=*/nullptr);
+    }
     x = dropout(x, cfg_.hidden_dropout());
     // Each layer's ops are located by the layer's name, so errors name the layer.
     mlir::Location outside = loc_;
@@ -280,18 +289,23 @@ class TrainStepBuilder {
     return lossOrLogits(op<LinearOp>(tensor({batch_, seq_, vocab_}), x, word, Value(), b_.getUnitAttr()));
   }
 
+  // Pre-LN BERT as the Megatron-LM paper trains it (section 3 and figure 7: the layer norms at
+  // each branch's input), in Megatron's BertModel: token, position and segment embeddings, the
+  // bidirectional trunk with padded keys masked, then two heads whose losses are summed
+  // (Megatron's pretrain_bert): the masked LM and the sentence-order prediction (Lan et al.
+  // 2020, ALBERT section 3.1; Megatron's binary head).
   Value buildBert() {
     Value word;
     Value tokens = deferInput("tokens", b_.getI32Type());
+    Value tokenTypes = deferInput("token_types", b_.getI32Type());
     Value keyMask = deferInput("attention_mask", b_.getF32Type());
-    Value x = trunk("bert", tokens, /*causal=*/false, keyMask, word);
+    Value x = trunk("bert", tokens, /*causal=*/false, keyMask, word, tokenTypes);
     // Masked-LM head (Megatron's BertLMHead): dense + GeLU + layer norm, then the tied
     // output embedding plus a per-token bias.
     double std = cfg_.init_method_std();
     // Its output goes through a layer norm, so no row-parallel GEMM can follow it: it stays
     // replicated under tensor parallelism, as in Megatron.
-    Value h = linear(x, "cls.dense", hidden_, hidden_, std);
-    h.getDefiningOp()->setAttr(attr::kReplicated, b_.getUnitAttr());
+    Value h = replicatedLinear(x, "cls.dense", hidden_, std);
     h = op<GeluOp>(h);
     h = layerNorm(h, "cls.ln");
     Value bias = param("cls.bias", {vocab_}, "zeros");
@@ -299,9 +313,28 @@ class TrainStepBuilder {
                                 b_.getUnitAttr());
     Value labels = deferInput("labels", b_.getI32Type());
     Value lossMask = deferInput("loss_mask", b_.getF32Type());
-    Value loss = crossEntropy(logits, labels, lossMask);
+    Value mlm = crossEntropy(logits, labels, lossMask);
+    // Sentence-order head (Megatron's Pooler + binary head): tanh(dense(h_[CLS])), then two
+    // classes. It runs at every position and the loss's mask keeps each sample's first (the
+    // [CLS] token's): the same loss and gradients as slicing h_[CLS] out, with ops that
+    // partition like the rest (under sequence parallelism the logits are gathered).
+    Value pooled = op<TanhOp>(replicatedLinear(x, "bert.pooler", hidden_, std));
+    Value sopLogits = replicatedLinear(pooled, "cls.seq_relationship", kSentenceOrderClasses, std);
+    Value sopLabels = deferInput("sop_labels", b_.getI32Type());
+    Value sopMask = deferInput("sop_mask", b_.getF32Type());
+    Value sop = op<CrossEntropyOp>(tensor({}, b_.getF32Type()), /*lse=*/mlir::Type(), sopLogits, sopLabels, sopMask,
+                                   b_.getI64IntegerAttr(kSentenceOrderClasses), /*vocab_parallel_group=*/nullptr,
+                                   /*vocab_parallel_size=*/nullptr);
+    Value loss = op<AddOp>(mlm, sop);
     finishInputs();
     return loss;
+  }
+
+  // A linear kept whole on every tensor-parallel rank (loom.replicated): BERT's heads.
+  Value replicatedLinear(Value x, const std::string &prefix, int64_t out, double std) {
+    Value y = linear(x, prefix, hidden_, out, std);
+    y.getDefiningOp()->setAttr(attr::kReplicated, b_.getUnitAttr());
+    return y;
   }
 
   // Data inputs are used before all parameters exist, but belong after them in the

@@ -28,6 +28,7 @@ ModelStats computeModelStats(mlir::ModuleOp module) {
   llvm::DenseMap<mlir::Value, int64_t> vocabDim;  // parameter -> its vocabulary dimension
   module.walk([&](EmbeddingOp e) { vocabDim[e.getWord()] = 0; });
   module.walk([&](CrossEntropyOp c) {
+    if (isClassifierLoss(c)) return;
     vocab = c.getValidVocab();
     if (LinearOp out = outputLayerOf(c)) {
       vocabDim[out.getWeight()] = out.getTransposeWeight() ? 0 : 1;

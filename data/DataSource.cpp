@@ -14,11 +14,11 @@ std::vector<int32_t> SyntheticData::sample(int64_t index) {
   return tokens;
 }
 
-std::map<std::string, HostTensor> makeBatch(DataSource &data, int64_t first, int64_t count, int64_t seq) {
+std::map<std::string, HostTensor> DataSource::batch(int64_t first, int64_t count, int64_t seq) {
   HostTensor tokens{{count, seq}}, labels{{count, seq}};
   tokens.isInt = labels.isInt = true;
   for (int64_t b = 0; b < count; ++b) {
-    std::vector<int32_t> s = data.sample(first + b);
+    std::vector<int32_t> s = sample(first + b);
     tokens.ints.insert(tokens.ints.end(), s.begin(), s.begin() + seq);
     labels.ints.insert(labels.ints.end(), s.begin() + 1, s.begin() + seq + 1);
   }

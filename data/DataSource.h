@@ -1,5 +1,6 @@
-// Where a rank's micro-batches come from. A sample is a sequence of seq + 1 tokens: the
-// first seq are the inputs, the last seq the labels (next-token prediction).
+// Where a rank's micro-batches come from. A GPT sample is a sequence of seq + 1 tokens: the
+// first seq are the inputs, the last seq the labels (next-token prediction). Other objectives
+// (BERT's masked LM and sentence order) override batch() with their own inputs.
 #pragma once
 
 #include <cstdint>
@@ -15,6 +16,10 @@ class DataSource {
   virtual ~DataSource() = default;
   // Tokens of global sample `index` (seq + 1 of them).
   virtual std::vector<int32_t> sample(int64_t index) = 0;
+  // The inputs of a micro-batch of `count` samples starting at global sample `first`, keyed by
+  // the IR's input roles, each [count, seq]. By default tokens, next-token labels, loss_mask
+  // and attention_mask (all ones) from sample().
+  virtual std::map<std::string, HostTensor> batch(int64_t first, int64_t count, int64_t seq);
 };
 
 // Deterministic pseudo-random tokens (for runtime tests that need no corpus).
@@ -28,8 +33,5 @@ class SyntheticData : public DataSource {
   uint64_t seed_;
 };
 
-// The inputs of a micro-batch of `count` samples starting at global sample `first`:
-// tokens, labels, loss_mask and attention_mask (all ones), keyed by input name.
-std::map<std::string, HostTensor> makeBatch(DataSource &data, int64_t first, int64_t count, int64_t seq);
 
 }  // namespace loom

@@ -22,8 +22,9 @@ double f32Decimal(double v) {
 
 }  // namespace
 
-HfModelClass hfModelClassOf(const plan::RankPlan &plan, bool hasGpt2Names, bool hasLlamaNames) {
+HfModelClass hfModelClassOf(const plan::RankPlan &plan, bool hasGpt2Names, bool hasLlamaNames, bool hasBertNames) {
   if (plan.architecture() == "gpt" && hasGpt2Names) return HfModelClass::kGpt2;
+  if (plan.architecture() == "bert" && hasBertNames) return HfModelClass::kMegatronBert;
   if (plan.architecture() == "llama" && hasLlamaNames)
     return plan.num_experts() > 0 ? HfModelClass::kMixtral : HfModelClass::kLlama;
   return HfModelClass::kNone;
@@ -44,6 +45,23 @@ std::string hfConfigJson(const plan::RankPlan &p, HfModelClass cls) {
          {"n_inner", p.ffn_hidden_size()},
          {"activation_function", "gelu_new"},
          {"layer_norm_epsilon", f32Decimal(p.norm_epsilon())},
+         {"tie_word_embeddings", true},
+         {"torch_dtype", "float32"}};
+  } else if (cls == HfModelClass::kMegatronBert) {
+    // Keys of transformers' MegatronBertConfig (the pre-LN BERT; Loom's GeLU is the tanh
+    // approximation, "gelu_new").
+    c = {{"architectures", nlohmann::ordered_json::array({"MegatronBertForPreTraining"})},
+         {"model_type", "megatron-bert"},
+         {"vocab_size", p.vocab_size()},
+         {"hidden_size", p.hidden_size()},
+         {"num_hidden_layers", p.num_layers()},
+         {"num_attention_heads", p.num_attention_heads()},
+         {"intermediate_size", p.ffn_hidden_size()},
+         {"hidden_act", "gelu_new"},
+         {"max_position_embeddings", p.max_position_embeddings()},
+         {"type_vocab_size", 2},
+         {"layer_norm_eps", f32Decimal(p.norm_epsilon())},
+         {"pad_token_id", 0},
          {"tie_word_embeddings", true},
          {"torch_dtype", "float32"}};
   } else {

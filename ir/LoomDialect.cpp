@@ -77,8 +77,10 @@ mlir::LogicalResult LoomDialect::verifyRegionArgAttribute(mlir::Operation *op, u
   }
   if (name == attr::kInput) {
     auto s = mlir::dyn_cast<mlir::StringAttr>(attr.getValue());
-    if (!s || !isOneOf(s.getValue(), {"tokens", "labels", "loss_mask", "attention_mask"}))
-      return fail("must be \"tokens\", \"labels\", \"loss_mask\" or \"attention_mask\"");
+    if (!s || !isOneOf(s.getValue(), {"tokens", "labels", "loss_mask", "attention_mask", "token_types", "sop_labels",
+                                      "sop_mask"}))
+      return fail("must be \"tokens\", \"labels\", \"loss_mask\", \"attention_mask\", \"token_types\", "
+                  "\"sop_labels\" or \"sop_mask\"");
     return mlir::success();
   }
   return fail("is not a known loom argument attribute");

@@ -76,6 +76,30 @@ def Loom_GeluOp : Loom_Op<"gelu", [Pure, SameOperandsAndResultType]> {
   let assemblyFormat = "$input attr-dict `:` type($result)";
 }
 
+def Loom_TanhOp : Loom_Op<"tanh", [Pure, SameOperandsAndResultType]> {
+  let summary = "hyperbolic tangent (BERT's pooler activation)";
+  let arguments = (ins Loom_FloatTensor:$input);
+  let results = (outs Loom_FloatTensor:$result);
+  let assemblyFormat = "$input attr-dict `:` type($result)";
+}
+
+def Loom_AddTokenTypeOp : Loom_Op<"add_token_type", [Pure]> {
+  let summary = "add token-type (segment) embeddings: `out[b, s, :] = input[b, s, :] + table[types[b, s0 + s], :]`";
+  let description = [{
+    BERT's segment embeddings (Devlin et al. 2019, section 3; Megatron's tokentype
+    embeddings): `token_types` is `[batch, seq]` (0 for the first segment, 1 for the second),
+    `table` `[types, hidden]`. `s0` is 0, or with `sequence_parallel_group` (the input is this
+    rank's slice of the sequence) the rank's position in the group times the slice's length.
+  }];
+  let arguments = (ins Loom_FloatTensor:$input, Loom_IndexTensor:$token_types, Loom_FloatTensor:$table,
+                       OptionalAttr<StrAttr>:$sequence_parallel_group);
+  let results = (outs Loom_FloatTensor:$result);
+  let assemblyFormat = [{
+    $input `,` $token_types `,` $table attr-dict `:` functional-type(operands, results)
+  }];
+  let hasVerifier = 1;
+}
+
 def Loom_AttentionOp : Loom_Op<"attention", [Pure]> {
   let summary = "attention core: scaled dot product, mask, softmax, dropout, weighted sum";
   let description = [{
@@ -334,8 +358,16 @@ def Loom_AllReduceOp : Loom_Op<"all_reduce", [SameOperandsAndResultType]> {
 
 def Loom_AllGatherOp : Loom_Op<"all_gather", []> {
   let summary = "all-gather along `dim`: the result's `dim` is `group_size` times the input's";
+  let description = [{
+    Its gradient is a reduce_scatter: the consumers are split over the group and each rank's
+    gradient is a partial sum. With `split_gradient` the consumers are replicated (every rank
+    computes the same thing from the gathered value, as a loss over replicated logits under
+    sequence parallelism) and the gradient is the rank's own slice of it (a `shard`:
+    Megatron-Core's gather_from_sequence_parallel_region with tensor_parallel_output_grad
+    false).
+  }];
   let arguments = (ins Loom_FloatTensor:$input, StrAttr:$group, I64Attr:$group_size,
-                       I64Attr:$dim);
+                       I64Attr:$dim, UnitAttr:$split_gradient);
   let results = (outs Loom_FloatTensor:$result);
   let assemblyFormat = "$input attr-dict `:` functional-type(operands, results)";
   let hasVerifier = 1;
@@ -485,6 +517,21 @@ def Loom_EmbeddingGradOp : Loom_Op<"embedding_grad", [Pure]> {
                        OptionalAttr<StrAttr>:$vocab_parallel_group);
   let results = (outs Loom_FloatTensor:$result);
   let assemblyFormat = "$tokens `,` $grad attr-dict `:` functional-type(operands, results)";
+}
+
+def Loom_TanhGradOp : Loom_Op<"tanh_grad", [Pure, SameOperandsAndResultType]> {
+  let summary = "gradient of tanh: `grad * (1 - tanh(input)^2)`";
+  let arguments = (ins Loom_FloatTensor:$input, Loom_FloatTensor:$grad);
+  let results = (outs Loom_FloatTensor:$result);
+  let assemblyFormat = "$input `,` $grad attr-dict `:` type($result)";
+}
+
+def Loom_TokenTypeGradOp : Loom_Op<"token_type_grad", [Pure]> {
+  let summary = "gradient of the token-type table: `d[t, :] = sum of grad[b, s, :] over types[b, s0 + s] = t`";
+  let arguments = (ins Loom_IndexTensor:$token_types, Loom_FloatTensor:$grad,
+                       OptionalAttr<StrAttr>:$sequence_parallel_group);
+  let results = (outs Loom_FloatTensor:$result);
+  let assemblyFormat = "$token_types `,` $grad attr-dict `:` functional-type(operands, results)";
 }
 
 def Loom_PositionGradOp : Loom_Op<"position_grad", [Pure]> {

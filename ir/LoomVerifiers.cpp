@@ -446,6 +446,26 @@ LogicalResult AddPositionOp::verify() {
   return mlir::success();
 }
 
+LogicalResult AddTokenTypeOp::verify() {
+  if (failed(requireRank(*this, getInput(), "input", 3)) || failed(requireRank(*this, getTokenTypes(), "token_types", 2)) ||
+      failed(requireRank(*this, getTable(), "table", 2)))
+    return mlir::failure();
+  auto in = tensorOf(getInput()).getShape();
+  auto types = tensorOf(getTokenTypes()).getShape();
+  auto table = tensorOf(getTable()).getShape();
+  if (failed(requireDim(*this, "table", 1, table[1], in[2], "hidden size of input")) ||
+      failed(requireDim(*this, "token_types", 0, types[0], in[0], "batch of input")))
+    return mlir::failure();
+  // Under sequence parallelism the input holds a slice of the sequence the types cover whole.
+  if (!mlir::ShapedType::isDynamic(in[1]) && !mlir::ShapedType::isDynamic(types[1]) &&
+      (getSequenceParallelGroup() ? types[1] % in[1] != 0 : types[1] != in[1]))
+    return emitOpError() << "token_types dim 1 (" << types[1] << ") does not match the input's sequence (" << in[1]
+                         << (getSequenceParallelGroup() ? ", a slice of it" : "") << ")";
+  if (getResult().getType() != getInput().getType())
+    return emitOpError() << "result type must equal input type";
+  return mlir::success();
+}
+
 LogicalResult AddBiasOp::verify() {
   auto in = tensorOf(getInput()).getShape();
   auto b = tensorOf(getBias()).getShape();

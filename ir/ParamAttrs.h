@@ -33,7 +33,9 @@ inline constexpr llvm::StringLiteral kBucket = "loom.bucket";
 inline constexpr llvm::StringLiteral kPaddedDim = "loom.padded_dim";
 inline constexpr llvm::StringLiteral kUnpaddedSize = "loom.unpadded_size";
 
-// On data arguments: "tokens" | "labels" | "loss_mask" | "attention_mask".
+// On data arguments: "tokens" | "labels" | "loss_mask" | "attention_mask", and BERT's
+// "token_types" (segments), "sop_labels" and "sop_mask" (the sentence-order label and its mask,
+// at each sample's first position).
 inline constexpr llvm::StringLiteral kInput = "loom.input";
 
 // On ops inside Transformer layer N (0-based).

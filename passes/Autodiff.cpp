@@ -1,6 +1,9 @@
 // loom-autodiff: reverse-mode differentiation of train_step (see Passes.td).
+#include <functional>
+
 #include "ir/LoomDialect.h"
 #include "ir/ParamAttrs.h"
+#include "llvm/ADT/DenseSet.h"
 #include "mlir/Dialect/Func/IR/FuncOps.h"
 #include "passes/GradientRules.h"
 #include "passes/Passes.h"
@@ -53,9 +56,19 @@ mlir::LogicalResult differentiate(mlir::func::FuncOp f) {
   keepStatistics<GroupedAttentionOp>(f, attentionStatistics<GroupedAttentionOp>);
   keepStatistics<CrossEntropyOp>(f, lossStatistics);
   auto ret = mlir::cast<mlir::func::ReturnOp>(f.getBody().front().getTerminator());
-  if (ret.getNumOperands() != 1 || !ret.getOperand(0).getDefiningOp<CrossEntropyOp>())
+  // The loss: a loom.cross_entropy, or a sum (loom.add) of them (BERT's masked-LM and
+  // sentence-order losses, summed as Megatron's pretrain_bert does). Each summed loss is a root
+  // whose gradient is 1 (a null incoming gradient, see gradientOf).
+  llvm::DenseSet<mlir::Value> roots;
+  std::function<bool(mlir::Value)> isLoss = [&](mlir::Value v) -> bool {
+    if (v.getDefiningOp<CrossEntropyOp>()) return roots.insert(v), true;
+    auto add = v.getDefiningOp<AddOp>();
+    return add && mlir::cast<mlir::RankedTensorType>(v.getType()).getRank() == 0 && isLoss(add.getLhs()) &&
+           isLoss(add.getRhs());
+  };
+  if (ret.getNumOperands() != 1 || !isLoss(ret.getOperand(0)))
     return f.emitError() << "loom-autodiff: @" << f.getName()
-                         << " must return exactly one loss produced by loom.cross_entropy";
+                         << " must return exactly one loss produced by loom.cross_entropy (or a loom.add of such losses)";
   mlir::Value loss = ret.getOperand(0);
   mlir::OpBuilder b(ret);
   llvm::DenseMap<mlir::Value, mlir::Value> grads;
@@ -72,7 +85,7 @@ mlir::LogicalResult differentiate(mlir::func::FuncOp f) {
     for (mlir::Value r : op->getResults()) {
       resultGrads.push_back(grads.lookup(r));
       any |= bool(resultGrads.back());
-      isRoot |= r == loss;
+      isRoot |= roots.contains(r);
     }
     if (!any && !isRoot) continue;
     mlir::Operation *last = ret->getPrevNode();

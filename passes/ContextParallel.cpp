@@ -134,7 +134,7 @@ class Chunker {
       mlir::Value local = core->getOperand(i);
       auto gather = b_.create<AllGatherOp>(core->getLoc(), scaledDim(local.getType(), 1, cp_, 1), local,
                                            b_.getStringAttr(kGroup), b_.getI64IntegerAttr(cp_),
-                                           b_.getI64IntegerAttr(1));
+                                           b_.getI64IntegerAttr(1), /*split_gradient=*/nullptr);
       if (auto layer = core->getAttr(attr::kLayer)) gather->setAttr(attr::kLayer, layer);
       core->setOperand(i, gather.getResult());
     }

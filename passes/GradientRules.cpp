@@ -5,7 +5,8 @@
 // terms):
 //   all_reduce (g)      -> identity           every rank already holds the full dL/dy
 //   identity (f)        -> all_reduce         each rank's shard contributes part of dL/dx
-//   all_gather(dim)     -> reduce_scatter(dim)
+//   all_gather(dim)     -> reduce_scatter(dim), or with split_gradient (replicated consumers)
+//                          shard(dim)
 //   reduce_scatter(dim) -> all_gather(dim)
 #include "passes/GradientRules.h"
 
@@ -29,6 +30,13 @@ mlir::FailureOr<Grads> gradientOf(mlir::OpBuilder &b, mlir::Operation *op, llvm:
         if (o.getPosition())
           d[2] = b.create<PositionGradOp>(loc, o.getPosition().getType(), g, nullptr, o.getContextParallelGroupAttr());
         return d;
+      })
+      .Case([&](AddTokenTypeOp o) -> mlir::FailureOr<Grads> {
+        return Grads{g, Value(), b.create<TokenTypeGradOp>(loc, o.getTable().getType(), o.getTokenTypes(), g,
+                                                           o.getSequenceParallelGroupAttr())};
+      })
+      .Case([&](TanhOp o) -> mlir::FailureOr<Grads> {
+        return Grads{b.create<TanhGradOp>(loc, o.getType(), o.getInput(), g)};
       })
       .Case([&](AddPositionOp o) -> mlir::FailureOr<Grads> {
         return Grads{g, b.create<PositionGradOp>(loc, o.getPosition().getType(), g, o.getSequenceParallelGroupAttr(),
@@ -134,12 +142,15 @@ mlir::FailureOr<Grads> gradientOf(mlir::OpBuilder &b, mlir::Operation *op, llvm:
                                            b.getStringAttr("sum"))};
       })
       .Case([&](AllGatherOp o) -> mlir::FailureOr<Grads> {
+        if (o.getSplitGradient())  // replicated consumers: every rank holds the whole gradient
+          return Grads{b.create<ShardOp>(loc, o.getInput().getType(), g, o.getGroupAttr(), o.getGroupSizeAttr(),
+                                         o.getDimAttr())};
         return Grads{b.create<ReduceScatterOp>(loc, o.getInput().getType(), g, o.getGroupAttr(),
                                                o.getGroupSizeAttr(), o.getDimAttr())};
       })
       .Case([&](ReduceScatterOp o) -> mlir::FailureOr<Grads> {
         return Grads{b.create<AllGatherOp>(loc, o.getInput().getType(), g, o.getGroupAttr(), o.getGroupSizeAttr(),
-                                           o.getDimAttr())};
+                                           o.getDimAttr(), /*split_gradient=*/nullptr)};
       })
       .Default([&](mlir::Operation *o) -> mlir::FailureOr<Grads> {
         return o->emitOpError() << "has no gradient rule";

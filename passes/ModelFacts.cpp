@@ -29,6 +29,11 @@ LinearOp outputLayerOf(CrossEntropyOp loss) {
   return out && out->hasOneUse() ? out : LinearOp();
 }
 
+bool isClassifierLoss(CrossEntropyOp loss) {
+  auto out = loss.getLogits().getDefiningOp<LinearOp>();
+  return out && out->hasAttr(attr::kReplicated);
+}
+
 int64_t vocabDivisibleBy(mlir::ModuleOp module) {
   if (auto a = module->getAttrOfType<mlir::IntegerAttr>(attr::kVocabDivisibleBy)) return a.getInt();
   return kDefaultVocabDivisibleBy;
@@ -119,7 +124,7 @@ mlir::FailureOr<ModelFacts> readModelFacts(mlir::ModuleOp module) {
       sawLlama = true;
     } else if (auto r = mlir::dyn_cast<RotaryOp>(op); r && facts.ropeTheta == 0) {
       facts.ropeTheta = r.getTheta().convertToDouble();
-    } else if (auto c = mlir::dyn_cast<CrossEntropyOp>(op)) {
+    } else if (auto c = mlir::dyn_cast<CrossEntropyOp>(op); c && !isClassifierLoss(c)) {
       if (LinearOp out = outputLayerOf(c)) outputWeight = out.getWeight();
       if (facts.vocabSize != 0 && facts.vocabSize != int64_t(c.getValidVocab()))
         return op->emitOpError() << "valid_vocab = " << c.getValidVocab() << " differs from an earlier cross_entropy's "

@@ -47,6 +47,11 @@ mlir::FailureOr<ModelFacts> readModelFacts(mlir::ModuleOp module);
 // (null when the logits come from elsewhere). Its weight's output features are the vocabulary.
 LinearOp outputLayerOf(CrossEntropyOp loss);
 
+// A classifier's loss (BERT's sentence-order prediction): its logits come from a loom.replicated
+// linear over a few classes, not from the output layer over the vocabulary. The vocabulary's
+// rules (padding, vocab-parallel splitting, the model's vocab size) leave it alone.
+bool isClassifierLoss(CrossEntropyOp loss);
+
 // The vocabulary padded up to a multiple of `multiple` (Megatron's
 // make_vocab_size_divisible_by * t): the rows of the embedding table after loom-pad-vocab.
 inline int64_t roundUpToMultiple(int64_t n, int64_t multiple) {

@@ -61,7 +61,7 @@ struct PadVocabPass : impl::LoomPadVocabBase<PadVocabPass> {
         return mlir::failed(addParam(op, 1, 0, "word table")) ? mlir::WalkResult::interrupt()
                                                                 : mlir::WalkResult::advance();
       auto ce = mlir::dyn_cast<CrossEntropyOp>(op);
-      if (!ce) return mlir::WalkResult::advance();
+      if (!ce || isClassifierLoss(ce)) return mlir::WalkResult::advance();
       LinearOp out = outputLayerOf(ce);
       if (!out)
         return op->emitOpError() << "loom-pad-vocab: the logits must come straight from a loom.linear used only "

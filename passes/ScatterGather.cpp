@@ -79,7 +79,7 @@ struct ScatterGatherPass : impl::LoomScatterGatherBase<ScatterGatherPass> {
       recv.getResult().setType(slicedType(type, dim, tp));
       b.setInsertionPointAfter(recv);
       auto gather = b.create<AllGatherOp>(recv.getLoc(), type, recv.getResult(), b.getStringAttr(kTensorGroup),
-                                          b.getI64IntegerAttr(tp), b.getI64IntegerAttr(dim));
+                                          b.getI64IntegerAttr(tp), b.getI64IntegerAttr(dim), /*split_gradient=*/nullptr);
       copyPlacement(recv, gather);
       recv.getResult().replaceAllUsesExcept(gather.getResult(), gather);
     });

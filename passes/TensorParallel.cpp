@@ -14,8 +14,8 @@
 //                      sequence-parallel reduce_scatter, then its bias;
 //   linear -> logits   vocab-parallel: output features split, fused vocab-parallel
 //                      cross_entropy;
-//   the rest           layer_norm, add, dropout, gelu, add_bias, add_position,
-//                      cross_entropy and moe (its router a loom.replicated linear) on
+//   the rest           layer_norm, add, dropout, gelu, tanh, add_bias, add_position,
+//                      add_token_type, cross_entropy and moe (its router a loom.replicated linear) on
 //                      replicated values stay replicated (with sequence parallelism: on the
 //                      rank's slice of the sequence, an MoE's load-balancing statistics summed
 //                      over tp).
@@ -132,7 +132,7 @@ class Sharder {
         return mlir::WalkResult::advance();
       }
       if (mlir::isa<LayerNormOp, RmsNormOp, AddOp, DropoutOp, GeluOp, AddBiasOp, AddPositionOp, CrossEntropyOp,
-                    RotaryOp, SwigluOp>(op))
+                    RotaryOp, SwigluOp, TanhOp, AddTokenTypeOp>(op))
         return mlir::WalkResult::advance();  // replicated, or a region op placed by its region
       return op->emitOpError() << "loom-tensor-parallel: no tensor-parallel rule for this op (the input IR holds the "
                                   "model's forward ops over global shapes)";
@@ -344,7 +344,7 @@ class Sharder {
       mlir::Operation *enter;
       if (sp_)
         enter = b_.create<AllGatherOp>(first->getLoc(), x.getType(), x, b_.getStringAttr(kGroup),
-                                       b_.getI64IntegerAttr(t_), b_.getI64IntegerAttr(1));
+                                       b_.getI64IntegerAttr(t_), b_.getI64IntegerAttr(1), /*split_gradient=*/nullptr);
       else
         enter = b_.create<IdentityOp>(first->getLoc(), x.getType(), x, b_.getStringAttr(kGroup),
                                       b_.getI64IntegerAttr(t_));
@@ -372,7 +372,8 @@ class Sharder {
     f_.walk([&](mlir::Operation *op) {
       bool sharded = mlir::isa<ReduceScatterOp>(op);
       if (!sharded &&
-          mlir::isa<LayerNormOp, RmsNormOp, DropoutOp, AddOp, AddBiasOp, AddPositionOp, GeluOp, LinearOp, MoeOp>(op)) {
+          mlir::isa<LayerNormOp, RmsNormOp, DropoutOp, AddOp, AddBiasOp, AddPositionOp, GeluOp, LinearOp, MoeOp, TanhOp,
+                    AddTokenTypeOp>(op)) {
         // Elementwise and row-wise ops on a sharded operand produce a sharded result (linear:
         // the BERT head's replicated dense layer, an MoE's router; moe: token by token).
         mlir::Value in = op->getOperand(0);
@@ -388,12 +389,27 @@ class Sharder {
       if (!sharded) return;
       if (auto d = mlir::dyn_cast<DropoutOp>(op)) d.setRankDistinct(kGroup);
       if (auto p = mlir::dyn_cast<AddPositionOp>(op)) p.setSequenceParallelGroup(kGroup);
+      if (auto p = mlir::dyn_cast<AddTokenTypeOp>(op)) p.setSequenceParallelGroup(kGroup);
     });
     // The all-gathers' results keep the full sequence; their operands are now sharded.
     f_.walk([&](AllGatherOp g) {
       auto in = mlir::cast<mlir::RankedTensorType>(g.getInput().getType());
       auto out = mlir::cast<mlir::RankedTensorType>(g.getResult().getType());
       if (in.getShape()[1] == out.getShape()[1]) g.getResult().setType(withDim(out, 1, in.getShape()[1] * t_));
+    });
+    // A loss over replicated logits (BERT's sentence-order head: its pooler and classifier are
+    // replicated linears) sees the whole sequence: its logits are all-gathered, and as every
+    // rank then computes the same loss, each keeps its own slice of their gradient
+    // (split_gradient; Megatron-Core's pooler gathers with tensor_parallel_output_grad false).
+    f_.walk([&](CrossEntropyOp loss) {
+      auto logits = mlir::cast<mlir::RankedTensorType>(loss.getLogits().getType());
+      int64_t seq = dimOf(loss.getLabels(), 1);
+      if (loss.getVocabParallelGroup() || logits.getShape()[1] == seq) return;
+      b_.setInsertionPoint(loss);
+      auto gathered = b_.create<AllGatherOp>(loss.getLoc(), withDim(logits, 1, seq), loss.getLogits(),
+                                             b_.getStringAttr(kGroup), b_.getI64IntegerAttr(t_), b_.getI64IntegerAttr(1),
+                                             b_.getUnitAttr());
+      loss.getLogitsMutable().assign(gathered);
     });
     for (unsigned i = 0; i < f_.getNumArguments(); ++i)
       if (f_.getArgAttr(i, attr::kParam) && !f_.getArgAttr(i, attr::kShardDim))

@@ -59,6 +59,7 @@ std::vector<A> shardAttrs() { return {req("group", kS), req("group_size", kI), r
 std::vector<A> gatherScatterAttrs(bool withReduce) {
   std::vector<A> a = shardAttrs();
   a.insert(a.end(), {optInt("row_begin"), optInt("row_end")});
+  if (!withReduce) a.push_back(flagA("split_gradient"));  // all_gather: how its gradient goes (autodiff's)
   if (withReduce) a.insert(a.end(), {optStr("reduce", "sum"), optStr("wire_dtype")});
   return a;
 }
@@ -192,6 +193,13 @@ std::vector<OpDecl> declare() {
        kGemmCost, 0, "", moeGradFlops, nullptr, "top_k"),
       make(kMoeRoutingStats, "moe_routing_stats", true, {fl("logits")}, {f32("result")}, {req("top_k", kI)}, kC, kNo,
        kMem),
+      // BERT's pooler activation and segment embeddings (the sentence-order head's parts).
+      make(kTanh, "tanh", true, {fl("input")}, {fl("result")}, {}, kC, kNo, kMem),
+      make(kTanhGrad, "tanh_grad", true, {fl("input"), fl("grad")}, {fl("result")}, {}, kC, kNo, kMem),
+      make(kAddTokenType, "add_token_type", true, {fl("input"), i32("token_types"), fl("table")}, {fl("result")},
+       {optStr("sequence_parallel_group")}, kC, kNo, kMem),
+      make(kTokenTypeGrad, "token_type_grad", true, {i32("token_types"), fl("grad")}, {fl("result")},
+       {optStr("sequence_parallel_group")}, kC, kNo, kMem),
 
       // Megatron's vocab-parallel cross-entropy as its steps (compiler/Lowering.cpp): local max
       // -> all-reduce (max) -> local sums of exponentials and the target logit -> all-reduce

@@ -29,6 +29,7 @@ enum class OpId : uint8_t {
   kWeightGrad, kBiasGrad, kLayerNormGrad, kGeluGrad, kAttentionGrad, kEmbeddingGrad, kPositionGrad,
   kCrossEntropyGrad, kRmsNormGrad, kSwigluGrad, kGroupedAttentionGrad,
   kMoe, kMoeGrad, kMoeRoutingStats,
+  kTanh, kTanhGrad, kAddTokenType, kTokenTypeGrad,
   kCrossEntropyMax, kCrossEntropySums, kCrossEntropyLoss,
   kAllReduce, kAllGather, kReduceScatter, kSend, kRecv, kShard,
   kRingAttention, kRingAttentionGrad, kRingGroupedAttention, kRingGroupedAttentionGrad,

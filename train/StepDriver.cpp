@@ -207,7 +207,7 @@ Status StepDriver::bind(const plan::Program &prog, int mb, DataSource *data, int
         std::string inputSlot = std::to_string(pools_["inputs"].acquire(mb));
         if (!batchReady_[mb]) {
           std::map<std::string, HostTensor> batch =
-              makeBatch(*data, firstSampleOf(plan_, step, mb), plan_.micro_batch_size(), plan_.seq_length());
+              data->batch(firstSampleOf(plan_, step, mb), plan_.micro_batch_size(), plan_.seq_length());
           if (!dumpBatches_.empty() && !evaluate && plan_.tp_rank() == 0 && plan_.pp_rank() == 0 &&
               plan_.cp_rank() == 0) {  // the whole samples, before a context-parallel cut
             SafetensorsFile f;

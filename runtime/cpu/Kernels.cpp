@@ -305,7 +305,30 @@ void geluGradOf(const T *x, const T *g, T *dx, int64_t count) {
   elementwise<2, 1, T>(count, {x, g}, {dx},
                        [](auto &in, auto &out, int64_t n, int64_t) { geluGradRange(in[0], in[1], out[0], 0, n); });
 }
+
+template <typename T>
+void tanhOf(const T *x, T *y, int64_t count) {
+  elementwise<1, 1, T>(count, {x}, {y}, [](auto &in, auto &out, int64_t n, int64_t) {
+    for (int64_t i = 0; i < n; ++i) out[0][i] = std::tanh(in[0][i]);
+  });
+}
+
+template <typename T>
+void tanhGradOf(const T *x, const T *g, T *dx, int64_t count) {
+  elementwise<2, 1, T>(count, {x, g}, {dx}, [](auto &in, auto &out, int64_t n, int64_t) {
+    for (int64_t i = 0; i < n; ++i) {
+      float t = std::tanh(in[0][i]);
+      out[0][i] = in[1][i] * (1.0f - t * t);
+    }
+  });
+}
+
 }  // namespace
+
+void tanhForward(const float *x, float *y, int64_t count) { tanhOf(x, y, count); }
+void tanhForward(const uint16_t *x, uint16_t *y, int64_t count) { tanhOf(x, y, count); }
+void tanhBackward(const float *x, const float *g, float *dx, int64_t count) { tanhGradOf(x, g, dx, count); }
+void tanhBackward(const uint16_t *x, const uint16_t *g, uint16_t *dx, int64_t count) { tanhGradOf(x, g, dx, count); }
 
 void geluForward(const float *x, float *y, int64_t count) { geluOf(x, y, count); }
 void geluForward(const uint16_t *x, uint16_t *y, int64_t count) { geluOf(x, y, count); }

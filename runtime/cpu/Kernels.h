@@ -41,6 +41,12 @@ void geluBackward(const float *x, const float *g, float *dx, int64_t count);
 void geluForward(const uint16_t *x, uint16_t *y, int64_t count);
 void geluBackward(const uint16_t *x, const uint16_t *g, uint16_t *dx, int64_t count);
 
+// tanh and its gradient g (1 - tanh(x)^2) (BERT's pooler), fp32 or bf16 storage.
+void tanhForward(const float *x, float *y, int64_t count);
+void tanhBackward(const float *x, const float *g, float *dx, int64_t count);
+void tanhForward(const uint16_t *x, uint16_t *y, int64_t count);
+void tanhBackward(const uint16_t *x, const uint16_t *g, uint16_t *dx, int64_t count);
+
 // Inverted dropout: y = x * keep / (1 - rate), keep = uniform(seed, stream, i) >= rate.
 // Element i's mask from counter counterBase + i.
 void dropoutForward(const float *x, float *y, int64_t count, float rate, uint64_t seed, uint64_t stream,

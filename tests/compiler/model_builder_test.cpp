@@ -29,10 +29,11 @@ int64_t gptParameters(const config::ModelConfig &m, int64_t vocab) {
   return vocab * h + m.max_position_embeddings() * h + l * layer + 2 * h;
 }
 
-// BERT: the same trunk plus the masked-LM head: dense h*h + h, layer norm 2h, output bias V.
+// BERT: the same trunk plus segment embeddings 2h, the masked-LM head (dense h*h + h, layer
+// norm 2h, output bias V) and the sentence-order head (pooler h*h + h, classifier 2h + 2).
 int64_t bertParameters(const config::ModelConfig &m, int64_t vocab) {
   int64_t h = m.hidden_size();
-  return gptParameters(m, vocab) + h * h + h + 2 * h + vocab;
+  return gptParameters(m, vocab) + 2 * h + (h * h + h + 2 * h + vocab) + (h * h + h + 2 * h + 2);
 }
 
 // LLaMA: embedding V h (+ V h untied output), per layer q and o h^2 each, k and v h * kv * hd

@@ -47,9 +47,11 @@ std::vector<HostTensor> makeArguments(mlir::func::FuncOp f, int64_t vocab, uint3
     auto type = mlir::cast<mlir::RankedTensorType>(f.getArgument(i).getType());
     HostTensor t{{type.getShape().begin(), type.getShape().end()}};
     auto role = f.getArgAttrOfType<mlir::StringAttr>(i, attr::kInput);
-    if (role && (role.getValue() == "tokens" || role.getValue() == "labels")) {
+    if (role && type.getElementType().isInteger(32)) {
       t.isInt = true;
-      std::uniform_int_distribution<int32_t> tok(0, int32_t(vocab) - 1);
+      // Token ids over the vocabulary; BERT's segments and sentence-order labels are 0 or 1.
+      bool binary = role.getValue() == "token_types" || role.getValue() == "sop_labels";
+      std::uniform_int_distribution<int32_t> tok(0, binary ? 1 : int32_t(vocab) - 1);
       for (int64_t k = 0; k < t.numel(); ++k) t.ints.push_back(tok(rng));
     } else if (role) {
       t.data.assign(t.numel(), 1.0f);

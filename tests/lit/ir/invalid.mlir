@@ -280,7 +280,7 @@ func.func @bad_std(%w: tensor<4xf32> {loom.param = "w", loom.init = "normal", lo
 
 // -----
 
-// expected-error @+1 {{argument #0: attribute 'loom.input' must be "tokens", "labels", "loss_mask" or "attention_mask"}}
+// expected-error @+1 {{argument #0: attribute 'loom.input' must be "tokens", "labels", "loss_mask", "attention_mask", "token_types", "sop_labels" or "sop_mask"}}
 func.func @bad_input(%t: tensor<2x8xi32> {loom.input = "images"}) {
   return
 }

@@ -1,0 +1,159 @@
+#include "formats/HfBert.h"
+
+#include <regex>
+
+namespace loom {
+namespace {
+
+// Loom name (after "bert.h.N.") -> Hugging Face name (after "bert.encoder.layer.N."), and
+// whether the tensor is a linear's weight (transposed between the two layouts).
+struct Rename {
+  const char *loom, *hf;
+  bool linearWeight;
+};
+constexpr Rename kLayer[] = {
+    {"ln_1.weight", "attention.ln.weight", false},
+    {"ln_1.bias", "attention.ln.bias", false},
+    {"attn.c_proj.weight", "attention.output.dense.weight", true},
+    {"attn.c_proj.bias", "attention.output.dense.bias", false},
+    {"ln_2.weight", "ln.weight", false},
+    {"ln_2.bias", "ln.bias", false},
+    {"mlp.c_fc.weight", "intermediate.dense.weight", true},
+    {"mlp.c_fc.bias", "intermediate.dense.bias", false},
+    {"mlp.c_proj.weight", "output.dense.weight", true},
+    {"mlp.c_proj.bias", "output.dense.bias", false},
+};
+constexpr Rename kOutside[] = {
+    {"bert.wpe.weight", "bert.embeddings.position_embeddings.weight", false},
+    {"bert.tte.weight", "bert.embeddings.token_type_embeddings.weight", false},
+    {"bert.ln_f.weight", "bert.encoder.ln.weight", false},
+    {"bert.ln_f.bias", "bert.encoder.ln.bias", false},
+    {"bert.pooler.weight", "bert.pooler.dense.weight", true},
+    {"bert.pooler.bias", "bert.pooler.dense.bias", false},
+    {"cls.dense.weight", "cls.predictions.transform.dense.weight", true},
+    {"cls.dense.bias", "cls.predictions.transform.dense.bias", false},
+    {"cls.ln.weight", "cls.predictions.transform.LayerNorm.weight", false},
+    {"cls.ln.bias", "cls.predictions.transform.LayerNorm.bias", false},
+    {"cls.seq_relationship.weight", "cls.seq_relationship.weight", true},
+    {"cls.seq_relationship.bias", "cls.seq_relationship.bias", false},
+};
+const std::regex kLoomLayer(R"(bert\.h\.([0-9]+)\.(.*))");
+const std::regex kHfLayer(R"(bert\.encoder\.layer\.([0-9]+)\.(.*))");
+const char *kQkvNames[3] = {"query", "key", "value"};
+
+HostTensor transposed(const HostTensor &t) {
+  HostTensor out = HostTensor::zeros({t.shape[1], t.shape[0]});
+  for (int64_t r = 0; r < t.shape[0]; ++r)
+    for (int64_t c = 0; c < t.shape[1]; ++c) out.data[c * t.shape[0] + r] = t.data[r * t.shape[1] + c];
+  return out;
+}
+
+// The first `rows` rows of t (the vocabulary padding cut), or t padded with zero rows.
+HostTensor withRows(const HostTensor &t, int64_t rows) {
+  std::vector<int64_t> shape = t.shape;
+  int64_t per = t.numel() / t.shape[0];
+  shape[0] = rows;
+  HostTensor out = HostTensor::zeros(shape);
+  std::copy_n(t.data.begin(), std::min(rows, t.shape[0]) * per, out.data.begin());
+  return out;
+}
+
+}  // namespace
+
+Status toHuggingFaceBert(const std::map<std::string, HostTensor> &loom, int64_t vocab, int64_t heads,
+                         std::map<std::string, HostTensor> *hf) {
+  for (auto &[name, t] : loom) {
+    if (name.find(".stage") != std::string::npos) continue;
+    std::smatch m;
+    if (name == "bert.wte.weight") {
+      (*hf)["bert.embeddings.word_embeddings.weight"] = withRows(t, vocab);
+    } else if (name == "cls.bias") {
+      (*hf)["cls.predictions.bias"] = withRows(t, vocab);
+    } else if (std::regex_match(name, m, kLoomLayer)) {
+      std::string hfPrefix = "bert.encoder.layer." + m[1].str() + ".", rest = m[2].str();
+      if (rest == "attn.c_attn.weight" || rest == "attn.c_attn.bias") {
+        bool weight = rest == "attn.c_attn.weight";
+        int64_t cols = t.shape.back(), in = weight ? t.shape[0] : 1, hd = cols / (3 * heads), out = heads * hd;
+        if (cols % (3 * heads) != 0) return Status::error(name + ": columns do not split into 3 x heads");
+        for (int j = 0; j < 3; ++j) {
+          HostTensor part = HostTensor::zeros(weight ? std::vector<int64_t>{out, in} : std::vector<int64_t>{out});
+          for (int64_t h = 0; h < heads; ++h)
+            for (int64_t d = 0; d < hd; ++d)
+              for (int64_t r = 0; r < in; ++r)  // HF [out, in]: row h hd + d is Loom's column (h 3 + j) hd + d
+                part.data[(h * hd + d) * in + r] = t.data[r * cols + (h * 3 + j) * hd + d];
+          (*hf)[hfPrefix + "attention.self." + kQkvNames[j] + (weight ? ".weight" : ".bias")] = std::move(part);
+        }
+        continue;
+      }
+      const Rename *r = std::find_if(std::begin(kLayer), std::end(kLayer), [&](const Rename &x) { return rest == x.loom; });
+      if (r == std::end(kLayer)) return Status::error("no Hugging Face name for BERT parameter '" + name + "'");
+      (*hf)[hfPrefix + r->hf] = r->linearWeight ? transposed(t) : t;
+    } else {
+      const Rename *r =
+          std::find_if(std::begin(kOutside), std::end(kOutside), [&](const Rename &x) { return name == x.loom; });
+      if (r == std::end(kOutside)) return Status::error("no Hugging Face name for BERT parameter '" + name + "'");
+      (*hf)[r->hf] = r->linearWeight ? transposed(t) : t;
+    }
+  }
+  return Status::ok();
+}
+
+Status fromHuggingFaceBert(const std::map<std::string, HostTensor> &hf, int64_t paddedVocab, int64_t heads,
+                           std::map<std::string, HostTensor> *loom) {
+  std::map<std::string, std::map<int, const HostTensor *>> qkv;  // "bert.h.N.attn.c_attn.weight" -> q, k, v
+  for (auto &[name, t] : hf) {
+    // Buffers and the tied decoder are not parameters of Loom's.
+    if (name.find("position_ids") != std::string::npos || name.rfind("cls.predictions.decoder.", 0) == 0) continue;
+    auto rows = [&](int64_t wanted) -> Status {
+      if (t.shape.empty() || t.shape[0] > wanted)
+        return Status::error(name + " has " + std::to_string(t.shape.empty() ? 0 : t.shape[0]) +
+                             " rows, more than the model's padded vocabulary " + std::to_string(wanted));
+      return Status::ok();
+    };
+    std::smatch m;
+    if (name == "bert.embeddings.word_embeddings.weight") {
+      LOOM_RETURN_IF_ERROR(rows(paddedVocab));
+      (*loom)["bert.wte.weight"] = withRows(t, paddedVocab);
+    } else if (name == "cls.predictions.bias") {
+      LOOM_RETURN_IF_ERROR(rows(paddedVocab));
+      (*loom)["cls.bias"] = withRows(t, paddedVocab);
+    } else if (std::regex_match(name, m, kHfLayer)) {
+      std::string prefix = "bert.h." + m[1].str() + ".", rest = m[2].str();
+      bool matched = false;
+      for (int j = 0; j < 3; ++j)
+        for (const char *kind : {".weight", ".bias"})
+          if (rest == std::string("attention.self.") + kQkvNames[j] + kind) {
+            qkv[prefix + "attn.c_attn" + kind][j] = &t;
+            matched = true;
+          }
+      if (matched) continue;
+      const Rename *r = std::find_if(std::begin(kLayer), std::end(kLayer), [&](const Rename &x) { return rest == x.hf; });
+      if (r == std::end(kLayer)) return Status::error("'" + name + "' is not a MegatronBertForPreTraining parameter");
+      (*loom)[prefix + r->loom] = r->linearWeight ? transposed(t) : t;
+    } else {
+      const Rename *r =
+          std::find_if(std::begin(kOutside), std::end(kOutside), [&](const Rename &x) { return name == x.hf; });
+      if (r == std::end(kOutside)) return Status::error("'" + name + "' is not a MegatronBertForPreTraining parameter");
+      (*loom)[r->loom] = r->linearWeight ? transposed(t) : t;
+    }
+  }
+  for (auto &[name, parts] : qkv) {
+    if (parts.size() != 3) return Status::error(name + ": the query, key and value are not all there");
+    bool weight = name.size() > 7 && name.compare(name.size() - 7, 7, ".weight") == 0;
+    const HostTensor &q = *parts[0];
+    int64_t out = q.shape[0], in = weight ? q.shape[1] : 1, hd = out / heads;
+    if (out % heads != 0) return Status::error(name + ": " + std::to_string(out) + " rows do not split into heads");
+    for (auto &[j, p] : parts)
+      if (p->shape != q.shape) return Status::error(name + ": query, key and value differ in shape");
+    HostTensor fused = HostTensor::zeros(weight ? std::vector<int64_t>{in, 3 * out} : std::vector<int64_t>{3 * out});
+    for (int j = 0; j < 3; ++j)
+      for (int64_t h = 0; h < heads; ++h)
+        for (int64_t d = 0; d < hd; ++d)
+          for (int64_t r = 0; r < in; ++r)
+            fused.data[r * 3 * out + (h * 3 + j) * hd + d] = parts[j]->data[(h * hd + d) * in + r];
+    (*loom)[name] = std::move(fused);
+  }
+  return Status::ok();
+}
+
+}  // namespace loom
