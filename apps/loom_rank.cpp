@@ -43,6 +43,7 @@
 #endif
 #include "runtime/control/CoordinatorClient.h"
 #include "support/CommandLine.h"
+#include "data/BertDataset.h"
 #include "data/GptDataset.h"
 #include "train/Trainer.h"
 #include "train/TrainingLoop.h"
@@ -239,14 +240,71 @@ loom::Status precisionFitsPlan(const loom::plan::ProgramSet &programs) {
 }
 
 // Training and validation samples: the indexed dataset's two splits, or synthetic tokens.
-loom::Status openData(const loom::plan::RankPlan &plan, uint64_t seed, double fraction, loom::IndexedDataset *corpus,
-                      std::unique_ptr<loom::DataSource> *train, std::unique_ptr<loom::DataSource> *valid) {
+// The rank's training and validation data. A BERT plan (its programs read BERT's inputs:
+// token_types, attention_mask, sop_labels or sop_mask; a rank reading no input at all goes by
+// the plan's architecture) takes a BERT dataset (PREFIX.bert.json beside PREFIX.bin/.idx, from
+// loom-preprocess --tokenizer wordpiece) or, without --data-prefix, the synthetic BERT source;
+// any other plan a GPT dataset or synthetic tokens. A dataset of the other kind is refused.
+loom::Status openData(const loom::plan::RankPlan &plan, const loom::plan::ProgramSet &programs, uint64_t seed,
+                      double fraction, loom::IndexedDataset *corpus, std::unique_ptr<loom::DataSource> *train,
+                      std::unique_ptr<loom::DataSource> *valid) {
+  bool anyInput = false, bertInputs = false;
+  for (const loom::plan::Program &p : programs.programs())
+    for (const loom::plan::Binding &a : p.arguments())
+      if (a.role() == loom::plan::Binding::INPUT) {
+        anyInput = true;
+        const std::string &n = a.name();
+        bertInputs |= n == "token_types" || n == "attention_mask" || n == "sop_labels" || n == "sop_mask";
+      }
+  const bool bert = bertInputs || (!anyInput && plan.architecture() == "bert");
+  const std::string &prefix = rf::dataPrefix;
   if (!rf::dataPrefix.getNumOccurrences()) {
+    if (bert) {
+      if (plan.vocab_size() <= 105)
+        return loom::Status::error("the synthetic BERT data needs vocab_size > 105 (ids from 104 up), the plan has " +
+                                   std::to_string(plan.vocab_size()));
+      *train = loom::syntheticBertData(plan.seq_length(), plan.vocab_size(), seed + 1);
+      *valid = loom::syntheticBertData(plan.seq_length(), plan.vocab_size(), seed + 2);
+      return loom::Status::ok();
+    }
     *train = std::make_unique<loom::SyntheticData>(plan.seq_length(), plan.vocab_size(), seed + 1);
     *valid = std::make_unique<loom::SyntheticData>(plan.seq_length(), plan.vocab_size(), seed + 2);
     return loom::Status::ok();
   }
+  std::error_code ec;
+  bool bertData = std::filesystem::exists(loom::bertMetadataPath(prefix), ec);
+  if (bert && !bertData)
+    return loom::Status::error(prefix + ".idx: not a BERT dataset (no " + loom::bertMetadataPath(prefix) +
+                               "; a GPT one?): this plan trains BERT, whose data comes from loom-preprocess "
+                               "--tokenizer wordpiece");
+  if (!bert && bertData)
+    return loom::Status::error(prefix + ".idx: a BERT dataset (sentences, " + loom::bertMetadataPath(prefix) +
+                               "): this plan (" + (plan.architecture().empty() ? "gpt" : plan.architecture()) +
+                               ") trains next-token prediction, whose data comes from loom-preprocess "
+                               "--tokenizer gpt2");
   LOOM_RETURN_IF_ERROR(loom::IndexedDataset::open(rf::dataPrefix, corpus));
+  if (bert) {
+    loom::BertMetadata meta;
+    LOOM_RETURN_IF_ERROR(loom::readBertMetadata(prefix, &meta));
+    if (meta.vocab.size > plan.vocab_size())
+      return loom::Status::error(loom::bertMetadataPath(prefix) + ": the dataset's vocabulary (" +
+                                 std::to_string(meta.vocab.size) + " tokens) is larger than the model's vocab_size (" +
+                                 std::to_string(plan.vocab_size()) + ")");
+    std::shared_ptr<const loom::SentenceCorpus> sentences = loom::indexedSentences(*corpus);
+    auto t = std::make_unique<loom::BertDataset>(sentences, meta.vocab, meta.masking, loom::BertDataset::Split::kTrain,
+                                                 fraction, plan.seq_length(), seed);
+    if (t->samplesPerEpoch() == 0)
+      return loom::Status::error(prefix + ": no BERT sample of " + std::to_string(plan.seq_length()) +
+                                 " tokens (documents of at least two sentences are needed)");
+    auto v = std::make_unique<loom::BertDataset>(sentences, meta.vocab, meta.masking,
+                                                 loom::BertDataset::Split::kValidation, fraction, plan.seq_length(), seed);
+    if (v->samplesPerEpoch() == 0 && rf::evalInterval > 0)
+      return loom::Status::error(prefix + ": no BERT validation sample (--valid-fraction " + std::to_string(fraction) +
+                                 " holds out too few documents of two or more sentences)");
+    *train = std::move(t);
+    *valid = std::move(v);
+    return loom::Status::ok();
+  }
   auto t = std::make_unique<loom::GptDataset>(*corpus, loom::GptDataset::Split::kTrain, fraction, plan.seq_length(), seed);
   if (t->samplesPerEpoch() == 0) return loom::Status::error(rf::dataPrefix + ": too few tokens for one sample");
   *train = std::move(t);
@@ -415,7 +473,7 @@ int main(int argc, char **argv) {
 
   std::unique_ptr<loom::DataSource> train, valid;
   loom::IndexedDataset corpus;
-  if (s = openData(plan, seed, validFraction, &corpus, &train, &valid); !s.isOk()) return fail(s.message());
+  if (s = openData(plan, programs, seed, validFraction, &corpus, &train, &valid); !s.isOk()) return fail(s.message());
   if (!topt.dumpBatches.empty()) std::filesystem::create_directories(topt.dumpBatches);
   lopt.baselineResidentBytes = loom::residentBytes();  // the trainer's memory is measured from here
   std::unique_ptr<loom::StepBackend> backend;

@@ -46,8 +46,10 @@ class TrainStepBuilder {
                  : cfg_.architecture() == config::LLAMA ? buildLlama()
                                                         : buildGpt();
     if (outputLogits_) func_.setName("forward_logits");
-    b_.create<mlir::func::ReturnOp>(loc_, loss);
-    func_.setType(b_.getFunctionType(block_->getArgumentTypes(), {loss.getType()}));
+    llvm::SmallVector<Value> results{loss};
+    if (secondLogits_) results.push_back(secondLogits_);
+    b_.create<mlir::func::ReturnOp>(loc_, results);
+    func_.setType(b_.getFunctionType(block_->getArgumentTypes(), mlir::ValueRange(results).getTypes()));
     for (unsigned i = 0; i < argAttrs_.size(); ++i) func_.setArgAttrs(i, argAttrs_[i]);
     return std::move(module_);
   }
@@ -311,15 +313,20 @@ class TrainStepBuilder {
     Value bias = param("cls.bias", {vocab_}, "zeros");
     Value logits = op<LinearOp>(tensor({batch_, seq_, vocab_}), h, word, bias,
                                 b_.getUnitAttr());
-    Value labels = deferInput("labels", b_.getI32Type());
-    Value lossMask = deferInput("loss_mask", b_.getF32Type());
-    Value mlm = crossEntropy(logits, labels, lossMask);
     // Sentence-order head (Megatron's Pooler + binary head): tanh(dense(h_[CLS])), then two
     // classes. It runs at every position and the loss's mask keeps each sample's first (the
     // [CLS] token's): the same loss and gradients as slicing h_[CLS] out, with ops that
     // partition like the rest (under sequence parallelism the logits are gathered).
     Value pooled = op<TanhOp>(replicatedLinear(x, "bert.pooler", hidden_, std));
     Value sopLogits = replicatedLinear(pooled, "cls.seq_relationship", kSentenceOrderClasses, std);
+    if (outputLogits_) {  // evaluation: both heads' logits, [batch, seq, vocab] and [batch, seq, 2]
+      secondLogits_ = sopLogits;
+      finishInputs();
+      return logits;
+    }
+    Value labels = deferInput("labels", b_.getI32Type());
+    Value lossMask = deferInput("loss_mask", b_.getF32Type());
+    Value mlm = crossEntropy(logits, labels, lossMask);
     Value sopLabels = deferInput("sop_labels", b_.getI32Type());
     Value sopMask = deferInput("sop_mask", b_.getF32Type());
     Value sop = op<CrossEntropyOp>(tensor({}, b_.getF32Type()), /*lse=*/mlir::Type(), sopLogits, sopLabels, sopMask,
@@ -374,6 +381,7 @@ class TrainStepBuilder {
   int64_t layer_ = -1;
   int64_t nextStream_ = 1;  // 0 means "no dropout"
   bool outputLogits_ = false;
+  Value secondLogits_;  // BERT's sentence-order logits beside the masked LM's (outputLogits_)
 };
 
 }  // namespace

@@ -7,10 +7,8 @@
 #include "runtime/cpu/Philox.h"
 
 namespace loom {
-namespace {
 
-// Fisher-Yates with Philox draws: a permutation that depends only on (seed, stream).
-std::vector<int64_t> permutation(int64_t n, uint64_t seed, uint64_t stream) {
+std::vector<int64_t> philoxPermutation(int64_t n, uint64_t seed, uint64_t stream) {
   std::vector<int64_t> p(n);
   for (int64_t i = 0; i < n; ++i) p[i] = i;
   for (int64_t i = n - 1; i > 0; --i) {
@@ -21,8 +19,6 @@ std::vector<int64_t> permutation(int64_t n, uint64_t seed, uint64_t stream) {
   }
   return p;
 }
-
-}  // namespace
 
 std::vector<bool> validationDocuments(int64_t n, double validationFraction) {
   int64_t valid = std::clamp<int64_t>(int64_t(n * validationFraction + 0.5), 1, std::max<int64_t>(n - 1, 1));
@@ -96,7 +92,7 @@ GptDataset::GptDataset(const IndexedDataset &data, Split split, double validatio
 const GptDataset::Epoch &GptDataset::epoch(int64_t e) {
   if (cached_.number == e) return cached_;
   cached_.number = e;
-  std::vector<int64_t> order = permutation(int64_t(docs_.size()), seed_, 2 * uint64_t(e));
+  std::vector<int64_t> order = philoxPermutation(int64_t(docs_.size()), seed_, 2 * uint64_t(e));
   cached_.docs.clear();
   cached_.docStart.clear();
   int64_t offset = 0;
@@ -105,7 +101,7 @@ const GptDataset::Epoch &GptDataset::epoch(int64_t e) {
     cached_.docStart.push_back(offset);
     offset += data_.documentLength(docs_[i]);
   }
-  cached_.sampleOrder = permutation(samplesPerEpoch_, seed_, 2 * uint64_t(e) + 1);
+  cached_.sampleOrder = philoxPermutation(samplesPerEpoch_, seed_, 2 * uint64_t(e) + 1);
   return cached_;
 }
 

@@ -13,6 +13,9 @@
 
 namespace loom {
 
+// Fisher-Yates with Philox draws: a permutation of 0..n-1 that depends only on (seed, stream).
+std::vector<int64_t> philoxPermutation(int64_t n, uint64_t seed, uint64_t stream);
+
 // Which of `documents` documents form the validation split for `validationFraction` (at
 // least one): document k of them at (k + 1/2) n / count, evenly spread over the corpus.
 std::vector<bool> validationDocuments(int64_t documents, double validationFraction);

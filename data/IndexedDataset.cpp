@@ -24,6 +24,17 @@ void put(std::string &out, T v) {
 void IndexedDatasetWriter::addDocument(const std::vector<int32_t> &tokens) {
   for (int32_t t : tokens) tokens_.push_back(uint16_t(t));
   sizes_.push_back(int32_t(tokens.size()));
+  docIdx_.push_back(int64_t(sizes_.size()));
+}
+
+void IndexedDatasetWriter::addSentences(const std::vector<std::vector<int32_t>> &sentences) {
+  size_t before = sizes_.size();
+  for (const std::vector<int32_t> &s : sentences) {
+    if (s.empty()) continue;
+    for (int32_t t : s) tokens_.push_back(uint16_t(t));
+    sizes_.push_back(int32_t(s.size()));
+  }
+  if (sizes_.size() > before) docIdx_.push_back(int64_t(sizes_.size()));
 }
 
 Status IndexedDatasetWriter::finish() {
@@ -32,11 +43,11 @@ Status IndexedDatasetWriter::finish() {
   put<uint64_t>(idx, 1);
   put<uint8_t>(idx, kUint16Code);
   put<uint64_t>(idx, sizes_.size());
-  put<uint64_t>(idx, sizes_.size() + 1);
+  put<uint64_t>(idx, docIdx_.size());
   for (int32_t s : sizes_) put<int32_t>(idx, s);
   int64_t offset = 0;
   for (int32_t s : sizes_) put<int64_t>(idx, offset), offset += int64_t(s) * 2;
-  for (size_t d = 0; d <= sizes_.size(); ++d) put<int64_t>(idx, int64_t(d));
+  for (int64_t d : docIdx_) put<int64_t>(idx, d);
   LOOM_RETURN_IF_ERROR(writeFileAtomically(prefix_ + ".bin", bin));
   return writeFileAtomically(prefix_ + ".idx", idx);
 }
@@ -46,12 +57,21 @@ IndexedDataset::IndexedDataset(IndexedDataset &&o) noexcept { *this = std::move(
 IndexedDataset &IndexedDataset::operator=(IndexedDataset &&o) noexcept {
   release();
   tokens_ = o.tokens_, binBytes_ = o.binBytes_, binMap_ = o.binMap_;
-  sizes_ = std::move(o.sizes_), pointers_ = std::move(o.pointers_);
+  sizes_ = std::move(o.sizes_), pointers_ = std::move(o.pointers_), docIdx_ = std::move(o.docIdx_);
   o.binMap_ = nullptr, o.tokens_ = nullptr;
   return *this;
 }
 
 IndexedDataset::~IndexedDataset() { release(); }
+
+std::vector<std::vector<int32_t>> IndexedDataset::documentSentences(int64_t doc) const {
+  std::vector<std::vector<int32_t>> out;
+  for (int64_t s = docIdx_[doc]; s < docIdx_[doc + 1]; ++s) {
+    const uint16_t *p = tokens_ + pointers_[s] / 2;
+    out.emplace_back(p, p + sizes_[s]);
+  }
+  return out;
+}
 
 void IndexedDataset::release() {
   if (binMap_ && binMap_ != MAP_FAILED) munmap(binMap_, binBytes_);
@@ -84,6 +104,12 @@ Status IndexedDataset::open(const std::string &prefix, IndexedDataset *out) {
     std::memcpy(ds.sizes_.data(), idx.data() + header, nseq * 4);
     std::memcpy(ds.pointers_.data(), idx.data() + header + nseq * 4, nseq * 8);
   }
+  ds.docIdx_.resize(ndoc);
+  if (ndoc > 0) std::memcpy(ds.docIdx_.data(), idx.data() + header + nseq * 12, ndoc * 8);
+  // The document index: from 0 to the last sequence, never decreasing.
+  bool docsOk = ndoc >= 1 && ds.docIdx_.front() == 0 && uint64_t(ds.docIdx_.back()) == nseq;
+  for (uint64_t d = 1; docsOk && d < ndoc; ++d) docsOk = ds.docIdx_[d] >= ds.docIdx_[d - 1];
+  if (!docsOk) return Status::error(idxPath + ": corrupt document index (not 0 .. sequences, increasing)");
   int fd = ::open(binPath.c_str(), O_RDONLY);
   if (fd < 0) return Status::error(binPath + ": cannot open");
   struct stat st;

@@ -1,9 +1,12 @@
 #include "data/TextSources.h"
 
 #include <algorithm>
+#include <cctype>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
+#include <unordered_set>
 
 #include <nlohmann/json.hpp>
 
@@ -38,6 +41,25 @@ Status listInputs(const std::vector<std::string> &paths, const std::string &form
   return Status::ok();
 }
 
+std::string detokenizeBrownSentence(const std::string &line) {
+  std::istringstream words(line);
+  std::string tok, sentence;
+  bool openQuote = false, glue = false;
+  while (words >> tok) {
+    size_t slash = tok.rfind('/');
+    std::string w = slash == std::string::npos ? tok : tok.substr(0, slash);
+    if (w == "``") w = "\"", openQuote = true;
+    else if (w == "''") w = "\"";
+    bool attachLeft = w == "." || w == "," || w == ";" || w == ":" || w == "?" || w == "!" || w == ")" ||
+                      (w == "\"" && !openQuote) || w == "'" || w.rfind("'", 0) == 0;
+    if (!sentence.empty() && !attachLeft && !glue) sentence += ' ';
+    sentence += w;
+    glue = w == "(" || (w == "\"" && openQuote);
+    if (w == "\"") openQuote = false;
+  }
+  return sentence;
+}
+
 std::string detokenizeBrown(const std::string &tagged) {
   std::istringstream lines(tagged);
   std::string line, out, paragraph;
@@ -46,21 +68,7 @@ std::string detokenizeBrown(const std::string &tagged) {
     paragraph.clear();
   };
   while (std::getline(lines, line)) {
-    std::istringstream words(line);
-    std::string tok, sentence;
-    bool openQuote = false, glue = false;
-    while (words >> tok) {
-      size_t slash = tok.rfind('/');
-      std::string w = slash == std::string::npos ? tok : tok.substr(0, slash);
-      if (w == "``") w = "\"", openQuote = true;
-      else if (w == "''") w = "\"";
-      bool attachLeft = w == "." || w == "," || w == ";" || w == ":" || w == "?" || w == "!" || w == ")" ||
-                        (w == "\"" && !openQuote) || w == "'" || w.rfind("'", 0) == 0;
-      if (!sentence.empty() && !attachLeft && !glue) sentence += ' ';
-      sentence += w;
-      glue = w == "(" || (w == "\"" && openQuote);
-      if (w == "\"") openQuote = false;
-    }
+    std::string sentence = detokenizeBrownSentence(line);
     if (sentence.empty()) {
       flush();
       continue;
@@ -95,6 +103,116 @@ Status readDocuments(const std::string &path, const std::string &format, const s
   if (format == "text") docs->push_back(ss.str());
   else if (format == "brown") docs->push_back(detokenizeBrown(ss.str()));
   else return Status::error("--format must be text, jsonl or brown, got '" + format + "'");
+  return Status::ok();
+}
+
+namespace {
+
+bool isSpace(char c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\f' || c == '\v'; }
+
+// Abbreviations whose period does not end a sentence (lower case, without the final period).
+bool isAbbreviation(std::string word) {
+  static const std::unordered_set<std::string> kAbbrev = {
+      "mr", "mrs", "ms", "dr", "prof", "sr", "jr", "st", "mt", "ft", "vs", "etc", "e.g", "i.e", "cf", "al", "no",
+      "nos", "vol", "fig", "figs", "p", "pp", "ch", "sec", "ed", "eds", "gen", "gov", "sen", "rep", "rev", "col",
+      "capt", "lt", "sgt", "maj", "inc", "ltd", "co", "corp", "bros", "dept", "univ", "approx", "a.m", "p.m",
+      "u.s", "u.k", "u.n", "jan", "feb", "mar", "apr", "jun", "jul", "aug", "sep", "sept", "oct", "nov", "dec"};
+  while (!word.empty() && std::string("\"'([{").find(word.front()) != std::string::npos) word.erase(0, 1);
+  for (char &c : word) c = char(std::tolower((unsigned char)c));
+  if (word.size() == 1 && std::isalpha((unsigned char)word[0])) return true;  // an initial: "J. Smith"
+  return kAbbrev.count(word) > 0;
+}
+
+// Whether `text` at `i` starts with one of the UTF-8 sequences.
+bool startsWithAny(const std::string &text, size_t i, std::initializer_list<const char *> seqs, size_t *len) {
+  for (const char *q : seqs) {
+    size_t n = std::strlen(q);
+    if (text.compare(i, n, q) == 0) return *len = n, true;
+  }
+  return false;
+}
+
+}  // namespace
+
+std::vector<std::string> splitSentences(const std::string &text) {
+  std::vector<std::string> out;
+  // Paragraphs end at blank lines; inside one, line breaks are spaces.
+  std::vector<std::string> paragraphs(1);
+  std::istringstream lines(text);
+  for (std::string line; std::getline(lines, line);) {
+    if (line.find_first_not_of(" \t\r\f\v") == std::string::npos) {
+      if (!paragraphs.back().empty()) paragraphs.emplace_back();
+      continue;
+    }
+    paragraphs.back() += (paragraphs.back().empty() ? "" : " ") + line;
+  }
+  auto emit = [&](const std::string &s) {
+    size_t b = 0, e = s.size();
+    while (b < e && isSpace(s[b])) ++b;
+    while (e > b && isSpace(s[e - 1])) --e;
+    if (e > b) out.push_back(s.substr(b, e - b));
+  };
+  static const std::initializer_list<const char *> kClosers = {"\"", "'", ")", "]", "}", "\xE2\x80\x99", "\xE2\x80\x9D",
+                                                               "\xC2\xBB"};  // ’ ” »
+  for (const std::string &p : paragraphs) {
+    size_t start = 0, i = 0;
+    while (i < p.size()) {
+      size_t n = 0;
+      // Ideographic full stop, full-width ! and ?: a sentence ends there, spaces or not.
+      if (startsWithAny(p, i, {"\xE3\x80\x82", "\xEF\xBC\x81", "\xEF\xBC\x9F"}, &n)) {
+        i += n;
+        while (startsWithAny(p, i, kClosers, &n)) i += n;
+        emit(p.substr(start, i - start));
+        start = i;
+        continue;
+      }
+      char c = p[i];
+      if (c != '.' && c != '!' && c != '?') {
+        ++i;
+        continue;
+      }
+      size_t end = i;
+      while (end < p.size() && (p[end] == '.' || p[end] == '!' || p[end] == '?')) ++end;
+      bool single = end == i + 1 && c == '.';
+      while (startsWithAny(p, end, kClosers, &n)) end += n;
+      if (end < p.size() && !isSpace(p[end])) {  // "3.14", "e.g.x", "U.S.A"
+        i = end;
+        continue;
+      }
+      size_t next = end;
+      while (next < p.size() && isSpace(p[next])) ++next;
+      size_t wordStart = i;
+      while (wordStart > start && !isSpace(p[wordStart - 1])) --wordStart;
+      bool abbreviation = single && isAbbreviation(p.substr(wordStart, i - wordStart));
+      bool lowerNext = next < p.size() && std::islower((unsigned char)p[next]);
+      if (next < p.size() && (abbreviation || lowerNext)) {
+        i = end;
+        continue;
+      }
+      emit(p.substr(start, end - start));
+      start = i = end;
+    }
+    emit(p.substr(start));
+  }
+  return out;
+}
+
+Status readDocumentSentences(const std::string &path, const std::string &format, const std::string &jsonKey,
+                             std::vector<std::vector<std::string>> *docs) {
+  if (format == "brown") {
+    std::ifstream in(path, std::ios::binary);
+    if (!in) return Status::error(path + ": cannot open");
+    std::vector<std::string> sentences;
+    for (std::string line; std::getline(in, line);) {
+      std::string s = detokenizeBrownSentence(line);
+      if (!s.empty()) sentences.push_back(std::move(s));
+    }
+    docs->push_back(std::move(sentences));
+    return Status::ok();
+  }
+  std::vector<std::string> texts;
+  LOOM_RETURN_IF_ERROR(readDocuments(path, format, jsonKey, &texts));
+  for (const std::string &t : texts) docs->push_back(splitSentences(t));
   return Status::ok();
 }
 

@@ -1,5 +1,5 @@
 #!/bin/bash
-# The CI subsets of the equivalence oracle for both families (tests/oracle/run_oracle.py
+# The CI subsets of the equivalence oracle for each family (tests/oracle/run_oracle.py
 # --configs all runs the whole matrix).
 set -euo pipefail
 root="${TEST_SRCDIR}/${TEST_WORKSPACE}"
@@ -24,6 +24,12 @@ ln -sf "$root/apps/loomc-mutant" "$mutant/loomc"
 # independent PyTorch LLaMA (llama_oracle.py), its own CI subset.
 /usr/bin/python3 "$root/tests/oracle/run_oracle.py" --bin "$bin" \
   --model "$root/examples/models/llama-tiny.pbtxt" --work "${TEST_TMPDIR}/oracle-llama" --steps 10 --configs ci
+
+# BERT (bert-tiny: pre-LN, padded samples, masked LM plus the sentence-order head) against an
+# independent PyTorch MegatronBertForPreTraining (bert_oracle.py), its CI subset (fp32; no
+# context parallelism).
+/usr/bin/python3 "$root/tests/oracle/run_oracle.py" --bin "$bin" \
+  --model "$root/examples/models/bert-tiny.pbtxt" --work "${TEST_TMPDIR}/oracle-bert" --steps 10 --configs ci
 
 # Mixture of experts (mixtral-tiny: 4 experts, top-2, the load-balancing loss) against an
 # independent PyTorch Mixtral (mixtral_oracle.py), its CI subset; then with a capacity factor

@@ -13,6 +13,12 @@ A LLaMA-family model with num_experts (Mixtral-style mixture of experts) is chec
 mixtral_oracle.py: the training objective ce + router_aux_loss_coef * (the MoE layers'
 load-balancing losses), the loss compared with Loom's log its cross-entropy part.
 
+A BERT (architecture: BERT; the export's config.json naming MegatronBertForPreTraining) is
+checked against bert_oracle.py: the objective mlm + sop (Megatron's pretrain_bert), each batch
+file's whole dict (tokens, token_types, attention_mask, labels, loss_mask, sop_labels, sop_mask)
+fed to it, Loom's step-1 gradients (its own names and layouts) mapped to Hugging Face's by
+bert_oracle.loom_grads_to_hf. fp32 only; no context or expert parallelism.
+
 usage: run_oracle.py --bin DIR --model MODEL.pbtxt|MODEL.mlir --work DIR [--heads N] [--steps 10] [--configs NAME,...]
 
 MODEL may be Transformer IR (a GPT in the builder's parameter names, without dropout): it is
@@ -32,6 +38,7 @@ import time
 
 import torch
 
+from bert_oracle import MegatronBert, loom_grads_to_hf
 from gpt_oracle import Gpt2, read_safetensors
 from llama_oracle import Llama
 from mixtral_oracle import Mixtral
@@ -142,6 +149,13 @@ MOE_CI_CONFIGS = ["t1p1d1", "t2p1d1", "t1p2d1-1f1b", "t1p1d2", "t2p2d1-1f1b", "t
                   "t2p2d1-recompute-full", "t1p2d1v2-interleaved", "t1p1d2e2", "t1p1d4e2", "t1p1d4e4",
                   "t2p2d2e2-1f1b", "t1p2d2e2-interleaved", "t1p1d4e2-zero1", "t2p2d2e2-zero1",
                   "t2p1d1-sequence-parallel", "t2p1d2e2-sequence-parallel", "t2p2d4e2-sequence-parallel-zero1-recompute"]
+# BERT (bert-tiny: padded samples, the sentence-order head): t, p, d, interleaving, recompute,
+# accumulation, ZeRO-1, sequence parallelism and scatter/gather; context parallelism is refused
+# for BERT (padding masks), and expert parallelism is MoE's.
+BERT_CI_CONFIGS = ["t1p1d1", "t2p1d1", "t4p1d1-odd-vocab", "t1p2d1-1f1b", "t1p2d1-gpipe", "t1p1d2", "t2p2d1-1f1b",
+                   "t2p2d2-1f1b", "t1p2d1v2-interleaved", "t2p2d1-recompute-full", "t1p1d1-accumulate-m4",
+                   "t2p2d2-zero1", "t2p1d1-sequence-parallel", "t2p2d2-sequence-parallel-zero1",
+                   "t2p2d1-scatter-gather"]
 MICRO_BATCH, LR, MIN_LR, WARMUP = 2, 3e-3, 3e-4, 3
 # Adam's epsilon: with Megatron's 1e-8, the rounding noise of gradients that are zero in exact
 # arithmetic (the attention key bias: softmax ignores a constant shift) becomes full-size
@@ -362,6 +376,23 @@ def trace_order_problems(loomc, plans, trace_dir):
     return []
 
 
+# The attention's key bias has a gradient of zero in exact arithmetic (softmax ignores a constant
+# shift of a row's scores, and q . b_k is one), so alone it compares rounding noise with rounding
+# noise. GPT's fused c_attn bias holds it beside the query and value biases; Hugging Face's BERT
+# splits the three: they are compared together, as one QKV bias, exactly as GPT's is.
+SPLIT_QKV_BIAS = re.compile(r"^(.*\.attention\.self)\.(query|key|value)\.bias$")
+
+
+def comparison_groups(names):
+    """Parameter name -> the group compared as one tensor: each name alone, but the query, key and
+    value biases of an attention together."""
+    groups = {}
+    for k in names:
+        m = SPLIT_QKV_BIAS.match(k)
+        groups.setdefault(f"{m.group(1)}.(query|key|value).bias" if m else k, []).append(k)
+    return groups
+
+
 def rel(a, b):
     return ((a - b).norm() / b.norm().clamp_min(1e-30)).item()
 
@@ -378,8 +409,12 @@ def check_config(args, name, cfg, failures):
     ep = cfg[15] if len(cfg) > 15 else 1
     world = t * p * d * cp
     moe = getattr(args, "moe", False)
+    bert = getattr(args, "bert", False)
     if bf16_reduce and PRECISION != "bf16":
         print(f"skip {name:28} (grad_reduce_in_bf16: a bf16 plan's option; run with --precision bf16)", flush=True)
+        return False
+    if bert and cp > 1:
+        print(f"skip {name:28} (BERT: context parallelism is refused)", flush=True)
         return False
     if moe and cp > 1:
         print(f"skip {name:28} (MoE: context parallelism not supported yet)", flush=True)
@@ -423,7 +458,11 @@ def check_config(args, name, cfg, failures):
     # The Hugging Face class named by the config.json written beside the export.
     with open(os.path.join(work, "config.json")) as f:
         hf_config = json.load(f)
-    if hf_config.get("architectures") == ["MixtralForCausalLM"]:
+    if hf_config.get("architectures") == ["MegatronBertForPreTraining"]:
+        oracle, heads = MegatronBert(weights, hf_config, PRECISION), hf_config["num_attention_heads"]
+    elif bert:
+        raise RuntimeError(f"a BERT model, but config.json's architectures is {hf_config.get('architectures')}")
+    elif hf_config.get("architectures") == ["MixtralForCausalLM"]:
         oracle, heads = Mixtral(weights, hf_config, PRECISION), hf_config["num_attention_heads"]
     elif hf_config.get("architectures") == ["LlamaForCausalLM"]:
         oracle, heads = Llama(weights, hf_config, PRECISION), hf_config["num_attention_heads"]
@@ -484,7 +523,10 @@ def check_config(args, name, cfg, failures):
                 step_aux, step_dropped, step_assigned = (step_aux + aux.item(), step_dropped + dropped,
                                                          step_assigned + assigned)
                 continue
-            loss = oracle.loss(b["tokens"], b["labels"], b["loss_mask"]) / len(batches)
+            if isinstance(oracle, MegatronBert):  # the objective mlm + sop, as Loom logs it
+                loss = oracle.loss(b) / len(batches)
+            else:
+                loss = oracle.loss(b["tokens"], b["labels"], b["loss_mask"]) / len(batches)
             (loss * scale).backward()
             total += loss.item()
         if isinstance(oracle, Mixtral) and oracle.min_gap < ROUTING_TIE:
@@ -508,6 +550,13 @@ def check_config(args, name, cfg, failures):
             # Loom's main gradients as dumped hold the loss scale (fp16): unscaled here.
             loom_grads = {k: g / scale
                           for k, g in split_expert_grads(job_gradients(os.path.join(work, "grads"), world)).items()}
+            if isinstance(oracle, MegatronBert):
+                # Loom's BERT names and layouts -> Hugging Face's (an unknown name is an error);
+                # loom_to_hf_grad below leaves these names as they are.
+                try:
+                    loom_grads = loom_grads_to_hf(loom_grads, hf_config)
+                except ValueError as e:
+                    raise RuntimeError(str(e))
             absent = [k for k in params if k not in loom_grads]
             if absent:
                 raise RuntimeError(f"no step-1 gradient from Loom for {', '.join(absent[:5])}"
@@ -515,10 +564,18 @@ def check_config(args, name, cfg, failures):
             if args.verbose:
                 errs = sorted((rel(loom_to_hf_grad(k, loom_grads[k], vocab, heads), q.grad), k) for k, q in params.items())
                 print(f"   step-1 gradients: median rel {errs[len(errs) // 2][0]:.2e}, worst {errs[-1][0]:.2e} ({errs[-1][1]})")
+            got_grads = {}
             for k, q in params.items():
                 got = loom_to_hf_grad(k, loom_grads[k], vocab, heads)
-                if rel(got, q.grad) >= TOLERANCE[PRECISION]["grad"]:
-                    problems.append(f"step-1 gradient of {k}: relative error {rel(got, q.grad):.2e}")
+                if got.shape != q.grad.shape:
+                    problems.append(f"step-1 gradient of {k}: shape {tuple(got.shape)}, expected {tuple(q.grad.shape)}")
+                    continue
+                got_grads[k] = got
+            for group, names in comparison_groups(got_grads).items():
+                got = torch.cat([got_grads[k].flatten() for k in names])
+                want = torch.cat([params[k].grad.flatten() for k in names])
+                if rel(got, want) >= TOLERANCE[PRECISION]["grad"]:
+                    problems.append(f"step-1 gradient of {group}: relative error {rel(got, want):.2e}")
         torch.nn.utils.clip_grad_norm_(list(params.values()), 1.0)
         updates += 1
         for group in opt.param_groups:
@@ -558,7 +615,8 @@ def check_config(args, name, cfg, failures):
     if args.verbose:
         for k in sorted(params, key=lambda k: -rel(final[k], params[k].detach()))[:8]:
             print(f"   {k:45} rel {rel(final[k], params[k].detach()):.2e} |ref| {params[k].detach().norm():.3e}")
-    worst = max(rel(final[k], q.detach()) for k, q in params.items())
+    worst = max(rel(torch.cat([final[k].flatten() for k in names]), torch.cat([params[k].detach().flatten() for k in names]))
+                for names in comparison_groups(params).values())
     if PRECISION != "fp32":
         # 16-bit rounding noise, amplified by AdamW where gradients are small (biases, zero-
         # initialised, move by about lr per step whatever the gradient's size), leaves single
@@ -568,7 +626,10 @@ def check_config(args, name, cfg, failures):
         den = sum(float(q.detach().pow(2).sum()) for q in params.values())
         worst = math.sqrt(num / den)
     if worst >= TOLERANCE[PRECISION]["params"]:
-        bad = "all of them" if PRECISION != "fp32" else max(params, key=lambda k: rel(final[k], params[k].detach()))
+        groups = comparison_groups(params)
+        bad = "all of them" if PRECISION != "fp32" else max(
+            groups, key=lambda g: rel(torch.cat([final[k].flatten() for k in groups[g]]),
+                                      torch.cat([params[k].detach().flatten() for k in groups[g]])))
         problems.append(f"parameters after {compared} steps: {bad} relative error {worst:.2e}")
     status = "ok  " if not problems else "FAIL"
     dropped = f"  MoE: {moe_dropped} of {moe_assigned} assignments dropped" if isinstance(oracle, Mixtral) else ""
@@ -612,7 +673,11 @@ def main():
         print(f"mutant check FAILED: expected exactly t2p1d1 to fail, got {failures or 'no failure'}")
         sys.exit(1)
     llama = "architecture: LLAMA" in text or "loom.grouped_attention" in text
-    ci = MOE_CI_CONFIGS if args.moe else LLAMA_CI_CONFIGS if llama else CI_CONFIGS
+    args.bert = bool(re.search(r"^\s*architecture:\s*BERT\b", text, re.M))
+    if args.bert and PRECISION != "fp32":
+        raise SystemExit(f"run_oracle.py: the BERT oracle is fp32 only (no {PRECISION} rounding points yet)")
+    ci = (MOE_CI_CONFIGS if args.moe else LLAMA_CI_CONFIGS if llama else BERT_CI_CONFIGS if args.bert
+          else CI_CONFIGS)
     names = ci if args.configs == "ci" else list(CONFIGS) if args.configs == "all" else args.configs.split(",")
     failures, skipped = [], 0
     for name in names:
