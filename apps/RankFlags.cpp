@@ -75,7 +75,7 @@ RankOpt<bool> resume("resume",
 RankOpt<bool> strictResume("strict-resume",
                            cl::desc("resume from the newest checkpoint in --save; a corrupt one stops the run"),
                            cl::cat(category));
-RankOpt<std::string> initFrom("init-from", cl::desc("initial weights: a Hugging Face GPT-2 or LLaMA safetensors file"),
+RankOpt<std::string> initFrom("init-from", cl::desc("initial weights: a Hugging Face GPT-2, LLaMA, Mixtral or MegatronBERT safetensors file"),
                               cl::value_desc("HF.safetensors"), cl::cat(category));
 RankOpt<std::string> exportPath("export",
                                 cl::desc("export the trained weights as a Hugging Face checkpoint (config.json "

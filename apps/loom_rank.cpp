@@ -28,8 +28,7 @@
 #include "runtime/PlanFiles.h"
 #include "runtime/GlooCollectives.h"
 #include "formats/Safetensors.h"
-#include "formats/HfGpt2.h"
-#include "formats/HfLlama.h"
+#include "formats/HfExport.h"
 #include "plan/PlanAttributes.h"
 #include "plan/PlanVersion.h"
 #include "runtime/CpuBackend.h"
@@ -377,10 +376,7 @@ loom::Status initFromHuggingFace(const loom::plan::RankPlan &plan, loom::Trainer
   loom::SafetensorsFile hf;
   std::map<std::string, loom::HostTensor> global;
   LOOM_RETURN_IF_ERROR(loom::readSafetensors(rf::initFrom, &hf));
-  loom::Status s =
-      plan.architecture() == "llama"
-          ? loom::fromHuggingFaceLlama(hf.tensors, plan.padded_vocab_size(), plan.tie_word_embeddings(), &global)
-          : loom::fromHuggingFaceGpt2(hf.tensors, plan.padded_vocab_size(), plan.num_attention_heads(), &global);
+  loom::Status s = loom::readHuggingFace(plan, hf.tensors, &global);  // the plan's family's layout
   if (!s.isOk() || !(s = trainer->loadGlobalParameters(global)).isOk())
     return loom::Status::error(rf::initFrom + ": " + s.message());
   return loom::Status::ok();
