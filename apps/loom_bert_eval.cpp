@@ -131,6 +131,8 @@ int main(int argc, char **argv) {
   loom::BertDataset valid(sentences, meta.vocab, meta.masking, loom::BertDataset::Split::kValidation, validFraction,
                           seq, seed);
   if (valid.samplesPerEpoch() == 0) return fail(dataPrefix + ": no validation samples (too few documents held out)");
+  // Whole batches of the split's first samples (a last partial batch is left out: the count
+  // scored is printed).
   int64_t samples = std::min<int64_t>(samplesFlag, valid.samplesPerEpoch());
   Scores s;
   for (int64_t first = 0; first + batch <= samples; first += batch) {
@@ -180,10 +182,11 @@ int main(int argc, char **argv) {
       const float *row = out[0].data.data() + int64_t(i) * vocab;
       std::vector<int32_t> order(size_t(meta.vocab.size));
       for (size_t v = 0; v < order.size(); ++v) order[v] = int32_t(v);
-      std::partial_sort(order.begin(), order.begin() + 5, order.end(),
+      size_t top = std::min<size_t>(5, order.size());
+      std::partial_sort(order.begin(), order.begin() + long(top), order.end(),
                         [&](int32_t a, int32_t b) { return row[a] > row[b]; });
       std::printf("  [MASK] at %zu:", i);
-      for (int k = 0; k < 5; ++k) std::printf(" %s", wp->token(order[size_t(k)]).c_str());
+      for (size_t k = 0; k < top; ++k) std::printf(" %s", wp->token(order[k]).c_str());
       std::printf("\n");
     }
   }

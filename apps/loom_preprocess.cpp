@@ -32,6 +32,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <map>
+#include <numeric>
 #include <sstream>
 
 #include "support/CommandLine.h"
@@ -215,6 +216,17 @@ int encodeOrDecode(loom::BpeTokenizer &bpe) {
   return 0;
 }
 
+// Each file's size in bytes (0 where unreadable): the progress meter's measure.
+std::vector<int64_t> fileSizes(const std::vector<std::string> &files) {
+  std::vector<int64_t> sizes;
+  for (const std::string &f : files) {
+    std::error_code ec;
+    sizes.push_back(int64_t(std::filesystem::file_size(f, ec)));
+    if (ec) sizes.back() = 0;
+  }
+  return sizes;
+}
+
 // The inputs' documents tokenized into PREFIX.bin/.idx, each ending with <|endoftext|>.
 int tokenizeInputs(loom::BpeTokenizer &bpe, const std::vector<std::string> &inputs) {
   if (!input.getNumOccurrences() || !outputPrefix.getNumOccurrences())
@@ -223,14 +235,8 @@ int tokenizeInputs(loom::BpeTokenizer &bpe, const std::vector<std::string> &inpu
   if (loom::Status s = loom::listInputs(inputs, format, &files); !s.isOk()) return fail(s.message());
   loom::IndexedDatasetWriter writer(outputPrefix);
   // Progress over the input's bytes: a file's share advances document by document.
-  std::vector<int64_t> sizes;
-  int64_t totalBytes = 0, doneBytes = 0;
-  for (const std::string &f : files) {
-    std::error_code ec;
-    sizes.push_back(int64_t(std::filesystem::file_size(f, ec)));
-    if (ec) sizes.back() = 0;
-    totalBytes += sizes.back();
-  }
+  std::vector<int64_t> sizes = fileSizes(files);
+  int64_t totalBytes = std::accumulate(sizes.begin(), sizes.end(), int64_t(0)), doneBytes = 0;
   loom::ProgressMeter meter("loom-preprocess: tokenizing", totalBytes, "", /*bytes=*/true);
   for (size_t k = 0; k < files.size(); ++k) {
     std::vector<std::string> docs;
@@ -277,14 +283,8 @@ int tokenizeSentences(const loom::WordPieceTokenizer &wp, const std::vector<std:
   std::vector<std::string> files;
   if (loom::Status s = loom::listInputs(inputs, format, &files); !s.isOk()) return fail(s.message());
   loom::IndexedDatasetWriter writer(outputPrefix);
-  std::vector<int64_t> sizes;
-  int64_t totalBytes = 0, doneBytes = 0;
-  for (const std::string &f : files) {
-    std::error_code ec;
-    sizes.push_back(int64_t(std::filesystem::file_size(f, ec)));
-    if (ec) sizes.back() = 0;
-    totalBytes += sizes.back();
-  }
+  std::vector<int64_t> sizes = fileSizes(files);
+  int64_t totalBytes = std::accumulate(sizes.begin(), sizes.end(), int64_t(0)), doneBytes = 0;
   loom::ProgressMeter meter("loom-preprocess: tokenizing", totalBytes, "", /*bytes=*/true);
   for (size_t k = 0; k < files.size(); ++k) {
     std::vector<std::vector<std::string>> docs;

@@ -239,29 +239,23 @@ loom::Status precisionFitsPlan(const loom::plan::ProgramSet &programs) {
 }
 
 // Training and validation samples: the indexed dataset's two splits, or synthetic tokens.
-// The rank's training and validation data. A BERT plan (its programs read BERT's inputs:
-// token_types, attention_mask, sop_labels or sop_mask; a rank reading no input at all goes by
-// the plan's architecture) takes a BERT dataset (PREFIX.bert.json beside PREFIX.bin/.idx, from
+// The rank's training and validation data. A BERT plan (the compiler read a bidirectional
+// model: the plan's architecture "bert") takes a BERT dataset (PREFIX.bert.json beside PREFIX.bin/.idx, from
 // loom-preprocess --tokenizer wordpiece) or, without --data-prefix, the synthetic BERT source;
 // any other plan a GPT dataset or synthetic tokens. A dataset of the other kind is refused.
-loom::Status openData(const loom::plan::RankPlan &plan, const loom::plan::ProgramSet &programs, uint64_t seed,
+loom::Status openData(const loom::plan::RankPlan &plan, uint64_t seed,
                       double fraction, loom::IndexedDataset *corpus, std::unique_ptr<loom::DataSource> *train,
                       std::unique_ptr<loom::DataSource> *valid) {
-  bool anyInput = false, bertInputs = false;
-  for (const loom::plan::Program &p : programs.programs())
-    for (const loom::plan::Binding &a : p.arguments())
-      if (a.role() == loom::plan::Binding::INPUT) {
-        anyInput = true;
-        const std::string &n = a.name();
-        bertInputs |= n == "token_types" || n == "attention_mask" || n == "sop_labels" || n == "sop_mask";
-      }
-  const bool bert = bertInputs || (!anyInput && plan.architecture() == "bert");
+  const bool bert = plan.architecture() == "bert";  // the compiler's reading of the model (bidirectional)
   const std::string &prefix = rf::dataPrefix;
   if (!rf::dataPrefix.getNumOccurrences()) {
     if (bert) {
       if (plan.vocab_size() <= 105)
         return loom::Status::error("the synthetic BERT data needs vocab_size > 105 (ids from 104 up), the plan has " +
                                    std::to_string(plan.vocab_size()));
+      if (plan.seq_length() < 5)  // [CLS] A [SEP] B [SEP]
+        return loom::Status::error("BERT samples need seq_length >= 5 ([CLS] A [SEP] B [SEP]), the plan has " +
+                                   std::to_string(plan.seq_length()));
       *train = loom::syntheticBertData(plan.seq_length(), plan.vocab_size(), seed + 1);
       *valid = loom::syntheticBertData(plan.seq_length(), plan.vocab_size(), seed + 2);
       return loom::Status::ok();
@@ -469,7 +463,7 @@ int main(int argc, char **argv) {
 
   std::unique_ptr<loom::DataSource> train, valid;
   loom::IndexedDataset corpus;
-  if (s = openData(plan, programs, seed, validFraction, &corpus, &train, &valid); !s.isOk()) return fail(s.message());
+  if (s = openData(plan, seed, validFraction, &corpus, &train, &valid); !s.isOk()) return fail(s.message());
   if (!topt.dumpBatches.empty()) std::filesystem::create_directories(topt.dumpBatches);
   lopt.baselineResidentBytes = loom::residentBytes();  // the trainer's memory is measured from here
   std::unique_ptr<loom::StepBackend> backend;

@@ -267,9 +267,10 @@ class TrainStepBuilder {
     return lossOrLogits(op<LinearOp>(tensor({batch_, seq_, vocab_}), x, head, Value(), b_.getUnitAttr()));
   }
 
-  Value crossEntropy(Value logits, Value labels, Value lossMask) {
+  // The mean cross-entropy over the masked positions; `classes` 0: the vocabulary's.
+  Value crossEntropy(Value logits, Value labels, Value lossMask, int64_t classes = 0) {
     return op<CrossEntropyOp>(tensor({}, b_.getF32Type()), /*lse=*/mlir::Type(), logits, labels, lossMask,
-                              b_.getI64IntegerAttr(vocab_), /*vocab_parallel_group=*/nullptr,
+                              b_.getI64IntegerAttr(classes ? classes : vocab_), /*vocab_parallel_group=*/nullptr,
                               /*vocab_parallel_size=*/nullptr);
   }
 
@@ -329,9 +330,7 @@ class TrainStepBuilder {
     Value mlm = crossEntropy(logits, labels, lossMask);
     Value sopLabels = deferInput("sop_labels", b_.getI32Type());
     Value sopMask = deferInput("sop_mask", b_.getF32Type());
-    Value sop = op<CrossEntropyOp>(tensor({}, b_.getF32Type()), /*lse=*/mlir::Type(), sopLogits, sopLabels, sopMask,
-                                   b_.getI64IntegerAttr(kSentenceOrderClasses), /*vocab_parallel_group=*/nullptr,
-                                   /*vocab_parallel_size=*/nullptr);
+    Value sop = crossEntropy(sopLogits, sopLabels, sopMask, kSentenceOrderClasses);
     Value loss = op<AddOp>(mlm, sop);
     finishInputs();
     return loss;

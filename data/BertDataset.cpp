@@ -180,7 +180,7 @@ BertSample BertDataset::build(int64_t index) {
   t[size_t(n++)] = vocab_.sep;
   for (size_t i = bLo; i < bHi; ++i) out.tokenTypes[size_t(n)] = 1, t[size_t(n++)] = b[i];
   out.tokenTypes[size_t(n)] = 1, t[size_t(n++)] = vocab_.sep;
-  out.length = n, out.lengthA = int64_t(aHi - aLo), out.lengthB = int64_t(bHi - bLo);
+  out.length = n, out.lengthA = int64_t(aHi - aLo), out.lengthB = int64_t(bHi - bLo), out.target = g.target;
   std::copy(t.begin(), t.end(), out.tokens.begin());
 
   // Masking candidates: whole words (a "##" piece joins the word before it).
@@ -192,8 +192,11 @@ BertSample BertDataset::build(int64_t index) {
     if (continues && !words.empty() && words.back().back() == i - 1) words.back().push_back(i);
     else words.push_back({i});
   }
-  int64_t numToPredict = std::min(roundHalfEven(masking_.maskProb * double(seq_)),
-                                  std::max<int64_t>(1, roundHalfEven(double(n) * masking_.maskProb)));
+  // Megatron's create_masked_lm_predictions: num_to_predict = min(max_predictions_per_seq,
+  // max(1, round(len * p))) with max_predictions_per_seq = p * max_num_tokens (the sample's
+  // target, a float); a word that would pass it is skipped, so at most its floor is masked.
+  int64_t numToPredict = int64_t(std::floor(std::min(masking_.maskProb * double(g.target),
+                                                     double(std::max<int64_t>(1, roundHalfEven(double(n) * masking_.maskProb))))));
   out.numToPredict = numToPredict;
   if (masking_.maskProb <= 0 || words.empty()) return out;
   std::vector<int64_t> starts(words.size());

@@ -11,8 +11,9 @@
 // k is the same in every run, on every rank, after a resume): the group split at a random
 // sentence into A and B, swapped with probability 0.5 (the sentence-order label, 1 when
 // swapped), truncated to the target (one token at a time from the longer, at a random end),
-// laid out [CLS] A [SEP] B [SEP], then masked: num_to_predict = min(round(0.15 seq),
-// max(1, round(0.15 len))) of the non-special tokens (len counts [CLS] and the [SEP]s), each
+// laid out [CLS] A [SEP] B [SEP], then masked: num_to_predict = floor(min(0.15 target,
+// max(1, round(0.15 len)))) of the non-special tokens (len counts [CLS] and the [SEP]s; target is
+// the sample's max_num_tokens: Megatron's max_predictions_per_seq), each
 // chosen one [MASK] 80% of the time, a random id in [0, vocab) 10%, kept 10%; with whole-word
 // masking a "##" piece is masked with its word, and with max_ngrams n > 1 runs of up to n whole
 // words are masked together (n-gram length k with probability proportional to 1/k, Megatron's
@@ -85,6 +86,7 @@ struct BertSample {
   int64_t lengthA = 0, lengthB = 0;
   int32_t sopLabel = 0;             // 1 when A and B were swapped
   int64_t numToPredict = 0;
+  int64_t target = 0;  // the group's target: A and B's tokens at most (Megatron's max_num_tokens)
 };
 
 class BertDataset : public DataSource {

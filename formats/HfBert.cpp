@@ -40,6 +40,7 @@ constexpr Rename kOutside[] = {
 const std::regex kLoomLayer(R"(bert\.h\.([0-9]+)\.(.*))");
 const std::regex kHfLayer(R"(bert\.encoder\.layer\.([0-9]+)\.(.*))");
 const char *kQkvNames[3] = {"query", "key", "value"};
+const std::regex kLayerNormWeight(R"((^|\.)ln\.weight$)");  // MegatronBERT's pre-LN norms
 
 HostTensor transposed(const HostTensor &t) {
   HostTensor out = HostTensor::zeros({t.shape[1], t.shape[0]});
@@ -104,6 +105,12 @@ Status fromHuggingFaceBert(const std::map<std::string, HostTensor> &hf, int64_t 
   for (auto &[name, t] : hf) {
     // Buffers and the tied decoder are not parameters of Loom's.
     if (name.find("position_ids") != std::string::npos || name.rfind("cls.predictions.decoder.", 0) == 0) continue;
+    // Weights and embeddings are matrices, the rest vectors: anything else is a corrupt file.
+    bool matrix = name.size() > 7 && name.compare(name.size() - 7, 7, ".weight") == 0 && name.find("LayerNorm") == std::string::npos &&
+                  !std::regex_search(name, kLayerNormWeight);
+    if (t.shape.size() != (matrix ? 2u : 1u) || t.numel() == 0)
+      return Status::error("'" + name + "' has rank " + std::to_string(t.shape.size()) + " (expected " +
+                           (matrix ? "2" : "1") + ")");
     auto rows = [&](int64_t wanted) -> Status {
       if (t.shape.empty() || t.shape[0] > wanted)
         return Status::error(name + " has " + std::to_string(t.shape.empty() ? 0 : t.shape[0]) +

@@ -61,14 +61,14 @@ mlir::LogicalResult differentiate(mlir::func::FuncOp f) {
   // whose gradient is 1 (a null incoming gradient, see gradientOf).
   llvm::DenseSet<mlir::Value> roots;
   std::function<bool(mlir::Value)> isLoss = [&](mlir::Value v) -> bool {
-    if (v.getDefiningOp<CrossEntropyOp>()) return roots.insert(v), true;
+    if (v.getDefiningOp<CrossEntropyOp>()) return roots.insert(v).second;  // each loss summed once
     auto add = v.getDefiningOp<AddOp>();
     return add && mlir::cast<mlir::RankedTensorType>(v.getType()).getRank() == 0 && isLoss(add.getLhs()) &&
            isLoss(add.getRhs());
   };
   if (ret.getNumOperands() != 1 || !isLoss(ret.getOperand(0)))
     return f.emitError() << "loom-autodiff: @" << f.getName()
-                         << " must return exactly one loss produced by loom.cross_entropy (or a loom.add of such losses)";
+                         << " must return exactly one loss produced by loom.cross_entropy (or a loom.add of distinct such losses)";
   mlir::Value loss = ret.getOperand(0);
   mlir::OpBuilder b(ret);
   llvm::DenseMap<mlir::Value, mlir::Value> grads;

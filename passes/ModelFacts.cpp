@@ -30,7 +30,9 @@ LinearOp outputLayerOf(CrossEntropyOp loss) {
 }
 
 bool isClassifierLoss(CrossEntropyOp loss) {
-  auto out = loss.getLogits().getDefiningOp<LinearOp>();
+  mlir::Value logits = loss.getLogits();
+  if (auto gather = logits.getDefiningOp<AllGatherOp>()) logits = gather.getInput();  // sequence parallelism's
+  auto out = logits.getDefiningOp<LinearOp>();
   return out && out->hasAttr(attr::kReplicated);
 }
 

@@ -6,7 +6,6 @@
 #include <cstring>
 
 #include "runtime/cpu/CpuKernelContext.h"
-#include "runtime/cpu/HalfPrecision.h"
 #include "runtime/cpu/Kernels.h"
 
 namespace loom::cpu {
@@ -63,20 +62,13 @@ Status addPosition(CpuKernelContext &c, const KernelCall &k) {
   return Status::ok();
 }
 
-// BERT's segment embeddings: row (b, s) of the input plus the table's row of its token type
-// (a sequence-parallel slice's types start at its rank's offset), and the table's gradient, the
-// sum of the gradient's rows per type (fp32 sums, stored as T).
-template <typename T>
-float wideOf(T v) {
-  if constexpr (std::is_same_v<T, float>) return v; else return bf16ToFloat(v);
-}
-template <typename T>
-T narrowTo(float v) {
-  if constexpr (std::is_same_v<T, float>) return v; else return floatToBf16(v);
-}
-
+// BERT's segment embeddings (fp32; a bf16 plan's calls go through the widened fallback): row
+// (b, s) of the input plus the table's row of its token type (a sequence-parallel slice's types
+// start at its rank's offset), and the table's gradient, the sum of the gradient's rows per type.
 Status tokenTypeRows(const KernelCall &k, int types, int64_t rows, int64_t first, int64_t tableRows,
                      const int32_t *typeIds) {
+  if (first + rows > k.dim(types, 1))
+    return Status::error(std::string(k.decl.name) + ": slice outside the sequence (corrupt plan)");
   for (int64_t b = 0; b < k.dim(types, 0); ++b)
     for (int64_t s = 0; s < rows; ++s) {
       int32_t t = typeIds[b * k.dim(types, 1) + first + s];
@@ -87,43 +79,38 @@ Status tokenTypeRows(const KernelCall &k, int types, int64_t rows, int64_t first
   return Status::ok();
 }
 
-template <typename T>
 Status addTokenType(CpuKernelContext &c, const KernelCall &k) {
   int x = k.in("input"), types = k.in("token_types"), table = k.in("table");
-  int64_t batch = k.dim(x, 0), rows = k.dim(x, 1), hidden = k.dim(x, 2);
+  int64_t batch = k.dim(x, 0), rows = k.dim(x, 1), hidden = k.dim(x, 2), seq = k.dim(types, 1);
   int64_t first = c.shardStart(k.str("sequence_parallel_group"), rows);
-  if (first + rows > k.dim(types, 1)) return Status::error("add_token_type: slice outside the sequence (corrupt plan)");
   const int32_t *ids = c.i(types);
   LOOM_RETURN_IF_ERROR(tokenTypeRows(k, types, rows, first, k.dim(table, 0), ids));
-  const T *in = c.at<T>(x), *tab = c.at<T>(table);
-  T *out = c.at<T>(k.out("result"));
+  const float *in = c.f(x), *tab = c.f(table);
+  float *out = c.f(k.out("result"));
   for (int64_t b = 0; b < batch; ++b)
     for (int64_t s = 0; s < rows; ++s) {
-      const T *row = tab + int64_t(ids[b * k.dim(types, 1) + first + s]) * hidden;
+      const float *row = tab + int64_t(ids[b * seq + first + s]) * hidden;
       int64_t at = (b * rows + s) * hidden;
-      for (int64_t h = 0; h < hidden; ++h) out[at + h] = narrowTo<T>(wideOf(in[at + h]) + wideOf(row[h]));
+      for (int64_t h = 0; h < hidden; ++h) out[at + h] = in[at + h] + row[h];
     }
   return Status::ok();
 }
 
-template <typename T>
 Status tokenTypeGrad(CpuKernelContext &c, const KernelCall &k) {
   int g = k.in("grad"), types = k.in("token_types"), y = k.out("result");
-  int64_t batch = k.dim(g, 0), rows = k.dim(g, 1), hidden = k.dim(g, 2), tableRows = k.dim(y, 0);
+  int64_t batch = k.dim(g, 0), rows = k.dim(g, 1), hidden = k.dim(g, 2), tableRows = k.dim(y, 0), seq = k.dim(types, 1);
   int64_t first = c.shardStart(k.str("sequence_parallel_group"), rows);
-  if (first + rows > k.dim(types, 1)) return Status::error("token_type_grad: slice outside the sequence (corrupt plan)");
   const int32_t *ids = c.i(types);
   LOOM_RETURN_IF_ERROR(tokenTypeRows(k, types, rows, first, tableRows, ids));
-  std::vector<float> sums(size_t(tableRows * hidden), 0.0f);
-  const T *grad = c.at<T>(g);
+  float *out = c.f(y);
+  std::fill_n(out, tableRows * hidden, 0.0f);
+  const float *grad = c.f(g);
   for (int64_t b = 0; b < batch; ++b)  // in a fixed order: the same sums for any thread count
     for (int64_t s = 0; s < rows; ++s) {
-      float *to = sums.data() + int64_t(ids[b * k.dim(types, 1) + first + s]) * hidden;
-      const T *row = grad + (b * rows + s) * hidden;
-      for (int64_t h = 0; h < hidden; ++h) to[h] += wideOf(row[h]);
+      float *to = out + int64_t(ids[b * seq + first + s]) * hidden;
+      const float *row = grad + (b * rows + s) * hidden;
+      for (int64_t h = 0; h < hidden; ++h) to[h] += row[h];
     }
-  T *out = c.at<T>(y);
-  for (size_t i = 0; i < sums.size(); ++i) out[i] = narrowTo<T>(sums[i]);
   return Status::ok();
 }
 
@@ -501,8 +488,8 @@ void registerComputeKernels(CpuKernelRegistry &r) {
   r.add(OpId::kCrossEntropyLoss, crossEntropyLossKernel);
   r.add(OpId::kTanh, tanhKernel<float>);
   r.add(OpId::kTanhGrad, tanhGrad<float>);
-  r.add(OpId::kAddTokenType, addTokenType<float>);
-  r.add(OpId::kTokenTypeGrad, tokenTypeGrad<float>);
+  r.add(OpId::kAddTokenType, addTokenType);
+  r.add(OpId::kTokenTypeGrad, tokenTypeGrad);
 }
 
 // The memory-bound model ops over bf16 operands (the same wrappers with T = uint16_t).

@@ -249,8 +249,9 @@ TEST(BertSamples, MaskingRatesSentenceOrderAndPadding) {
       kept += s.tokens[size_t(i)] == s.original[size_t(i)];
     }
     // Plain token masking (the synthetic source): exactly num_to_predict of the non-special tokens.
-    int64_t want = std::min<int64_t>(std::llround(0.15 * seq),
-                                     std::max<int64_t>(1, int64_t(std::nearbyint(0.15 * double(s.length)))));
+    int64_t want = int64_t(std::floor(std::min(0.15 * double(s.target),
+                                               double(std::max<int64_t>(1, int64_t(std::nearbyint(0.15 * double(s.length))))))));
+    EXPECT_LE(s.target, seq - 3);
     EXPECT_EQ(s.numToPredict, want);
     EXPECT_EQ(masked, std::min(want, s.length - 3)) << k;
     maskedTotal += masked, candidates += s.length - 3, lengths += s.length;
@@ -258,8 +259,9 @@ TEST(BertSamples, MaskingRatesSentenceOrderAndPadding) {
     (s.length < seq ? padded : full) += 1;
   }
   // 15% of the tokens ([CLS] and the [SEP]s counted, as Megatron does), each sample's count
-  // rounded: within half a token per sample of 15%.
-  EXPECT_NEAR(double(maskedTotal) / double(lengths), 0.15, 0.5 * samples / double(lengths));
+  // rounded, and capped at the floor of 15% of its target (3 fewer than the sequence): within
+  // one token per sample of 15%.
+  EXPECT_NEAR(double(maskedTotal) / double(lengths), 0.15, 1.0 * samples / double(lengths));
   std::printf("masked: %.4f of all tokens, %.4f of the non-special ones; full samples %lld, padded %lld\n",
               double(maskedTotal) / double(lengths), double(maskedTotal) / double(candidates), (long long)full,
               (long long)padded);

@@ -241,9 +241,16 @@ TEST(Training, BertPretrainsExportsAndReadsBack) {
   ASSERT_EQ(a.exitCode, 0) << a.output;
   std::vector<std::string> l = lines(log);
   ASSERT_EQ(l.size(), 30u);
-  double start = std::stod(l.front().substr(l.front().find(' '))), end = std::stod(l.back().substr(l.back().find(' ')));
+  // The first and the last five iterations' mean losses (a step's loss over 8 samples' ~60
+  // masked tokens is noisy).
+  auto meanLoss = [&](size_t from) {
+    double sum = 0;
+    for (size_t k = from; k < from + 5; ++k) sum += std::stod(l[k].substr(l[k].find(' ')));
+    return sum / 5;
+  };
+  double start = meanLoss(0), end = meanLoss(l.size() - 5);
   EXPECT_GT(start, 10.0);  // ln(30522) = 10.3 for the masked LM, ln 2 = 0.69 for the sentence order
-  EXPECT_LT(end, start - 1.0) << a.output;
+  EXPECT_LT(end, start - 0.7) << a.output;
   std::ifstream config(dir + "/config.json");
   std::string text((std::istreambuf_iterator<char>(config)), std::istreambuf_iterator<char>());
   EXPECT_NE(text.find("MegatronBertForPreTraining"), std::string::npos) << text;
