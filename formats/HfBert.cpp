@@ -2,6 +2,8 @@
 
 #include <regex>
 
+#include "formats/HfGpt2.h"
+
 namespace loom {
 namespace {
 
@@ -74,14 +76,14 @@ Status toHuggingFaceBert(const std::map<std::string, HostTensor> &loom, int64_t 
       std::string hfPrefix = "bert.encoder.layer." + m[1].str() + ".", rest = m[2].str();
       if (rest == "attn.c_attn.weight" || rest == "attn.c_attn.bias") {
         bool weight = rest == "attn.c_attn.weight";
-        int64_t cols = t.shape.back(), in = weight ? t.shape[0] : 1, hd = cols / (3 * heads), out = heads * hd;
+        int64_t cols = t.shape.back(), in = weight ? t.shape[0] : 1, out = cols / 3;
         if (cols % (3 * heads) != 0) return Status::error(name + ": columns do not split into 3 x heads");
+        // GPT-2's column order [3, heads, hd], then each third transposed into its own nn.Linear.
+        HostTensor ordered = permuteQkvColumns(t, heads, /*toHf=*/true);
         for (int j = 0; j < 3; ++j) {
           HostTensor part = HostTensor::zeros(weight ? std::vector<int64_t>{out, in} : std::vector<int64_t>{out});
-          for (int64_t h = 0; h < heads; ++h)
-            for (int64_t d = 0; d < hd; ++d)
-              for (int64_t r = 0; r < in; ++r)  // HF [out, in]: row h hd + d is Loom's column (h 3 + j) hd + d
-                part.data[(h * hd + d) * in + r] = t.data[r * cols + (h * 3 + j) * hd + d];
+          for (int64_t o = 0; o < out; ++o)
+            for (int64_t r = 0; r < in; ++r) part.data[o * in + r] = ordered.data[r * cols + j * out + o];
           (*hf)[hfPrefix + "attention.self." + kQkvNames[j] + (weight ? ".weight" : ".bias")] = std::move(part);
         }
         continue;
@@ -148,17 +150,16 @@ Status fromHuggingFaceBert(const std::map<std::string, HostTensor> &hf, int64_t 
     if (parts.size() != 3) return Status::error(name + ": the query, key and value are not all there");
     bool weight = name.size() > 7 && name.compare(name.size() - 7, 7, ".weight") == 0;
     const HostTensor &q = *parts[0];
-    int64_t out = q.shape[0], in = weight ? q.shape[1] : 1, hd = out / heads;
+    int64_t out = q.shape[0], in = weight ? q.shape[1] : 1;
     if (out % heads != 0) return Status::error(name + ": " + std::to_string(out) + " rows do not split into heads");
     for (auto &[j, p] : parts)
       if (p->shape != q.shape) return Status::error(name + ": query, key and value differ in shape");
-    HostTensor fused = HostTensor::zeros(weight ? std::vector<int64_t>{in, 3 * out} : std::vector<int64_t>{3 * out});
+    // The three transposed side by side in GPT-2's column order [3, heads, hd], then Loom's.
+    HostTensor ordered = HostTensor::zeros(weight ? std::vector<int64_t>{in, 3 * out} : std::vector<int64_t>{3 * out});
     for (int j = 0; j < 3; ++j)
-      for (int64_t h = 0; h < heads; ++h)
-        for (int64_t d = 0; d < hd; ++d)
-          for (int64_t r = 0; r < in; ++r)
-            fused.data[r * 3 * out + (h * 3 + j) * hd + d] = parts[j]->data[(h * hd + d) * in + r];
-    (*loom)[name] = std::move(fused);
+      for (int64_t o = 0; o < out; ++o)
+        for (int64_t r = 0; r < in; ++r) ordered.data[r * 3 * out + j * out + o] = parts[j]->data[o * in + r];
+    (*loom)[name] = permuteQkvColumns(ordered, heads, /*toHf=*/false);
   }
   return Status::ok();
 }

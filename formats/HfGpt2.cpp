@@ -7,9 +7,9 @@ namespace {
 
 bool isQkv(const std::string &name) { return name.find(".attn.c_attn.") != std::string::npos; }
 
-// Column permutation of the QKV projection between [heads, 3, hd] (Loom) and [3, heads, hd]
-// (Hugging Face), for a [in, 3H] weight or a [3H] bias.
-HostTensor permuteQkv(const HostTensor &t, int64_t heads, bool toHf) {
+}  // namespace
+
+HostTensor permuteQkvColumns(const HostTensor &t, int64_t heads, bool toHf) {
   HostTensor out = t;
   int64_t cols = t.shape.back(), rows = t.numel() / cols, hd = cols / (3 * heads);
   for (int64_t r = 0; r < rows; ++r)
@@ -25,8 +25,6 @@ HostTensor permuteQkv(const HostTensor &t, int64_t heads, bool toHf) {
   return out;
 }
 
-}  // namespace
-
 std::map<std::string, HostTensor> toHuggingFaceGpt2(const std::map<std::string, HostTensor> &loom, int64_t vocab,
                                                     int64_t heads) {
   std::map<std::string, HostTensor> hf;
@@ -37,7 +35,7 @@ std::map<std::string, HostTensor> toHuggingFaceGpt2(const std::map<std::string, 
       w.data.assign(t.data.begin(), t.data.begin() + vocab * t.shape[1]);
       hf[name] = std::move(w);
     } else if (isQkv(name)) {
-      hf[name] = permuteQkv(t, heads, true);
+      hf[name] = permuteQkvColumns(t, heads, true);
     } else {
       hf[name] = t;
     }
@@ -62,7 +60,7 @@ Status fromHuggingFaceGpt2(const std::map<std::string, HostTensor> &hf, int64_t 
       if (t.shape.back() % (3 * heads) != 0)
         return Status::error(raw + ": " + std::to_string(t.shape.back()) + " columns do not split into 3 x " +
                              std::to_string(heads) + " heads");
-      (*loom)[name] = permuteQkv(t, heads, false);
+      (*loom)[name] = permuteQkvColumns(t, heads, false);
     } else {
       (*loom)[name] = t;
     }

@@ -15,6 +15,10 @@
 
 namespace loom {
 
+// Column permutation of a fused QKV projection (a [in, 3H] weight or a [3H] bias) between Loom's
+// per-head grouping [heads, 3, hd] and Hugging Face's [3, heads, hd] (toHf, or back).
+HostTensor permuteQkvColumns(const HostTensor &t, int64_t heads, bool toHf);
+
 std::map<std::string, HostTensor> toHuggingFaceGpt2(const std::map<std::string, HostTensor> &loom, int64_t vocab,
                                                     int64_t heads);
 Status fromHuggingFaceGpt2(const std::map<std::string, HostTensor> &hf, int64_t paddedVocab, int64_t heads,
