@@ -23,7 +23,14 @@ Loom's code; it reads Loom's files (safetensors weights and batches) and writes 
   sop_labels[:, 0]) (sop_mask: 1 at each sample's position 0, 0 elsewhere).
 - loss = mlm + sop. LayerNorm eps: config.json's layer_norm_eps.
 
-fp32 only (no mixed-precision rounding points yet). loom_grads_to_hf maps Loom's gradient dump
+precision "bf16" / "fp16": mixed precision's rounding points (gpt_oracle.rounding, the recipe of
+Micikevicius et al. 2018): every op's output and every weight an op reads rounded to 16 bits, each
+op computing in fp32 between them (the embedding sum of words and positions is one op, the
+segments' addition another; a linear's bias is added before its rounding); the softmax, the
+norms' statistics and both losses in fp32; bf16 attention rounds where FlashAttention does
+(gpt_oracle.attention_rounding), the padded keys' probabilities exactly 0.
+
+loom_grads_to_hf maps Loom's gradient dump
 (its own names and [in, out] layouts, fused per-head QKV, padded vocabulary) to these names.
 """
 import math
@@ -31,6 +38,8 @@ import re
 
 import torch
 import torch.nn.functional as F
+
+from gpt_oracle import attention_rounding, rounding
 
 
 def gelu_new(x):
@@ -64,13 +73,14 @@ def hf_shapes(config):
 
 class MegatronBert:
     def __init__(self, weights, config, precision="fp32"):
-        if precision != "fp32":
-            raise ValueError(f"the BERT oracle is fp32 only (asked for {precision})")
+        if precision not in ("fp32", "bf16", "fp16"):
+            raise ValueError(f"precision {precision!r}: the BERT oracle knows fp32, bf16 and fp16")
         if config.get("hidden_act", "gelu_new") != "gelu_new":
             raise ValueError(f"hidden_act {config['hidden_act']!r}: the BERT oracle implements gelu_new")
         if not config.get("tie_word_embeddings", True):
             raise ValueError("the BERT oracle ties the MLM decoder to the word embeddings")
-        self.c = config
+        self.c, self.r = config, rounding(precision)
+        self.attention_rounding = attention_rounding(precision)
         want = hf_shapes(config)
         missing = sorted(set(want) - set(weights))
         extra = sorted(set(weights) - set(want))
@@ -85,38 +95,42 @@ class MegatronBert:
     def parameters(self):
         return self.p
 
+    # Each op below returns its output rounded (self.r: the identity in fp32); p holds the
+    # weights as the ops read them (rounded).
     def ln(self, x, p, name):
-        return F.layer_norm(x, x.shape[-1:], p[name + ".weight"], p[name + ".bias"], self.c["layer_norm_eps"])
+        return self.r(F.layer_norm(x, x.shape[-1:], p[name + ".weight"], p[name + ".bias"], self.c["layer_norm_eps"]))
 
-    @staticmethod
-    def linear(x, p, name):
-        return x @ p[name + ".weight"].t() + p[name + ".bias"]
+    def linear(self, x, p, name):
+        return self.r(x @ p[name + ".weight"].t() + p[name + ".bias"])
 
     def embed(self, p, tokens, token_types):
-        S = tokens.shape[1]
-        return (p["bert.embeddings.word_embeddings.weight"][tokens.long()]
-                + p["bert.embeddings.position_embeddings.weight"][torch.arange(S)]
-                + p["bert.embeddings.token_type_embeddings.weight"][token_types.long()])
+        S, r = tokens.shape[1], self.r
+        x = r(p["bert.embeddings.word_embeddings.weight"][tokens.long()]
+              + p["bert.embeddings.position_embeddings.weight"][torch.arange(S)])
+        return r(x + p["bert.embeddings.token_type_embeddings.weight"][token_types.long()])
 
     def layer(self, p, l, x, keep):
         """Encoder layer l on x [B, S, H]; keep [B, S] bool: the keys attention may use."""
-        c, pre = self.c, f"bert.encoder.layer.{l}."
+        c, pre, r = self.c, f"bert.encoder.layer.{l}.", self.r
+        rs, rp = self.attention_rounding
         B, S, H = x.shape
         heads = c["num_attention_heads"]
         hd = H // heads
         h = self.ln(x, p, pre + "attention.ln")
         q, k, v = (self.linear(h, p, pre + "attention.self." + n).view(B, S, heads, hd).transpose(1, 2)
                    for n in ("query", "key", "value"))
-        scores = (q @ k.transpose(-1, -2)) / math.sqrt(hd)
+        scores = rs((q @ k.transpose(-1, -2)) / math.sqrt(hd))
         scores = scores.masked_fill(~keep[:, None, None, :], float("-inf"))
-        y = (scores.softmax(-1) @ v).transpose(1, 2).reshape(B, S, H)
-        x = x + self.linear(y, p, pre + "attention.output.dense")
+        y = r((rp(scores.softmax(-1)) @ v).transpose(1, 2).reshape(B, S, H))
+        x = r(x + self.linear(y, p, pre + "attention.output.dense"))
         h = self.ln(x, p, pre + "ln")
-        return x + self.linear(gelu_new(self.linear(h, p, pre + "intermediate.dense")), p, pre + "output.dense")
+        m = r(gelu_new(self.linear(h, p, pre + "intermediate.dense")))
+        return r(x + self.linear(m, p, pre + "output.dense"))
 
     def logits(self, batch):
         """(MLM logits [B, S, vocab], sentence-order logits [B, 2]) of a batch dict."""
-        p = self.p
+        r = self.r
+        p = {k: r(v) for k, v in self.p.items()}  # the weights the ops read
         keep = batch["attention_mask"] != 0
         if not bool(keep[:, 0].all()):
             raise ValueError("a sample's [CLS] (position 0) is masked in attention_mask")
@@ -124,10 +138,10 @@ class MegatronBert:
         for l in range(self.c["num_hidden_layers"]):
             x = self.layer(p, l, x, keep)
         x = self.ln(x, p, "bert.encoder.ln")
-        t = self.ln(gelu_new(self.linear(x, p, "cls.predictions.transform.dense")), p,
+        t = self.ln(r(gelu_new(self.linear(x, p, "cls.predictions.transform.dense"))), p,
                     "cls.predictions.transform.LayerNorm")
-        mlm = t @ p["bert.embeddings.word_embeddings.weight"].t() + p["cls.predictions.bias"]
-        pooled = torch.tanh(self.linear(x[:, 0], p, "bert.pooler.dense"))
+        mlm = r(t @ p["bert.embeddings.word_embeddings.weight"].t() + p["cls.predictions.bias"])
+        pooled = r(torch.tanh(self.linear(x[:, 0], p, "bert.pooler.dense")))
         return mlm, self.linear(pooled, p, "cls.seq_relationship")
 
     def losses(self, batch):

@@ -26,8 +26,8 @@ ln -sf "$root/apps/loomc-mutant" "$mutant/loomc"
   --model "$root/examples/models/llama-tiny.pbtxt" --work "${TEST_TMPDIR}/oracle-llama" --steps 10 --configs ci
 
 # BERT (bert-tiny: pre-LN, padded samples, masked LM plus the sentence-order head) against an
-# independent PyTorch MegatronBertForPreTraining (bert_oracle.py), its CI subset (fp32; no
-# context parallelism).
+# independent PyTorch MegatronBertForPreTraining (bert_oracle.py), its CI subset (no context
+# parallelism; bf16 and fp16 below).
 /usr/bin/python3 "$root/tests/oracle/run_oracle.py" --bin "$bin" \
   --model "$root/examples/models/bert-tiny.pbtxt" --work "${TEST_TMPDIR}/oracle-bert" --steps 10 --configs ci
 
@@ -49,15 +49,23 @@ ln -sf "$root/apps/loomc-mutant" "$mutant/loomc"
 /usr/bin/python3 "$root/tests/oracle/run_oracle.py" --bin "$bin" --precision bf16 \
   --model "$root/examples/models/llama-tiny.pbtxt" --work "${TEST_TMPDIR}/oracle-llama-bf16" --steps 10 \
   --configs t1p1d1,t2p1d1,t2p2d2-zero1
+/usr/bin/python3 "$root/tests/oracle/run_oracle.py" --bin "$bin" --precision bf16 \
+  --model "$root/examples/models/bert-tiny.pbtxt" --work "${TEST_TMPDIR}/oracle-bert-bf16" --steps 10 \
+  --configs t1p1d1,t2p2d1-1f1b,t2p2d2-sequence-parallel-zero1
 
 # fp16 plans (dynamic loss scaling) against the oracle rounding to fp16 with the same loss
-# scale; llama-tiny's iteration 9 overflows at 2^16 in both and is skipped (run_oracle.py).
+# scale; an iteration whose gradients overflow is skipped by both, and one Loom skips while the
+# oracle's gradients are finite fails (run_oracle.py: llama-tiny's iteration 9 at 2^16;
+# bert-tiny's iterations 8 and 9 at d = 2, each rank's gradients those of its own half).
 /usr/bin/python3 "$root/tests/oracle/run_oracle.py" --bin "$bin" --precision fp16 \
   --model "$root/examples/models/gpt-tiny.pbtxt" --work "${TEST_TMPDIR}/oracle-fp16" --steps 10 \
   --configs t1p1d1,t2p2d1-1f1b
 /usr/bin/python3 "$root/tests/oracle/run_oracle.py" --bin "$bin" --precision fp16 \
   --model "$root/examples/models/llama-tiny.pbtxt" --work "${TEST_TMPDIR}/oracle-llama-fp16" --steps 10 \
   --configs t1p1d1,t2p2d2-zero1
+/usr/bin/python3 "$root/tests/oracle/run_oracle.py" --bin "$bin" --precision fp16 \
+  --model "$root/examples/models/bert-tiny.pbtxt" --work "${TEST_TMPDIR}/oracle-bert-fp16" --steps 10 \
+  --configs t1p1d1,t1p1d2
 
 # IR edited by hand is what gets compiled and trained: gpt-tiny's IR with every attention
 # op's head count changed from 4 to 2 (heads of 32) and any module attribute removed, against

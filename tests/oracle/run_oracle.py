@@ -17,7 +17,7 @@ A BERT (architecture: BERT; the export's config.json naming MegatronBertForPreTr
 checked against bert_oracle.py: the objective mlm + sop (Megatron's pretrain_bert), each batch
 file's whole dict (tokens, token_types, attention_mask, labels, loss_mask, sop_labels, sop_mask)
 fed to it, Loom's step-1 gradients (its own names and layouts) mapped to Hugging Face's by
-bert_oracle.loom_grads_to_hf. fp32 only; no context or expert parallelism.
+bert_oracle.loom_grads_to_hf. fp32, bf16 or fp16; no context or expert parallelism.
 
 usage: run_oracle.py --bin DIR --model MODEL.pbtxt|MODEL.mlir --work DIR [--heads N] [--steps 10] [--configs NAME,...]
 
@@ -213,7 +213,9 @@ def model_config(path, vocab, work):
 # scale (so the gradients it rounds are the scaled ones, as Loom's are) and the gradients
 # divided by it before clipping; Loom's fp16 attention computes in fp32 between fp16 tensors,
 # and so does the oracle's. An fp16 ulp is 2^-11: the bounds are bf16's over 4 (measured on
-# gpt-tiny and llama-tiny: see docs/progress.md).
+# gpt-tiny and llama-tiny: see docs/progress.md). An iteration Loom skips (its gradients
+# overflowed) must overflow in the oracle too, which back-propagates each data- and
+# context-parallel rank's share as that rank does (below).
 PRECISION = "fp32"
 TOLERANCE = {"fp32": {"loss1": 1e-5, "loss": 1e-4, "grad": 1e-4, "params": 1e-4},
              "bf16": {"loss1": 2e-3, "loss": 2e-3, "grad": 3e-2, "params": 1e-2},
@@ -511,6 +513,14 @@ def check_config(args, name, cfg, failures):
             oracle.min_gap = float("inf")
             step_aux, step_dropped, step_assigned = 0.0, 0, 0
         scale = scale_now if skipped else log[step + 1][1]
+        # Each data-parallel rank back-propagates its own micro-batches' loss over m, and each
+        # context-parallel rank its own tokens' mean (cp times its share of the sequence's), the
+        # d x cp ranks' gradients averaged after the backward (Megatron's DDP; its CP loss times
+        # cp): the 16-bit values the oracle rounds are those of the loss times d cp, its
+        # gradients divided by d cp after. (Exact in fp32 and for powers of two; what it changes
+        # is where fp16 overflows.)
+        averaged = d * cp
+        scale *= averaged
         for path in batches:
             b, _ = read_safetensors(path)
             if isinstance(oracle, Mixtral):
@@ -538,17 +548,20 @@ def check_config(args, name, cfg, failures):
             break
         if skipped:
             finite = all(bool(torch.isfinite(q.grad).all()) for q in params.values())
-            print(f"   iteration {step + 1}: skipped by Loom (inf/NaN gradients at loss scale {scale:g}); the "
+            print(f"   iteration {step + 1}: skipped by Loom (inf/NaN gradients at loss scale {scale / averaged:g}); the "
                   f"oracle's gradients at that scale {'are finite' if finite else 'overflow too'}", flush=True)
-            scale_now = scale / 2
+            if finite:
+                problems.append(f"iteration {step + 1}: Loom's gradients overflowed at loss scale {scale / averaged:g}, "
+                                "the oracle's are finite")
+            scale_now = scale / averaged / 2
             continue
-        scale_now = scale
+        scale_now = scale / averaged
         if scale != 1.0:
             for q in params.values():
                 q.grad /= scale
         if step == 0:
             # Loom's main gradients as dumped hold the loss scale (fp16): unscaled here.
-            loom_grads = {k: g / scale
+            loom_grads = {k: g / scale_now
                           for k, g in split_expert_grads(job_gradients(os.path.join(work, "grads"), world)).items()}
             if isinstance(oracle, MegatronBert):
                 # Loom's BERT names and layouts -> Hugging Face's (an unknown name is an error);
@@ -674,8 +687,6 @@ def main():
         sys.exit(1)
     llama = "architecture: LLAMA" in text or "loom.grouped_attention" in text
     args.bert = bool(re.search(r"^\s*architecture:\s*BERT\b", text, re.M))
-    if args.bert and PRECISION != "fp32":
-        raise SystemExit(f"run_oracle.py: the BERT oracle is fp32 only (no {PRECISION} rounding points yet)")
     ci = (MOE_CI_CONFIGS if args.moe else LLAMA_CI_CONFIGS if llama else BERT_CI_CONFIGS if args.bert
           else CI_CONFIGS)
     names = ci if args.configs == "ci" else list(CONFIGS) if args.configs == "all" else args.configs.split(",")
