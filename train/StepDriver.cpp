@@ -25,12 +25,35 @@ Status unbound(const plan::Program &prog, const plan::Binding &a, int mb) {
                        a.name() + "' (micro-batch " + std::to_string(mb) + "): the plan and the schedule disagree");
 }
 
-// Context parallelism: each [count, S] tensor of the batch cut to this rank's two chunks along
-// the sequence (the labels were shifted before the cut, so each token keeps its next one).
-std::map<std::string, HostTensor> contextChunksOf(const std::map<std::string, HostTensor> &batch,
-                                                  const ContextChunks &chunks) {
-  std::map<std::string, HostTensor> out;
+}  // namespace
+
+// The labels were shifted before the cut, so each token keeps its next one. Each cp rank's loss
+// is the mean over its own tokens, and the d x cp ranks' gradients are averaged
+// (passes/ContextParallel.cpp): the sequence's mean only when every rank's chunks hold the same
+// number of loss_mask tokens. A batch where they do not is refused, not trained on a silently
+// different loss.
+Status contextChunksOf(const std::map<std::string, HostTensor> &batch, const ContextChunks &chunks, int mb,
+                       std::map<std::string, HostTensor> *result) {
   int64_t C = chunks.chunk();
+  if (auto mask = batch.find("loss_mask"); mask != batch.end()) {
+    const HostTensor &t = mask->second;
+    int64_t count = t.shape.empty() ? 0 : t.shape[0];
+    std::vector<double> perRank(chunks.c, 0.0);
+    for (int64_t b = 0; b < count; ++b)
+      for (int r = 0; r < chunks.c; ++r)
+        for (int which = 0; which < 2; ++which) {
+          int64_t from = b * chunks.seq + chunks.chunkOf(r, which) * C;
+          for (int64_t i = from; i < from + C; ++i) perRank[r] += t.data[i];
+        }
+    for (int r = 1; r < chunks.c; ++r)
+      if (perRank[r] != perRank[0])
+        return Status::error("context parallelism: micro-batch " + std::to_string(mb) + "'s loss_mask holds " +
+                             std::to_string(int64_t(perRank[0])) + " tokens in cp rank 0's chunks and " +
+                             std::to_string(int64_t(perRank[r])) + " in cp rank " + std::to_string(r) +
+                             "'s; each rank's mean loss averaged would not be the sequence's (use c = 1 for "
+                             "data whose loss mask is not uniform)");
+  }
+  std::map<std::string, HostTensor> out;
   for (const auto &[name, t] : batch) {
     int64_t count = t.shape.empty() ? 0 : t.shape[0];
     HostTensor cut{{count, chunks.local()}};
@@ -45,10 +68,9 @@ std::map<std::string, HostTensor> contextChunksOf(const std::map<std::string, Ho
       }
     out[name] = std::move(cut);
   }
-  return out;
+  *result = std::move(out);
+  return Status::ok();
 }
-
-}  // namespace
 
 uint64_t dropoutSeed(uint64_t seed, int64_t step, int dp, int mb) {
   uint64_t z = seed ^ (uint64_t(step) * 0x9E3779B97F4A7C15ull) ^ (uint64_t(dp) << 40) ^ (uint64_t(mb) << 20);
@@ -217,7 +239,9 @@ Status StepDriver::bind(const plan::Program &prog, int mb, DataSource *data, int
                           plan_.dp_rank(), mb);
             LOOM_RETURN_IF_ERROR(writeSafetensors(dumpBatches_ + name, f));
           }
-          if (plan_.c() > 1) batch = contextChunksOf(batch, ContextChunks{plan_.seq_length(), plan_.c(), plan_.cp_rank()});
+          if (plan_.c() > 1)
+            LOOM_RETURN_IF_ERROR(contextChunksOf(batch, ContextChunks{plan_.seq_length(), plan_.c(), plan_.cp_rank()},
+                                                 mb, &batch));
           for (auto &[name, t] : batch) {
             ArgumentView input;
             LOOM_RETURN_IF_ERROR(backend_.storage("input/" + name + "/" + inputSlot,

@@ -15,6 +15,7 @@
 #include "protos/plan.pb.h"
 #include "runtime/Collectives.h"
 #include "data/DataSource.h"
+#include "plan/Layout.h"
 #include "runtime/Executor.h"
 #include "runtime/StepBackend.h"
 #include "support/Status.h"
@@ -34,6 +35,12 @@ struct OptimizerScalars {
 uint64_t dropoutSeed(uint64_t seed, int64_t step, int dp, int mb);
 // The global index of the first sample of micro-batch mb of `step` on this data-parallel rank.
 int64_t firstSampleOf(const plan::RankPlan &plan, int64_t step, int mb);
+
+// Context parallelism: each [count, S] tensor of a micro-batch (mb) cut to the two sequence
+// chunks of cp rank chunks.rank, into *result (which may be &batch). A loss_mask whose tokens
+// are not spread evenly over the cp ranks is refused in one line naming the micro-batch.
+Status contextChunksOf(const std::map<std::string, HostTensor> &batch, const ContextChunks &chunks, int mb,
+                       std::map<std::string, HostTensor> *result);
 
 class StepDriver {
  public:

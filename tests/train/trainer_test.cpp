@@ -1,6 +1,6 @@
 // The trainer's checkpoint file on the CPU backend: a ZeRO-1 rank's pieces (AdamW's moments cut
 // from its flat shard) load into a plan whose flat parameter layout differs, each moment into
-// its own parameter.
+// its own parameter. The step driver's context-parallel cut of a micro-batch.
 #include <gtest/gtest.h>
 
 #include <cstdlib>
@@ -13,6 +13,7 @@
 #include "formats/Checkpoint.h"
 #include "runtime/CpuBackend.h"
 #include "runtime/ThreadCollectives.h"
+#include "train/StepDriver.h"
 #include "train/Trainer.h"
 
 namespace loom {
@@ -106,6 +107,33 @@ TEST(Trainer, AZeroOneCheckpointLoadsIntoAnotherFlatLayout) {
   bool differs = false;
   for (auto &[name, t] : pf) differs |= t.data != pb.at(name).data;
   EXPECT_TRUE(differs);
+}
+
+// Context parallelism cuts each sample into 2c chunks, cp rank r keeping chunks r and 2c-1-r;
+// a loss_mask whose tokens are not spread evenly over the cp ranks is refused (each rank's
+// mean averaged would not be the sequence's), one whose are is cut like the rest.
+TEST(StepDriver, ContextChunksCutTheSequenceAndRefuseAnUnevenLossMask) {
+  HostTensor tokens{{2, 8}}, mask{{2, 8}};
+  tokens.isInt = true;
+  for (int i = 0; i < 16; ++i) tokens.ints.push_back(i);
+  mask.data.assign(16, 1.0f);
+  std::map<std::string, HostTensor> cut;
+  ASSERT_TRUE(contextChunksOf({{"tokens", tokens}, {"loss_mask", mask}}, ContextChunks{8, 2, 1}, 3, &cut).isOk());
+  EXPECT_EQ(cut["tokens"].shape, (std::vector<int64_t>{2, 4}));
+  EXPECT_EQ(cut["tokens"].ints, (std::vector<int32_t>{2, 3, 4, 5, 10, 11, 12, 13}));
+  EXPECT_EQ(cut["loss_mask"].data.size(), 8u);
+
+  mask.data[0] = 0;  // sample 0, position 0: cp rank 0's chunk 0
+  Status s = contextChunksOf({{"tokens", tokens}, {"loss_mask", mask}}, ContextChunks{8, 2, 1}, 3, &cut);
+  ASSERT_FALSE(s.isOk());
+  EXPECT_NE(s.message().find("micro-batch 3's loss_mask holds 7 tokens in cp rank 0's chunks and 8 in cp rank 1's"),
+            std::string::npos)
+      << s.message();
+
+  mask.data[8 + 4] = 0;  // sample 1, position 4: cp rank 1's chunk 2; 7 and 7
+  ASSERT_TRUE(contextChunksOf({{"tokens", tokens}, {"loss_mask", mask}}, ContextChunks{8, 2, 0}, 3, &cut).isOk());
+  EXPECT_EQ(cut["tokens"].ints, (std::vector<int32_t>{0, 1, 6, 7, 8, 9, 14, 15}));
+  EXPECT_EQ(cut["loss_mask"].data, (std::vector<float>{0, 1, 1, 1, 1, 1, 1, 1}));
 }
 
 }  // namespace
