@@ -501,6 +501,10 @@ class DeviceRun {
     LOOM_KERNEL(kSumSquares, optimizerOp);
     LOOM_KERNEL(kAdamw, optimizerOp);
     LOOM_KERNEL(kGradNorm, gradNorm);
+    LOOM_KERNEL(kTanh, tanh);
+    LOOM_KERNEL(kTanhGrad, tanhGrad);
+    LOOM_KERNEL(kAddTokenType, tokenType);
+    LOOM_KERNEL(kTokenTypeGrad, tokenType);
 #undef LOOM_KERNEL
   }
 
@@ -682,6 +686,33 @@ class DeviceRun {
     int64_t rows = k.dim(y, 0), hidden = k.dim(y, 1);
     embeddingBackward(ints(tok), typed(k.in("grad")), wide(y), k.numel(tok), hidden,
                       shardStart(k.str("vocab_parallel_group"), rows), rows, st_);
+    return Status::ok();
+  }
+  Status tanh(const KernelCall &k) {
+    tanhForward(typed(k.in("input")), typed(k.out("result")), k.numel(k.in("input")), st_);
+    return Status::ok();
+  }
+  Status tanhGrad(const KernelCall &k) {
+    tanhBackward(typed(k.in("input")), typed(k.in("grad")), typed(k.out("result")), k.numel(k.in("input")), st_);
+    return Status::ok();
+  }
+  // add_token_type and token_type_grad: the rank's rows of each sample (its slice of the
+  // sequence under sequence parallelism) against the whole samples' token types.
+  Status tokenType(const KernelCall &k) {
+    bool fwd = k.decl.id == isa::OpId::kAddTokenType;
+    int x = fwd ? k.in("input") : k.in("grad"), types = k.in("token_types");
+    int table = fwd ? k.in("table") : k.out("result");
+    int64_t batch = k.dim(x, 0), rows = k.dim(x, 1), hidden = k.dim(x, 2), seq = k.dim(types, 1);
+    int64_t first = shardStart(k.str("sequence_parallel_group"), rows), tableRows = k.dim(table, 0);
+    if (k.dim(types, 0) != batch || first + rows > seq || k.dim(table, 1) != hidden)
+      return Status::error(std::string(k.decl.name) + ": token_types [" + std::to_string(k.dim(types, 0)) + ", " +
+                           std::to_string(seq) + "] do not cover rows " + std::to_string(first) + ".." +
+                           std::to_string(first + rows) + " of " + std::to_string(batch) + " samples (corrupt plan)");
+    if (fwd)
+      addTokenType(typed(x), ints(types), typed(table), typed(k.out("result")), batch, rows, seq, first, hidden,
+                   tableRows, st_);
+    else
+      tokenTypeGrad(ints(types), typed(x), typed(table), batch, rows, seq, first, hidden, tableRows, st_);
     return Status::ok();
   }
   Status positionGrad(const KernelCall &k) {

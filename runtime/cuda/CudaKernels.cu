@@ -204,6 +204,44 @@ __global__ void geluBackwardKernel(In x, In g, Out dx, int64_t count) {
   store(dx, i, gi * (0.5f * (1.0f + t) + 0.5f * v * (1.0f - t * t) * kGeluC * (1.0f + 3 * 0.044715f * v * v)));
 }
 
+__global__ void tanhForwardKernel(In x, Out y, int64_t count) {
+  int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
+  if (i >= count) return;
+  store(y, i, tanhf(load(x, i)));
+}
+
+__global__ void tanhBackwardKernel(In x, In g, Out dx, int64_t count) {
+  int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
+  if (i >= count) return;
+  float t = tanhf(load(x, i));
+  store(dx, i, load(g, i) * (1.0f - t * t));
+}
+
+// Token (b, s) of the rank's rows: its type is types[b * seq + first + s]. A type outside the
+// table gives NaN (the loss then says so) rather than another row.
+__global__ void addTokenTypeKernel(In x, const int32_t *types, In table, Out y, int64_t rows, int64_t seq,
+                                   int64_t first, int64_t hidden, int64_t tableRows) {
+  int64_t t = blockIdx.x, b = t / rows, s = t % rows;
+  int64_t type = types[b * seq + first + s];
+  bool valid = type >= 0 && type < tableRows;
+  for (int64_t i = threadIdx.x; i < hidden; i += blockDim.x)
+    store(y, t * hidden + i, valid ? load(x, t * hidden + i) + load(table, type * hidden + i) : NAN);
+}
+
+// One thread per (type, column): the column's sum over the tokens of that type in token order
+// (a fixed order, no atomics: the table has a few rows, every token adds to one of them).
+__global__ void tokenTypeGradKernel(const int32_t *types, In g, Out dtable, int64_t batch, int64_t rows, int64_t seq,
+                                    int64_t first, int64_t hidden, int64_t tableRows) {
+  int64_t c = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
+  if (c >= tableRows * hidden) return;
+  int64_t type = c / hidden, col = c % hidden;
+  float acc = 0;
+  for (int64_t b = 0; b < batch; ++b)
+    for (int64_t s = 0; s < rows; ++s)
+      if (types[b * seq + first + s] == type) acc += load(g, (b * rows + s) * hidden + col);
+  store(dtable, c, acc);
+}
+
 __global__ void dropoutKernel(In x, Out y, int64_t count, float rate, uint64_t seed, uint64_t stream) {
   int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
   if (i >= count) return;
@@ -375,6 +413,26 @@ void geluForward(In x, Out y, int64_t count, cudaStream_t s) {
 
 void geluBackward(In x, In g, Out dx, int64_t count, cudaStream_t s) {
   geluBackwardKernel<<<blocks(count), kThreads, 0, s>>>(x, g, dx, count);
+}
+
+void tanhForward(In x, Out y, int64_t count, cudaStream_t s) {
+  tanhForwardKernel<<<blocks(count), kThreads, 0, s>>>(x, y, count);
+}
+
+void tanhBackward(In x, In g, Out dx, int64_t count, cudaStream_t s) {
+  tanhBackwardKernel<<<blocks(count), kThreads, 0, s>>>(x, g, dx, count);
+}
+
+void addTokenType(In x, const int32_t *types, In table, Out y, int64_t batch, int64_t rows, int64_t seq, int64_t first,
+                  int64_t hidden, int64_t tableRows, cudaStream_t s) {
+  if (batch * rows <= 0) return;  // an empty grid is a launch error
+  addTokenTypeKernel<<<int(batch * rows), kThreads, 0, s>>>(x, types, table, y, rows, seq, first, hidden, tableRows);
+}
+
+void tokenTypeGrad(const int32_t *types, In g, Out dtable, int64_t batch, int64_t rows, int64_t seq, int64_t first,
+                   int64_t hidden, int64_t tableRows, cudaStream_t s) {
+  tokenTypeGradKernel<<<blocks(tableRows * hidden), kThreads, 0, s>>>(types, g, dtable, batch, rows, seq, first, hidden,
+                                                                      tableRows);
 }
 
 void dropoutForward(In x, Out y, int64_t count, float rate, uint64_t seed, uint64_t stream, cudaStream_t s) {

@@ -37,6 +37,17 @@ void addBroadcast(In x, In v, Out y, int64_t count, int64_t period, cudaStream_t
 void sumRows(In g, Out out, int64_t m, int64_t n, cudaStream_t s);
 void geluForward(In x, Out y, int64_t count, cudaStream_t s);
 void geluBackward(In x, In g, Out dx, int64_t count, cudaStream_t s);
+// BERT's pooler activation: y = tanh(x); dx = g (1 - tanh(x)^2).
+void tanhForward(In x, Out y, int64_t count, cudaStream_t s);
+void tanhBackward(In x, In g, Out dx, int64_t count, cudaStream_t s);
+// BERT's segment embeddings: y[b, s] = x[b, s] + table[types[b, first + s]] for the rank's `rows`
+// of each sample's `seq` (first > 0 under sequence parallelism); a type outside the table's
+// tableRows gives NaN. The gradient: dtable[t] = the sum of g's rows of type t, in token order
+// (deterministic, no atomics), rounded once.
+void addTokenType(In x, const int32_t *types, In table, Out y, int64_t batch, int64_t rows, int64_t seq, int64_t first,
+                  int64_t hidden, int64_t tableRows, cudaStream_t s);
+void tokenTypeGrad(const int32_t *types, In g, Out dtable, int64_t batch, int64_t rows, int64_t seq, int64_t first,
+                   int64_t hidden, int64_t tableRows, cudaStream_t s);
 void dropoutForward(In x, Out y, int64_t count, float rate, uint64_t seed, uint64_t stream, cudaStream_t s);
 // position: nullable.
 void embeddingForward(const int32_t *tokens, In word, In position, Out out, int64_t tokenCount, int64_t seq,

@@ -1,6 +1,6 @@
-// The CUDA executor against the CPU executor on every program of gpt-tiny compiled by loomc
-// for one rank (forward and backward with the same arguments: results within 1e-4 relative
-// L2). Needs a GPU; without one, what runs is the check that creating the executor fails
+// The CUDA executor against the CPU executor on every program of gpt-tiny and bert-tiny
+// compiled by loomc for one rank (forward and backward with the same arguments: fp32 results
+// within 1e-4 relative L2; bf16 plans within their rounding). Needs a GPU; without one, what runs is the check that creating the executor fails
 // with a one-line CUDA error instead of crashing.
 #include <gtest/gtest.h>
 
@@ -23,8 +23,9 @@
 namespace loom {
 namespace {
 
-// Deterministic arguments: token ids below 50 (every test vocabulary is larger), masks of
-// ones, everything else normal(0, 0.5).
+// Deterministic arguments: token ids below 50 (every test vocabulary is larger), BERT's token
+// types and sentence-order labels 0 or 1, BERT's attention_mask with a quarter of the keys
+// padded (never a sample's first), other masks of ones, everything else normal(0, 0.5).
 std::vector<HostTensor> argumentsFor(const plan::Program &program, std::mt19937 &rng) {
   std::normal_distribution<float> normal(0.0f, 0.5f);
   std::vector<HostTensor> args;
@@ -35,11 +36,14 @@ std::vector<HostTensor> argumentsFor(const plan::Program &program, std::mt19937 
     if (b.dtype() == plan::I32) {
       t.isInt = true;
       t.ints.resize(size_t(t.numel()));
-      for (int32_t &v : t.ints) v = int32_t(rng() % 50);
+      uint32_t below = binding.name() == "token_types" || binding.name() == "sop_labels" ? 2 : 50;
+      for (int32_t &v : t.ints) v = int32_t(rng() % below);
     } else {
       t.data.resize(size_t(t.numel()));
       bool mask = binding.name().find("mask") != std::string::npos;
-      for (float &v : t.data) v = mask ? 1.0f : normal(rng);
+      bool keys = binding.name() == "attention_mask" && t.shape.size() == 2;
+      for (size_t i = 0; i < t.data.size(); ++i)
+        t.data[i] = keys ? (i % size_t(t.shape[1]) == 0 || rng() % 4 != 0 ? 1.0f : 0.0f) : mask ? 1.0f : normal(rng);
     }
     args.push_back(std::move(t));
   }
@@ -117,22 +121,14 @@ struct Numerics {
 };
 class CudaExecutorPrecision : public ::testing::TestWithParam<Numerics> {};
 
-TEST_P(CudaExecutorPrecision, MatchesTheCpuExecutorOnEveryProgramOfGptTiny) {
-  const cuda::Precision precision = GetParam().precision;
-  const double tolerance = precision == cuda::Precision::kFp32 ? 1e-4 : precision == cuda::Precision::kBf16 ? 3e-2 : 5e-3;
-  const char *why = "";
-  if (!cuda::deviceAvailable(&why)) GTEST_SKIP() << "no CUDA device (" << why << "): skipping the executor check";
-  plan::RankPlan rank;
-  plan::ProgramSet programs;
-  test::loadGptTinyPlan(&rank, &programs);
-  if (HasFatalFailure()) return;
-
+// Every program of (rank, programs) on the CUDA executor with `options` against the CPU
+// executor, each result within `tolerance` (relative L2).
+void expectEveryProgramMatchesTheCpu(const plan::RankPlan &rank, const plan::ProgramSet &programs,
+                                     const cuda::CudaExecutorOptions &options, double tolerance) {
   std::unique_ptr<cuda::NcclGroups> groups;
   std::unique_ptr<cuda::CudaExecutor> executor;
-  cuda::CudaExecutorOptions options;
-  options.precision = precision, options.attention = GetParam().attention;
   makeExecutor(rank, options, &groups, &executor);
-  if (HasFatalFailure()) return;
+  if (::testing::Test::HasFatalFailure()) return;
   Status s = Status::ok();
   ThreadWorld world(ParallelLayout{});
   std::unique_ptr<Collectives> collectives = world.forRank(0);
@@ -152,8 +148,39 @@ TEST_P(CudaExecutorPrecision, MatchesTheCpuExecutorOnEveryProgramOfGptTiny) {
     ASSERT_TRUE(s.isOk()) << s.message();
     ASSERT_EQ(got.size(), want.size());
     for (size_t i = 0; i < got.size(); ++i)
-      EXPECT_LT(relErr(got[i].data, want[i].data), tolerance)
-          << program.name() << " result " << program.results(i).name() << " (" << cuda::precisionName(precision) << ")";
+      EXPECT_LT(relErr(got[i].data, want[i].data), tolerance) << program.name() << " result "
+                                                               << program.results(i).name() << " ("
+                                                               << cuda::precisionName(options.precision) << ")";
+  }
+}
+
+TEST_P(CudaExecutorPrecision, MatchesTheCpuExecutorOnEveryProgramOfGptTiny) {
+  const cuda::Precision precision = GetParam().precision;
+  const double tolerance = precision == cuda::Precision::kFp32 ? 1e-4 : precision == cuda::Precision::kBf16 ? 3e-2 : 5e-3;
+  const char *why = "";
+  if (!cuda::deviceAvailable(&why)) GTEST_SKIP() << "no CUDA device (" << why << "): skipping the executor check";
+  plan::RankPlan rank;
+  plan::ProgramSet programs;
+  test::loadGptTinyPlan(&rank, &programs);
+  if (HasFatalFailure()) return;
+  cuda::CudaExecutorOptions options;
+  options.precision = precision, options.attention = GetParam().attention;
+  expectEveryProgramMatchesTheCpu(rank, programs, options, tolerance);
+}
+
+// BERT's ops (token types, padded keys in both attention kernels, tanh, the two-class loss) on
+// the GPU against the CPU, fp32 within 1e-4.
+TEST(CudaExecutor, MatchesTheCpuExecutorOnEveryProgramOfBertTiny) {
+  const char *why = "";
+  if (!cuda::deviceAvailable(&why)) GTEST_SKIP() << "no CUDA device (" << why << "): skipping the BERT executor check";
+  plan::RankPlan rank;
+  plan::ProgramSet programs;
+  test::loadBertTinyPlan(&rank, &programs);
+  if (HasFatalFailure()) return;
+  for (cuda::AttentionKernel attention : {cuda::AttentionKernel::kUnfused, cuda::AttentionKernel::kFlash}) {
+    cuda::CudaExecutorOptions options;
+    options.precision = cuda::Precision::kFp32, options.attention = attention;
+    expectEveryProgramMatchesTheCpu(rank, programs, options, 1e-4);
   }
 }
 
@@ -166,23 +193,18 @@ INSTANTIATE_TEST_SUITE_P(
     [](const auto &info) { return std::string(info.param.name); });
 
 
-// The bf16 plan of gpt-tiny, every program, against the CPU executor's bf16 execution: both
-// round every 16-bit result once at the same points, from the same (bf16-exact) arguments, so
-// they differ where a GEMM's or a reduction's summation order moves a value across a rounding
-// boundary, compounded through the program: within 3e-2 (the autocast case's bound above).
-TEST(CudaExecutorBf16Plan, MatchesTheCpuExecutorOnEveryProgramOfGptTiny) {
-  const char *why = "";
-  if (!cuda::deviceAvailable(&why)) GTEST_SKIP() << "no CUDA device (" << why << "): skipping the bf16 plan check";
-  plan::RankPlan rank;
-  plan::ProgramSet programs;
-  test::loadGptTinyBf16Plan(&rank, &programs);
-  if (HasFatalFailure()) return;
+// Every program of a 16-bit plan on the CUDA executor against the CPU executor's bf16
+// execution: both round every 16-bit result once at the same points, from the same
+// (bf16-exact) arguments, so they differ where a GEMM's or a reduction's summation order moves
+// a value across a rounding boundary, compounded through the program: within 3e-2 (the
+// autocast case's bound above).
+void expectEveryProgramOfABf16PlanMatchesTheCpu(const plan::RankPlan &rank, const plan::ProgramSet &programs) {
   std::unique_ptr<cuda::NcclGroups> groups;
   std::unique_ptr<cuda::CudaExecutor> executor;
   cuda::CudaExecutorOptions options;
   options.precision = cuda::Precision::kBf16;
   makeExecutor(rank, options, &groups, &executor);
-  if (HasFatalFailure()) return;
+  if (::testing::Test::HasFatalFailure()) return;
   Status s = Status::ok();
   ThreadWorld world(ParallelLayout{});
   std::unique_ptr<Collectives> collectives = world.forRank(0);
@@ -224,6 +246,26 @@ TEST(CudaExecutorBf16Plan, MatchesTheCpuExecutorOnEveryProgramOfGptTiny) {
       EXPECT_LT(relErr(got[i].data, want[i]), 3e-2) << program.name() << " result " << program.results(int(i)).name();
   }
   EXPECT_GT(sixteenBit, 0) << "the bf16 plan has no 16-bit arguments";
+}
+
+TEST(CudaExecutorBf16Plan, MatchesTheCpuExecutorOnEveryProgramOfGptTiny) {
+  const char *why = "";
+  if (!cuda::deviceAvailable(&why)) GTEST_SKIP() << "no CUDA device (" << why << "): skipping the bf16 plan check";
+  plan::RankPlan rank;
+  plan::ProgramSet programs;
+  test::loadGptTinyBf16Plan(&rank, &programs);
+  if (HasFatalFailure()) return;
+  expectEveryProgramOfABf16PlanMatchesTheCpu(rank, programs);
+}
+
+TEST(CudaExecutorBf16Plan, MatchesTheCpuExecutorOnEveryProgramOfBertTiny) {
+  const char *why = "";
+  if (!cuda::deviceAvailable(&why)) GTEST_SKIP() << "no CUDA device (" << why << "): skipping the BERT bf16 plan check";
+  plan::RankPlan rank;
+  plan::ProgramSet programs;
+  test::loadBertTinyPlan(&rank, &programs, /*bf16=*/true);
+  if (HasFatalFailure()) return;
+  expectEveryProgramOfABf16PlanMatchesTheCpu(rank, programs);
 }
 
 }  // namespace

@@ -80,6 +80,49 @@ TEST_F(CudaKernels, GeluForwardAndBackward) {
 
 // The LLaMA family's kernels: RMSNorm (block per row, shared-memory and atomic dgamma paths),
 // rotary embeddings and their inverse, SwiGLU.
+TEST_F(CudaKernels, TanhForwardAndBackward) {
+  int64_t n = 10000;
+  auto x = random(n, 3), g = random(n);
+  std::vector<float> y(n), dx(n);
+  cpu::tanhForward(x.data(), y.data(), n);
+  cpu::tanhBackward(x.data(), g.data(), dx.data(), n);
+  float *dy = zeros(n), *ddx = zeros(n);
+  cuda::tanhForward(up(x), dy, n, 0);
+  cuda::tanhBackward(up(x), up(g), ddx, n, 0);
+  EXPECT_LT(relErr(down(dy, n), y), 1e-5);
+  EXPECT_LT(relErr(down(ddx, n), dx), 1e-5);
+}
+
+// BERT's segment embeddings on a sequence-parallel slice (rows 5..12 of 20): each row plus its
+// type's table row; the table's gradient, each type's rows summed (a type outside the table
+// gives NaN rows, not another row).
+TEST_F(CudaKernels, TokenTypesForwardAndBackward) {
+  int64_t batch = 3, seq = 20, first = 5, rows = 8, hidden = 40, tableRows = 2;
+  std::vector<int32_t> types(batch * seq);
+  for (int32_t &t : types) t = int32_t(rng_() % 2);
+  auto x = random(batch * rows * hidden), table = random(tableRows * hidden), g = random(batch * rows * hidden);
+  std::vector<float> y(x.size()), dtable(tableRows * hidden, 0.0f);
+  for (int64_t b = 0; b < batch; ++b)
+    for (int64_t s = 0; s < rows; ++s)
+      for (int64_t h = 0; h < hidden; ++h) {
+        int64_t at = (b * rows + s) * hidden + h, type = types[b * seq + first + s];
+        y[at] = x[at] + table[type * hidden + h];
+        dtable[type * hidden + h] += g[at];
+      }
+  float *dy = zeros(x.size()), *ddt = zeros(dtable.size());
+  int32_t *dtypes = up(types);
+  cuda::addTokenType(up(x), dtypes, up(table), dy, batch, rows, seq, first, hidden, tableRows, 0);
+  cuda::tokenTypeGrad(dtypes, up(g), ddt, batch, rows, seq, first, hidden, tableRows, 0);
+  EXPECT_EQ(down(dy, x.size()), y);
+  EXPECT_LT(relErr(down(ddt, dtable.size()), dtable), 1e-6);
+
+  types[first + 2] = 2;  // sample 0, row 2
+  cuda::addTokenType(up(x), up(types), up(table), dy, batch, rows, seq, first, hidden, tableRows, 0);
+  std::vector<float> bad = down(dy, x.size());
+  EXPECT_TRUE(std::isnan(bad[2 * hidden]));
+  EXPECT_FALSE(std::isnan(bad[3 * hidden]));
+}
+
 TEST_F(CudaKernels, RmsNormForwardAndBackward) {
   for (auto [rows, n] : {std::pair<int64_t, int64_t>{37, 300}, {3000, 64}, {5, 12000}}) {
     auto x = random(rows * n), gamma = random(n), g = random(rows * n);
@@ -203,6 +246,30 @@ void CudaKernels::expectStorageRoundedOnce(cuda::ElementType t) {
     cuda::geluBackward(x.in, g.in, dx, n, 0);
     cuda::geluBackward(k.up(x.values), k.up(g.values), dx32, n, 0);
     k.expectRoundedOnce(dx, dx32, n, 0, "geluBackward");
+  }
+  {  // tanh's backward
+    int64_t n = 10000;
+    auto x = k.randomHalf(n, t, 3), g = k.randomHalf(n, t);
+    cuda::Out dx = k.halves(n, t);
+    float *dx32 = k.zeros(n);
+    cuda::tanhBackward(x.in, g.in, dx, n, 0);
+    cuda::tanhBackward(k.up(x.values), k.up(g.values), dx32, n, 0);
+    k.expectRoundedOnce(dx, dx32, n, 0, "tanhBackward");
+  }
+  {  // segment embeddings and their gradient (a sum over rows in a fixed order, rounded once)
+    int64_t batch = 4, seq = 16, rows = 16, hidden = 24, n = batch * rows * hidden;
+    std::vector<int32_t> types(batch * seq);
+    for (int32_t &v : types) v = int32_t(k.rng_() % 2);
+    int32_t *dtypes = k.up(types);
+    auto x = k.randomHalf(n, t), table = k.randomHalf(2 * hidden, t), g = k.randomHalf(n, t);
+    cuda::Out y = k.halves(n, t), dtable = k.halves(2 * hidden, t);
+    float *y32 = k.zeros(n), *dtable32 = k.zeros(2 * hidden);
+    cuda::addTokenType(x.in, dtypes, table.in, y, batch, rows, seq, 0, hidden, 2, 0);
+    cuda::addTokenType(k.up(x.values), dtypes, k.up(table.values), y32, batch, rows, seq, 0, hidden, 2, 0);
+    cuda::tokenTypeGrad(dtypes, g.in, dtable, batch, rows, seq, 0, hidden, 2, 0);
+    cuda::tokenTypeGrad(dtypes, k.up(g.values), dtable32, batch, rows, seq, 0, hidden, 2, 0);
+    k.expectRoundedOnce(y, y32, n, 0, "addTokenType");
+    k.expectRoundedOnce(dtable, dtable32, 2 * hidden, 0, "tokenTypeGrad");
   }
   {  // add_bias, and accumulate in place (y is x)
     int64_t rows = 87, hidden = 40, n = rows * hidden;

@@ -2,15 +2,16 @@
 # The GPU check (run on the device machine from a gpu-pack/ made by tools/gpu/pack.sh):
 # 1. the CUDA kernels (the LLaMA family's included), attention (grouped-query too), cuBLASLt
 #    bf16/fp16 linear, loss scaling, NCCL, the executor and the trainer against the CPU backend
-#    (fp32 tight; bf16/fp16 within their rounding); loom-rank --device cuda on gpt-tiny and
-#    llama-tiny against the CPU backend; a rank stuck in a GPU kernel named by the coordinator;
+#    (fp32 tight; bf16/fp16 within their rounding); loom-rank --device cuda on gpt-tiny,
+#    llama-tiny and bert-tiny against the CPU backend; a rank stuck in a GPU kernel named by
+#    the coordinator;
 # 2. Loom trains the check's 1.3B GPT (seq 2048) on this GPU: tokens/s, MFU vs measured bf16 GEMM;
 #    and where Loom's step goes, op by op, from a traced run (tools/gpu/trace_summary.py);
 # 3. PyTorch trains the same model in the same run (tools/gpu/torch_gpt_bench.py, from the
 #    working tree the device tool copies), and the Loom/PyTorch ratio is printed.
-# 16-bit plans (issue 34): the executor and trainer tests run gpt-tiny's bf16 plan against the
-# CPU backend's bf16; loom-rank on the bf16 plans of gpt-tiny and llama-tiny against the CPU
-# backend; the 1.3B GPT's bf16 plan (bf16 activations, stashes and weights in memory) beside its
+# 16-bit plans (issue 34): the executor and trainer tests run gpt-tiny's bf16 plan (the executor
+# test bert-tiny's too) against the CPU backend's bf16; loom-rank on the bf16 plans of gpt-tiny,
+# llama-tiny and bert-tiny against the CPU backend; the 1.3B GPT's bf16 plan (bf16 activations, stashes and weights in memory) beside its
 # fp32 plan with bf16 GEMM operands.
 # usage: check.sh [all | 16bit]  (16bit: without the stall check, the fp32 trace and the flash
 # kernel's run, for a second call when the lease is short)
@@ -25,6 +26,8 @@ cd "$(dirname "$0")"
 export LOOM_TEST_PLANS="$PWD/plans"  # gpt-tiny for the executor and trainer tests
 export LOOM_TEST_PLANS_ZERO1="$PWD/plans-zero1"
 export LOOM_TEST_PLANS_BF16="$PWD/plans-bf16"
+export LOOM_TEST_PLANS_BERT="$PWD/plans-bert"
+export LOOM_TEST_PLANS_BERT_BF16="$PWD/plans-bert-bf16"
 export LD_LIBRARY_PATH="$PWD/lib:/usr/local/cuda/lib64:/usr/local/cuda/targets/x86_64-linux/lib:${LD_LIBRARY_PATH:-}"
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader || true
 status=0
@@ -50,8 +53,8 @@ for t in bin/cuda_deps_test bin/cuda_kernels_test bin/lt_linear_test bin/nccl_gr
   fi
 done
 rm -rf runs && mkdir -p runs
-for model in gpt-tiny llama-tiny; do
-  dir=plans; [ "$model" = llama-tiny ] && dir=plans-llama
+for model in gpt-tiny llama-tiny bert-tiny; do
+  dir=plans; [ "$model" = llama-tiny ] && dir=plans-llama; [ "$model" = bert-tiny ] && dir=plans-bert
   section "loom-rank --device cuda: 3 steps of $model, fp32 on the GPU against the CPU backend (loss per step)"
   for d in cpu cuda; do
     timeout 60 bin/loomrun --nproc 1 --plans "$dir" --steps 3 --threads 4 --device "$d" --precision fp32 \
@@ -66,8 +69,8 @@ for model in gpt-tiny llama-tiny; do
 done
 # bf16 plans: both backends round at the same points; summation orders differ (GEMMs, row
 # reductions), so the losses agree within 2e-3 (the bf16 oracle's bound against PyTorch).
-for model in gpt-tiny llama-tiny; do
-  dir=plans-bf16; [ "$model" = llama-tiny ] && dir=plans-llama-bf16
+for model in gpt-tiny llama-tiny bert-tiny; do
+  dir=plans-bf16; [ "$model" = llama-tiny ] && dir=plans-llama-bf16; [ "$model" = bert-tiny ] && dir=plans-bert-bf16
   section "loom-rank --device cuda: 3 steps of $model's bf16 plan (bf16 activations in memory) against the CPU backend's bf16"
   for d in cpu cuda; do
     timeout 60 bin/loomrun --nproc 1 --plans "$dir" --steps 3 --threads 4 --device "$d" \

@@ -34,6 +34,11 @@ bazel-bin/apps/loomc compile examples/models/llama-tiny.pbtxt \
   --cluster tests/runtime/Inputs/t1p1d1_bf16.pbtxt --out gpu-pack/plans-llama-bf16 --quiet
 bazel-bin/apps/loomc compile examples/models/gpt-1.3b.pbtxt \
   --cluster examples/clusters/h200-1-bf16.pbtxt --out gpu-pack/plans-1.3b-bf16 --quiet
+# bert-tiny (padded keys, segment embeddings, the sentence-order head), fp32 and bf16.
+bazel-bin/apps/loomc compile examples/models/bert-tiny.pbtxt \
+  --cluster tests/runtime/Inputs/t1p1d1.pbtxt --out gpu-pack/plans-bert --quiet
+bazel-bin/apps/loomc compile examples/models/bert-tiny.pbtxt \
+  --cluster tests/runtime/Inputs/t1p1d1_bf16.pbtxt --out gpu-pack/plans-bert-bf16 --quiet
 # The programs and libraries go compressed (OpenBLAS and oneDNN are ~35-40 MB each, the programs
 # ~30 MB) to stay under the device tool's 64 MiB working-tree limit; check.sh unpacks them there.
 tar -C gpu-pack -czf gpu-pack/bin-lib.tar.gz bin lib && rm -rf gpu-pack/bin gpu-pack/lib
