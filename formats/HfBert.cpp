@@ -3,6 +3,7 @@
 #include <regex>
 
 #include "formats/HfGpt2.h"
+#include "formats/HfVocab.h"
 
 namespace loom {
 namespace {
@@ -51,16 +52,6 @@ HostTensor transposed(const HostTensor &t) {
   return out;
 }
 
-// The first `rows` rows of t (the vocabulary padding cut), or t padded with zero rows.
-HostTensor withRows(const HostTensor &t, int64_t rows) {
-  std::vector<int64_t> shape = t.shape;
-  int64_t per = t.numel() / t.shape[0];
-  shape[0] = rows;
-  HostTensor out = HostTensor::zeros(shape);
-  std::copy_n(t.data.begin(), std::min(rows, t.shape[0]) * per, out.data.begin());
-  return out;
-}
-
 }  // namespace
 
 Status toHuggingFaceBert(const std::map<std::string, HostTensor> &loom, int64_t vocab, int64_t heads,
@@ -69,9 +60,9 @@ Status toHuggingFaceBert(const std::map<std::string, HostTensor> &loom, int64_t 
     if (name.find(".stage") != std::string::npos) continue;
     std::smatch m;
     if (name == "bert.wte.weight") {
-      (*hf)["bert.embeddings.word_embeddings.weight"] = withRows(t, vocab);
+      (*hf)["bert.embeddings.word_embeddings.weight"] = vocabRows(t, vocab);
     } else if (name == "cls.bias") {
-      (*hf)["cls.predictions.bias"] = withRows(t, vocab);
+      (*hf)["cls.predictions.bias"] = vocabRows(t, vocab);
     } else if (std::regex_match(name, m, kLoomLayer)) {
       std::string hfPrefix = "bert.encoder.layer." + m[1].str() + ".", rest = m[2].str();
       if (rest == "attn.c_attn.weight" || rest == "attn.c_attn.bias") {
@@ -113,19 +104,11 @@ Status fromHuggingFaceBert(const std::map<std::string, HostTensor> &hf, int64_t 
     if (t.shape.size() != (matrix ? 2u : 1u) || t.numel() == 0)
       return Status::error("'" + name + "' has rank " + std::to_string(t.shape.size()) + " (expected " +
                            (matrix ? "2" : "1") + ")");
-    auto rows = [&](int64_t wanted) -> Status {
-      if (t.shape.empty() || t.shape[0] > wanted)
-        return Status::error(name + " has " + std::to_string(t.shape.empty() ? 0 : t.shape[0]) +
-                             " rows, more than the model's padded vocabulary " + std::to_string(wanted));
-      return Status::ok();
-    };
     std::smatch m;
     if (name == "bert.embeddings.word_embeddings.weight") {
-      LOOM_RETURN_IF_ERROR(rows(paddedVocab));
-      (*loom)["bert.wte.weight"] = withRows(t, paddedVocab);
+      LOOM_RETURN_IF_ERROR(padVocabRows(name, t, paddedVocab, &(*loom)["bert.wte.weight"]));
     } else if (name == "cls.predictions.bias") {
-      LOOM_RETURN_IF_ERROR(rows(paddedVocab));
-      (*loom)["cls.bias"] = withRows(t, paddedVocab);
+      LOOM_RETURN_IF_ERROR(padVocabRows(name, t, paddedVocab, &(*loom)["cls.bias"]));
     } else if (std::regex_match(name, m, kHfLayer)) {
       std::string prefix = "bert.h." + m[1].str() + ".", rest = m[2].str();
       bool matched = false;

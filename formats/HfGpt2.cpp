@@ -2,6 +2,8 @@
 
 #include <algorithm>
 
+#include "formats/HfVocab.h"
+
 namespace loom {
 namespace {
 
@@ -31,9 +33,7 @@ std::map<std::string, HostTensor> toHuggingFaceGpt2(const std::map<std::string, 
   for (auto &[name, t] : loom) {
     if (name.find(".stage") != std::string::npos) continue;
     if (name == "transformer.wte.weight") {
-      HostTensor w{{vocab, t.shape[1]}};
-      w.data.assign(t.data.begin(), t.data.begin() + vocab * t.shape[1]);
-      hf[name] = std::move(w);
+      hf[name] = vocabRows(t, vocab);
     } else if (isQkv(name)) {
       hf[name] = permuteQkvColumns(t, heads, true);
     } else {
@@ -50,12 +50,8 @@ Status fromHuggingFaceGpt2(const std::map<std::string, HostTensor> &hf, int64_t 
     if (raw.find("masked_bias") != std::string::npos || raw == "lm_head.weight") continue;
     std::string name = raw.rfind("transformer.", 0) == 0 ? raw : "transformer." + raw;
     if (name == "transformer.wte.weight") {
-      if (t.shape.size() != 2 || t.shape[0] > paddedVocab)
-        return Status::error("wte.weight has " + std::to_string(t.shape.empty() ? 0 : t.shape[0]) +
-                             " rows, more than the model's padded vocabulary " + std::to_string(paddedVocab));
-      HostTensor w = HostTensor::zeros({paddedVocab, t.shape[1]});
-      std::copy(t.data.begin(), t.data.end(), w.data.begin());
-      (*loom)[name] = std::move(w);
+      if (t.shape.size() != 2) return Status::error(raw + " has rank " + std::to_string(t.shape.size()) + " (expected 2)");
+      LOOM_RETURN_IF_ERROR(padVocabRows(raw, t, paddedVocab, &(*loom)[name]));
     } else if (isQkv(name)) {
       if (t.shape.back() % (3 * heads) != 0)
         return Status::error(raw + ": " + std::to_string(t.shape.back()) + " columns do not split into 3 x " +

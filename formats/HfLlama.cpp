@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <regex>
 
+#include "formats/HfVocab.h"
+
 namespace loom {
 namespace {
 
@@ -25,12 +27,8 @@ Status fromHuggingFaceLlama(const std::map<std::string, HostTensor> &hf, int64_t
       continue;
     }
     if (name == "model.embed_tokens.weight" || name == "lm_head.weight") {
-      if (t.shape.size() != 2 || t.shape[0] > paddedVocab)
-        return Status::error(name + " has " + std::to_string(t.shape.empty() ? 0 : t.shape[0]) +
-                             " rows, more than the model's padded vocabulary " + std::to_string(paddedVocab));
-      HostTensor w = HostTensor::zeros({paddedVocab, t.shape[1]});
-      std::copy(t.data.begin(), t.data.end(), w.data.begin());
-      (*loom)[name] = std::move(w);
+      if (t.shape.size() != 2) return Status::error(name + " has rank " + std::to_string(t.shape.size()) + " (expected 2)");
+      LOOM_RETURN_IF_ERROR(padVocabRows(name, t, paddedVocab, &(*loom)[name]));
       continue;
     }
     (*loom)[name] = t;
