@@ -65,32 +65,28 @@ TEST_F(CudaKernels, BroadcastAddsAndTheirGradients) {
   EXPECT_LT(relErr(down(ddpos, dpos.size()), dpos), 1e-6);
 }
 
-TEST_F(CudaKernels, GeluForwardAndBackward) {
-  int64_t n = 10000;
-  auto x = random(n, 3), g = random(n);
-  std::vector<float> y(n), dx(n);
-  cpu::geluForward(x.data(), y.data(), n);
-  cpu::geluBackward(x.data(), g.data(), dx.data(), n);
-  float *dy = zeros(n), *ddx = zeros(n);
-  cuda::geluForward(up(x), dy, n, 0);
-  cuda::geluBackward(up(x), up(g), ddx, n, 0);
-  EXPECT_LT(relErr(down(dy, n), y), 1e-5);
-  EXPECT_LT(relErr(down(ddx, n), dx), 1e-5);
-}
-
-// The LLaMA family's kernels: RMSNorm (block per row, shared-memory and atomic dgamma paths),
-// rotary embeddings and their inverse, SwiGLU.
-TEST_F(CudaKernels, TanhForwardAndBackward) {
-  int64_t n = 10000;
-  auto x = random(n, 3), g = random(n);
-  std::vector<float> y(n), dx(n);
-  cpu::tanhForward(x.data(), y.data(), n);
-  cpu::tanhBackward(x.data(), g.data(), dx.data(), n);
-  float *dy = zeros(n), *ddx = zeros(n);
-  cuda::tanhForward(up(x), dy, n, 0);
-  cuda::tanhBackward(up(x), up(g), ddx, n, 0);
-  EXPECT_LT(relErr(down(dy, n), y), 1e-5);
-  EXPECT_LT(relErr(down(ddx, n), dx), 1e-5);
+// GeLU (the MLP's) and tanh (BERT's pooler): elementwise, forward and backward.
+TEST_F(CudaKernels, ActivationsForwardAndBackward) {
+  struct Activation {
+    const char *name;
+    void (*cpuForward)(const float *, float *, int64_t);
+    void (*cpuBackward)(const float *, const float *, float *, int64_t);
+    void (*cudaForward)(cuda::In, cuda::Out, int64_t, cudaStream_t);
+    void (*cudaBackward)(cuda::In, cuda::In, cuda::Out, int64_t, cudaStream_t);
+  };
+  for (const Activation &a : {Activation{"gelu", cpu::geluForward, cpu::geluBackward, cuda::geluForward, cuda::geluBackward},
+                              Activation{"tanh", cpu::tanhForward, cpu::tanhBackward, cuda::tanhForward, cuda::tanhBackward}}) {
+    int64_t n = 10000;
+    auto x = random(n, 3), g = random(n);
+    std::vector<float> y(n), dx(n);
+    a.cpuForward(x.data(), y.data(), n);
+    a.cpuBackward(x.data(), g.data(), dx.data(), n);
+    float *dy = zeros(n), *ddx = zeros(n);
+    a.cudaForward(up(x), dy, n, 0);
+    a.cudaBackward(up(x), up(g), ddx, n, 0);
+    EXPECT_LT(relErr(down(dy, n), y), 1e-5) << a.name;
+    EXPECT_LT(relErr(down(ddx, n), dx), 1e-5) << a.name;
+  }
 }
 
 // BERT's segment embeddings on a sequence-parallel slice (rows 5..12 of 20): each row plus its
@@ -123,6 +119,8 @@ TEST_F(CudaKernels, TokenTypesForwardAndBackward) {
   EXPECT_FALSE(std::isnan(bad[3 * hidden]));
 }
 
+// The LLaMA family's kernels: RMSNorm (block per row, shared-memory and atomic dgamma paths),
+// rotary embeddings and their inverse, SwiGLU.
 TEST_F(CudaKernels, RmsNormForwardAndBackward) {
   for (auto [rows, n] : {std::pair<int64_t, int64_t>{37, 300}, {3000, 64}, {5, 12000}}) {
     auto x = random(rows * n), gamma = random(n), g = random(rows * n);
