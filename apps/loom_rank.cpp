@@ -464,9 +464,6 @@ int main(int argc, char **argv) {
   std::unique_ptr<loom::DataSource> train, valid;
   loom::IndexedDataset corpus;
   if (s = openData(plan, seed, validFraction, &corpus, &train, &valid); !s.isOk()) return fail(s.message());
-  if (rank == 0 && plan.architecture() == "bert" && rf::steps > 0)
-    std::printf(" BERT: the logged loss is the masked LM's plus the sentence order's (Megatron's pretrain_bert "
-                "objective); loom-bert-eval scores each head on held-out pairs\n");
   if (!topt.dumpBatches.empty()) std::filesystem::create_directories(topt.dumpBatches);
   lopt.baselineResidentBytes = loom::residentBytes();  // the trainer's memory is measured from here
   std::unique_ptr<loom::StepBackend> backend;

@@ -310,7 +310,12 @@ llvm::Error compileInMemory(mlir::ModuleOp module, const config::ClusterSpec &cl
         if (prog.kind() == plan::Program::FORWARD) prependParameterGathers(prog, layouts[s]);
       }
     }
-    if (s == p - 1) *sets[s].add_programs() = lossProgram(m, dpGroup, dReduce);
+    if (s == p - 1) {
+      std::vector<std::string> terms;  // the losses the loss sums (BERT's), from its forward
+      for (const plan::Program &prog : sets[s].programs())
+        if (prog.kind() == plan::Program::FORWARD && terms.empty()) terms = lossTermsOf(prog);
+      *sets[s].add_programs() = lossProgram(m, dpGroup, dReduce, terms);
+    }
     *sets[s].add_programs() = optimizerProgram(layouts[s], t, p, dReduce, par.zero1(), dpWire, deferred,
                                                  std::max<int>(1, int(par.expert_parallel_size())));
     if (std::any_of(layouts[s].buckets.begin(), layouts[s].buckets.end(),

@@ -250,6 +250,9 @@ class ProgramLowering {
         bind->set_role(plan::Binding::STASH);
         bind->set_name(n.str());
         prog_.set_stash_bytes(prog_.stash_bytes() + bytesOf(v));
+      } else if (auto n = f_.getResultAttrOfType<mlir::StringAttr>(i, "loom.loss_term")) {
+        bind->set_role(plan::Binding::LOSS);  // one of the losses the loss sums (logged by name)
+        bind->set_name(n.str());
       } else {
         bind->set_role(plan::Binding::LOSS);
         bind->set_name("loss");
@@ -529,12 +532,12 @@ class ProgramLowering {
   }
 
   // The op's attributes, less the passes' bookkeeping (layer, stage, backward and grad-sync
-  // marks, replication opt-outs).
+  // marks, replication opt-outs) and a loss's name (the program's LOSS results carry it).
   llvm::Error copyAttributes(mlir::Operation &op, plan::Instruction *in) {
     for (mlir::NamedAttribute a : op.getAttrs()) {
       llvm::StringRef n = a.getName().strref();
       if (n == attr::kLayer || n == attr::kStage || n == attr::kBackward || n == attr::kGradSync ||
-          n == attr::kReplicated || n == "operandSegmentSizes")
+          n == attr::kReplicated || n == attr::kLossName || n == "operandSegmentSizes")
         continue;
       plan::Attribute *pa = in->add_attributes();
       pa->set_name(n.str());

@@ -327,10 +327,14 @@ class TrainStepBuilder {
     }
     Value labels = deferInput("labels", b_.getI32Type());
     Value lossMask = deferInput("loss_mask", b_.getF32Type());
+    // Each loss named (loom.loss_name): the training log reports the terms of a summed loss by
+    // their names, as Megatron's pretrain_bert logs "lm loss" and "sop loss".
     Value mlm = crossEntropy(logits, labels, lossMask);
+    mlm.getDefiningOp()->setAttr(attr::kLossName, b_.getStringAttr("lm loss"));
     Value sopLabels = deferInput("sop_labels", b_.getI32Type());
     Value sopMask = deferInput("sop_mask", b_.getF32Type());
     Value sop = crossEntropy(sopLogits, sopLabels, sopMask, kSentenceOrderClasses);
+    sop.getDefiningOp()->setAttr(attr::kLossName, b_.getStringAttr("sop loss"));
     Value loss = op<AddOp>(mlm, sop);
     finishInputs();
     return loss;

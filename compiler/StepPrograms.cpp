@@ -644,28 +644,43 @@ llvm::Error foldGradientSync(plan::Program &backward, const plan::Program *gradS
   return llvm::Error::success();
 }
 
+std::string lossSumName(const std::string &loss) { return loss == "loss" ? "loss_sum" : "loss_sum:" + loss; }
+
 void accumulateLoss(plan::Program &forward) {
   std::map<int, int> into;
   for (const plan::Binding &r : forward.results())
     if (r.role() == plan::Binding::LOSS) {
       plan::Buffer like = forward.buffers(r.buffer());
-      into[r.buffer()] = addArgumentBuffer(forward, like, plan::Binding::LOSS, "loss_sum");
+      into[r.buffer()] = addArgumentBuffer(forward, like, plan::Binding::LOSS, lossSumName(r.name()));
     }
   if (!into.empty()) insertAccumulations(forward, into, {}, false);
 }
 
-plan::Program lossProgram(int microBatches, const std::string &group, int d) {
+std::vector<std::string> lossTermsOf(const plan::Program &forward) {
+  std::vector<std::string> terms;
+  const std::string prefix = lossSumName("");  // "loss_sum:"
+  for (const plan::Binding &a : forward.arguments())
+    if (a.role() == plan::Binding::LOSS && a.name().rfind(prefix, 0) == 0 && a.name().size() > prefix.size())
+      terms.push_back(a.name().substr(prefix.size()));
+  return terms;
+}
+
+plan::Program lossProgram(int microBatches, const std::string &group, int d, const std::vector<std::string> &terms) {
   ProgramBuilder b("loss", plan::Program::LOSS);
-  int sum = b.argument(plan::Binding::LOSS, "loss_sum", {}, /*inout=*/true);
-  int mean = b.activation({});
-  b.emit(InstructionBuilder(OpId::kScale).in("input", sum).out("output", mean).attr("factor", 1.0 / microBatches));
-  int reduced = mean;
-  if (d > 1) {
-    reduced = b.activation({});
-    collective(b, OpId::kAllReduce, group, d, mean, reduced, 4, "avg");
+  std::vector<std::string> losses{"loss"};
+  losses.insert(losses.end(), terms.begin(), terms.end());
+  for (const std::string &loss : losses) {
+    int sum = b.argument(plan::Binding::LOSS, lossSumName(loss), {}, /*inout=*/true);
+    int mean = b.activation({});
+    b.emit(InstructionBuilder(OpId::kScale).in("input", sum).out("output", mean).attr("factor", 1.0 / microBatches));
+    int reduced = mean;
+    if (d > 1) {
+      reduced = b.activation({});
+      collective(b, OpId::kAllReduce, group, d, mean, reduced, 4, "avg");
+    }
+    b.emit(InstructionBuilder(OpId::kFill).out("output", sum).attr("value", 0.0));
+    b.result(plan::Binding::METRIC, loss, reduced);
   }
-  b.emit(InstructionBuilder(OpId::kFill).out("output", sum).attr("value", 0.0));
-  b.result(plan::Binding::METRIC, "loss", reduced);
   return b.finish();
 }
 

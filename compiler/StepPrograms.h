@@ -118,12 +118,19 @@ struct DeferredSync {
 // dtype the data-parallel reductions move (F32, or BF16: cluster spec grad_reduce_in_bf16).
 llvm::Error foldGradientSync(plan::Program &backward, const plan::Program *gradSync, bool serial, plan::DType dpWire,
                              std::vector<DeferredSync> *deferred);
-// A forward with a LOSS result adds it into an inout LOSS argument "loss_sum" instead.
+// The inout LOSS argument a forward adds its LOSS result `loss` into: "loss_sum" for the
+// loss, "loss_sum:<name>" for each of the losses it sums (BERT's "lm loss", "sop loss").
+std::string lossSumName(const std::string &loss);
+// A forward with LOSS results adds each into its inout LOSS argument (lossSumName) instead.
 void accumulateLoss(plan::Program &forward);
+// The names of the losses a forward's loss sums (its "loss_sum:<name>" arguments, after
+// accumulateLoss).
+std::vector<std::string> lossTermsOf(const plan::Program &forward);
 
-// The last stage's `loss` program: loss_sum / m, averaged over dp, as METRIC "loss"; then
-// loss_sum is zeroed.
-plan::Program lossProgram(int microBatches, const std::string &group, int d);
+// The last stage's `loss` program: loss_sum / m, averaged over dp, as METRIC "loss" (and each
+// term's likewise, as METRIC <term>); then the sums are zeroed.
+plan::Program lossProgram(int microBatches, const std::string &group, int d,
+                          const std::vector<std::string> &terms = {});
 // The `optimizer` program of a stage (t, p, d: the group sizes of the layout).
 // With ZeRO-1 by buckets (layout.buckets): each bucket's reduce-scatter that no backward ran,
 // AdamW on the rank's part of every bucket, in place, and the all-gather of each bucket that no

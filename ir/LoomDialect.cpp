@@ -89,10 +89,11 @@ mlir::LogicalResult LoomDialect::verifyRegionArgAttribute(mlir::Operation *op, u
 mlir::LogicalResult LoomDialect::verifyRegionResultAttribute(mlir::Operation *op, unsigned,
                                                              unsigned resultIndex,
                                                              mlir::NamedAttribute attr) {
-  // Results carry "loom.grad_of" (a gradient's parameter) or "loom.stash" (an activation a
-  // forward program keeps for its backward program).
+  // Results carry "loom.grad_of" (a gradient's parameter), "loom.stash" (an activation a
+  // forward program keeps for its backward program), "loom.output" (the loss) or
+  // "loom.loss_term" (one of the losses the loss sums, by name).
   llvm::StringRef name = attr.getName().strref();
-  if ((name == attr::kGradOf || name == "loom.stash" || name == "loom.output") &&
+  if ((name == attr::kGradOf || name == "loom.stash" || name == "loom.output" || name == "loom.loss_term") &&
       mlir::isa<mlir::StringAttr>(attr.getValue()))
     return mlir::success();
   return op->emitError() << "result #" << resultIndex << ": attribute '" << name
@@ -118,6 +119,12 @@ mlir::LogicalResult LoomDialect::verifyOperationAttribute(mlir::Operation *op,
     auto s = mlir::dyn_cast<mlir::StringAttr>(attr.getValue());
     if (!s || !isOneOf(s.getValue(), {"f32", "bf16", "f16"}))
       return op->emitError() << "attribute '" << name << "' must be \"f32\", \"bf16\" or \"f16\"";
+    return mlir::success();
+  }
+  if (name == attr::kLossName) {
+    auto s = mlir::dyn_cast<mlir::StringAttr>(attr.getValue());
+    if (!mlir::isa<CrossEntropyOp>(op) || !s || s.getValue().empty())
+      return op->emitError() << "attribute '" << name << "' must be a non-empty string on a loom.cross_entropy";
     return mlir::success();
   }
   if (name == attr::kProgramKind) {

@@ -40,6 +40,9 @@ inline constexpr llvm::StringLiteral kInput = "loom.input";
 
 // On ops inside Transformer layer N (0-based).
 inline constexpr llvm::StringLiteral kLayer = "loom.layer";
+// On a loom.cross_entropy: the name the training log reports it by when the loss sums several
+// (BERT's "lm loss" and "sop loss", as Megatron's pretrain_bert logs them).
+inline constexpr llvm::StringLiteral kLossName = "loom.loss_name";
 // On ops after pipeline preparation: the virtual pipeline stage (chunk c of stage s is
 // virtual stage c * p + s) that computes them.
 inline constexpr llvm::StringLiteral kStage = "loom.stage";

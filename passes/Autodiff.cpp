@@ -1,11 +1,11 @@
 // loom-autodiff: reverse-mode differentiation of train_step (see Passes.td).
-#include <functional>
 
 #include "ir/LoomDialect.h"
 #include "ir/ParamAttrs.h"
 #include "llvm/ADT/DenseSet.h"
 #include "mlir/Dialect/Func/IR/FuncOps.h"
 #include "passes/GradientRules.h"
+#include "passes/ModelFacts.h"
 #include "passes/Passes.h"
 
 namespace loom {
@@ -59,14 +59,10 @@ mlir::LogicalResult differentiate(mlir::func::FuncOp f) {
   // The loss: a loom.cross_entropy, or a sum (loom.add) of them (BERT's masked-LM and
   // sentence-order losses, summed as Megatron's pretrain_bert does). Each summed loss is a root
   // whose gradient is 1 (a null incoming gradient, see gradientOf).
-  llvm::DenseSet<mlir::Value> roots;
-  std::function<bool(mlir::Value)> isLoss = [&](mlir::Value v) -> bool {
-    if (v.getDefiningOp<CrossEntropyOp>()) return roots.insert(v).second;  // each loss summed once
-    auto add = v.getDefiningOp<AddOp>();
-    return add && mlir::cast<mlir::RankedTensorType>(v.getType()).getRank() == 0 && isLoss(add.getLhs()) &&
-           isLoss(add.getRhs());
-  };
-  if (ret.getNumOperands() != 1 || !isLoss(ret.getOperand(0)))
+  llvm::SmallVector<mlir::Value> summed;
+  if (ret.getNumOperands() == 1) summed = summedLosses(ret.getOperand(0));
+  llvm::DenseSet<mlir::Value> roots(summed.begin(), summed.end());
+  if (summed.empty())
     return f.emitError() << "loom-autodiff: @" << f.getName()
                          << " must return exactly one loss produced by loom.cross_entropy (or a loom.add of distinct such losses)";
   mlir::Value loss = ret.getOperand(0);

@@ -1,7 +1,9 @@
 #include "passes/ModelFacts.h"
 
+#include <functional>
 #include <set>
 
+#include "llvm/ADT/DenseSet.h"
 #include "llvm/ADT/StringSet.h"
 
 #include "ir/LoomDialect.h"
@@ -27,6 +29,22 @@ std::string dtypeName(mlir::Type t) {
 LinearOp outputLayerOf(CrossEntropyOp loss) {
   auto out = loss.getLogits().getDefiningOp<LinearOp>();
   return out && out->hasOneUse() ? out : LinearOp();
+}
+
+llvm::SmallVector<mlir::Value> summedLosses(mlir::Value loss) {
+  llvm::SmallVector<mlir::Value> losses;
+  llvm::DenseSet<mlir::Value> seen;
+  std::function<bool(mlir::Value)> collect = [&](mlir::Value v) -> bool {
+    if (v.getDefiningOp<CrossEntropyOp>()) {
+      losses.push_back(v);
+      return seen.insert(v).second;  // each loss summed once
+    }
+    auto add = v.getDefiningOp<AddOp>();
+    return add && mlir::cast<mlir::RankedTensorType>(v.getType()).getRank() == 0 && collect(add.getLhs()) &&
+           collect(add.getRhs());
+  };
+  if (!collect(loss)) return {};
+  return losses;
 }
 
 bool isClassifierLoss(CrossEntropyOp loss) {

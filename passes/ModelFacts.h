@@ -52,6 +52,11 @@ LinearOp outputLayerOf(CrossEntropyOp loss);
 // rules (padding, vocab-parallel splitting, the model's vocab size) leave it alone.
 bool isClassifierLoss(CrossEntropyOp loss);
 
+// The losses a train step's loss sums: the loom.cross_entropy results of a tree of scalar
+// loom.add ops (BERT's masked LM plus sentence order, summed as Megatron's pretrain_bert does),
+// or the loss itself when it is one cross_entropy. Empty when `loss` is neither, or when one
+// loss is summed twice.
+llvm::SmallVector<mlir::Value> summedLosses(mlir::Value loss);
 // The vocabulary padded up to a multiple of `multiple` (Megatron's
 // make_vocab_size_divisible_by * t): the rows of the embedding table after loom-pad-vocab.
 inline int64_t roundUpToMultiple(int64_t n, int64_t multiple) {

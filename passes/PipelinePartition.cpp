@@ -13,6 +13,7 @@
 #include "ir/ParamAttrs.h"
 #include "llvm/Support/FormatVariadic.h"
 #include "mlir/IR/IRMapping.h"
+#include "passes/ModelFacts.h"
 #include "passes/Passes.h"
 
 namespace loom {
@@ -71,10 +72,12 @@ class Partitioner {
       Unit u = unitOfValue(v);
       Program &prog = program(u);
       prog.results.push_back(prog.map.lookup(v));
-      if (i == 0)
+      if (i == 0) {
         prog.resultAttrs.push_back(b_.getDictionaryAttr({b_.getNamedAttr("loom.output", b_.getStringAttr("loss"))}));
-      else
+        addLossTerms(v, u);
+      } else {
         prog.resultAttrs.push_back(f_.getResultAttrDict(i));
+      }
     }
     finish();
     f_.erase();
@@ -83,6 +86,22 @@ class Partitioner {
 
  private:
   Unit unitOfValue(mlir::Value v) { return unitOf_[v.getDefiningOp()]; }
+
+  // A loss that sums several (BERT's masked LM and sentence order) reports each beside it, as
+  // results of the loss's program marked loom.loss_term with its name: its op's loom.loss_name
+  // (the builder's "lm loss", "sop loss"), else "loss term k".
+  void addLossTerms(mlir::Value loss, Unit u) {
+    llvm::SmallVector<mlir::Value> terms = summedLosses(loss);
+    if (terms.size() < 2) return;
+    Program &prog = program(u);
+    for (auto [k, term] : llvm::enumerate(terms)) {
+      if (!(unitOfValue(term) == u)) continue;  // computed elsewhere: reported in the sum only
+      std::string name = llvm::formatv("loss term {0}", k).str();
+      if (auto given = term.getDefiningOp()->getAttrOfType<mlir::StringAttr>(attr::kLossName)) name = given.str();
+      prog.results.push_back(prog.map.lookup(term));
+      prog.resultAttrs.push_back(b_.getDictionaryAttr({b_.getNamedAttr("loom.loss_term", b_.getStringAttr(name))}));
+    }
+  }
 
   Program &program(Unit u) {
     auto [it, inserted] = programs_.try_emplace(u);

@@ -125,7 +125,11 @@ Status StepDriver::init(const std::vector<HostTensor> &initial) {
   }
   LOOM_RETURN_IF_ERROR(backend_.storage("parameters", flat, plan::F32, &params_));
   LOOM_RETURN_IF_ERROR(backend_.storage("gradients", flat, plan::F32, &grads_));
-  LOOM_RETURN_IF_ERROR(backend_.storage("loss_sum", 1, plan::F32, &lossSum_));
+  LOOM_RETURN_IF_ERROR(backend_.storage("loss_sum", 1, plan::F32, &lossSums_["loss_sum"]));
+  for (const plan::Program &prog : programs_.programs())  // the sums of the losses a loss sums (BERT's)
+    for (const plan::Binding &a : prog.arguments())
+      if (a.role() == plan::Binding::LOSS && !lossSums_.count(a.name()))
+        LOOM_RETURN_IF_ERROR(backend_.storage(a.name(), 1, plan::F32, &lossSums_[a.name()]));
   // A 16-bit plan's programs compute with 16-bit copies of the fp32 master weights (its
   // 16-bit PARAMETER arguments): one flat copy, remade by the optimizer program after each
   // update and here whenever the masters are written from outside the step.
@@ -214,7 +218,13 @@ Status StepDriver::bind(const plan::Program &prog, int mb, DataSource *data, int
         else
           v = gradient(a.name());
         break;
-      case plan::Binding::LOSS: v = lossSum_; break;
+      case plan::Binding::LOSS: {
+        auto sum = lossSums_.find(a.name());
+        if (sum == lossSums_.end())
+          return Status::error(prog.name() + ": LOSS argument '" + a.name() + "' has no sum (corrupt plan)");
+        v = sum->second;
+        break;
+      }
       case plan::Binding::OPTIMIZER_STATE: LOOM_RETURN_IF_ERROR(view(optimizerState_[a.name()], prog, a, &v)); break;
       case plan::Binding::HYPERPARAMETER: v = hyper_[a.name()]; break;
       case plan::Binding::STASH: {
@@ -371,6 +381,13 @@ Status StepDriver::runGradients(DataSource *data, int64_t step, bool evaluate, b
     if (prog.kind() == plan::Program::LOSS) {
       LOOM_RETURN_IF_ERROR(readMetric(prog, "loss", loss));
       *hasLoss = true;
+      lossTerms_.clear();
+      for (const plan::Binding &r : prog.results())
+        if (r.role() == plan::Binding::METRIC && r.name() != "loss") {
+          double term = 0;
+          LOOM_RETURN_IF_ERROR(readMetric(prog, r.name(), &term));
+          lossTerms_.emplace_back(r.name(), term);
+        }
     }
   }
   LOOM_RETURN_IF_ERROR(backend_.synchronize());

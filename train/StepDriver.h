@@ -55,6 +55,9 @@ class StepDriver {
   // *hasLoss) is the mean over micro-batches and dp replicas. evaluate: forward programs
   // only, dropout off, nothing traced.
   Status runGradients(DataSource *data, int64_t step, bool evaluate, bool *hasLoss, double *loss);
+  // The losses the loss sums (BERT's "lm loss" and "sop loss"), each averaged as the loss is,
+  // from the last runGradients that had the loss (empty for a loss of one term).
+  const std::vector<std::pair<std::string, double>> &lossTerms() const { return lossTerms_; }
   // The optimizer program: *gradNorm (not finite: the update was skipped) and the update.
   Status runOptimizer(const OptimizerScalars &scalars, double *gradNorm);
 
@@ -125,7 +128,9 @@ class StepDriver {
   const plan::Program *gradientGatherProgram_ = nullptr;  // ZeRO-1's gradient_gather (outside the schedule)
   bool parametersStale_ = false;                    // only the rank's own parts are current
   std::map<std::string, const plan::Parameter *> paramByName_;
-  ArgumentView params_, grads_, lossSum_;
+  ArgumentView params_, grads_;
+  std::map<std::string, ArgumentView> lossSums_;  // by LOSS argument: "loss_sum", "loss_sum:<term>"
+  std::vector<std::pair<std::string, double>> lossTerms_;  // the last loss program's terms
   plan::DType computeDtype_ = plan::F32;  // the programs' PARAMETER dtype
   ArgumentView params16_;                 // their 16-bit copies of params_ (16-bit plans)
   std::map<std::string, ArgumentView> optimizerState_, hyper_;

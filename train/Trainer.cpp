@@ -57,7 +57,9 @@ Status Trainer::computeGradients(int64_t step, StepResult *result) {
   float scale = opt_.lossScaling ? float(scaler_.scale()) : 1.0f;
   driver_.setLossScale(scale);
   result->lossScale = opt_.lossScaling ? scale : 0;
-  return driver_.runGradients(data_, step, /*evaluate=*/false, &result->hasLoss, &result->loss);
+  LOOM_RETURN_IF_ERROR(driver_.runGradients(data_, step, /*evaluate=*/false, &result->hasLoss, &result->loss));
+  if (result->hasLoss) result->lossTerms = driver_.lossTerms();
+  return Status::ok();
 }
 
 Status Trainer::optimizerStep(int64_t update, double lr, double clip, double *norm, bool *skipped) {
@@ -78,10 +80,13 @@ Status Trainer::optimizerStep(int64_t update, double lr, double clip, double *no
   return Status::ok();
 }
 
-Status Trainer::evaluate(DataSource *data, int64_t batch, double *loss) {
+Status Trainer::evaluate(DataSource *data, int64_t batch, double *loss,
+                         std::vector<std::pair<std::string, double>> *lossTerms) {
   bool hasLoss = false;
   *loss = 0;
-  return driver_.runGradients(data, batch, /*evaluate=*/true, &hasLoss, loss);
+  LOOM_RETURN_IF_ERROR(driver_.runGradients(data, batch, /*evaluate=*/true, &hasLoss, loss));
+  if (lossTerms) *lossTerms = hasLoss ? driver_.lossTerms() : std::vector<std::pair<std::string, double>>{};
+  return Status::ok();
 }
 
 Status Trainer::hostGradients(std::map<std::string, HostTensor> *out) {

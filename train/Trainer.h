@@ -9,6 +9,8 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "protos/plan.pb.h"
 #include "runtime/Collectives.h"
@@ -47,6 +49,9 @@ struct StepResult {
   bool hasLoss = false;  // ranks of the last pipeline stage
   double loss = 0;       // mean over micro-batches and data-parallel replicas
   double lossScale = 0;  // the scale this step used (0: none)
+  // The losses the loss sums, by name, each averaged as the loss is (BERT: "lm loss" and "sop
+  // loss"; empty for a loss of one term).
+  std::vector<std::pair<std::string, double>> lossTerms;
 };
 
 class Trainer {
@@ -69,7 +74,8 @@ class Trainer {
   // backs off), otherwise it is an error.
   Status optimizerStep(int64_t update, double lr, double clip, double *norm, bool *skipped);
   // Forward passes only over global batch `batch` of `data`: the validation loss.
-  Status evaluate(DataSource *data, int64_t batch, double *loss);
+  Status evaluate(DataSource *data, int64_t batch, double *loss,
+                  std::vector<std::pair<std::string, double>> *lossTerms = nullptr);
 
   // This step's gradients (--dump-grads), by parameter name (a collective with ZeRO-1: the
   // plan's gradient_gather). With ZeRO-1 the buckets the backwards reduce-scattered hold the

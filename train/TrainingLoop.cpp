@@ -87,6 +87,28 @@ std::string shardInfo(const plan::Parameter &p) {
   return s;
 }
 
+// The iteration line's losses, as Megatron prints them: "lm loss: X" for a loss of one term;
+// each term by name for a loss that sums several (pretrain_bert: "lm loss: X | sop loss: Y").
+std::string lossText(double loss, const std::vector<std::pair<std::string, double>> &terms) {
+  std::string text;
+  char part[96];
+  if (terms.empty()) {
+    std::snprintf(part, sizeof part, "lm loss: %.6E", loss);
+    return part;
+  }
+  for (const auto &[name, value] : terms) {
+    std::snprintf(part, sizeof part, "%s%s: %.6E", text.empty() ? "" : " | ", name.c_str(), value);
+    text += part;
+  }
+  return text;
+}
+
+// The same losses as TensorBoard scalars.
+std::map<std::string, double> lossScalars(double loss, const std::vector<std::pair<std::string, double>> &terms) {
+  if (terms.empty()) return {{"lm loss", loss}};
+  return std::map<std::string, double>(terms.begin(), terms.end());
+}
+
 }  // namespace
 
 // Model FLOPs of a step: the compiler's count from the IR (any architecture); for plans
@@ -291,19 +313,38 @@ Status TrainingLoop::checkState(const CheckpointIndex &index) const {
 
 Status TrainingLoop::validate(int64_t iteration) {
   double sum = 0;
+  std::vector<std::pair<std::string, double>> termSums;
   for (int64_t k = 0; k < opt_.evalIters; ++k) {
     double loss = 0;
-    LOOM_RETURN_IF_ERROR(trainer_.evaluate(validation_, k, &loss));
+    std::vector<std::pair<std::string, double>> terms;
+    LOOM_RETURN_IF_ERROR(trainer_.evaluate(validation_, k, &loss, &terms));
     sum += loss;
+    if (termSums.empty()) termSums.assign(terms.size(), {"", 0.0});
+    for (size_t j = 0; j < terms.size() && j < termSums.size(); ++j)
+      termSums[j].first = terms[j].first, termSums[j].second += terms[j].second;
   }
   if (logs()) {
     double loss = sum / opt_.evalIters;
+    for (auto &term : termSums) term.second /= double(opt_.evalIters);
+    // Megatron's validation line: "<name> value" and "<name> PPL" for each loss (pretrain_bert:
+    // lm loss and sop loss; a loss of one term is the lm loss).
+    std::string values;
+    std::map<std::string, double> scalars;
+    std::vector<std::pair<std::string, double>> losses =
+        termSums.empty() ? std::vector<std::pair<std::string, double>>{{"lm loss", loss}} : termSums;
+    for (const auto &[name, value] : losses) {
+      char text[160];
+      std::snprintf(text, sizeof text, " | %s value: %.6E | %s PPL: %.6E", name.c_str(), value, name.c_str(),
+                    std::exp(value));
+      values += text;
+      scalars[name + " validation"] = value, scalars[name + " validation ppl"] = std::exp(value);
+    }
     std::printf("-----------------------------------------------------------------------------------------------\n"
-                " validation loss at iteration %lld | lm loss value: %.6E | lm loss PPL: %.6E\n"
+                " validation loss at iteration %lld%s\n"
                 "-----------------------------------------------------------------------------------------------\n",
-                (long long)iteration, loss, std::exp(loss));
+                (long long)iteration, values.c_str());
     std::fflush(stdout);
-    LOOM_RETURN_IF_ERROR(writeScalars(iteration, {{"lm loss validation", loss}, {"lm loss validation ppl", std::exp(loss)}}));
+    LOOM_RETURN_IF_ERROR(writeScalars(iteration, scalars));
   }
   return Status::ok();
 }
@@ -473,17 +514,18 @@ Status TrainingLoop::run() {
       char scale[48] = "";
       if (r.lossScale > 0) std::snprintf(scale, sizeof scale, " | loss scale: %.1f", r.lossScale);
       std::printf(" iteration %8lld/%8lld | consumed samples: %10lld | elapsed time per iteration (ms): %.1f | "
-                  "learning rate: %.3E | global batch size: %5d | lm loss: %.6E%s%s | grad norm: %.3f | "
+                  "learning rate: %.3E | global batch size: %5d | %s%s%s | grad norm: %.3f | "
                   "tokens per second: %.0f | MFU: %.1f%% | peak memory (MiB): %.1f%s\n",
                   (long long)it, (long long)opt_.trainIters, (long long)(it * p.global_batch_size()), seconds * 1000,
-                  lr, p.global_batch_size(), r.loss, moeText, scale, norm, tokensPerStep / seconds, 100 * mfu,
-                  peakMemoryMiB(), straggler.c_str());
+                  lr, p.global_batch_size(), lossText(r.loss, r.lossTerms).c_str(), moeText, scale, norm,
+                  tokensPerStep / seconds, 100 * mfu, peakMemoryMiB(), straggler.c_str());
       std::fflush(stdout);
       // Megatron-LM's TensorBoard scalars (throughput: model TFLOP/s per device).
       std::map<std::string, double> scalars = {
-          {"lm loss", r.loss}, {"learning-rate", lr}, {"grad-norm", norm}, {"iteration-time", seconds},
+          {"learning-rate", lr}, {"grad-norm", norm}, {"iteration-time", seconds},
           {"throughput", modelFlopsPerStep(p) / (seconds * p.world_size()) / 1e12}, {"mem-peak", peakMemoryMiB()},
           {"tokens-per-second", tokensPerStep / seconds}};
+      for (const auto &[name, value] : lossScalars(r.loss, r.lossTerms)) scalars[name] = value;
       if (r.lossScale > 0) scalars["loss-scale"] = r.lossScale;
       if (moe) scalars["load_balancing_loss"] = auxLoss, scalars["moe-dropped-fraction"] = droppedFraction;
       LOOM_RETURN_IF_ERROR(writeScalars(it, scalars));

@@ -251,6 +251,21 @@ TEST(Training, BertPretrainsExportsAndReadsBack) {
   double start = meanLoss(0), end = meanLoss(l.size() - 5);
   EXPECT_GT(start, 10.0);  // ln(30522) = 10.3 for the masked LM, ln 2 = 0.69 for the sentence order
   EXPECT_LT(end, start - 0.7) << a.output;
+  // The log reports the two losses as Megatron's pretrain_bert does ("lm loss: X | sop loss:
+  // Y"); they sum to the objective the loss log holds.
+  int reported = 0;
+  std::istringstream out(a.output);
+  for (std::string line; std::getline(out, line);) {
+    size_t lm = line.find("| lm loss: "), sop = line.find("| sop loss: "), it = line.find(" iteration ");
+    if (lm == std::string::npos || it == std::string::npos) continue;
+    ASSERT_NE(sop, std::string::npos) << line;
+    int iteration = std::stoi(line.substr(it + 11));
+    double sum = std::stod(line.substr(lm + 11)) + std::stod(line.substr(sop + 12));
+    double logged = std::stod(l.at(size_t(iteration - 1)).substr(l[size_t(iteration - 1)].find(' ')));
+    EXPECT_NEAR(sum, logged, 1e-5 * logged) << line;
+    ++reported;
+  }
+  EXPECT_GT(reported, 0) << a.output;
   std::ifstream config(dir + "/config.json");
   std::string text((std::istreambuf_iterator<char>(config)), std::istreambuf_iterator<char>());
   EXPECT_NE(text.find("MegatronBertForPreTraining"), std::string::npos) << text;

@@ -170,6 +170,23 @@ func.func @gelu_int(%a: tensor<4xi32>) {
 
 // -----
 
+// A loss's name (the training log's) belongs on a cross-entropy and is not empty.
+func.func @loss_name_on_another_op(%x: tensor<2x8x16xf32>) {
+  // expected-error @+1 {{attribute 'loom.loss_name' must be a non-empty string on a loom.cross_entropy}}
+  %0 = loom.gelu %x {loom.loss_name = "lm loss"} : tensor<2x8x16xf32>
+  return
+}
+
+// -----
+
+func.func @loss_name_empty(%l: tensor<2x8x128xf32>, %y: tensor<2x8xi32>) {
+  // expected-error @+1 {{attribute 'loom.loss_name' must be a non-empty string on a loom.cross_entropy}}
+  %0 = loom.cross_entropy %l, %y {loom.loss_name = "", valid_vocab = 100} : (tensor<2x8x128xf32>, tensor<2x8xi32>) -> tensor<f32>
+  return
+}
+
+// -----
+
 func.func @cross_entropy_labels(%l: tensor<2x8x128xf32>, %y: tensor<2x7xi32>) {
   // expected-error @+1 {{'loom.cross_entropy' op labels dim 1 is 7 but must be 8 (sequence of logits)}}
   %0 = loom.cross_entropy %l, %y {valid_vocab = 100} : (tensor<2x8x128xf32>, tensor<2x7xi32>) -> tensor<f32>
