@@ -421,6 +421,9 @@ def check_config(args, name, cfg, failures):
     if moe and cp > 1:
         print(f"skip {name:28} (MoE: context parallelism not supported yet)", flush=True)
         return False
+    if moe and PRECISION != "fp32":
+        print(f"skip {name:28} (MoE: 16-bit plans are refused, fp32 only so far)", flush=True)
+        return False
     if moe and sp and moe_capacity_factor(args.model) > 0:
         print(f"skip {name:28} (MoE with a capacity factor: sequence parallelism is refused)", flush=True)
         return False
