@@ -236,23 +236,16 @@ TEST_F(CudaKernels, AdamW) {
 // gradients, the loss statistics) are the fp32 run's.
 void CudaKernels::expectStorageRoundedOnce(cuda::ElementType t) {
   CudaKernels &k = *this;
-  {  // gelu's backward
+  using Backward = void (*)(cuda::In, cuda::In, cuda::Out, int64_t, cudaStream_t);
+  for (auto [backward, name] : {std::pair<Backward, const char *>{cuda::geluBackward, "geluBackward"},
+                                {cuda::tanhBackward, "tanhBackward"}}) {  // the activations' backwards
     int64_t n = 10000;
     auto x = k.randomHalf(n, t, 3), g = k.randomHalf(n, t);
     cuda::Out dx = k.halves(n, t);
     float *dx32 = k.zeros(n);
-    cuda::geluBackward(x.in, g.in, dx, n, 0);
-    cuda::geluBackward(k.up(x.values), k.up(g.values), dx32, n, 0);
-    k.expectRoundedOnce(dx, dx32, n, 0, "geluBackward");
-  }
-  {  // tanh's backward
-    int64_t n = 10000;
-    auto x = k.randomHalf(n, t, 3), g = k.randomHalf(n, t);
-    cuda::Out dx = k.halves(n, t);
-    float *dx32 = k.zeros(n);
-    cuda::tanhBackward(x.in, g.in, dx, n, 0);
-    cuda::tanhBackward(k.up(x.values), k.up(g.values), dx32, n, 0);
-    k.expectRoundedOnce(dx, dx32, n, 0, "tanhBackward");
+    backward(x.in, g.in, dx, n, 0);
+    backward(k.up(x.values), k.up(g.values), dx32, n, 0);
+    k.expectRoundedOnce(dx, dx32, n, 0, name);
   }
   {  // segment embeddings and their gradient (a sum over rows in a fixed order, rounded once)
     int64_t batch = 4, seq = 16, rows = 16, hidden = 24, n = batch * rows * hidden;

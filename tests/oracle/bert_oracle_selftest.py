@@ -13,7 +13,8 @@ Loom:
 (c) autograd gradients against central finite differences in float64 on entries of every kind of
     parameter;
 (d) each encoder layer against torch.nn.TransformerEncoderLayer(norm_first=True) with the same
-    weights and key padding mask, and the losses against a per-sample loop.
+    weights and key padding mask, and the losses against a per-sample loop;
+(e) bf16 and fp16 move the loss and gradients off fp32's by about their precision.
 
 usage: python3 bert_oracle_selftest.py (exit 0: all checks pass)
 """
@@ -275,9 +276,29 @@ def torch_layer_checks(gen):
               f"rel {err:.1e}")
 
 
+def mixed_precision_checks(gen):
+    """bf16 and fp16 round (the loss and the gradients move off fp32's) by about their precision
+    (bf16's 2^-8 more than fp16's 2^-11), so the 16-bit oracles are neither fp32 in disguise nor
+    broken."""
+    w = weights(gen, torch.float32)
+    bt, _ = batch(gen, torch.float32)
+    runs = {}
+    for precision in ("fp32", "bf16", "fp16"):
+        m = MegatronBert(w, CONFIG, precision)
+        loss = m.loss(bt)
+        loss.backward()
+        runs[precision] = (loss.detach(), torch.cat([q.grad.flatten() for q in m.parameters().values()]))
+    for precision, bound in (("bf16", 2e-2), ("fp16", 3e-3)):
+        loss_err = abs((runs[precision][0] - runs["fp32"][0]) / runs["fp32"][0]).item()
+        grad_err = rel(runs[precision][1], runs["fp32"][1])
+        check(f"{precision}: loss and gradients off fp32's, within {bound:g}", 0 < loss_err < bound and 0 < grad_err < 5 * bound,
+              f"loss rel {loss_err:.1e}, gradients rel {grad_err:.1e}")
+    check("fp16 closer to fp32 than bf16", rel(runs["fp16"][1], runs["fp32"][1]) < rel(runs["bf16"][1], runs["fp32"][1]))
+
+
 def config_checks(gen):
     w = weights(gen)
-    for what, make in (("bf16 is refused", lambda: MegatronBert(w, CONFIG, "bf16")),
+    for what, make in (("an unknown precision (fp8) is refused", lambda: MegatronBert(w, CONFIG, "fp8")),
                        ("a missing weight is an error",
                         lambda: MegatronBert({k: v for k, v in w.items() if k != "cls.predictions.bias"}, CONFIG)),
                        ("an extra weight (a stored decoder) is an error",
@@ -298,6 +319,7 @@ def main():
     padding_checks(gen)
     finite_difference_checks(gen)
     torch_layer_checks(gen)
+    mixed_precision_checks(gen)
     config_checks(gen)
     print(f"{'all checks pass' if not failed else f'{len(failed)} FAILED'}")
     sys.exit(1 if failed else 0)
