@@ -147,15 +147,22 @@ int64_t setWireDtype(plan::Instruction &in, plan::DType wire, int64_t fp32Bytes)
 }
 
 // A collective over `group` of `size` members on its stream, with the plan's attributes.
-plan::Instruction &collective(ProgramBuilder &b, OpId op, const std::string &group, int64_t size, int input,
-                              int output, int64_t bytes, const std::string &reduce = "") {
+// inputs[k] -> outputs[k], in one call (several operands: an all-reduce's only); `bytes` all of them.
+plan::Instruction &collective(ProgramBuilder &b, OpId op, const std::string &group, int64_t size,
+                              const std::vector<int> &inputs, const std::vector<int> &outputs, int64_t bytes,
+                              const std::string &reduce = "") {
   InstructionBuilder built(op);
-  built.in("input", input).out("result", output).attr("group", group).attr("group_size", size);
+  built.in("input", inputs).out("result", outputs).attr("group", group).attr("group_size", size);
   if (!reduce.empty()) built.attr("reduce", reduce);
   if (op != OpId::kAllReduce) built.attr("dim", int64_t(0));
   plan::Instruction &in = b.emit(built);
   in.set_bytes_moved(isa::decl(op).bytesMoved(bytes, bytes, size));
   return in;
+}
+
+plan::Instruction &collective(ProgramBuilder &b, OpId op, const std::string &group, int64_t size, int input,
+                              int output, int64_t bytes, const std::string &reduce = "") {
+  return collective(b, op, group, size, std::vector<int>{input}, std::vector<int>{output}, bytes, reduce);
 }
 
 // Recomputes every buffer's first and last use from the instruction list (results live to the end).
@@ -669,18 +676,20 @@ plan::Program lossProgram(int microBatches, const std::string &group, int d, con
   ProgramBuilder b("loss", plan::Program::LOSS);
   std::vector<std::string> losses{"loss"};
   losses.insert(losses.end(), terms.begin(), terms.end());
+  std::vector<int> sums, means;
   for (const std::string &loss : losses) {
-    int sum = b.argument(plan::Binding::LOSS, lossSumName(loss), {}, /*inout=*/true);
-    int mean = b.activation({});
-    b.emit(InstructionBuilder(OpId::kScale).in("input", sum).out("output", mean).attr("factor", 1.0 / microBatches));
-    int reduced = mean;
-    if (d > 1) {
-      reduced = b.activation({});
-      collective(b, OpId::kAllReduce, group, d, mean, reduced, 4, "avg");
-    }
-    b.emit(InstructionBuilder(OpId::kFill).out("output", sum).attr("value", 0.0));
-    b.result(plan::Binding::METRIC, loss, reduced);
+    sums.push_back(b.argument(plan::Binding::LOSS, lossSumName(loss), {}, /*inout=*/true));
+    means.push_back(b.activation({}));
+    b.emit(InstructionBuilder(OpId::kScale).in("input", sums.back()).out("output", means.back()).attr("factor",
+                                                                                                   1.0 / microBatches));
   }
+  std::vector<int> reduced = means;
+  if (d > 1) {  // every loss in one all-reduce
+    for (int &r : reduced) r = b.activation({});
+    collective(b, OpId::kAllReduce, group, d, means, reduced, 4 * int64_t(means.size()), "avg");
+  }
+  for (int sum : sums) b.emit(InstructionBuilder(OpId::kFill).out("output", sum).attr("value", 0.0));
+  for (size_t k = 0; k < losses.size(); ++k) b.result(plan::Binding::METRIC, losses[k], reduced[k]);
   return b.finish();
 }
 

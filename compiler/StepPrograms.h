@@ -128,7 +128,8 @@ void accumulateLoss(plan::Program &forward);
 std::vector<std::string> lossTermsOf(const plan::Program &forward);
 
 // The last stage's `loss` program: loss_sum / m, averaged over dp, as METRIC "loss" (and each
-// term's likewise, as METRIC <term>); then the sums are zeroed.
+// term's likewise, as METRIC <term>, the dp average of all in one all-reduce); then the sums
+// are zeroed.
 plan::Program lossProgram(int microBatches, const std::string &group, int d,
                           const std::vector<std::string> &terms = {});
 // The `optimizer` program of a stage (t, p, d: the group sizes of the layout).
