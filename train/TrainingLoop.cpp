@@ -87,26 +87,23 @@ std::string shardInfo(const plan::Parameter &p) {
   return s;
 }
 
-// The iteration line's losses, as Megatron prints them: "lm loss: X" for a loss of one term;
-// each term by name for a loss that sums several (pretrain_bert: "lm loss: X | sop loss: Y").
-std::string lossText(double loss, const std::vector<std::pair<std::string, double>> &terms) {
+// The losses a step reports, by name, as Megatron logs them: the loss as "lm loss" when it is
+// one cross-entropy; each term by its name when it sums several (pretrain_bert: lm loss, sop loss).
+std::vector<std::pair<std::string, double>> namedLosses(double loss,
+                                                        const std::vector<std::pair<std::string, double>> &terms) {
+  if (terms.empty()) return {{"lm loss", loss}};
+  return terms;
+}
+
+// The iteration line's part: "lm loss: X" (or "lm loss: X | sop loss: Y").
+std::string lossText(const std::vector<std::pair<std::string, double>> &named) {
   std::string text;
-  char part[96];
-  if (terms.empty()) {
-    std::snprintf(part, sizeof part, "lm loss: %.6E", loss);
-    return part;
-  }
-  for (const auto &[name, value] : terms) {
+  for (const auto &[name, value] : named) {
+    char part[96];
     std::snprintf(part, sizeof part, "%s%s: %.6E", text.empty() ? "" : " | ", name.c_str(), value);
     text += part;
   }
   return text;
-}
-
-// The same losses as TensorBoard scalars.
-std::map<std::string, double> lossScalars(double loss, const std::vector<std::pair<std::string, double>> &terms) {
-  if (terms.empty()) return {{"lm loss", loss}};
-  return std::map<std::string, double>(terms.begin(), terms.end());
 }
 
 }  // namespace
@@ -312,27 +309,22 @@ Status TrainingLoop::checkState(const CheckpointIndex &index) const {
 }
 
 Status TrainingLoop::validate(int64_t iteration) {
-  double sum = 0;
-  std::vector<std::pair<std::string, double>> termSums;
+  std::vector<std::pair<std::string, double>> means;  // each named loss: summed over the batches, then the mean
   for (int64_t k = 0; k < opt_.evalIters; ++k) {
     double loss = 0;
     std::vector<std::pair<std::string, double>> terms;
     LOOM_RETURN_IF_ERROR(trainer_.evaluate(validation_, k, &loss, &terms));
-    sum += loss;
-    if (termSums.empty()) termSums.assign(terms.size(), {"", 0.0});
-    for (size_t j = 0; j < terms.size() && j < termSums.size(); ++j)
-      termSums[j].first = terms[j].first, termSums[j].second += terms[j].second;
+    std::vector<std::pair<std::string, double>> named = namedLosses(loss, terms);
+    if (means.empty()) means.assign(named.size(), {"", 0.0});
+    for (size_t j = 0; j < named.size() && j < means.size(); ++j)
+      means[j].first = named[j].first, means[j].second += named[j].second;
   }
+  for (auto &mean : means) mean.second /= opt_.evalIters;
   if (logs()) {
-    double loss = sum / opt_.evalIters;
-    for (auto &term : termSums) term.second /= double(opt_.evalIters);
-    // Megatron's validation line: "<name> value" and "<name> PPL" for each loss (pretrain_bert:
-    // lm loss and sop loss; a loss of one term is the lm loss).
+    // Megatron's validation line: "<name> value" and "<name> PPL" for each loss.
     std::string values;
     std::map<std::string, double> scalars;
-    std::vector<std::pair<std::string, double>> losses =
-        termSums.empty() ? std::vector<std::pair<std::string, double>>{{"lm loss", loss}} : termSums;
-    for (const auto &[name, value] : losses) {
+    for (const auto &[name, value] : means) {
       char text[160];
       std::snprintf(text, sizeof text, " | %s value: %.6E | %s PPL: %.6E", name.c_str(), value, name.c_str(),
                     std::exp(value));
@@ -511,13 +503,14 @@ Status TrainingLoop::run() {
                        ? modelFlopsPerStep(p) / (seconds * p.world_size() * p.device_peak_flops())
                        : 0;
       // Megatron's log line; an fp16 run's loss scale after the loss, as Megatron prints it.
+      std::vector<std::pair<std::string, double>> named = namedLosses(r.loss, r.lossTerms);
       char scale[48] = "";
       if (r.lossScale > 0) std::snprintf(scale, sizeof scale, " | loss scale: %.1f", r.lossScale);
       std::printf(" iteration %8lld/%8lld | consumed samples: %10lld | elapsed time per iteration (ms): %.1f | "
                   "learning rate: %.3E | global batch size: %5d | %s%s%s | grad norm: %.3f | "
                   "tokens per second: %.0f | MFU: %.1f%% | peak memory (MiB): %.1f%s\n",
                   (long long)it, (long long)opt_.trainIters, (long long)(it * p.global_batch_size()), seconds * 1000,
-                  lr, p.global_batch_size(), lossText(r.loss, r.lossTerms).c_str(), moeText, scale, norm,
+                  lr, p.global_batch_size(), lossText(named).c_str(), moeText, scale, norm,
                   tokensPerStep / seconds, 100 * mfu, peakMemoryMiB(), straggler.c_str());
       std::fflush(stdout);
       // Megatron-LM's TensorBoard scalars (throughput: model TFLOP/s per device).
@@ -525,7 +518,7 @@ Status TrainingLoop::run() {
           {"learning-rate", lr}, {"grad-norm", norm}, {"iteration-time", seconds},
           {"throughput", modelFlopsPerStep(p) / (seconds * p.world_size()) / 1e12}, {"mem-peak", peakMemoryMiB()},
           {"tokens-per-second", tokensPerStep / seconds}};
-      for (const auto &[name, value] : lossScalars(r.loss, r.lossTerms)) scalars[name] = value;
+      for (const auto &[name, value] : named) scalars[name] = value;
       if (r.lossScale > 0) scalars["loss-scale"] = r.lossScale;
       if (moe) scalars["load_balancing_loss"] = auxLoss, scalars["moe-dropped-fraction"] = droppedFraction;
       LOOM_RETURN_IF_ERROR(writeScalars(it, scalars));
