@@ -522,15 +522,14 @@ def check_config(args, name, cfg, failures):
         # cp): the 16-bit values the oracle rounds are those of the loss times d cp, its
         # gradients divided by d cp after. (Exact in fp32 and for powers of two; what it changes
         # is where fp16 overflows.)
-        averaged = d * cp
-        scale *= averaged
+        backprop_scale = scale * d * cp
         for path in batches:
             b, _ = read_safetensors(path)
             if isinstance(oracle, Mixtral):
                 # The objective ce + coef * aux; Loom logs the cross-entropy part.
                 ce, aux, dropped, assigned = oracle.losses(b["tokens"], b["labels"], b["loss_mask"])
                 loss = (ce + oracle.aux_coef * aux) / len(batches)
-                (loss * scale).backward()
+                (loss * backprop_scale).backward()
                 total += ce.item() / len(batches)
                 moe_dropped, moe_assigned = moe_dropped + dropped, moe_assigned + assigned
                 step_aux, step_dropped, step_assigned = (step_aux + aux.item(), step_dropped + dropped,
@@ -540,7 +539,7 @@ def check_config(args, name, cfg, failures):
                 loss = oracle.loss(b) / len(batches)
             else:
                 loss = oracle.loss(b["tokens"], b["labels"], b["loss_mask"]) / len(batches)
-            (loss * scale).backward()
+            (loss * backprop_scale).backward()
             total += loss.item()
         if isinstance(oracle, Mixtral) and oracle.min_gap < ROUTING_TIE:
             # A routing decision this close may fall the other way in Loom (its fp32 sums run in
@@ -551,20 +550,20 @@ def check_config(args, name, cfg, failures):
             break
         if skipped:
             finite = all(bool(torch.isfinite(q.grad).all()) for q in params.values())
-            print(f"   iteration {step + 1}: skipped by Loom (inf/NaN gradients at loss scale {scale / averaged:g}); the "
+            print(f"   iteration {step + 1}: skipped by Loom (inf/NaN gradients at loss scale {scale:g}); the "
                   f"oracle's gradients at that scale {'are finite' if finite else 'overflow too'}", flush=True)
             if finite:
-                problems.append(f"iteration {step + 1}: Loom's gradients overflowed at loss scale {scale / averaged:g}, "
+                problems.append(f"iteration {step + 1}: Loom's gradients overflowed at loss scale {scale:g}, "
                                 "the oracle's are finite")
-            scale_now = scale / averaged / 2
+            scale_now = scale / 2
             continue
-        scale_now = scale / averaged
-        if scale != 1.0:
+        scale_now = scale
+        if backprop_scale != 1.0:
             for q in params.values():
-                q.grad /= scale
+                q.grad /= backprop_scale
         if step == 0:
             # Loom's main gradients as dumped hold the loss scale (fp16): unscaled here.
-            loom_grads = {k: g / scale_now
+            loom_grads = {k: g / scale
                           for k, g in split_expert_grads(job_gradients(os.path.join(work, "grads"), world)).items()}
             if isinstance(oracle, MegatronBert):
                 # Loom's BERT names and layouts -> Hugging Face's (an unknown name is an error);
