@@ -3,6 +3,7 @@
 #include "ir/LoomDialect.h"
 #include "ir/ParamAttrs.h"
 #include "passes/ModelFacts.h"
+#include "llvm/ADT/DenseSet.h"
 #include "mlir/Dialect/Func/IR/FuncOps.h"
 
 namespace loom {
@@ -54,6 +55,25 @@ ModelStats computeModelStats(mlir::ModuleOp module) {
     }
   });
 
+  // A sentence-level head (BERT's pooler and sentence-order classifier) runs at every position,
+  // but its loss reads one position per sample: the model needs its FLOPs once per sample, not
+  // per token. Those are the ops whose results reach nothing but a classifier loss.
+  llvm::DenseSet<mlir::Operation *> perSample;
+  module.walk([&](CrossEntropyOp c) {
+    if (!isClassifierLoss(c)) return;
+    llvm::SmallVector<mlir::Value> pending{c.getLogits()};
+    while (!pending.empty()) {
+      mlir::Operation *def = pending.pop_back_val().getDefiningOp();
+      if (!def || perSample.contains(def)) continue;
+      bool onlyTheHead = llvm::all_of(def->getUsers(), [&](mlir::Operation *user) {
+        return user == c.getOperation() || perSample.contains(user);
+      });
+      if (!onlyTheHead) continue;
+      perSample.insert(def);
+      for (mlir::Value v : def->getOperands()) pending.push_back(v);
+    }
+  });
+
   module.walk([&](mlir::Operation *op) {
     if (op->getDialect() && op->getDialect()->getNamespace() == "loom")
       ++s.opHistogram[op->getName().getStringRef().str()];
@@ -74,6 +94,10 @@ ModelStats computeModelStats(mlir::ModuleOp module) {
       // loom.linear, counted as one).
       int64_t ffn = mlir::cast<mlir::RankedTensorType>(moe.getGate().getType()).getShape()[1];
       flops = 6.0 * numElements(moe.getResult()) * ffn * double(moe.getTopK());
+    }
+    if (flops > 0 && perSample.contains(op)) {  // one position of [batch, seq, ...]
+      auto out = mlir::cast<mlir::RankedTensorType>(op->getResult(0).getType());
+      if (out.getRank() >= 3 && !mlir::ShapedType::isDynamic(out.getShape()[1])) flops /= double(out.getShape()[1]);
     }
     s.forwardFlops += flops;
     if (inLayer) s.forwardFlopsInLayers += flops;

@@ -30,7 +30,9 @@ struct ModelStats {
 
 // Counts from the IR alone: parameter arguments (loom.param), FLOPs of each linear (2 M K N),
 // attention core (4 b s^2 h: QK^T and PV) and mixture-of-experts MLP (its tokens through their
-// top_k experts: 6 b s h f top_k), ops by name.
+// top_k experts: 6 b s h f top_k), ops by name. A head whose results reach only a classifier
+// loss (BERT's pooler and sentence-order classifier: one position per sample) counts once per
+// sample.
 ModelStats computeModelStats(mlir::ModuleOp module);
 
 // The closed form of the PTD-P paper (arXiv:2104.04473), section 5.1, per token, with full

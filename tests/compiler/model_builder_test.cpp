@@ -104,6 +104,20 @@ TEST_P(ExampleModels, FlopsMatchPtdpFormula) {
   EXPECT_NEAR(stats.forwardFlopsPerToken() / (24 * l * h * h * (1 + s / (6 * h)) + 2 * h * V), 1.0, 1e-12);
 }
 
+// BERT: the layers, the masked-LM head (dense h x h and the tied decoder) at every position,
+// and the sentence-order head (pooler h x h, classifier h x 2) once per sample: its loss reads
+// the [CLS] position only, though the IR computes it everywhere.
+TEST_P(ExampleModels, BertCountsTheSentenceHeadOncePerSample) {
+  config::ModelConfig cfg = load(GetParam().name);
+  if (cfg.architecture() != config::BERT) GTEST_SKIP() << "a BERT count";
+  mlir::MLIRContext ctx;
+  mlir::OwningOpRef<mlir::ModuleOp> module = buildModel(ctx, cfg, {});
+  ModelStats stats = computeModelStats(*module);
+  double h = cfg.hidden_size(), l = cfg.num_layers(), s = cfg.seq_length(), V = cfg.vocab_size();
+  double perToken = 24 * l * h * h * (1 + s / (6 * h)) + 2 * h * h + 2 * h * V + (2 * h * h + 2 * h * 2) / s;
+  EXPECT_NEAR(stats.forwardFlopsPerToken() / perToken, 1.0, 1e-12);
+}
+
 INSTANTIATE_TEST_SUITE_P(
     All, ExampleModels,
     ::testing::Values(Case{"gpt-tiny", 0}, Case{"gpt2-small", 124439808},
