@@ -344,28 +344,32 @@ Status TrainingLoop::validate(int64_t iteration) {
 // Rank 0 gathers nothing over the network: every rank writes its shards (with their slice
 // facts) into a checkpoint, then rank 0 assembles the whole model from the files.
 
-Status TrainingLoop::exportModel() {
+Status TrainingLoop::exportModel(int64_t iteration, bool savedThere) {
   const plan::RankPlan &p = trainer_.plan();
-  // Without --save the shards go to a directory beside the export, removed after; one that
-  // exists already (checked by every rank before any writes) is not ours to use or remove.
-  std::string root = opt_.save.empty() ? opt_.exportPath + ".shards" : opt_.save;
-  if (opt_.save.empty()) {
+  // Without a checkpoint of the iteration in --save the shards go to a directory beside the
+  // export, removed after; one that exists already (checked by every rank before any writes) is
+  // not ours to use or remove.
+  std::string root = savedThere ? opt_.save : opt_.exportPath + ".shards";
+  if (!savedThere) {
     bool existed = std::filesystem::exists(root);
     LOOM_RETURN_IF_ERROR(client_.barrier("export-check", p.rank(), 600000));
     if (existed) return Status::error(root + ": exists already (the export writes its shards there); remove it");
     std::swap(opt_.save, root);
-    Status s = saveCheckpoint(0, /*announce=*/false);
+    Status s = saveCheckpoint(iteration, /*announce=*/false);
     std::swap(opt_.save, root);
     LOOM_RETURN_IF_ERROR(s);
   }
   if (p.rank() != 0) return Status::ok();
-  int64_t it;
-  LOOM_RETURN_IF_ERROR(latestIteration(root, &it));
   std::map<std::string, HostTensor> global;
-  LOOM_RETURN_IF_ERROR(readWholeTensors(root, it, "param/", &global));
+  LOOM_RETURN_IF_ERROR(readWholeTensors(root, iteration, "param/", &global));
+  // The export's directory is made as save_pretrained makes it (with --save nothing else has).
+  std::filesystem::path dir = std::filesystem::path(opt_.exportPath).parent_path();
+  std::error_code ec;
+  if (!dir.empty()) std::filesystem::create_directories(dir, ec);
+  if (ec) return Status::error(dir.string() + ": cannot create the export's directory: " + ec.message());
   HfExport written;
   LOOM_RETURN_IF_ERROR(writeHuggingFace(p, global, nullptr, nullptr, opt_.exportPath, &written));
-  if (opt_.save.empty()) std::filesystem::remove_all(root);
+  if (!savedThere) std::filesystem::remove_all(root);
   std::printf(" exported %zu tensors (%s) to %s%s\n", written.tensors, written.className().c_str(),
               opt_.exportPath.c_str(), written.configPath.empty() ? "" : (", " + written.configPath).c_str());
   return Status::ok();
@@ -557,7 +561,12 @@ Status TrainingLoop::run() {
     intervalStart += std::chrono::steady_clock::now() - pause;
   }
   LOOM_RETURN_IF_ERROR(finishAsyncSave());
-  if (!opt_.exportPath.empty()) LOOM_RETURN_IF_ERROR(exportModel());
+  // The last iteration run was saved in --save (a run that trained none: the checkpoint it
+  // resumed from, if any).
+  bool trained = start < opt_.trainIters;
+  int64_t last = trained ? opt_.trainIters : start;
+  if (!opt_.exportPath.empty())
+    LOOM_RETURN_IF_ERROR(exportModel(last, !opt_.save.empty() && (trained || start > 0)));
   return Status::ok();
 }
 

@@ -73,7 +73,9 @@ class TrainingLoop {
   std::map<std::string, std::string> trainingState(int64_t iteration) const;
   Status checkState(const CheckpointIndex &index) const;
   Status validate(int64_t iteration);
-  Status exportModel();
+  // The model after `iteration` as a Hugging Face checkpoint, assembled from the checkpoint of
+  // that iteration in --save (savedThere) or from shards written beside the export for it.
+  Status exportModel(int64_t iteration, bool savedThere);
   bool logs() const;
   std::string reportMetrics(int64_t iteration, bool skipped, bool logIteration);
   // Mixture of experts at a log iteration: every rank posts its statistics since the last log

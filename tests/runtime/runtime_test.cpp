@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <filesystem>
 #include <fstream>
 #include <sstream>
 #include <thread>
@@ -323,6 +324,14 @@ TEST(Runtime, ExportsCarryConfigJsonAndLoadBack) {
   EXPECT_EQ(config["n_head"], 4) << text;
   EXPECT_EQ(config["vocab_size"], 1000) << text;
   EXPECT_NE(text.find("\"layer_norm_epsilon\": 1e-05,"), std::string::npos) << text;
+
+  // With --save the export's directory is made too (as save_pretrained makes it).
+  std::string nested = tmpdir() + "/gpt_export_saved/a/b";
+  Result saved = run(loomrun() + " --nproc 1 --plans " + plans + " --steps 0 --save " + tmpdir() +
+                     "/gpt_export_ckpt --export " + nested + "/model.safetensors");
+  ASSERT_EQ(saved.exitCode, 0) << saved.output;
+  EXPECT_TRUE(std::filesystem::exists(nested + "/model.safetensors")) << saved.output;
+  EXPECT_TRUE(std::filesystem::exists(nested + "/config.json")) << saved.output;
 }
 
 // With dropout on (gpt-tiny's 0.1), a configuration and seed reproduce themselves bit for bit:
