@@ -318,10 +318,9 @@ llvm::Error compileInMemory(mlir::ModuleOp module, const config::ClusterSpec &cl
     }
     *sets[s].add_programs() = optimizerProgram(layouts[s], t, p, dReduce, par.zero1(), dpWire, deferred,
                                                  std::max<int>(1, int(par.expert_parallel_size())));
-    if (std::any_of(layouts[s].buckets.begin(), layouts[s].buckets.end(),
-                    [](const StageBucket &bucket) { return bucket.gatherInForward; }))
-      *sets[s].add_programs() = parameterGatherProgram(layouts[s]);
     if (!layouts[s].buckets.empty()) {
+      plan::Program parameterGather = parameterGatherProgram(layouts[s]);
+      if (parameterGather.instructions_size()) *sets[s].add_programs() = std::move(parameterGather);
       plan::Program gradientGather = gradientGatherProgram(layouts[s], deferred);
       if (gradientGather.instructions_size()) *sets[s].add_programs() = std::move(gradientGather);
     }

@@ -481,21 +481,20 @@ void prependParameterGathers(plan::Program &forward, const StageLayout &layout) 
   auto readAt = [&](size_t k) { return firstReader.count(k) ? firstReader[k] : forward.instructions_size(); };
   std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) { return readAt(a) < readAt(b); });
 
-  // Inserted instructions: the gathers first (dp stream), each bucket's cast (16-bit plans)
-  // right before the bucket's first reader (compute stream, after its gather).
+  // Inserted instructions: the gathers (dp stream), in the order the forward first reads the
+  // buckets. A 16-bit plan gathers the copies it computes with (the optimizer rounded the rank's
+  // updated part into them), an fp32 plan the parameters themselves.
   struct Inserted {
     int before;  // original instruction index it precedes
     plan::Instruction in;
-    int waitsForInserted = -1;  // index into `inserted`
   };
   std::vector<Inserted> inserted;
   std::map<size_t, int> readyOf;  // bucket -> the inserted instruction its readers wait for
-  std::map<size_t, int> gathered;  // bucket -> the view its gather writes
-  bool half = layout.computeDtype != plan::F32;
+  plan::DType dtype = layout.computeDtype;
   for (size_t k : order) {
     const StageBucket &bucket = layout.buckets[k];
-    int own = addView(forward, plan::Binding::PARAMETER, "flat", {bucket.part()}, bucket.flatBegin, bucket.group, true);
-    int whole = addView(forward, plan::Binding::PARAMETER, "flat", {bucket.elements}, bucket.flatBegin, "", true);
+    int own = addView(forward, plan::Binding::PARAMETER, "flat", {bucket.part()}, bucket.flatBegin, bucket.group, true, dtype);
+    int whole = addView(forward, plan::Binding::PARAMETER, "flat", {bucket.elements}, bucket.flatBegin, "", true, dtype);
     Inserted g{0, {}};
     InstructionBuilder(OpId::kAllGather)
         .in("input", own)
@@ -507,24 +506,11 @@ void prependParameterGathers(plan::Program &forward, const StageLayout &layout) 
     g.in.set_stream(isa::streamOf(isa::decl(OpId::kAllGather), bucket.group));
     g.in.set_layer(-1);
     g.in.set_first_micro_batch(true);
-    g.in.set_bytes_moved(isa::decl(OpId::kAllGather).bytesMoved(4 * bucket.elements, 4 * bucket.elements, bucket.parts));
+    int64_t bytes = planattr::elementBytes(dtype) * bucket.elements;
+    g.in.set_bytes_moved(isa::decl(OpId::kAllGather).bytesMoved(bytes, bytes, bucket.parts));
     inserted.push_back(std::move(g));
     readyOf[k] = int(inserted.size()) - 1;
-    gathered[k] = whole;
   }
-  if (half)
-    for (size_t k : order) {
-      const StageBucket &bucket = layout.buckets[k];
-      int compute =
-          addView(forward, plan::Binding::PARAMETER, "flat", {bucket.elements}, bucket.flatBegin, "", true, layout.computeDtype);
-      Inserted c{readAt(k), {}, readyOf[k]};
-      InstructionBuilder(OpId::kCast).in("input", gathered[k]).out("output", compute).writeTo(&c.in);
-      c.in.set_stream(plan::COMPUTE);
-      c.in.set_layer(-1);
-      c.in.set_first_micro_batch(true);
-      inserted.push_back(std::move(c));
-      readyOf[k] = int(inserted.size()) - 1;
-    }
   // The new order: inserted instructions before their original instruction, in insertion order.
   int old = forward.instructions_size();
   std::vector<std::vector<int>> before(size_t(old) + 1);
@@ -536,11 +522,7 @@ void prependParameterGathers(plan::Program &forward, const StageLayout &layout) 
     if (i < old) newOfOld[size_t(i)] = next++;
   }
   std::vector<plan::Instruction> result(static_cast<size_t>(next));
-  for (size_t j = 0; j < inserted.size(); ++j) {
-    plan::Instruction in = inserted[j].in;
-    if (inserted[j].waitsForInserted >= 0) in.add_wait_for(newOfInserted[size_t(inserted[j].waitsForInserted)]);
-    result[size_t(newOfInserted[j])] = std::move(in);
-  }
+  for (size_t j = 0; j < inserted.size(); ++j) result[size_t(newOfInserted[j])] = inserted[j].in;
   // Each stream's first reader of a bucket waits for it (later readers follow it in stream order).
   std::set<std::pair<size_t, int>> waited;  // (bucket, stream)
   for (int i = 0; i < old; ++i) {
@@ -737,21 +719,16 @@ std::pair<int, int> clippedNorm(ProgramBuilder &b, int squares, const std::vecto
   return {norm, factor};
 }
 
-// A bucket's all-gather in place in the flat parameters (the rank's part inside the whole), and
-// with 16-bit compute the copies remade from them.
-// own: the view of the rank's part the program updated (-1: a view of its own).
-void emitBucketGather(ProgramBuilder &b, const StageLayout &layout, const StageBucket &bucket, int own = -1) {
-  plan::DType computeDtype = layout.computeDtype;
-  if (own < 0) own = b.view(plan::Binding::PARAMETER, "flat", {bucket.part()}, bucket.flatBegin, bucket.partOf());
-  int whole = own;
-  if (bucket.parts > 1) {
-    whole = b.view(plan::Binding::PARAMETER, "flat", {bucket.elements}, bucket.flatBegin, "");
-    collective(b, OpId::kAllGather, bucket.group, bucket.parts, own, whole, 4 * bucket.elements);
-  }
-  if (computeDtype != plan::F32) {
-    int compute = b.view(plan::Binding::PARAMETER, "flat", {bucket.elements}, bucket.flatBegin, "", computeDtype);
-    b.emit(InstructionBuilder(OpId::kCast).in("input", whole).out("output", compute));
-  }
+// ZeRO-1's all-gather of a bucket's parameters in place (the rank's part inside the whole), in
+// `dtype`: the fp32 master weights (fp32 plans; parameter_gather), or the 16-bit copies the
+// forward computes with (16-bit plans: Megatron's distributed optimizer gathers its bf16
+// parameters, half the bytes). own: the view of the rank's part (-1: a view of its own).
+void emitBucketGather(ProgramBuilder &b, const StageBucket &bucket, plan::DType dtype, int own = -1) {
+  if (bucket.parts == 1) return;
+  if (own < 0) own = b.view(plan::Binding::PARAMETER, "flat", {bucket.part()}, bucket.flatBegin, bucket.partOf(), dtype);
+  int whole = b.view(plan::Binding::PARAMETER, "flat", {bucket.elements}, bucket.flatBegin, "", dtype);
+  collective(b, OpId::kAllGather, bucket.group, bucket.parts, own, whole,
+             planattr::elementBytes(dtype) * bucket.elements);
 }
 
 // The optimizer's HYPERPARAMETER arguments, by name.
@@ -850,10 +827,18 @@ plan::Program shardedOptimizerProgram(const StageLayout &layout, int t, int p, i
     if (bucket.parts > 1) adam.attr("shard_group", bucket.group);
     adam.attr("flat_offset", bucket.flatBegin);
     b.emit(adam);
+    if (layout.computeDtype != plan::F32) {  // the updated part rounded into the 16-bit copies
+      int compute =
+          b.view(plan::Binding::PARAMETER, "flat", {part}, bucket.flatBegin, bucket.partOf(), layout.computeDtype);
+      b.emit(InstructionBuilder(OpId::kCast).in("input", own).out("output", compute));
+      own = compute;
+    }
     owns.push_back(own);
   }
+  // The gathers no forward does. With 16-bit compute only the copies are gathered: the fp32
+  // master weights outside the rank's parts stay as they were until parameter_gather.
   for (size_t k = 0; k < layout.buckets.size(); ++k)
-    if (!layout.buckets[k].gatherInForward) emitBucketGather(b, layout, layout.buckets[k], owns[k]);
+    if (!layout.buckets[k].gatherInForward) emitBucketGather(b, layout.buckets[k], layout.computeDtype, owns[k]);
   b.alsoAfter(grads, readsOfFlat);
   b.emit(InstructionBuilder(OpId::kFill).out("output", grads).attr("value", 0.0));  // zero_grad for the next step
   b.result(plan::Binding::METRIC, "grad_norm", norm);
@@ -920,8 +905,10 @@ plan::Program optimizerProgram(const StageLayout &layout, int t, int p, int d, b
 
 plan::Program parameterGatherProgram(const StageLayout &layout) {
   ProgramBuilder b("parameter_gather", plan::Program::PARAMETER_GATHER);
+  // The fp32 master weights whole: fp32 plans' optimizer gathers the buckets no forward gathers;
+  // 16-bit plans gather nothing but the 16-bit copies during the step.
   for (const StageBucket &bucket : layout.buckets)
-    if (bucket.gatherInForward) emitBucketGather(b, layout, bucket);
+    if (bucket.gatherInForward || layout.computeDtype != plan::F32) emitBucketGather(b, bucket, plan::F32);
   return b.finish();
 }
 

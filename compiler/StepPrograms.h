@@ -93,11 +93,13 @@ int64_t optimizerElements(const StageLayout &layout);
 void appendBucketReduceScatters(plan::Program &backward, const StageLayout &layout, plan::DType dpWire,
                                 bool serial, const std::set<std::string> &syncedLater);
 // ZeRO-1: prepends to `forward` the all-gather over dp of each bucket of its virtual stage, in
-// place in the flat parameters (and the 16-bit copies of a 16-bit plan remade from them), in its
-// first run; each instruction reading a bucket's parameters waits for that bucket only.
+// place in the flat parameters (a 16-bit plan: in their 16-bit copies, which the optimizer
+// rounded its part into), in its first run; each instruction reading a bucket's parameters waits
+// for that bucket only.
 void prependParameterGathers(plan::Program &forward, const StageLayout &layout);
-// ZeRO-1: the `parameter_gather` program: every bucket's all-gather (and 16-bit copies), run by
-// the step driver when something outside the step reads the parameters (a checkpoint, an export).
+// ZeRO-1: the `parameter_gather` program: the fp32 master weights' all-gathers the step did not
+// do (every bucket's in a 16-bit plan), run by the step driver when something outside the step
+// reads the parameters (a checkpoint, an export).
 plan::Program parameterGatherProgram(const StageLayout &layout);
 
 // A gradient-sync collective over a group that spans pipeline stages (the tied embedding's
@@ -134,8 +136,9 @@ plan::Program lossProgram(int microBatches, const std::string &group, int d,
                           const std::vector<std::string> &terms = {});
 // The `optimizer` program of a stage (t, p, d: the group sizes of the layout).
 // With ZeRO-1 by buckets (layout.buckets): each bucket's reduce-scatter that no backward ran,
-// AdamW on the rank's part of every bucket, in place, and the all-gather of each bucket that no
-// forward gathers (virtual stage -1). ep: expert parallelism's size (the experts' gradient
+// AdamW on the rank's part of every bucket, in place (a 16-bit plan: then rounded into that part
+// of the 16-bit copies), and the all-gather of each bucket that no forward gathers (virtual
+// stage -1; the copies only, in a 16-bit plan). ep: expert parallelism's size (the experts' gradient
 // squares are summed over "ep" apart from the rest's).
 plan::Program optimizerProgram(const StageLayout &layout, int t, int p, int d, bool zero1, plan::DType dpWire,
                                const std::vector<DeferredSync> &deferred, int ep = 1);

@@ -391,7 +391,9 @@ Status StepDriver::runGradients(DataSource *data, int64_t step, bool evaluate, b
     }
   }
   LOOM_RETURN_IF_ERROR(backend_.synchronize());
-  parametersStale_ = false;  // the forwards' first runs gathered every bucket (ZeRO-1)
+  // ZeRO-1: the forwards' first runs gathered every bucket; in a 16-bit plan only the 16-bit
+  // copies, so the fp32 masters wait for gatherParameters.
+  if (computeDtype_ == plan::F32) parametersStale_ = false;
   if (!collectives_) return Status::ok();
   if (progress_) progress_->waitingOutside("the delivery of the step's pipeline sends");
   Status flushed = collectives_->flush();

@@ -45,7 +45,7 @@ ln -sf "$root/apps/loomc-mutant" "$mutant/loomc"
 # its tolerances), a subset of layouts per family.
 /usr/bin/python3 "$root/tests/oracle/run_oracle.py" --bin "$bin" --precision bf16 \
   --model "$root/examples/models/gpt-tiny.pbtxt" --work "${TEST_TMPDIR}/oracle-bf16" --steps 10 \
-  --configs t1p1d1,t2p2d1-1f1b,t2p2d2-sequence-parallel-zero1,t1p2d1v2-interleaved,t2p2d2-zero1-grad-reduce-bf16
+  --configs t1p1d1,t2p2d1-1f1b,t2p2d2-sequence-parallel-zero1,t1p2d1v2-interleaved,t2p2d2-zero1-grad-reduce-bf16,t1p2d2-zero1-gather-in-optimizer
 /usr/bin/python3 "$root/tests/oracle/run_oracle.py" --bin "$bin" --precision bf16 \
   --model "$root/examples/models/llama-tiny.pbtxt" --work "${TEST_TMPDIR}/oracle-llama-bf16" --steps 10 \
   --configs t1p1d1,t2p1d1,t2p2d2-zero1

@@ -79,6 +79,10 @@ CONFIGS = {
     "t1p1d2-zero1": (1, 1, 2, 1, 1, "", "RECOMPUTE_NONE", 1000, True),
     "t2p2d2-zero1": (2, 2, 2, 1, 2, "ONE_F_ONE_B", "RECOMPUTE_NONE", 1000, True),
     "t1p2d2v2-interleaved-zero1": (1, 2, 2, 2, 2, "INTERLEAVED_ONE_F_ONE_B", "RECOMPUTE_NONE", 1000, True),
+    # ZeRO-1 gathering each bucket right after its update instead of in the next forward (see
+    # PARALLEL_EXTRA): in a 16-bit plan only the 16-bit copies, so the export's fp32 masters come
+    # from parameter_gather.
+    "t1p2d2-zero1-gather-in-optimizer": (1, 2, 2, 1, 2, "ONE_F_ONE_B", "RECOMPUTE_NONE", 1000, True),
     "t2p1d1-sequence-parallel": (2, 1, 1, 1, 1, "", "RECOMPUTE_NONE", 1000, False, True),
     "t4p1d1-sequence-parallel-odd-vocab": (4, 1, 1, 1, 1, "", "RECOMPUTE_NONE", 997, False, True),
     "t2p2d2-sequence-parallel-zero1": (2, 2, 2, 1, 2, "ONE_F_ONE_B", "RECOMPUTE_NONE", 1000, True, True),
@@ -128,6 +132,8 @@ CONFIGS = {
     "t1p2d4e2v2-interleaved-zero1": (1, 2, 4, 2, 2, "INTERLEAVED_ONE_F_ONE_B", "RECOMPUTE_NONE", 1000, True, False,
                                      False, 0, False, 1, "", 2),
 }
+# Cluster fields beyond the tuple's, by configuration.
+PARALLEL_EXTRA = {"t1p2d2-zero1-gather-in-optimizer": "overlap_param_gather: false"}
 # The representative subset CI runs (the full matrix: --configs all); for the LLaMA family
 # (llama-tiny: 2 KV heads, split for t = 2, replicated for t = 4) its own.
 CI_CONFIGS = ["t1p1d1", "t2p1d1", "t4p1d1-odd-vocab", "t1p2d1-1f1b", "t1p2d1-gpipe", "t1p1d2", "t2p2d1-1f1b",
@@ -244,6 +250,8 @@ def cluster_config(name, t, p, d, v, m, schedule, recompute, work, zero1=False, 
         sched += f' cp_comm_type: "{cp_comm}"'
     if ep > 1:  # carved out of d: the world stays t * p * d * cp
         sched += f" expert_parallel_size: {ep}"
+    if name in PARALLEL_EXTRA:
+        sched += " " + PARALLEL_EXTRA[name]
     with open(out, "w") as f:
         per_node = per_node or t * p * d * cp
         f.write(f'name: "{name}"\nnodes: {t * p * d * cp // per_node}\ndevices_per_node: {per_node}\ndevice {{ kind: CPU }}\n'
