@@ -102,6 +102,8 @@ Status parseHeader(const std::string &path, const char *begin, const char *end, 
     header = json::parse(begin, end);
   } catch (const json::parse_error &e) {
     return Status::error(corrupt + ": not JSON (at byte " + std::to_string(e.byte) + ")");
+  } catch (const json::exception &e) {  // a number too large for any C++ type (out_of_range 406)
+    return Status::error(corrupt + ": " + e.what());
   }
   if (!header.is_object()) return Status::error(corrupt + ": not a JSON object");
   for (auto &[name, entry] : header.items()) {

@@ -95,6 +95,10 @@ TEST(Safetensors, CorruptFilesAreRefused) {
       {"name_newline", R"({"a\nb":{"dtype":"F32"}})", 0, "tensor 'a\\nb' has no shape"},
       {"dtype_newline", R"({"w":{"dtype":"F\n16","shape":[1],"data_offsets":[0,4]}})", 4, "has dtype F\\n16"},
       {"bad_utf8", "{\"w\xff\":{}}", 0, bad + ": not JSON"},
+      // A number past any double: nlohmann's out_of_range (406), not a parse_error (found by
+      // the fuzzer; it aborted the process).
+      {"exponent_overflow", R"({"w":{"dtype":"F32","shape":[1],"data_offsets":[5E000000048161685201843,4]}})", 4,
+       bad + ": [json.exception.out_of_range.406]"},
   };
   cases.insert(cases.end(), malformed.begin(), malformed.end());
   for (const Case &c : cases) {
