@@ -329,7 +329,8 @@ MemoryReport memoryReport(const PlanDirectory &plans, int rank) {
   const config::ParallelConfig &par = rp.cluster().parallel();
   int64_t shards = par.zero1() ? std::max<int64_t>(par.data_parallel_size(), 1) : 1;
   int64_t ep = rp.num_experts() > 0 ? std::max<int64_t>(par.expert_parallel_size(), 1) : 1;
-  return {rp, mem, planattr::computeDtype(plans.programsOf(rank).programs()), mem.parameter_bytes() / 4, shards,
+  // Elements of the flat buffers: the fp32 main gradients' (the master weights may be sharded).
+  return {rp, mem, planattr::computeDtype(plans.programsOf(rank).programs()), mem.gradient_bytes() / 4, shards,
           rp.cluster().device().memory_bytes(), rp.cluster().device().kind() == config::CUDA, shards / ep};
 }
 
@@ -353,6 +354,8 @@ std::string memoryJson(const PlanDirectory &plans, int rank) {
                                           {"bytes", mem.timeline_bytes(i)}});
   llvm::json::Object adamw = part("fp32", mem.optimizer_bytes());
   adamw["shards"] = r.shards;
+  llvm::json::Object masters = part("fp32", mem.parameter_bytes());
+  masters["shards"] = r.rp.master_weights_sharded() ? r.shards : 1;
   if (r.expertShards != r.shards) adamw["expert_shards"] = r.expertShards;
   llvm::json::Object report{
       {"rank", rank},
@@ -366,7 +369,7 @@ std::string memoryJson(const PlanDirectory &plans, int rank) {
        llvm::json::Object{{"bytes", r.weightsAndOptimizer()},
                           {"parameters", r.parameters},
                           {"bytes_per_parameter", r.bytesPerParameter()},
-                          {"master_weights", part("fp32", mem.parameter_bytes())},
+                          {"master_weights", std::move(masters)},
                           {"main_gradients", part("fp32", mem.gradient_bytes())},
                           {"adamw_moments", std::move(adamw)},
                           {"half_weight_copies", part(r.compute == plan::F32 ? "bf16" : dtypeName(r.compute),
@@ -402,14 +405,16 @@ std::string memoryTimeline(const PlanDirectory &plans, int rank) {
   // bytes per parameter (18 for its mixed precision without the distributed optimizer), the
   // activations of the micro-batches in flight, then what it does not count.
   os << llvm::formatv("  weights and optimizer {0} ({1:F1} bytes per parameter, {2} parameters): fp32 master weights "
-                      "{3}, fp32 main gradients {4}, fp32 AdamW moments {5}{6}",
+                      "{3}{7}, fp32 main gradients {4}, fp32 AdamW moments {5}{6}",
                       humanBytes(r.weightsAndOptimizer()), r.bytesPerParameter(), r.parameters,
                       humanBytes(mem.parameter_bytes()), humanBytes(mem.gradient_bytes()),
                       humanBytes(mem.optimizer_bytes()),
                       r.shards == 1 ? std::string()
                       : r.expertShards != r.shards
                           ? llvm::formatv(" (ZeRO-1: the 1/{0} shard, the experts' 1/{1})", r.shards, r.expertShards).str()
-                          : llvm::formatv(" (ZeRO-1: the 1/{0} shard)", r.shards).str());
+                          : llvm::formatv(" (ZeRO-1: the 1/{0} shard)", r.shards).str(),
+                      rp.master_weights_sharded() ? llvm::formatv(" (ZeRO-1: the 1/{0} shard)", r.shards).str()
+                                                  : std::string());
   if (mem.half_weight_bytes() > 0)
     os << llvm::formatv(", {0} weight copies {1}{2}", compute == plan::F32 ? "bf16" : dtypeName(compute),
                         humanBytes(mem.half_weight_bytes()),

@@ -83,24 +83,27 @@ llvm::Expected<LayerProbe> probeLayers(const config::ModelConfig &model, const c
   probe.layerStash = stage[1]->stash_bytes_per_micro_batch() / 2;
   probe.embedStash = stage[0]->stash_bytes_per_micro_batch() - probe.layerStash;
   probe.headStash = stage[2]->stash_bytes_per_micro_batch() - probe.layerStash;
-  probe.layerParams = stage[1]->parameter_bytes() / 4 / 2;
-  probe.embedParams = stage[0]->parameter_bytes() / 4 - probe.layerParams;
-  probe.headParams = stage[2]->parameter_bytes() / 4 - probe.layerParams;
+  // Elements of the flat buffers from the fp32 main gradients (never sharded; the master
+  // weights are with ZeRO-1 in 16-bit).
+  probe.layerParams = stage[1]->gradient_bytes() / 4 / 2;
+  probe.embedParams = stage[0]->gradient_bytes() / 4 - probe.layerParams;
+  probe.headParams = stage[2]->gradient_bytes() / 4 - probe.layerParams;
   for (const plan::MemoryPlan *s : stage) {
     probe.workspace = std::max(probe.workspace, s->max_workspace_bytes());
     probe.scratch = std::max(probe.scratch, s->scratch_bytes());
   }
   probe.compute = planattr::computeDtype(plans.sets[0].programs());
-  int64_t ownCopies = probe.compute == plan::F32 ? 0 : 2 * (stage[1]->parameter_bytes() / 4);
+  int64_t ownCopies = probe.compute == plan::F32 ? 0 : 2 * (stage[1]->gradient_bytes() / 4);
   probe.backendHalfPerElement =
-      double(stage[1]->half_weight_bytes() - ownCopies) / double(std::max<int64_t>(stage[1]->parameter_bytes() / 4, 1));
+      double(stage[1]->half_weight_bytes() - ownCopies) / double(std::max<int64_t>(stage[1]->gradient_bytes() / 4, 1));
   probe.inputs = stage[0]->peak_input_bytes() / 3;  // 1F1B's first of 3 stages: 3 micro-batches in flight
   return probe;
 }
 
 // A candidate stage's memory plan from the probe: its layers, the embedding on the first
 // stage's first chunk, the output layer on the last stage's last chunk, walked over the stage's
-// schedule. ZeRO-1's optimizer holds two fp32 1/d shards (compiler/StepPrograms.cpp).
+// schedule. ZeRO-1's optimizer holds two fp32 1/d shards, three in 16-bit plans (the master weights;
+// compiler/StepPrograms.cpp).
 plan::MemoryPlan estimateStageMemory(const LayerProbe &probe, const config::ParallelConfig &par, int64_t numLayers,
                                      int stage, const StageSchedule &tasks) {
   int p = int(par.pipeline_parallel_size()), v = std::max(1, int(par.virtual_pipeline_size()));
@@ -123,7 +126,8 @@ plan::MemoryPlan estimateStageMemory(const LayerProbe &probe, const config::Para
   mem.set_scratch_bytes(probe.scratch);
   mem.set_half_weight_bytes(int64_t(probe.backendHalfPerElement * double(flat)));
   int64_t edp = std::max<int64_t>(1, d / std::max<int64_t>(1, par.expert_parallel_size()));
-  memory::accountWeights(flat, probe.compute, sharded ? (flat - experts) / d + experts / edp : flat, &mem);
+  memory::accountWeights(flat, probe.compute, sharded ? (flat - experts) / d + experts / edp : flat,
+                         sharded && probe.compute != plan::F32, &mem);
   memory::accountActivations(tasks, acts, stage == p - 1 ? 2 : 1, &mem);
   return mem;
 }

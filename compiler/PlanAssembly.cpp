@@ -165,6 +165,7 @@ class RankPlanAssembler {
       paramCount += sp.elements;
     }
     rp.set_flat_elements(flat.flatElements);
+    rp.set_master_weights_sharded(flat.mastersSharded());
     for (const StageBucket &b : flat.buckets) {
       rp.add_zero1_buckets(b.elements);
       rp.add_zero1_bucket_groups(b.group);
@@ -232,7 +233,7 @@ class RankPlanAssembler {
     // adds, then the schedule's walk over the stashes, inputs and the largest arena.
     plan::MemoryPlan *mem = rp.mutable_memory();
     backendScratch(stage, paramCount, mem);
-    memory::accountWeights(flat.flatElements, flat.computeDtype, optimizerElements(flat), mem);
+    memory::accountWeights(flat.flatElements, flat.computeDtype, optimizerElements(flat), flat.mastersSharded(), mem);
     memory::StageActivations acts;
     for (const plan::Program &prog : sets[stage].programs())
       if (prog.workspace_bytes() > acts.workspace) acts.workspace = prog.workspace_bytes(), acts.workspaceProgram = prog.name();

@@ -1,5 +1,7 @@
 #include "compiler/StepPrograms.h"
 
+#include "plan/Zero1Parts.h"
+
 #include <algorithm>
 #include <map>
 #include <set>
@@ -9,6 +11,7 @@
 #include "mlir/Dialect/Func/IR/FuncOps.h"
 #include "plan/InstructionSet.h"
 #include "plan/PlanAttributes.h"
+#include "plan/Zero1Parts.h"
 
 namespace loom {
 namespace {
@@ -816,7 +819,9 @@ plan::Program shardedOptimizerProgram(const StageLayout &layout, int t, int p, i
   for (size_t k = 0; k < layout.buckets.size(); ++k) {
     const StageBucket &bucket = layout.buckets[k];
     int64_t part = bucket.part();
-    int own = b.view(plan::Binding::PARAMETER, "flat", {part}, bucket.flatBegin, bucket.partOf());
+    int own = layout.mastersSharded()
+                  ? b.view(plan::Binding::OPTIMIZER_STATE, kMasterWeights, {part}, bucket.shardBegin, "")
+                  : b.view(plan::Binding::PARAMETER, "flat", {part}, bucket.flatBegin, bucket.partOf());
     int m = b.view(plan::Binding::OPTIMIZER_STATE, "adam_m", {part}, bucket.shardBegin, "");
     int v = b.view(plan::Binding::OPTIMIZER_STATE, "adam_v", {part}, bucket.shardBegin, "");
     InstructionBuilder adam(OpId::kAdamw);
@@ -835,8 +840,8 @@ plan::Program shardedOptimizerProgram(const StageLayout &layout, int t, int p, i
     }
     owns.push_back(own);
   }
-  // The gathers no forward does. With 16-bit compute only the copies are gathered: the fp32
-  // master weights outside the rank's parts stay as they were until parameter_gather.
+  // The gathers no forward does. With 16-bit compute only the copies are gathered (the fp32
+  // master weights are the rank's parts only).
   for (size_t k = 0; k < layout.buckets.size(); ++k)
     if (!layout.buckets[k].gatherInForward) emitBucketGather(b, layout.buckets[k], layout.computeDtype, owns[k]);
   b.alsoAfter(grads, readsOfFlat);
@@ -905,10 +910,21 @@ plan::Program optimizerProgram(const StageLayout &layout, int t, int p, int d, b
 
 plan::Program parameterGatherProgram(const StageLayout &layout) {
   ProgramBuilder b("parameter_gather", plan::Program::PARAMETER_GATHER);
-  // The fp32 master weights whole: fp32 plans' optimizer gathers the buckets no forward gathers;
-  // 16-bit plans gather nothing but the 16-bit copies during the step.
-  for (const StageBucket &bucket : layout.buckets)
-    if (bucket.gatherInForward || layout.computeDtype != plan::F32) emitBucketGather(b, bucket, plan::F32);
+  // fp32 plans: the master weights whole, for a reader outside the step (the optimizer gathers
+  // the buckets no forward gathers). 16-bit plans: the 16-bit copies remade from the sharded
+  // masters (each rank's parts cast, then gathered), after the masters were written from
+  // outside the step (initialisation, a checkpoint).
+  for (const StageBucket &bucket : layout.buckets) {
+    if (!layout.mastersSharded()) {
+      if (bucket.gatherInForward) emitBucketGather(b, bucket, plan::F32);
+      continue;
+    }
+    int master = b.view(plan::Binding::OPTIMIZER_STATE, kMasterWeights, {bucket.part()}, bucket.shardBegin, "");
+    int own = b.view(plan::Binding::PARAMETER, "flat", {bucket.part()}, bucket.flatBegin, bucket.partOf(),
+                     layout.computeDtype);
+    b.emit(InstructionBuilder(OpId::kCast).in("input", master).out("output", own));
+    emitBucketGather(b, bucket, layout.computeDtype, own);
+  }
   return b.finish();
 }
 

@@ -64,6 +64,10 @@ struct StageLayout {
   // master weights, remade by the optimizer program after each update; the main gradients and
   // the AdamW moments stay fp32.
   plan::DType computeDtype = plan::F32;
+  // ZeRO-1 in a 16-bit plan (Megatron's distributed optimizer, 6 + 12/d bytes per parameter):
+  // the fp32 master weights are the rank's bucket parts only, the optimizer state
+  // kMasterWeights (plan/Zero1Parts.h) at each bucket's shardBegin, as AdamW's moments.
+  bool mastersSharded() const { return computeDtype != plan::F32 && !buckets.empty(); }
   // The weight gradients' reduction group (ZeRO-1's shards, the norm's sum over them): "dp", or
   // "dpcp" (the d x c ranks of a (tp, pp) position) with context parallelism.
   std::string dpGroup = "dp";

@@ -35,55 +35,39 @@ bool firstReplica(const plan::RankPlan &plan, const plan::Parameter &p, bool acr
   return p.shard_group() == "ep" ? plan.dp_rank() < expertParallel(plan) : plan.dp_rank() == 0;
 }
 
-}  // namespace
-
-int zero1PartIndex(const plan::RankPlan &plan, const std::string &group) {
-  int c = std::max(1, plan.c());
-  if (group == "dp") return plan.dp_rank();
-  if (group == "dpcp") return plan.dp_rank() * c + plan.cp_rank();
-  if (group == "edp") return plan.dp_rank() / expertParallel(plan);
-  return -1;
-}
-
-namespace {
-
 // The parts of the ZeRO-1 buckets this rank owns, cut at the parameters: per parameter the flat
-// ranges of its block and where they sit in the rank's moments.
+// ranges of its block and where they sit in the rank's optimizer state: the moments, and the
+// fp32 master weights where they are sharded too.
 void zero1Pieces(const plan::RankPlan &plan, bool saving, std::vector<StatePiece> *out) {
-  int64_t bucketBegin = 0, shardBegin = 0;
-  for (int b = 0; b < plan.zero1_buckets_size(); ++b) {
-    int64_t elements = plan.zero1_buckets(b);
-    std::string group = b < plan.zero1_bucket_groups_size() ? plan.zero1_bucket_groups(b) : "dp";
-    int parts = group == "edp" ? std::max(1, plan.d() / expertParallel(plan))
-                : group == "dpcp" ? plan.d() * std::max(1, plan.c())
-                                  : plan.d();
-    int index = parts > 1 ? zero1PartIndex(plan, group) : 0;
-    int64_t part = elements / std::max(parts, 1);
-    int64_t lo = bucketBegin + int64_t(index) * part, hi = lo + part;
+  std::vector<const char *> storages = {"adam_m", "adam_v"};
+  if (plan.master_weights_sharded()) storages.insert(storages.begin(), kMasterWeights);
+  for (const Zero1Part &part : zero1Parts(plan)) {
+    int64_t lo = part.flatBegin, hi = lo + part.elements;
     for (const plan::Parameter &p : plan.parameters()) {
       int64_t pBegin = p.flat_offset(), pEnd = pBegin + elementsOf(p);
       int64_t a = std::max(lo, pBegin), z = std::min(hi, pEnd);
       if (a >= z) continue;
       if (saving && (!p.tied_to().empty() || !firstReplica(plan, p, /*acrossDp=*/false))) continue;
       const std::string &source = p.tied_to().empty() ? p.name() : p.tied_to();
-      for (const char *moment : {"adam_m", "adam_v"}) {
+      for (const char *storage : storages) {
         StatePiece s;
-        s.tensor = std::string(moment) + "/" + source;
+        s.tensor = std::string(storage == std::string(kMasterWeights) ? "param" : storage) + "/" + source;
         s.globalShape = globalShapeOf(p);
         s.piece = blockOf(p);
         s.piece.flatBegin = a - pBegin, s.piece.flatEnd = z - pBegin;
-        s.storage = moment, s.parameter = p.name();
-        s.flatMoments = true, s.offset = shardBegin + (a - lo);
+        s.storage = storage, s.parameter = p.name();
+        s.flatMoments = true, s.offset = part.stateBegin + (a - lo);
         out->push_back(std::move(s));
       }
     }
-    bucketBegin += elements, shardBegin += part;
   }
 }
 
 std::vector<StatePiece> pieces(const plan::RankPlan &plan, bool saving) {
   std::vector<StatePiece> out;
+  // Sharded master weights are pieces of the rank's ZeRO-1 parts, as the moments are.
   for (const plan::Parameter &p : plan.parameters()) {
+    if (plan.master_weights_sharded()) break;
     if (saving && (!p.tied_to().empty() || !firstReplica(plan, p, /*acrossDp=*/true))) continue;
     const std::string &source = p.tied_to().empty() ? p.name() : p.tied_to();
     StatePiece s;

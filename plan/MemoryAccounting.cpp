@@ -9,8 +9,9 @@ namespace {
 int64_t elementBytes(plan::DType t) { return t == plan::BF16 || t == plan::F16 ? 2 : 4; }
 }  // namespace
 
-void accountWeights(int64_t flatElements, plan::DType compute, int64_t optimizerElements, plan::MemoryPlan *mem) {
-  mem->set_parameter_bytes(4 * flatElements);
+void accountWeights(int64_t flatElements, plan::DType compute, int64_t optimizerElements, bool mastersSharded,
+                    plan::MemoryPlan *mem) {
+  mem->set_parameter_bytes(4 * (mastersSharded ? optimizerElements : flatElements));
   mem->set_gradient_bytes(4 * flatElements);
   mem->set_optimizer_bytes(2 * 4 * optimizerElements);
   if (compute != plan::F32) mem->set_half_weight_bytes(mem->half_weight_bytes() + elementBytes(compute) * flatElements);

@@ -18,8 +18,10 @@ namespace loom::memory {
 // fp32 master weights and main gradients, AdamW's two fp32 moments over `optimizerElements`
 // (ZeRO-1: the rank's part of every bucket, 1/d of the flat buffer or 1/(d / ep) of an expert
 // bucket; else all of it), and a 16-bit plan's copy of the weights it computes with (its
-// `compute` dtype; none for fp32). Adds to what `mem` already holds (the backend's copies).
-void accountWeights(int64_t flatElements, plan::DType compute, int64_t optimizerElements, plan::MemoryPlan *mem);
+// `compute` dtype; none for fp32). mastersSharded (ZeRO-1 in a 16-bit plan): the master weights
+// are over `optimizerElements` too. Adds to what `mem` already holds (the backend's copies).
+void accountWeights(int64_t flatElements, plan::DType compute, int64_t optimizerElements, bool mastersSharded,
+                    plan::MemoryPlan *mem);
 
 // What a stage's schedule walk needs: per chunk the bytes one micro-batch's forward keeps for
 // its backward, the bytes of one micro-batch's inputs (held from its first program to its

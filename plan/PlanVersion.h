@@ -40,7 +40,11 @@ namespace loom {
 //    counters and attention map a local token to its global position).
 // 12: mixture of experts: the moe / moe_grad instructions, RankPlan's num_experts and its MoE
 //    facts.
-inline constexpr uint32_t kPlanVersion = 12;
+// 13: ZeRO-1 in 16-bit plans shards the fp32 master weights (RankPlan.master_weights_sharded):
+//    the optimizer updates the OPTIMIZER_STATE "master_weights" (the rank's bucket parts back to
+//    back) instead of PARAMETER views, and `parameter_gather` casts them into the 16-bit copies
+//    and all-gathers those.
+inline constexpr uint32_t kPlanVersion = 13;
 
 // "" when `version` is this build's; otherwise why `what` (a plan file) cannot be read.
 inline std::string planVersionError(uint32_t version, const std::string &what) {

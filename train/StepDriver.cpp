@@ -5,6 +5,7 @@
 #include <cstdio>
 
 #include "plan/PlanAttributes.h"
+#include "plan/Zero1Parts.h"
 #include "formats/Safetensors.h"
 
 namespace loom {
@@ -123,7 +124,10 @@ Status StepDriver::init(const std::vector<HostTensor> &initial) {
                            " elements (corrupt plan)");
     paramByName_[p.name()] = &p;
   }
-  LOOM_RETURN_IF_ERROR(backend_.storage("parameters", flat, plan::F32, &params_));
+  // ZeRO-1 in a 16-bit plan: the fp32 master weights are the rank's bucket parts only, in the
+  // optimizer state (kMasterWeights), and no program binds the whole.
+  mastersSharded_ = plan_.master_weights_sharded();
+  if (!mastersSharded_) LOOM_RETURN_IF_ERROR(backend_.storage("parameters", flat, plan::F32, &params_));
   LOOM_RETURN_IF_ERROR(backend_.storage("gradients", flat, plan::F32, &grads_));
   LOOM_RETURN_IF_ERROR(backend_.storage("loss_sum", 1, plan::F32, &lossSums_["loss_sum"]));
   for (const plan::Program &prog : programs_.programs())  // the sums of the losses a loss sums (BERT's)
@@ -135,10 +139,6 @@ Status StepDriver::init(const std::vector<HostTensor> &initial) {
   // update and here whenever the masters are written from outside the step.
   computeDtype_ = planattr::computeDtype(programs_.programs());
   if (computeDtype_ != plan::F32) LOOM_RETURN_IF_ERROR(backend_.storage("parameters", flat, computeDtype_, &params16_));
-  if (initial.size() != size_t(plan_.parameters_size())) return Status::error("initial parameters do not match the plan");
-  for (int i = 0; i < plan_.parameters_size(); ++i)
-    LOOM_RETURN_IF_ERROR(backend_.upload(initial[size_t(i)], parameter(plan_.parameters(i).name())));
-  LOOM_RETURN_IF_ERROR(parametersChanged());
   // The optimizer state and the scalars the programs name, the state sized by the views bound
   // to it (the furthest element any binding reaches).
   std::map<std::string, int64_t> stateExtent;
@@ -153,6 +153,36 @@ Status StepDriver::init(const std::vector<HostTensor> &initial) {
     }
   for (auto &[name, extent] : stateExtent)
     LOOM_RETURN_IF_ERROR(backend_.storage("optimizer/" + name, extent, plan::F32, &optimizerState_[name]));
+  if (mastersSharded_) {
+    auto masters = optimizerState_.find(kMasterWeights);
+    if (computeDtype_ == plan::F32 || !gatherProgram_ || masters == optimizerState_.end())
+      return Status::error("the plan shards the fp32 master weights, but its programs do not (corrupt plan)");
+    masters_ = masters->second;
+    parts_ = zero1Parts(plan_);
+  }
+  if (initial.size() != size_t(plan_.parameters_size())) return Status::error("initial parameters do not match the plan");
+  for (int i = 0; i < plan_.parameters_size(); ++i)
+    LOOM_RETURN_IF_ERROR(writeParameter(plan_.parameters(i).name(), initial[size_t(i)]));
+  return parametersChanged();
+}
+
+Status StepDriver::writeParameter(const std::string &name, const HostTensor &values) {
+  auto it = paramByName_.find(name);
+  if (it == paramByName_.end()) return Status::error("the plan has no parameter '" + name + "'");
+  int64_t begin = it->second->flat_offset(), n = 1;
+  for (int64_t d : it->second->shape()) n *= d;
+  if (values.isInt || int64_t(values.data.size()) != n)
+    return Status::error("parameter '" + name + "': " + std::to_string(values.data.size()) + " values for " +
+                         std::to_string(n) + " elements");
+  if (!mastersSharded_) return backend_.upload(values, slice(params_, begin, n));
+  // The parts of it this rank owns, each at its place in the sharded masters.
+  for (const Zero1Part &part : parts_) {
+    int64_t a = std::max(begin, part.flatBegin), z = std::min(begin + n, part.flatBegin + part.elements);
+    if (a >= z) continue;
+    HostTensor piece{{z - a}};
+    piece.data.assign(values.data.begin() + (a - begin), values.data.begin() + (z - begin));
+    LOOM_RETURN_IF_ERROR(backend_.upload(piece, slice(masters_, part.stateBegin + (a - part.flatBegin), z - a)));
+  }
   return Status::ok();
 }
 
@@ -185,6 +215,9 @@ Status StepDriver::slot(const std::string &key, const plan::Buffer &buffer, Argu
 Status StepDriver::parametersChanged() {
   parametersStale_ = false;  // written whole
   if (computeDtype_ == plan::F32) return Status::ok();
+  // Sharded masters: each rank casts its parts into the copies, which are then gathered (the
+  // plan's parameter_gather, a collective over dp).
+  if (mastersSharded_) return runOutsideSchedule(*gatherProgram_);
   return backend_.cast(params_, params16_, computeDtype_);
 }
 
@@ -421,7 +454,7 @@ Status StepDriver::runOptimizer(const OptimizerScalars &s, double *gradNorm) {
     ran = true;
   }
   if (!ran) return Status::error("the plan has no optimizer program in its schedule");
-  parametersStale_ = gatherProgram_ != nullptr;  // each rank updated its own parts only
+  parametersStale_ = gatherProgram_ && !mastersSharded_;  // each rank updated its own parts only
   return Status::ok();
 }
 
@@ -439,6 +472,9 @@ Status StepDriver::runOutsideSchedule(const plan::Program &program) {
 }
 
 Status StepDriver::gatherParameters() {
+  if (mastersSharded_)
+    return Status::error("the fp32 master weights are sharded over the data-parallel ranks (ZeRO-1 in a 16-bit "
+                         "plan): read them through a checkpoint");
   if (!parametersStale_ || !gatherProgram_) return Status::ok();
   LOOM_RETURN_IF_ERROR(runOutsideSchedule(*gatherProgram_));
   parametersStale_ = false;

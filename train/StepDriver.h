@@ -16,6 +16,7 @@
 #include "runtime/Collectives.h"
 #include "data/DataSource.h"
 #include "plan/Layout.h"
+#include "plan/Zero1Parts.h"
 #include "runtime/Executor.h"
 #include "runtime/StepBackend.h"
 #include "support/Status.h"
@@ -64,7 +65,8 @@ class StepDriver {
   // ZeRO-1: after an update each rank holds only its own parts of the parameters until the next
   // step's forwards gather them; this gathers them now (the plan's parameter_gather program, a
   // collective over dp: every rank calls it at the same point) for a reader outside the step.
-  // Nothing to do when the parameters are whole.
+  // Nothing to do when the parameters are whole; an error where the fp32 master weights are
+  // sharded (mastersSharded(): they are never whole).
   Status gatherParameters();
   // ZeRO-1: between runGradients and runOptimizer each rank holds the reduced gradients of its
   // own parts of the buckets the backwards reduce-scattered; this gathers them whole (the plan's
@@ -72,17 +74,26 @@ class StepDriver {
   // optimizer reduces still hold each replica's own gradients.
   Status gatherGradients();
 
-  // The rank's state, for checkpoints and exports (backend memory).
-  ArgumentView parameter(const std::string &name) const { return sliceOf(params_, name); }
+  // The rank's state, for checkpoints and exports (backend memory). parameter(): the fp32
+  // master weights of `name` (an empty view where they are sharded).
+  ArgumentView parameter(const std::string &name) const { return mastersSharded_ ? ArgumentView{} : sliceOf(params_, name); }
+  // ZeRO-1 in a 16-bit plan (RankPlan.master_weights_sharded): the fp32 master weights are the
+  // rank's bucket parts only, the optimizer state kMasterWeights (plan/Zero1Parts.h).
+  bool mastersSharded() const { return mastersSharded_; }
+  // Writes parameter `name`'s fp32 master weights from its whole values (the rank's parts of
+  // them where the masters are sharded); parametersChanged() after the last write.
+  Status writeParameter(const std::string &name, const HostTensor &values);
   ArgumentView gradient(const std::string &name) const { return sliceOf(grads_, name); }
   // Parameter `name`'s slice of a flat buffer (parameters, gradients, unsharded AdamW state);
   // "flat": all of it.
   ArgumentView sliceOf(const ArgumentView &flat, const std::string &name) const;
   ArgumentView flatParameters() const { return params_; }
   // The master weights were written from outside the step (initialisation, a checkpoint,
-  // --init-from): a 16-bit plan's copies are remade from them.
+  // --init-from): a 16-bit plan's copies are remade from them (with sharded masters a
+  // collective over dp: every rank calls it at the same point).
   Status parametersChanged();
-  // The optimizer state of the plan (adam_m, adam_v: over the flat buffer, or its ZeRO-1 shard).
+  // The optimizer state of the plan (adam_m, adam_v: over the flat buffer, or its ZeRO-1 shard;
+  // kMasterWeights where the master weights are sharded).
   const std::map<std::string, ArgumentView> &optimizerState() const { return optimizerState_; }
 
   void setTrace(TraceRecorder *trace) { trace_ = trace; }
@@ -127,6 +138,9 @@ class StepDriver {
   const plan::Program *gatherProgram_ = nullptr;    // ZeRO-1's parameter_gather (outside the schedule)
   const plan::Program *gradientGatherProgram_ = nullptr;  // ZeRO-1's gradient_gather (outside the schedule)
   bool parametersStale_ = false;                    // only the rank's own parts are current
+  bool mastersSharded_ = false;                     // RankPlan.master_weights_sharded
+  ArgumentView masters_;                            // then: the optimizer state kMasterWeights
+  std::vector<Zero1Part> parts_;                    // the rank's bucket parts, where masters_ holds them
   std::map<std::string, const plan::Parameter *> paramByName_;
   ArgumentView params_, grads_;
   std::map<std::string, ArgumentView> lossSums_;  // by LOSS argument: "loss_sum", "loss_sum:<term>"

@@ -103,6 +103,7 @@ Status Trainer::hostGradients(std::map<std::string, HostTensor> *out) {
 
 Status Trainer::hostParameters(std::map<std::string, HostTensor> *out) {
   out->clear();
+  // Sharded master weights are never whole on a rank: gatherParameters says so.
   LOOM_RETURN_IF_ERROR(driver_.gatherParameters());
   LOOM_RETURN_IF_ERROR(backend_->synchronize());
   for (const plan::Parameter &p : plan_.parameters()) {
@@ -152,13 +153,17 @@ Status Trainer::snapshotShard(const std::map<std::string, std::string> &metadata
   SafetensorsFile &f = *out;
   f.metadata = metadata;
   LOOM_RETURN_IF_ERROR(backend_->synchronize());
+  // The whole parameters (a collective with ZeRO-1: every rank gathers), unless the fp32 master
+  // weights are sharded: then their pieces are the rank's parts, in the optimizer state.
   std::map<std::string, HostTensor> params;
-  LOOM_RETURN_IF_ERROR(hostParameters(&params));
-  std::map<std::string, std::vector<float>> moments;  // the rank's whole moment storage
-  for (const char *moment : {"adam_m", "adam_v"}) {
-    auto it = driver_.optimizerState().find(moment);
-    if (it == driver_.optimizerState().end()) return Status::error("the plan's optimizer has no " + std::string(moment));
-    LOOM_RETURN_IF_ERROR(backend_->download(it->second, &moments[moment]));
+  if (!driver_.mastersSharded()) LOOM_RETURN_IF_ERROR(hostParameters(&params));
+  std::map<std::string, std::vector<float>> state;  // the rank's whole optimizer state, by storage
+  std::vector<std::string> storages = {"adam_m", "adam_v"};
+  if (driver_.mastersSharded()) storages.push_back(kMasterWeights);
+  for (const std::string &storage : storages) {
+    auto it = driver_.optimizerState().find(storage);
+    if (it == driver_.optimizerState().end()) return Status::error("the plan's optimizer has no " + storage);
+    LOOM_RETURN_IF_ERROR(backend_->download(it->second, &state[storage]));
   }
   std::map<std::string, int64_t> flatOffset;
   for (const plan::Parameter &p : plan_.parameters()) flatOffset[p.name()] = p.flat_offset();
@@ -168,7 +173,9 @@ Status Trainer::snapshotShard(const std::map<std::string, std::string> &metadata
     if (s.storage == "param") {
       from = &params.at(s.parameter).data, at = s.piece.flatBegin;
     } else {
-      from = &moments.at(s.storage);
+      auto held = state.find(s.storage);
+      if (held == state.end()) return Status::error("checkpoint: piece " + s.tensor + " names state '" + s.storage + "'");
+      from = &held->second;
       at = s.flatMoments ? s.offset : flatOffset.at(s.parameter) + s.piece.flatBegin;
     }
     if (at < 0 || at + s.piece.elements() > int64_t(from->size()))
@@ -231,6 +238,7 @@ Status Trainer::loadResharded(const std::string &dir, const CheckpointIndex &ind
 
 Status Trainer::zeroOptimizerState() {
   for (auto &[name, view] : driver_.optimizerState()) {
+    if (name == kMasterWeights) continue;  // the weights, not the optimizer's running state
     HostTensor zeros{{view.count}};
     zeros.data.assign(size_t(view.count), 0.0f);
     LOOM_RETURN_IF_ERROR(backend_->upload(zeros, view));
@@ -259,7 +267,7 @@ Status Trainer::loadGlobalParameters(const std::map<std::string, HostTensor> &gl
       local.data.assign(size_t(elementsOf(p)), 0.0f);
       copyShardOut(full.data, local.data, shardGeometry(local.shape, p.shard_dim()), p.shard_parts(), p.shard_index());
     }
-    LOOM_RETURN_IF_ERROR(backend_->upload(local, driver_.parameter(p.name())));
+    LOOM_RETURN_IF_ERROR(driver_.writeParameter(p.name(), local));
   }
   LOOM_RETURN_IF_ERROR(driver_.parametersChanged());
   return zeroOptimizerState();

@@ -91,7 +91,8 @@ class Trainer {
   double computeSeconds() const { return driver_.progress() ? driver_.progress()->computeSeconds() : -1; }
   // This rank's mixture-of-experts statistics since the last call (runtime/Executor.h MoeTally).
   MoeTally takeMoeTally() { return driver_.takeMoeTally(); }
-  // Parameters by name (host copies).
+  // Parameters by name (host copies; an error where the fp32 master weights are sharded: ZeRO-1 in
+  // a 16-bit plan, whose pieces a checkpoint holds).
   Status hostParameters(std::map<std::string, HostTensor> *out);
   // This rank's file of a layout-independent checkpoint (formats/CheckpointPieces.h): its pieces
   // of the parameters and AdamW moments, each with its fact in the metadata.

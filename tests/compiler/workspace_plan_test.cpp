@@ -98,7 +98,7 @@ TEST(MemoryAccounting, WalksTheScheduleOverStashesInFlight) {
                                                                  {Task::kBackward, 2}, {Task::kBackward, 3}})
     tasks.push_back({type, 0, mb});
   plan::MemoryPlan mem;
-  memory::accountWeights(1000, plan::BF16, 500, &mem);
+  memory::accountWeights(1000, plan::BF16, 500, /*mastersSharded=*/false, &mem);
   EXPECT_EQ(mem.parameter_bytes(), 4000);
   EXPECT_EQ(mem.gradient_bytes(), 4000);
   EXPECT_EQ(mem.optimizer_bytes(), 4000);  // 8 bytes per element of a 500-element shard

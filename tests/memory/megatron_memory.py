@@ -132,10 +132,6 @@ def stated_differences(m, t, p, d, v, b, microbatches, recompute, sp, zero1, par
     V = padded_vocab(m["V"], t)
     sbh = s * b * h
     reasons = []
-    if zero1:
-        reasons.append(("ZeRO-1 shards only the AdamW moments: the fp32 master weights stay whole and the 16-bit "
-                        "copy is remade from them (10 + 8/d bytes per parameter; Megatron's distributed optimizer: "
-                        "6 + 12/d)", params * (4 - 4 / d), 0))
     with_masks = megatron_activations(m, t, p, v, b, microbatches, recompute, sp)
     without = megatron_activations(m, t, p, v, b, microbatches, recompute, sp, masks=False)
     reasons.append(("no dropout masks are stored (the backward regenerates them from the Philox counter); the "

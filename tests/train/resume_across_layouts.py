@@ -8,6 +8,9 @@ Layouts (t, p, d, v, ZeRO-1) as the issue names them: saved at (2,2,1) with ZeRO
 (1,1,1), interleaved (1,2,1, v = 2) and context parallel (d = 2, c = 2, ZeRO-1 over the d x c
 ranks); for a mixture of experts also across expert parallelism.
 The global batch stays (the data position and the schedule count its iterations).
+With --precision bf16 the saving layout is (1,2,2) with ZeRO-1, whose fp32 master weights are
+sharded (each rank saves its parts): its own layout must resume bit for bit, the others within
+BF16_TOLERANCE (their reductions round in other places).
 """
 import argparse
 import os
@@ -16,6 +19,7 @@ import subprocess
 import sys
 
 MICRO_BATCH, GLOBAL_BATCH, STEPS, SAVE_AT = 2, 8, 20, 10
+PRECISION = "fp32"
 # name -> (t, p, d, v, schedule, zero1, ep[, context parallel c])
 LAYOUTS = {
     "t2p2d1-zero1": (2, 2, 1, 1, "ONE_F_ONE_B", True, 1),
@@ -31,7 +35,11 @@ LAYOUTS = {
 }
 DENSE = ("t2p2d1-zero1", ["t1p2d2", "t1p2d2-zero1", "t4p1d1", "t1p1d1", "t1p2d1v2-interleaved", "t1p1d2c2-zero1"])
 MOE = ("t1p1d4e2-zero1", ["t1p1d1", "t2p1d2e2", "t1p2d2-zero1"])
+# bf16: saved where the master weights are sharded; resumed in the same layout, and in layouts
+# with whole masters (d = 1), other parts (d = 4) and context parallelism.
+BF16 = ("t1p2d2-zero1", ["t1p2d2-zero1", "t2p2d1-zero1", "t1p1d1", "t1p1d4-zero1", "t1p1d2c2-zero1"])
 TOLERANCE = 2e-5  # |loss difference| after up to 10 steps in two fp32 layouts
+BF16_TOLERANCE = 1e-3  # in two bf16 layouts (the layout invariance bound of runtime_test's bf16 plans)
 
 
 def model_without_dropout(path, work):
@@ -57,7 +65,8 @@ def cluster(work, name):
         f.write(f'name: "{name}"\nnodes: 1\ndevices_per_node: {t * p * d * cp}\ndevice {{ kind: CPU }}\n'
                 f"parallel {{ tensor_parallel_size: {t} pipeline_parallel_size: {p} data_parallel_size: {d} "
                 f"virtual_pipeline_size: {v} micro_batch_size: {MICRO_BATCH} global_batch_size: {GLOBAL_BATCH} "
-                f"zero1: {'true' if zero1 else 'false'} dp_bucket_size_bytes: 40000{extra} }}\n")
+                f"zero1: {'true' if zero1 else 'false'} dp_bucket_size_bytes: 40000{extra}"
+                f"{' precision: PRECISION_BF16' if PRECISION == 'bf16' else ''} }}\n")
     return path
 
 
@@ -101,11 +110,14 @@ def main():
     ap.add_argument("--work", required=True)
     ap.add_argument("--moe", action="store_true", help="the mixture-of-experts layouts (expert parallelism)")
     ap.add_argument("--async-save", action="store_true", help="the saving run writes its checkpoints in the background")
+    ap.add_argument("--precision", choices=["fp32", "bf16"], default="fp32")
     args = ap.parse_args()
+    global PRECISION
+    PRECISION = args.precision
     shutil.rmtree(args.work, ignore_errors=True)
     os.makedirs(args.work)
     args.model = model_without_dropout(args.model, args.work)
-    source, targets = MOE if args.moe else DENSE
+    source, targets = MOE if args.moe else BF16 if args.precision == "bf16" else DENSE
     saved = os.path.join(args.work, source + "-checkpoints")
     uninterrupted, out = train(args, args.work, source, saved, resume=False, async_save=args.async_save)
     if args.async_save and "written in the background" not in out:
@@ -113,7 +125,7 @@ def main():
     failures = 0
     for name in targets:
         # The new layout's own checkpoint directory starts as a copy of A's iteration 10.
-        save = os.path.join(args.work, name + "-checkpoints")
+        save = os.path.join(args.work, name + "-resumed-checkpoints")
         shutil.rmtree(save, ignore_errors=True)
         os.makedirs(save)
         shutil.copytree(os.path.join(saved, f"iter_{SAVE_AT:07d}"), os.path.join(save, f"iter_{SAVE_AT:07d}"))
@@ -125,7 +137,8 @@ def main():
             failures += 1
             continue
         worst = max(abs(resumed[i] - uninterrupted[i]) for i in range(SAVE_AT + 1, STEPS + 1))
-        ok = sorted(resumed) == list(range(SAVE_AT + 1, STEPS + 1)) and worst <= TOLERANCE
+        bound = 0 if name == source else BF16_TOLERANCE if args.precision == "bf16" else TOLERANCE
+        ok = sorted(resumed) == list(range(SAVE_AT + 1, STEPS + 1)) and worst <= bound
         failures += not ok
         print(f"{'ok  ' if ok else 'FAIL'} {source} -> {name:22} losses {SAVE_AT + 1}..{STEPS}: worst difference "
               f"{worst:.1e} (loss {resumed[STEPS]:.6f}, uninterrupted {uninterrupted[STEPS]:.6f})", flush=True)
