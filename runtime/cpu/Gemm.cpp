@@ -153,48 +153,86 @@ void bf16ByFp32(bool transposeA, bool transposeB, int64_t m, int64_t n, int64_t 
 
 }  // namespace
 
-// oneDNN's threaded sgemm gives the same bits at every thread count where it has AVX-512 (it
-// splits C, never K); on AVX2-only processors (an AMD EPYC VM, 2026-12-06) 1 and 3 threads
-// differ (tests/runtime/thread_count_test). There Loom cuts C into fixed tiles, each computed on
-// one thread, so a result never depends on the thread count.
+// oneDNN's threaded sgemm does not give the same bits at every thread count: on AVX2-only
+// processors (an AMD EPYC VM, 2026-12-06) 1 and 3 threads differ, and with AVX-512 too where C
+// has few rows (m = 40, n = 2048, k = 1024 on an AVX512-BF16 EPYC, 2026-12-07:
+// tests/runtime/thread_count_test GemmOperandsWithFourKibStrides). So Loom cuts C into fixed
+// tiles, each computed on one thread: a result never depends on the thread count. 256 x 256
+// tiles ran GPT-2 small's twelve linear-layer products at 0.9-1.6x oneDNN's own threading on
+// that machine's AVX-512 and on its AVX2 path (bench/gemm_shapes, 2 threads; docs/progress.md).
 namespace {
-constexpr int64_t kSgemmTileRows = 128, kSgemmTileCols = 256;
-bool sgemmThreadInvariant() {
-  static const bool invariant = [] {
-    unsigned isa = unsigned(dnnl::get_effective_cpu_isa());
-    unsigned avx512 = unsigned(dnnl::cpu_isa::avx512_core);
-    return (isa & avx512) == avx512;
-  }();
-  return invariant;
+constexpr int64_t kSgemmTileRows = 256, kSgemmTileCols = 256;
+
+// A row stride of a multiple of 4 KiB maps the rows of a tile's panel to the same cache sets (one
+// set per 4 KiB of address in an 8-way 32 KiB L1), and the single-threaded tiles ran such
+// operands at about half the rate (GPT-2's 3072-float MLP rows: bench/gemm_shapes with
+// ONEDNN_MAX_CPU_ISA=AVX2, docs/progress.md). Such a panel is copied into rows of another stride
+// before its tiles use it; the products are the same, only their operands' addresses differ.
+constexpr int64_t kConflictStride = 1024;            // floats: 4 KiB
+constexpr int64_t kMaxPackedPanel = int64_t(1) << 20;  // floats per panel copy (4 MiB a thread)
+int64_t packedStride(int64_t cols) {
+  int64_t ld = (cols + 15) / 16 * 16 + 16;
+  return ld % kConflictStride == 0 ? ld + 16 : ld;
 }
+
+// One operand's panel for a tile: `rows` rows of `cols` floats from `from` (stride `ld`), copied
+// into `buffer` (the calling thread's, one per operand) when the stride conflicts; reused while
+// the next tile wants the same.
+class PanelPack {
+ public:
+  PanelPack(int64_t ld, int64_t panelFloats, std::vector<float> *buffer = nullptr)
+      : pack_(ld % kConflictStride == 0 && panelFloats <= kMaxPackedPanel), buffer_(buffer) {}
+  bool packs() const { return pack_; }
+  void get(const float *from, int64_t ld, int64_t rows, int64_t cols, const float **data, int64_t *stride) {
+    if (!pack_) {
+      *data = from, *stride = ld;
+      return;
+    }
+    int64_t to = packedStride(cols);
+    if (from != packedFrom_ || rows != packedRows_ || cols != packedCols_) {
+      std::vector<float> &buffer = *buffer_;
+      if (buffer.size() < size_t(rows * to)) buffer.resize(size_t(rows * to));
+      for (int64_t r = 0; r < rows; ++r) std::copy(from + r * ld, from + r * ld + cols, buffer.data() + r * to);
+      packedFrom_ = from, packedRows_ = rows, packedCols_ = cols, packed_ = buffer.data();
+    }
+    *data = packed_, *stride = to;
+  }
+
+ private:
+  bool pack_;
+  std::vector<float> *buffer_;
+  const float *packedFrom_ = nullptr;
+  const float *packed_ = nullptr;
+  int64_t packedRows_ = 0, packedCols_ = 0;
+};
 }  // namespace
 
 void gemm(bool transposeA, bool transposeB, int64_t m, int64_t n, int64_t k, float alpha, const float *a,
           int64_t lda, const float *b, int64_t ldb, float beta, float *c, int64_t ldc) {
   if (m == 0 || n == 0) return;
-  if (!sgemmThreadInvariant()) {
-    int64_t rowTiles = chunkCount(m, kSgemmTileRows), colTiles = chunkCount(n, kSgemmTileCols);
-    parallelFor(rowTiles * colTiles, 1, [&](int64_t first, int64_t last) {
-      OmpThreads one(1);
-      for (int64_t t = first; t < last; ++t) {
-        int64_t i0 = (t / colTiles) * kSgemmTileRows, j0 = (t % colTiles) * kSgemmTileCols;
-        int64_t rows = std::min(kSgemmTileRows, m - i0), cols = std::min(kSgemmTileCols, n - j0);
-        const float *aTile = transposeA ? a + i0 : a + i0 * lda, *bTile = transposeB ? b + j0 * ldb : b + j0;
-        dnnl_status_t status = dnnl_sgemm(transposeA ? 'T' : 'N', transposeB ? 'T' : 'N', rows, cols, k, alpha, aTile,
-                                          lda, bTile, ldb, beta, c + i0 * ldc + j0, ldc);
-        if (status != dnnl_success) internalError("sgemm", rows, cols, k, int(status));
-      }
-    });
-    return;
-  }
-  // oneDNN (built on OpenMP here) takes its thread count from the calling thread's OpenMP
-  // setting; keep it equal to the rank's kernel threads (one inside a part of a parallelFor,
-  // whose parts already occupy the threads).
-  int threads = insideParallelPart() ? 1 : kernelThreads();
-  if (omp_get_max_threads() != threads) omp_set_num_threads(threads);
-  dnnl_status_t status =
-      dnnl_sgemm(transposeA ? 'T' : 'N', transposeB ? 'T' : 'N', m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
-  if (status != dnnl_success) internalError("sgemm", m, n, k, int(status));
+  int64_t rowTiles = chunkCount(m, kSgemmTileRows), colTiles = chunkCount(n, kSgemmTileCols);
+  // Tiles in a part go along a row of tiles (sharing A's panel), or down a column when only
+  // B's panels are copied (sharing B's); each tile's product is the same either way.
+  bool packB = PanelPack(ldb, k * kSgemmTileCols).packs(), packA = PanelPack(lda, k * kSgemmTileRows).packs();
+  bool downColumns = packB && !packA;
+  parallelFor(rowTiles * colTiles, 1, [&](int64_t first, int64_t last) {
+    OmpThreads one(1);
+    thread_local std::vector<float> aBuffer, bBuffer;
+    PanelPack aPanel(lda, k * kSgemmTileRows, &aBuffer), bPanel(ldb, k * kSgemmTileCols, &bBuffer);
+    for (int64_t t = first; t < last; ++t) {
+      int64_t ti = downColumns ? t % rowTiles : t / colTiles, tj = downColumns ? t / rowTiles : t % colTiles;
+      int64_t i0 = ti * kSgemmTileRows, j0 = tj * kSgemmTileCols;
+      int64_t rows = std::min(kSgemmTileRows, m - i0), cols = std::min(kSgemmTileCols, n - j0);
+      const float *aTile, *bTile;
+      int64_t aLd, bLd;
+      // A's panel: k rows of the tile's columns of A^T, or the tile's rows of A; B's alike.
+      aPanel.get(transposeA ? a + i0 : a + i0 * lda, lda, transposeA ? k : rows, transposeA ? rows : k, &aTile, &aLd);
+      bPanel.get(transposeB ? b + j0 * ldb : b + j0, ldb, transposeB ? cols : k, transposeB ? k : cols, &bTile, &bLd);
+      dnnl_status_t status = dnnl_sgemm(transposeA ? 'T' : 'N', transposeB ? 'T' : 'N', rows, cols, k, alpha, aTile,
+                                        aLd, bTile, bLd, beta, c + i0 * ldc + j0, ldc);
+      if (status != dnnl_success) internalError("sgemm", rows, cols, k, int(status));
+    }
+  });
 }
 
 bool nativeBf16Gemm() {

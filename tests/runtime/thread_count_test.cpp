@@ -1,19 +1,29 @@
 // The CPU kernels split their rows, elements and reductions over the rank's threads; each must
 // give the same bits whatever the thread count (fixed chunks, rows done alike), so 1 and 2
 // threads (and 3, an uneven split) are compared bit for bit on shapes large enough to split.
+// Built twice: as the processor runs it, and (LOOM_FORCE_AVX2, thread_count_avx2_test) with
+// oneDNN held to AVX2, where the fp32 GEMM cuts C into fixed tiles of its own.
 #include <cblas.h>
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <functional>
 #include <random>
 #include <thread>
 #include <vector>
 
+#include "runtime/cpu/Gemm.h"
 #include "runtime/cpu/Kernels.h"
 #include "runtime/cpu/Optimizer.h"
 #include "runtime/cpu/Parallel.h"
+
+#ifdef LOOM_FORCE_AVX2
+// Before oneDNN first reads it: the fp32 GEMM's tiled path (runtime/cpu/Gemm.cpp) on a processor
+// with AVX-512 too.
+static const int kHoldIsa = setenv("ONEDNN_MAX_CPU_ISA", "AVX2", 1);
+#endif
 
 namespace loom::cpu {
 namespace {
@@ -138,6 +148,47 @@ TEST(ThreadCount, GemmLinearAndWeightGrad) {
               nullptr);
   expectClose("dW", n, k, m, m * n + m * k,
               [&](int64_t r, int64_t c, int64_t i) { return double(g[i * n + r]) * x[i * k + c]; }, nullptr);
+}
+
+// Operands whose rows are 4 KiB apart (k = 1024 and n = 2048 floats): where the fp32 GEMM is cut
+// into tiles (no AVX-512; thread_count_avx2_test holds oneDNN to AVX2) their panels are copied to
+// another stride first. Every role is copied here: A (x in y = x W^T), A transposed (g in
+// dW = g^T x), B transposed (W in y) and B (W in dx = g W, x in dW). The products must not depend
+// on the thread count, nor on the copies: the same operands at a stride that needs none give the
+// same bits.
+TEST(ThreadCount, GemmOperandsWithFourKibStrides) {
+  const int64_t m = 40, k = 1024, n = 2048, pad = 16;
+  auto x = randomVector(m * k, 20), w = randomVector(n * k, 21, 0.02f), g = randomVector(m * n, 22);
+  // The same matrices with rows of k + pad (n + pad) floats.
+  auto padded = [](const std::vector<float> &v, int64_t rows, int64_t cols, int64_t extra) {
+    std::vector<float> out(size_t(rows * (cols + extra)), 0.0f);
+    for (int64_t r = 0; r < rows; ++r) std::copy(&v[r * cols], &v[r * cols] + cols, &out[r * (cols + extra)]);
+    return out;
+  };
+  auto xp = padded(x, m, k, pad), wp = padded(w, n, k, pad), gp = padded(g, m, n, pad);
+  auto products = [&](bool paddedOperands) {
+    const float *X = paddedOperands ? xp.data() : x.data(), *W = paddedOperands ? wp.data() : w.data(),
+                *G = paddedOperands ? gp.data() : g.data();
+    int64_t ldk = paddedOperands ? k + pad : k, ldn = paddedOperands ? n + pad : n;
+    std::vector<float> y(m * n), dx(m * k), dw(n * k);
+    gemm(false, true, m, n, k, 1.0f, X, ldk, W, ldk, 0.0f, y.data(), n);    // y = x W^T
+    gemm(false, false, m, k, n, 1.0f, G, ldn, W, ldk, 0.0f, dx.data(), k);  // dx = g W
+    gemm(true, false, n, k, m, 1.0f, G, ldn, X, ldk, 0.0f, dw.data(), k);   // dW = g^T x
+    y.insert(y.end(), dx.begin(), dx.end());
+    y.insert(y.end(), dw.begin(), dw.end());
+    return y;
+  };
+  std::vector<float> strided;
+  expectSameAtEveryThreadCount("4 KiB strides", [&] { return strided = products(false); });
+  std::vector<float> unstrided = products(true);
+  EXPECT_EQ(0, std::memcmp(strided.data(), unstrided.data(), strided.size() * sizeof(float)))
+      << "the products of 4 KiB-strided operands differ from the same operands at another stride";
+  for (int64_t r = 0; r < m; r += 7)  // y against a double sum
+    for (int64_t c = 0; c < n; c += 97) {
+      double sum = 0, scale = 0;
+      for (int64_t i = 0; i < k; ++i) sum += double(x[r * k + i]) * w[c * k + i], scale += std::abs(x[r * k + i] * w[c * k + i]);
+      ASSERT_NEAR(strided[r * n + c], sum, 1e-5 * (scale + 1)) << "y [" << r << ", " << c << "]";
+    }
 }
 
 TEST(ThreadCount, CrossEntropy) {
