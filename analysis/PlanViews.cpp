@@ -404,6 +404,7 @@ std::string memoryTimeline(const PlanDirectory &plans, int rank) {
   // Megatron's terms (megatron/training/theoretical_memory_usage.py): weights and optimizer in
   // bytes per parameter (18 for its mixed precision without the distributed optimizer), the
   // activations of the micro-batches in flight, then what it does not count.
+  std::string shard = llvm::formatv(" (ZeRO-1: the 1/{0} shard)", r.shards).str();
   os << llvm::formatv("  weights and optimizer {0} ({1:F1} bytes per parameter, {2} parameters): fp32 master weights "
                       "{3}{7}, fp32 main gradients {4}, fp32 AdamW moments {5}{6}",
                       humanBytes(r.weightsAndOptimizer()), r.bytesPerParameter(), r.parameters,
@@ -412,9 +413,8 @@ std::string memoryTimeline(const PlanDirectory &plans, int rank) {
                       r.shards == 1 ? std::string()
                       : r.expertShards != r.shards
                           ? llvm::formatv(" (ZeRO-1: the 1/{0} shard, the experts' 1/{1})", r.shards, r.expertShards).str()
-                          : llvm::formatv(" (ZeRO-1: the 1/{0} shard)", r.shards).str(),
-                      rp.master_weights_sharded() ? llvm::formatv(" (ZeRO-1: the 1/{0} shard)", r.shards).str()
-                                                  : std::string());
+                          : shard,
+                      rp.master_weights_sharded() ? shard : std::string());
   if (mem.half_weight_bytes() > 0)
     os << llvm::formatv(", {0} weight copies {1}{2}", compute == plan::F32 ? "bf16" : dtypeName(compute),
                         humanBytes(mem.half_weight_bytes()),

@@ -1,7 +1,5 @@
 #include "compiler/StepPrograms.h"
 
-#include "plan/Zero1Parts.h"
-
 #include <algorithm>
 #include <map>
 #include <set>

@@ -65,24 +65,24 @@ void zero1Pieces(const plan::RankPlan &plan, bool saving, std::vector<StatePiece
 
 std::vector<StatePiece> pieces(const plan::RankPlan &plan, bool saving) {
   std::vector<StatePiece> out;
-  // Sharded master weights are pieces of the rank's ZeRO-1 parts, as the moments are.
-  for (const plan::Parameter &p : plan.parameters()) {
-    if (plan.master_weights_sharded()) break;
-    if (saving && (!p.tied_to().empty() || !firstReplica(plan, p, /*acrossDp=*/true))) continue;
-    const std::string &source = p.tied_to().empty() ? p.name() : p.tied_to();
-    StatePiece s;
-    s.tensor = "param/" + source;
-    s.globalShape = globalShapeOf(p);
-    s.piece = blockOf(p);
-    s.storage = "param", s.parameter = p.name();
-    out.push_back(s);
-    if (plan.zero1() && plan.zero1_buckets_size() > 0) continue;  // the moments by ZeRO-1 parts
-    for (const char *moment : {"adam_m", "adam_v"}) {
-      s.tensor = std::string(moment) + "/" + source;
-      s.storage = moment;
+  // Sharded master weights are pieces of the rank's ZeRO-1 parts, as the moments are (zero1Pieces).
+  if (!plan.master_weights_sharded())
+    for (const plan::Parameter &p : plan.parameters()) {
+      if (saving && (!p.tied_to().empty() || !firstReplica(plan, p, /*acrossDp=*/true))) continue;
+      const std::string &source = p.tied_to().empty() ? p.name() : p.tied_to();
+      StatePiece s;
+      s.tensor = "param/" + source;
+      s.globalShape = globalShapeOf(p);
+      s.piece = blockOf(p);
+      s.storage = "param", s.parameter = p.name();
       out.push_back(s);
+      if (plan.zero1() && plan.zero1_buckets_size() > 0) continue;  // the moments by ZeRO-1 parts
+      for (const char *moment : {"adam_m", "adam_v"}) {
+        s.tensor = std::string(moment) + "/" + source;
+        s.storage = moment;
+        out.push_back(s);
+      }
     }
-  }
   if (plan.zero1() && plan.zero1_buckets_size() > 0) zero1Pieces(plan, saving, &out);
   return out;
 }

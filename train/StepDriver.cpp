@@ -190,12 +190,10 @@ Status StepDriver::view(const ArgumentView &storage, const plan::Program &prog, 
                         ArgumentView *out) const {
   int64_t n = planattr::numel(prog.buffers(a.buffer())), start = a.offset();
   if (!a.part_of().empty()) {
-    int c = std::max(1, plan_.c()), e = std::max(1, int(plan_.cluster().parallel().expert_parallel_size()));
-    int position = a.part_of() == "dp" ? plan_.dp_rank() : a.part_of() == "tp" ? plan_.tp_rank()
-                   : a.part_of() == "pp" ? plan_.pp_rank() : a.part_of() == "cp" ? plan_.cp_rank()
-                   : a.part_of() == "dpcp" ? plan_.dp_rank() * c + plan_.cp_rank()
-                   : a.part_of() == "edp" ? plan_.dp_rank() / e  // plan/Layout.h: ep = e consecutive dp ranks
-                                          : -1;
+    // ZeRO-1's groups (dp, dpcp, edp) as plan/Zero1Parts.h places a rank in them.
+    int position = a.part_of() == "tp" ? plan_.tp_rank() : a.part_of() == "pp" ? plan_.pp_rank()
+                   : a.part_of() == "cp" ? plan_.cp_rank()
+                                         : zero1PartIndex(plan_, a.part_of());
     if (position < 0)
       return Status::error(prog.name() + ": argument '" + a.name() + "' is a part of group '" + a.part_of() +
                            "', which the step does not know (corrupt plan)");

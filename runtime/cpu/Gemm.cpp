@@ -175,14 +175,16 @@ int64_t packedStride(int64_t cols) {
   return ld % kConflictStride == 0 ? ld + 16 : ld;
 }
 
+// Whether panels of `panelFloats` floats with rows `ld` floats apart are copied (PanelPack).
+bool copiesPanel(int64_t ld, int64_t panelFloats) { return ld % kConflictStride == 0 && panelFloats <= kMaxPackedPanel; }
+
 // One operand's panel for a tile: `rows` rows of `cols` floats from `from` (stride `ld`), copied
 // into `buffer` (the calling thread's, one per operand) when the stride conflicts; reused while
 // the next tile wants the same.
 class PanelPack {
  public:
-  PanelPack(int64_t ld, int64_t panelFloats, std::vector<float> *buffer = nullptr)
-      : pack_(ld % kConflictStride == 0 && panelFloats <= kMaxPackedPanel), buffer_(buffer) {}
-  bool packs() const { return pack_; }
+  PanelPack(int64_t ld, int64_t panelFloats, std::vector<float> *buffer)
+      : pack_(copiesPanel(ld, panelFloats)), buffer_(buffer) {}
   void get(const float *from, int64_t ld, int64_t rows, int64_t cols, const float **data, int64_t *stride) {
     if (!pack_) {
       *data = from, *stride = ld;
@@ -213,8 +215,7 @@ void gemm(bool transposeA, bool transposeB, int64_t m, int64_t n, int64_t k, flo
   int64_t rowTiles = chunkCount(m, kSgemmTileRows), colTiles = chunkCount(n, kSgemmTileCols);
   // Tiles in a part go along a row of tiles (sharing A's panel), or down a column when only
   // B's panels are copied (sharing B's); each tile's product is the same either way.
-  bool packB = PanelPack(ldb, k * kSgemmTileCols).packs(), packA = PanelPack(lda, k * kSgemmTileRows).packs();
-  bool downColumns = packB && !packA;
+  bool downColumns = copiesPanel(ldb, k * kSgemmTileCols) && !copiesPanel(lda, k * kSgemmTileRows);
   parallelFor(rowTiles * colTiles, 1, [&](int64_t first, int64_t last) {
     OmpThreads one(1);
     thread_local std::vector<float> aBuffer, bBuffer;
