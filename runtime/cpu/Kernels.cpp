@@ -367,17 +367,17 @@ void dropoutForward(const uint16_t *x, uint16_t *y, int64_t count, float rate, u
 
 namespace {
 
-// Rows [0, n) of a head split over the rank's threads (each row's work independent).
-template <typename Body>
-void parallelRows(int64_t n, Body body) {
-  parallelFor(n, grainFor(n), body);
-}
 
-// One (batch, head) of attention: q, k, v rows `ldq`, `ldk`, `ldv` floats apart; the
-// probabilities P[S,S] (row-major, before dropout) in `p`. With a causal mask the queries go in
-// blocks of kBlock and each block's scores, softmax and products cover only the keys up to its
-// last query (the masked half is neither computed nor read: P is 0 there).
+// One (batch, head) of attention: q, k, v rows `ldq`, `ldk`, `ldv` floats apart. The queries go
+// in blocks of kBlock rows, and each block's scores, softmax and products run before the next
+// block's, so a block's rows of P (kBlock x S floats, S apart: blockFloats) stay in cache between
+// its passes instead of a whole S x S head going through memory once per pass (FlashAttention's
+// tiling of the queries, Dao et al. 2022, section 3.1, without its online softmax: each block
+// still sees all of its keys at once). With a causal mask a block's scores, softmax and products
+// cover only the keys up to its last query (the masked part is neither computed nor read: P is
+// 0 there).
 constexpr int64_t kBlock = 64;
+int64_t blockFloats(int64_t S) { return std::min(kBlock, S) * S; }
 
 struct Head {
   const float *q, *k, *v;
@@ -443,22 +443,28 @@ void softmaxGradRowGiven(const float *p, float *r, int64_t n, float dot) {
   for (int64_t j = 0; j < n; ++j) r[j] = p[j] * (r[j] - dot);
 }
 
-// Scores s = q k^T / sqrt(hd) over each query block's keys (masks are applied per row by
-// maskKeys and the causal bound).
-void headScores(const Head &h, float *p) {
+// Rows [i0, i0 + rows) of the query block starting at i0: body(i, row) for each, row i at
+// p + (i - i0) * S, split over the threads (each row's work independent).
+template <typename Body>
+void blockRows(const Head &h, int64_t i0, int64_t rows, float *p, Body body) {
+  parallelFor(rows, grainFor(h.S), [&](int64_t begin, int64_t end) {
+    for (int64_t r = begin; r < end; ++r) body(i0 + r, p + r * h.S);
+  });
+}
+
+// The block's scores s = q k^T / sqrt(hd) over its keys (masks are applied per row by maskKeys
+// and the causal bound), row i at p + (i - i0) * S.
+void blockScores(const Head &h, int64_t i0, int64_t rows, float *p) {
   float scale = 1.0f / std::sqrt(float(h.hd));
-  for (int64_t i0 = 0; i0 < h.S; i0 += kBlock) {
-    int64_t rows = std::min(kBlock, h.S - i0), cols = h.blockKeys(i0);
-    if (!h.q16) {
-      gemm(false, true, rows, cols, h.hd, scale, h.q + i0 * h.ldq, h.ldq, h.k, h.ldk, 0.0f, p + i0 * h.S, h.S);
-      continue;
-    }
-    // bf16 q and k: exact products summed in fp32, then scaled.
-    gemmBf16(false, true, rows, cols, h.hd, h.q16 + i0 * h.ldq, h.ldq, h.k16, h.ldk, nullptr, p + i0 * h.S,
-             GemmOut::kF32, h.S);
-    for (int64_t i = i0; i < i0 + rows; ++i)
-      for (int64_t j = 0; j < cols; ++j) p[i * h.S + j] *= scale;
+  int64_t cols = h.blockKeys(i0);
+  if (!h.q16) {
+    gemm(false, true, rows, cols, h.hd, scale, h.q + i0 * h.ldq, h.ldq, h.k, h.ldk, 0.0f, p, h.S);
+    return;
   }
+  // bf16 q and k: exact products summed in fp32, then scaled.
+  gemmBf16(false, true, rows, cols, h.hd, h.q16 + i0 * h.ldq, h.ldq, h.k16, h.ldk, nullptr, p, GemmOut::kF32, h.S);
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t j = 0; j < cols; ++j) p[r * h.S + j] *= scale;
 }
 
 // The key mask's -inf on row[0, n).
@@ -473,22 +479,20 @@ void maskKeys(const Head &h, float *row, int64_t n) {
 // the row's block width). In the forward (statistics null) by the softmax, writing each row's
 // log-sum-exp to `lse` when it is not null; in the backward from the forward's statistics,
 // P = exp(s - lse) in one pass (FlashAttention's backward, Dao et al. 2022, section 3.1).
-void headProbs(const Head &h, float *p, float *lse, const float *statistics) {
-  headScores(h, p);
-  parallelRows(h.S, [&](int64_t begin, int64_t end) {
-    for (int64_t i = begin; i < end; ++i) {
-      float *row = p + i * h.S;
-      int64_t n = h.keysOf(i), zeroFrom = n;
-      maskKeys(h, row, n);
-      if (statistics) {
-        probabilitiesRow(row, n, statistics[i]);
-      } else {
-        float rowLse = softmaxRow(row, n);
-        if (lse) lse[i] = rowLse;
-        if (std::isinf(rowLse)) zeroFrom = 0;  // fully masked: the row attends to nothing
-      }
-      std::fill(row + zeroFrom, row + h.rowColumns(i), 0.0f);
+// One query block's rows of P (row i at p + (i - i0) * S; lse and statistics indexed by i).
+void blockProbs(const Head &h, int64_t i0, int64_t rows, float *p, float *lse, const float *statistics) {
+  blockScores(h, i0, rows, p);
+  blockRows(h, i0, rows, p, [&](int64_t i, float *row) {
+    int64_t n = h.keysOf(i), zeroFrom = n;
+    maskKeys(h, row, n);
+    if (statistics) {
+      probabilitiesRow(row, n, statistics[i]);
+    } else {
+      float rowLse = softmaxRow(row, n);
+      if (lse) lse[i] = rowLse;
+      if (std::isinf(rowLse)) zeroFrom = 0;  // fully masked: the row attends to nothing
     }
+    std::fill(row + zeroFrom, row + h.rowColumns(i), 0.0f);
   });
 }
 
@@ -500,13 +504,23 @@ void dropoutRow(float *row, int64_t n, uint64_t base, float rate, uint64_t seed,
   for (int64_t j = 0; j < n; ++j) row[j] = philoxUniform(seed, stream, base + uint64_t(j)) >= rate ? row[j] * scale : 0.0f;
 }
 
-void headDropout(const Head &h, float *x) {
+// The block's rows of x (row i at x + (i - i0) * S) through dropout, P[i][j]'s counter
+// counterBase + i * counterLd + j.
+void blockDropout(const Head &h, int64_t i0, int64_t rows, float *x) {
   if (h.dropout <= 0) return;
-  parallelRows(h.S, [&](int64_t begin, int64_t end) {
-    for (int64_t i = begin; i < end; ++i)
-      dropoutRow(x + i * h.S, h.keysOf(i), h.counterBase + uint64_t(i * (h.counterLd ? h.counterLd : h.S)), h.dropout,
-                 h.seed, h.stream);
+  blockRows(h, i0, rows, x, [&](int64_t i, float *row) {
+    dropoutRow(row, h.keysOf(i), h.counterBase + uint64_t(i * (h.counterLd ? h.counterLd : h.S)), h.dropout, h.seed,
+               h.stream);
   });
+}
+
+// The block's rows of D = dropout(P): P itself without dropout, else P's visible part copied
+// into d and dropped out there.
+float *blockDropped(const Head &h, int64_t i0, int64_t rows, float *p, float *d) {
+  if (h.dropout <= 0) return p;
+  for (int64_t r = 0; r < rows; ++r) std::copy(p + r * h.S, p + r * h.S + h.rowColumns(i0 + r), d + r * h.S);
+  blockDropout(h, i0, rows, d);
+  return d;
 }
 
 // dP = dD * keep / (1 - rate) over one row, the keep mask read from D = P * keep / (1 - rate)
@@ -517,58 +531,50 @@ void keptRow(const float *d, float *dp, int64_t n, float scale) {
   for (int64_t j = 0; j < n; ++j) dp[j] = d[j] != 0.0f ? dp[j] * scale : 0.0f;
 }
 
-// out = dropout(P) v; lse (nullable): the head's [S] softmax statistics.
+// A head's scratch (floats): a block's P; backward also its D (dropout) and dP.
+int64_t headScratchFloats(int64_t seq, bool backward) { return (backward ? 3 : 1) * blockFloats(seq); }
+
+// out = dropout(P) v; lse (nullable): the head's [S] softmax statistics. p: headScratchFloats.
 void headForward(const Head &h, float *out, int64_t ldo, float *lse, float *p) {
-  headProbs(h, p, lse, nullptr);
-  headDropout(h, p);
   for (int64_t i0 = 0; i0 < h.S; i0 += kBlock) {
     int64_t rows = std::min(kBlock, h.S - i0), cols = h.blockKeys(i0);
-    gemm(false, false, rows, h.hd, cols, 1.0f, p + i0 * h.S, h.S, h.v, h.ldv, 0.0f, out + i0 * ldo, ldo);
+    blockProbs(h, i0, rows, p, lse, nullptr);
+    blockDropout(h, i0, rows, p);
+    gemm(false, false, rows, h.hd, cols, 1.0f, p, h.S, h.v, h.ldv, 0.0f, out + i0 * ldo, ldo);
   }
 }
 
 // With P the probabilities (from the forward's statistics `lse`) and D = P * keep / (1 - rate):
 //   dV += D^T g, dD = g V^T, dP = dD * keep / (1 - rate), dS = P * (dP - rowsum(P * dP)),
 //   dQ = dS K / sqrt(hd), dK += dS^T Q / sqrt(hd).
-// dq is written (added to with accumulateDq); dk and dv are added to (the caller zeroes them).
-// Without dropout D is P. delta (nullable): each row's rowsum(P * dP) over all its keys, given
-// when this head sees only some of them (a ring block: rowsum(dO * O) of the whole row,
-// FlashAttention-2's D); else summed here over the row.
+// dq is written (added to with accumulateDq); dk and dv are added to (the caller zeroes them),
+// block after block. Without dropout D is P. delta (nullable): each row's rowsum(P * dP) over
+// all its keys, given when this head sees only some of them (a ring block: rowsum(dO * O) of
+// the whole row, FlashAttention-2's D); else summed here over the row. scratch:
+// headScratchFloats(S, true).
 void headBackward(const Head &h, const float *g, int64_t ldg, const float *lse, float *dq, float *dk, float *dv,
-                  int64_t ldd, int64_t ldkv, float *p, float *d, float *dp, const float *delta = nullptr,
-                  bool accumulateDq = false) {
+                  int64_t ldd, int64_t ldkv, float *scratch, const float *delta = nullptr, bool accumulateDq = false) {
   float scale = 1.0f / std::sqrt(float(h.hd));
-  headProbs(h, p, nullptr, lse);
-  if (h.dropout > 0) {
-    for (int64_t i = 0; i < h.S; ++i) std::copy(p + i * h.S, p + i * h.S + h.rowColumns(i), d + i * h.S);
-    headDropout(h, d);
-  } else {
-    d = p;
-  }
+  float *p = scratch, *dropped = p + blockFloats(h.S), *dp = dropped + blockFloats(h.S);
   for (int64_t i0 = 0; i0 < h.S; i0 += kBlock) {
     int64_t rows = std::min(kBlock, h.S - i0), cols = h.blockKeys(i0);
     const float *gi = g + i0 * ldg;
-    gemm(true, false, cols, h.hd, rows, 1.0f, d + i0 * h.S, h.S, gi, ldg, 1.0f, dv, ldkv);
-    gemm(false, true, rows, cols, h.hd, 1.0f, gi, ldg, h.v, h.ldv, 0.0f, dp + i0 * h.S, h.S);
-  }
-  parallelRows(h.S, [&](int64_t begin, int64_t end) {
-    for (int64_t i = begin; i < end; ++i) {
-      const float *pr = p + i * h.S;
-      float *r = dp + i * h.S;
+    blockProbs(h, i0, rows, p, nullptr, lse);
+    float *d = blockDropped(h, i0, rows, p, dropped);
+    gemm(true, false, cols, h.hd, rows, 1.0f, d, h.S, gi, ldg, 1.0f, dv, ldkv);
+    gemm(false, true, rows, cols, h.hd, 1.0f, gi, ldg, h.v, h.ldv, 0.0f, dp, h.S);
+    blockRows(h, i0, rows, dp, [&](int64_t i, float *r) {
+      const float *pr = p + (i - i0) * h.S;
       int64_t n = h.keysOf(i);
-      if (h.dropout > 0) keptRow(d + i * h.S, r, n, 1.0f / (1.0f - h.dropout));  // dD -> dP
+      if (h.dropout > 0) keptRow(d + (i - i0) * h.S, r, n, 1.0f / (1.0f - h.dropout));  // dD -> dP
       if (delta)
         softmaxGradRowGiven(pr, r, n, delta[i]);
       else
         softmaxGradRow(pr, r, n);
       std::fill(r + n, r + h.rowColumns(i), 0.0f);
-    }
-  });
-  for (int64_t i0 = 0; i0 < h.S; i0 += kBlock) {
-    int64_t rows = std::min(kBlock, h.S - i0), cols = h.blockKeys(i0);
-    gemm(false, false, rows, h.hd, cols, scale, dp + i0 * h.S, h.S, h.k, h.ldk, accumulateDq ? 1.0f : 0.0f,
-         dq + i0 * ldd, ldd);
-    gemm(true, false, cols, h.hd, rows, scale, dp + i0 * h.S, h.S, h.q + i0 * h.ldq, h.ldq, 1.0f, dk, ldkv);
+    });
+    gemm(false, false, rows, h.hd, cols, scale, dp, h.S, h.k, h.ldk, accumulateDq ? 1.0f : 0.0f, dq + i0 * ldd, ldd);
+    gemm(true, false, cols, h.hd, rows, scale, dp, h.S, h.q + i0 * h.ldq, h.ldq, 1.0f, dk, ldkv);
   }
 }
 
@@ -605,8 +611,6 @@ void inHeadGroups(int64_t items, int64_t scratchPerGroup, float *scratch, bool s
   });
 }
 
-int64_t headScratchFloats(int64_t seq, bool backward) { return (backward ? 3 : 1) * seq * seq; }
-
 }  // namespace
 
 int64_t attentionScratchFloats(int64_t seq, bool backward) { return kHeadGroups * headScratchFloats(seq, backward); }
@@ -626,11 +630,10 @@ void attentionBackward(const float *qkv, const float *keyMask, const float *g, c
   int64_t hd = s.headDim, ld = 3 * s.heads * hd, H = s.heads * hd, S = s.seq;
   inHeadGroups(s.batch * s.heads, headScratchFloats(S, true), scratch, true, [&](int64_t i, float *p) {
     int64_t b = i / s.heads, h = i % s.heads;
-    float *d = p + S * S, *dp = d + S * S;
     float *dq = dqkv + b * S * ld + h * 3 * hd, *dk = dq + hd, *dv = dq + 2 * hd;
     zeroRows(dk, S, hd, ld), zeroRows(dv, S, hd, ld);
     headBackward(attentionHead(qkv, keyMask, s, b, h), g + b * S * H + h * hd, H, lse + (b * s.heads + h) * S, dq, dk,
-                 dv, ld, ld, p, d, dp);
+                 dv, ld, ld, p);
   });
 }
 
@@ -657,9 +660,7 @@ void attentionBlockForward(const AttentionBlock &b, float *out, int64_t ldo, flo
 
 void attentionBlockBackward(const AttentionBlock &b, const float *g, int64_t ldg, const float *lse,
                             const float *delta, float *dq, float *dk, float *dv, int64_t ldd, float *scratch) {
-  int64_t S = b.len;
-  headBackward(blockHead(b), g, ldg, lse, dq, dk, dv, ldd, ldd, scratch, scratch + S * S, scratch + 2 * S * S, delta,
-               /*accumulateDq=*/true);
+  headBackward(blockHead(b), g, ldg, lse, dq, dk, dv, ldd, ldd, scratch, delta, /*accumulateDq=*/true);
 }
 
 void mergeAttentionBlock(float *out, float *lse, int64_t ldo, const float *part, const float *partLse, int64_t ldp,
@@ -769,12 +770,11 @@ void chunkedHeadBackward(const ChunkedHead &h, const float *g, int64_t ldg, cons
     for (int64_t j = 0; j < hd; ++j) sum += double(g[i * ldg + j]) * double(o[i * hd + j]);
     delta[i] = float(sum);
   }
-  float *p = scratch, *d = p + C * C, *dp = d + C * C;
   for (int qi = 0; qi < 2; ++qi)
     for (int slot = 0; slot < 2 * h.c; ++slot) {
       if (!h.sees(qi, slot)) continue;
       headBackward(h.block(qi, slot), g + qi * C * ldg, ldg, lse + qi * C, dq + qi * C * h.ldq,
-                   dk + slot * C * h.ldkv, dv + slot * C * h.ldkv, h.ldq, h.ldkv, p, d, dp, delta + qi * C,
+                   dk + slot * C * h.ldkv, dv + slot * C * h.ldkv, h.ldq, h.ldkv, scratch, delta + qi * C,
                    /*accumulateDq=*/true);
     }
 }
@@ -978,15 +978,14 @@ Status ringAttentionBackward(const float *q, int64_t ldq, int64_t qHeadStride, c
     float *dks = grads[cur], *dvs = grads[cur] + kv;
     inHeadGroups(items, ringBlockFloats(s, true), blocks, splittable, [&](int64_t i, float *p) {
       int64_t b = i / s.heads, h = i % s.heads;
-      float *d = p + C * C, *dp = d + C * C;
       const float *qh = q + b * L * ldq + h * qHeadStride;
       for (int qi = 0; qi < 2; ++qi)
         for (int which = 0; which < 2; ++which) {
           if (!ringSees(s, qi, member, which)) continue;
           int64_t kvo = (b * L + which * C) * kvw + s.kvHeadOf(h) * hd, row = (b * s.heads + h) * L + qi * C;
           headBackward(ringBlock(s, qh, ldq, ks, vs, b, h, qi, member, which), g + (b * L + qi * C) * H + h * hd, H,
-                       lse + row, dq + (b * L + qi * C) * ldq + h * qHeadStride, dks + kvo, dvs + kvo, ldq, kvw, p, d,
-                       dp, delta + row, /*accumulateDq=*/true);
+                       lse + row, dq + (b * L + qi * C) * ldq + h * qHeadStride, dks + kvo, dvs + kvo, ldq, kvw, p,
+                       delta + row, /*accumulateDq=*/true);
         }
     });
     LOOM_RETURN_IF_ERROR(next.join());
@@ -1008,11 +1007,13 @@ Status ringAttentionBackward(const float *q, int64_t ldq, int64_t qHeadStride, c
 // dK = dS^T q / sqrt(hd). Every product is a bf16 GEMM; every output rounded once.
 namespace {
 
-// A head's scratch: P (fp32), its bf16 copy; backward also D (dropout), dP / dS (fp32), the bf16
-// dS, and one block of a GEMM's fp32 result.
+// A head's scratch, a query block at a time (headForward's tiling): the block's P (fp32) and its
+// bf16 copy; backward the block's P, D (dropout) and dP / dS (fp32), the whole head's bf16 D and
+// dS (dV and dK sum over every query row), and one block of a GEMM's fp32 result.
 int64_t halves(int64_t n) { return (n + 1) / 2; }  // floats that hold n bf16 values
 int64_t headScratchFloatsBf16(int64_t seq, int64_t headDim, bool backward) {
-  return backward ? 3 * seq * seq + 2 * halves(seq * seq) + kBlock * headDim : seq * seq + halves(seq * seq);
+  int64_t block = blockFloats(seq);
+  return backward ? 3 * block + 2 * halves(seq * seq) + kBlock * headDim : block + halves(block);
 }
 
 Head attentionHeadBf16(const uint16_t *qkv, const float *keyMask, const AttentionShape &s, int64_t b, int64_t h) {
@@ -1022,11 +1023,10 @@ Head attentionHeadBf16(const uint16_t *qkv, const float *keyMask, const Attentio
               S, hd, s.causal, s.dropout, s.seed, s.stream, uint64_t((b * s.heads + h) * S) * uint64_t(S)};
 }
 
-// x's rows [i0, i0 + rows), each up to its block's width, rounded into x16 (same layout).
-void roundRows(const Head &h, const float *x, uint16_t *x16) {
-  parallelRows(h.S, [&](int64_t begin, int64_t end) {
-    for (int64_t i = begin; i < end; ++i) narrowToBf16(x + i * h.S, x16 + i * h.S, h.rowColumns(i));
-  });
+// The block's rows of x (row i at x + (i - i0) * S), each up to its block's width, rounded into
+// x16 (same layout).
+void roundBlockRows(const Head &h, int64_t i0, int64_t rows, float *x, uint16_t *x16) {
+  blockRows(h, i0, rows, x, [&](int64_t i, float *row) { narrowToBf16(row, x16 + (i - i0) * h.S, h.rowColumns(i)); });
 }
 
 // dst[r, 0:hd) (bf16, ld apart) = scale * block[r, 0:hd) for `rows` rows.
@@ -1037,14 +1037,13 @@ void scaledRowsToBf16(const float *block, int64_t rows, int64_t hd, float scale,
 
 void headForwardBf16(const Head &h, uint16_t *out, int64_t ldo, float *lse, float *scratch) {
   float *p = scratch;
-  uint16_t *p16 = reinterpret_cast<uint16_t *>(p + h.S * h.S);
-  headProbs(h, p, lse, nullptr);
-  headDropout(h, p);
-  roundRows(h, p, p16);
+  uint16_t *p16 = reinterpret_cast<uint16_t *>(p + blockFloats(h.S));
   for (int64_t i0 = 0; i0 < h.S; i0 += kBlock) {
     int64_t rows = std::min(kBlock, h.S - i0), cols = h.blockKeys(i0);
-    gemmBf16(false, false, rows, h.hd, cols, p16 + i0 * h.S, h.S, h.v16, h.ldv, nullptr, out + i0 * ldo, GemmOut::kBf16,
-             ldo);
+    blockProbs(h, i0, rows, p, lse, nullptr);
+    blockDropout(h, i0, rows, p);
+    roundBlockRows(h, i0, rows, p, p16);
+    gemmBf16(false, false, rows, h.hd, cols, p16, h.S, h.v16, h.ldv, nullptr, out + i0 * ldo, GemmOut::kBf16, ldo);
   }
 }
 
@@ -1065,17 +1064,28 @@ void headBackwardBf16(const Head &h, const uint16_t *g, int64_t ldg, const float
                       KvGrad dv, int64_t ldd, int64_t ldkv, float *scratch) {
   int64_t S = h.S, hd = h.hd;
   float scale = 1.0f / std::sqrt(float(hd));
-  float *p = scratch, *d = p + S * S, *dp = d + S * S;
-  uint16_t *d16 = reinterpret_cast<uint16_t *>(dp + S * S), *ds16 = d16 + 2 * halves(S * S);
+  float *p = scratch, *dropped = p + blockFloats(S), *dp = dropped + blockFloats(S);
+  uint16_t *d16 = reinterpret_cast<uint16_t *>(dp + blockFloats(S)), *ds16 = d16 + 2 * halves(S * S);
   float *block = reinterpret_cast<float *>(d16 + 4 * halves(S * S));
-  headProbs(h, p, nullptr, lse);
-  if (h.dropout > 0) {
-    for (int64_t i = 0; i < S; ++i) std::copy(p + i * S, p + i * S + h.rowColumns(i), d + i * S);
-    headDropout(h, d);
-  } else {
-    d = p;
+  // A query block at a time: its rows of D and dS in bf16 (kept for dV and dK below), and dQ.
+  for (int64_t i0 = 0; i0 < S; i0 += kBlock) {
+    int64_t rows = std::min(kBlock, S - i0), cols = h.blockKeys(i0);
+    blockProbs(h, i0, rows, p, nullptr, lse);
+    float *d = blockDropped(h, i0, rows, p, dropped);
+    roundBlockRows(h, i0, rows, d, d16 + i0 * S);
+    // dP = dO v^T, then dS = P (dP - rowsum(P dP)) rounded.
+    gemmBf16(false, true, rows, cols, hd, g + i0 * ldg, ldg, h.v16, h.ldv, nullptr, dp, GemmOut::kF32, S);
+    blockRows(h, i0, rows, dp, [&](int64_t i, float *r) {
+      int64_t n = h.keysOf(i);
+      if (h.dropout > 0) keptRow(d + (i - i0) * S, r, n, 1.0f / (1.0f - h.dropout));
+      softmaxGradRow(p + (i - i0) * S, r, n);
+      std::fill(r + n, r + h.rowColumns(i), 0.0f);
+      narrowToBf16(r, ds16 + i * S, h.rowColumns(i));
+    });
+    // dQ = dS k / sqrt(hd)
+    gemmBf16(false, false, rows, hd, cols, ds16 + i0 * S, S, h.k16, h.ldk, nullptr, block, GemmOut::kF32, hd);
+    scaledRowsToBf16(block, rows, hd, scale, dq + i0 * ldd, ldd);
   }
-  roundRows(h, d, d16);
   // dV[j0 : j0 + kb) = D[rows, j0 : j0 + kb)^T dO[rows]: with the causal mask only the query
   // rows from j0 on see these keys (their rows are written that far: the block width).
   for (int64_t j0 = 0; j0 < S; j0 += kBlock) {
@@ -1083,25 +1093,6 @@ void headBackwardBf16(const Head &h, const uint16_t *g, int64_t ldg, const float
     gemmBf16(true, false, kb, hd, S - first, d16 + first * S + j0, S, g + first * ldg, ldg, nullptr, block,
              GemmOut::kF32, hd);
     dv.put(block, kb, hd, 1.0f, j0, ldkv);
-  }
-  for (int64_t i0 = 0; i0 < S; i0 += kBlock) {  // dP = dO v^T
-    int64_t rows = std::min(kBlock, S - i0), cols = h.blockKeys(i0);
-    gemmBf16(false, true, rows, cols, hd, g + i0 * ldg, ldg, h.v16, h.ldv, nullptr, dp + i0 * S, GemmOut::kF32, S);
-  }
-  parallelRows(S, [&](int64_t begin, int64_t end) {
-    for (int64_t i = begin; i < end; ++i) {
-      float *r = dp + i * S;
-      int64_t n = h.keysOf(i);
-      if (h.dropout > 0) keptRow(d + i * S, r, n, 1.0f / (1.0f - h.dropout));
-      softmaxGradRow(p + i * S, r, n);
-      std::fill(r + n, r + h.rowColumns(i), 0.0f);
-      narrowToBf16(r, ds16 + i * S, h.rowColumns(i));
-    }
-  });
-  for (int64_t i0 = 0; i0 < S; i0 += kBlock) {  // dQ = dS k / sqrt(hd)
-    int64_t rows = std::min(kBlock, S - i0), cols = h.blockKeys(i0);
-    gemmBf16(false, false, rows, hd, cols, ds16 + i0 * S, S, h.k16, h.ldk, nullptr, block, GemmOut::kF32, hd);
-    scaledRowsToBf16(block, rows, hd, scale, dq + i0 * ldd, ldd);
   }
   for (int64_t j0 = 0; j0 < S; j0 += kBlock) {  // dK = dS^T q / sqrt(hd)
     int64_t kb = std::min(kBlock, S - j0), first = h.causal ? j0 : 0;
@@ -1171,10 +1162,9 @@ void groupedAttentionBackward(const float *q, const float *k, const float *v, co
   bool splittable = items >= 2 && kvOf(mid - 1) != kvOf(mid);
   inHeadGroups(items, headScratchFloats(S, true), scratch, splittable, [&](int64_t i, float *p) {
     int64_t b = i / s.heads, h = i % s.heads;
-    float *d = p + S * S, *dp = d + S * S;
     int64_t qo = b * S * ldq + h * hd, kvo = b * S * ldkv + s.kvHeadOf(h) * hd;
     headBackward(groupedHead(q, k, v, s, b, h), g + qo, ldq, lse + (b * s.heads + h) * S, dq + qo, dk + kvo, dv + kvo,
-                 ldq, ldkv, p, d, dp);
+                 ldq, ldkv, p);
   });
 }
 
