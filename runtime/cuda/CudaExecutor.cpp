@@ -876,7 +876,18 @@ const KernelRegistry<DeviceRun> &cudaKernels() {
   return registry;
 }
 
-Status checkCudaKernels(const plan::Program &program) { return cudaKernels().covers(program); }
+Status checkCudaKernels(const plan::Program &program) {
+  LOOM_RETURN_IF_ERROR(cudaKernels().covers(program));
+  // Context parallelism's chunked positions and attention (the CPU kernels' ContextChunks) have
+  // no CUDA kernels: such an instruction would run as if the rank held the whole sequence.
+  for (int i = 0; i < program.instructions_size(); ++i) {
+    const plan::Instruction &in = program.instructions(i);
+    if (!planattr::str(in, "context_parallel_group").empty())
+      return Status::error(program.name() + ": instruction " + std::to_string(i) + ": the CUDA backend has no " +
+                           "context-parallel kernel for op '" + in.op() + "' (context parallelism runs on CPU clusters)");
+  }
+  return Status::ok();
+}
 
 bool parseAttentionKernel(const std::string &name, AttentionKernel *out) {
   if (name == "auto") return *out = AttentionKernel::kAuto, true;

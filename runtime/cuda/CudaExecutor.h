@@ -48,7 +48,8 @@ class PipelineLinks;
 class ProgressEvents;
 
 bool parseAttentionKernel(const std::string &name, AttentionKernel *out);
-// Every op of `program` has a CUDA kernel (a one-line error naming op and backend otherwise).
+// Every op of `program` has a CUDA kernel, none of them context-parallel (a one-line error
+// naming the instruction and op otherwise).
 Status checkCudaKernels(const plan::Program &program);
 
 struct CudaExecutorOptions {

@@ -81,11 +81,28 @@ TEST(CudaExecutor, KernelsCoverTheInstructionSetButTheListedOps) {
     if (!cuda::checkCudaKernels(p).isOk()) missing.push_back(d.name);
   }
   // Mixture of experts and context parallelism's ring attention: CPU-only (loomc refuses both
-  // for GPU clusters in one line: config/ConfigLoader.cpp).
+  // for GPU clusters in one line: config/ConfigLoader.cpp; a plan compiled for a CPU cluster
+  // and run with --device cuda is refused at load, below).
   EXPECT_EQ(missing, (std::vector<std::string>{"moe", "moe_grad", "moe_routing_stats", "ring_attention",
                                                "ring_attention_grad", "ring_grouped_attention",
                                                "ring_grouped_attention_grad", "expert_parallel_moe",
                                                "expert_parallel_moe_grad"}));
+  // Context parallelism's all-gather form uses ops with CUDA kernels, but chunked: refused by
+  // the instruction's context_parallel_group, whatever the cluster the plan was compiled for.
+  {
+    plan::Program p;
+    p.set_name("forward_0");
+    p.add_instructions()->set_op("gelu");
+    plan::Instruction *in = p.add_instructions();
+    in->set_op("attention");
+    plan::Attribute *a = in->add_attributes();
+    a->set_name("context_parallel_group"), a->set_s("cp0");
+    Status s = cuda::checkCudaKernels(p);
+    ASSERT_FALSE(s.isOk());
+    EXPECT_EQ(s.message(),
+              "forward_0: instruction 1: the CUDA backend has no context-parallel kernel for op 'attention' (context "
+              "parallelism runs on CPU clusters)");
+  }
   plan::RankPlan rank;
   plan::ProgramSet programs;
   for (int model = 0; model < 4; ++model) {

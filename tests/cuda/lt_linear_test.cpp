@@ -101,6 +101,51 @@ TEST_P(LtLinearTest, RejectsAnEmptyShapeNamingIt) {
   EXPECT_NE(s.message().find("m=0"), std::string::npos) << s.message();
 }
 
+// A 16-bit plan's products with very few output columns (bert-tiny's sentence-order head: n = 2,
+// rows 4 bytes apart) with a 16-bit output and bias, and their gradients: cuBLASLt must find an
+// algorithm for them (LtLinear fails in one line when its heuristic returns none) and compute
+// them as the CPU does, each 16-bit output within its one rounding.
+TEST_P(LtLinearTest, SixteenBitOutputsWithFewColumns) {
+  auto [type, epilogue, transposeW] = GetParam();
+  if (epilogue == LinearEpilogue::kBiasGelu) GTEST_SKIP() << "no GeLU after the heads this covers";
+  cuda::ElementType element = type == HalfType::kBf16 ? cuda::ElementType::kBf16 : cuda::ElementType::kF16;
+  double rounding = type == HalfType::kBf16 ? 1e-2 : 2e-3;  // one rounding of each 16-bit output
+  for (int64_t n : {2, 3}) {
+    cuda::LinearShape shape{/*m=*/64, /*k=*/32, n, transposeW, type, epilogue};
+    std::vector<float> x, w, bias, g;
+    void *x16 = toHalf(random(shape.m * shape.k), type, &x);
+    void *w16 = toHalf(random(shape.k * shape.n), type, &w);
+    void *bias16 = toHalf(random(shape.n), type, &bias);
+    void *g16 = toHalf(random(shape.m * shape.n), type, &g);
+    void *y16 = alloc(size_t(shape.m * shape.n) * 2);
+    bool withBias = epilogue != LinearEpilogue::kNone;
+    Status s = lt_->forward(shape, x16, w16, cuda::In(bias16, element), cuda::Out(y16, element), nullptr);
+    ASSERT_TRUE(s.isOk()) << "n = " << n << ": " << s.message();
+    float *y = static_cast<float *>(alloc(size_t(shape.m * shape.n) * sizeof(float)));
+    cuda::halfToFloat(y16, y, shape.m * shape.n, type, nullptr);
+    std::vector<float> want(size_t(shape.m * shape.n));
+    cpu::linearForward(x.data(), w.data(), withBias ? bias.data() : nullptr, want.data(), shape.m, shape.k, shape.n,
+                       transposeW);
+    EXPECT_LT(relErr(down(y, want.size()), want), rounding) << "y, n = " << n << ", " << cuda::halfTypeName(type);
+
+    void *dx16 = alloc(size_t(shape.m * shape.k) * 2);
+    s = lt_->inputGrad(shape, g16, w16, cuda::Out(dx16, element), nullptr);
+    ASSERT_TRUE(s.isOk()) << "n = " << n << ": " << s.message();
+    float *dx = static_cast<float *>(alloc(x.size() * sizeof(float)));
+    cuda::halfToFloat(dx16, dx, int64_t(x.size()), type, nullptr);
+    std::vector<float> wantDx(x.size());
+    cpu::linearForward(g.data(), w.data(), nullptr, wantDx.data(), shape.m, shape.n, shape.k, !transposeW);
+    EXPECT_LT(relErr(down(dx, x.size()), wantDx), rounding) << "dX, n = " << n << ", " << cuda::halfTypeName(type);
+
+    float *dw = zeros(w.size());
+    s = lt_->weightGrad(shape, x16, g16, dw, /*accumulate=*/false, nullptr);
+    ASSERT_TRUE(s.isOk()) << "n = " << n << ": " << s.message();
+    std::vector<float> wantDw(w.size(), 0.0f);
+    cpu::linearWeightGrad(x.data(), g.data(), wantDw.data(), shape.m, shape.k, shape.n, transposeW, false);
+    EXPECT_LT(relErr(down(dw, w.size()), wantDw), 1e-5) << "dW, n = " << n << ", " << cuda::halfTypeName(type);
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(
     TypesEpiloguesLayouts, LtLinearTest,
     ::testing::Combine(::testing::Values(HalfType::kBf16, HalfType::kFp16),

@@ -24,7 +24,6 @@ section() { echo "== [${SECONDS} s] $*"; }
 cd "$(dirname "$0")"
 [ -d lib ] || tar -xzf bin-lib.tar.gz
 export LOOM_TEST_PLANS="$PWD/plans"  # gpt-tiny for the executor and trainer tests
-export LOOM_TEST_PLANS_ZERO1="$PWD/plans-zero1"
 export LOOM_TEST_PLANS_BF16="$PWD/plans-bf16"
 export LOOM_TEST_PLANS_BERT="$PWD/plans-bert"
 export LOOM_TEST_PLANS_BERT_BF16="$PWD/plans-bert-bf16"

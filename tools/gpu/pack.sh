@@ -21,8 +21,6 @@ done
 # tests, the 1.3B GPT on one H200 for the benchmark.
 bazel-bin/apps/loomc compile tests/runtime/Inputs/gpt-tiny-nodropout.pbtxt \
   --cluster tests/runtime/Inputs/t1p1d1.pbtxt --out gpu-pack/plans --quiet
-bazel-bin/apps/loomc compile tests/runtime/Inputs/gpt-tiny-nodropout.pbtxt \
-  --cluster tests/runtime/Inputs/t1p1d1_zero1.pbtxt --out gpu-pack/plans-zero1 --quiet
 bazel-bin/apps/loomc compile examples/models/llama-tiny.pbtxt \
   --cluster tests/runtime/Inputs/t1p1d1.pbtxt --out gpu-pack/plans-llama --quiet
 bazel-bin/apps/loomc compile examples/models/gpt-1.3b.pbtxt \
