@@ -105,30 +105,53 @@ const TileMatmul &tileMatmul(const TileKey &key) {
   return *slot;
 }
 
+// A thread's memory objects for one tile shape's matmul, made once and pointed at each call's
+// operands (set_data_handle): making them per call (four oneDNN objects, a map) cost about
+// 2 us a tile, which attention's 64-row products pay thousands of times a step.
+struct TileArguments {
+  const TileMatmul *matmul = nullptr;
+  dnnl::memory a, b, c, bias, scratchpad;
+  std::unordered_map<int, dnnl::memory> args;
+};
+
+TileArguments &tileArguments(const TileKey &key) {
+  thread_local std::map<TileKey, TileArguments> mine;
+  TileArguments &t = mine[key];
+  if (t.matmul) return t;
+  t.matmul = &tileMatmul(key);
+  const dnnl::engine &engine = cpuEngine();
+  t.a = dnnl::memory(t.matmul->a, engine, DNNL_MEMORY_NONE);
+  t.b = dnnl::memory(t.matmul->b, engine, DNNL_MEMORY_NONE);
+  t.c = dnnl::memory(t.matmul->c, engine, DNNL_MEMORY_NONE);
+  t.scratchpad = dnnl::memory(dnnl::memory::desc(dnnl::memory::dims{int64_t(t.matmul->scratchpadBytes)},
+                                                 dnnl::memory::data_type::u8, dnnl::memory::dims{1}),
+                              engine, DNNL_MEMORY_NONE);
+  t.args = {{DNNL_ARG_SRC, t.a}, {DNNL_ARG_WEIGHTS, t.b}, {DNNL_ARG_DST, t.c}, {DNNL_ARG_SCRATCHPAD, t.scratchpad}};
+  if (key.hasBias) {
+    t.bias = dnnl::memory(t.matmul->bias, engine, DNNL_MEMORY_NONE);
+    t.args.emplace(DNNL_ARG_BIAS, t.bias);
+  }
+  return t;
+}
+
 // One tile C[i0 : i0 + rows, j0 : j0 + cols] on the calling thread.
 void bf16Tile(bool transposeA, bool transposeB, int64_t i0, int64_t rows, int64_t j0, int64_t cols, int64_t k,
               const uint16_t *a, int64_t lda, const uint16_t *b, int64_t ldb, const uint16_t *bias, void *c,
               GemmOut out, int64_t ldc) {
-  const TileMatmul &t = tileMatmul({rows, cols, k, lda, ldb, ldc, transposeA, transposeB, bias != nullptr, out});
+  TileArguments &t = tileArguments({rows, cols, k, lda, ldb, ldc, transposeA, transposeB, bias != nullptr, out});
   thread_local std::vector<uint8_t> scratchpad;
-  if (scratchpad.size() < t.scratchpadBytes) scratchpad.resize(t.scratchpadBytes);
+  if (scratchpad.size() < t.matmul->scratchpadBytes) scratchpad.resize(t.matmul->scratchpadBytes);
   thread_local dnnl::stream stream(cpuEngine());
   auto at = [](const void *p, int64_t elements, int64_t bytes) {
     return const_cast<void *>(static_cast<const void *>(static_cast<const char *>(p) + elements * bytes));
   };
-  const uint16_t *aTile = a + (transposeA ? i0 : i0 * lda);
-  const uint16_t *bTile = b + (transposeB ? j0 * ldb : j0);
-  std::unordered_map<int, dnnl::memory> args{
-      {DNNL_ARG_SRC, dnnl::memory(t.a, cpuEngine(), at(aTile, 0, 2))},
-      {DNNL_ARG_WEIGHTS, dnnl::memory(t.b, cpuEngine(), at(bTile, 0, 2))},
-      {DNNL_ARG_DST, dnnl::memory(t.c, cpuEngine(), at(c, i0 * ldc + j0, out == GemmOut::kBf16 ? 2 : 4))},
-      {DNNL_ARG_SCRATCHPAD,
-       dnnl::memory(dnnl::memory::desc(dnnl::memory::dims{int64_t(t.scratchpadBytes)}, dnnl::memory::data_type::u8,
-                                       dnnl::memory::dims{1}),
-                    cpuEngine(), scratchpad.data())}};
-  if (bias) args.emplace(DNNL_ARG_BIAS, dnnl::memory(t.bias, cpuEngine(), at(bias, j0, 2)));
+  t.a.set_data_handle(at(a + (transposeA ? i0 : i0 * lda), 0, 2));
+  t.b.set_data_handle(at(b + (transposeB ? j0 * ldb : j0), 0, 2));
+  t.c.set_data_handle(at(c, i0 * ldc + j0, out == GemmOut::kBf16 ? 2 : 4));
+  t.scratchpad.set_data_handle(scratchpad.data());
+  if (bias) t.bias.set_data_handle(at(bias, j0, 2));
   OmpThreads one(1);
-  t.primitive.execute(stream, args);
+  t.matmul->primitive.execute(stream, t.args);
 }
 
 // Without bf16 instructions: the operands widened (exactly) and the fp32 GEMM.

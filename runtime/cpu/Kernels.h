@@ -62,8 +62,9 @@ struct AttentionShape {
   float dropout;
   uint64_t seed, stream;
 };
-// `scratch`: attentionScratchFloats(seq, backward) floats the caller provides (a head's
-// probabilities, and backward two more S x S blocks), so the kernels allocate nothing.
+// `scratch`: attentionScratchFloats(seq, backward) floats the caller provides (a 64-query block's
+// probabilities per head group, and backward two more such blocks), so the kernels allocate
+// nothing.
 // `lse` [B,heads,S]: the softmax statistics (loom.attention's lse result), each query row's
 // log-sum-exp of its scaled, masked scores (+inf when every key is masked); the forward
 // writes them when `lse` is not null, the backward computes the probabilities from them.
