@@ -212,7 +212,12 @@ def model_config(path, vocab, work):
 # 3e-2 on each step-1 gradient and 1e-2 on all the parameters together after the steps (fp32:
 # 1e-4, each parameter). Measured on gpt-tiny: at most 1.5e-4, 1.1e-2 and 3.3e-3. (Loom's fp32
 # run is nearly as close to this oracle: these bounds show bf16 training is right, not that it
-# rounds; runtime_test checks that a bf16 plan's losses differ from the fp32 plan's.)
+# rounds; runtime_test checks that a bf16 plan's losses differ from the fp32 plan's.) A tensor
+# whose 16-bit gradient is less precise than that (BERT's pooler and sentence-order head, fed by
+# a few [CLS] rows: in a 4-layer, hidden-96 BERT the oracle's bf16 gradients of them are
+# 1.7-4.3e-2 from its fp32 ones, and Loom's t = 1 and t = 2 runs 4.5e-2 from each other) may be
+# as far from the oracle as twice the oracle's own distance from its fp32 gradient (computed at
+# step 1).
 #
 # fp16 (--precision fp16): Loom's fp16 plan (dynamic loss scaling, its scale per iteration in
 # the loss log) against the oracle rounding to fp16 at the same points, its loss times the same
@@ -407,6 +412,20 @@ def rel(a, b):
     return ((a - b).norm() / b.norm().clamp_min(1e-30)).item()
 
 
+def reference_fp32_gradients(make_oracle, batches):
+    """The step-1 gradients of the same initial model on the same batches in fp32 (no rounding):
+    what a 16-bit run's gradients approximate (a 16-bit check's per-tensor yardstick)."""
+    ref = make_oracle("fp32")
+    for path in batches:
+        b, _ = read_safetensors(path)
+        if isinstance(ref, MegatronBert):
+            loss = ref.loss(b) / len(batches)
+        else:
+            loss = ref.loss(b["tokens"], b["labels"], b["loss_mask"]) / len(batches)
+        loss.backward()
+    return {k: q.grad for k, q in ref.parameters().items()}
+
+
 def check_config(args, name, cfg, failures):
     t, p, d, v, m, schedule, recompute, vocab = cfg[:8]
     zero1 = len(cfg) > 8 and cfg[8]
@@ -472,17 +491,18 @@ def check_config(args, name, cfg, failures):
     with open(os.path.join(work, "config.json")) as f:
         hf_config = json.load(f)
     if hf_config.get("architectures") == ["MegatronBertForPreTraining"]:
-        oracle, heads = MegatronBert(weights, hf_config, PRECISION), hf_config["num_attention_heads"]
+        make_oracle, heads = (lambda precision: MegatronBert(weights, hf_config, precision)), hf_config["num_attention_heads"]
     elif bert:
         raise RuntimeError(f"a BERT model, but config.json's architectures is {hf_config.get('architectures')}")
     elif hf_config.get("architectures") == ["MixtralForCausalLM"]:
-        oracle, heads = Mixtral(weights, hf_config, PRECISION), hf_config["num_attention_heads"]
+        make_oracle, heads = (lambda precision: Mixtral(weights, hf_config, precision)), hf_config["num_attention_heads"]
     elif hf_config.get("architectures") == ["LlamaForCausalLM"]:
-        oracle, heads = Llama(weights, hf_config, PRECISION), hf_config["num_attention_heads"]
+        make_oracle, heads = (lambda precision: Llama(weights, hf_config, precision)), hf_config["num_attention_heads"]
     else:
         layers = 1 + max(int(k.split(".")[2]) for k in weights if k.startswith("transformer.h."))
         heads = args.heads
-        oracle = Gpt2(weights, layers, heads, PRECISION)
+        make_oracle = lambda precision: Gpt2(weights, layers, heads, precision)  # noqa: E731
+    oracle = make_oracle(PRECISION)
     params = oracle.parameters()
     decay = [q for k, q in params.items() if q.dim() >= 2]
     no_decay = [q for k, q in params.items() if q.dim() < 2]
@@ -594,11 +614,19 @@ def check_config(args, name, cfg, failures):
                     problems.append(f"step-1 gradient of {k}: shape {tuple(got.shape)}, expected {tuple(q.grad.shape)}")
                     continue
                 got_grads[k] = got
+            # A 16-bit gradient is as precise as its tensor lets it be: the oracle's own distance
+            # from its fp32 run measures that, and Loom, rounding the same values in other orders
+            # (another layout's partial sums, another GEMM's), may be twice as far from the oracle.
+            exact = reference_fp32_gradients(make_oracle, batches) if PRECISION != "fp32" else None
             for group, names in comparison_groups(got_grads).items():
                 got = torch.cat([got_grads[k].flatten() for k in names])
                 want = torch.cat([params[k].grad.flatten() for k in names])
-                if rel(got, want) >= TOLERANCE[PRECISION]["grad"]:
-                    problems.append(f"step-1 gradient of {group}: relative error {rel(got, want):.2e}")
+                bound = TOLERANCE[PRECISION]["grad"]
+                if exact is not None:
+                    bound = max(bound, 2 * rel(want, torch.cat([exact[k].flatten() for k in names])))
+                if rel(got, want) >= bound:
+                    problems.append(f"step-1 gradient of {group}: relative error {rel(got, want):.2e}" +
+                                    (f" (bound {bound:.2e})" if exact is not None else ""))
         torch.nn.utils.clip_grad_norm_(list(params.values()), 1.0)
         updates += 1
         for group in opt.param_groups:
