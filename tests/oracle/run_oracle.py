@@ -216,8 +216,10 @@ def model_config(path, vocab, work):
 # whose 16-bit gradient is less precise than that (BERT's pooler and sentence-order head, fed by
 # a few [CLS] rows: in a 4-layer, hidden-96 BERT the oracle's bf16 gradients of them are
 # 1.7-4.3e-2 from its fp32 ones, and Loom's t = 1 and t = 2 runs 4.5e-2 from each other) may be
-# as far from the oracle as twice the oracle's own distance from its fp32 gradient (computed at
-# step 1).
+# as far from the oracle as twice the oracle's own distance from its fp32 gradient; and a step's
+# loss as far as twice the oracle's 16-bit loss from the same training in fp32 (the oracle
+# without rounding, run beside it on the same batches): where AdamW's sign-like steps on such
+# noisy gradients part the trajectories, Loom's from the oracle's as the oracle's from fp32's.
 #
 # fp16 (--precision fp16): Loom's fp16 plan (dynamic loss scaling, its scale per iteration in
 # the loss log) against the oracle rounding to fp16 at the same points, its loss times the same
@@ -412,18 +414,18 @@ def rel(a, b):
     return ((a - b).norm() / b.norm().clamp_min(1e-30)).item()
 
 
-def reference_fp32_gradients(make_oracle, batches):
-    """The step-1 gradients of the same initial model on the same batches in fp32 (no rounding):
-    what a 16-bit run's gradients approximate (a 16-bit check's per-tensor yardstick)."""
-    ref = make_oracle("fp32")
-    for path in batches:
-        b, _ = read_safetensors(path)
-        if isinstance(ref, MegatronBert):
-            loss = ref.loss(b) / len(batches)
-        else:
-            loss = ref.loss(b["tokens"], b["labels"], b["loss_mask"]) / len(batches)
-        loss.backward()
-    return {k: q.grad for k, q in ref.parameters().items()}
+def adamw(params):
+    """Megatron's AdamW over the oracle's parameters: weight decay on the matrices only."""
+    return torch.optim.AdamW([{"params": [q for q in params.values() if q.dim() >= 2], "weight_decay": 0.1},
+                              {"params": [q for q in params.values() if q.dim() < 2], "weight_decay": 0.0}],
+                             lr=LR, betas=(0.9, 0.95), eps=ADAM_EPS)
+
+
+def model_loss(model, batch):
+    """A GPT's or LLaMA's loss on a micro-batch, or BERT's objective mlm + sop (as Loom logs it)."""
+    if isinstance(model, MegatronBert):
+        return model.loss(batch)
+    return model.loss(batch["tokens"], batch["labels"], batch["loss_mask"])
 
 
 def check_config(args, name, cfg, failures):
@@ -504,10 +506,13 @@ def check_config(args, name, cfg, failures):
         make_oracle = lambda precision: Gpt2(weights, layers, heads, precision)  # noqa: E731
     oracle = make_oracle(PRECISION)
     params = oracle.parameters()
-    decay = [q for k, q in params.items() if q.dim() >= 2]
-    no_decay = [q for k, q in params.items() if q.dim() < 2]
-    opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.1}, {"params": no_decay, "weight_decay": 0.0}],
-                            lr=LR, betas=(0.9, 0.95), eps=ADAM_EPS)
+    opt = adamw(params)
+    # A 16-bit check's yardstick: the same training in fp32 (the oracle without rounding, the
+    # same batches, updates and schedule) beside the oracle's 16-bit one.
+    exact = make_oracle("fp32") if PRECISION != "fp32" else None
+    if exact is not None:
+        exact_params = exact.parameters()
+        exact_opt = adamw(exact_params)
     # iteration -> (loss, the loss scale of an fp16 run's iteration, else 1). An fp16 iteration
     # whose gradients overflowed is skipped by Loom (no update, no learning-rate step, the scale
     # halved: Megatron's dynamic loss scaling) and writes no line; the oracle skips it too.
@@ -563,10 +568,7 @@ def check_config(args, name, cfg, failures):
                 step_aux, step_dropped, step_assigned = (step_aux + aux.item(), step_dropped + dropped,
                                                          step_assigned + assigned)
                 continue
-            if isinstance(oracle, MegatronBert):  # the objective mlm + sop, as Loom logs it
-                loss = oracle.loss(b) / len(batches)
-            else:
-                loss = oracle.loss(b["tokens"], b["labels"], b["loss_mask"]) / len(batches)
+            loss = model_loss(oracle, b) / len(batches)
             (loss * backprop_scale).backward()
             total += loss.item()
         if isinstance(oracle, Mixtral) and oracle.min_gap < ROUTING_TIE:
@@ -589,6 +591,15 @@ def check_config(args, name, cfg, failures):
         if backprop_scale != 1.0:
             for q in params.values():
                 q.grad /= backprop_scale
+        exact_total = None
+        if exact is not None:
+            exact_opt.zero_grad()
+            exact_total = 0.0
+            for path in batches:
+                b, _ = read_safetensors(path)
+                loss = model_loss(exact, b) / len(batches)
+                loss.backward()
+                exact_total += loss.item()
         if step == 0:
             # Loom's main gradients as dumped hold the loss scale (fp16): unscaled here.
             loom_grads = {k: g / scale
@@ -617,13 +628,12 @@ def check_config(args, name, cfg, failures):
             # A 16-bit gradient is as precise as its tensor lets it be: the oracle's own distance
             # from its fp32 run measures that, and Loom, rounding the same values in other orders
             # (another layout's partial sums, another GEMM's), may be twice as far from the oracle.
-            exact = reference_fp32_gradients(make_oracle, batches) if PRECISION != "fp32" else None
             for group, names in comparison_groups(got_grads).items():
                 got = torch.cat([got_grads[k].flatten() for k in names])
                 want = torch.cat([params[k].grad.flatten() for k in names])
                 bound = TOLERANCE[PRECISION]["grad"]
                 if exact is not None:
-                    bound = max(bound, 2 * rel(want, torch.cat([exact[k].flatten() for k in names])))
+                    bound = max(bound, 2 * rel(want, torch.cat([exact_params[k].grad.flatten() for k in names])))
                 if rel(got, want) >= bound:
                     problems.append(f"step-1 gradient of {group}: relative error {rel(got, want):.2e}" +
                                     (f" (bound {bound:.2e})" if exact is not None else ""))
@@ -633,6 +643,13 @@ def check_config(args, name, cfg, failures):
             group["lr"] = lr_at(updates, args.steps)
         opt.step()
         tol = TOLERANCE[PRECISION]["loss1" if step == 0 else "loss"]
+        if exact is not None:
+            torch.nn.utils.clip_grad_norm_(list(exact_params.values()), 1.0)
+            for group in exact_opt.param_groups:
+                group["lr"] = lr_at(updates, args.steps)
+            exact_opt.step()
+            # The losses likewise: as far as twice the oracle's own 16-bit loss from its fp32 one.
+            tol = max(tol, 2 * abs(total - exact_total) / abs(total))
         if isinstance(oracle, Mixtral):
             logged = metrics.get(step + 1, {})
             want_aux = step_aux / (moe_layers * len(batches))
@@ -646,7 +663,7 @@ def check_config(args, name, cfg, failures):
         worst_loss = max(worst_loss, diff)
         if diff >= tol:
             problems.append(f"loss at step {step + 1}: Loom {log[step + 1][0]:.9g}, oracle {total:.9g} "
-                            f"(relative {diff:.2e})")
+                            f"(relative {diff:.2e}" + (f", bound {tol:.2e})" if exact is not None else ")"))
     compared = args.steps
     final, _ = read_safetensors(os.path.join(work, "final.safetensors"))
     if tie_step:
