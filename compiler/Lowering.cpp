@@ -76,28 +76,33 @@ int64_t bytesMovedOf(mlir::Operation *op) {
   const isa::OpDecl *d = declOf(op);
   if (d && isa::isRingAttention(d->id)) {
     // What the rank sends round the ring: c - 1 times its keys and values (GPT: 2/3 of the fused
-    // qkv), fp32 (the ring runs fp32); the backward c times their gradients as well.
+    // qkv) in their dtype; the backward c times their gradients as well, in fp32 (the
+    // accumulators are partial sums: runtime/cpu/Kernels.h RingAttentionShape::keyWire).
     int64_t c = contextParallelSize(op);
     bool grouped = d->id == isa::OpId::kRingGroupedAttention || d->id == isa::OpId::kRingGroupedAttentionGrad;
-    auto floats = [](mlir::Value v) {
-      int64_t n = 1;
-      for (int64_t x : mlir::cast<mlir::RankedTensorType>(v.getType()).getShape()) n *= x;
-      return n;
-    };
-    int64_t kv = 4 * (grouped ? floats(op->getOperand(1)) + floats(op->getOperand(2)) : floats(op->getOperand(0)) * 2 / 3);
+    int64_t kvValues = grouped ? numel(op->getOperand(1)) + numel(op->getOperand(2)) : numel(op->getOperand(0)) * 2 / 3;
+    int64_t kvBytes = kvValues * planattr::elementBytes(dtypeOf(op->getOperand(grouped ? 1 : 0).getType()));
     bool backward = d->id == isa::OpId::kRingAttentionGrad || d->id == isa::OpId::kRingGroupedAttentionGrad;
-    return (c - 1) * kv + (backward ? c * kv : 0);
+    return (c - 1) * kvBytes + (backward ? c * kvValues * 4 : 0);
   }
   if (d && (d->id == isa::OpId::kExpertParallelMoe || d->id == isa::OpId::kExpertParallelMoeGrad)) {
-    // With uniform routing (ep - 1) / ep of the rank's T top_k assignments go to other members:
-    // forward their rows out and, for the others' rows, the outputs back (H fp32 values each
-    // way); the backward twice as many (rows and output gradients out, input gradients and
-    // outputs back).
+    // With uniform routing (ep - 1) / ep of the rank's T top_k assignments go to other members
+    // (H values a row): forward their input rows out and the experts' outputs back, in the
+    // activations' dtype (a 16-bit plan's experts round their outputs); the backward the input
+    // rows and output gradients out in their dtypes with each row's routing weight (fp32), and
+    // the input gradients (fp32 partial sums) and the weights' gradients back
+    // (runtime/cpu/MoeKernels.cpp).
     auto ep = op->getAttrOfType<mlir::IntegerAttr>("expert_parallel_size");
     auto k = op->getAttrOfType<mlir::IntegerAttr>("top_k");
-    int64_t n = ep ? ep.getInt() : 1, rows = numel(op->getOperand(0)) * (k ? k.getInt() : 1);
-    bool backward = d->id == isa::OpId::kExpertParallelMoeGrad;
-    return n <= 1 ? 0 : (backward ? 4 : 2) * rows * 4 * (n - 1) / n;
+    int64_t n = ep ? ep.getInt() : 1, topK = k ? k.getInt() : 1;
+    if (n <= 1) return 0;
+    mlir::Value input = op->getOperand(0);
+    int64_t hidden = lastDim(input), pairs = numel(input) / hidden * topK;
+    auto rowBytes = [&](mlir::Value v) { return hidden * planattr::elementBytes(dtypeOf(v.getType())); };
+    int64_t perPair = d->id == isa::OpId::kExpertParallelMoeGrad
+                          ? rowBytes(input) + rowBytes(op->getOperand(5)) + 4 * hidden + 2 * 4
+                          : 2 * rowBytes(input);
+    return pairs * perPair * (n - 1) / n;
   }
   if (!d || !d->bytesMoved) return 0;
   auto size = op->getAttrOfType<mlir::IntegerAttr>("group_size");

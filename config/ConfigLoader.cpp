@@ -323,15 +323,12 @@ llvm::Error checkModelFitsCluster(const config::ModelConfig &m, const config::Cl
   if (m.num_experts() > 0) {
     // What the MoE layers do not run with yet: one line naming the field to change.
     const char *field = cp > 1 ? "parallel.context_parallel_size"
-                        : p.precision() == config::PRECISION_BF16 || p.precision() == config::PRECISION_FP16 ||
-                                  (p.precision() == config::PRECISION_OF_MODEL && m.params_dtype() != config::FP32)
-                            ? "parallel.precision"
                         : c.device().kind() == config::CUDA ? "device.kind"
                                                             : nullptr;
     if (field)
       return fieldError(clusterPath, field,
                         llvm::formatv("model '{0}' has mixture-of-experts layers, which run so far on the CPU backend, "
-                                      "in fp32, without context parallelism",
+                                      "without context parallelism",
                                       m.name()));
   }
   int64_t chunks = p.pipeline_parallel_size() * p.virtual_pipeline_size();

@@ -11,10 +11,12 @@ namespace loom {
 namespace {
 
 // The results that stay fp32 whatever the policy: the softmax statistics the backward reads
-// (the dialect's Loom_StatsTensor) and the loss (a 0-d Loom_Scalar).
+// (the dialect's Loom_StatsTensor), the loss and the MoE load-balancing losses (0-d
+// Loom_Scalars), and the MoE routing statistics (token counts, exact in fp32 only up to 2^24, in
+// 16 bits only to 256 or 2048).
 bool keepsFp32(mlir::Operation *op, mlir::Value result) {
   auto t = mlir::cast<mlir::RankedTensorType>(result.getType());
-  if (t.getRank() == 0) return true;
+  if (t.getRank() == 0 || mlir::isa<MoeRoutingStatsOp>(op)) return true;
   if (auto a = mlir::dyn_cast<AttentionOp>(op)) return result == a.getLse();
   if (auto a = mlir::dyn_cast<GroupedAttentionOp>(op)) return result == a.getLse();
   if (auto c = mlir::dyn_cast<CrossEntropyOp>(op)) return result == c.getLse();

@@ -95,8 +95,9 @@ def LoomMixedPrecision : Pass<"loom-mixed-precision", "mlir::ModuleOp"> {
     Megatron's mixed precision (Micikevicius et al. 2018; Megatron-LM's Float16Module): the
     parameters the model computes with and every activation become `dtype` (bf16 or f16),
     while what must stay fp32 stays fp32 by the dialect's types: the softmax statistics
-    (`lse` of attention, grouped attention and cross-entropy), the loss, and the data
-    inputs (masks). Runs after partitioning and before autodiff, so that the gradients of the
+    (`lse` of attention, grouped attention and cross-entropy), the loss and the MoE
+    load-balancing losses, the MoE routing statistics (token counts), and the data inputs
+    (masks). Runs after partitioning and before autodiff, so that the gradients of the
     activations are 16-bit too; the compiler keeps fp32 master weights, main gradients and
     AdamW moments for the 16-bit parameters (compiler/StepPrograms.h). `dtype` empty: the
     module's `loom.params_dtype` (absent: fp32, nothing changes). Parameters already of

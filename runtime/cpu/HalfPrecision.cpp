@@ -49,5 +49,11 @@ void widenF16Row(const uint16_t *from, float *to, int64_t n) { widenF16Range(fro
 void narrowF16Row(const float *from, uint16_t *to, int64_t n) { narrowF16Range(from, to, n); }
 void widenF16(const uint16_t *from, float *to, int64_t n) { split(from, to, n, widenF16Range); }
 void narrowToF16(const float *from, uint16_t *to, int64_t n) { split(from, to, n, narrowF16Range); }
+void roundThroughBf16(float *x, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) x[i] = bf16ToFloat(floatToBf16(x[i]));
+}
+void roundThroughF16(float *x, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) x[i] = f16ToFloat(floatToF16(x[i]));
+}
 
 }  // namespace loom::cpu

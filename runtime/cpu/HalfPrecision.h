@@ -49,5 +49,9 @@ void widenBf16Row(const uint16_t *from, float *to, int64_t n);
 void narrowBf16Row(const float *from, uint16_t *to, int64_t n);
 void widenF16Row(const uint16_t *from, float *to, int64_t n);
 void narrowF16Row(const float *from, uint16_t *to, int64_t n);
+// x[0, n) rounded to bf16 (fp16) and kept as fp32, in place on the calling thread: what storing
+// them in the 16-bit dtype and reading them back gives.
+void roundThroughBf16(float *x, int64_t n);
+void roundThroughF16(float *x, int64_t n);
 
 }  // namespace loom::cpu

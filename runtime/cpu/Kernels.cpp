@@ -531,6 +531,26 @@ void keptRow(const float *d, float *dp, int64_t n, float scale) {
   for (int64_t j = 0; j < n; ++j) dp[j] = d[j] != 0.0f ? dp[j] * scale : 0.0f;
 }
 
+// The block's rows of dS = P (dP - rowsum(P dP)) in place of dp (row i at dp + (i - i0) * S):
+// first dD -> dP through the dropout mask read from D (keptRow), then the softmax's backward with
+// each row's rowsum given (delta, a ring block's) or summed here, zeros past the row's keys up to
+// its block width; then done(i, row) on the row's thread (the bf16 form rounds it there).
+template <typename Done>
+void blockSoftmaxGrad(const Head &h, int64_t i0, int64_t rows, const float *p, const float *d, float *dp,
+                      const float *delta, Done done) {
+  blockRows(h, i0, rows, dp, [&](int64_t i, float *r) {
+    const float *pr = p + (i - i0) * h.S;
+    int64_t n = h.keysOf(i);
+    if (h.dropout > 0) keptRow(d + (i - i0) * h.S, r, n, 1.0f / (1.0f - h.dropout));  // dD -> dP
+    if (delta)
+      softmaxGradRowGiven(pr, r, n, delta[i]);
+    else
+      softmaxGradRow(pr, r, n);
+    std::fill(r + n, r + h.rowColumns(i), 0.0f);
+    done(i, r);
+  });
+}
+
 // A head's scratch (floats): a block's P; backward also its D (dropout) and dP.
 int64_t headScratchFloats(int64_t seq, bool backward) { return (backward ? 3 : 1) * blockFloats(seq); }
 
@@ -563,16 +583,7 @@ void headBackward(const Head &h, const float *g, int64_t ldg, const float *lse, 
     float *d = blockDropped(h, i0, rows, p, dropped);
     gemm(true, false, cols, h.hd, rows, 1.0f, d, h.S, gi, ldg, 1.0f, dv, ldkv);
     gemm(false, true, rows, cols, h.hd, 1.0f, gi, ldg, h.v, h.ldv, 0.0f, dp, h.S);
-    blockRows(h, i0, rows, dp, [&](int64_t i, float *r) {
-      const float *pr = p + (i - i0) * h.S;
-      int64_t n = h.keysOf(i);
-      if (h.dropout > 0) keptRow(d + (i - i0) * h.S, r, n, 1.0f / (1.0f - h.dropout));  // dD -> dP
-      if (delta)
-        softmaxGradRowGiven(pr, r, n, delta[i]);
-      else
-        softmaxGradRow(pr, r, n);
-      std::fill(r + n, r + h.rowColumns(i), 0.0f);
-    });
+    blockSoftmaxGrad(h, i0, rows, p, d, dp, delta, [](int64_t, float *) {});
     gemm(false, false, rows, h.hd, cols, scale, dp, h.S, h.k, h.ldk, accumulateDq ? 1.0f : 0.0f, dq + i0 * ldd, ldd);
     gemm(true, false, cols, h.hd, rows, scale, dp, h.S, h.q + i0 * h.ldq, h.ldq, 1.0f, dk, ldkv);
   }
@@ -884,11 +895,32 @@ int64_t ringBlockFloats(const RingAttentionShape &s, bool backward) {
   return headScratchFloats(C, backward) + (backward ? 0 : C * s.headDim + C);
 }
 
+// Floats of the 16-bit staging of a K | V message (send and receive halves), when the keys
+// travel in 16 bits.
+int64_t ringStagingFloats(const RingAttentionShape &s) {
+  return s.keyWire == RingAttentionShape::Wire::kF32 ? 0 : 2 * ringKvFloats(s);
+}
+
+// `count` floats of K | V to the next member and as many from the previous one, in the keys'
+// wire dtype: fp32 as they are, or narrowed into `staging` (2 count 16-bit values: the outgoing,
+// then the arriving) and widened on arrival. Runs on the transfer's own thread, so the
+// conversions are the single-threaded row forms.
+Status passKeys(const RingAttentionShape &s, const RingExchange &exchange, const float *send, float *recv,
+                int64_t count, uint16_t *staging) {
+  using Wire = RingAttentionShape::Wire;
+  if (s.keyWire == Wire::kF32) return exchange(send, recv, count * int64_t(sizeof(float)));
+  uint16_t *out = staging, *in = staging + count;
+  s.keyWire == Wire::kBf16 ? narrowBf16Row(send, out, count) : narrowF16Row(send, out, count);
+  LOOM_RETURN_IF_ERROR(exchange(out, in, count * int64_t(sizeof(uint16_t))));
+  s.keyWire == Wire::kBf16 ? widenBf16Row(in, recv, count) : widenF16Row(in, recv, count);
+  return Status::ok();
+}
+
 // The step's transfer on its own thread while the caller computes (the ring's overlap).
 class RingTransfer {
  public:
-  RingTransfer(const RingExchange &exchange, const float *send, float *recv, int64_t count, bool active) {
-    if (active) thread_ = std::thread([&exchange, send, recv, count, this] { status_ = exchange(send, recv, count); });
+  RingTransfer(std::function<Status()> transfer, bool active) {
+    if (active) thread_ = std::thread([transfer = std::move(transfer), this] { status_ = transfer(); });
   }
   Status join() {
     if (thread_.joinable()) thread_.join();
@@ -907,8 +939,10 @@ class RingTransfer {
 int64_t ringAttentionScratchFloats(const RingAttentionShape &s, bool backward, bool packedKeys) {
   int64_t kv = ringKvFloats(s), rows = s.batch * s.heads * s.local;
   // Two ring slots of K | V (and, backward, of dK | dV); the rows' statistics (backward: D);
-  // the head groups' blocks; the packed local K | V and dK | dV the GPT form's callers keep.
-  return (backward ? 8 : 4) * kv + rows + kHeadGroups * ringBlockFloats(s, backward) + (packedKeys ? 4 * kv : 0);
+  // the head groups' blocks; a 16-bit wire's staging; the packed local K | V and dK | dV the GPT
+  // form's callers keep (last).
+  return (backward ? 8 : 4) * kv + rows + kHeadGroups * ringBlockFloats(s, backward) + ringStagingFloats(s) +
+         (packedKeys ? 4 * kv : 0);
 }
 
 Status ringAttentionForward(const float *q, int64_t ldq, int64_t qHeadStride, const float *k, const float *v,
@@ -917,6 +951,7 @@ Status ringAttentionForward(const float *q, int64_t ldq, int64_t qHeadStride, co
   int64_t L = s.local, C = L / 2, hd = s.headDim, H = s.heads * hd, kv = ringKvFloats(s);
   float *slot[2] = {scratch, scratch + 2 * kv};
   float *ownLse = scratch + 4 * kv, *blocks = ownLse + s.batch * s.heads * L;
+  uint16_t *staging = reinterpret_cast<uint16_t *>(blocks + kHeadGroups * ringBlockFloats(s, false));
   if (!lse) lse = ownLse;
   std::copy(k, k + kv, slot[0]);
   std::copy(v, v + kv, slot[0] + kv);
@@ -925,7 +960,8 @@ Status ringAttentionForward(const float *q, int64_t ldq, int64_t qHeadStride, co
   int cur = 0;
   for (int step = 0; step < s.c; ++step) {
     int member = (s.rank - step + s.c) % s.c;
-    RingTransfer next(exchange, slot[cur], slot[1 - cur], 2 * kv, step + 1 < s.c);
+    RingTransfer next([&, from = slot[cur], to = slot[1 - cur]] { return passKeys(s, exchange, from, to, 2 * kv, staging); },
+                      step + 1 < s.c);
     const float *ks = slot[cur], *vs = slot[cur] + kv;
     inHeadGroups(s.batch * s.heads, ringBlockFloats(s, false), blocks, true, [&](int64_t i, float *p) {
       int64_t b = i / s.heads, h = i % s.heads;
@@ -951,6 +987,7 @@ Status ringAttentionBackward(const float *q, int64_t ldq, int64_t qHeadStride, c
   int64_t L = s.local, C = L / 2, hd = s.headDim, H = s.heads * hd, kv = ringKvFloats(s), kvw = s.kvHeads * hd;
   float *slot[2] = {scratch, scratch + 2 * kv}, *grads[2] = {scratch + 4 * kv, scratch + 6 * kv};
   float *delta = scratch + 8 * kv, *blocks = delta + s.batch * s.heads * L;
+  uint16_t *staging = reinterpret_cast<uint16_t *>(blocks + kHeadGroups * ringBlockFloats(s, true));
   // D = rowsum(dO * O) over each head's rows (FlashAttention-2's D, for every step's blocks).
   for (int64_t b = 0; b < s.batch; ++b)
     for (int64_t h = 0; h < s.heads; ++h)
@@ -973,7 +1010,8 @@ Status ringAttentionBackward(const float *q, int64_t ldq, int64_t qHeadStride, c
   int cur = 0;
   for (int step = 0; step < s.c; ++step) {
     int member = (s.rank - step + s.c) % s.c;
-    RingTransfer next(exchange, slot[cur], slot[1 - cur], 2 * kv, step + 1 < s.c);
+    RingTransfer next([&, from = slot[cur], to = slot[1 - cur]] { return passKeys(s, exchange, from, to, 2 * kv, staging); },
+                      step + 1 < s.c);
     const float *ks = slot[cur], *vs = slot[cur] + kv;
     float *dks = grads[cur], *dvs = grads[cur] + kv;
     inHeadGroups(items, ringBlockFloats(s, true), blocks, splittable, [&](int64_t i, float *p) {
@@ -991,7 +1029,7 @@ Status ringAttentionBackward(const float *q, int64_t ldq, int64_t qHeadStride, c
     LOOM_RETURN_IF_ERROR(next.join());
     // The accumulators follow their keys: this member's on to the next rank, which holds its
     // keys at the next step (after the last step each member's own come home).
-    LOOM_RETURN_IF_ERROR(exchange(grads[cur], grads[1 - cur], 2 * kv));
+    LOOM_RETURN_IF_ERROR(exchange(grads[cur], grads[1 - cur], 2 * kv * int64_t(sizeof(float))));
     cur = 1 - cur;
   }
   std::copy(grads[cur], grads[cur] + kv, dk);
@@ -1075,13 +1113,8 @@ void headBackwardBf16(const Head &h, const uint16_t *g, int64_t ldg, const float
     roundBlockRows(h, i0, rows, d, d16 + i0 * S);
     // dP = dO v^T, then dS = P (dP - rowsum(P dP)) rounded.
     gemmBf16(false, true, rows, cols, hd, g + i0 * ldg, ldg, h.v16, h.ldv, nullptr, dp, GemmOut::kF32, S);
-    blockRows(h, i0, rows, dp, [&](int64_t i, float *r) {
-      int64_t n = h.keysOf(i);
-      if (h.dropout > 0) keptRow(d + (i - i0) * S, r, n, 1.0f / (1.0f - h.dropout));
-      softmaxGradRow(p + (i - i0) * S, r, n);
-      std::fill(r + n, r + h.rowColumns(i), 0.0f);
-      narrowToBf16(r, ds16 + i * S, h.rowColumns(i));
-    });
+    blockSoftmaxGrad(h, i0, rows, p, d, dp, nullptr,
+                     [&](int64_t i, float *r) { narrowToBf16(r, ds16 + i * S, h.rowColumns(i)); });
     // dQ = dS k / sqrt(hd)
     gemmBf16(false, false, rows, hd, cols, ds16 + i0 * S, S, h.k16, h.ldk, nullptr, block, GemmOut::kF32, hd);
     scaledRowsToBf16(block, rows, hd, scale, dq + i0 * ldd, ldd);

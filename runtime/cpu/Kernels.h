@@ -172,9 +172,15 @@ struct RingAttentionShape {
   bool causal;
   float dropout;
   uint64_t seed, stream;
+  // How the keys and values travel: fp32, or in the plan's 16-bit dtype (they are 16-bit values
+  // widened, so narrowing them for the wire is exact: the same bits as fp32 messages at half the
+  // bytes). The backward's dK | dV accumulators are fp32 partial sums and travel as fp32.
+  enum class Wire { kF32, kBf16, kF16 } keyWire = Wire::kF32;
   int64_t kvHeadOf(int64_t h) const;
 };
-using RingExchange = std::function<Status(const float *send, float *recv, int64_t count)>;
+// One ring step's message: `bytes` from send to the next member, as many from the previous one
+// into recv.
+using RingExchange = std::function<Status(const void *send, void *recv, int64_t bytes)>;
 // Scratch of either direction; with packedKeys 4 x B x local x kvHeads hd floats more that the
 // caller may use past the kernel's own (the last 4 kv floats): GPT's packed K | V, dK | dV.
 int64_t ringAttentionScratchFloats(const RingAttentionShape &s, bool backward, bool packedKeys);

@@ -151,9 +151,12 @@ void moeExpertsForward(const float *x, const int32_t *chosen, const float *weigh
     if (cnt == 0) continue;
     gemm(false, true, cnt, F, H, 1.0f, xs + r0 * H, H, gate + e * F * H, H, 0.0f, gs + r0 * F, F);
     gemm(false, true, cnt, F, H, 1.0f, xs + r0 * H, H, up + e * F * H, H, 0.0f, us + r0 * F, F);
+    m.rounded(gs + r0 * F, cnt * F), m.rounded(us + r0 * F, cnt * F);
     for (int64_t i = r0 * F; i < (r0 + cnt) * F; ++i) as[i] = silu(gs[i]) * us[i];
+    m.rounded(as + r0 * F, cnt * F);
     // The expert's outputs, then into their (token, choice) slots.
     gemm(false, true, cnt, H, F, 1.0f, as + r0 * F, F, down + e * H * F, F, 0.0f, out + r0 * H, H);
+    m.rounded(out + r0 * H, cnt * H);
     for (int64_t i = 0; i < cnt; ++i) std::copy_n(out + (r0 + i) * H, H, pairs + rows[size_t(r0 + i)] * H);
   }
   for (int64_t t = 0; t < m.tokens; ++t) {
@@ -163,7 +166,10 @@ void moeExpertsForward(const float *x, const int32_t *chosen, const float *weigh
       if (chosen[t * k + j] < 0) continue;  // dropped: adds nothing
       float w = weights[t * k + j];
       const float *pr = pairs + (t * k + j) * H;
-      for (int64_t c = 0; c < H; ++c) yt[c] += w * pr[c];
+      if (m.round)
+        for (int64_t c = 0; c < H; ++c) yt[c] += m.rounded(w * pr[c]);
+      else
+        for (int64_t c = 0; c < H; ++c) yt[c] += w * pr[c];
     }
   }
 }
@@ -187,8 +193,9 @@ void moeExpertsBackward(const float *x, const int32_t *chosen, const float *weig
     const float *gt = g + t * H, *pr = pairs + pair * H;
     double dot = 0;
     for (int64_t c = 0; c < H; ++c) dot += double(gt[c]) * double(pr[c]);
-    dweights[pair] = float(dot);
+    dweights[pair] = m.rounded(float(dot));
     for (int64_t c = 0; c < H; ++c) gy[i * H + c] = weights[pair] * gt[c];
+    m.rounded(gy + i * H, H);
   }
   std::fill(dgate, dgate + m.experts * F * H, 0.0f);
   std::fill(dup, dup + m.experts * F * H, 0.0f);
@@ -199,6 +206,7 @@ void moeExpertsBackward(const float *x, const int32_t *chosen, const float *weig
     const float *gye = gy + r0 * H;
     // down: Y = A D^T -> dA = gY D, dD = gY^T A.
     gemm(false, false, cnt, F, H, 1.0f, gye, H, down + e * H * F, F, 0.0f, da + r0 * F, F);
+    m.rounded(da + r0 * F, cnt * F);
     gemm(true, false, H, F, cnt, 1.0f, gye, H, as + r0 * F, F, 0.0f, ddown + e * H * F, F);
     // A = silu(G) U: dU = dA silu(G), dG = dA U silu'(G), silu'(x) = s (1 + x (1 - s)).
     for (int64_t i = r0 * F; i < (r0 + cnt) * F; ++i) {
@@ -206,6 +214,7 @@ void moeExpertsBackward(const float *x, const int32_t *chosen, const float *weig
       dus[i] = da[i] * gs[i] * s;
       dgs[i] = da[i] * us[i] * s * (1.0f + gs[i] * (1.0f - s));
     }
+    m.rounded(dus + r0 * F, cnt * F), m.rounded(dgs + r0 * F, cnt * F);
     gemm(true, false, F, H, cnt, 1.0f, dgs + r0 * F, F, xs + r0 * H, H, 0.0f, dgate + e * F * H, H);
     gemm(true, false, F, H, cnt, 1.0f, dus + r0 * F, F, xs + r0 * H, H, 0.0f, dup + e * F * H, H);
     gemm(false, false, cnt, H, F, 1.0f, dgs + r0 * F, F, gate + e * F * H, H, 0.0f, dxe, H);

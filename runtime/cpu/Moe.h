@@ -60,8 +60,22 @@ void moeGroupByExpert(const int32_t *chosen, int64_t pairs, int64_t experts, std
 // The experts' MLPs: x [T, H]; chosen [T, k] (-1: a dropped assignment, which adds nothing); expert e's gate and up [E, F, H] (Hugging Face's w1 and w3, rows
 // per output feature), down [E, H, F] (w2). y[t] = sum_j weights[t, j] down_e(silu(gate_e x_t) *
 // up_e x_t) with e = chosen[t, j], summed over j in order.
+// In a 16-bit plan (`round` set: the plan dtype's rounding in place) the experts round where
+// Megatron-Core's bf16 experts store their tensors: the gate and up projections, the activation
+// silu(gate) * up and the down projection each rounded, and each pair's weighted output
+// weight * out rounded before the sum over the token's choices (the caller rounds the sum). The
+// backward rounds the gradients at the same points: the weighted output's (weight * g), the
+// activation's (dA), the projections' (dG, dU) and the weights' (g . out).
 struct MoeExperts {
   int64_t tokens, hidden, ffn, experts, topK;
+  void (*round)(float *x, int64_t n) = nullptr;
+  void rounded(float *x, int64_t n) const {
+    if (round) round(x, n);
+  }
+  float rounded(float x) const {
+    if (round) round(&x, 1);
+    return x;
+  }
 };
 int64_t moeExpertsScratchFloats(const MoeExperts &m, bool backward);
 void moeExpertsForward(const float *x, const int32_t *chosen, const float *weights, const float *gate, const float *up,

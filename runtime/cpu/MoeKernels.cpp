@@ -11,6 +11,7 @@
 
 #include "plan/PlanAttributes.h"
 #include "runtime/cpu/CpuKernelContext.h"
+#include "runtime/cpu/HalfStorage.h"
 #include "runtime/cpu/Moe.h"
 
 namespace loom::cpu {
@@ -37,13 +38,23 @@ int64_t scratchFloats(const MoeShape &s, bool backward) {
          moeExpertsScratchFloats(s.experts, backward);
 }
 
+// The rounding of a 16-bit plan's MoE (runtime/cpu/Moe.h MoeExperts::round): that of the
+// instruction's activations' dtype (its input's); null in fp32.
+void (*roundingOf(const KernelCall &k))(float *, int64_t) {
+  plan::DType d = k.buffer(k.in("input")).dtype();
+  return d == plan::BF16 ? roundThroughBf16 : d == plan::F16 ? roundThroughF16 : nullptr;
+}
+
 // The routing of the instruction's micro-batch: probabilities, choices, weights and the kept
-// assignments (capacity_factor > 0: the rest -1). Returns the number dropped.
+// assignments (capacity_factor > 0: the rest -1). Returns the number dropped. A 16-bit plan's
+// weights are rounded to its dtype (the router's output dtype in Megatron-Core) before the
+// capacity drop compares them.
 int64_t route(CpuKernelContext &c, const KernelCall &k, const MoeShape &s, float *probs, float *weights,
               std::vector<int32_t> *chosen, std::vector<int32_t> *kept) {
   const MoeRouting &r = s.routing;
   chosen->resize(size_t(r.tokens * r.topK)), kept->resize(chosen->size());
   moeRouteForward(c.f(k.in("logits")), r, probs, chosen->data(), weights);
+  s.experts.rounded(weights, r.tokens * r.topK);
   double factor = k.f64("capacity_factor");
   if (factor <= 0) {
     *kept = *chosen;
@@ -76,6 +87,7 @@ Status checkShape(const KernelCall &k, const MoeShape &s) {
 
 Status moe(CpuKernelContext &c, const KernelCall &k) {
   MoeShape s = moeShapeOf(*c.program, k.in("input"), k.in("gate"), k.i64("top_k"));
+  s.experts.round = roundingOf(k);
   LOOM_RETURN_IF_ERROR(checkShape(k, s));
   const MoeRouting &r = s.routing;
   float *probs = c.scratch, *weights = probs + r.tokens * r.experts, *experts = weights + 2 * r.tokens * r.topK;
@@ -93,6 +105,7 @@ Status moe(CpuKernelContext &c, const KernelCall &k) {
 
 Status moeGrad(CpuKernelContext &c, const KernelCall &k) {
   MoeShape s = moeShapeOf(*c.program, k.in("input"), k.in("gate"), k.i64("top_k"));
+  s.experts.round = roundingOf(k);
   LOOM_RETURN_IF_ERROR(checkShape(k, s));
   const MoeRouting &r = s.routing;
   float *probs = c.scratch, *weights = probs + r.tokens * r.experts, *dweights = weights + r.tokens * r.topK;
@@ -199,20 +212,40 @@ Status expertGroupOf(CpuKernelContext &c, const KernelCall &k, const ExpertParal
 // `send`; rows [recvBegin[q], recvBegin[q + 1]) of `recv` come from member q. Sends copy and
 // return at once (Collectives::sendBytes), so posting every send before any receive cannot
 // deadlock; the pairs go round in rounds (q = r + s, from r - s) as NCCL's all-to-all does.
+// `wire`: the rows' dtype on the wire: fp32, or the 16-bit dtype of the plan buffer they were
+// copied from (the values are 16-bit ones, so narrowing them is exact), each message narrowed
+// into a staging buffer and widened on arrival.
 Status allToAllRows(const ExpertGroup &g, const float *send, const std::vector<int64_t> &sendBegin, float *recv,
-                    const std::vector<int64_t> &recvBegin, int64_t width, int tag) {
+                    const std::vector<int64_t> &recvBegin, int64_t width, int tag, plan::DType wire = plan::F32) {
   const int n = g.members, r = g.rank;
-  const int64_t bytes = int64_t(sizeof(float)) * width;
+  const bool half = isHalf(wire);
+  const int64_t bytes = int64_t(half ? sizeof(uint16_t) : sizeof(float)) * width;
+  thread_local std::vector<uint16_t> staging;
   for (int s = 1; s < n; ++s) {
     int q = (r + s) % n;
     int64_t rows = sendBegin[size_t(q + 1)] - sendBegin[size_t(q)];
-    if (rows > 0) LOOM_RETURN_IF_ERROR(g.col->sendBytes(g.group, q, send + sendBegin[size_t(q)] * width, rows * bytes, tag));
+    if (rows <= 0) continue;
+    const float *rowsOut = send + sendBegin[size_t(q)] * width;
+    if (half) {
+      staging.resize(size_t(rows * width));
+      narrow(wire, rowsOut, staging.data(), rows * width);
+    }
+    LOOM_RETURN_IF_ERROR(g.col->sendBytes(g.group, q, half ? static_cast<const void *>(staging.data()) : rowsOut,
+                                          rows * bytes, tag));
   }
   std::copy(send + sendBegin[size_t(r)] * width, send + sendBegin[size_t(r + 1)] * width, recv + recvBegin[size_t(r)] * width);
   for (int s = 1; s < n; ++s) {
     int q = (r - s + n) % n;
     int64_t rows = recvBegin[size_t(q + 1)] - recvBegin[size_t(q)];
-    if (rows > 0) LOOM_RETURN_IF_ERROR(g.col->recvBytes(g.group, q, recv + recvBegin[size_t(q)] * width, rows * bytes, tag));
+    if (rows <= 0) continue;
+    float *rowsIn = recv + recvBegin[size_t(q)] * width;
+    if (!half) {
+      LOOM_RETURN_IF_ERROR(g.col->recvBytes(g.group, q, rowsIn, rows * bytes, tag));
+      continue;
+    }
+    staging.resize(size_t(rows * width));
+    LOOM_RETURN_IF_ERROR(g.col->recvBytes(g.group, q, staging.data(), rows * bytes, tag));
+    widen(wire, staging.data(), rowsIn, rows * width);
   }
   return Status::ok();
 }
@@ -280,7 +313,7 @@ Status startExpertParallel(CpuKernelContext &c, const KernelCall &k, bool backwa
   LOOM_RETURN_IF_ERROR(expertGroupOf(c, k, out->s, &out->g));
   const MoeRouting &r = out->s.routing;
   out->x = expertParallelScratch(out->s, backward, c.scratch);
-  MoeShape routeShape{r, {r.tokens, out->s.hidden, out->s.ffn, r.experts, r.topK}};
+  MoeShape routeShape{r, {r.tokens, out->s.hidden, out->s.ffn, r.experts, r.topK, roundingOf(k)}};
   out->dropped = route(c, k, routeShape, out->x.probs, out->x.weights, chosen, kept);
   return dispatchOf(out->g, kept->data(), r, out->s.maxRows, d);
 }
@@ -301,14 +334,19 @@ Status expertParallelMoe(CpuKernelContext &c, const KernelCall &k) {
   c.f(k.out("aux"))[0] = aux;
   const float *input = c.f(k.in("input"));
   for (size_t i = 0; i < d.rows.size(); ++i) std::copy_n(input + (d.rows[i] / K) * H, H, x.xOut + int64_t(i) * H);
-  LOOM_RETURN_IF_ERROR(allToAllRows(g, x.xOut, d.sendBegin, x.xIn, d.recvBegin, H, kRowsTag));
+  // The rows go out in the input's dtype (16-bit values in a 16-bit plan).
+  LOOM_RETURN_IF_ERROR(allToAllRows(g, x.xOut, d.sendBegin, x.xIn, d.recvBegin, H, kRowsTag, k.buffer(k.in("input")).dtype()));
   // This rank's experts over the rows that came in, each row one assignment of weight 1.
   int64_t rowsIn = int64_t(d.localExpert.size());
   std::fill_n(x.wIn, rowsIn, 1.0f);
-  moeExpertsForward(x.xIn, d.localExpert.data(), x.wIn, c.f(k.in("gate")), c.f(k.in("up")), c.f(k.in("down")),
-                    {rowsIn, H, s.ffn, s.localExperts, 1}, x.result, x.experts);
-  LOOM_RETURN_IF_ERROR(allToAllRows(g, x.result, d.recvBegin, x.back, d.sendBegin, H, kReturnTag));
-  // The combine: y_t = sum_j w_tj out_tj over the kept choices, in order (as moe).
+  MoeExperts local{rowsIn, H, s.ffn, s.localExperts, 1, roundingOf(k)};
+  moeExpertsForward(x.xIn, d.localExpert.data(), x.wIn, c.f(k.in("gate")), c.f(k.in("up")), c.f(k.in("down")), local,
+                    x.result, x.experts);
+  // In a 16-bit plan the outputs are rounded ones (MoeExperts::round): they travel in 16 bits.
+  LOOM_RETURN_IF_ERROR(allToAllRows(g, x.result, d.recvBegin, x.back, d.sendBegin, H, kReturnTag,
+                                    local.round ? k.buffer(k.in("input")).dtype() : plan::F32));
+  // The combine: y_t = sum_j w_tj out_tj over the kept choices, in order (as moe; in a 16-bit
+  // plan each w_tj out_tj rounded, as moe's).
   float *y = c.f(k.out("result"));
   for (int64_t t = 0; t < r.tokens; ++t) {
     float *yt = y + t * H;
@@ -318,7 +356,10 @@ Status expertParallelMoe(CpuKernelContext &c, const KernelCall &k) {
       if (row < 0) continue;
       float w = x.weights[t * K + j];
       const float *o = x.back + row * H;
-      for (int64_t col = 0; col < H; ++col) yt[col] += w * o[col];
+      if (local.round)
+        for (int64_t col = 0; col < H; ++col) yt[col] += local.rounded(w * o[col]);
+      else
+        for (int64_t col = 0; col < H; ++col) yt[col] += w * o[col];
     }
   }
   if (c.run->moeTally) c.run->moeTally->add(aux, dropped, r.tokens * K);
@@ -343,8 +384,8 @@ Status expertParallelMoeGrad(CpuKernelContext &c, const KernelCall &k) {
     std::copy_n(grad + t * H, H, x.gOut + int64_t(i) * H);
     x.wOut[i] = x.weights[pair];
   }
-  LOOM_RETURN_IF_ERROR(allToAllRows(g, x.xOut, d.sendBegin, x.xIn, d.recvBegin, H, kRowsTag));
-  LOOM_RETURN_IF_ERROR(allToAllRows(g, x.gOut, d.sendBegin, x.gIn, d.recvBegin, H, kGradsTag));
+  LOOM_RETURN_IF_ERROR(allToAllRows(g, x.xOut, d.sendBegin, x.xIn, d.recvBegin, H, kRowsTag, k.buffer(k.in("input")).dtype()));
+  LOOM_RETURN_IF_ERROR(allToAllRows(g, x.gOut, d.sendBegin, x.gIn, d.recvBegin, H, kGradsTag, k.buffer(k.in("grad")).dtype()));
   LOOM_RETURN_IF_ERROR(allToAllRows(g, x.wOut, d.sendBegin, x.wIn, d.recvBegin, 1, kWeightsTag));
   // This rank's experts: each row's input gradient and its weight's gradient (g . out), and the
   // experts' weight gradients over every member's rows, divided by the members: the group's
@@ -353,7 +394,8 @@ Status expertParallelMoeGrad(CpuKernelContext &c, const KernelCall &k) {
   int64_t rowsIn = int64_t(d.localExpert.size());
   float *dgate = c.f(k.out("grad_gate")), *dup = c.f(k.out("grad_up")), *ddown = c.f(k.out("grad_down"));
   moeExpertsBackward(x.xIn, d.localExpert.data(), x.wIn, c.f(k.in("gate")), c.f(k.in("up")), c.f(k.in("down")), x.gIn,
-                     {rowsIn, H, s.ffn, s.localExperts, 1}, x.result, x.wResult, dgate, dup, ddown, x.experts);
+                     {rowsIn, H, s.ffn, s.localExperts, 1, roundingOf(k)}, x.result, x.wResult, dgate, dup, ddown,
+                     x.experts);
   const float inv = 1.0f / float(g.members);
   const int64_t weightsOfExperts = s.localExperts * s.ffn * H;
   for (float *w : {dgate, dup, ddown})

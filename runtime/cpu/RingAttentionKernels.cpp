@@ -16,6 +16,12 @@ using isa::OpId;
 // The ring's tag on its group's channel (the ring is the group's only traffic in ring mode).
 constexpr int kRingTag = 7;
 
+// How the keys travel: in their buffer's dtype (a 16-bit plan's K | V are 16-bit values).
+RingAttentionShape::Wire keyWireOf(plan::DType keys) {
+  using Wire = RingAttentionShape::Wire;
+  return keys == plan::BF16 ? Wire::kBf16 : keys == plan::F16 ? Wire::kF16 : Wire::kF32;
+}
+
 // The members and this rank's place, checked against the instruction; the exchange with the
 // ring's neighbours.
 Status ringOf(CpuKernelContext &c, const KernelCall &k, int64_t local, RingAttentionShape *s, RingExchange *exchange) {
@@ -28,9 +34,8 @@ Status ringOf(CpuKernelContext &c, const KernelCall &k, int64_t local, RingAtten
                          " members, the instruction says " + std::to_string(k.i64("context_parallel_size")) +
                          " (or its " + std::to_string(local) + " tokens are not two chunks): corrupt plan");
   s->c = members, s->rank = rank;
-  *exchange = [col, group, members, rank](const float *send, float *recv, int64_t count) {
-    return col->exchangeBytes(group, (rank + 1) % members, send, (rank - 1 + members) % members, recv,
-                              count * int64_t(sizeof(float)), kRingTag);
+  *exchange = [col, group, members, rank](const void *send, void *recv, int64_t bytes) {
+    return col->exchangeBytes(group, (rank + 1) % members, send, (rank - 1 + members) % members, recv, bytes, kRingTag);
   };
   return Status::ok();
 }
@@ -40,7 +45,8 @@ Status ringOf(CpuKernelContext &c, const KernelCall &k, int64_t local, RingAtten
 Status fusedRing(CpuKernelContext &c, const KernelCall &k, RingAttentionShape *s, RingExchange *exchange) {
   AttentionShape a;
   LOOM_RETURN_IF_ERROR(attentionShapeOf(c, k, &a));
-  *s = {a.batch, a.heads, a.heads, a.headDim, a.seq, 0, 1, 1, 0, a.causal, a.dropout, a.seed, a.stream};
+  *s = {a.batch, a.heads, a.heads, a.headDim, a.seq, 0, 1, 1, 0, a.causal, a.dropout, a.seed, a.stream,
+        keyWireOf(k.buffer(k.in("qkv")).dtype())};
   return ringOf(c, k, s->local, s, exchange);
 }
 void packKeys(const float *qkv, const RingAttentionShape &s, float *k, float *v) {
@@ -96,8 +102,10 @@ Status groupedRing(CpuKernelContext &c, const KernelCall &k, RingAttentionShape 
   LOOM_RETURN_IF_ERROR(groupedAttentionShapeOf(c, k, &g));
   if (k.dim(k.in("k"), 1) != g.seq)
     return Status::error(std::string(k.decl.name) + ": k's tokens differ from q's (corrupt plan)");
+  if (k.buffer(k.in("k")).dtype() != k.buffer(k.in("v")).dtype())
+    return Status::error(std::string(k.decl.name) + ": k and v differ in dtype (corrupt plan)");
   *s = {g.batch, g.heads, g.kvHeads, g.headDim, g.seq, g.firstHead, g.headsPerKv, 1, 0, g.causal, g.dropout, g.seed,
-        g.stream};
+        g.stream, keyWireOf(k.buffer(k.in("k")).dtype())};
   return ringOf(c, k, s->local, s, exchange);
 }
 
@@ -135,7 +143,8 @@ int64_t ringAttentionScratchOf(const plan::Program &program, const plan::Instruc
   if (!q || !k) return 0;  // checkProgram's
   int64_t width = planattr::dim(*q, 2), hd = grouped ? width / heads : width / (3 * heads);
   int64_t kvHeads = grouped ? std::max<int64_t>(1, planattr::dim(*k, 2) / std::max<int64_t>(1, hd)) : heads;
-  RingAttentionShape s{planattr::dim(*q, 0), heads, kvHeads, hd, planattr::dim(*q, 1), 0, 1, 1, 0, true, 0, 0, 0};
+  RingAttentionShape s{planattr::dim(*q, 0), heads, kvHeads, hd, planattr::dim(*q, 1), 0, 1, 1, 0, true, 0, 0, 0,
+                       keyWireOf(k->dtype())};
   return ringAttentionScratchFloats(s, backward, !grouped);
 }
 

@@ -43,9 +43,10 @@ from llama_oracle import Llama
 
 
 class Mixtral(Llama):
-    # precision: as Llama's (the attention and the dense layers round as there; the MoE block
-    # rounds each op's output, its softmax in fp32 as Hugging Face's), but MoE is checked in
-    # fp32 only.
+    # precision: as Llama's (the attention and the dense layers round as there). The MoE block
+    # rounds each op's output, as Megatron-Core's bf16 experts store them: the router logits,
+    # the renormalised weights, the gate and up projections, silu(gate) * up, the down
+    # projection and each weighted output; the softmax in fp32 as Hugging Face's.
     def __init__(self, weights, config, precision="fp32"):
         super().__init__(weights, config, precision)
         self.experts = config["num_local_experts"]

@@ -45,7 +45,7 @@ ln -sf "$root/apps/loomc-mutant" "$mutant/loomc"
 # its tolerances), a subset of layouts per family.
 /usr/bin/python3 "$root/tests/oracle/run_oracle.py" --bin "$bin" --precision bf16 \
   --model "$root/examples/models/gpt-tiny.pbtxt" --work "${TEST_TMPDIR}/oracle-bf16" --steps 10 \
-  --configs t1p1d1,t2p2d1-1f1b,t2p2d2-sequence-parallel-zero1,t1p2d1v2-interleaved,t2p2d2-zero1-grad-reduce-bf16,t1p2d2-zero1-gather-in-optimizer
+  --configs t1p1d1,t2p2d1-1f1b,t2p2d2-sequence-parallel-zero1,t1p2d1v2-interleaved,t2p2d2-zero1-grad-reduce-bf16,t1p2d2-zero1-gather-in-optimizer,t1p1d1c2
 /usr/bin/python3 "$root/tests/oracle/run_oracle.py" --bin "$bin" --precision bf16 \
   --model "$root/examples/models/llama-tiny.pbtxt" --work "${TEST_TMPDIR}/oracle-llama-bf16" --steps 10 \
   --configs t1p1d1,t2p1d1,t2p2d2-zero1
@@ -57,6 +57,13 @@ ln -sf "$root/apps/loomc-mutant" "$mutant/loomc"
 # scale; an iteration whose gradients overflow is skipped by both, and one Loom skips while the
 # oracle's gradients are finite fails (run_oracle.py: llama-tiny's iteration 9 at 2^16;
 # bert-tiny's iterations 8 and 9 at d = 2, each rank's gradients those of its own half).
+/usr/bin/python3 "$root/tests/oracle/run_oracle.py" --bin "$bin" --precision bf16 \
+  --model "$root/examples/models/mixtral-tiny.pbtxt" --work "${TEST_TMPDIR}/oracle-mixtral-bf16" --steps 10 \
+  --configs t1p1d1,t2p1d1,t1p1d2e2,t2p2d2e2-1f1b
+/usr/bin/python3 "$root/tests/oracle/run_oracle.py" --bin "$bin" --precision bf16 \
+  --model "$root/examples/models/mixtral-tiny-capacity.pbtxt" --work "${TEST_TMPDIR}/oracle-mixtral-capacity-bf16" \
+  --steps 10 --configs t1p1d1,t1p1d4e4
+
 /usr/bin/python3 "$root/tests/oracle/run_oracle.py" --bin "$bin" --precision fp16 \
   --model "$root/examples/models/gpt-tiny.pbtxt" --work "${TEST_TMPDIR}/oracle-fp16" --steps 10 \
   --configs t1p1d1,t2p2d1-1f1b
@@ -66,6 +73,9 @@ ln -sf "$root/apps/loomc-mutant" "$mutant/loomc"
 /usr/bin/python3 "$root/tests/oracle/run_oracle.py" --bin "$bin" --precision fp16 \
   --model "$root/examples/models/bert-tiny.pbtxt" --work "${TEST_TMPDIR}/oracle-bert-fp16" --steps 10 \
   --configs t1p1d1,t1p1d2
+/usr/bin/python3 "$root/tests/oracle/run_oracle.py" --bin "$bin" --precision fp16 \
+  --model "$root/examples/models/mixtral-tiny.pbtxt" --work "${TEST_TMPDIR}/oracle-mixtral-fp16" --steps 10 \
+  --configs t1p1d1,t1p1d2e2
 
 # IR edited by hand is what gets compiled and trained: gpt-tiny's IR with every attention
 # op's head count changed from 4 to 2 (heads of 32) and any module attribute removed, against

@@ -172,6 +172,11 @@ ADAM_EPS = 1e-6
 # Mixture of experts: a routing decision (top-k, or an expert's capacity) whose margin is below
 # this may fall either way between two fp32 runs whose parameters differ by the fp32 tolerance
 # (logits about 1e-6 apart); the oracle then compares up to the step before (check_config).
+# 16-bit runs are not cut short: their logits differ by 16-bit rounding (1e-3), so some of
+# every step's tokens route differently in any two 16-bit runs (the oracle's own 16-bit run
+# against its fp32 one included). Such a token's other expert has a weight near its own, and it
+# is one of the micro-batch's tokens: the loss and the parameters move by about the 16-bit
+# noise, which the 16-bit bounds (twice the oracle's own 16-bit distance from fp32) hold.
 ROUTING_TIE = 1e-6
 
 
@@ -220,6 +225,9 @@ def model_config(path, vocab, work):
 # loss as far as twice the oracle's 16-bit loss from the same training in fp32 (the oracle
 # without rounding, run beside it on the same batches): where AdamW's sign-like steps on such
 # noisy gradients part the trajectories, Loom's from the oracle's as the oracle's from fp32's.
+# The parameters after the steps likewise (mixtral-tiny: the oracle's bf16 parameters are
+# 1.6e-2 from its fp32 ones, Loom's 1.4e-2 from Loom's fp32: tokens near a routing tie go to
+# other experts in each 16-bit run, and the experts' down projections move by 7-14%).
 #
 # fp16 (--precision fp16): Loom's fp16 plan (dynamic loss scaling, its scale per iteration in
 # the loss log) against the oracle rounding to fp16 at the same points, its loss times the same
@@ -450,9 +458,6 @@ def check_config(args, name, cfg, failures):
     if moe and cp > 1:
         print(f"skip {name:28} (MoE: context parallelism not supported yet)", flush=True)
         return False
-    if moe and PRECISION != "fp32":
-        print(f"skip {name:28} (MoE: 16-bit plans are refused, fp32 only so far)", flush=True)
-        return False
     if moe and sp and moe_capacity_factor(args.model) > 0:
         print(f"skip {name:28} (MoE with a capacity factor: sequence parallelism is refused)", flush=True)
         return False
@@ -571,7 +576,7 @@ def check_config(args, name, cfg, failures):
             loss = model_loss(oracle, b) / len(batches)
             (loss * backprop_scale).backward()
             total += loss.item()
-        if isinstance(oracle, Mixtral) and oracle.min_gap < ROUTING_TIE:
+        if isinstance(oracle, Mixtral) and PRECISION == "fp32" and oracle.min_gap < ROUTING_TIE:
             # A routing decision this close may fall the other way in Loom (its fp32 sums run in
             # other orders): from this step on the two runs may route a token differently, both
             # correctly. Compared instead: the losses before it, and the parameters before it
@@ -597,6 +602,11 @@ def check_config(args, name, cfg, failures):
             exact_total = 0.0
             for path in batches:
                 b, _ = read_safetensors(path)
+                if isinstance(exact, Mixtral):  # the objective, and its cross-entropy part as `total`
+                    ce, aux, _, _ = exact.losses(b["tokens"], b["labels"], b["loss_mask"])
+                    ((ce + exact.aux_coef * aux) / len(batches)).backward()
+                    exact_total += ce.item() / len(batches)
+                    continue
                 loss = model_loss(exact, b) / len(batches)
                 loss.backward()
                 exact_total += loss.item()
@@ -690,15 +700,23 @@ def check_config(args, name, cfg, failures):
         # initialised, move by about lr per step whatever the gradient's size), leaves single
         # small parameters a few percent apart even between two bf16 implementations; all the
         # parameters together are compared instead.
-        num = sum(float((final[k] - q.detach()).pow(2).sum()) for k, q in params.items())
-        den = sum(float(q.detach().pow(2).sum()) for q in params.values())
-        worst = math.sqrt(num / den)
-    if worst >= TOLERANCE[PRECISION]["params"]:
+        def distance(a, b):
+            num = sum(float((a[k] - q.detach()).pow(2).sum()) for k, q in b.items())
+            return math.sqrt(num / sum(float(q.detach().pow(2).sum()) for q in b.values()))
+        worst = distance(final, params)
+    params_bound = TOLERANCE[PRECISION]["params"]
+    if exact is not None and not tie_step:
+        # As the losses: as far as twice the oracle's own 16-bit parameters from its fp32 ones.
+        params_bound = max(params_bound, 2 * distance({k: q.detach() for k, q in exact_params.items()}, params))
+    if args.verbose and exact is not None:
+        print(f"   parameters after {compared} steps: relative error {worst:.2e}, bound {params_bound:.2e}", flush=True)
+    if worst >= params_bound:
         groups = comparison_groups(params)
         bad = "all of them" if PRECISION != "fp32" else max(
             groups, key=lambda g: rel(torch.cat([final[k].flatten() for k in groups[g]]),
                                       torch.cat([params[k].detach().flatten() for k in groups[g]])))
-        problems.append(f"parameters after {compared} steps: {bad} relative error {worst:.2e}")
+        problems.append(f"parameters after {compared} steps: {bad} relative error {worst:.2e}" +
+                        (f" (bound {params_bound:.2e})" if exact is not None else ""))
     status = "ok  " if not problems else "FAIL"
     dropped = f"  MoE: {moe_dropped} of {moe_assigned} assignments dropped" if isinstance(oracle, Mixtral) else ""
     print(f"{status} {name:28} ranks {world}  loss {loom_losses[0]:.6f} -> {loom_losses[-1]:.6f}  "

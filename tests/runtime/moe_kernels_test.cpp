@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "gtest/gtest.h"
+#include "runtime/cpu/HalfPrecision.h"
 #include "runtime/cpu/Moe.h"
 
 namespace loom::cpu {
@@ -173,6 +174,30 @@ TEST(MoeExpertsKernel, ForwardMatchesThePerTokenReference) {
       }
       EXPECT_NEAR(y[size_t(t * m.hidden + c)], want, 1e-4 * (1 + std::abs(want))) << t << " " << c;
     }
+}
+
+// A 16-bit plan's experts (MoeExperts::round) store what Megatron-Core's bf16 experts store: with
+// one choice per token (weight 1) each output is the expert's rounded down projection, a bf16
+// value, and it is the fp32 forward's output within the roundings (the gate, up, activation and
+// down roundings, a few bf16 ulps); without `round` the outputs are fp32 values.
+TEST(MoeExpertsKernel, SixteenBitExpertsRoundTheirOutputs) {
+  std::mt19937 rng(7);
+  MoeExperts wide{9, 6, 10, 5, 1};
+  Block b = randomBlock(rng, wide);
+  MoeExperts narrow = wide;
+  narrow.round = roundThroughBf16;
+  std::vector<float> y32(b.x.size()), y16(b.x.size()), scratch(size_t(moeExpertsScratchFloats(wide, false)));
+  moeExpertsForward(b.x.data(), b.chosen.data(), b.weights.data(), b.gate.data(), b.up.data(), b.down.data(), wide,
+                    y32.data(), scratch.data());
+  moeExpertsForward(b.x.data(), b.chosen.data(), b.weights.data(), b.gate.data(), b.up.data(), b.down.data(), narrow,
+                    y16.data(), scratch.data());
+  int64_t fp32Only = 0;
+  for (size_t i = 0; i < y16.size(); ++i) {
+    EXPECT_EQ(y16[i], bf16ToFloat(floatToBf16(y16[i]))) << i;
+    EXPECT_NEAR(y16[i], y32[i], 3e-2 * (1 + std::abs(y32[i]))) << i;
+    fp32Only += y32[i] != bf16ToFloat(floatToBf16(y32[i]));
+  }
+  EXPECT_GT(fp32Only, int64_t(y32.size()) / 2);
 }
 
 TEST(MoeExpertsKernel, BackwardIsTheDerivativeOfTheForward) {

@@ -6,6 +6,7 @@
 // per member exchanging through an in-memory ring, against the whole sequence.
 #include <barrier>
 #include <cmath>
+#include <cstring>
 #include <limits>
 #include <ostream>
 #include <random>
@@ -13,6 +14,7 @@
 #include <vector>
 
 #include "gtest/gtest.h"
+#include "runtime/cpu/HalfPrecision.h"
 #include "runtime/cpu/Kernels.h"
 
 namespace loom::cpu {
@@ -111,22 +113,28 @@ INSTANTIATE_TEST_SUITE_P(Layouts, RingAttention,
                                            Case{1, 1, 32, 3, 66, 0.2f}));
 
 // c members as threads; exchange: every member's `send` to the next one's `recv`, all at once.
+// Counts the bytes each member sends.
 class ThreadRing {
  public:
-  explicit ThreadRing(int c) : c_(c), mail_(size_t(c)), sync_(c) {}
+  explicit ThreadRing(int c) : c_(c), mail_(size_t(c)), sent_(size_t(c), 0), sync_(c) {}
   RingExchange exchangeOf(int rank) {
-    return [this, rank](const float *send, float *recv, int64_t count) {
-      mail_[size_t((rank + 1) % c_)].assign(send, send + count);
+    return [this, rank](const void *send, void *recv, int64_t bytes) {
+      const char *from = static_cast<const char *>(send);
+      mail_[size_t((rank + 1) % c_)].assign(from, from + bytes);
+      sent_[size_t(rank)] += bytes;
       sync_.arrive_and_wait();
-      std::copy(mail_[size_t(rank)].begin(), mail_[size_t(rank)].end(), recv);
+      if (int64_t(mail_[size_t(rank)].size()) != bytes) return Status::error("ring message of another size");
+      std::copy(mail_[size_t(rank)].begin(), mail_[size_t(rank)].end(), static_cast<char *>(recv));
       sync_.arrive_and_wait();
       return Status::ok();
     };
   }
+  int64_t sentBy(int rank) const { return sent_[size_t(rank)]; }
 
  private:
   int c_;
-  std::vector<std::vector<float>> mail_;
+  std::vector<std::vector<char>> mail_;
+  std::vector<int64_t> sent_;
   std::barrier<> sync_;
 };
 
@@ -141,30 +149,34 @@ void PrintTo(const RingCase &c, std::ostream *os) {
       << " chunk " << c.chunk << " dropout " << c.dropout;
 }
 
-class RingAttentionKernel : public ::testing::TestWithParam<RingCase> {};
+// The whole sequence's q, k, v, g ([B, S, width]) and the results over it.
+struct RingTensors {
+  std::vector<float> q, k, v, g, out, lse, dq, dk, dv;
+  std::vector<int64_t> bytesSent;  // per member, forward and backward together
+};
 
-TEST_P(RingAttentionKernel, ThreadsOfTheRingReproduceTheWholeSequence) {
-  const RingCase rc = GetParam();
-  const int64_t C = rc.chunk, L = 2 * C, S = rc.c * L, hd = rc.headDim, H = rc.heads * hd, KW = rc.kvHeads * hd;
+// q, k, v, g filled (normal, seed 11), each value through `round` (the identity, or a 16-bit
+// rounding for the 16-bit wire).
+RingTensors ringInputs(const RingCase &rc, float (*round)(float)) {
+  const int64_t S = rc.c * 2 * rc.chunk, H = rc.heads * rc.headDim, KW = rc.kvHeads * rc.headDim;
   std::mt19937 rng(11);
   std::normal_distribution<float> normal(0.0f, 1.0f);
   auto filled = [&](int64_t n) {
     std::vector<float> v(static_cast<size_t>(n));
-    for (float &x : v) x = normal(rng);
+    for (float &x : v) x = round(normal(rng));
     return v;
   };
-  std::vector<float> q = filled(rc.batch * S * H), k = filled(rc.batch * S * KW), v = filled(rc.batch * S * KW),
-                     g = filled(rc.batch * S * H);
-  const uint64_t seed = 99, stream = 3;
-  GroupedAttentionShape whole{rc.batch, S, rc.heads, rc.kvHeads, hd, 0, rc.heads / rc.kvHeads, true, rc.dropout, seed,
-                              stream};
-  std::vector<float> scratch(size_t(attentionScratchFloats(S, true)));
-  std::vector<float> out(q.size()), lse(size_t(rc.batch * rc.heads * S)), dq(q.size()), dk(k.size()), dv(v.size());
-  groupedAttentionForward(q.data(), k.data(), v.data(), out.data(), lse.data(), whole, scratch.data());
-  groupedAttentionBackward(q.data(), k.data(), v.data(), g.data(), lse.data(), dq.data(), dk.data(), dv.data(), whole,
-                           scratch.data());
+  RingTensors t;
+  t.q = filled(rc.batch * S * H), t.k = filled(rc.batch * S * KW), t.v = filled(rc.batch * S * KW);
+  t.g = filled(rc.batch * S * H);
+  return t;
+}
 
-  // Member r's rows: chunks r and 2c-1-r of each sample (the step driver's cut).
+// The ring's results over t's inputs: c members as threads, each with its two chunks (r and
+// 2c-1-r of each sample, the step driver's cut), placed back into whole-sequence order.
+void runRing(const RingCase &rc, RingAttentionShape::Wire wire, RingTensors *t) {
+  const int64_t C = rc.chunk, L = 2 * C, S = rc.c * L, hd = rc.headDim, H = rc.heads * hd, KW = rc.kvHeads * hd;
+  const uint64_t seed = 99, stream = 3;
   auto chunkOf = [&](int r, int which) { return which == 0 ? r : 2 * rc.c - 1 - r; };
   auto cut = [&](const std::vector<float> &x, int64_t width, int r) {
     std::vector<float> local(size_t(rc.batch * L * width));
@@ -180,15 +192,17 @@ TEST_P(RingAttentionKernel, ThreadsOfTheRingReproduceTheWholeSequence) {
         std::copy_n(local.begin() + (b * L + which * C) * width, C * width,
                     x->begin() + (b * S + chunkOf(r, which) * C) * width);
   };
-  std::vector<float> ringOut(out.size()), ringLse(lse.size()), ringDq(dq.size()), ringDk(dk.size()), ringDv(dv.size());
+  t->out.assign(t->q.size(), 0.0f), t->dq.assign(t->q.size(), 0.0f);
+  t->dk.assign(t->k.size(), 0.0f), t->dv.assign(t->v.size(), 0.0f);
+  t->lse.assign(size_t(rc.batch * rc.heads * S), 0.0f);
   ThreadRing ring(rc.c);
   std::vector<std::thread> members;
   std::vector<std::string> failures(size_t(rc.c));
   for (int r = 0; r < rc.c; ++r)
     members.emplace_back([&, r] {
       RingAttentionShape s{rc.batch, rc.heads, rc.kvHeads, hd, L, 0, rc.heads / rc.kvHeads, rc.c, r, true,
-                           rc.dropout, seed, stream};
-      std::vector<float> lq = cut(q, H, r), lk = cut(k, KW, r), lv = cut(v, KW, r), lg = cut(g, H, r);
+                           rc.dropout, seed, stream, wire};
+      std::vector<float> lq = cut(t->q, H, r), lk = cut(t->k, KW, r), lv = cut(t->v, KW, r), lg = cut(t->g, H, r);
       std::vector<float> lo(lq.size()), ll(size_t(rc.batch * rc.heads * L)), ldq(lq.size()), ldk(lk.size()),
           ldv(lv.size());
       std::vector<float> work(size_t(std::max(ringAttentionScratchFloats(s, false, false),
@@ -199,20 +213,63 @@ TEST_P(RingAttentionKernel, ThreadsOfTheRingReproduceTheWholeSequence) {
         st = ringAttentionBackward(lq.data(), H, hd, lk.data(), lv.data(), lg.data(), lo.data(), ll.data(), ldq.data(),
                                    ldk.data(), ldv.data(), s, work.data(), ring.exchangeOf(r));
       if (!st.isOk()) failures[size_t(r)] = st.message();
-      place(lo, H, r, &ringOut), place(ldq, H, r, &ringDq), place(ldk, KW, r, &ringDk), place(ldv, KW, r, &ringDv);
+      place(lo, H, r, &t->out), place(ldq, H, r, &t->dq), place(ldk, KW, r, &t->dk), place(ldv, KW, r, &t->dv);
       for (int64_t b = 0; b < rc.batch; ++b)  // statistics [B, heads, L] -> [B, heads, S]
         for (int64_t h = 0; h < rc.heads; ++h)
           for (int which = 0; which < 2; ++which)
             std::copy_n(ll.begin() + (b * rc.heads + h) * L + which * C, C,
-                        ringLse.begin() + (b * rc.heads + h) * S + chunkOf(r, which) * C);
+                        t->lse.begin() + (b * rc.heads + h) * S + chunkOf(r, which) * C);
     });
-  for (std::thread &t : members) t.join();
+  for (std::thread &m : members) m.join();
   for (const std::string &f : failures) EXPECT_EQ(f, "");
-  EXPECT_LT(relErr(ringOut, out), 1e-5);
-  EXPECT_LT(relErr(ringLse, lse), 1e-6);
-  EXPECT_LT(relErr(ringDq, dq), 1e-5);
-  EXPECT_LT(relErr(ringDk, dk), 1e-5);
-  EXPECT_LT(relErr(ringDv, dv), 1e-5);
+  t->bytesSent.clear();
+  for (int r = 0; r < rc.c; ++r) t->bytesSent.push_back(ring.sentBy(r));
+}
+
+float identity(float x) { return x; }
+float roundBf16(float x) { return bf16ToFloat(floatToBf16(x)); }
+float roundF16(float x) { return f16ToFloat(floatToF16(x)); }
+
+class RingAttentionKernel : public ::testing::TestWithParam<RingCase> {};
+
+TEST_P(RingAttentionKernel, ThreadsOfTheRingReproduceTheWholeSequence) {
+  const RingCase rc = GetParam();
+  const int64_t S = rc.c * 2 * rc.chunk, hd = rc.headDim;
+  RingTensors t = ringInputs(rc, identity);
+  GroupedAttentionShape whole{rc.batch, S, rc.heads, rc.kvHeads, hd, 0, rc.heads / rc.kvHeads, true, rc.dropout, 99, 3};
+  std::vector<float> scratch(size_t(attentionScratchFloats(S, true)));
+  std::vector<float> out(t.q.size()), lse(size_t(rc.batch * rc.heads * S)), dq(t.q.size()), dk(t.k.size()),
+      dv(t.v.size());
+  groupedAttentionForward(t.q.data(), t.k.data(), t.v.data(), out.data(), lse.data(), whole, scratch.data());
+  groupedAttentionBackward(t.q.data(), t.k.data(), t.v.data(), t.g.data(), lse.data(), dq.data(), dk.data(), dv.data(),
+                           whole, scratch.data());
+  runRing(rc, RingAttentionShape::Wire::kF32, &t);
+  EXPECT_LT(relErr(t.out, out), 1e-5);
+  EXPECT_LT(relErr(t.lse, lse), 1e-6);
+  EXPECT_LT(relErr(t.dq, dq), 1e-5);
+  EXPECT_LT(relErr(t.dk, dk), 1e-5);
+  EXPECT_LT(relErr(t.dv, dv), 1e-5);
+}
+
+// A 16-bit plan's keys and values travel in 16 bits: the same bits as fp32 messages (they are
+// 16-bit values), their bytes halved; the dK | dV accumulators stay fp32.
+TEST_P(RingAttentionKernel, SixteenBitKeysTravelExactlyAtHalfTheBytes) {
+  const RingCase rc = GetParam();
+  using Wire = RingAttentionShape::Wire;
+  const int64_t kv = rc.batch * 2 * rc.chunk * rc.kvHeads * rc.headDim;  // one member's K (or V) floats
+  for (auto [wire, round] : {std::pair{Wire::kBf16, &roundBf16}, std::pair{Wire::kF16, &roundF16}}) {
+    RingTensors wide = ringInputs(rc, round), narrow = wide;
+    runRing(rc, Wire::kF32, &wide);
+    runRing(rc, wire, &narrow);
+    for (auto [a, b] : {std::pair{&wide.out, &narrow.out}, {&wide.lse, &narrow.lse}, {&wide.dq, &narrow.dq},
+                        {&wide.dk, &narrow.dk}, {&wide.dv, &narrow.dv}})
+      EXPECT_EQ(std::memcmp(a->data(), b->data(), a->size() * sizeof(float)), 0) << int(wire);
+    // Forward and backward each pass K | V c - 1 times; the backward passes dK | dV c times.
+    for (int r = 0; r < rc.c; ++r) {
+      EXPECT_EQ(wide.bytesSent[size_t(r)], (4 * (rc.c - 1) + 2 * rc.c) * kv * 4) << r;
+      EXPECT_EQ(narrow.bytesSent[size_t(r)], (4 * (rc.c - 1) * kv * 2) + 2 * rc.c * kv * 4) << r;
+    }
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Layouts, RingAttentionKernel,
