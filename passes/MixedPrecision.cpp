@@ -64,11 +64,17 @@ struct MixedPrecisionPass : impl::LoomMixedPrecisionBase<MixedPrecisionPass> {
       arg.setType(lowered(arg.getType(), target));
     }
     if (target.isF32()) return mlir::success();  // fp32: nothing to lower
-    // Every activation in order: an op's float results follow the policy.
+    // Every activation in order: an op's float results follow the policy, but an op whose
+    // results have its operands' type (a collective, an identity) keeps it: the MoE routing
+    // statistics' all-reduce over tp stays fp32 with them.
     f.walk([&](mlir::Operation *op) {
       if (op->getDialect() != m().getContext()->getLoadedDialect<LoomDialect>()) return;
+      bool sameType = op->hasTrait<mlir::OpTrait::SameOperandsAndResultType>() && op->getNumOperands() > 0;
       for (mlir::Value r : op->getResults())
-        if (!keepsFp32(op, r)) r.setType(lowered(r.getType(), target));
+        if (sameType)
+          r.setType(op->getOperand(0).getType());
+        else if (!keepsFp32(op, r))
+          r.setType(lowered(r.getType(), target));
     });
     auto ret = mlir::cast<mlir::func::ReturnOp>(body.getTerminator());
     f.setType(mlir::FunctionType::get(f.getContext(), body.getArgumentTypes(), ret.getOperandTypes()));

@@ -93,6 +93,11 @@ const TileMatmul &tileMatmul(const TileKey &key) {
   if (key.hasBias) t->bias = dnnl::memory::desc(dims{1, key.n}, dt::bf16, dims{key.n, 1});
   dnnl::primitive_attr attr;
   attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);  // each thread's own (below)
+  if (key.out == GemmOut::kF32Add) {  // C = C + the product
+    dnnl::post_ops sum;
+    sum.append_sum(1.0f);
+    attr.set_post_ops(sum);
+  }
   try {
     OmpThreads one(1);
     dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(t->a, t->b, t->bias, t->c), attr, cpuEngine());
@@ -164,8 +169,9 @@ void bf16ByFp32(bool transposeA, bool transposeB, int64_t m, int64_t n, int64_t 
   wa.resize(size_t(aCount)), wb.resize(size_t(bCount));
   widenBf16(a, wa.data(), aCount);
   widenBf16(b, wb.data(), bCount);
-  float *result = out == GemmOut::kF32 ? static_cast<float *>(c) : (wc.resize(size_t(m * ldc)), wc.data());
-  gemm(transposeA, transposeB, m, n, k, 1.0f, wa.data(), lda, wb.data(), ldb, 0.0f, result, ldc);
+  float *result = out != GemmOut::kBf16 ? static_cast<float *>(c) : (wc.resize(size_t(m * ldc)), wc.data());
+  gemm(transposeA, transposeB, m, n, k, 1.0f, wa.data(), lda, wb.data(), ldb, out == GemmOut::kF32Add ? 1.0f : 0.0f,
+       result, ldc);
   for (int64_t i = 0; i < m; ++i) {
     float *row = result + i * ldc;
     if (bias)
@@ -277,6 +283,8 @@ void gemmBf16(bool transposeA, bool transposeB, int64_t m, int64_t n, int64_t k,
         float v = bias ? bf16ToFloat(bias[j]) : 0.0f;
         if (out == GemmOut::kBf16)
           static_cast<uint16_t *>(c)[i * ldc + j] = floatToBf16(v);
+        else if (out == GemmOut::kF32Add)
+          static_cast<float *>(c)[i * ldc + j] += v;
         else
           static_cast<float *>(c)[i * ldc + j] = v;
       }

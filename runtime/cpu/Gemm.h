@@ -26,8 +26,9 @@ namespace loom::cpu {
 void gemm(bool transposeA, bool transposeB, int64_t m, int64_t n, int64_t k, float alpha, const float *a,
           int64_t lda, const float *b, int64_t ldb, float beta, float *c, int64_t ldc);
 
-// The bf16 product's result: bf16 (rounded once from the fp32 sum) or fp32.
-enum class GemmOut { kBf16, kF32 };
+// The bf16 product's result: bf16 (rounded once from the fp32 sum), fp32, or added to the fp32
+// C (C += the product's fp32 sum: an fp32 accumulator over several products).
+enum class GemmOut { kBf16, kF32, kF32Add };
 
 // Row-major C[m, n] = op(A) * op(B) (+ bias[n]) with A, B and bias in bf16 (bit patterns),
 // accumulated in fp32 and stored as `out` says (bias null: none). Layouts as gemm's.

@@ -1046,12 +1046,12 @@ Status ringAttentionBackward(const float *q, int64_t ldq, int64_t qHeadStride, c
 namespace {
 
 // A head's scratch, a query block at a time (headForward's tiling): the block's P (fp32) and its
-// bf16 copy; backward the block's P, D (dropout) and dP / dS (fp32), the whole head's bf16 D and
-// dS (dV and dK sum over every query row), and one block of a GEMM's fp32 result.
+// bf16 copy; backward the block's P, D (dropout) and dP / dS (fp32), their bf16 D and dS, one
+// block of a GEMM's fp32 result (dQ), and the head's fp32 dK and dV sums over the query blocks.
 int64_t halves(int64_t n) { return (n + 1) / 2; }  // floats that hold n bf16 values
 int64_t headScratchFloatsBf16(int64_t seq, int64_t headDim, bool backward) {
   int64_t block = blockFloats(seq);
-  return backward ? 3 * block + 2 * halves(seq * seq) + kBlock * headDim : block + halves(block);
+  return backward ? 3 * block + 2 * halves(block) + kBlock * headDim + 2 * seq * headDim : block + halves(block);
 }
 
 Head attentionHeadBf16(const uint16_t *qkv, const float *keyMask, const AttentionShape &s, int64_t b, int64_t h) {
@@ -1097,42 +1097,38 @@ struct KvGrad {
   }
 };
 
-// dq (bf16, rows ldd apart, written once), dk and dv: this head's gradients.
+// dq (bf16, rows ldd apart, written once), dk and dv: this head's gradients. A query block at a
+// time (FlashAttention-2's backward, Dao 2023, section 3.2): its rows of D and dS in bf16, its
+// dQ, and its share of dV = D^T dO and dK = dS^T q / sqrt(hd) added to fp32 sums over the query
+// blocks (with the causal mask a block's rows see the keys up to its width), rounded once after.
 void headBackwardBf16(const Head &h, const uint16_t *g, int64_t ldg, const float *lse, uint16_t *dq, KvGrad dk,
                       KvGrad dv, int64_t ldd, int64_t ldkv, float *scratch) {
   int64_t S = h.S, hd = h.hd;
   float scale = 1.0f / std::sqrt(float(hd));
   float *p = scratch, *dropped = p + blockFloats(S), *dp = dropped + blockFloats(S);
-  uint16_t *d16 = reinterpret_cast<uint16_t *>(dp + blockFloats(S)), *ds16 = d16 + 2 * halves(S * S);
-  float *block = reinterpret_cast<float *>(d16 + 4 * halves(S * S));
-  // A query block at a time: its rows of D and dS in bf16 (kept for dV and dK below), and dQ.
+  uint16_t *d16 = reinterpret_cast<uint16_t *>(dp + blockFloats(S)), *ds16 = d16 + 2 * halves(blockFloats(S));
+  float *block = reinterpret_cast<float *>(ds16 + 2 * halves(blockFloats(S)));
+  float *dkSum = block + kBlock * hd, *dvSum = dkSum + S * hd;
+  std::fill(dkSum, dvSum + S * hd, 0.0f);
   for (int64_t i0 = 0; i0 < S; i0 += kBlock) {
     int64_t rows = std::min(kBlock, S - i0), cols = h.blockKeys(i0);
+    const uint16_t *gi = g + i0 * ldg;
     blockProbs(h, i0, rows, p, nullptr, lse);
     float *d = blockDropped(h, i0, rows, p, dropped);
-    roundBlockRows(h, i0, rows, d, d16 + i0 * S);
+    roundBlockRows(h, i0, rows, d, d16);
     // dP = dO v^T, then dS = P (dP - rowsum(P dP)) rounded.
-    gemmBf16(false, true, rows, cols, hd, g + i0 * ldg, ldg, h.v16, h.ldv, nullptr, dp, GemmOut::kF32, S);
+    gemmBf16(false, true, rows, cols, hd, gi, ldg, h.v16, h.ldv, nullptr, dp, GemmOut::kF32, S);
     blockSoftmaxGrad(h, i0, rows, p, d, dp, nullptr,
-                     [&](int64_t i, float *r) { narrowToBf16(r, ds16 + i * S, h.rowColumns(i)); });
+                     [&](int64_t i, float *r) { narrowToBf16(r, ds16 + (i - i0) * S, h.rowColumns(i)); });
     // dQ = dS k / sqrt(hd)
-    gemmBf16(false, false, rows, hd, cols, ds16 + i0 * S, S, h.k16, h.ldk, nullptr, block, GemmOut::kF32, hd);
+    gemmBf16(false, false, rows, hd, cols, ds16, S, h.k16, h.ldk, nullptr, block, GemmOut::kF32, hd);
     scaledRowsToBf16(block, rows, hd, scale, dq + i0 * ldd, ldd);
+    // dV[0 : cols) += D^T dO, dK[0 : cols) += dS^T q (scaled once at the end).
+    gemmBf16(true, false, cols, hd, rows, d16, S, gi, ldg, nullptr, dvSum, GemmOut::kF32Add, hd);
+    gemmBf16(true, false, cols, hd, rows, ds16, S, h.q16 + i0 * h.ldq, h.ldq, nullptr, dkSum, GemmOut::kF32Add, hd);
   }
-  // dV[j0 : j0 + kb) = D[rows, j0 : j0 + kb)^T dO[rows]: with the causal mask only the query
-  // rows from j0 on see these keys (their rows are written that far: the block width).
-  for (int64_t j0 = 0; j0 < S; j0 += kBlock) {
-    int64_t kb = std::min(kBlock, S - j0), first = h.causal ? j0 : 0;
-    gemmBf16(true, false, kb, hd, S - first, d16 + first * S + j0, S, g + first * ldg, ldg, nullptr, block,
-             GemmOut::kF32, hd);
-    dv.put(block, kb, hd, 1.0f, j0, ldkv);
-  }
-  for (int64_t j0 = 0; j0 < S; j0 += kBlock) {  // dK = dS^T q / sqrt(hd)
-    int64_t kb = std::min(kBlock, S - j0), first = h.causal ? j0 : 0;
-    gemmBf16(true, false, kb, hd, S - first, ds16 + first * S + j0, S, h.q16 + first * h.ldq, h.ldq, nullptr, block,
-             GemmOut::kF32, hd);
-    dk.put(block, kb, hd, scale, j0, ldkv);
-  }
+  dv.put(dvSum, S, hd, 1.0f, 0, ldkv);
+  dk.put(dkSum, S, hd, scale, 0, ldkv);
 }
 
 }  // namespace

@@ -1,5 +1,6 @@
 // gemmBf16 (runtime/cpu/Gemm.h) against a double-precision product of the same bf16 values:
-// every layout, tile edges, a bias, bf16 and fp32 results, the same bits at 1, 2 and 3 threads.
+// every layout, tile edges, a bias, bf16 and fp32 results and fp32 accumulation (kF32Add), the
+// same bits at 1, 2 and 3 threads.
 // Built twice: on the processor's bf16 instructions where it has them, and (LOOM_FORCE_FP32_GEMM)
 // with oneDNN held to AVX-512 without bf16, which takes the fp32 fallback.
 #include <cblas.h>
@@ -54,11 +55,13 @@ void reference(const Case &c, const std::vector<uint16_t> &a, const std::vector<
     }
 }
 
+constexpr float kBefore = -7.0f;
+
 std::vector<uint32_t> run(const Case &c, const std::vector<uint16_t> &a, const std::vector<uint16_t> &b,
                           const std::vector<uint16_t> &bias, GemmOut out) {
   std::vector<uint32_t> bits(size_t(c.m * c.n));
-  if (out == GemmOut::kF32) {
-    std::vector<float> y(size_t(c.m * c.n), -7.0f);
+  if (out != GemmOut::kBf16) {
+    std::vector<float> y(size_t(c.m * c.n), kBefore);  // kF32 overwrites it, kF32Add adds to it
     gemmBf16(c.ta, c.tb, c.m, c.n, c.k, a.data(), c.ta ? c.m : c.k, b.data(), c.tb ? c.k : c.n,
              c.bias ? bias.data() : nullptr, y.data(), out, c.n);
     std::memcpy(bits.data(), y.data(), bits.size() * 4);
@@ -88,10 +91,12 @@ TEST(Bf16Gemm, MatchesTheProductAtEveryLayoutAndThreadCount) {
                         {true, false, 257, 96, 301, false},   {true, true, 33, 47, 17, true},
                         {false, false, 1, 1, 1, false},       {false, true, 520, 8, 1000, true}};
   for (const Case &c : cases)
-    for (GemmOut out : {GemmOut::kF32, GemmOut::kBf16}) {
+    for (GemmOut out : {GemmOut::kF32, GemmOut::kBf16, GemmOut::kF32Add}) {
       auto a = randomBf16(size_t(c.m * c.k), 1), b = randomBf16(size_t(c.k * c.n), 2), bias = randomBf16(size_t(c.n), 3);
       std::vector<double> want, scale;
       reference(c, a, b, bias, &want, &scale);
+      if (out == GemmOut::kF32Add)
+        for (size_t i = 0; i < want.size(); ++i) want[i] += kBefore, scale[i] += std::fabs(kBefore);
       openblas_set_num_threads(1);
       std::vector<uint32_t> one = run(c, a, b, bias, out);
       for (size_t i = 0; i < one.size(); ++i) {
