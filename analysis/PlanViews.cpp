@@ -431,8 +431,9 @@ std::string memoryTimeline(const PlanDirectory &plans, int rank) {
     os << "  precision: fp32 throughout\n";
   else
     os << llvm::formatv("  precision: {0} weights for compute (a copy of the fp32 master weights, remade after each "
-                        "update: the 16-bit weight copies above), activations, stashes, pipeline messages and "
-                        "tensor-parallel collectives; fp32 master weights, main gradients{1} and AdamW moments\n",
+                        "update: the 16-bit weight copies above), activations, stashes, pipeline messages, "
+                        "tensor-parallel collectives, context parallelism's keys and values and expert parallelism's "
+                        "rows; fp32 master weights, main gradients{1} and AdamW moments\n",
                         dtypeName(compute),
                         reducesOnWire(plans.programsOf(rank).programs())
                             ? " (their data-parallel reduction in bf16 on the wire: grad_reduce_in_bf16)"

@@ -10,7 +10,8 @@ ranks); for a mixture of experts also across expert parallelism.
 The global batch stays (the data position and the schedule count its iterations).
 With --precision bf16 the saving layout is (1,2,2) with ZeRO-1, whose fp32 master weights are
 sharded (each rank saves its parts): its own layout must resume bit for bit, the others within
-BF16_TOLERANCE (their reductions round in other places).
+BF16_TOLERANCE (their reductions round in other places). With --moe --precision bf16 the MoE
+layouts resume in bf16 (the expert-parallel saving run's masters sharded over d = 4).
 """
 import argparse
 import os

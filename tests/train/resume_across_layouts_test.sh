@@ -17,3 +17,5 @@ script="$root/tests/train/resume_across_layouts.py"
 # bf16 with ZeRO-1: the fp32 master weights sharded (each rank saves its parts of them).
 /usr/bin/python3 "$script" --bin "$bin" --model "$root/examples/models/gpt-tiny.pbtxt" --work "${TEST_TMPDIR}/bf16" \
   --precision bf16
+/usr/bin/python3 "$script" --bin "$bin" --model "$root/examples/models/mixtral-tiny.pbtxt" --work "${TEST_TMPDIR}/moe-bf16" \
+  --moe --precision bf16
