@@ -104,6 +104,9 @@ RankOpt<std::string> dumpGrads("dump-grads", cl::desc("write each rank's gradien
 RankOpt<std::string> dumpBatches("dump-batches",
                                  cl::desc("write every training micro-batch's inputs (the oracle reads them)"),
                                  cl::value_desc("DIR"), cl::cat(category));
+RankOpt<std::string> dumpRouting("dump-routing",
+                                 cl::desc("write every training step's MoE routing choices (the oracle reads them)"),
+                                 cl::value_desc("DIR"), cl::cat(category));
 RankOpt<std::string> lossLog("loss-log", cl::desc("write \"iteration loss\" lines, full precision (tests)"),
                              cl::value_desc("FILE"), cl::cat(category));
 RankOpt<std::string> trace("trace",

@@ -56,7 +56,7 @@ extern RankOpt<int64_t> gpu;
 // metrics
 extern RankOpt<std::string> tensorboardDir, metricsFile;
 // tests
-extern RankOpt<std::string> dumpGrads, dumpBatches, lossLog, trace;
+extern RankOpt<std::string> dumpGrads, dumpBatches, dumpRouting, lossLog, trace;
 extern RankOpt<double> connectTimeout, commTimeout;
 
 }  // namespace loom::rankflags

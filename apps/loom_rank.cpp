@@ -8,7 +8,7 @@
 //     checkpoints: [--save DIR] [--save-interval N] [--async-save] [--resume | --strict-resume]
 //                  [--init-from HF.safetensors]
 //                  [--export MODEL.safetensors]
-//     tests:       [--dump-grads DIR] [--dump-batches DIR] [--loss-log FILE] [--connect-timeout 20]
+//     tests:       [--dump-grads DIR] [--dump-batches DIR] [--dump-routing DIR] [--loss-log FILE] [--connect-timeout 20]
 //                  [--comm-timeout 30]
 //     security:    [--tls-ca CA.pem] [--tls-cert RANK.pem --tls-key RANK.key] (a TLS coordinator)
 // The job token comes from $LOOM_TOKEN (or --token). The rank fetches its plan from the
@@ -137,7 +137,7 @@ constexpr char kUsage[] =
     "    device:      [--device cpu|cuda] [--precision fp32|bf16|fp16] [--gpu N] [--attention auto|unfused|flash]\n"
     "    security:    [--tls-ca CA.pem] [--tls-cert RANK.pem --tls-key RANK.key]\n"
     "    metrics:     [--tensorboard-dir DIR] [--metrics-file FILE.jsonl] (Megatron's scalar names)\n"
-    "    tests:       [--dump-grads DIR] [--dump-batches DIR] [--loss-log FILE] [--trace DIR]\n"
+    "    tests:       [--dump-grads DIR] [--dump-batches DIR] [--dump-routing DIR] [--loss-log FILE] [--trace DIR]\n"
     "                 [--connect-timeout 20] [--comm-timeout 30]\n";
 
 namespace rf = loom::rankflags;
@@ -180,6 +180,7 @@ loom::Status recipeFromFlags(loom::TrainerOptions *topt, loom::TrainingOptions *
   lopt->resume = rf::resume || rf::strictResume;
   lopt->strictResume = rf::strictResume;
   lopt->dumpGrads = rf::dumpGrads;
+  lopt->dumpRouting = rf::dumpRouting;
   lopt->exportPath = rf::exportPath;
   lopt->lossLog = rf::lossLog;
   lopt->tensorboardDir = rf::tensorboardDir;

@@ -6,9 +6,12 @@
 
 #include <cstdint>
 #include <functional>
+#include <map>
+#include <mutex>
+#include <utility>
+#include <vector>
 
 #include "runtime/cpu/Kernels.h"
-#include <vector>
 
 #include "plan/ProgramCheck.h"
 #include "protos/plan.pb.h"
@@ -29,6 +32,18 @@ struct MoeTally {
   int64_t layers = 0, dropped = 0, assigned = 0;
   void add(double aux, int64_t droppedNow, int64_t assignedNow) {
     auxSum += aux, ++layers, dropped += droppedNow, assigned += assignedNow;
+  }
+};
+
+// Mixture of experts' routing decisions (loom-rank --dump-routing, which the oracle reads): each
+// moe forward's chosen experts [tokens, top_k] by (layer, micro-batch). The moe and the
+// expert-parallel moe run on different streams: added under a lock.
+struct MoeRoutingLog {
+  std::map<std::pair<int, int>, std::vector<int32_t>> chosen;
+  std::mutex mutex;
+  void add(int layer, int microBatch, const std::vector<int32_t> &c) {
+    std::lock_guard<std::mutex> lock(mutex);
+    chosen[{layer, microBatch}] = c;
   }
 };
 
@@ -79,6 +94,8 @@ struct ExecutionContext {
   double testSlowdown = 0;
   // Where the moe instructions add their statistics (null: nowhere).
   MoeTally *moeTally = nullptr;
+  // Where the moe forwards record their routing (null: nowhere).
+  MoeRoutingLog *moeRouting = nullptr;
 };
 
 // One argument's storage, owned by the caller: fp32 (f), int32 (i) or 16-bit (h: bf16 or fp16,

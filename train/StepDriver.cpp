@@ -317,6 +317,7 @@ Status StepDriver::runEntry(size_t entry, DataSource *data, int64_t step, bool e
   ctx.training = !evaluate;
   ctx.lossScale = evaluate ? 1.0f : lossScale_;
   ctx.moeTally = evaluate ? nullptr : &moeTally_;
+  ctx.moeRouting = evaluate || !logRouting_ ? nullptr : &moeRouting_;
   ctx.lastRun = lastRun_[entry];
   ctx.firstRun = firstRun_[entry];
   ctx.progress = progress_;

@@ -105,6 +105,11 @@ class StepDriver {
   void setLossScale(float scale) { lossScale_ = scale; }
   // The mixture-of-experts statistics of the training runs since the last call (then zeroed).
   MoeTally takeMoeTally() { return std::exchange(moeTally_, MoeTally{}); }
+  // Record the training runs' MoE routing (loom-rank --dump-routing); take it after a step.
+  void setLogRouting(bool on) { logRouting_ = on; }
+  std::map<std::pair<int, int>, std::vector<int32_t>> takeMoeRouting() {
+    return std::exchange(moeRouting_.chosen, {});
+  }
   // Every training micro-batch's inputs written here (the oracle reads them).
   void setDumpBatches(const std::string &dir) { dumpBatches_ = dir; }
 
@@ -131,6 +136,8 @@ class StepDriver {
   double slowdown_ = 0;
   float lossScale_ = 1.0f;
   MoeTally moeTally_;
+  MoeRoutingLog moeRouting_;
+  bool logRouting_ = false;
   std::string dumpBatches_;
   std::vector<const plan::Program *> entryProgram_;  // per schedule entry
   std::vector<bool> lastRun_;                       // per entry: the program's last run of the step

@@ -95,6 +95,27 @@ std::vector<std::pair<std::string, double>> namedLosses(double loss,
   return terms;
 }
 
+// One step's MoE routing (loom-rank --dump-routing, which the oracle reads): "layer{L}_mb{M}" ->
+// the micro-batch's chosen experts at that layer, [tokens x top_k] flattened (int32), in
+// dir/routing_step{S}_rank{R}.safetensors (S the 0-based step, as the dumped batches count),
+// with the rank's tp, dp and pp coordinates in its metadata.
+Status writeRouting(const std::string &dir, int64_t step, const plan::RankPlan &p,
+                    const std::map<std::pair<int, int>, std::vector<int32_t>> &chosen) {
+  SafetensorsFile f;
+  for (const auto &[key, experts] : chosen) {
+    HostTensor t;
+    t.isInt = true, t.shape = {int64_t(experts.size())}, t.ints = experts;
+    f.tensors["layer" + std::to_string(key.first) + "_mb" + std::to_string(key.second)] = std::move(t);
+  }
+  f.metadata["tp_rank"] = std::to_string(p.tp_rank());
+  f.metadata["dp_rank"] = std::to_string(p.dp_rank());
+  f.metadata["pp_rank"] = std::to_string(p.pp_rank());
+  std::filesystem::create_directories(dir);
+  char name[64];
+  std::snprintf(name, sizeof name, "/routing_step%05lld_rank%04d.safetensors", (long long)step, p.rank());
+  return writeSafetensors(dir + name, f);
+}
+
 // The iteration line's part: "lm loss: X" (or "lm loss: X | sop loss: Y").
 std::string lossText(const std::vector<std::pair<std::string, double>> &named) {
   std::string text;
@@ -437,12 +458,14 @@ Status TrainingLoop::run() {
   // the step, reports, logging) but validation and checkpoint saves, per iteration.
   auto intervalStart = std::chrono::steady_clock::now();
   int64_t intervalIterations = 0;
+  trainer_.setLogRouting(!opt_.dumpRouting.empty());
   for (int64_t it = start + 1; it <= opt_.trainIters; ++it) {
     clock_->step = it;
     auto iterationStart = std::chrono::steady_clock::now();
     StepResult r;
     double computeBefore = std::max(0.0, trainer_.computeSeconds());
     LOOM_RETURN_IF_ERROR(trainer_.computeGradients(it - 1, &r));
+    if (!opt_.dumpRouting.empty()) LOOM_RETURN_IF_ERROR(writeRouting(opt_.dumpRouting, it - 1, p, trainer_.takeMoeRouting()));
     if (it == 1 && !opt_.dumpGrads.empty()) {
       SafetensorsFile f;
       std::map<std::string, HostTensor> grads;

@@ -93,6 +93,7 @@ Status moe(CpuKernelContext &c, const KernelCall &k) {
   float *probs = c.scratch, *weights = probs + r.tokens * r.experts, *experts = weights + 2 * r.tokens * r.topK;
   thread_local std::vector<int32_t> chosen, kept;
   int64_t dropped = route(c, k, s, probs, weights, &chosen, &kept);
+  if (c.run->moeRouting) c.run->moeRouting->add(k.instruction.layer(), c.run->microBatch, chosen);
   MoeBalance balance;
   LOOM_RETURN_IF_ERROR(balanceOf(c, k, r, probs, chosen, &balance));
   float aux = moeLoadBalancingLoss(balance);
@@ -323,6 +324,7 @@ Status expertParallelMoe(CpuKernelContext &c, const KernelCall &k) {
   thread_local Dispatch d;
   ExpertParallelStart start;
   LOOM_RETURN_IF_ERROR(startExpertParallel(c, k, false, &chosen, &kept, &d, &start));
+  if (c.run->moeRouting) c.run->moeRouting->add(k.instruction.layer(), c.run->microBatch, chosen);
   const ExpertParallelShape &s = start.s;
   const ExpertGroup &g = start.g;
   const ExpertParallelScratch &x = start.x;

@@ -59,6 +59,14 @@ class Mixtral(Llama):
         # the first dropped weight of an expert over capacity. Below the runs' rounding
         # differences, two correct implementations may decide differently.
         self.min_gap = float("inf")
+        # 16-bit runs (run_oracle.py): Loom's own choices for the micro-batch at hand, {layer:
+        # int tensor [T * k]} (loom-rank --dump-routing), and the probability margin below which
+        # either choice is right. A token whose choice differs from Loom's by less takes Loom's
+        # (two 16-bit runs round the logits apart: near a tie they may route either way); one
+        # that differs by more is a mismatch, listed here.
+        self.loom_routing, self.tie_margin = None, 0.0
+        self.routing_mismatches = []
+        self.routing_adopted = 0  # tokens that took Loom's choice
 
     def capacity(self, tokens):
         """The assignments an expert keeps of a micro-batch of `tokens` tokens (None: dropless)."""
@@ -66,14 +74,44 @@ class Mixtral(Llama):
             return None
         return math.ceil(self.capacity_factor * tokens * self.top_k / self.experts)
 
-    def route(self, logits):
+    def route(self, logits, layer=None, batch=1):
         """(probs [T, E] fp32, weights [T, k] renormalised, experts [T, k]) of router logits [T, E]."""
         probs = logits.float().softmax(-1)
         top, experts = probs.sort(dim=-1, descending=True, stable=True)  # ties: the lower expert
         if self.top_k < top.shape[-1]:  # how near a token came to another choice (run_oracle's tie check)
             self.min_gap = min(self.min_gap, (top[:, self.top_k - 1] - top[:, self.top_k]).min().item())
         top, experts = top[:, : self.top_k], experts[:, : self.top_k]
+        if self.loom_routing is not None and self.top_k < probs.shape[-1]:
+            experts = self.near_ties_as_loom(probs, experts, layer, batch)
+            top = probs.gather(1, experts)
         return probs, top / top.sum(-1, keepdim=True), experts
+
+    def near_ties_as_loom(self, probs, experts, layer, batch):
+        """experts [T, k] with each token whose choice differs from Loom's only among experts
+        within tie_margin of its k-th probability given Loom's choice (in Loom's order). Loom's
+        choices of a sequence-parallel run come as the tp ranks' parts, each its slice of every
+        one of the `batch` samples' sequences."""
+        if layer not in self.loom_routing:
+            self.routing_mismatches.append(f"layer {layer}: no routing from Loom")
+            return experts
+        loom = self.loom_routing[layer]
+        if isinstance(loom, list):
+            loom = torch.cat([part.long().view(batch, -1, self.top_k) for part in loom], 1)
+        loom = loom.long().view(experts.shape)
+        out = experts.clone()
+        differ = (experts.sort(1).values != loom.sort(1).values).any(1)
+        for t in differ.nonzero().flatten().tolist():
+            p = probs[t]
+            kth = p[experts[t]].min()
+            swapped = set(experts[t].tolist()) ^ set(loom[t].tolist())
+            worst = max(abs(p[e] - kth).item() for e in swapped)
+            if worst < self.tie_margin:
+                out[t] = loom[t]
+                self.routing_adopted += 1
+            else:
+                self.routing_mismatches.append(f"layer {layer} token {t}: Loom chose {loom[t].tolist()}, the oracle "
+                                               f"{experts[t].tolist()} (probabilities {worst:.1e} apart)")
+        return out
 
     def aux_loss(self, probs, experts):
         """The load-balancing loss of one layer from all its top-k assignments (experts [T, k]):
@@ -102,7 +140,8 @@ class Mixtral(Llama):
         shape = h.shape
         x = h.reshape(-1, shape[-1])
         T = x.shape[0]
-        probs, weights, experts = self.route(r(x @ p[moe + "gate.weight"].t()))
+        probs, weights, experts = self.route(r(x @ p[moe + "gate.weight"].t()), layer=int(pre.split(".")[2]),
+                                             batch=shape[0])
         aux = self.aux_loss(probs, experts)
         weights = r(weights)
         capacity = self.capacity(T)

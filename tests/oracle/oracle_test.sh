@@ -57,10 +57,10 @@ ln -sf "$root/apps/loomc-mutant" "$mutant/loomc"
 # scale; an iteration whose gradients overflow is skipped by both, and one Loom skips while the
 # oracle's gradients are finite fails (run_oracle.py: llama-tiny's iteration 9 at 2^16;
 # bert-tiny's iterations 8 and 9 at d = 2, each rank's gradients those of its own half).
-# 16-bit MoE: every token to every expert (a top-k choice near a tie falls either way in 16 bits;
-# run_oracle.py ROUTING_TIE), so the rounding points and the 16-bit all-to-all compare tightly.
+# 16-bit MoE: the oracle takes Loom's choice for a token near a routing tie (run_oracle.py
+# ROUTING_TIE), so the rounding points and the 16-bit all-to-all compare tightly.
 /usr/bin/python3 "$root/tests/oracle/run_oracle.py" --bin "$bin" --precision bf16 \
-  --model "$root/examples/models/mixtral-tiny-all-experts.pbtxt" --work "${TEST_TMPDIR}/oracle-mixtral-bf16" \
+  --model "$root/examples/models/mixtral-tiny.pbtxt" --work "${TEST_TMPDIR}/oracle-mixtral-bf16" \
   --steps 10 --configs t1p1d1,t2p1d1-sequence-parallel,t1p1d2e2,t2p2d2e2-1f1b
 
 /usr/bin/python3 "$root/tests/oracle/run_oracle.py" --bin "$bin" --precision fp16 \
@@ -73,7 +73,7 @@ ln -sf "$root/apps/loomc-mutant" "$mutant/loomc"
   --model "$root/examples/models/bert-tiny.pbtxt" --work "${TEST_TMPDIR}/oracle-bert-fp16" --steps 10 \
   --configs t1p1d1,t1p1d2
 /usr/bin/python3 "$root/tests/oracle/run_oracle.py" --bin "$bin" --precision fp16 \
-  --model "$root/examples/models/mixtral-tiny-all-experts.pbtxt" --work "${TEST_TMPDIR}/oracle-mixtral-fp16" \
+  --model "$root/examples/models/mixtral-tiny.pbtxt" --work "${TEST_TMPDIR}/oracle-mixtral-fp16" \
   --steps 10 --configs t1p1d1,t1p1d2e2
 
 # IR edited by hand is what gets compiled and trained: gpt-tiny's IR with every attention

@@ -172,15 +172,45 @@ ADAM_EPS = 1e-6
 # Mixture of experts: a routing decision (top-k, or an expert's capacity) whose margin is below
 # this may fall either way between two fp32 runs whose parameters differ by the fp32 tolerance
 # (logits about 1e-6 apart); the oracle then compares up to the step before (check_config).
-# 16-bit runs with a choice (top_k < experts) are not checked: their logits differ by 16-bit
-# rounding (1e-3), so in any two 16-bit runs (the oracle's own 16-bit and fp32 runs included)
-# some of every step's tokens route differently, and an expert's step-1 gradient, a sum of many
-# tokens' terms of either sign, moves by about 1 / sqrt(tokens) per token (mixtral-tiny in bf16:
-# Loom's bf16 and fp32 step-1 gradients of single experts 10-19% apart, of one layer's router
-# and experts together 1-14%; fp16's parameters after 10 steps 1.5-3x the oracle's own distance
-# from fp32). The 16-bit MoE is checked with every token routed to every expert
-# (mixtral-tiny-all-experts: no choice, so the same stated bounds), the choice in fp32.
+# 16-bit runs are not cut short: their logits differ by 16-bit rounding (1e-3), so in any two
+# 16-bit runs some of every step's tokens near a tie route differently, and an expert's step-1
+# gradient, a sum of many tokens' terms of either sign, moves by about 1 / sqrt(tokens) per
+# token (mixtral-tiny in bf16: Loom's bf16 and fp32 step-1 gradients of single experts 10-19%
+# apart). So a 16-bit check reads Loom's choices (loom-rank --dump-routing) and its oracles
+# (the 16-bit one and the fp32 yardstick) take Loom's choice for a token whose own differs from
+# it only among experts within TIE_MARGIN of its k-th probability; a choice that differs by more
+# is a failure. Capacity drops near a weight tie would need Loom's kept assignments as well:
+# 16-bit runs with a capacity factor are skipped.
 ROUTING_TIE = 1e-6
+TIE_MARGIN = {"bf16": 2.0 ** -6, "fp16": 2.0 ** -8}
+
+
+def batch_position(path):
+    """(dp rank, micro-batch) of a dumped batch file (batch_stepSSSSS_dpDDD_mbMMMM.safetensors)."""
+    m = re.search(r"_dp(\d+)_mb(\d+)\.safetensors$", path)
+    return int(m.group(1)), int(m.group(2))
+
+
+def loom_routing(directory, step, sp_split):
+    """Loom's MoE choices of one step (loom-rank --dump-routing): {(dp, micro-batch): {layer: int
+    tensor [B * S * k]}}. Each tp rank routes the whole micro-batch, or with sequence parallelism
+    (sp_split = t) its t-th of each sample's sequence, put back in sequence order here."""
+    parts = {}
+    for path in glob.glob(os.path.join(directory, f"routing_step{step:05d}_rank*.safetensors")):
+        tensors, meta = read_safetensors(path)
+        tp, dp = int(meta["tp_rank"]), int(meta["dp_rank"])
+        for key, chosen in tensors.items():
+            layer, mb = (int(x) for x in re.match(r"layer(-?\d+)_mb(\d+)$", key).groups())
+            parts.setdefault((dp, mb), {}).setdefault(layer, {})[tp] = chosen
+    out = {}
+    for position, layers in parts.items():
+        for layer, by_tp in layers.items():
+            if sp_split == 1:
+                out.setdefault(position, {})[layer] = by_tp[min(by_tp)]
+                continue
+            # the tp ranks' parts in order: Mixtral.near_ties_as_loom puts each sample's back together
+            out.setdefault(position, {})[layer] = [by_tp[r] for r in sorted(by_tp)]
+    return out
 
 
 def moe_top_k(path):
@@ -476,8 +506,9 @@ def check_config(args, name, cfg, failures):
     if moe and sp and moe_capacity_factor(args.model) > 0:
         print(f"skip {name:28} (MoE with a capacity factor: sequence parallelism is refused)", flush=True)
         return False
-    if moe and PRECISION != "fp32" and moe_top_k(args.model) < moe_experts(args.model):
-        print(f"skip {name:28} (16-bit MoE with top_k < num_experts: routing near-ties; see ROUTING_TIE)", flush=True)
+    if moe and PRECISION != "fp32" and moe_capacity_factor(args.model) > 0:
+        print(f"skip {name:28} (16-bit MoE with a capacity factor: drops near a weight tie; see ROUTING_TIE)",
+              flush=True)
         return False
     if ep > 1 and not moe:
         print(f"skip {name:28} (expert parallelism: mixture-of-experts models only)", flush=True)
@@ -504,7 +535,8 @@ def check_config(args, name, cfg, failures):
                    "--dump-batches", os.path.join(work, "batches"), "--dump-grads", os.path.join(work, "grads"),
                    "--trace", os.path.join(work, "trace"),
                    "--loss-log", os.path.join(work, "loss.log"), "--metrics-file", os.path.join(work, "metrics.jsonl"),
-                   "--export", os.path.join(work, "final.safetensors")])
+                   "--export", os.path.join(work, "final.safetensors")] +
+        (["--dump-routing", os.path.join(work, "routing")] if moe and PRECISION != "fp32" else []))
     seconds = time.time() - started
     if per_node and t > 1 and not sp:  # the layout is here for scatter/gather: it must be in the plan
         with open(os.path.join(work, "trace", "rank_0.json")) as f:
@@ -536,6 +568,9 @@ def check_config(args, name, cfg, failures):
     if exact is not None:
         exact_params = exact.parameters()
         exact_opt = adamw(exact_params)
+    if isinstance(oracle, Mixtral) and PRECISION != "fp32":
+        for o in (oracle, exact):
+            o.tie_margin = TIE_MARGIN[PRECISION]
     # iteration -> (loss, the loss scale of an fp16 run's iteration, else 1). An fp16 iteration
     # whose gradients overflowed is skipped by Loom (no update, no learning-rate step, the scale
     # halved: Megatron's dynamic loss scaling) and writes no line; the oracle skips it too.
@@ -579,8 +614,12 @@ def check_config(args, name, cfg, failures):
         # gradients divided by d cp after. (Exact in fp32 and for powers of two; what it changes
         # is where fp16 overflows.)
         backprop_scale = scale * d * cp
+        routing = loom_routing(os.path.join(work, "routing"), step, t if sp else 1) \
+            if isinstance(oracle, Mixtral) and PRECISION != "fp32" else {}
         for path in batches:
             b, _ = read_safetensors(path)
+            if isinstance(oracle, Mixtral) and PRECISION != "fp32":
+                oracle.loom_routing = routing.get(batch_position(path), {})
             if isinstance(oracle, Mixtral):
                 # The objective ce + coef * aux; Loom logs the cross-entropy part.
                 ce, aux, dropped, assigned = oracle.losses(b["tokens"], b["labels"], b["loss_mask"])
@@ -621,6 +660,7 @@ def check_config(args, name, cfg, failures):
             for path in batches:
                 b, _ = read_safetensors(path)
                 if isinstance(exact, Mixtral):  # the objective, and its cross-entropy part as `total`
+                    exact.loom_routing = routing.get(batch_position(path), {})
                     ce, aux, _, _ = exact.losses(b["tokens"], b["labels"], b["loss_mask"])
                     ((ce + exact.aux_coef * aux) / len(batches)).backward()
                     exact_total += ce.item() / len(batches)
@@ -692,6 +732,13 @@ def check_config(args, name, cfg, failures):
         if diff >= tol:
             problems.append(f"loss at step {step + 1}: Loom {log[step + 1][0]:.9g}, oracle {total:.9g} "
                             f"(relative {diff:.2e}" + (f", bound {tol:.2e})" if exact is not None else ")"))
+    if isinstance(oracle, Mixtral) and PRECISION != "fp32" and args.verbose:
+        print(f"   routing: {oracle.routing_adopted} tokens took Loom's choice near a tie "
+              f"({exact.routing_adopted} in the fp32 yardstick, {len(exact.routing_mismatches)} beyond the margin "
+              f"there: {exact.routing_mismatches[:1]})", flush=True)
+    if isinstance(oracle, Mixtral) and oracle.routing_mismatches:
+        problems.append(f"{len(oracle.routing_mismatches)} routing choices differ from Loom's beyond the "
+                        f"{TIE_MARGIN[PRECISION]:g} margin, the first: {oracle.routing_mismatches[0]}")
     compared = args.steps
     final, _ = read_safetensors(os.path.join(work, "final.safetensors"))
     if tie_step:
