@@ -164,12 +164,7 @@ void moeExpertsForward(const float *x, const int32_t *chosen, const float *weigh
     std::fill(yt, yt + H, 0.0f);
     for (int64_t j = 0; j < k; ++j) {
       if (chosen[t * k + j] < 0) continue;  // dropped: adds nothing
-      float w = weights[t * k + j];
-      const float *pr = pairs + (t * k + j) * H;
-      if (m.round)
-        for (int64_t c = 0; c < H; ++c) yt[c] += m.rounded(w * pr[c]);
-      else
-        for (int64_t c = 0; c < H; ++c) yt[c] += w * pr[c];
+      m.addWeighted(yt, weights[t * k + j], pairs + (t * k + j) * H);
     }
   }
 }

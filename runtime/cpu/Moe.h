@@ -76,6 +76,14 @@ struct MoeExperts {
     if (round) round(&x, 1);
     return x;
   }
+  // y[0, hidden) += weight * out[0, hidden): one (token, choice) pair's share of its token's
+  // output, each product rounded in a 16-bit plan.
+  void addWeighted(float *y, float weight, const float *out) const {
+    if (round)
+      for (int64_t c = 0; c < hidden; ++c) y[c] += rounded(weight * out[c]);
+    else
+      for (int64_t c = 0; c < hidden; ++c) y[c] += weight * out[c];
+  }
 };
 int64_t moeExpertsScratchFloats(const MoeExperts &m, bool backward);
 void moeExpertsForward(const float *x, const int32_t *chosen, const float *weights, const float *gate, const float *up,

@@ -337,7 +337,8 @@ Status expertParallelMoe(CpuKernelContext &c, const KernelCall &k) {
   const float *input = c.f(k.in("input"));
   for (size_t i = 0; i < d.rows.size(); ++i) std::copy_n(input + (d.rows[i] / K) * H, H, x.xOut + int64_t(i) * H);
   // The rows go out in the input's dtype (16-bit values in a 16-bit plan).
-  LOOM_RETURN_IF_ERROR(allToAllRows(g, x.xOut, d.sendBegin, x.xIn, d.recvBegin, H, kRowsTag, k.buffer(k.in("input")).dtype()));
+  const plan::DType rowsDtype = k.buffer(k.in("input")).dtype();
+  LOOM_RETURN_IF_ERROR(allToAllRows(g, x.xOut, d.sendBegin, x.xIn, d.recvBegin, H, kRowsTag, rowsDtype));
   // This rank's experts over the rows that came in, each row one assignment of weight 1.
   int64_t rowsIn = int64_t(d.localExpert.size());
   std::fill_n(x.wIn, rowsIn, 1.0f);
@@ -346,9 +347,10 @@ Status expertParallelMoe(CpuKernelContext &c, const KernelCall &k) {
                     x.result, x.experts);
   // In a 16-bit plan the outputs are rounded ones (MoeExperts::round): they travel in 16 bits.
   LOOM_RETURN_IF_ERROR(allToAllRows(g, x.result, d.recvBegin, x.back, d.sendBegin, H, kReturnTag,
-                                    local.round ? k.buffer(k.in("input")).dtype() : plan::F32));
+                                    local.round ? rowsDtype : plan::F32));
   // The combine: y_t = sum_j w_tj out_tj over the kept choices, in order (as moe; in a 16-bit
   // plan each w_tj out_tj rounded, as moe's).
+  MoeExperts combine{r.tokens, H, s.ffn, s.localExperts, K, local.round};
   float *y = c.f(k.out("result"));
   for (int64_t t = 0; t < r.tokens; ++t) {
     float *yt = y + t * H;
@@ -356,12 +358,7 @@ Status expertParallelMoe(CpuKernelContext &c, const KernelCall &k) {
     for (int64_t j = 0; j < K; ++j) {
       int64_t row = d.rowOfPair[size_t(t * K + j)];
       if (row < 0) continue;
-      float w = x.weights[t * K + j];
-      const float *o = x.back + row * H;
-      if (local.round)
-        for (int64_t col = 0; col < H; ++col) yt[col] += local.rounded(w * o[col]);
-      else
-        for (int64_t col = 0; col < H; ++col) yt[col] += w * o[col];
+      combine.addWeighted(yt, x.weights[t * K + j], x.back + row * H);
     }
   }
   if (c.run->moeTally) c.run->moeTally->add(aux, dropped, r.tokens * K);
