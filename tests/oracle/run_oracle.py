@@ -213,18 +213,6 @@ def loom_routing(directory, step, sp_split):
     return out
 
 
-def moe_top_k(path):
-    """A model config's num_experts_per_tok (0: not an MoE config)."""
-    m = re.search(r"^\s*num_experts_per_tok:\s*(\d+)", open(path).read(), re.M)
-    return int(m.group(1)) if m else 0
-
-
-def moe_experts(path):
-    """A model config's num_experts (0: not an MoE config)."""
-    m = re.search(r"^\s*num_experts:\s*(\d+)", open(path).read(), re.M)
-    return int(m.group(1)) if m else 0
-
-
 def moe_capacity_factor(path):
     """A model config's capacity_factor (0: dropless, or not an MoE config)."""
     m = re.search(r"^\s*capacity_factor:\s*([0-9.eE+-]+)", open(path).read(), re.M)
