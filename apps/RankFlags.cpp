@@ -105,7 +105,7 @@ RankOpt<std::string> dumpBatches("dump-batches",
                                  cl::desc("write every training micro-batch's inputs (the oracle reads them)"),
                                  cl::value_desc("DIR"), cl::cat(category));
 RankOpt<std::string> dumpRouting("dump-routing",
-                                 cl::desc("write every training step's MoE routing choices (the oracle reads them)"),
+                                 cl::desc("write every training step's MoE routing choices and kept assignments (the oracle reads them)"),
                                  cl::value_desc("DIR"), cl::cat(category));
 RankOpt<std::string> lossLog("loss-log", cl::desc("write \"iteration loss\" lines, full precision (tests)"),
                              cl::value_desc("FILE"), cl::cat(category));

@@ -36,14 +36,19 @@ struct MoeTally {
 };
 
 // Mixture of experts' routing decisions (loom-rank --dump-routing, which the oracle reads): each
-// moe forward's chosen experts [tokens, top_k] by (layer, micro-batch). The moe and the
+// moe forward's chosen experts [tokens, top_k] and, with a capacity factor, the kept ones (the
+// dropped assignments -1; empty when dropless), by (layer, micro-batch). The moe and the
 // expert-parallel moe run on different streams: added under a lock.
+struct MoeRoutingChoice {
+  std::vector<int32_t> chosen, kept;
+};
+using MoeRoutingByLayer = std::map<std::pair<int, int>, MoeRoutingChoice>;
 struct MoeRoutingLog {
-  std::map<std::pair<int, int>, std::vector<int32_t>> chosen;
+  MoeRoutingByLayer choices;
   std::mutex mutex;
-  void add(int layer, int microBatch, const std::vector<int32_t> &c) {
+  void add(int layer, int microBatch, const std::vector<int32_t> &chosen, const std::vector<int32_t> *kept) {
     std::lock_guard<std::mutex> lock(mutex);
-    chosen[{layer, microBatch}] = c;
+    choices[{layer, microBatch}] = {chosen, kept ? *kept : std::vector<int32_t>{}};
   }
 };
 

@@ -107,9 +107,7 @@ class StepDriver {
   MoeTally takeMoeTally() { return std::exchange(moeTally_, MoeTally{}); }
   // Record the training runs' MoE routing (loom-rank --dump-routing); take it after a step.
   void setLogRouting(bool on) { logRouting_ = on; }
-  std::map<std::pair<int, int>, std::vector<int32_t>> takeMoeRouting() {
-    return std::exchange(moeRouting_.chosen, {});
-  }
+  MoeRoutingByLayer takeMoeRouting() { return std::exchange(moeRouting_.choices, {}); }
   // Every training micro-batch's inputs written here (the oracle reads them).
   void setDumpBatches(const std::string &dir) { dumpBatches_ = dir; }
 

@@ -93,7 +93,7 @@ class Trainer {
   MoeTally takeMoeTally() { return driver_.takeMoeTally(); }
   // The training runs' MoE routing, recorded when set (loom-rank --dump-routing).
   void setLogRouting(bool on) { driver_.setLogRouting(on); }
-  std::map<std::pair<int, int>, std::vector<int32_t>> takeMoeRouting() { return driver_.takeMoeRouting(); }
+  MoeRoutingByLayer takeMoeRouting() { return driver_.takeMoeRouting(); }
   // Parameters by name (host copies; an error where the fp32 master weights are sharded: ZeRO-1 in
   // a 16-bit plan, whose pieces a checkpoint holds).
   Status hostParameters(std::map<std::string, HostTensor> *out);

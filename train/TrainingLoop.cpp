@@ -96,16 +96,21 @@ std::vector<std::pair<std::string, double>> namedLosses(double loss,
 }
 
 // One step's MoE routing (loom-rank --dump-routing, which the oracle reads): "layer{L}_mb{M}" ->
-// the micro-batch's chosen experts at that layer, [tokens x top_k] flattened (int32), in
+// the micro-batch's chosen experts at that layer, [tokens x top_k] flattened (int32), and with a
+// capacity factor "layer{L}_mb{M}_kept" -> those kept (-1: dropped), in
 // dir/routing_step{S}_rank{R}.safetensors (S the 0-based step, as the dumped batches count),
 // with the rank's tp, dp and pp coordinates in its metadata.
-Status writeRouting(const std::string &dir, int64_t step, const plan::RankPlan &p,
-                    const std::map<std::pair<int, int>, std::vector<int32_t>> &chosen) {
+Status writeRouting(const std::string &dir, int64_t step, const plan::RankPlan &p, const MoeRoutingByLayer &choices) {
   SafetensorsFile f;
-  for (const auto &[key, experts] : chosen) {
+  auto put = [&f](const std::string &name, const std::vector<int32_t> &experts) {
     HostTensor t;
     t.isInt = true, t.shape = {int64_t(experts.size())}, t.ints = experts;
-    f.tensors["layer" + std::to_string(key.first) + "_mb" + std::to_string(key.second)] = std::move(t);
+    f.tensors[name] = std::move(t);
+  };
+  for (const auto &[key, choice] : choices) {
+    std::string name = "layer" + std::to_string(key.first) + "_mb" + std::to_string(key.second);
+    put(name, choice.chosen);
+    if (!choice.kept.empty()) put(name + "_kept", choice.kept);
   }
   f.metadata["tp_rank"] = std::to_string(p.tp_rank());
   f.metadata["dp_rank"] = std::to_string(p.dp_rank());

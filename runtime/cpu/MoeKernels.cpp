@@ -79,6 +79,14 @@ Status balanceOf(CpuKernelContext &c, const KernelCall &k, const MoeRouting &r, 
   return Status::ok();
 }
 
+// loom-rank --dump-routing: the forward's choices, and with a capacity factor the kept ones.
+void logRouting(CpuKernelContext &c, const KernelCall &k, const std::vector<int32_t> &chosen,
+                const std::vector<int32_t> &kept) {
+  if (c.run->moeRouting)
+    c.run->moeRouting->add(k.instruction.layer(), c.run->microBatch, chosen,
+                           k.f64("capacity_factor") > 0 ? &kept : nullptr);
+}
+
 Status checkShape(const KernelCall &k, const MoeShape &s) {
   if (s.routing.topK < 1 || s.routing.topK > s.routing.experts || k.numel(k.in("logits")) != s.routing.tokens * s.routing.experts)
     return Status::error(std::string(k.decl.name) + ": top_k or the logits do not fit the experts (corrupt plan)");
@@ -93,7 +101,7 @@ Status moe(CpuKernelContext &c, const KernelCall &k) {
   float *probs = c.scratch, *weights = probs + r.tokens * r.experts, *experts = weights + 2 * r.tokens * r.topK;
   thread_local std::vector<int32_t> chosen, kept;
   int64_t dropped = route(c, k, s, probs, weights, &chosen, &kept);
-  if (c.run->moeRouting) c.run->moeRouting->add(k.instruction.layer(), c.run->microBatch, chosen);
+  logRouting(c, k, chosen, kept);
   MoeBalance balance;
   LOOM_RETURN_IF_ERROR(balanceOf(c, k, r, probs, chosen, &balance));
   float aux = moeLoadBalancingLoss(balance);
@@ -324,7 +332,7 @@ Status expertParallelMoe(CpuKernelContext &c, const KernelCall &k) {
   thread_local Dispatch d;
   ExpertParallelStart start;
   LOOM_RETURN_IF_ERROR(startExpertParallel(c, k, false, &chosen, &kept, &d, &start));
-  if (c.run->moeRouting) c.run->moeRouting->add(k.instruction.layer(), c.run->microBatch, chosen);
+  logRouting(c, k, chosen, kept);
   const ExpertParallelShape &s = start.s;
   const ExpertGroup &g = start.g;
   const ExpertParallelScratch &x = start.x;

@@ -64,9 +64,13 @@ class Mixtral(Llama):
         # either choice is right. A token whose choice differs from Loom's by less takes Loom's
         # (two 16-bit runs round the logits apart: near a tie they may route either way); one
         # that differs by more is a mismatch, listed here.
-        self.loom_routing, self.tie_margin = None, 0.0
+        # With a capacity factor, Loom's kept assignments likewise ({layer: int tensor [T * k]},
+        # the dropped -1): an expert keeps Loom's where the two differ only among weights within
+        # tie_margin of its last kept weight (rounded weights tie often; near a tie either is right).
+        self.loom_routing, self.loom_kept, self.tie_margin = None, None, 0.0
         self.routing_mismatches = []
         self.routing_adopted = 0  # tokens that took Loom's choice
+        self.kept_adopted = 0  # experts over capacity that kept Loom's assignments
 
     def capacity(self, tokens):
         """The assignments an expert keeps of a micro-batch of `tokens` tokens (None: dropless)."""
@@ -120,7 +124,7 @@ class Mixtral(Llama):
         count = F.one_hot(experts, E).sum((0, 1)).to(probs.dtype)  # [E], no gradient
         return E * ((count / T) * probs.mean(0)).sum()
 
-    def kept(self, weights, experts, e, capacity):
+    def kept(self, weights, experts, e, capacity, layer=None):
         """(tokens, slots) of the assignments to expert e that it keeps, in token order."""
         tok, slot = torch.where(experts == e)  # row-major: tokens ascending (one slot per token)
         if capacity is not None and tok.numel() > capacity:
@@ -128,8 +132,37 @@ class Mixtral(Llama):
             order = w.sort(dim=0, descending=True, stable=True).indices  # ties: lower token
             self.min_gap = min(self.min_gap, (w[order[capacity - 1]] - w[order[capacity]]).item())
             keep = order[:capacity].sort().values
+            if self.loom_kept is not None:
+                keep = self.near_ties_kept_as_loom(tok, w, keep, w[order[capacity - 1]].item(), e, layer)
             tok, slot = tok[keep], slot[keep]
         return tok, slot
+
+    def near_ties_kept_as_loom(self, tok, w, keep, last, e, layer):
+        """keep (indices into tok, the tokens routed to expert e, w their weights) as Loom's kept
+        assignments when the two differ only among weights within tie_margin of `last`, the
+        oracle's last kept weight; otherwise the oracle's, and the difference listed."""
+        if layer not in self.loom_kept:
+            self.routing_mismatches.append(f"layer {layer}: no kept assignments from Loom")
+            return keep
+        loom = self.loom_kept[layer].long().view(-1, self.top_k)
+        loom_tokens = set((loom == e).any(1).nonzero().flatten().tolist())
+        mine = set(tok[keep].tolist())
+        if loom_tokens == mine:
+            return keep
+        position = {t: i for i, t in enumerate(tok.tolist())}
+        swapped = mine ^ loom_tokens
+        if not loom_tokens <= position.keys() or len(loom_tokens) != len(mine):
+            self.routing_mismatches.append(f"layer {layer} expert {e}: Loom kept {len(loom_tokens)} assignments, "
+                                           f"{len(loom_tokens - position.keys())} of them not routed to it here")
+            return keep
+        worst = max(abs(w[position[t]].item() - last) for t in swapped)
+        if worst >= self.tie_margin:
+            self.routing_mismatches.append(f"layer {layer} expert {e}: Loom kept tokens {sorted(loom_tokens - mine)} "
+                                           f"in place of {sorted(mine - loom_tokens)} (weights {worst:.1e} from the "
+                                           f"last kept one)")
+            return keep
+        self.kept_adopted += 1
+        return torch.tensor(sorted(position[t] for t in loom_tokens), dtype=keep.dtype)
 
     def moe(self, p, pre, h):
         """The MoE block of the layer whose names start with pre on h [B, S, H] (p: the weights
@@ -148,7 +181,7 @@ class Mixtral(Llama):
         out = torch.zeros_like(x)
         kept = 0
         for e in range(E):
-            tok, slot = self.kept(weights, experts, e, capacity)
+            tok, slot = self.kept(weights, experts, e, capacity, layer=int(pre.split(".")[2]))
             kept += tok.numel()
             if tok.numel() == 0:
                 continue

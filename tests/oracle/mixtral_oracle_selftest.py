@@ -4,6 +4,8 @@ tiny random Mixtral (2 layers, hidden 16, ffn 32, 4 experts, top-2, 4 heads, 2 K
 
 - the MoE block (output and gradients) against a per-token loop, dropless and with
   capacity_factor 0.5 (some assignments must be dropped), and the capacity's tie rules;
+- 16-bit runs' use of Loom's routing: its choices and kept assignments taken within the tie
+  margin, a larger difference listed as a mismatch;
 - each layer's load-balancing loss (value and gradient) against Hugging Face's
   load_balancing_loss_func written out for one layer;
 - the whole model: a Mixtral whose layers are all dense is Llama; one expert with top-1 is the
@@ -161,6 +163,42 @@ def tie_checks():
     print("ok   ties: top-k to the lower expert, capacity to the lower token")
 
 
+def loom_choice_checks():
+    """16-bit runs (run_oracle.py): the oracle takes Loom's top-k choice of a token, and an expert
+    over capacity Loom's kept assignments, only where they differ from its own within the tie
+    margin; a larger difference is listed as a mismatch and the oracle keeps its own."""
+    model = Mixtral(weights(torch.Generator().manual_seed(4)), config(capacity_factor=0.5))
+    model.tie_margin = 0.01
+    # top-k: token 0's third probability is 0.005 below its second (Loom's [0, 2] taken), token
+    # 1's 0.15 below (Loom's [0, 2] a mismatch), token 2 agrees.
+    probs = torch.tensor([[0.4, 0.3, 0.295, 0.005], [0.4, 0.35, 0.2, 0.05], [0.1, 0.2, 0.3, 0.4]])
+    model.loom_routing = {0: torch.tensor([[0, 2], [0, 2], [3, 2]], dtype=torch.int32).flatten()}
+    _, _, experts = model.route(probs.log(), layer=0)
+    assert experts.tolist() == [[0, 2], [0, 1], [3, 2]], experts
+    assert model.routing_adopted == 1 and len(model.routing_mismatches) == 1, model.routing_mismatches
+    # capacity 3 of expert 0's 4 assignments (slot 0 of tokens 0-3, weights 0.6, 0.5, 0.505,
+    # 0.9): the oracle drops token 1's. Loom dropping token 2's (0.005 from the last kept
+    # weight, 0.505) is taken; Loom dropping token 0's (0.6, 0.095 away) is a mismatch.
+    w = torch.tensor([[0.6, 0.4], [0.5, 0.5], [0.505, 0.495], [0.9, 0.1]])
+    experts = torch.tensor([[0, 1], [0, 1], [0, 1], [0, 1]])
+    def loom_kept(dropped_token):
+        kept = experts.clone()
+        kept[dropped_token, 0] = -1
+        return {0: kept.flatten().to(torch.int32)}
+    model.routing_mismatches, model.loom_kept = [], None
+    assert model.kept(w, experts, 0, 3, layer=0)[0].tolist() == [0, 2, 3]
+    model.loom_kept = loom_kept(2)
+    assert model.kept(w, experts, 0, 3, layer=0)[0].tolist() == [0, 1, 3]
+    assert model.kept_adopted == 1 and not model.routing_mismatches, model.routing_mismatches
+    model.loom_kept = loom_kept(0)
+    assert model.kept(w, experts, 0, 3, layer=0)[0].tolist() == [0, 2, 3]
+    assert model.kept_adopted == 1 and len(model.routing_mismatches) == 1, model.routing_mismatches
+    model.loom_kept = {}
+    model.kept(w, experts, 0, 3, layer=0)
+    assert "no kept assignments" in model.routing_mismatches[-1], model.routing_mismatches
+    print("ok   Loom's choices and kept assignments taken within the tie margin only")
+
+
 def aux_checks(gen):
     w = weights(gen)
     model = Mixtral(w, config())
@@ -237,6 +275,7 @@ def main():
     gen = torch.Generator().manual_seed(0)
     moe_block_checks(gen)
     tie_checks()
+    loom_choice_checks()
     aux_checks(gen)
     model_checks(gen)
     driver_checks()

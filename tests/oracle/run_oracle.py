@@ -179,8 +179,9 @@ ADAM_EPS = 1e-6
 # apart). So a 16-bit check reads Loom's choices (loom-rank --dump-routing) and its oracles
 # (the 16-bit one and the fp32 yardstick) take Loom's choice for a token whose own differs from
 # it only among experts within TIE_MARGIN of its k-th probability; a choice that differs by more
-# is a failure. Capacity drops near a weight tie would need Loom's kept assignments as well:
-# 16-bit runs with a capacity factor are skipped.
+# is a failure. With a capacity factor, likewise for the assignments an expert keeps: Loom's
+# kept ones (the dump's) are taken where the two differ only among weights within TIE_MARGIN
+# of the expert's last kept weight.
 ROUTING_TIE = 1e-6
 TIE_MARGIN = {"bf16": 2.0 ** -6, "fp16": 2.0 ** -8}
 
@@ -192,25 +193,23 @@ def batch_position(path):
 
 
 def loom_routing(directory, step, sp_split):
-    """Loom's MoE choices of one step (loom-rank --dump-routing): {(dp, micro-batch): {layer: int
-    tensor [B * S * k]}}. Each tp rank routes the whole micro-batch, or with sequence parallelism
-    (sp_split = t) its t-th of each sample's sequence, put back in sequence order here."""
+    """Loom's MoE choices of one step (loom-rank --dump-routing): {(dp, micro-batch): (chosen,
+    kept)}, each {layer: int tensor [B * S * k]}; kept (the assignments an expert's capacity kept,
+    the dropped ones -1) is there only with a capacity factor. Each tp rank routes the whole
+    micro-batch, or with sequence parallelism (sp_split = t) its t-th of each sample's sequence:
+    then a list of the tp ranks' parts, in order (Mixtral.near_ties_as_loom puts each sample's
+    sequence back together; a capacity with sequence parallelism is refused)."""
     parts = {}
     for path in glob.glob(os.path.join(directory, f"routing_step{step:05d}_rank*.safetensors")):
         tensors, meta = read_safetensors(path)
         tp, dp = int(meta["tp_rank"]), int(meta["dp_rank"])
-        for key, chosen in tensors.items():
-            layer, mb = (int(x) for x in re.match(r"layer(-?\d+)_mb(\d+)$", key).groups())
-            parts.setdefault((dp, mb), {}).setdefault(layer, {})[tp] = chosen
-    out = {}
-    for position, layers in parts.items():
-        for layer, by_tp in layers.items():
-            if sp_split == 1:
-                out.setdefault(position, {})[layer] = by_tp[min(by_tp)]
-                continue
-            # the tp ranks' parts in order: Mixtral.near_ties_as_loom puts each sample's back together
-            out.setdefault(position, {})[layer] = [by_tp[r] for r in sorted(by_tp)]
-    return out
+        for key, experts in tensors.items():
+            layer, mb, kept = re.match(r"layer(-?\d+)_mb(\d+)(_kept)?$", key).groups()
+            parts.setdefault((dp, int(mb)), ({}, {}))[1 if kept else 0].setdefault(int(layer), {})[tp] = experts
+    def joined(by_tp):
+        return by_tp[min(by_tp)] if sp_split == 1 else [by_tp[r] for r in sorted(by_tp)]
+    return {position: tuple({layer: joined(by_tp) for layer, by_tp in kind.items()} for kind in kinds)
+            for position, kinds in parts.items()}
 
 
 def moe_capacity_factor(path):
@@ -494,10 +493,6 @@ def check_config(args, name, cfg, failures):
     if moe and sp and moe_capacity_factor(args.model) > 0:
         print(f"skip {name:28} (MoE with a capacity factor: sequence parallelism is refused)", flush=True)
         return False
-    if moe and PRECISION != "fp32" and moe_capacity_factor(args.model) > 0:
-        print(f"skip {name:28} (16-bit MoE with a capacity factor: drops near a weight tie; see ROUTING_TIE)",
-              flush=True)
-        return False
     if ep > 1 and not moe:
         print(f"skip {name:28} (expert parallelism: mixture-of-experts models only)", flush=True)
         return False
@@ -607,7 +602,7 @@ def check_config(args, name, cfg, failures):
         for path in batches:
             b, _ = read_safetensors(path)
             if isinstance(oracle, Mixtral) and PRECISION != "fp32":
-                oracle.loom_routing = routing.get(batch_position(path), {})
+                oracle.loom_routing, oracle.loom_kept = routing.get(batch_position(path), ({}, {}))
             if isinstance(oracle, Mixtral):
                 # The objective ce + coef * aux; Loom logs the cross-entropy part.
                 ce, aux, dropped, assigned = oracle.losses(b["tokens"], b["labels"], b["loss_mask"])
@@ -648,7 +643,7 @@ def check_config(args, name, cfg, failures):
             for path in batches:
                 b, _ = read_safetensors(path)
                 if isinstance(exact, Mixtral):  # the objective, and its cross-entropy part as `total`
-                    exact.loom_routing = routing.get(batch_position(path), {})
+                    exact.loom_routing, exact.loom_kept = routing.get(batch_position(path), ({}, {}))
                     ce, aux, _, _ = exact.losses(b["tokens"], b["labels"], b["loss_mask"])
                     ((ce + exact.aux_coef * aux) / len(batches)).backward()
                     exact_total += ce.item() / len(batches)
@@ -721,9 +716,10 @@ def check_config(args, name, cfg, failures):
             problems.append(f"loss at step {step + 1}: Loom {log[step + 1][0]:.9g}, oracle {total:.9g} "
                             f"(relative {diff:.2e}" + (f", bound {tol:.2e})" if exact is not None else ")"))
     if isinstance(oracle, Mixtral) and PRECISION != "fp32" and args.verbose:
-        print(f"   routing: {oracle.routing_adopted} tokens took Loom's choice near a tie "
-              f"({exact.routing_adopted} in the fp32 yardstick, {len(exact.routing_mismatches)} beyond the margin "
-              f"there: {exact.routing_mismatches[:1]})", flush=True)
+        print(f"   routing: {oracle.routing_adopted} tokens took Loom's choice near a tie, {oracle.kept_adopted} "
+              f"experts over capacity kept Loom's assignments ({exact.routing_adopted} and {exact.kept_adopted} in "
+              f"the fp32 yardstick, {len(exact.routing_mismatches)} beyond the margin there: "
+              f"{exact.routing_mismatches[:1]})", flush=True)
     if isinstance(oracle, Mixtral) and oracle.routing_mismatches:
         problems.append(f"{len(oracle.routing_mismatches)} routing choices differ from Loom's beyond the "
                         f"{TIE_MARGIN[PRECISION]:g} margin, the first: {oracle.routing_mismatches[0]}")
