@@ -43,7 +43,7 @@ struct TrainingOptions {
   bool resume = false;                      // continue from the latest checkpoint in `save`
   bool strictResume = false;                // an unusable latest checkpoint stops the run (no fallback)
   std::string dumpGrads;                    // write the first step's gradients (tests)
-  std::string dumpRouting;                  // write every step's MoE routing choices (the oracle)
+  std::string dumpRouting;                  // write every step's MoE routing choices and kept assignments (the oracle)
   std::string exportPath;                   // whole-model safetensors after training (HF GPT-2 names)
   std::string lossLog;                      // "iteration loss" lines, full precision (tests)
   std::string tensorboardDir;               // TensorBoard event files ("" = none)

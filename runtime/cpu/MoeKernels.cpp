@@ -358,7 +358,6 @@ Status expertParallelMoe(CpuKernelContext &c, const KernelCall &k) {
                                     local.round ? rowsDtype : plan::F32));
   // The combine: y_t = sum_j w_tj out_tj over the kept choices, in order (as moe; in a 16-bit
   // plan each w_tj out_tj rounded, as moe's).
-  MoeExperts combine{r.tokens, H, s.ffn, s.localExperts, K, local.round};
   float *y = c.f(k.out("result"));
   for (int64_t t = 0; t < r.tokens; ++t) {
     float *yt = y + t * H;
@@ -366,7 +365,7 @@ Status expertParallelMoe(CpuKernelContext &c, const KernelCall &k) {
     for (int64_t j = 0; j < K; ++j) {
       int64_t row = d.rowOfPair[size_t(t * K + j)];
       if (row < 0) continue;
-      combine.addWeighted(yt, x.weights[t * K + j], x.back + row * H);
+      local.addWeighted(yt, x.weights[t * K + j], x.back + row * H);
     }
   }
   if (c.run->moeTally) c.run->moeTally->add(aux, dropped, r.tokens * K);
