@@ -173,15 +173,15 @@ class Mixtral(Llama):
         shape = h.shape
         x = h.reshape(-1, shape[-1])
         T = x.shape[0]
-        probs, weights, experts = self.route(r(x @ p[moe + "gate.weight"].t()), layer=int(pre.split(".")[2]),
-                                             batch=shape[0])
+        layer = int(pre.split(".")[2])
+        probs, weights, experts = self.route(r(x @ p[moe + "gate.weight"].t()), layer=layer, batch=shape[0])
         aux = self.aux_loss(probs, experts)
         weights = r(weights)
         capacity = self.capacity(T)
         out = torch.zeros_like(x)
         kept = 0
         for e in range(E):
-            tok, slot = self.kept(weights, experts, e, capacity, layer=int(pre.split(".")[2]))
+            tok, slot = self.kept(weights, experts, e, capacity, layer=layer)
             kept += tok.numel()
             if tok.numel() == 0:
                 continue

@@ -551,7 +551,9 @@ def check_config(args, name, cfg, failures):
     if exact is not None:
         exact_params = exact.parameters()
         exact_opt = adamw(exact_params)
-    if isinstance(oracle, Mixtral) and PRECISION != "fp32":
+    # A 16-bit MoE check: both oracles take Loom's routing near a tie (ROUTING_TIE, TIE_MARGIN).
+    loom_choices = isinstance(oracle, Mixtral) and PRECISION != "fp32"
+    if loom_choices:
         for o in (oracle, exact):
             o.tie_margin = TIE_MARGIN[PRECISION]
     # iteration -> (loss, the loss scale of an fp16 run's iteration, else 1). An fp16 iteration
@@ -597,11 +599,10 @@ def check_config(args, name, cfg, failures):
         # gradients divided by d cp after. (Exact in fp32 and for powers of two; what it changes
         # is where fp16 overflows.)
         backprop_scale = scale * d * cp
-        routing = loom_routing(os.path.join(work, "routing"), step, t if sp else 1) \
-            if isinstance(oracle, Mixtral) and PRECISION != "fp32" else {}
+        routing = loom_routing(os.path.join(work, "routing"), step, t if sp else 1) if loom_choices else {}
         for path in batches:
             b, _ = read_safetensors(path)
-            if isinstance(oracle, Mixtral) and PRECISION != "fp32":
+            if loom_choices:
                 oracle.loom_routing, oracle.loom_kept = routing.get(batch_position(path), ({}, {}))
             if isinstance(oracle, Mixtral):
                 # The objective ce + coef * aux; Loom logs the cross-entropy part.
@@ -715,7 +716,7 @@ def check_config(args, name, cfg, failures):
         if diff >= tol:
             problems.append(f"loss at step {step + 1}: Loom {log[step + 1][0]:.9g}, oracle {total:.9g} "
                             f"(relative {diff:.2e}" + (f", bound {tol:.2e})" if exact is not None else ")"))
-    if isinstance(oracle, Mixtral) and PRECISION != "fp32" and args.verbose:
+    if loom_choices and args.verbose:
         print(f"   routing: {oracle.routing_adopted} tokens took Loom's choice near a tie, {oracle.kept_adopted} "
               f"experts over capacity kept Loom's assignments ({exact.routing_adopted} and {exact.kept_adopted} in "
               f"the fp32 yardstick, {len(exact.routing_mismatches)} beyond the margin there: "
