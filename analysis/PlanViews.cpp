@@ -384,6 +384,7 @@ std::string memoryJson(const PlanDirectory &plans, int rank) {
       {"workspace", llvm::json::Object{{"bytes", mem.max_workspace_bytes()}, {"program", mem.workspace_program()}}},
       {"communication_buffers", llvm::json::Object{{"pipeline_message_slots", mem.pipeline_slot_bytes()}}},
       {"kernel_scratch_bytes", mem.scratch_bytes()},
+      {"step_scalar_bytes", mem.step_scalar_bytes()},
       {"timeline", std::move(timeline)}};
   std::string s;
   llvm::raw_string_ostream os(s);
@@ -447,6 +448,7 @@ std::string memoryTimeline(const PlanDirectory &plans, int rank) {
                         humanBytes(mem.half_weight_bytes()), humanBytes(mem.scratch_bytes()),
                         humanBytes(mem.pipeline_slot_bytes()),
                         compute == plan::F32 ? "; planned for bf16 GEMMs, the executor's copies" : "");
+  os << llvm::formatv("  step scalars {0} (hyperparameters, loss sums, metrics)\n", humanBytes(mem.step_scalar_bytes()));
   os << "  (what the backend allocates for the rank; the process adds its binaries and libraries, gRPC's, Gloo's and\n"
         "  OpenBLAS's buffers and the executor's small per-instruction temporaries: loom-rank logs both after its\n"
         "  first iteration.)\n";

@@ -206,6 +206,7 @@ class RankPlanAssembler {
     plan::BackendReserve reserve = req.backendMemory(cluster.device().kind(), sets[stage].programs(), paramCount);
     mem->set_scratch_bytes(reserve.scratchBytes);
     mem->set_half_weight_bytes(reserve.halfWeightBytes);  // + pipeline slots: finishPlans
+    mem->set_step_scalar_bytes(memory::stepScalarBytes(sets[stage].programs()));
   }
 
   // The stage's schedule, memory plan and collective totals.

@@ -17,9 +17,25 @@ void accountWeights(int64_t flatElements, plan::DType compute, int64_t optimizer
   if (compute != plan::F32) mem->set_half_weight_bytes(mem->half_weight_bytes() + elementBytes(compute) * flatElements);
 }
 
+int64_t stepScalarBytes(const google::protobuf::RepeatedPtrField<plan::Program> &programs) {
+  std::map<std::string, int64_t> slots = {{"loss_sum", 4}};  // by the step driver's storage key
+  for (const plan::Program &prog : programs) {
+    for (const plan::Binding &a : prog.arguments())
+      if (a.role() == plan::Binding::HYPERPARAMETER)
+        slots["hyper/" + a.name()] = prog.buffers(a.buffer()).bytes();
+      else if (a.role() == plan::Binding::LOSS)
+        slots[a.name()] = 4;
+    for (const plan::Binding &r : prog.results())
+      if (r.role() == plan::Binding::METRIC) slots["metric/" + r.name()] = prog.buffers(r.buffer()).bytes();
+  }
+  int64_t bytes = 0;
+  for (auto &[key, b] : slots) bytes += b;
+  return bytes;
+}
+
 int64_t heldAllStep(const plan::MemoryPlan &mem) {
   return mem.parameter_bytes() + mem.gradient_bytes() + mem.optimizer_bytes() + mem.half_weight_bytes() +
-         mem.scratch_bytes() + mem.pipeline_slot_bytes();
+         mem.scratch_bytes() + mem.pipeline_slot_bytes() + mem.step_scalar_bytes();
 }
 
 void accountActivations(const StageSchedule &tasks, const StageActivations &stage, int onceEntries,
@@ -78,6 +94,7 @@ std::vector<std::pair<int64_t, std::string>> namedParts(const plan::MemoryPlan &
                                                         {m.half_weight_bytes(), "16-bit weight copies"},
                                                         {m.scratch_bytes(), "kernel scratch"},
                                                         {m.pipeline_slot_bytes(), "pipeline message slots"},
+                                                        {m.step_scalar_bytes(), "step scalars"},
                                                         {m.max_workspace_bytes(), "workspace"}};
   std::stable_sort(parts.begin(), parts.end(), [](auto &a, auto &b) { return a.first > b.first; });
   return parts;

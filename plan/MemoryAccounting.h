@@ -41,8 +41,13 @@ struct StageActivations {
 void accountActivations(const StageSchedule &tasks, const StageActivations &stage, int onceEntries,
                         plan::MemoryPlan *mem);
 
+// The step's scalars the step driver (train/StepDriver.cpp) holds all step for these programs:
+// a slot per hyperparameter and metric they name, and a sum per loss ("loss_sum" always, one
+// per term of a loss that sums several, BERT's).
+int64_t stepScalarBytes(const google::protobuf::RepeatedPtrField<plan::Program> &programs);
+
 // Bytes held all step: weights, gradients, optimizer, 16-bit weight copies, kernel scratch,
-// pipeline message slots.
+// pipeline message slots, the step's scalars.
 int64_t heldAllStep(const plan::MemoryPlan &mem);
 
 // Adds bytes held all step after the walk (the CUDA backend's pipeline message slots).

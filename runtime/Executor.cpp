@@ -30,7 +30,7 @@ class Run {
       return Status::error(prog_.name() + ": expected " + std::to_string(prog_.arguments_size()) + " arguments, got " +
                            std::to_string(args.size()));
     LOOM_RETURN_IF_ERROR(checkProgramStructure(prog_));
-    size_t floats = prog_.workspace_bytes() / 4 + 16;
+    size_t floats = size_t(prog_.workspace_bytes() + 3) / 4;  // the plan's arena, no more
     std::vector<float> &arena = ctx_.workspace ? *ctx_.workspace : arena_;
     if (arena.size() < floats) arena.resize(floats);
     // The attention scratch, then each stream's region for its 16-bit instructions (laid out

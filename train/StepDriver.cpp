@@ -107,6 +107,11 @@ Status StepDriver::init(const std::vector<HostTensor> &initial) {
     if (p.kind() == plan::Program::PARAMETER_GATHER) gatherProgram_ = &p;
     if (p.kind() == plan::Program::GRADIENT_GATHER) gradientGatherProgram_ = &p;
   }
+  // Only the inputs some program binds are uploaded and held (the memory plan's count): a
+  // first pipeline stage takes no labels, a last one no tokens.
+  for (const plan::Program &p : programs_.programs())
+    for (const plan::Binding &a : p.arguments())
+      if (a.role() == plan::Binding::INPUT) inputsRead_.insert(a.name());
   lastEntryOf_.resize(2);
   for (size_t k = 0; k < entryProgram_.size(); ++k) {
     int mb = plan_.schedule(int(k)).micro_batch();
@@ -284,6 +289,7 @@ Status StepDriver::bind(const plan::Program &prog, int mb, DataSource *data, int
             LOOM_RETURN_IF_ERROR(contextChunksOf(batch, ContextChunks{plan_.seq_length(), plan_.c(), plan_.cp_rank()},
                                                  mb, &batch));
           for (auto &[name, t] : batch) {
+            if (!inputsRead_.count(name)) continue;
             ArgumentView input;
             LOOM_RETURN_IF_ERROR(backend_.storage("input/" + name + "/" + inputSlot,
                                                   t.isInt ? int64_t(t.ints.size()) : int64_t(t.data.size()),

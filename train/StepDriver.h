@@ -9,6 +9,7 @@
 #include <utility>
 
 #include <map>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -155,6 +156,7 @@ class StepDriver {
   std::map<std::string, ArgumentView> optimizerState_, hyper_;
   std::map<std::string, float> metrics_;  // this step's METRIC results
   std::map<int, bool> batchReady_;        // micro-batches whose inputs are uploaded this step
+  std::set<std::string> inputsRead_;      // the inputs this rank's programs bind (a stage's own)
   // Storage slots reused across micro-batches, as the memory plan counts them: a chunk's stash
   // is held from its forward to its backward, a micro-batch's inputs from its first program to
   // its last; a freed slot serves the next micro-batch.

@@ -564,9 +564,9 @@ Status TrainingLoop::run() {
                       double(now - opt_.baselineResidentBytes) / (1 << 20));
         growth = text;
       }
-      std::printf(" rank %d memory: planned peak %.2f MiB, allocated by the backend %.2f MiB (%+.1f%%)%s\n", p.rank(),
-                  planned / (1 << 20), held / (1 << 20), planned > 0 ? 100 * (held - planned) / planned : 0.0,
-                  growth.c_str());
+      std::printf(" rank %d memory: planned peak %.2f MiB, allocated by the backend %.2f MiB (%+lld bytes, %+.1f%%)%s\n",
+                  p.rank(), planned / (1 << 20), held / (1 << 20), (long long)(held - planned),
+                  planned > 0 ? 100 * (held - planned) / planned : 0.0, growth.c_str());
       std::fflush(stdout);
     }
     if (logs() && !skipped && !opt_.lossLog.empty()) {
