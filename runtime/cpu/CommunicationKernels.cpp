@@ -209,7 +209,9 @@ Status gatherOrScatter(CpuKernelContext &ctx, const KernelCall &k, bool gather) 
   for (int64_t r = 0; r < g; ++r)
     for (int64_t a = 0; a < outer; ++a)
       std::memcpy(&blocks[size_t(r * n + a * inner) * e], l.data + size_t((a * g + r) * inner) * e, row);
-  return c->reduceScatter(group, blocks.data(), s.data, n, s.dtype);
+  LOOM_RETURN_IF_ERROR(c->reduceScatter(group, blocks.data(), s.data, n, s.dtype));
+  if (k.str("reduce") == "avg") divideElements(s.dtype, s.data, n, float(g));
+  return Status::ok();
 }
 Status allGather(CpuKernelContext &c, const KernelCall &k) { return gatherOrScatter(c, k, true); }
 Status reduceScatter(CpuKernelContext &c, const KernelCall &k) { return gatherOrScatter(c, k, false); }

@@ -403,11 +403,15 @@ class DeviceRun {
     LOOM_RETURN_IF_ERROR(call.sliceRange(outer, numel(large) / std::max<int64_t>(1, dim(large, -1)), &a0, &a1));
     smallAt += size_t(a0 * inner) * e, largeAt += size_t(a0 * g * inner) * e;
     outer = a1 - a0, n = outer * inner;
+    // reduce "avg": the sum's slice [smallAt, + n) divided by the group (what the CPU kernel does).
+    auto average = [&] {
+      if (call.str("reduce") == "avg") scaleInPlace(Out(smallAt, type), n, 1.0f / float(g), st_);
+      return Status::ok();
+    };
     if (outer == 1) {  // the blocks are already contiguous in rank order
       if (gather) return comm->allGather(smallAt, largeAt, n, st_, type);
       LOOM_RETURN_IF_ERROR(comm->reduceScatterSum(largeAt, smallAt, n, st_, type));
-      if (call.str("reduce") == "avg") scaleInPlace(typed(small), n, 1.0f / float(g), st_);
-      return Status::ok();
+      return average();
     }
     char *blocks = scratch_[stream_];
     size_t row = size_t(inner) * e, wide = size_t(g) * row;
@@ -419,7 +423,9 @@ class DeviceRun {
                                                    cudaMemcpyDeviceToDevice, st_);
       LOOM_RETURN_IF_ERROR(cudaStatus(err, "re-laying out the blocks"));
     }
-    return gather ? Status::ok() : comm->reduceScatterSum(blocks, smallAt, n, st_, type);
+    if (gather) return Status::ok();
+    LOOM_RETURN_IF_ERROR(comm->reduceScatterSum(blocks, smallAt, n, st_, type));
+    return average();
   }
 
   // PTD-P's scatter (section 4.1): this member's slice r along `dim`, one strided copy.

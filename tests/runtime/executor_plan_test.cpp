@@ -1,12 +1,15 @@
-// The CPU executor on hand-built one-instruction programs: a cross_entropy_grad that a plan of
-// another format (or a corrupt one) gives without its log-sum-exp, or with one of the wrong
-// size, is refused with a one-line error naming the op, instead of reading past a buffer.
+// The CPU executor on hand-built one-instruction programs: reduce_scatter's average along every
+// dimension; a cross_entropy_grad that a plan of another format (or a corrupt one) gives
+// without its log-sum-exp, or with one of the wrong size, is refused with a one-line error
+// naming the op, instead of reading past a buffer.
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <thread>
 
 #include "protos/plan.pb.h"
 #include "runtime/Executor.h"
+#include "runtime/ThreadCollectives.h"
 #include "runtime/cpu/CpuKernelContext.h"
 
 namespace loom {
@@ -72,6 +75,59 @@ TEST(ExecutorPlan, CrossEntropyGradWithAWrongSizedLogSumExpIsRefused) {
   Status s = runGrad(4, true);
   ASSERT_FALSE(s.isOk());
   EXPECT_NE(s.message().find("cross_entropy_grad: wrong lse (corrupt plan)"), std::string::npos) << s.message();
+}
+
+// reduce_scatter with "avg" (the sum divided by the group), along dim 0 (the members' blocks
+// contiguous) and along dim 1 (interleaved, re-laid out before the collective) alike: two ranks
+// in a thread world, rank r's input x_r[i] = (r + 1)(i + 1) over [2, 4].
+TEST(ExecutorPlan, ReduceScatterAveragesAlongEveryDimension) {
+  for (int64_t dim : {0, 1}) {
+    ThreadWorld world({.t = 2});
+    std::vector<std::vector<HostTensor>> results(2);
+    std::vector<Status> status(2);
+    std::vector<std::thread> ranks;
+    for (int r = 0; r < 2; ++r)
+      ranks.emplace_back([&, r] {
+        std::unique_ptr<Collectives> collectives = world.forRank(r);
+        plan::Program p;
+        p.set_name("backward_0");
+        int x = addBuffer(p, {2, 4}, plan::F32, -1);
+        int y = dim == 0 ? addBuffer(p, {1, 4}, plan::F32, 0) : addBuffer(p, {2, 2}, plan::F32, 0);
+        p.add_arguments()->set_buffer(x);
+        p.add_results()->set_buffer(y);
+        p.set_workspace_bytes(p.buffers(y).bytes());
+        plan::Instruction *in = p.add_instructions();
+        in->set_op("reduce_scatter");
+        in->set_stream(plan::TP);
+        in->add_inputs(x), in->add_outputs(y);
+        auto attr = [&](const char *name) {
+          plan::Attribute *a = in->add_attributes();
+          a->set_name(name);
+          return a;
+        };
+        attr("group")->set_s("tp");
+        attr("group_size")->set_i(2);
+        attr("dim")->set_i(dim);
+        attr("reduce")->set_s("avg");
+        HostTensor input{{2, 4}};
+        for (int i = 0; i < 8; ++i) input.data.push_back(float((r + 1) * (i + 1)));
+        ExecutionContext ctx;
+        ctx.collectives = collectives.get();
+        status[size_t(r)] = executeProgram(p, {&input}, results[size_t(r)], ctx);
+      });
+    for (std::thread &t : ranks) t.join();
+    for (int r = 0; r < 2; ++r) {
+      ASSERT_TRUE(status[size_t(r)].isOk()) << "dim " << dim << " rank " << r << ": " << status[size_t(r)].message();
+      ASSERT_EQ(results[size_t(r)].size(), 1u);
+      const std::vector<float> &got = results[size_t(r)][0].data;
+      ASSERT_EQ(got.size(), 4u);
+      for (int j = 0; j < 4; ++j) {
+        // The element of x this slot holds: row r (dim 0), or row j / 2, columns 2r, 2r + 1 (dim 1).
+        int i = dim == 0 ? 4 * r + j : 4 * (j / 2) + 2 * r + j % 2;
+        EXPECT_FLOAT_EQ(got[size_t(j)], 1.5f * float(i + 1)) << "dim " << dim << " rank " << r << " slot " << j;
+      }
+    }
+  }
 }
 
 }  // namespace
