@@ -13,8 +13,9 @@
 # test bert-tiny's too) against the CPU backend's bf16; loom-rank on the bf16 plans of gpt-tiny,
 # llama-tiny and bert-tiny against the CPU backend; the 1.3B GPT's bf16 plan (bf16 activations, stashes and weights in memory) beside its
 # fp32 plan with bf16 GEMM operands.
-# usage: check.sh [all | 16bit]  (16bit: without the stall check, the fp32 trace and the flash
-# kernel's run, for a second call when the lease is short)
+# usage: check.sh [all | 16bit]  (16bit: the tests and the 16-bit runs with the fp32 1.3B bench
+# beside them; without the fp32 loom-rank runs, the stall check, the fp32 trace, PyTorch and the
+# flash kernel's run, for a second call when the lease is short)
 set -uo pipefail
 part=${1:-all}
 want() { [ "$part" = all ] || [ "$part" = "$1" ]; }
@@ -52,6 +53,7 @@ for t in bin/cuda_deps_test bin/cuda_kernels_test bin/lt_linear_test bin/nccl_gr
   fi
 done
 rm -rf runs && mkdir -p runs
+if want all; then
 for model in gpt-tiny llama-tiny bert-tiny; do
   dir=plans; [ "$model" = llama-tiny ] && dir=plans-llama; [ "$model" = bert-tiny ] && dir=plans-bert
   section "loom-rank --device cuda: 3 steps of $model, fp32 on the GPU against the CPU backend (loss per step)"
@@ -66,6 +68,7 @@ for model in gpt-tiny llama-tiny bert-tiny; do
       END { if (bad) { print "loom-rank --device cuda: loss differs from the CPU backend"; exit 1 } }' || status=1
   fi
 done
+fi
 # bf16 plans: both backends round at the same points; summation orders differ (GEMMs, row
 # reductions), so the losses agree within 2e-3 (the bf16 oracle's bound against PyTorch).
 for model in gpt-tiny llama-tiny bert-tiny; do
@@ -114,6 +117,7 @@ section "Loom's step by op on this GPU (loomrun --trace, 3 steps of the 1.3B GPT
 timeout 120 bin/loomrun --nproc 1 --plans plans-1.3b-bf16 --steps 3 --threads 8 --device cuda \
   --trace runs/trace16 > runs/trace16.out 2>&1 && python3 ../tools/gpu/trace_summary.py runs/trace16/rank_0.json --top 10 ||
   { echo "the traced run failed:"; tail -5 runs/trace16.out; status=1; }
+if want all; then
 section "PyTorch on this GPU: the same model"
 timeout 150 python3 ../tools/gpu/torch_gpt_bench.py --result torch_result || status=1
 if [ -s loom_result ] && [ -s torch_result ]; then
@@ -122,6 +126,7 @@ if [ -s loom_result ] && [ -s torch_result ]; then
 else
   echo "Loom / PyTorch ratio: not available (a side failed above)"
   status=1
+fi
 fi
 if want all; then
 section "Loom, the same model with the tiled (flash) attention kernel instead of the unfused one"
