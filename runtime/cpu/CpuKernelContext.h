@@ -122,6 +122,8 @@ bool everyOperandBf16(const KernelCall &call);
 // buffers (runtime/cpu/CommunicationKernels.cpp), to the table.
 void registerBf16ComputeKernels(HalfKernelTable &table);
 void registerHalfCommunicationKernels(HalfKernelTable &table);
+// A bf16 plan's MoE instructions (runtime/cpu/MoeKernels.cpp): the experts' products on bf16 weights.
+void registerBf16MoeKernels(HalfKernelTable &table);
 
 // The CPU backend's kernels, every declared op that it runs (built once).
 const CpuKernelRegistry &cpuKernels();

@@ -398,6 +398,7 @@ const HalfKernelTable &cpuHalfKernels() {
     HalfKernelTable t;
     registerBf16ComputeKernels(t);
     registerHalfCommunicationKernels(t);
+    registerBf16MoeKernels(t);
     t.add(OpId::kLinear, {linearTakes, linear});
     t.add(OpId::kWeightGrad, {weightGradTakes, weightGrad});
     t.add(OpId::kAdd, {addTakes, add});

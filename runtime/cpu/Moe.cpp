@@ -2,9 +2,11 @@
 
 #include <algorithm>
 #include <cmath>
+#include <type_traits>
 #include <vector>
 
 #include "runtime/cpu/Gemm.h"
+#include "runtime/cpu/HalfPrecision.h"
 
 namespace loom::cpu {
 
@@ -114,6 +116,58 @@ int64_t moeDropOverCapacity(const int32_t *chosen, const float *weights, const M
 
 namespace {
 float silu(float x) { return x / (1.0f + std::exp(-x)); }
+
+// The experts' products: fp32 operands on the fp32 GEMM, bf16 ones on the bf16 GEMM (fp32
+// accumulation). C = op(A) op(B), or C += it (accumulate); gemm's layouts.
+void product(bool transposeA, bool transposeB, int64_t m, int64_t n, int64_t k, const float *a, int64_t lda,
+             const float *b, int64_t ldb, bool accumulate, float *c, int64_t ldc) {
+  gemm(transposeA, transposeB, m, n, k, 1.0f, a, lda, b, ldb, accumulate ? 1.0f : 0.0f, c, ldc);
+}
+void product(bool transposeA, bool transposeB, int64_t m, int64_t n, int64_t k, const uint16_t *a, int64_t lda,
+             const uint16_t *b, int64_t ldb, bool accumulate, float *c, int64_t ldc) {
+  gemmBf16(transposeA, transposeB, m, n, k, a, lda, b, ldb, nullptr, c, accumulate ? GemmOut::kF32Add : GemmOut::kF32,
+           ldc);
+}
+
+// An activation operand of a product in the weights' storage: with fp32 weights the fp32 values
+// themselves; with bf16 weights their bf16 copy in `space` (they are bf16 values, the input's or
+// ones MoeExperts::round rounded, so narrowing them is exact).
+template <typename W>
+const W *operandOf(const float *values, int64_t n, uint16_t *space) {
+  if constexpr (std::is_same_v<W, float>) {
+    return values;
+  } else {
+    narrowToBf16(values, space, n);
+    return space;
+  }
+}
+
+// Expert e's weight gradient from its fp32 product in `sum` (with fp32 weights the gradient
+// itself), times `scale`, into `to` (a bf16 gradient rounded once).
+template <typename W>
+void storeWeightGrad(float *sum, int64_t n, float scale, W *to) {
+  if (scale != 1.0f)
+    for (int64_t i = 0; i < n; ++i) sum[i] *= scale;
+  if constexpr (!std::is_same_v<W, float>) narrowToBf16(sum, to, n);
+}
+
+// The bf16 copies' place in the scratch (elements, after the fp32 scratch), and with bf16
+// weights the backward's fp32 sum of one expert's weight gradient.
+struct Bf16Operands {
+  uint16_t *xs, *as, *gy, *dg, *du;
+  float *weightGrad;
+};
+int64_t fp32ScratchFloats(const MoeExperts &m, bool backward) {
+  int64_t n = m.tokens * m.topK;
+  return 3 * n * m.hidden + 3 * n * m.ffn + (backward ? 3 * n * m.ffn + 3 * n * m.hidden : 0);
+}
+Bf16Operands bf16Operands(const MoeExperts &m, float *scratch) {
+  const int64_t n = m.tokens * m.topK, H = m.hidden, F = m.ffn;
+  float *weightGrad = scratch + fp32ScratchFloats(m, true);
+  uint16_t *xs = reinterpret_cast<uint16_t *>(weightGrad + F * H);
+  uint16_t *as = xs + n * H, *gy = as + n * F, *dg = gy + n * H, *du = dg + n * F;
+  return {xs, as, gy, dg, du, weightGrad};
+}
 }  // namespace
 
 void moeGroupByExpert(const int32_t *chosen, int64_t pairs, int64_t experts, std::vector<int64_t> *begin,
@@ -132,30 +186,37 @@ void moeGroupByExpert(const int32_t *chosen, int64_t pairs, int64_t experts, std
 // Scratch (floats): the gathered rows X_e [n, H], gate and up outputs [n, F] each, the activation
 // [n, F], each pair's expert output [T k, H] and an expert's output rows [n, H]; backward also dA,
 // dG, dU [n, F], the pairs' input gradients [T k, H], the outputs' gradients and an expert's input
-// gradient rows [n, H] each.
-int64_t moeExpertsScratchFloats(const MoeExperts &m, bool backward) {
-  int64_t n = m.tokens * m.topK;
-  return 3 * n * m.hidden + 3 * n * m.ffn + (backward ? 3 * n * m.ffn + 3 * n * m.hidden : 0);
+// gradient rows [n, H] each. With bf16 weights (their products on the bf16 GEMM) an expert's
+// weight-gradient sum [F, H] and bf16 copies of X_e, A, the outputs' gradients, dG and dU (laid
+// out for the backward in either direction, which runs the forward first).
+int64_t moeExpertsScratchFloats(const MoeExperts &m, bool backward, bool bf16Weights) {
+  if (!bf16Weights) return fp32ScratchFloats(m, backward);
+  const int64_t n = m.tokens * m.topK, bf16Elements = 2 * n * m.hidden + 3 * n * m.ffn;
+  return fp32ScratchFloats(m, true) + m.ffn * m.hidden + (bf16Elements + 1) / 2;
 }
 
-void moeExpertsForward(const float *x, const int32_t *chosen, const float *weights, const float *gate, const float *up,
-                       const float *down, const MoeExperts &m, float *y, float *scratch) {
+template <typename W>
+void moeExpertsForward(const float *x, const int32_t *chosen, const float *weights, const W *gate, const W *up,
+                       const W *down, const MoeExperts &m, float *y, float *scratch) {
   const int64_t H = m.hidden, F = m.ffn, k = m.topK, n = m.tokens * k;
   float *xs = scratch, *gs = xs + n * H, *us = gs + n * F, *as = us + n * F, *pairs = as + n * F, *out = pairs + n * H;
+  const Bf16Operands half = bf16Operands(m, scratch);
   std::vector<int64_t> begin, rows;
   moeGroupByExpert(chosen, m.tokens * m.topK, m.experts, &begin, &rows);
   int64_t kept = int64_t(rows.size());
   for (int64_t i = 0; i < kept; ++i) std::copy_n(x + (rows[size_t(i)] / k) * H, H, xs + i * H);
+  const W *xsW = operandOf<W>(xs, kept * H, half.xs);
   for (int64_t e = 0; e < m.experts; ++e) {
     int64_t r0 = begin[size_t(e)], cnt = begin[size_t(e + 1)] - r0;
     if (cnt == 0) continue;
-    gemm(false, true, cnt, F, H, 1.0f, xs + r0 * H, H, gate + e * F * H, H, 0.0f, gs + r0 * F, F);
-    gemm(false, true, cnt, F, H, 1.0f, xs + r0 * H, H, up + e * F * H, H, 0.0f, us + r0 * F, F);
+    product(false, true, cnt, F, H, xsW + r0 * H, H, gate + e * F * H, H, false, gs + r0 * F, F);
+    product(false, true, cnt, F, H, xsW + r0 * H, H, up + e * F * H, H, false, us + r0 * F, F);
     m.rounded(gs + r0 * F, cnt * F), m.rounded(us + r0 * F, cnt * F);
     for (int64_t i = r0 * F; i < (r0 + cnt) * F; ++i) as[i] = silu(gs[i]) * us[i];
     m.rounded(as + r0 * F, cnt * F);
     // The expert's outputs, then into their (token, choice) slots.
-    gemm(false, true, cnt, H, F, 1.0f, as + r0 * F, F, down + e * H * F, F, 0.0f, out + r0 * H, H);
+    const W *asW = operandOf<W>(as + r0 * F, cnt * F, half.as + r0 * F);
+    product(false, true, cnt, H, F, asW, F, down + e * H * F, F, false, out + r0 * H, H);
     m.rounded(out + r0 * H, cnt * H);
     for (int64_t i = 0; i < cnt; ++i) std::copy_n(out + (r0 + i) * H, H, pairs + rows[size_t(r0 + i)] * H);
   }
@@ -169,17 +230,22 @@ void moeExpertsForward(const float *x, const int32_t *chosen, const float *weigh
   }
 }
 
-void moeExpertsBackward(const float *x, const int32_t *chosen, const float *weights, const float *gate, const float *up,
-                        const float *down, const float *g, const MoeExperts &m, float *dx, float *dweights,
-                        float *dgate, float *dup, float *ddown, float *scratch) {
+template <typename W>
+void moeExpertsBackward(const float *x, const int32_t *chosen, const float *weights, const W *gate, const W *up,
+                        const W *down, const float *g, const MoeExperts &m, float *dx, float *dweights, W *dgate,
+                        W *dup, W *ddown, float gradScale, float *scratch) {
   const int64_t H = m.hidden, F = m.ffn, k = m.topK, n = m.tokens * k;
-  // The forward again (its scratch: X_e, G, U, A and the pairs' outputs).
+  // The forward again (its scratch: X_e, G, U, A and the pairs' outputs; with bf16 weights the
+  // bf16 copies of X_e and A).
   moeExpertsForward(x, chosen, weights, gate, up, down, m, dx, scratch);
   float *xs = scratch, *gs = xs + n * H, *us = gs + n * F, *as = us + n * F, *pairs = as + n * F;
   float *da = pairs + 2 * n * H, *dgs = da + n * F, *dus = dgs + n * F, *dpairs = dus + n * F, *gy = dpairs + n * H;
   float *dxe = gy + n * H;
+  const Bf16Operands half = bf16Operands(m, scratch);
   std::vector<int64_t> begin, rows;
   moeGroupByExpert(chosen, m.tokens * m.topK, m.experts, &begin, &rows);
+  const W *xsW = std::is_same_v<W, float> ? reinterpret_cast<const W *>(xs) : reinterpret_cast<const W *>(half.xs);
+  const W *asW = std::is_same_v<W, float> ? reinterpret_cast<const W *>(as) : reinterpret_cast<const W *>(half.as);
   // dweights[t, j] = g_t . out_tj; the pair's output gradient w_tj g_t, in expert order. A
   // dropped pair's weight gets no gradient here (its output was not added).
   std::fill(dweights, dweights + n, 0.0f);
@@ -192,17 +258,25 @@ void moeExpertsBackward(const float *x, const int32_t *chosen, const float *weig
     for (int64_t c = 0; c < H; ++c) gy[i * H + c] = weights[pair] * gt[c];
     m.rounded(gy + i * H, H);
   }
-  std::fill(dgate, dgate + m.experts * F * H, 0.0f);
-  std::fill(dup, dup + m.experts * F * H, 0.0f);
-  std::fill(ddown, ddown + m.experts * H * F, 0.0f);
+  const W *gyW = operandOf<W>(gy, int64_t(rows.size()) * H, half.gy);
+  std::fill(dgate, dgate + m.experts * F * H, W(0));
+  std::fill(dup, dup + m.experts * F * H, W(0));
+  std::fill(ddown, ddown + m.experts * H * F, W(0));
+  // Expert e's weight gradient: its fp32 product, scaled, stored (bf16: rounded once).
+  auto weightGrad = [&](W *to, auto &&compute) {
+    float *sum = std::is_same_v<W, float> ? reinterpret_cast<float *>(to) : half.weightGrad;
+    compute(sum);
+    storeWeightGrad(sum, F * H, gradScale, to);
+  };
   for (int64_t e = 0; e < m.experts; ++e) {
     int64_t r0 = begin[size_t(e)], cnt = begin[size_t(e + 1)] - r0;
     if (cnt == 0) continue;
-    const float *gye = gy + r0 * H;
+    const W *gye = gyW + r0 * H;
     // down: Y = A D^T -> dA = gY D, dD = gY^T A.
-    gemm(false, false, cnt, F, H, 1.0f, gye, H, down + e * H * F, F, 0.0f, da + r0 * F, F);
+    product(false, false, cnt, F, H, gye, H, down + e * H * F, F, false, da + r0 * F, F);
     m.rounded(da + r0 * F, cnt * F);
-    gemm(true, false, H, F, cnt, 1.0f, gye, H, as + r0 * F, F, 0.0f, ddown + e * H * F, F);
+    weightGrad(ddown + e * H * F,
+               [&](float *sum) { product(true, false, H, F, cnt, gye, H, asW + r0 * F, F, false, sum, F); });
     // A = silu(G) U: dU = dA silu(G), dG = dA U silu'(G), silu'(x) = s (1 + x (1 - s)).
     for (int64_t i = r0 * F; i < (r0 + cnt) * F; ++i) {
       float s = 1.0f / (1.0f + std::exp(-gs[i]));
@@ -210,10 +284,14 @@ void moeExpertsBackward(const float *x, const int32_t *chosen, const float *weig
       dgs[i] = da[i] * us[i] * s * (1.0f + gs[i] * (1.0f - s));
     }
     m.rounded(dus + r0 * F, cnt * F), m.rounded(dgs + r0 * F, cnt * F);
-    gemm(true, false, F, H, cnt, 1.0f, dgs + r0 * F, F, xs + r0 * H, H, 0.0f, dgate + e * F * H, H);
-    gemm(true, false, F, H, cnt, 1.0f, dus + r0 * F, F, xs + r0 * H, H, 0.0f, dup + e * F * H, H);
-    gemm(false, false, cnt, H, F, 1.0f, dgs + r0 * F, F, gate + e * F * H, H, 0.0f, dxe, H);
-    gemm(false, false, cnt, H, F, 1.0f, dus + r0 * F, F, up + e * F * H, H, 1.0f, dxe, H);
+    const W *dgW = operandOf<W>(dgs + r0 * F, cnt * F, half.dg + r0 * F);
+    const W *duW = operandOf<W>(dus + r0 * F, cnt * F, half.du + r0 * F);
+    weightGrad(dgate + e * F * H,
+               [&](float *sum) { product(true, false, F, H, cnt, dgW, F, xsW + r0 * H, H, false, sum, H); });
+    weightGrad(dup + e * F * H,
+               [&](float *sum) { product(true, false, F, H, cnt, duW, F, xsW + r0 * H, H, false, sum, H); });
+    product(false, false, cnt, H, F, dgW, F, gate + e * F * H, H, false, dxe, H);
+    product(false, false, cnt, H, F, duW, F, up + e * F * H, H, true, dxe, H);
     for (int64_t i = 0; i < cnt; ++i) std::copy_n(dxe + i * H, H, dpairs + rows[size_t(r0 + i)] * H);
   }
   for (int64_t t = 0; t < m.tokens; ++t) {  // dx_t: the sum over its kept choices, in order
@@ -224,5 +302,16 @@ void moeExpertsBackward(const float *x, const int32_t *chosen, const float *weig
         for (int64_t c = 0; c < H; ++c) d[c] += dpairs[(t * k + j) * H + c];
   }
 }
+
+template void moeExpertsForward<float>(const float *, const int32_t *, const float *, const float *, const float *,
+                                       const float *, const MoeExperts &, float *, float *);
+template void moeExpertsForward<uint16_t>(const float *, const int32_t *, const float *, const uint16_t *,
+                                          const uint16_t *, const uint16_t *, const MoeExperts &, float *, float *);
+template void moeExpertsBackward<float>(const float *, const int32_t *, const float *, const float *, const float *,
+                                        const float *, const float *, const MoeExperts &, float *, float *, float *,
+                                        float *, float *, float, float *);
+template void moeExpertsBackward<uint16_t>(const float *, const int32_t *, const float *, const uint16_t *,
+                                           const uint16_t *, const uint16_t *, const float *, const MoeExperts &,
+                                           float *, float *, uint16_t *, uint16_t *, uint16_t *, float, float *);
 
 }  // namespace loom::cpu

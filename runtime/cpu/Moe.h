@@ -85,13 +85,21 @@ struct MoeExperts {
       for (int64_t c = 0; c < hidden; ++c) y[c] += weight * out[c];
   }
 };
-int64_t moeExpertsScratchFloats(const MoeExperts &m, bool backward);
-void moeExpertsForward(const float *x, const int32_t *chosen, const float *weights, const float *gate, const float *up,
-                       const float *down, const MoeExperts &m, float *y, float *scratch);
-// From g = dL/dy: dx [T, H], dweights [T, k], and the experts' weight gradients (written, the
-// same layouts as the weights; an expert no token chose gets zeros).
-void moeExpertsBackward(const float *x, const int32_t *chosen, const float *weights, const float *gate, const float *up,
-                        const float *down, const float *g, const MoeExperts &m, float *dx, float *dweights,
-                        float *dgate, float *dup, float *ddown, float *scratch);
+// The experts' weights (and their gradients) W: fp32, or bf16 bits (a bf16 plan's MoE kernels:
+// the products on oneDNN's bf16 GEMM, runtime/cpu/Gemm.h, each activation operand a bf16 value
+// that MoeExperts::round made, narrowed exactly; `round` must be the bf16 rounding then). The
+// tokens' rows, outputs and their gradients are fp32 either way (bf16 values in a bf16 plan).
+// Scratch: moeExpertsScratchFloats(m, backward, W is bf16).
+int64_t moeExpertsScratchFloats(const MoeExperts &m, bool backward, bool bf16Weights);
+template <typename W>
+void moeExpertsForward(const float *x, const int32_t *chosen, const float *weights, const W *gate, const W *up,
+                       const W *down, const MoeExperts &m, float *y, float *scratch);
+// From g = dL/dy: dx [T, H], dweights [T, k], and the experts' weight gradients times gradScale
+// (written, the same layouts as the weights; an expert no token chose gets zeros; bf16 ones
+// rounded once from the scaled fp32 sums).
+template <typename W>
+void moeExpertsBackward(const float *x, const int32_t *chosen, const float *weights, const W *gate, const W *up,
+                        const W *down, const float *g, const MoeExperts &m, float *dx, float *dweights, W *dgate,
+                        W *dup, W *ddown, float gradScale, float *scratch);
 
 }  // namespace loom::cpu

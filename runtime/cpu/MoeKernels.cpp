@@ -7,6 +7,8 @@
 // capacity drop).
 #include <algorithm>
 #include <string>
+#include <string_view>
+#include <type_traits>
 #include <vector>
 
 #include "plan/PlanAttributes.h"
@@ -33,9 +35,19 @@ MoeShape moeShapeOf(const plan::Program &program, int input, int gate, int64_t t
 }
 
 // Floats of scratch: the probabilities [T, E], the weights and their gradients [T, k], the experts'.
-int64_t scratchFloats(const MoeShape &s, bool backward) {
+int64_t scratchFloats(const MoeShape &s, bool backward, bool bf16Weights) {
   return s.routing.tokens * s.routing.experts + 2 * s.routing.tokens * s.routing.topK +
-         moeExpertsScratchFloats(s.experts, backward);
+         moeExpertsScratchFloats(s.experts, backward, bf16Weights);
+}
+
+// Whether the instruction's experts' weights are bf16 (a bf16 plan's): its kernels then run the
+// experts' products on them as they are (the native kernels below), else on fp32 (copies).
+bool expertWeightsBf16(const plan::Program &program, const plan::Instruction &in, const isa::OpDecl &decl) {
+  KernelCall call(decl, program, in);
+  if (!call.bind().isOk()) return false;
+  for (const char *name : {"gate", "up", "down"})
+    if (int id = call.in(name); id < 0 || call.buffer(id).dtype() != plan::BF16) return false;
+  return true;
 }
 
 // The rounding of a 16-bit plan's MoE (runtime/cpu/Moe.h MoeExperts::round): that of the
@@ -93,6 +105,7 @@ Status checkShape(const KernelCall &k, const MoeShape &s) {
   return Status::ok();
 }
 
+template <typename W>
 Status moe(CpuKernelContext &c, const KernelCall &k) {
   MoeShape s = moeShapeOf(*c.program, k.in("input"), k.in("gate"), k.i64("top_k"));
   s.experts.round = roundingOf(k);
@@ -106,12 +119,13 @@ Status moe(CpuKernelContext &c, const KernelCall &k) {
   LOOM_RETURN_IF_ERROR(balanceOf(c, k, r, probs, chosen, &balance));
   float aux = moeLoadBalancingLoss(balance);
   c.f(k.out("aux"))[0] = aux;
-  moeExpertsForward(c.f(k.in("input")), kept.data(), weights, c.f(k.in("gate")), c.f(k.in("up")), c.f(k.in("down")),
-                    s.experts, c.f(k.out("result")), experts);
+  moeExpertsForward(c.f(k.in("input")), kept.data(), weights, c.at<W>(k.in("gate")), c.at<W>(k.in("up")),
+                    c.at<W>(k.in("down")), s.experts, c.f(k.out("result")), experts);
   if (c.run->moeTally) c.run->moeTally->add(aux, dropped, r.tokens * r.topK);
   return Status::ok();
 }
 
+template <typename W>
 Status moeGrad(CpuKernelContext &c, const KernelCall &k) {
   MoeShape s = moeShapeOf(*c.program, k.in("input"), k.in("gate"), k.i64("top_k"));
   s.experts.round = roundingOf(k);
@@ -121,9 +135,9 @@ Status moeGrad(CpuKernelContext &c, const KernelCall &k) {
   float *experts = dweights + r.tokens * r.topK;
   thread_local std::vector<int32_t> chosen, kept;
   route(c, k, s, probs, weights, &chosen, &kept);
-  moeExpertsBackward(c.f(k.in("input")), kept.data(), weights, c.f(k.in("gate")), c.f(k.in("up")), c.f(k.in("down")),
-                     c.f(k.in("grad")), s.experts, c.f(k.out("grad_input")), dweights, c.f(k.out("grad_gate")),
-                     c.f(k.out("grad_up")), c.f(k.out("grad_down")), experts);
+  moeExpertsBackward(c.f(k.in("input")), kept.data(), weights, c.at<W>(k.in("gate")), c.at<W>(k.in("up")),
+                     c.at<W>(k.in("down")), c.f(k.in("grad")), s.experts, c.f(k.out("grad_input")), dweights,
+                     c.at<W>(k.out("grad_gate")), c.at<W>(k.out("grad_up")), c.at<W>(k.out("grad_down")), 1.0f, experts);
   // The load-balancing loss's share of the step's loss (Megatron-Core's MoEAuxLossAutoScaler):
   // its coefficient, this run's share (1 / micro-batches) and fp16's loss scale.
   float dAux = float(k.f64("aux_loss_coef") * k.f64("loss_scale")) * c.run->lossScale;
@@ -186,7 +200,7 @@ struct ExpertParallelScratch {
   int64_t floats;
 };
 
-ExpertParallelScratch expertParallelScratch(const ExpertParallelShape &s, bool backward, float *base) {
+ExpertParallelScratch expertParallelScratch(const ExpertParallelShape &s, bool backward, bool bf16Weights, float *base) {
   const int64_t T = s.routing.tokens, P = T * s.routing.topK, R = s.maxRows, H = s.hidden;
   int64_t sizes[] = {T * s.routing.experts, P, P, P * H, P * H, P, P * H, P, R * H, R * H, R, R * H, R, 0};
   ExpertParallelScratch x{};
@@ -197,7 +211,7 @@ ExpertParallelScratch expertParallelScratch(const ExpertParallelShape &s, bool b
     *order[i] = base ? base + at : nullptr;
     at += sizes[i];
   }
-  x.floats = at + moeExpertsScratchFloats(s.local(), backward);
+  x.floats = at + moeExpertsScratchFloats(s.local(), backward, bf16Weights);
   return x;
 }
 
@@ -315,23 +329,25 @@ struct ExpertParallelStart {
   ExpertParallelScratch x;
   int64_t dropped = 0;
 };
-Status startExpertParallel(CpuKernelContext &c, const KernelCall &k, bool backward, std::vector<int32_t> *chosen,
+Status startExpertParallel(CpuKernelContext &c, const KernelCall &k, bool backward, bool bf16Weights,
+                           std::vector<int32_t> *chosen,
                            std::vector<int32_t> *kept, Dispatch *d, ExpertParallelStart *out) {
   out->s = expertParallelShapeOf(*c.program, k.in("input"), k.in("logits"), k.in("gate"), k.i64("top_k"),
                                  k.i64("expert_parallel_size"));
   LOOM_RETURN_IF_ERROR(expertGroupOf(c, k, out->s, &out->g));
   const MoeRouting &r = out->s.routing;
-  out->x = expertParallelScratch(out->s, backward, c.scratch);
+  out->x = expertParallelScratch(out->s, backward, bf16Weights, c.scratch);
   MoeShape routeShape{r, {r.tokens, out->s.hidden, out->s.ffn, r.experts, r.topK, roundingOf(k)}};
   out->dropped = route(c, k, routeShape, out->x.probs, out->x.weights, chosen, kept);
   return dispatchOf(out->g, kept->data(), r, out->s.maxRows, d);
 }
 
+template <typename W>
 Status expertParallelMoe(CpuKernelContext &c, const KernelCall &k) {
   thread_local std::vector<int32_t> chosen, kept;
   thread_local Dispatch d;
   ExpertParallelStart start;
-  LOOM_RETURN_IF_ERROR(startExpertParallel(c, k, false, &chosen, &kept, &d, &start));
+  LOOM_RETURN_IF_ERROR(startExpertParallel(c, k, false, !std::is_same_v<W, float>, &chosen, &kept, &d, &start));
   logRouting(c, k, chosen, kept);
   const ExpertParallelShape &s = start.s;
   const ExpertGroup &g = start.g;
@@ -351,8 +367,8 @@ Status expertParallelMoe(CpuKernelContext &c, const KernelCall &k) {
   int64_t rowsIn = int64_t(d.localExpert.size());
   std::fill_n(x.wIn, rowsIn, 1.0f);
   MoeExperts local{rowsIn, H, s.ffn, s.localExperts, 1, roundingOf(k)};
-  moeExpertsForward(x.xIn, d.localExpert.data(), x.wIn, c.f(k.in("gate")), c.f(k.in("up")), c.f(k.in("down")), local,
-                    x.result, x.experts);
+  moeExpertsForward(x.xIn, d.localExpert.data(), x.wIn, c.at<W>(k.in("gate")), c.at<W>(k.in("up")),
+                    c.at<W>(k.in("down")), local, x.result, x.experts);
   // In a 16-bit plan the outputs are rounded ones (MoeExperts::round): they travel in 16 bits.
   LOOM_RETURN_IF_ERROR(allToAllRows(g, x.result, d.recvBegin, x.back, d.sendBegin, H, kReturnTag,
                                     local.round ? rowsDtype : plan::F32));
@@ -372,11 +388,12 @@ Status expertParallelMoe(CpuKernelContext &c, const KernelCall &k) {
   return Status::ok();
 }
 
+template <typename W>
 Status expertParallelMoeGrad(CpuKernelContext &c, const KernelCall &k) {
   thread_local std::vector<int32_t> chosen, kept;
   thread_local Dispatch d;
   ExpertParallelStart start;
-  LOOM_RETURN_IF_ERROR(startExpertParallel(c, k, true, &chosen, &kept, &d, &start));
+  LOOM_RETURN_IF_ERROR(startExpertParallel(c, k, true, !std::is_same_v<W, float>, &chosen, &kept, &d, &start));
   const ExpertParallelShape &s = start.s;
   const ExpertGroup &g = start.g;
   const ExpertParallelScratch &x = start.x;
@@ -398,14 +415,10 @@ Status expertParallelMoeGrad(CpuKernelContext &c, const KernelCall &k) {
   // mean, which the "edp" average then makes the data-parallel mean (Megatron-Core scales
   // expert gradients by 1 / dp as well).
   int64_t rowsIn = int64_t(d.localExpert.size());
-  float *dgate = c.f(k.out("grad_gate")), *dup = c.f(k.out("grad_up")), *ddown = c.f(k.out("grad_down"));
-  moeExpertsBackward(x.xIn, d.localExpert.data(), x.wIn, c.f(k.in("gate")), c.f(k.in("up")), c.f(k.in("down")), x.gIn,
-                     {rowsIn, H, s.ffn, s.localExperts, 1, roundingOf(k)}, x.result, x.wResult, dgate, dup, ddown,
-                     x.experts);
-  const float inv = 1.0f / float(g.members);
-  const int64_t weightsOfExperts = s.localExperts * s.ffn * H;
-  for (float *w : {dgate, dup, ddown})
-    for (int64_t i = 0; i < weightsOfExperts; ++i) w[i] *= inv;
+  moeExpertsBackward(x.xIn, d.localExpert.data(), x.wIn, c.at<W>(k.in("gate")), c.at<W>(k.in("up")),
+                     c.at<W>(k.in("down")), x.gIn, {rowsIn, H, s.ffn, s.localExperts, 1, roundingOf(k)}, x.result,
+                     x.wResult, c.at<W>(k.out("grad_gate")), c.at<W>(k.out("grad_up")), c.at<W>(k.out("grad_down")),
+                     1.0f / float(g.members), x.experts);
   LOOM_RETURN_IF_ERROR(allToAllRows(g, x.result, d.recvBegin, x.back, d.sendBegin, H, kReturnTag));
   LOOM_RETURN_IF_ERROR(allToAllRows(g, x.wResult, d.recvBegin, x.wBack, d.sendBegin, 1, kReturnWeightsTag));
   // dx_t: the sum over its kept choices, in order; dweights of a dropped choice 0.
@@ -448,18 +461,96 @@ int64_t moeScratchOf(const plan::Program &program, const plan::Instruction &in) 
     ExpertParallelShape s = expertParallelShapeOf(program, in.inputs(0), in.inputs(1), in.inputs(2),
                                                   planattr::i64(in, "top_k"),
                                                   std::max<int64_t>(1, planattr::i64(in, "expert_parallel_size")));
-    return expertParallelScratch(s, d->id == OpId::kExpertParallelMoeGrad, nullptr).floats;
+    return expertParallelScratch(s, d->id == OpId::kExpertParallelMoeGrad, expertWeightsBf16(program, in, *d), nullptr)
+        .floats;
   }
   MoeShape s = moeShapeOf(program, in.inputs(0), in.inputs(2), planattr::i64(in, "top_k"));
-  return scratchFloats(s, d->id == OpId::kMoeGrad);
+  return scratchFloats(s, d->id == OpId::kMoeGrad, expertWeightsBf16(program, in, *d));
 }
 
 void registerMoeKernels(CpuKernelRegistry &r) {
-  r.add(OpId::kMoe, moe);
-  r.add(OpId::kMoeGrad, moeGrad);
+  r.add(OpId::kMoe, moe<float>);
+  r.add(OpId::kMoeGrad, moeGrad<float>);
   r.add(OpId::kMoeRoutingStats, moeRoutingStats);
-  r.add(OpId::kExpertParallelMoe, expertParallelMoe);
-  r.add(OpId::kExpertParallelMoeGrad, expertParallelMoeGrad);
+  r.add(OpId::kExpertParallelMoe, expertParallelMoe<float>);
+  r.add(OpId::kExpertParallelMoeGrad, expertParallelMoeGrad<float>);
+}
+
+namespace {
+
+// ---- A bf16 plan's MoE instructions ----
+// The experts' weights and their gradients (E x F x H each, the bulk of the instruction's bytes)
+// stay bf16 and their products run on oneDNN's bf16 GEMM (runtime/cpu/Moe.h); every other
+// 16-bit operand (the tokens' rows, the logits, the outputs and their gradients: T x H) is widened
+// into the instruction's scratch and its result rounded once after, as the executor's widened
+// path does (runtime/Executor.cpp).
+
+bool isExpertWeight(const KernelCall &k, int id) {
+  auto weight = [](std::string_view name) {
+    for (std::string_view w : {"gate", "up", "down", "grad_gate", "grad_up", "grad_down"})
+      if (name == w) return true;
+    return false;
+  };
+  for (size_t i = 0; i < k.decl.inputs.size(); ++i)
+    if (k.bound.inputs[i] == id && weight(k.decl.inputs[i].name)) return true;
+  for (size_t i = 0; i < k.decl.outputs.size(); ++i)
+    if (k.bound.outputs[i] == id && weight(k.decl.outputs[i].name)) return true;
+  return false;
+}
+
+bool bf16MoeTakes(const KernelCall &k) {
+  bool takes = true;
+  forEachOperand(k, [&](int id) {
+    plan::DType d = k.buffer(id).dtype();
+    if (d == plan::F16 || (isExpertWeight(k, id) && d != plan::BF16)) takes = false;
+  });
+  return takes;
+}
+
+// The widened copies of the operands that are not the experts' weights (each once).
+template <typename Body>
+void forEachWidened(const KernelCall &k, const Body &body) {
+  std::vector<int> seen;
+  forEachOperand(k, [&](int id) {
+    if (k.buffer(id).dtype() != plan::BF16 || isExpertWeight(k, id) ||
+        std::find(seen.begin(), seen.end(), id) != seen.end())
+      return;
+    seen.push_back(id);
+    body(id);
+  });
+}
+
+int64_t bf16MoeScratchFloats(const KernelCall &k) {
+  int64_t floats = 0;
+  forEachWidened(k, [&](int id) { floats += k.numel(id); });
+  return floats;
+}
+
+template <Status (*Body)(CpuKernelContext &, const KernelCall &)>
+Status bf16Moe(CpuKernelContext &c, const KernelCall &k) {
+  std::vector<float *> floats = *c.floats;
+  float *copy = c.halfScratch;
+  forEachWidened(k, [&](int id) {
+    widen(plan::BF16, c.h(id), copy, k.numel(id));
+    floats[size_t(id)] = copy;
+    copy += k.numel(id);
+  });
+  CpuKernelContext widened = c;
+  widened.floats = &floats;
+  Status st = Body(widened, k);
+  for (size_t i = 0; i < k.decl.outputs.size(); ++i)
+    if (int id = k.bound.outputs[i]; id >= 0 && !isExpertWeight(k, id) && k.buffer(id).dtype() == plan::BF16)
+      narrow(plan::BF16, floats[size_t(id)], c.h(id), k.numel(id));
+  return st;
+}
+
+}  // namespace
+
+void registerBf16MoeKernels(HalfKernelTable &t) {
+  t.add(OpId::kMoe, {bf16MoeTakes, bf16Moe<moe<uint16_t>>, bf16MoeScratchFloats});
+  t.add(OpId::kMoeGrad, {bf16MoeTakes, bf16Moe<moeGrad<uint16_t>>, bf16MoeScratchFloats});
+  t.add(OpId::kExpertParallelMoe, {bf16MoeTakes, bf16Moe<expertParallelMoe<uint16_t>>, bf16MoeScratchFloats});
+  t.add(OpId::kExpertParallelMoeGrad, {bf16MoeTakes, bf16Moe<expertParallelMoeGrad<uint16_t>>, bf16MoeScratchFloats});
 }
 
 }  // namespace loom::cpu

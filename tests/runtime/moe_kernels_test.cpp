@@ -153,7 +153,7 @@ TEST(MoeExpertsKernel, ForwardMatchesThePerTokenReference) {
   std::mt19937 rng(5);
   MoeExperts m{9, 6, 10, 5, 2};
   Block b = randomBlock(rng, m);
-  std::vector<float> y(size_t(m.tokens * m.hidden)), scratch(size_t(moeExpertsScratchFloats(m, false)));
+  std::vector<float> y(size_t(m.tokens * m.hidden)), scratch(size_t(moeExpertsScratchFloats(m, false, false)));
   moeExpertsForward(b.x.data(), b.chosen.data(), b.weights.data(), b.gate.data(), b.up.data(), b.down.data(), m,
                     y.data(), scratch.data());
   for (int64_t t = 0; t < m.tokens; ++t)
@@ -186,7 +186,7 @@ TEST(MoeExpertsKernel, SixteenBitExpertsRoundTheirOutputs) {
   Block b = randomBlock(rng, wide);
   MoeExperts narrow = wide;
   narrow.round = roundThroughBf16;
-  std::vector<float> y32(b.x.size()), y16(b.x.size()), scratch(size_t(moeExpertsScratchFloats(wide, false)));
+  std::vector<float> y32(b.x.size()), y16(b.x.size()), scratch(size_t(moeExpertsScratchFloats(wide, false, false)));
   moeExpertsForward(b.x.data(), b.chosen.data(), b.weights.data(), b.gate.data(), b.up.data(), b.down.data(), wide,
                     y32.data(), scratch.data());
   moeExpertsForward(b.x.data(), b.chosen.data(), b.weights.data(), b.gate.data(), b.up.data(), b.down.data(), narrow,
@@ -200,6 +200,68 @@ TEST(MoeExpertsKernel, SixteenBitExpertsRoundTheirOutputs) {
   EXPECT_GT(fp32Only, int64_t(y32.size()) / 2);
 }
 
+// A bf16 plan's experts run their products on bf16 weights (the bf16 GEMM, fp32 accumulation):
+// the values of the fp32 kernel on widened copies with the same roundings, but for the GEMMs'
+// order of summation, which flips a rounding now and then (so nearly every output is the same
+// bits, every one within a few bf16 ulps); the weight gradients rounded once from their fp32
+// sums times the scale (expert parallelism's 1 / members).
+TEST(MoeExpertsKernel, Bf16WeightsGiveTheWidenedPathsValues) {
+  std::mt19937 rng(11);
+  MoeExperts m{24, 16, 32, 4, 2};
+  m.round = roundThroughBf16;
+  Block b = randomBlock(rng, m);
+  for (std::vector<float> *v : {&b.x, &b.gate, &b.up, &b.down}) roundThroughBf16(v->data(), int64_t(v->size()));
+  roundThroughBf16(b.weights.data(), int64_t(b.weights.size()));
+  auto bits = [](const std::vector<float> &v) {
+    std::vector<uint16_t> h(v.size());
+    for (size_t i = 0; i < v.size(); ++i) h[i] = floatToBf16(v[i]);
+    return h;
+  };
+  std::vector<uint16_t> gate16 = bits(b.gate), up16 = bits(b.up), down16 = bits(b.down);
+  std::vector<float> g = randomVector(rng, size_t(m.tokens * m.hidden));
+  roundThroughBf16(g.data(), int64_t(g.size()));
+  const float scale = 0.5f;
+  // The widened path: fp32 weights (bf16 values), gradients rounded after.
+  std::vector<float> y32(b.x.size()), dx32(b.x.size()), dw32(b.weights.size()), dgate32(b.gate.size()),
+      dup32(b.up.size()), ddown32(b.down.size()), scratch32(size_t(moeExpertsScratchFloats(m, true, false)));
+  moeExpertsForward(b.x.data(), b.chosen.data(), b.weights.data(), b.gate.data(), b.up.data(), b.down.data(), m,
+                    y32.data(), scratch32.data());
+  moeExpertsBackward(b.x.data(), b.chosen.data(), b.weights.data(), b.gate.data(), b.up.data(), b.down.data(), g.data(),
+                     m, dx32.data(), dw32.data(), dgate32.data(), dup32.data(), ddown32.data(), scale, scratch32.data());
+  // bf16 weights.
+  std::vector<float> y16(b.x.size()), dx16(b.x.size()), dw16(b.weights.size()),
+      scratch16(size_t(moeExpertsScratchFloats(m, true, true)));
+  std::vector<uint16_t> dgate16(b.gate.size()), dup16(b.up.size()), ddown16(b.down.size());
+  moeExpertsForward(b.x.data(), b.chosen.data(), b.weights.data(), gate16.data(), up16.data(), down16.data(), m,
+                    y16.data(), scratch16.data());
+  moeExpertsBackward(b.x.data(), b.chosen.data(), b.weights.data(), gate16.data(), up16.data(), down16.data(), g.data(),
+                     m, dx16.data(), dw16.data(), dgate16.data(), dup16.data(), ddown16.data(), scale,
+                     scratch16.data());
+  auto compare = [](const char *name, const std::vector<float> &want, const std::vector<float> &got) {
+    size_t same = 0;
+    for (size_t i = 0; i < want.size(); ++i) {
+      EXPECT_NEAR(got[i], want[i], 2e-2 * (std::abs(want[i]) + 1e-2)) << name << " " << i;
+      same += got[i] == want[i];
+    }
+    EXPECT_GT(same, want.size() * 9 / 10) << name << ": " << same << " of " << want.size() << " the same bits";
+  };
+  auto widened = [](const std::vector<uint16_t> &h) {
+    std::vector<float> v(h.size());
+    for (size_t i = 0; i < h.size(); ++i) v[i] = bf16ToFloat(h[i]);
+    return v;
+  };
+  auto rounded = [](std::vector<float> v) {
+    roundThroughBf16(v.data(), int64_t(v.size()));
+    return v;
+  };
+  compare("y", rounded(y32), rounded(y16));
+  compare("dx", rounded(dx32), rounded(dx16));
+  compare("dweights", dw32, dw16);
+  compare("dgate", rounded(dgate32), widened(dgate16));
+  compare("dup", rounded(dup32), widened(dup16));
+  compare("ddown", rounded(ddown32), widened(ddown16));
+}
+
 TEST(MoeExpertsKernel, BackwardIsTheDerivativeOfTheForward) {
   for (bool drop : {false, true}) {
   std::mt19937 rng(9);
@@ -209,9 +271,9 @@ TEST(MoeExpertsKernel, BackwardIsTheDerivativeOfTheForward) {
   if (drop) b.chosen[1] = b.chosen[4] = b.chosen[9] = -1;
   std::vector<float> g = randomVector(rng, size_t(m.tokens * m.hidden));
   std::vector<float> dx(b.x.size()), dweights(b.weights.size()), dgate(b.gate.size()), dup(b.up.size()),
-      ddown(b.down.size()), y(b.x.size()), scratch(size_t(moeExpertsScratchFloats(m, true)));
+      ddown(b.down.size()), y(b.x.size()), scratch(size_t(moeExpertsScratchFloats(m, true, false)));
   moeExpertsBackward(b.x.data(), b.chosen.data(), b.weights.data(), b.gate.data(), b.up.data(), b.down.data(), g.data(),
-                     m, dx.data(), dweights.data(), dgate.data(), dup.data(), ddown.data(), scratch.data());
+                     m, dx.data(), dweights.data(), dgate.data(), dup.data(), ddown.data(), 1.0f, scratch.data());
   auto loss = [&] {
     moeExpertsForward(b.x.data(), b.chosen.data(), b.weights.data(), b.gate.data(), b.up.data(), b.down.data(), m,
                       y.data(), scratch.data());
