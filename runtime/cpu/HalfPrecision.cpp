@@ -25,6 +25,18 @@ LOOM_HALF_CLONES void narrowBf16Range(const float *__restrict from, uint16_t *__
   }
 }
 
+// x rounded to bf16 in place (floatToBf16's rounding, NaN kept a quiet NaN), branch-free.
+LOOM_HALF_CLONES void roundThroughBf16Range(float *__restrict x, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) {
+    uint32_t u;
+    std::memcpy(&u, &x[i], 4);
+    uint32_t rounded = ((u + 0x7fffu + ((u >> 16) & 1u)) >> 16) << 16;
+    uint32_t nan = ((u >> 16) | 0x40u) << 16;
+    uint32_t r = (u & 0x7fffffffu) > 0x7f800000u ? nan : rounded;
+    std::memcpy(&x[i], &r, 4);
+  }
+}
+
 void widenF16Range(const uint16_t *from, float *to, int64_t n) {
   for (int64_t i = 0; i < n; ++i) to[i] = f16ToFloat(from[i]);
 }
@@ -49,9 +61,7 @@ void widenF16Row(const uint16_t *from, float *to, int64_t n) { widenF16Range(fro
 void narrowF16Row(const float *from, uint16_t *to, int64_t n) { narrowF16Range(from, to, n); }
 void widenF16(const uint16_t *from, float *to, int64_t n) { split(from, to, n, widenF16Range); }
 void narrowToF16(const float *from, uint16_t *to, int64_t n) { split(from, to, n, narrowF16Range); }
-void roundThroughBf16(float *x, int64_t n) {
-  for (int64_t i = 0; i < n; ++i) x[i] = bf16ToFloat(floatToBf16(x[i]));
-}
+void roundThroughBf16(float *x, int64_t n) { roundThroughBf16Range(x, n); }
 void roundThroughF16(float *x, int64_t n) {
   for (int64_t i = 0; i < n; ++i) x[i] = f16ToFloat(floatToF16(x[i]));
 }

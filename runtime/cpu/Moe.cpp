@@ -142,13 +142,32 @@ const W *operandOf(const float *values, int64_t n, uint16_t *space) {
   }
 }
 
-// Expert e's weight gradient from its fp32 product in `sum` (with fp32 weights the gradient
-// itself), times `scale`, into `to` (a bf16 gradient rounded once).
+// A weight gradient's product: C = op(A) op(B) stored, a bf16 C rounded once from the fp32 sum.
+void productInto(bool transposeA, bool transposeB, int64_t m, int64_t n, int64_t k, const float *a, int64_t lda,
+                 const float *b, int64_t ldb, float *c, int64_t ldc) {
+  product(transposeA, transposeB, m, n, k, a, lda, b, ldb, false, c, ldc);
+}
+void productInto(bool transposeA, bool transposeB, int64_t m, int64_t n, int64_t k, const uint16_t *a, int64_t lda,
+                 const uint16_t *b, int64_t ldb, uint16_t *c, int64_t ldc) {
+  gemmBf16(transposeA, transposeB, m, n, k, a, lda, b, ldb, nullptr, c, GemmOut::kBf16, ldc);
+}
+
+// An expert's weight gradient [m, n] = op(A) op(B) times `scale` into `to`: an fp32 one scaled in
+// place; a bf16 one rounded once from the fp32 sum (scaled first in `sum`, [m, n] floats, when
+// the scale is not 1).
 template <typename W>
-void storeWeightGrad(float *sum, int64_t n, float scale, W *to) {
-  if (scale != 1.0f)
-    for (int64_t i = 0; i < n; ++i) sum[i] *= scale;
-  if constexpr (!std::is_same_v<W, float>) narrowToBf16(sum, to, n);
+void weightGradient(int64_t m, int64_t n, int64_t k, const W *a, int64_t lda, const W *b, int64_t ldb, float scale,
+                    W *to, float *sum) {
+  if (std::is_same_v<W, float> || scale == 1.0f) {
+    productInto(true, false, m, n, k, a, lda, b, ldb, to, n);
+    if constexpr (std::is_same_v<W, float>)
+      if (scale != 1.0f)
+        for (int64_t i = 0; i < m * n; ++i) to[i] *= scale;
+    return;
+  }
+  product(true, false, m, n, k, a, lda, b, ldb, false, sum, n);
+  for (int64_t i = 0; i < m * n; ++i) sum[i] *= scale;
+  narrowToBf16(sum, reinterpret_cast<uint16_t *>(to), m * n);
 }
 
 // The bf16 copies' place in the scratch (elements, after the fp32 scratch), and with bf16
@@ -259,24 +278,17 @@ void moeExpertsBackward(const float *x, const int32_t *chosen, const float *weig
     m.rounded(gy + i * H, H);
   }
   const W *gyW = operandOf<W>(gy, int64_t(rows.size()) * H, half.gy);
-  std::fill(dgate, dgate + m.experts * F * H, W(0));
-  std::fill(dup, dup + m.experts * F * H, W(0));
-  std::fill(ddown, ddown + m.experts * H * F, W(0));
-  // Expert e's weight gradient: its fp32 product, scaled, stored (bf16: rounded once).
-  auto weightGrad = [&](W *to, auto &&compute) {
-    float *sum = std::is_same_v<W, float> ? reinterpret_cast<float *>(to) : half.weightGrad;
-    compute(sum);
-    storeWeightGrad(sum, F * H, gradScale, to);
-  };
   for (int64_t e = 0; e < m.experts; ++e) {
     int64_t r0 = begin[size_t(e)], cnt = begin[size_t(e + 1)] - r0;
-    if (cnt == 0) continue;
+    if (cnt == 0) {  // no row chose it: zero gradients
+      for (W *w : {dgate, dup, ddown}) std::fill(w + e * F * H, w + (e + 1) * F * H, W(0));
+      continue;
+    }
     const W *gye = gyW + r0 * H;
     // down: Y = A D^T -> dA = gY D, dD = gY^T A.
     product(false, false, cnt, F, H, gye, H, down + e * H * F, F, false, da + r0 * F, F);
     m.rounded(da + r0 * F, cnt * F);
-    weightGrad(ddown + e * H * F,
-               [&](float *sum) { product(true, false, H, F, cnt, gye, H, asW + r0 * F, F, false, sum, F); });
+    weightGradient(H, F, cnt, gye, H, asW + r0 * F, F, gradScale, ddown + e * H * F, half.weightGrad);
     // A = silu(G) U: dU = dA silu(G), dG = dA U silu'(G), silu'(x) = s (1 + x (1 - s)).
     for (int64_t i = r0 * F; i < (r0 + cnt) * F; ++i) {
       float s = 1.0f / (1.0f + std::exp(-gs[i]));
@@ -286,10 +298,8 @@ void moeExpertsBackward(const float *x, const int32_t *chosen, const float *weig
     m.rounded(dus + r0 * F, cnt * F), m.rounded(dgs + r0 * F, cnt * F);
     const W *dgW = operandOf<W>(dgs + r0 * F, cnt * F, half.dg + r0 * F);
     const W *duW = operandOf<W>(dus + r0 * F, cnt * F, half.du + r0 * F);
-    weightGrad(dgate + e * F * H,
-               [&](float *sum) { product(true, false, F, H, cnt, dgW, F, xsW + r0 * H, H, false, sum, H); });
-    weightGrad(dup + e * F * H,
-               [&](float *sum) { product(true, false, F, H, cnt, duW, F, xsW + r0 * H, H, false, sum, H); });
+    weightGradient(F, H, cnt, dgW, F, xsW + r0 * H, H, gradScale, dgate + e * F * H, half.weightGrad);
+    weightGradient(F, H, cnt, duW, F, xsW + r0 * H, H, gradScale, dup + e * F * H, half.weightGrad);
     product(false, false, cnt, H, F, dgW, F, gate + e * F * H, H, false, dxe, H);
     product(false, false, cnt, H, F, duW, F, up + e * F * H, H, true, dxe, H);
     for (int64_t i = 0; i < cnt; ++i) std::copy_n(dxe + i * H, H, dpairs + rows[size_t(r0 + i)] * H);
