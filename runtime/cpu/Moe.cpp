@@ -7,6 +7,7 @@
 
 #include "runtime/cpu/Gemm.h"
 #include "runtime/cpu/HalfPrecision.h"
+#include "runtime/cpu/Parallel.h"
 
 namespace loom::cpu {
 
@@ -141,6 +142,14 @@ const W *operandOf(const float *values, int64_t n, uint16_t *space) {
     return space;
   }
 }
+// One operandOf made earlier (the values or their copy in `space`).
+template <typename W>
+const W *madeOperand(const float *values, const uint16_t *space) {
+  if constexpr (std::is_same_v<W, float>)
+    return values;
+  else
+    return space;
+}
 
 // A weight gradient's product: C = op(A) op(B) stored, a bf16 C rounded once from the fp32 sum.
 void productInto(bool transposeA, bool transposeB, int64_t m, int64_t n, int64_t k, const float *a, int64_t lda,
@@ -168,6 +177,14 @@ void weightGradient(int64_t m, int64_t n, int64_t k, const W *a, int64_t lda, co
   product(true, false, m, n, k, a, lda, b, ldb, false, sum, n);
   for (int64_t i = 0; i < m * n; ++i) sum[i] *= scale;
   narrowToBf16(sum, reinterpret_cast<uint16_t *>(to), m * n);
+}
+
+// body(e) for each expert, the experts split over the rank's threads in contiguous parts.
+template <typename Body>
+void forEachExpert(int64_t experts, const Body &body) {
+  parallelFor(experts, 1, [&](int64_t first, int64_t last) {
+    for (int64_t e = first; e < last; ++e) body(e);
+  });
 }
 
 // The bf16 copies' place in the scratch (elements, after the fp32 scratch), and with bf16
@@ -225,9 +242,11 @@ void moeExpertsForward(const float *x, const int32_t *chosen, const float *weigh
   int64_t kept = int64_t(rows.size());
   for (int64_t i = 0; i < kept; ++i) std::copy_n(x + (rows[size_t(i)] / k) * H, H, xs + i * H);
   const W *xsW = operandOf<W>(xs, kept * H, half.xs);
-  for (int64_t e = 0; e < m.experts; ++e) {
+  // The experts side by side on the rank's threads (each writes its own rows; a GEMM inside a
+  // part runs on its thread, with the same bits), as Megatron-Core's grouped GEMM runs them.
+  forEachExpert(m.experts, [&](int64_t e) {
     int64_t r0 = begin[size_t(e)], cnt = begin[size_t(e + 1)] - r0;
-    if (cnt == 0) continue;
+    if (cnt == 0) return;
     product(false, true, cnt, F, H, xsW + r0 * H, H, gate + e * F * H, H, false, gs + r0 * F, F);
     product(false, true, cnt, F, H, xsW + r0 * H, H, up + e * F * H, H, false, us + r0 * F, F);
     m.rounded(gs + r0 * F, cnt * F), m.rounded(us + r0 * F, cnt * F);
@@ -238,7 +257,7 @@ void moeExpertsForward(const float *x, const int32_t *chosen, const float *weigh
     product(false, true, cnt, H, F, asW, F, down + e * H * F, F, false, out + r0 * H, H);
     m.rounded(out + r0 * H, cnt * H);
     for (int64_t i = 0; i < cnt; ++i) std::copy_n(out + (r0 + i) * H, H, pairs + rows[size_t(r0 + i)] * H);
-  }
+  });
   for (int64_t t = 0; t < m.tokens; ++t) {
     float *yt = y + t * H;
     std::fill(yt, yt + H, 0.0f);
@@ -259,12 +278,11 @@ void moeExpertsBackward(const float *x, const int32_t *chosen, const float *weig
   moeExpertsForward(x, chosen, weights, gate, up, down, m, dx, scratch);
   float *xs = scratch, *gs = xs + n * H, *us = gs + n * F, *as = us + n * F, *pairs = as + n * F;
   float *da = pairs + 2 * n * H, *dgs = da + n * F, *dus = dgs + n * F, *dpairs = dus + n * F, *gy = dpairs + n * H;
-  float *dxe = gy + n * H;
+  float *dxs = gy + n * H;
   const Bf16Operands half = bf16Operands(m, scratch);
   std::vector<int64_t> begin, rows;
   moeGroupByExpert(chosen, m.tokens * m.topK, m.experts, &begin, &rows);
-  const W *xsW = std::is_same_v<W, float> ? reinterpret_cast<const W *>(xs) : reinterpret_cast<const W *>(half.xs);
-  const W *asW = std::is_same_v<W, float> ? reinterpret_cast<const W *>(as) : reinterpret_cast<const W *>(half.as);
+  const W *xsW = madeOperand<W>(xs, half.xs), *asW = madeOperand<W>(as, half.as);
   // dweights[t, j] = g_t . out_tj; the pair's output gradient w_tj g_t, in expert order. A
   // dropped pair's weight gets no gradient here (its output was not added).
   std::fill(dweights, dweights + n, 0.0f);
@@ -278,17 +296,25 @@ void moeExpertsBackward(const float *x, const int32_t *chosen, const float *weig
     m.rounded(gy + i * H, H);
   }
   const W *gyW = operandOf<W>(gy, int64_t(rows.size()) * H, half.gy);
-  for (int64_t e = 0; e < m.experts; ++e) {
+  // A bf16 weight gradient scaled by other than 1 goes through one fp32 sum in the scratch: those
+  // are made after the experts' parallel part, one expert at a time (each GEMM on every thread).
+  const bool scaledBf16 = !std::is_same_v<W, float> && gradScale != 1.0f;
+  auto weightGradients = [&](int64_t e, int64_t r0, int64_t cnt) {
+    weightGradient(H, F, cnt, gyW + r0 * H, H, asW + r0 * F, F, gradScale, ddown + e * H * F, half.weightGrad);
+    const W *dgW = madeOperand<W>(dgs + r0 * F, half.dg + r0 * F), *duW = madeOperand<W>(dus + r0 * F, half.du + r0 * F);
+    weightGradient(F, H, cnt, dgW, F, xsW + r0 * H, H, gradScale, dgate + e * F * H, half.weightGrad);
+    weightGradient(F, H, cnt, duW, F, xsW + r0 * H, H, gradScale, dup + e * F * H, half.weightGrad);
+  };
+  forEachExpert(m.experts, [&](int64_t e) {
     int64_t r0 = begin[size_t(e)], cnt = begin[size_t(e + 1)] - r0;
     if (cnt == 0) {  // no row chose it: zero gradients
       for (W *w : {dgate, dup, ddown}) std::fill(w + e * F * H, w + (e + 1) * F * H, W(0));
-      continue;
+      return;
     }
     const W *gye = gyW + r0 * H;
     // down: Y = A D^T -> dA = gY D, dD = gY^T A.
     product(false, false, cnt, F, H, gye, H, down + e * H * F, F, false, da + r0 * F, F);
     m.rounded(da + r0 * F, cnt * F);
-    weightGradient(H, F, cnt, gye, H, asW + r0 * F, F, gradScale, ddown + e * H * F, half.weightGrad);
     // A = silu(G) U: dU = dA silu(G), dG = dA U silu'(G), silu'(x) = s (1 + x (1 - s)).
     for (int64_t i = r0 * F; i < (r0 + cnt) * F; ++i) {
       float s = 1.0f / (1.0f + std::exp(-gs[i]));
@@ -298,12 +324,15 @@ void moeExpertsBackward(const float *x, const int32_t *chosen, const float *weig
     m.rounded(dus + r0 * F, cnt * F), m.rounded(dgs + r0 * F, cnt * F);
     const W *dgW = operandOf<W>(dgs + r0 * F, cnt * F, half.dg + r0 * F);
     const W *duW = operandOf<W>(dus + r0 * F, cnt * F, half.du + r0 * F);
-    weightGradient(F, H, cnt, dgW, F, xsW + r0 * H, H, gradScale, dgate + e * F * H, half.weightGrad);
-    weightGradient(F, H, cnt, duW, F, xsW + r0 * H, H, gradScale, dup + e * F * H, half.weightGrad);
+    if (!scaledBf16) weightGradients(e, r0, cnt);
+    float *dxe = dxs + r0 * H;  // this expert's input gradient rows
     product(false, false, cnt, H, F, dgW, F, gate + e * F * H, H, false, dxe, H);
     product(false, false, cnt, H, F, duW, F, up + e * F * H, H, true, dxe, H);
     for (int64_t i = 0; i < cnt; ++i) std::copy_n(dxe + i * H, H, dpairs + rows[size_t(r0 + i)] * H);
-  }
+  });
+  if (scaledBf16)
+    for (int64_t e = 0; e < m.experts; ++e)
+      if (int64_t r0 = begin[size_t(e)], cnt = begin[size_t(e + 1)] - r0; cnt > 0) weightGradients(e, r0, cnt);
   for (int64_t t = 0; t < m.tokens; ++t) {  // dx_t: the sum over its kept choices, in order
     float *d = dx + t * H;
     std::fill(d, d + H, 0.0f);
