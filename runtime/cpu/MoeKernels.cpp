@@ -499,7 +499,8 @@ bool isExpertWeight(const KernelCall &k, int id) {
 }
 
 bool bf16MoeTakes(const KernelCall &k) {
-  bool takes = true;
+  // bf16 rows too: the experts' activation operands must be bf16 values (MoeExperts::round).
+  bool takes = k.buffer(k.in("input")).dtype() == plan::BF16;
   forEachOperand(k, [&](int id) {
     plan::DType d = k.buffer(id).dtype();
     if (d == plan::F16 || (isExpertWeight(k, id) && d != plan::BF16)) takes = false;
